@@ -1,0 +1,36 @@
+"""diversed_hf: relaxed speculative decoding (DIVERSED and baselines) for Hugging Face Transformers."""
+
+from . import verifiers
+from .compat import check_transformers_version
+from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
+from .head import DiversedHead, DiversedHeadConfig
+from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
+from .verifiers import (
+    ExactVerifier,
+    HeadVerifier,
+    LenientVerifier,
+    SpecCascadeVerifier,
+    StaticEnsembleVerifier,
+    Verifier,
+)
+
+check_transformers_version()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DiversedGenerationMixin",
+    "DiversedGenerateDecoderOnlyOutput",
+    "DiversedHead",
+    "DiversedHeadConfig",
+    "ExactVerifier",
+    "HeadVerifier",
+    "LenientVerifier",
+    "SpecCascadeVerifier",
+    "SpeculationStats",
+    "StaticEnsembleVerifier",
+    "Verifier",
+    "enable_diversed",
+    "speculative_decode",
+    "verifiers",
+]

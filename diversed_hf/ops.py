@@ -1,0 +1,114 @@
+"""Pure tensor math of verification against a mixture (SPEC §2, §5).
+
+Vocabulary (as in vLLM's rejection sampler): a drafted token is *accepted* or rejected; at the
+first rejection a *recovered* token is drawn from the residual; when every draft survives, a
+*bonus* token is drawn from the target.
+
+For a verification distribution ``pi`` and a draft distribution ``q`` (Leviathan et al., 2023):
+
+    accept x ~ q with probability   a(x) = min(1, pi(x) / q(x))
+    recovered token                 ~ norm(max(0, pi - q))
+    acceptance probability          beta = sum_x min(q(x), pi(x)) = 1 - TV(q, pi)
+
+and every token emitted at a drafted position is distributed as ``pi``. For the DIVERSED
+mixture ``nu = w p + (1 - w) q`` (w = weight on the *target*): ``a(x) = min(1, 1 - w + w p(x)/q(x))``,
+``nu - q = w (p - q)`` so the residual is the usual ``norm(max(0, p - q))``, and
+``beta = 1 - w TV(p, q)``.
+
+Nothing here draws random numbers except :func:`sample`, which takes an optional generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def total_variation(
+    probs_a: torch.Tensor,  # (..., vocab)
+    probs_b: torch.Tensor,  # (..., vocab)
+) -> torch.Tensor:  # (...)
+    """TV(a, b) = 1/2 sum_x |a(x) - b(x)|."""
+    return 0.5 * (probs_a - probs_b).abs().sum(dim=-1)
+
+
+def mix_probs(
+    draft_probs: torch.Tensor,  # (..., vocab)
+    target_probs: torch.Tensor,  # (..., vocab)
+    target_weight: torch.Tensor,  # (...)
+) -> torch.Tensor:  # (..., vocab)
+    """nu = w p + (1 - w) q, the DIVERSED verification distribution (SPEC §2)."""
+    w = target_weight.unsqueeze(-1).to(target_probs.dtype)  # (..., 1)
+    return w * target_probs + (1.0 - w) * draft_probs
+
+
+def mix_logprobs(
+    draft_probs: torch.Tensor,  # (..., vocab)
+    target_probs: torch.Tensor,  # (..., vocab)
+    target_weight: torch.Tensor,  # (...)
+) -> torch.Tensor:  # (..., vocab)
+    """softmax(w log p + (1 - w) log q): the geometric pool of the official DIVERSED code (``mixing="logits"``).
+
+    Log-probabilities differ from logits by a per-row constant, which the softmax removes, so this
+    equals ``softmax(w z_p + (1 - w) z_q)`` on processed logits. A weight of exactly 0 (or 1) ignores
+    the other model entirely, including tokens it filtered out (``0 * -inf`` is taken as 0). Where the
+    two supports are disjoint the pool is undefined and the target distribution is used.
+    """
+    w = target_weight.unsqueeze(-1).to(target_probs.dtype)  # (..., 1)
+    target_term = torch.where(w > 0, w * target_probs.log(), torch.zeros_like(target_probs))  # (..., vocab)
+    draft_term = torch.where(w < 1, (1.0 - w) * draft_probs.log(), torch.zeros_like(draft_probs))  # (..., vocab)
+    pooled = (target_term + draft_term).softmax(dim=-1)  # (..., vocab)
+    undefined = pooled.isnan().any(dim=-1, keepdim=True)  # (..., 1)
+    return torch.where(undefined, target_probs, pooled)
+
+
+def ratio_acceptance(
+    draft_probs: torch.Tensor,  # (..., vocab)
+    verify_probs: torch.Tensor,  # (..., vocab)
+) -> torch.Tensor:  # (..., vocab)
+    """a(x) = min(1, pi(x) / q(x)) for every token x; 1 where q(x) = 0 (such a token is never drafted)."""
+    ratio = verify_probs / draft_probs  # (..., vocab)
+    return torch.where(draft_probs > 0, ratio.clamp(max=1.0), torch.ones_like(ratio))
+
+
+def residual(
+    minuend: torch.Tensor,  # (..., vocab)
+    subtrahend: torch.Tensor,  # (..., vocab)
+    fallback: torch.Tensor,  # (..., vocab)
+) -> torch.Tensor:  # (..., vocab)
+    """norm(max(0, minuend - subtrahend)), or ``fallback`` where that has no mass.
+
+    The residual has no mass only where ``minuend == subtrahend``, i.e. where rejection has
+    probability 0; the fallback then only keeps the tensor a valid distribution.
+    """
+    positive = (minuend - subtrahend).clamp(min=0)  # (..., vocab)
+    mass = positive.sum(dim=-1, keepdim=True)  # (..., 1)
+    empty = mass <= torch.finfo(positive.dtype).tiny  # (..., 1)
+    return torch.where(empty, fallback, positive / mass.clamp(min=torch.finfo(positive.dtype).tiny))
+
+
+def emitted_distribution(
+    draft_probs: torch.Tensor,  # (..., vocab)
+    acceptance: torch.Tensor,  # (..., vocab)
+    residual_probs: torch.Tensor,  # (..., vocab)
+) -> torch.Tensor:  # (..., vocab)
+    """Distribution of the token emitted at a drafted position: q(x) a(x) + (1 - beta) r(x), beta = sum_x q a.
+
+    For ratio acceptance against ``pi`` this is ``pi`` itself; for other rules (lossy SD) it is how
+    the rule's output distribution is defined.
+    """
+    accepted_mass = draft_probs * acceptance  # (..., vocab)
+    beta = accepted_mass.sum(dim=-1, keepdim=True)  # (..., 1)
+    return accepted_mass + (1.0 - beta).clamp(min=0) * residual_probs
+
+
+def sample(
+    probs: torch.Tensor,  # (batch, vocab)
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # (batch,)
+    """One token per row from ``probs`` (rows need not be normalised)."""
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def num_leading_true(mask: torch.Tensor) -> torch.Tensor:  # (batch, n) bool -> (batch,)
+    """Length of the all-true prefix of each row: the number of drafts kept before the first rejection."""
+    return mask.long().cumprod(dim=-1).sum(dim=-1)

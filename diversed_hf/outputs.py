@@ -1,0 +1,94 @@
+"""Output types: acceptance statistics and transformers' generate output extended with them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+
+@dataclass
+class SpeculationStats:
+    """Acceptance statistics of one speculative ``generate`` call, per row (index = batch row).
+
+    Definitions (SPEC §7): acceptance rate = accepted drafted tokens / drafted tokens, summed over
+    rounds; a round emits its accepted drafts plus one recovered or bonus token. ``acceptance_probs``
+    holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted position: the
+    probability the draft at that position would be accepted, which gives the exact estimator of
+    expected tokens per round ``1 + sum_k prod_{t<=k} beta_t`` (SPEC §6).
+    """
+
+    num_draft_tokens: int  # N, drafts per round
+    num_rounds: torch.Tensor  # (batch,) verification rounds (target forward passes after prefill)
+    num_drafted: torch.Tensor  # (batch,) drafted tokens
+    num_accepted: torch.Tensor  # (batch,) drafted tokens accepted
+    num_generated: torch.Tensor  # (batch,) tokens emitted (after EOS / length truncation)
+    drafted_per_position: torch.Tensor  # (batch, N) rounds in which position k was drafted
+    accepted_per_position: torch.Tensor  # (batch, N) rounds in which the draft at position k was accepted
+    acceptance_probs: list[torch.Tensor]  # per row: (num_rounds, N) beta per round; NaN where not drafted
+    target_weights: list[torch.Tensor] | None = None  # per row: (num_generated,) w per emitted token; NaN for bonus
+
+    @property
+    def acceptance_rate(self) -> torch.Tensor:  # (batch,)
+        return self.num_accepted.double() / self.num_drafted.clamp(min=1).double()
+
+    @property
+    def position_acceptance_rate(self) -> torch.Tensor:  # (batch, N)
+        return self.accepted_per_position.double() / self.drafted_per_position.clamp(min=1).double()
+
+    @property
+    def tokens_per_round(self) -> torch.Tensor:  # (batch,)
+        """Measured mean tokens emitted per round."""
+        return self.num_generated.double() / self.num_rounds.clamp(min=1).double()
+
+    @property
+    def expected_tokens_per_round(self) -> torch.Tensor:  # (batch,)
+        """Exact estimator ``mean over rounds of 1 + sum_k prod_{t<=k} beta_t`` (SPEC §6)."""
+        values = []
+        for betas in self.acceptance_probs:  # (rounds, N)
+            if betas.numel() == 0:
+                values.append(float("nan"))
+                continue
+            prefix = torch.nan_to_num(betas, nan=0.0).cumprod(dim=-1)  # (rounds, N)
+            values.append(float((1.0 + prefix.sum(dim=-1)).mean()))
+        return torch.tensor(values, dtype=torch.float64)
+
+    # Totals over the batch -------------------------------------------------------------------
+    @property
+    def total_drafted(self) -> int:
+        return int(self.num_drafted.sum())
+
+    @property
+    def total_accepted(self) -> int:
+        return int(self.num_accepted.sum())
+
+    @property
+    def total_acceptance_rate(self) -> float:
+        return self.total_accepted / max(self.total_drafted, 1)
+
+    @property
+    def total_rounds(self) -> int:
+        return int(self.num_rounds.sum())
+
+    def summary(self) -> dict:
+        """Totals over the batch as plain numbers (JSON-friendly)."""
+        drafted = self.drafted_per_position.sum(dim=0).clamp(min=1).double()  # (N,)
+        return {
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_rows": int(self.num_rounds.numel()),
+            "num_rounds": self.total_rounds,
+            "num_drafted": self.total_drafted,
+            "num_accepted": self.total_accepted,
+            "num_generated": int(self.num_generated.sum()),
+            "acceptance_rate": self.total_acceptance_rate,
+            "tokens_per_round": int(self.num_generated.sum()) / max(self.total_rounds, 1),
+            "position_acceptance_rate": (self.accepted_per_position.sum(dim=0) / drafted).tolist(),
+        }
+
+
+@dataclass
+class DiversedGenerateDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """transformers' :class:`GenerateDecoderOnlyOutput` plus ``speculation`` (:class:`SpeculationStats`)."""
+
+    speculation: SpeculationStats | None = None

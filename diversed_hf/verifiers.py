@@ -1,0 +1,372 @@
+"""Verifiers: every speculative-decoding method as "verify the drafts against some distribution".
+
+A verifier gets, for a batch of rows, the ``N`` drafted ids, the draft distributions ``q_1..q_N``
+that produced them and the target distributions ``p_1..p_{N+1}`` from the single verification
+pass (both after the same logits processors), and decides per row how many drafts are *accepted*
+and which token comes next: a *recovered* token drawn from the residual at the first rejection,
+or a *bonus* token drawn from ``p_{N+1}`` when every draft survives (SPEC §2).
+
+Every method here except lossy SD is ordinary speculative sampling against a per-position
+verification distribution ``pi_t``:
+
+    accept x_t ~ q_t  with probability  min(1, pi_t(x_t) / q_t(x_t))
+    recovered token   ~ norm(max(0, pi_t - q_t))
+
+so each token emitted at a drafted position follows ``pi_t`` exactly:
+
+=========================== ==========================================================
+``ExactVerifier``           ``pi = p`` (lossless SD, Leviathan et al. 2023)
+``StaticEnsembleVerifier``  ``pi = w p + (1 - w) q``, constant ``w``
+``HeadVerifier``            ``pi = w_t p + (1 - w_t) q``, ``w_t`` from a :class:`DiversedHead`
+``SpecCascadeVerifier``     ``pi = q`` or ``p`` by a deferral rule, or a token-level blend
+``LenientVerifier``         accept with ``min(1, p / (l q))``, residual ``norm(max(0, p - q))``
+=========================== ==========================================================
+
+``w`` is always the weight on the **target**. In greedy mode (``do_sample=False``) drafts are
+kept while ``x_t == argmax pi_t``; the first mismatch emits ``argmax pi_t`` and the bonus token is
+``argmax p_{N+1}`` (what transformers does for ``assistant_ensemble_weight``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from . import ops
+
+if TYPE_CHECKING:
+    from .head import DiversedHead
+
+__all__ = [
+    "Verifier",
+    "VerificationResult",
+    "ExactVerifier",
+    "LenientVerifier",
+    "StaticEnsembleVerifier",
+    "SpecCascadeVerifier",
+    "HeadVerifier",
+    "CASCADE_RULES",
+    "MIXING_SPACES",
+]
+
+MIXING_SPACES = ("probs", "logits")
+CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    """What one verification round decided for each row."""
+
+    num_accepted: torch.Tensor  # (batch,) drafts kept before the first rejection, in [0, N]
+    next_tokens: torch.Tensor  # (batch,) recovered token (num_accepted < N) or bonus token (== N)
+    acceptance_probs: torch.Tensor  # (batch, N) beta_t = sum_x q_t(x) a_t(x), along the drafted prefix
+    target_weight: torch.Tensor | None = None  # (batch, N) w_t used at each drafted position, if defined
+
+
+class Verifier:
+    """Base class: subclasses define the verification distribution ``pi`` (and may override the rule).
+
+    Subclasses implement :meth:`verification_probs`; lossy rules also override :meth:`acceptance` and
+    :meth:`residual_probs`. Calling the verifier runs one round for a batch.
+    """
+
+    #: the verifier reads last-layer hidden states of both models (the generation loop then asks for them)
+    requires_hidden_states: ClassVar[bool] = False
+    #: the verifier's rule reads temperature-1 probabilities (before temperature/top-k/top-p)
+    requires_untempered_probs: ClassVar[bool] = False
+
+    def verification_probs(
+        self,
+        draft_probs: torch.Tensor,  # (batch, N, vocab)
+        target_probs: torch.Tensor,  # (batch, N, vocab)
+        *,
+        draft_hidden: torch.Tensor | None = None,  # (batch, N, d_draft)
+        target_hidden: torch.Tensor | None = None,  # (batch, N, d_target)
+        untempered_draft_probs: torch.Tensor | None = None,  # (batch, N, vocab)
+        untempered_target_probs: torch.Tensor | None = None,  # (batch, N, vocab)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (batch, N, vocab), (batch, N) or None
+        """The distribution each emitted drafted-position token follows, and the target weight if one is defined."""
+        raise NotImplementedError
+
+    def acceptance(
+        self,
+        draft_probs: torch.Tensor,  # (batch, N, vocab)
+        target_probs: torch.Tensor,  # (batch, N, vocab)
+        verify_probs: torch.Tensor,  # (batch, N, vocab)
+    ) -> torch.Tensor:  # (batch, N, vocab)
+        """Probability a(x) of accepting each token x if it were drafted: min(1, pi(x) / q(x))."""
+        return ops.ratio_acceptance(draft_probs, verify_probs)
+
+    def residual_probs(
+        self,
+        draft_probs: torch.Tensor,  # (..., vocab)
+        target_probs: torch.Tensor,  # (..., vocab)
+        verify_probs: torch.Tensor,  # (..., vocab)
+    ) -> torch.Tensor:  # (..., vocab)
+        """Distribution of the recovered token after a rejection: norm(max(0, pi - q))."""
+        return ops.residual(verify_probs, draft_probs, fallback=verify_probs)
+
+    def __call__(
+        self,
+        draft_ids: torch.Tensor,  # (batch, N)
+        draft_probs: torch.Tensor,  # (batch, N, vocab)
+        target_probs: torch.Tensor,  # (batch, N + 1, vocab)
+        *,
+        draft_hidden: torch.Tensor | None = None,  # (batch, N, d_draft)
+        target_hidden: torch.Tensor | None = None,  # (batch, N + 1, d_target)
+        untempered_draft_probs: torch.Tensor | None = None,  # (batch, N, vocab)
+        untempered_target_probs: torch.Tensor | None = None,  # (batch, N + 1, vocab)
+        draft_lengths: torch.Tensor | None = None,  # (batch,) drafts that count per row, <= N
+        do_sample: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> VerificationResult:
+        """One verification round. Row ``b`` only considers its first ``draft_lengths[b]`` drafts (all by
+        default): keeping all of them earns the bonus token from the target at the next position."""
+        batch_size, num_draft_tokens = draft_ids.shape
+        if target_probs.shape[:2] != (batch_size, num_draft_tokens + 1):
+            raise ValueError(
+                f"`target_probs` must have shape (batch, N + 1, vocab) = ({batch_size}, {num_draft_tokens + 1}, vocab) "
+                f"for `draft_ids` of shape {tuple(draft_ids.shape)}, got {tuple(target_probs.shape)}."
+            )
+        rows = torch.arange(batch_size, device=draft_ids.device)  # (batch,)
+        if draft_lengths is None:
+            draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)
+        bonus_probs = target_probs[rows, draft_lengths]  # (batch, vocab)
+        if num_draft_tokens == 0:
+            next_tokens = ops.sample(bonus_probs, generator) if do_sample else bonus_probs.argmax(dim=-1)
+            empty = draft_probs.new_zeros(batch_size, 0)  # (batch, 0)
+            return VerificationResult(rows.new_zeros(batch_size), next_tokens, empty, None)
+
+        if self.requires_hidden_states and (draft_hidden is None or target_hidden is None):
+            raise ValueError(f"{type(self).__name__} needs `draft_hidden` and `target_hidden`.")
+        drafted_target_probs = target_probs[:, :num_draft_tokens]  # (batch, N, vocab)
+        verify_probs, target_weight = self.verification_probs(
+            draft_probs,
+            drafted_target_probs,
+            draft_hidden=draft_hidden,
+            target_hidden=None if target_hidden is None else target_hidden[:, :num_draft_tokens],
+            untempered_draft_probs=untempered_draft_probs,
+            untempered_target_probs=(
+                None if untempered_target_probs is None else untempered_target_probs[:, :num_draft_tokens]
+            ),
+        )
+        acceptance = self.acceptance(draft_probs, drafted_target_probs, verify_probs)  # (batch, N, vocab)
+        acceptance_probs = (draft_probs * acceptance).sum(dim=-1)  # (batch, N)
+        counts = torch.arange(num_draft_tokens, device=draft_ids.device) < draft_lengths[:, None]  # (batch, N)
+
+        if do_sample:
+            drafted_acceptance = acceptance.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)  # (batch, N)
+            uniform = torch.rand(
+                drafted_acceptance.shape, generator=generator, device=draft_ids.device, dtype=drafted_acceptance.dtype
+            )  # (batch, N)
+            num_accepted = ops.num_leading_true((uniform < drafted_acceptance) & counts)  # (batch,)
+            stop = num_accepted.clamp(max=num_draft_tokens - 1)  # (batch,)
+            recovered_probs = self.residual_probs(
+                draft_probs[rows, stop], drafted_target_probs[rows, stop], verify_probs[rows, stop]
+            )  # (batch, vocab)
+            all_accepted = (num_accepted == draft_lengths).unsqueeze(-1)  # (batch, 1)
+            next_tokens = ops.sample(torch.where(all_accepted, bonus_probs, recovered_probs), generator)  # (batch,)
+        else:
+            choice = verify_probs.argmax(dim=-1)  # (batch, N)
+            num_accepted = ops.num_leading_true((draft_ids == choice) & counts)  # (batch,)
+            choice = torch.cat([choice, choice[:, :1]], dim=-1)  # (batch, N + 1)
+            choice.scatter_(-1, draft_lengths[:, None], bonus_probs.argmax(dim=-1, keepdim=True))
+            next_tokens = choice.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)  # (batch,)
+        return VerificationResult(num_accepted, next_tokens, acceptance_probs, target_weight)
+
+
+def _check_unit_interval(name: str, value: float, *, open_low: bool = False, fix: str = "") -> None:
+    low_ok = value > 0 if open_low else value >= 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low_ok and value <= 1) or math.isnan(value):
+        interval = "(0, 1]" if open_low else "[0, 1]"
+        raise ValueError(f"`{name}` must be a number in {interval}, got {value!r}. {fix}".rstrip())
+
+
+def _check_mixing(mixing: str) -> None:
+    if mixing not in MIXING_SPACES:
+        raise ValueError(f"`mixing` must be one of {MIXING_SPACES}, got {mixing!r}.")
+
+
+class _MixtureVerifier(Verifier):
+    """Verification against ``nu_t = w_t p_t + (1 - w_t) q_t`` (``mixing="probs"``) or the geometric pool."""
+
+    mixing: str = "probs"
+
+    def target_weights(
+        self,
+        draft_probs: torch.Tensor,  # (batch, N, vocab)
+        target_probs: torch.Tensor,  # (batch, N, vocab)
+        **context: torch.Tensor | None,
+    ) -> torch.Tensor:  # (batch, N)
+        raise NotImplementedError
+
+    def verification_probs(self, draft_probs, target_probs, **context):
+        target_weight = self.target_weights(draft_probs, target_probs, **context)  # (batch, N)
+        if self.mixing == "logits":
+            return ops.mix_logprobs(draft_probs, target_probs, target_weight), target_weight
+        return ops.mix_probs(draft_probs, target_probs, target_weight), target_weight
+
+    def residual_probs(self, draft_probs, target_probs, verify_probs):
+        if self.mixing == "logits":
+            return ops.residual(verify_probs, draft_probs, fallback=verify_probs)
+        # nu - q = w (p - q): for w > 0 the residual is SD's, computed without the factor w (which may
+        # underflow); for w = 0 nothing is ever rejected.
+        return ops.residual(target_probs, draft_probs, fallback=target_probs)
+
+
+@dataclass(frozen=True)
+class ExactVerifier(_MixtureVerifier):
+    """Lossless speculative decoding: ``pi = p`` (``w = 1``). Sampled output follows the target exactly."""
+
+    def target_weights(self, draft_probs, target_probs, **context):
+        return target_probs.new_ones(target_probs.shape[:2])
+
+
+@dataclass(frozen=True)
+class StaticEnsembleVerifier(_MixtureVerifier):
+    """Static ensemble ``nu = w p + (1 - w) q`` with one weight ``target_weight`` on the target.
+
+    ``target_weight=1`` is lossless SD, ``0`` accepts every draft. Equals transformers'
+    ``assistant_ensemble_weight`` (which only allows the open interval).
+    """
+
+    target_weight: float = 0.5
+    mixing: str = "probs"
+
+    def __post_init__(self):
+        _check_unit_interval("target_weight", self.target_weight, fix="Use 1.0 for lossless SD, 0.0 to accept every draft.")
+        _check_mixing(self.mixing)
+
+    def target_weights(self, draft_probs, target_probs, **context):
+        return target_probs.new_full(target_probs.shape[:2], float(self.target_weight))
+
+    def verification_probs(self, draft_probs, target_probs, **context):
+        if self.mixing == "probs":
+            # Python-float arithmetic, as transformers does, so greedy output is token-identical to it.
+            weight = float(self.target_weight)
+            verify_probs = weight * target_probs + (1.0 - weight) * draft_probs  # (batch, N, vocab)
+            return verify_probs, self.target_weights(draft_probs, target_probs)
+        return super().verification_probs(draft_probs, target_probs, **context)
+
+
+@dataclass(frozen=True)
+class LenientVerifier(Verifier):
+    """Lossy speculative decoding with lenience ``l`` in (0, 1] (Leviathan et al. 2023, App. A.5).
+
+    Accept ``x ~ q`` with probability ``min(1, p(x) / (l q(x)))``; on rejection draw from
+    ``norm(max(0, p - q))`` as in Google's speculative-cascades reference. ``l = 1`` is SD. The
+    emitted distribution at a drafted position is ``q a + (1 - beta) norm(max(0, p - q))``.
+    """
+
+    lenience: float = 1.0
+
+    def __post_init__(self):
+        _check_unit_interval("lenience", self.lenience, open_low=True, fix="Use 1.0 for lossless SD; smaller accepts more.")
+
+    def acceptance(self, draft_probs, target_probs, verify_probs):
+        return ops.ratio_acceptance(draft_probs, target_probs / self.lenience)
+
+    def residual_probs(self, draft_probs, target_probs, verify_probs):
+        return ops.residual(target_probs, draft_probs, fallback=target_probs)
+
+    def verification_probs(self, draft_probs, target_probs, **context):
+        acceptance = self.acceptance(draft_probs, target_probs, None)  # (batch, N, vocab)
+        residual = self.residual_probs(draft_probs, target_probs, None)  # (batch, N, vocab)
+        return ops.emitted_distribution(draft_probs, acceptance, residual), None
+
+
+@dataclass(frozen=True)
+class SpecCascadeVerifier(Verifier):
+    """Speculative cascades (Narasimhan et al., 2024/25): SD against a deferral-rule distribution ``pi``.
+
+    Sequence-level rules keep the draft (``pi = q``, ``w = 0``) when they hold, else defer to the
+    target (``pi = p``, ``w = 1``):
+
+    - ``chow``: ``max q >= 1 - alpha``
+    - ``diff``: ``max q >= max p - alpha``
+    - ``opt``:  ``max q >= max p - alpha * TV(p, q)``
+
+    Token-level rules blend per token, ``pi(v) = q(v) 1[v in A] + (1 - sum_{u in A} q(u)) p(v)``:
+
+    - ``token_v1``: ``A = {v : q(v) >= max p - alpha}``
+    - ``token_v2``: ``A = {v : p(v) >= max p - alpha}``
+    - ``token_v3``: ``A = {v : p(v) >= (1 - alpha) max p}``
+
+    Rules are evaluated on temperature-1 probabilities; ``pi`` mixes the processed ones. The
+    reported target weight is the target's share ``1 - sum_{u in A} q(u)`` (0 or 1 for sequence rules).
+    """
+
+    rule: str = "opt"
+    alpha: float = 0.1
+
+    requires_untempered_probs: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if self.rule not in CASCADE_RULES:
+            raise ValueError(f"`rule` must be one of {CASCADE_RULES}, got {self.rule!r}.")
+        _check_unit_interval("alpha", self.alpha, fix="`alpha` is the cascade's lenience: 0 always defers to the target.")
+
+    def verification_probs(
+        self,
+        draft_probs,
+        target_probs,
+        *,
+        untempered_draft_probs=None,
+        untempered_target_probs=None,
+        **context,
+    ):
+        rule_draft = draft_probs if untempered_draft_probs is None else untempered_draft_probs  # (batch, N, vocab)
+        rule_target = target_probs if untempered_target_probs is None else untempered_target_probs  # (batch, N, vocab)
+        max_draft = rule_draft.max(dim=-1).values  # (batch, N)
+        max_target = rule_target.max(dim=-1).values  # (batch, N)
+        if self.rule in ("chow", "diff", "opt"):
+            if self.rule == "chow":
+                keep_draft = max_draft >= 1.0 - self.alpha
+            elif self.rule == "diff":
+                keep_draft = max_draft >= max_target - self.alpha
+            else:
+                keep_draft = max_draft >= max_target - self.alpha * ops.total_variation(rule_target, rule_draft)
+            target_weight = (~keep_draft).to(target_probs.dtype)  # (batch, N)
+            return torch.where(keep_draft.unsqueeze(-1), draft_probs, target_probs), target_weight
+        if self.rule == "token_v1":
+            keep = rule_draft >= (max_target - self.alpha).unsqueeze(-1)  # (batch, N, vocab)
+        elif self.rule == "token_v2":
+            keep = rule_target >= (max_target - self.alpha).unsqueeze(-1)
+        else:
+            keep = rule_target >= ((1.0 - self.alpha) * max_target).unsqueeze(-1)
+        kept_draft = torch.where(keep, draft_probs, torch.zeros_like(draft_probs))  # (batch, N, vocab)
+        target_weight = (1.0 - kept_draft.sum(dim=-1)).clamp(min=0)  # (batch, N)
+        return kept_draft + target_weight.unsqueeze(-1) * target_probs, target_weight
+
+
+@dataclass(frozen=True, eq=False)
+class HeadVerifier(_MixtureVerifier):
+    """DIVERSED: ``nu_t = w_t p_t + (1 - w_t) q_t`` with ``w_t = head(h^q_t, h^p_t)`` (SPEC §3).
+
+    ``h^q_t`` is the draft's last-layer hidden state at the position that produced ``q_t`` (from the
+    drafting pass) and ``h^p_t`` the target's at the position that produced ``p_t`` (from the single
+    verification pass): no extra model calls. The mixing space is the head's ``config.mixing``.
+    """
+
+    head: "DiversedHead" = field(default=None)
+
+    requires_hidden_states: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if self.head is None or not callable(self.head) or not hasattr(self.head, "config"):
+            raise TypeError(f"`head` must be a `DiversedHead`, got {type(self.head).__name__}.")
+
+    @property
+    def mixing(self) -> str:
+        return self.head.config.mixing
+
+    def target_weights(self, draft_probs, target_probs, *, draft_hidden=None, target_hidden=None, **context):
+        parameter = next(self.head.parameters())
+        target_weight = self.head(
+            draft_hidden.to(device=parameter.device, dtype=parameter.dtype),
+            target_hidden.to(device=parameter.device, dtype=parameter.dtype),
+        )  # (batch, N)
+        return target_weight.to(device=target_probs.device, dtype=target_probs.dtype)

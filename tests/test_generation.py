@@ -1,0 +1,381 @@
+"""``generate(..., assistant_model=draft, diversed_head=head | verifier=...)`` on tiny Llama / Qwen3 / Gemma3 pairs."""
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from diversed_hf import (
+    DiversedGenerationMixin,
+    DiversedHead,
+    ExactVerifier,
+    LenientVerifier,
+    SpecCascadeVerifier,
+    StaticEnsembleVerifier,
+    enable_diversed,
+)
+from tiny_models import ARCHITECTURES, EOS_TOKEN_ID, PAD_TOKEN_ID, VOCAB_SIZE, make_model, make_pair, prompt
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def pair(request):
+    target, draft = make_pair(request.param)
+    return enable_diversed(target), draft
+
+
+def randomize(head, seed=0, scale=0.5):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
+    return head
+
+
+def left_padded_batch(lengths, seed=0):
+    rows = [prompt(length, seed=seed + i)[0] for i, length in enumerate(lengths)]
+    width = max(lengths)
+    input_ids = torch.full((len(rows), width), PAD_TOKEN_ID)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = row
+        attention_mask[i, width - len(row) :] = 1
+    return rows, input_ids, attention_mask
+
+
+GREEDY = dict(do_sample=False, max_new_tokens=24, num_assistant_tokens=4)
+
+
+def test_exact_greedy_equals_target_greedy(pair):
+    target, draft = pair
+    input_ids = prompt(9)  # longer than Gemma3's sliding window of 6 once generation starts
+    expected = target.generate(input_ids, do_sample=False, max_new_tokens=24)
+    output = target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True, **GREEDY)
+    assert torch.equal(output.sequences, expected)
+    assert output.speculation.total_accepted > 0, "the pair should agree sometimes, or the test proves little"
+
+
+@pytest.mark.parametrize("weight", [0.3, 0.7])
+def test_static_ensemble_greedy_equals_transformers_ensemble(pair, weight):
+    target, draft = pair
+    if target.config.model_type == "gemma3_text":
+        # transformers 5.24 crops the assistant's sliding-window cache after a rejection and loses
+        # positions, so its draft distributions q drift from the true ones (its lossless SD output is
+        # unaffected, its ensemble output is). Ours are checked against a no-cache forward below.
+        pytest.skip("transformers' assistant cache is inexact for sliding-window layers")
+    draft = copy.deepcopy(draft)
+    draft.generation_config.num_assistant_tokens = 4
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    input_ids = prompt(7, seed=3)
+    expected = target.generate(input_ids, assistant_model=draft, assistant_ensemble_weight=weight, do_sample=False, max_new_tokens=24)
+    ours = target.generate(input_ids, assistant_model=draft, verifier=StaticEnsembleVerifier(weight), **GREEDY)
+    assert torch.equal(ours, expected)
+
+
+class RecordingVerifier(StaticEnsembleVerifier):
+    """Keeps what each round saw, to recompute it without a cache."""
+
+    def __call__(self, draft_ids, draft_probs, target_probs, **kwargs):
+        result = super().__call__(draft_ids, draft_probs, target_probs, **kwargs)
+        self.rounds.append((draft_ids, draft_probs, target_probs, result.num_accepted))
+        return result
+
+
+def test_caches_stay_exact_after_every_rejection(pair):
+    """q_t and p_t used in every round equal a no-cache forward pass over the same prefix."""
+    target, draft = pair
+    verifier = RecordingVerifier(1.0)
+    object.__setattr__(verifier, "rounds", [])
+    input_ids = prompt(7, seed=3)
+    output = target.generate(input_ids, assistant_model=draft, verifier=verifier, do_sample=False, max_new_tokens=40,
+                             num_assistant_tokens=6)
+    position, rejections = input_ids.shape[1], 0
+    for draft_ids, draft_probs, target_probs, num_accepted in verifier.rounds:
+        sequence = torch.cat([output[:, :position], draft_ids], dim=1)
+        with torch.no_grad():
+            expected_draft = draft(sequence).logits[:, position - 1 : position - 1 + draft_ids.shape[1]].softmax(-1)
+            expected_target = target(sequence).logits[:, position - 1 :].softmax(-1)
+        torch.testing.assert_close(draft_probs, expected_draft, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(target_probs, expected_target, atol=1e-5, rtol=1e-4)
+        rejections += int(num_accepted) < draft_ids.shape[1]
+        position += int(num_accepted) + 1
+    assert rejections >= 2 and position == output.shape[1]
+
+
+def test_fresh_head_equals_static_ensemble(pair):
+    target, draft = pair
+    head = DiversedHead.for_pair(target, draft, w_0=0.3)
+    input_ids = prompt(6, seed=4)
+    with_head = target.generate(input_ids, assistant_model=draft, diversed_head=head, **GREEDY)
+    static = target.generate(input_ids, assistant_model=draft, verifier=StaticEnsembleVerifier(0.3), **GREEDY)
+    assert torch.equal(with_head, static)
+    sampled = [
+        target.generate(input_ids, assistant_model=draft, do_sample=True, max_new_tokens=16, generator=torch.Generator().manual_seed(0), **kw)
+        for kw in (dict(diversed_head=head), dict(verifier=StaticEnsembleVerifier(0.3)))
+    ]
+    assert torch.equal(*sampled)
+
+
+@pytest.mark.parametrize("method", ["exact", "static", "head"])
+def test_batched_greedy_rows_equal_single_prompt_runs(pair, method):
+    target, draft = pair
+    verifier = {
+        "exact": dict(verifier=ExactVerifier()),
+        "static": dict(verifier=StaticEnsembleVerifier(0.4)),
+        "head": dict(diversed_head=randomize(DiversedHead.for_pair(target, draft, architecture="mlp"))),
+    }[method]
+    rows, input_ids, attention_mask = left_padded_batch([3, 9, 5, 12, 1, 7, 4, 10])
+    batched = target.generate(
+        input_ids, attention_mask=attention_mask, assistant_model=draft, return_dict_in_generate=True, **verifier, **GREEDY
+    )
+    width = input_ids.shape[1]
+    for i, row in enumerate(rows):
+        alone = target.generate(row[None], assistant_model=draft, **verifier, **GREEDY)
+        new_alone = alone[0, row.numel() :]
+        new_batched = batched.sequences[i, width : width + new_alone.numel()]
+        assert torch.equal(new_batched, new_alone), f"row {i}"
+        assert int(batched.speculation.num_generated[i]) == new_alone.numel()
+    assert batched.speculation.total_accepted > 0
+
+
+def test_head_weights_vary_and_are_reported(pair):
+    target, draft = pair
+    head = randomize(DiversedHead.for_pair(target, draft, architecture="mlp"))
+    output = target.generate(
+        prompt(6), assistant_model=draft, diversed_head=head, do_sample=True, max_new_tokens=20,
+        output_target_weights=True, return_dict_in_generate=True, generator=torch.Generator().manual_seed(1),
+    )
+    weights = output.speculation.target_weights[0]
+    assert weights.shape == (int(output.speculation.num_generated[0]),)
+    drafted = weights[~weights.isnan()]
+    assert drafted.numel() > 0 and drafted.min() >= 0 and drafted.max() <= 1 and drafted.std() > 0
+
+
+def test_seeded_sampling_is_reproducible_and_stats_consistent(pair):
+    target, draft = pair
+    _, input_ids, attention_mask = left_padded_batch([4, 8, 6])
+    kwargs = dict(attention_mask=attention_mask, assistant_model=draft, verifier=LenientVerifier(0.5), do_sample=True,
+                  temperature=0.8, top_p=0.95, max_new_tokens=20, num_assistant_tokens=3, return_dict_in_generate=True)
+    first = target.generate(input_ids, generator=torch.Generator().manual_seed(7), **kwargs)
+    second = target.generate(input_ids, generator=torch.Generator().manual_seed(7), **kwargs)
+    torch.manual_seed(11)
+    third = target.generate(input_ids, **kwargs)
+    torch.manual_seed(11)
+    fourth = target.generate(input_ids, **kwargs)
+    assert torch.equal(first.sequences, second.sequences) and torch.equal(third.sequences, fourth.sequences)
+    stats = first.speculation
+    assert (stats.num_accepted <= stats.num_drafted).all()
+    assert (stats.num_rounds * 3 >= stats.num_drafted).all()
+    assert (stats.accepted_per_position <= stats.drafted_per_position).all()
+    assert torch.equal(stats.accepted_per_position.sum(1), stats.num_accepted)
+    assert torch.equal(stats.drafted_per_position.sum(1), stats.num_drafted)
+    assert ((0 <= stats.acceptance_rate) & (stats.acceptance_rate <= 1)).all()
+    assert stats.summary()["num_rows"] == 3
+
+
+def test_usual_kwargs_keep_working(pair):
+    target, draft = pair
+    input_ids = prompt(5, seed=2)
+    plain = target.generate(input_ids, do_sample=False, max_new_tokens=30)
+    stop_token = int(plain[0, 5 + 10])
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.clone())
+
+        def end(self):
+            self.ended = True
+
+    streamer = Collect()
+    output = target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=30,
+        eos_token_id=stop_token, pad_token_id=PAD_TOKEN_ID, num_assistant_tokens=3, streamer=streamer,
+    )
+    first_stop = (plain[0, 5:] == stop_token).nonzero()[0, 0] + 1
+    assert torch.equal(output[0, 5:], plain[0, 5 : 5 + first_stop])
+    assert streamer.ended and torch.equal(torch.cat([c.flatten() for c in streamer.chunks]), output[0])
+
+    class StopAfter(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 0) & (input_ids[:, -1] == stop_token)
+
+    stopped = target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=30,
+        stopping_criteria=StoppingCriteriaList([StopAfter()]), num_assistant_tokens=3,
+    )
+    assert torch.equal(stopped[0, 5:], plain[0, 5 : 5 + first_stop])
+    short = target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=7)
+    assert short.shape[1] == 5 + 7 and torch.equal(short, plain[:, : 5 + 7])
+
+
+def test_num_assistant_tokens_is_honoured(pair):
+    target, draft = pair
+    for n in (1, 2, 5):
+        output = target.generate(prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(0.5), do_sample=True,
+                                 max_new_tokens=40, num_assistant_tokens=n, return_dict_in_generate=True)
+        stats = output.speculation
+        assert stats.num_draft_tokens == n and stats.drafted_per_position.shape[1] == n
+        assert int(stats.num_drafted[0]) <= n * int(stats.num_rounds[0])
+
+
+def test_every_baseline_runs_batched(pair):
+    target, draft = pair
+    _, input_ids, attention_mask = left_padded_batch([3, 6, 9, 2])
+    for verifier in [ExactVerifier(), LenientVerifier(0.3), StaticEnsembleVerifier(0.0), *[SpecCascadeVerifier(r, 0.2) for r in ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")]]:
+        output = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=verifier,
+                                 do_sample=True, max_new_tokens=12, num_assistant_tokens=3, return_dict_in_generate=True)
+        assert output.sequences.shape[0] == 4
+        assert (output.sequences[:, input_ids.shape[1]:] < VOCAB_SIZE).all()
+
+
+def test_without_head_generate_is_transformers_own():
+    target, draft = make_pair("llama")
+    plain = copy.deepcopy(target)
+    enabled = enable_diversed(target)
+    input_ids = prompt(6)
+    for kwargs in (dict(do_sample=False), dict(do_sample=True, top_k=10), dict(assistant_model=draft, do_sample=False)):
+        torch.manual_seed(0)
+        expected = plain.generate(input_ids, max_new_tokens=15, **kwargs)
+        torch.manual_seed(0)
+        assert torch.equal(enabled.generate(input_ids, max_new_tokens=15, **kwargs), expected)
+
+
+def test_enable_diversed_is_idempotent_and_keeps_the_architecture(tmp_path):
+    target, _ = make_pair("llama")
+    enabled = enable_diversed(target)
+    assert enabled is target and enable_diversed(enabled) is enabled
+    assert isinstance(enabled, DiversedGenerationMixin) and isinstance(enabled, LlamaForCausalLM)
+    assert type(enabled).__name__ == "LlamaForCausalLM"
+    clone = copy.deepcopy(enabled)
+    assert isinstance(clone, DiversedGenerationMixin)
+    enabled.save_pretrained(tmp_path)
+    reloaded = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.config.architectures == ["LlamaForCausalLM"]
+    assert type(enable_diversed(make_model("llama"))) is type(enabled)
+
+
+def test_mixin_in_a_class_definition():
+    class DiversedLlama(DiversedGenerationMixin, LlamaForCausalLM):
+        pass
+
+    target, draft = make_pair("llama")
+    model = DiversedLlama(target.config)
+    model.load_state_dict(target.state_dict())
+    model.eval()
+    out = model.generate(prompt(5), assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=8)
+    assert torch.equal(out, target.generate(prompt(5), do_sample=False, max_new_tokens=8))
+
+
+def test_padded_vocabularies_of_one_tokenizer_work():
+    target = enable_diversed(make_model("qwen3", vocab_size=VOCAB_SIZE + 128, seed=1))
+    draft = make_model("qwen3", vocab_size=VOCAB_SIZE, seed=2)
+    output = target.generate(prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(0.5), do_sample=True, max_new_tokens=10)
+    assert (output[0, 5:] < VOCAB_SIZE).all()
+
+
+# Bad input ------------------------------------------------------------------------------------------
+
+
+def test_head_or_verifier_without_assistant_model(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="assistant_model=draft"):
+        target.generate(prompt(4), diversed_head=DiversedHead.for_pair(target, draft))
+    with pytest.raises(ValueError, match="assistant_model=draft"):
+        target.generate(prompt(4), verifier=ExactVerifier())
+
+
+def test_head_and_verifier_together(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="either `diversed_head` or `verifier`"):
+        target.generate(prompt(4), assistant_model=draft, diversed_head=DiversedHead.for_pair(target, draft), verifier=ExactVerifier())
+
+
+def test_head_with_wrong_hidden_sizes_names_the_numbers(pair):
+    target, draft = pair
+    head = DiversedHead(draft_hidden_size=17, target_hidden_size=23)
+    with pytest.raises(ValueError, match=r"draft 17, target 23.*draft 32, target 32"):
+        target.generate(prompt(4), assistant_model=draft, diversed_head=head)
+
+
+def test_different_vocabularies_are_rejected():
+    target = enable_diversed(make_model("llama", vocab_size=VOCAB_SIZE, seed=1))
+    draft = make_model("llama", vocab_size=VOCAB_SIZE * 10, seed=2)
+    with pytest.raises(ValueError, match="tokenizer"):
+        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier())
+    other = make_model("llama", seed=3)
+    other.config.eos_token_id = 5
+    with pytest.raises(ValueError, match="eos_token_id"):
+        target.generate(prompt(4), assistant_model=other, verifier=ExactVerifier())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_beams=2), "num_beams"),
+        (dict(assistant_ensemble_weight=0.5), "assistant_ensemble_weight"),
+        (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
+        (dict(num_assistant_tokens=0), "num_assistant_tokens"),
+        (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
+    ],
+)
+def test_modes_that_cannot_be_combined(pair, kwargs, message):
+    target, draft = pair
+    with pytest.raises(ValueError, match=message):
+        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=5, **kwargs)
+
+
+def test_our_kwargs_without_a_verifier_are_errors(pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match="output_target_weights"):
+        target.generate(prompt(4), output_target_weights=True)
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["exact", "static0.3", "static0", "lenient0.5", "cascade-opt", "cascade-token_v3", "head"],
+)
+def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(method):
+    """Thousands of rows in one call: the first emitted token follows pi_1 built from processed q and p."""
+    from transformers import GenerationConfig
+
+    from diversed_hf import HeadVerifier, ops
+    from tiny_models import empirical, tv_bound
+
+    target, draft = make_pair("llama", noise=0.5)
+    enable_diversed(target)
+    head = randomize(DiversedHead.for_pair(target, draft, architecture="mlp"), scale=0.1).requires_grad_(False)
+    verifier = {
+        "exact": ExactVerifier(),
+        "static0.3": StaticEnsembleVerifier(0.3),
+        "static0": StaticEnsembleVerifier(0.0),
+        "lenient0.5": LenientVerifier(0.5),
+        "cascade-opt": SpecCascadeVerifier("opt", 0.3),
+        "cascade-token_v3": SpecCascadeVerifier("token_v3", 0.5),
+        "head": HeadVerifier(head),
+    }[method]
+    sampling = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9)
+    input_ids = prompt(6, seed=5)
+    num_rows = 6000
+    output = target.generate(
+        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=verifier, max_new_tokens=2, num_assistant_tokens=1,
+        generator=torch.Generator().manual_seed(0), **sampling,
+    )
+    processors = target._get_logits_processor(GenerationConfig(**sampling))
+    with torch.no_grad():
+        target_out, draft_out = target(input_ids, output_hidden_states=True), draft(input_ids, output_hidden_states=True)
+    target_probs = processors(input_ids, target_out.logits[:, -1]).softmax(-1)[:, None]  # (1, 1, V)
+    draft_probs = processors(input_ids, draft_out.logits[:, -1]).softmax(-1)[:, None]
+    untempered = dict(untempered_draft_probs=draft_out.logits[:, -1:].softmax(-1), untempered_target_probs=target_out.logits[:, -1:].softmax(-1))
+    declared, weight = verifier.verification_probs(
+        draft_probs, target_probs, draft_hidden=draft_out.hidden_states[-1][:, -1:],
+        target_hidden=target_out.hidden_states[-1][:, -1:], **untempered,
+    )
+    assert ops.total_variation(declared[0, 0], target_probs[0, 0]) > 0.02 or method == "exact", "pick a case that differs from p"
+    observed = empirical(output[:, input_ids.shape[1]], VOCAB_SIZE)
+    tv = float(ops.total_variation(observed, declared[0, 0].double()))
+    assert tv < tv_bound(declared[0, 0], num_rows), tv

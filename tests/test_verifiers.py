@@ -1,0 +1,186 @@
+"""Verifier math: hand-made cases, then statistical tests of the emitted distribution."""
+
+import pytest
+import torch
+
+from diversed_hf import ops
+from diversed_hf.head import DiversedHead
+from diversed_hf.verifiers import (
+    CASCADE_RULES,
+    ExactVerifier,
+    HeadVerifier,
+    LenientVerifier,
+    SpecCascadeVerifier,
+    StaticEnsembleVerifier,
+)
+from tiny_models import empirical, tv_bound
+
+NEG = -1e4
+
+
+def one_hot_probs(ids, vocab):
+    logits = torch.full((*ids.shape, vocab), NEG)
+    logits.scatter_(-1, ids.unsqueeze(-1), 10.0)
+    return logits.softmax(-1)
+
+
+def test_exact_accepts_agreeing_drafts_and_takes_bonus_from_target():
+    draft_ids = torch.tensor([[2, 3, 1]])
+    draft_probs = one_hot_probs(draft_ids, 5)
+    target_probs = one_hot_probs(torch.tensor([[2, 3, 1, 4]]), 5)
+    result = ExactVerifier()(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(0))
+    assert result.num_accepted.tolist() == [3]
+    assert result.next_tokens.tolist() == [4]
+    greedy = ExactVerifier()(draft_ids, draft_probs, target_probs, do_sample=False)
+    assert greedy.num_accepted.tolist() == [3] and greedy.next_tokens.tolist() == [4]
+
+
+def test_exact_rejects_at_first_disagreement_and_recovers_from_residual():
+    draft_ids = torch.tensor([[2, 3, 1], [2, 0, 1]])
+    draft_probs = one_hot_probs(draft_ids, 5)
+    target_probs = one_hot_probs(torch.tensor([[2, 4, 1, 4], [2, 0, 3, 0]]), 5)
+    result = ExactVerifier()(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(0))
+    assert result.num_accepted.tolist() == [1, 2]
+    assert result.next_tokens.tolist() == [4, 3]
+    assert torch.allclose(result.acceptance_probs[0], torch.tensor([1.0, 0.0, 1.0]), atol=1e-4)
+
+
+def test_zero_weight_accepts_everything_and_full_weight_is_exact():
+    generator = torch.Generator().manual_seed(0)
+    draft_probs = torch.rand(4, 3, 7, generator=generator).softmax(-1)
+    target_probs = torch.rand(4, 4, 7, generator=generator).softmax(-1)
+    draft_ids = torch.multinomial(draft_probs.flatten(0, 1), 1, generator=generator).view(4, 3)
+    result = StaticEnsembleVerifier(0.0)(draft_ids, draft_probs, target_probs, generator=generator)
+    assert result.num_accepted.tolist() == [3, 3, 3, 3]
+    assert torch.allclose(result.acceptance_probs, torch.ones(4, 3))
+    exact = ExactVerifier().verification_probs(draft_probs, target_probs[:, :3])[0]
+    static = StaticEnsembleVerifier(1.0).verification_probs(draft_probs, target_probs[:, :3])[0]
+    assert torch.equal(exact, static)
+
+
+def test_acceptance_probability_is_one_minus_w_tv():
+    generator = torch.Generator().manual_seed(1)
+    draft_probs = torch.rand(3, 2, 9, generator=generator).softmax(-1)
+    target_probs = torch.rand(3, 3, 9, generator=generator).softmax(-1)
+    draft_ids = torch.zeros(3, 2, dtype=torch.long)
+    for weight in (0.0, 0.3, 1.0):
+        result = StaticEnsembleVerifier(weight)(draft_ids, draft_probs, target_probs, generator=generator)
+        expected = 1 - weight * ops.total_variation(target_probs[:, :2], draft_probs)
+        assert torch.allclose(result.acceptance_probs, expected, atol=1e-6)
+
+
+def test_logits_mixing_is_the_geometric_pool():
+    generator = torch.Generator().manual_seed(2)
+    draft_logits, target_logits = torch.randn(2, 3, 11, generator=generator), torch.randn(2, 3, 11, generator=generator)
+    weight = torch.rand(2, 3, generator=generator)
+    pooled = ops.mix_logprobs(draft_logits.softmax(-1), target_logits.softmax(-1), weight)
+    expected = (weight[..., None] * target_logits + (1 - weight[..., None]) * draft_logits).softmax(-1)
+    assert torch.allclose(pooled, expected, atol=1e-6)
+
+
+def _fixed_round(num_rows, num_draft, vocab, seed, temperature=1.0, top_k=None):
+    """Distributions fixed per position (the same in every row) and drafts sampled from them."""
+    generator = torch.Generator().manual_seed(seed)
+    draft_logits = torch.randn(num_draft, vocab, generator=generator) * 1.5 / temperature
+    target_logits = torch.randn(num_draft + 1, vocab, generator=generator) * 1.5 / temperature
+    if top_k is not None:
+        for logits in (draft_logits, target_logits):
+            kth = logits.topk(top_k, dim=-1).values[..., -1:]
+            logits.masked_fill_(logits < kth, float("-inf"))
+    draft_probs = draft_logits.softmax(-1).expand(num_rows, -1, -1).contiguous()
+    target_probs = target_logits.softmax(-1).expand(num_rows, -1, -1).contiguous()
+    draft_ids = torch.multinomial(draft_probs.flatten(0, 1), 1, generator=generator).view(num_rows, num_draft)
+    return draft_ids, draft_probs, target_probs
+
+
+def _random_head(d_draft=6, d_target=5, seed=0):
+    head = DiversedHead(draft_hidden_size=d_draft, target_hidden_size=d_target, architecture="mlp", mlp_hidden_size=8)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    return head
+
+
+VERIFIERS = [
+    ExactVerifier(),
+    StaticEnsembleVerifier(0.0),
+    StaticEnsembleVerifier(0.3),
+    StaticEnsembleVerifier(1.0),
+    StaticEnsembleVerifier(0.3, mixing="logits"),
+    LenientVerifier(0.5),
+    *[SpecCascadeVerifier(rule, alpha) for rule in CASCADE_RULES for alpha in (0.3,)],
+    "head",
+]
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=lambda v: v if isinstance(v, str) else repr(v))
+@pytest.mark.parametrize("setting", [dict(), dict(temperature=0.6, top_k=5)], ids=["t1", "t0.6-topk5"])
+def test_emitted_tokens_follow_the_declared_distribution(verifier, setting):
+    num_rows, num_draft, vocab = 40_000, 3, 8
+    draft_ids, draft_probs, target_probs = _fixed_round(num_rows, num_draft, vocab, seed=3, **setting)
+    kwargs = {}
+    if verifier == "head":
+        verifier = HeadVerifier(_random_head())
+        generator = torch.Generator().manual_seed(4)
+        # Two kinds of context: w differs between rows and between positions.
+        draft_hidden = torch.randn(2, num_draft, 6, generator=generator).repeat(num_rows // 2, 1, 1)
+        target_hidden = torch.randn(2, num_draft + 1, 5, generator=generator).repeat(num_rows // 2, 1, 1)
+        kwargs = dict(draft_hidden=draft_hidden, target_hidden=target_hidden)
+    result = verifier(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(5), **kwargs)
+    declared, weight = verifier.verification_probs(
+        draft_probs,
+        target_probs[:, :num_draft],
+        draft_hidden=kwargs.get("draft_hidden"),
+        target_hidden=None if not kwargs else kwargs["target_hidden"][:, :num_draft],
+    )  # (rows, N, vocab)
+    if weight is not None and isinstance(verifier, HeadVerifier):
+        assert weight[0].std() > 0.01 and (weight[0] - weight[1]).abs().max() > 0.01, "head weights should vary"
+    emitted = torch.cat([draft_ids, torch.zeros(num_rows, 1, dtype=torch.long)], dim=1)
+    emitted.scatter_(1, result.num_accepted[:, None], result.next_tokens[:, None])
+    for position in range(num_draft + 1):
+        reached = result.num_accepted >= position  # rows that emitted a token at this position
+        groups = [reached & (torch.arange(num_rows) % 2 == g) for g in range(2)] if kwargs else [reached]
+        for rows in groups:
+            if rows.sum() < 2000:
+                continue
+            if position < num_draft:
+                expected = declared[rows.nonzero()[0, 0], position]
+            else:  # bonus token: from the target
+                expected = target_probs[0, num_draft]
+            observed = empirical(emitted[rows, position], vocab)
+            tv = ops.total_variation(observed, expected.double())
+            assert tv < tv_bound(expected, int(rows.sum())), (position, float(tv))
+    # The declared acceptance probability matches the observed one at the first position.
+    observed_rate = (result.num_accepted >= 1).double().mean()
+    assert abs(observed_rate - result.acceptance_probs[:, 0].double().mean()) < 0.02
+
+
+def test_seeded_verification_is_reproducible():
+    draft_ids, draft_probs, target_probs = _fixed_round(64, 4, 10, seed=7)
+    first = StaticEnsembleVerifier(0.4)(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(9))
+    second = StaticEnsembleVerifier(0.4)(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(first.num_accepted, second.num_accepted)
+    assert torch.equal(first.next_tokens, second.next_tokens)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: StaticEnsembleVerifier(1.5), "target_weight"),
+        (lambda: StaticEnsembleVerifier(-0.1), "target_weight"),
+        (lambda: LenientVerifier(0.0), "lenience"),
+        (lambda: LenientVerifier(2.0), "lenience"),
+        (lambda: SpecCascadeVerifier("bogus", 0.1), "rule"),
+        (lambda: SpecCascadeVerifier("opt", 1.5), "alpha"),
+        (lambda: StaticEnsembleVerifier(0.5, mixing="geometric"), "mixing"),
+    ],
+)
+def test_bad_verifier_arguments_raise_naming_the_argument(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_head_verifier_requires_a_head():
+    with pytest.raises(TypeError, match="DiversedHead"):
+        HeadVerifier(object())

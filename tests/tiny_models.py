@@ -1,0 +1,92 @@
+"""Tiny target/draft pairs built from configs (nothing downloads). One helper for every test."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+VOCAB_SIZE = 64
+EOS_TOKEN_ID = 1
+PAD_TOKEN_ID = 0
+ARCHITECTURES = ("llama", "qwen3", "gemma3")
+
+
+def _config(architecture: str, hidden_size: int, num_layers: int, vocab_size: int):
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=2,
+        pad_token_id=PAD_TOKEN_ID,
+        tie_word_embeddings=False,
+    )
+    if architecture == "llama":
+        return LlamaForCausalLM, LlamaConfig(**common)
+    if architecture == "qwen3":
+        return Qwen3ForCausalLM, Qwen3Config(head_dim=hidden_size // 4, **common)
+    if architecture == "gemma3":
+        # A short sliding window so tests cross it; every other layer slides.
+        return Gemma3ForCausalLM, Gemma3TextConfig(
+            head_dim=hidden_size // 4,
+            sliding_window=6,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)],
+            **common,
+        )
+    raise ValueError(f"unknown architecture {architecture!r}; choose from {ARCHITECTURES}")
+
+
+def make_model(architecture: str = "llama", hidden_size: int = 32, num_layers: int = 2, vocab_size: int = VOCAB_SIZE, seed: int = 0):
+    model_class, config = _config(architecture, hidden_size, num_layers, vocab_size)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    # Sharpen the output layer a little so distributions are not nearly uniform.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+        # EOS scores 0: rarely chosen, so generations run their full length unless a test sets eos_token_id.
+        model.get_output_embeddings().weight[EOS_TOKEN_ID] = 0.0
+    model.generation_config.pad_token_id = PAD_TOKEN_ID
+    model.generation_config.eos_token_id = EOS_TOKEN_ID
+    return model
+
+
+def make_pair(architecture: str = "llama", noise: float = 0.1, seed: int = 1):
+    """(target, draft): the draft is the target with every weight perturbed by ``noise`` standard deviations,
+    so the two agree on some tokens and not others (acceptance strictly between 0 and 1)."""
+    target = make_model(architecture, hidden_size=32, num_layers=2, seed=seed)
+    draft = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            if parameter.numel() > 1:
+                scale = parameter.std() if parameter.std() > 0 else parameter.abs().mean()
+                parameter.add_(noise * scale * torch.randn(parameter.shape, generator=generator))
+    return target, draft
+
+
+def prompt(length: int = 5, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB_SIZE, (batch, length), generator=generator)
+
+
+def tv_bound(expected: torch.Tensor, num_samples: int, delta: float = 1e-6) -> float:
+    """Bound on TV(empirical, expected) that an exact sampler exceeds with probability below ``delta``.
+
+    E[TV] <= 1/2 sum_x sqrt(pi(x)(1 - pi(x)) / n) (Jensen), and TV moves by at most 1/n per sample,
+    so by McDiarmid P(TV > E[TV] + eps) <= exp(-2 n eps^2): eps = sqrt(ln(1/delta) / (2n)).
+    """
+    import math
+
+    expected = expected.double()
+    mean_bound = 0.5 * float((expected.detach() * (1 - expected) / num_samples).sqrt().sum())
+    return mean_bound + math.sqrt(math.log(1 / delta) / (2 * num_samples))
+
+
+def empirical(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.bincount(tokens.flatten(), minlength=vocab_size).double() / tokens.numel()
