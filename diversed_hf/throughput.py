@@ -1,0 +1,96 @@
+"""``diversed-hf throughput``: tokens/s of batched speculative decoding at several batch sizes.
+
+A benchmark script, not a test: it prints a table. Each batch size decodes the same number of
+prompts (``--num-prompts``, split into batches) with sampling at temperature 1, after a warm-up
+batch; the figure is generated tokens / wall-clock seconds, the median of ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from .generation import enable_diversed
+from .verifiers import ExactVerifier, StaticEnsembleVerifier
+
+
+def measure_throughput(target, draft, tokenizer, prompts: list[str], batch_sizes=(1, 4, 8, 16), verifier=None,
+                       max_new_tokens: int = 64, num_draft_tokens: int = 5, repeats: int = 1, seed: int = 0) -> list[dict]:
+    """Rows of {batch_size, tokens, seconds, tokens_per_second, acceptance_rate} for each batch size."""
+    enable_diversed(target)
+    verifier = verifier or ExactVerifier()
+    tokenizer.padding_side = "left"
+
+    def run(batch_size: int) -> tuple[int, float, int, int]:
+        tokens = drafted = accepted = 0
+        start = time.perf_counter()
+        for begin in range(0, len(prompts), batch_size):
+            batch = tokenizer(prompts[begin : begin + batch_size], return_tensors="pt", padding=True)
+            output = target.generate(
+                **batch, assistant_model=draft, verifier=verifier, do_sample=True, top_k=0, temperature=1.0,
+                max_new_tokens=max_new_tokens, num_assistant_tokens=num_draft_tokens, pad_token_id=tokenizer.pad_token_id,
+                return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed + begin),
+            )
+            stats = output.speculation
+            tokens += int(stats.num_generated.sum())
+            drafted += stats.total_drafted
+            accepted += stats.total_accepted
+        return tokens, time.perf_counter() - start, drafted, accepted
+
+    run(max(batch_sizes))  # warm-up
+    rows = []
+    for batch_size in batch_sizes:
+        timings = [run(batch_size) for _ in range(repeats)]
+        seconds = statistics.median(t[1] for t in timings)
+        tokens, _, drafted, accepted = timings[0]
+        rows.append({
+            "batch_size": batch_size,
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_second": tokens / seconds,
+            "acceptance_rate": accepted / max(drafted, 1),
+        })
+    return rows
+
+
+def main(args: argparse.Namespace) -> int:
+    from . import testbed
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer = testbed.load_pair()
+    prompts = list(testbed.load_task(args.task, split="test", num_examples=args.num_prompts, seed=args.seed)["prompt"])
+    verifier = ExactVerifier() if args.target_weight is None else StaticEnsembleVerifier(args.target_weight)
+    rows = measure_throughput(target, draft, tokenizer, prompts, tuple(args.batch_sizes), verifier, args.max_new_tokens,
+                              args.num_draft_tokens, args.repeats, args.seed)
+    base = rows[0]["tokens_per_second"]
+    print(f"testbed {args.task}, {len(prompts)} prompts, {verifier}, N = {args.num_draft_tokens}, "
+          f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}")
+    print("| batch | tokens | seconds | tokens/s | vs batch 1 | acceptance |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['batch_size']} | {row['tokens']} | {row['seconds']:.1f} | {row['tokens_per_second']:.1f} | "
+              f"{row['tokens_per_second'] / base:.2f}x | {row['acceptance_rate']:.1%} |")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=2)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("throughput", help="Tokens/s of batched speculative decoding on the testbed.")
+    parser.add_argument("--task", default="arith", choices=["arith", "summary"])
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--num-draft-tokens", type=int, default=5)
+    parser.add_argument("--target-weight", type=float, default=None, help="Static ensemble weight (default: lossless SD).")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", default=None, help="Also write the rows to this JSON file.")
+    parser.set_defaults(func=main)
