@@ -1,0 +1,204 @@
+"""The theory of relaxed speculative decoding as code you can check (SPEC §6).
+
+Pure torch; nothing here imports transformers or draws random numbers.
+
+**Tokens per round.** A round drafts ``x_1..x_N ~ q`` (each conditioned on the drafts before
+it), keeps them up to the first rejection and emits one more (recovered or bonus), so it emits
+``T_N = accepted + 1`` tokens. Draft ``t`` is accepted with probability ``a_t(x_t)`` (for
+verification against ``pi``: ``min(1, pi_t(x_t) / q_t(x_t))``), independently given the drafts, and
+``beta_t = sum_x q_t(x) a_t(x)`` is its acceptance probability before ``x_t`` is drawn. Hence
+
+    E[T_N] = sum_{k=0..N} P(first k drafts accepted) = 1 + sum_{k=1..N} E[ prod_{t<k} a_t(x_t) * beta_k ]
+
+and the per-round value inside the expectation is an unbiased, low-variance estimator of
+``E[T_N]`` (the uniform draws of verification are averaged out exactly). SPEC §6 writes
+``1 + sum_k E[prod_{t<=k} beta_t]`` with ``beta_t`` along the drafted prefix: that is the same only
+when ``beta_{t+1}`` does not depend on whether ``x_t`` was a token likely to be accepted — true when
+acceptance depends on position but not on context, **biased in general**. Example: ``q_1`` uniform
+on ``{A, B}``, ``p_1 = delta_A``; after ``A`` the models disagree (``beta_2 = 0``), after ``B`` they
+agree (``beta_2 = 1``). Then ``E[T_2] = 1.5`` but ``1 + beta_1 + E[beta_1 beta_2] = 1.75``.
+:func:`expected_tokens_per_round` computes the exact form when given ``a_t(x_t)`` and the SPEC
+form otherwise. If every ``beta_t = alpha`` independently of context, both reduce to the i.i.d.
+formula of Leviathan et al. (2023), ``(1 - alpha^(N+1)) / (1 - alpha)`` (:func:`iid_tokens_per_round`),
+which ignores that acceptance depends on position and context.
+
+**Speedup model.** With ``c = cost(draft token) / cost(target token)`` a round costs ``N c + 1``
+target-token equivalents and emits ``E[T_N]`` tokens, so the speedup over target-only decoding is
+about ``E[T_N] / (N c + 1)`` (:func:`predicted_speedup`).
+
+**Single-step Pareto front** (Yin et al. 2024; DIVERSED Prop. 1). A single-step verification rule
+accepts a draft ``x ~ q`` with probability ``a(x)`` and otherwise emits a recovered token from
+``r``; its output is ``o = q a + (1 - sum q a) r``. Its *rejection* is ``1 - sum_x q(x) a(x)`` and
+its *bias* ``TV(o, p)``. Because ``o >= q a``, ``TV(o, q) <= rejection``, and the triangle
+inequality gives
+
+    bias + rejection >= TV(p, q)
+
+for every rule. The static ensemble ``nu = w p + (1 - w) q`` has rejection ``w TV(p, q)`` and bias
+``(1 - w) TV(p, q)``: it is *on* the front, and sweeping ``w`` traces it
+(:func:`static_ensemble_tradeoff`, :func:`single_step_tradeoff`). One step at a time, lossy SD and
+the deferral cascades (``w in {0, 1}``) are on the front too; the geometric pool and the token-level
+cascades can lie above it. The front is a per-position statement: DIVERSED's claim is that choosing
+*where* on it to stand, per context, buys sequence-level quality for acceptance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import ops
+
+__all__ = [
+    "Tradeoff",
+    "expected_tokens_per_round",
+    "iid_tokens_per_round",
+    "predicted_speedup",
+    "position_acceptance",
+    "single_step_tradeoff",
+    "static_ensemble_tradeoff",
+    "front_gap",
+]
+
+
+def expected_tokens_per_round(
+    acceptance_probs: torch.Tensor,  # (num_rounds, N) beta_t per round along the drafted prefix; NaN = not drafted
+    drafted_acceptance: torch.Tensor | None = None,  # (num_rounds, N) a_t(x_t) of the drafted tokens; NaN = not drafted
+    *,
+    per_round: bool = False,
+) -> torch.Tensor:  # () mean over rounds, or (num_rounds,) if per_round
+    """Estimator of the expected tokens per round ``E[T_N]`` from per-round acceptance probabilities.
+
+    With ``drafted_acceptance`` (the probability ``a_t(x_t)`` that each drafted token is accepted),
+    each round contributes ``1 + sum_{k=1..N} prod_{t<k} a_t(x_t) * beta_k``, whose mean over rounds
+    is unbiased for ``E[T_N]`` whatever the models are. Without it, each round contributes
+    ``1 + sum_k prod_{t<=k} beta_t`` (SPEC §6), unbiased only when acceptance does not depend on
+    the drafted context (see the module docstring for a counterexample).
+
+    A NaN marks a position the round did not draft (a round cut short by the length budget): the
+    sum stops there, as the round's count of accepted drafts does. Returns NaN for zero rounds.
+    """
+    if acceptance_probs.dim() != 2:
+        raise ValueError(
+            f"`acceptance_probs` must have shape (num_rounds, num_draft_tokens), got {tuple(acceptance_probs.shape)}. "
+            "Concatenate the per-row tensors of `SpeculationStats.acceptance_probs` with `torch.cat`."
+        )
+    betas = torch.nan_to_num(acceptance_probs.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
+    if drafted_acceptance is None:
+        reach = betas.cumprod(dim=-1)  # (rounds, N) prod_{t<=k} beta_t
+    else:
+        if drafted_acceptance.shape != acceptance_probs.shape:
+            raise ValueError(
+                f"`drafted_acceptance` has shape {tuple(drafted_acceptance.shape)} but `acceptance_probs` has "
+                f"{tuple(acceptance_probs.shape)}; pass both per round and position."
+            )
+        kept = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
+        before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1)  # (rounds, N) prod_{t<k}
+        reach = before * betas  # (rounds, N)
+    per_round_value = 1.0 + reach.sum(dim=-1)  # (rounds,)
+    if per_round:
+        return per_round_value
+    if per_round_value.numel() == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    return per_round_value.mean()
+
+
+def iid_tokens_per_round(alpha, num_draft_tokens: int):
+    """``E[T_N] = (1 - alpha^(N+1)) / (1 - alpha)`` when every draft is accepted independently with
+    probability ``alpha`` (Leviathan et al. 2023, eq. 1); ``N + 1`` at ``alpha = 1``.
+
+    ``alpha`` may be a float or a tensor (elementwise); the result has the same kind.
+    """
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+        raise ValueError(f"`num_draft_tokens` must be a non-negative integer, got {num_draft_tokens!r}.")
+    is_tensor = isinstance(alpha, torch.Tensor)
+    alpha_t = torch.as_tensor(alpha, dtype=torch.float64)  # (...)
+    if bool(((alpha_t < 0) | (alpha_t > 1)).any()):
+        raise ValueError(f"`alpha` is an acceptance probability and must lie in [0, 1], got {alpha!r}.")
+    # sum_{k=0..N} alpha^k: exact at alpha = 1 and stable near it.
+    powers = alpha_t.unsqueeze(-1) ** torch.arange(num_draft_tokens + 1, dtype=torch.float64)  # (..., N + 1)
+    value = powers.sum(dim=-1)  # (...)
+    return value if is_tensor else float(value)
+
+
+def predicted_speedup(tokens_per_round, num_draft_tokens: int, cost_ratio):
+    """Speedup over target-only decoding, ``E[T_N] / (N c + 1)`` (SPEC §6).
+
+    ``cost_ratio`` ``c`` is the cost of one draft token over one target token, measured in the
+    same setting (e.g. seconds per token of each model decoding alone). The model charges a
+    verification pass over ``N + 1`` positions like one target token, which holds while decoding is
+    memory-bound; it ignores the verifier's own cost.
+    """
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+        raise ValueError(f"`num_draft_tokens` must be a non-negative integer, got {num_draft_tokens!r}.")
+    return tokens_per_round / (num_draft_tokens * cost_ratio + 1.0)
+
+
+def position_acceptance(
+    acceptance_probs: torch.Tensor,  # (num_rounds, N), NaN = not drafted
+) -> torch.Tensor:  # (N,)
+    """Mean ``beta_t`` per draft position over the rounds that drafted it (NaN where none did)."""
+    drafted = ~acceptance_probs.isnan()  # (rounds, N)
+    total = torch.nan_to_num(acceptance_probs.double(), nan=0.0).sum(dim=0)  # (N,)
+    count = drafted.sum(dim=0).double()  # (N,)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    """Single-step quantities of a verification rule at one position (each ``(...)``-shaped)."""
+
+    rejection: torch.Tensor  # 1 - sum_x q(x) a(x)
+    bias: torch.Tensor  # TV(output, p)
+    total_variation: torch.Tensor  # TV(p, q): the front is bias + rejection = TV
+    output_probs: torch.Tensor  # (..., vocab) distribution of the emitted token
+
+    @property
+    def gap(self) -> torch.Tensor:
+        """``bias + rejection - TV(p, q)``: >= 0 for every rule, 0 on the front."""
+        return self.bias + self.rejection - self.total_variation
+
+
+def single_step_tradeoff(
+    verifier,
+    draft_probs: torch.Tensor,  # (..., vocab)
+    target_probs: torch.Tensor,  # (..., vocab)
+    **context: torch.Tensor,
+) -> Tradeoff:
+    """Rejection and bias of any :class:`~diversed_hf.verifiers.Verifier` at one position.
+
+    Uses the verifier's own rule (``verification_probs``, ``acceptance``, ``residual_probs``), so it
+    covers lossy SD, cascades and heads as well as mixtures. ``context`` is passed on to
+    ``verification_probs`` (hidden states for a head). Leading dimensions are treated as
+    ``(batch, N)``-like: a ``(vocab,)`` input is handled as one position.
+    """
+    squeeze = draft_probs.dim() == 1
+    if squeeze:
+        draft_probs, target_probs = draft_probs[None, None], target_probs[None, None]  # (1, 1, vocab)
+    verify_probs, _ = verifier.verification_probs(draft_probs, target_probs, **context)  # (..., vocab)
+    acceptance = verifier.acceptance(draft_probs, target_probs, verify_probs)  # (..., vocab)
+    residual = verifier.residual_probs(draft_probs, target_probs, verify_probs)  # (..., vocab)
+    output = ops.emitted_distribution(draft_probs, acceptance, residual)  # (..., vocab)
+    rejection = 1.0 - (draft_probs * acceptance).sum(dim=-1)  # (...)
+    bias = ops.total_variation(output, target_probs)  # (...)
+    tv = ops.total_variation(target_probs, draft_probs)  # (...)
+    if squeeze:
+        rejection, bias, tv, output = rejection[0, 0], bias[0, 0], tv[0, 0], output[0, 0]
+    return Tradeoff(rejection=rejection, bias=bias, total_variation=tv, output_probs=output)
+
+
+def static_ensemble_tradeoff(
+    draft_probs: torch.Tensor,  # (..., vocab)
+    target_probs: torch.Tensor,  # (..., vocab)
+    target_weight,  # float or (...)
+) -> tuple[torch.Tensor, torch.Tensor]:  # rejection (...), bias (...)
+    """Closed form for ``nu = w p + (1 - w) q``: rejection ``w TV(p, q)``, bias ``(1 - w) TV(p, q)``."""
+    tv = ops.total_variation(target_probs, draft_probs)  # (...)
+    weight = torch.as_tensor(target_weight, dtype=tv.dtype, device=tv.device)  # (...) or ()
+    return weight * tv, (1.0 - weight) * tv
+
+
+def front_gap(rejection: torch.Tensor, bias: torch.Tensor, total_variation: torch.Tensor) -> torch.Tensor:
+    """``bias + rejection - TV(p, q)`` (elementwise): how far a rule is above the linear front."""
+    return bias + rejection - total_variation
