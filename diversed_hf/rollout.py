@@ -1,0 +1,191 @@
+"""Batched sampling from the DIVERSED mixture ``nu_theta``: the rollouts that train a head (SPEC §4).
+
+Speculative decoding against ``nu`` emits tokens distributed as ``nu`` at drafted positions, so
+plain autoregressive sampling from
+
+    nu_t(x) = w_t p_t(x) + (1 - w_t) q_t(x),   w_t = head(h^q_t, h^p_t)
+
+is an equivalent and cheaper rollout. Both frozen models run one token per step with their own
+KV cache; ``p_t`` / ``q_t`` are their next-token distributions after the *same* processors
+(temperature, then top-k, then top-p, as transformers orders them) and ``h^p_t`` / ``h^q_t``
+their last-layer hidden states at the position that produced them -- exactly the inputs the head
+sees inside ``generate`` (see :mod:`diversed_hf.generation`).
+
+Because the models are frozen, everything the loss needs besides the head is fixed by the rollout:
+``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)`` and the two hidden states. :class:`Rollout` keeps
+exactly those, so a loss evaluation (and every PPO inner epoch) runs only the head:
+
+    log nu_theta(x_t) = log(w_theta,t p_t(x_t) + (1 - w_theta,t) q_t(x_t))
+    acceptance_t      = 1 - TV(q_t, nu_theta,t) = 1 - w_theta,t TV(p_t, q_t)
+
+and temperature is applied identically in rollouts and log-probabilities by construction.
+Only the probability-space mixture (``mixing="probs"``, the paper's) is supported here: the
+geometric pool of the official code needs whole distributions and has no such closed forms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from . import compat, ops
+
+__all__ = ["Rollout", "sample_from_mixture", "mixture_logprobs", "build_logits_warpers"]
+
+
+@dataclass
+class Rollout:
+    """Completions sampled from ``nu`` and the frozen quantities the training loss needs.
+
+    ``T`` is the longest completion of the batch; positions after a row's end are padding
+    (``completion_mask`` 0). A row ends after its first EOS token (kept, and trained on) or after
+    ``max_new_tokens`` tokens.
+    """
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, T) pad after the end
+    completion_mask: torch.Tensor  # (B, T) 1 on sampled tokens (EOS included)
+    target_token_probs: torch.Tensor  # (B, T) p_t(x_t) after processors
+    draft_token_probs: torch.Tensor  # (B, T) q_t(x_t) after processors
+    total_variation: torch.Tensor  # (B, T) TV(p_t, q_t)
+    draft_hidden: torch.Tensor  # (B, T, d_draft) h^q_t
+    target_hidden: torch.Tensor  # (B, T, d_target) h^p_t
+    target_weight: torch.Tensor  # (B, T) w_t the head gave while sampling
+    logprobs: torch.Tensor  # (B, T) log nu_t(x_t) while sampling
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def build_logits_warpers(temperature: float = 1.0, top_k: int | None = 0, top_p: float | None = 1.0) -> LogitsProcessorList:
+    """transformers' sampling warpers in transformers' order (temperature, top-k, top-p); empty for plain sampling."""
+    if temperature is None or temperature <= 0:
+        raise ValueError(f"`temperature` must be > 0 for sampling, got {temperature!r}.")
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(float(temperature)))
+    if top_k:
+        warpers.append(TopKLogitsWarper(int(top_k), min_tokens_to_keep=1))
+    if top_p is not None and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(float(top_p), min_tokens_to_keep=1))
+    return warpers
+
+
+def mixture_logprobs(
+    target_weight: torch.Tensor,  # (B, T)
+    target_token_probs: torch.Tensor,  # (B, T)
+    draft_token_probs: torch.Tensor,  # (B, T)
+) -> torch.Tensor:  # (B, T)
+    """log nu(x_t) = log(w p(x_t) + (1 - w) q(x_t)) at the sampled tokens (float32, floored at the smallest normal)."""
+    w = target_weight.float()
+    mixed = w * target_token_probs.float() + (1.0 - w) * draft_token_probs.float()  # (B, T)
+    return mixed.clamp(min=torch.finfo(torch.float32).tiny).log()
+
+
+@torch.no_grad()
+def sample_from_mixture(
+    target,
+    draft,
+    head,
+    input_ids: torch.Tensor,  # (B, P) left-padded
+    attention_mask: torch.Tensor | None = None,  # (B, P)
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = 0,
+    top_p: float | None = 1.0,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int = 0,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample ``max_new_tokens`` (or up to EOS) from ``nu_theta`` for every row; see :class:`Rollout`.
+
+    ``head`` maps ``(draft_hidden, target_hidden)`` of shapes ``(B, 1, d)`` to ``w`` ``(B, 1)``; it is
+    called in no-grad mode on its own device and dtype. The models may live on another device.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
+    if getattr(getattr(head, "config", None), "mixing", "probs") != "probs":
+        raise ValueError(
+            "Training supports only heads with `mixing='probs'` (the paper's mixture): the logit-space pool of the "
+            "official code has no closed-form acceptance. Build the head with `mixing='probs'`."
+        )
+    device = input_ids.device
+    batch_size = input_ids.shape[0]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if vocab_size is None:
+        from .generation import shared_vocab_size
+
+        vocab_size = shared_vocab_size(target, draft)
+    eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device, dtype=torch.long)  # fmt: skip
+    warpers = build_logits_warpers(temperature, top_k, top_p)
+    head_param = next(head.parameters())
+
+    seq, mask = input_ids, attention_mask.to(input_ids.dtype)  # (B, L), growing
+    target_cache, draft_cache = compat.new_cache(), compat.new_cache()
+    chunk = input_ids  # the prefill feeds the whole prompt
+    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
+    records: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "live", "p", "q", "tv", "hq", "hp", "w", "logp")}
+
+    for _ in range(max_new_tokens):
+        target_out = compat.forward_with_cache(target, chunk, mask, target_cache, logits_to_keep=1, output_hidden_states=True)
+        draft_out = compat.forward_with_cache(draft, chunk, mask, draft_cache, logits_to_keep=1, output_hidden_states=True)
+        target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
+        draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
+        target_scores = target_out.logits[:, -1, :vocab_size].float()  # (B, V)
+        draft_scores = draft_out.logits[:, -1, :vocab_size].float()  # (B, V)
+        if len(warpers):
+            target_scores = warpers(seq, target_scores)
+            draft_scores = warpers(seq, draft_scores)
+        target_probs = target_scores.softmax(dim=-1)  # (B, V)
+        draft_probs = draft_scores.softmax(dim=-1)  # (B, V)
+
+        w = head(
+            draft_hidden[:, None].to(device=head_param.device, dtype=head_param.dtype),
+            target_hidden[:, None].to(device=head_param.device, dtype=head_param.dtype),
+        )[:, 0].to(device=device, dtype=torch.float32)  # (B,)
+        mixture = ops.mix_probs(draft_probs, target_probs, w)  # (B, V)
+        token = ops.sample(mixture, generator)  # (B,)
+        token = torch.where(finished, torch.full_like(token, pad_token_id), token)
+
+        records["ids"].append(token)
+        records["live"].append(~finished)
+        records["p"].append(target_probs.gather(1, token[:, None])[:, 0])
+        records["q"].append(draft_probs.gather(1, token[:, None])[:, 0])
+        records["tv"].append(ops.total_variation(target_probs, draft_probs))
+        records["hq"].append(draft_hidden.to(head_param.device))
+        records["hp"].append(target_hidden.to(head_param.device))
+        records["w"].append(w)
+        records["logp"].append(mixture.gather(1, token[:, None])[:, 0].clamp(min=torch.finfo(torch.float32).tiny).log())
+
+        finished = finished | torch.isin(token, eos)
+        if bool(finished.all()):
+            break
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        chunk = token[:, None]  # (B, 1)
+
+    live = torch.stack(records["live"], dim=1)  # (B, T)
+    return Rollout(
+        prompt_ids=input_ids,
+        prompt_mask=attention_mask,
+        completion_ids=torch.stack(records["ids"], dim=1),
+        completion_mask=live.long(),
+        target_token_probs=torch.stack(records["p"], dim=1),
+        draft_token_probs=torch.stack(records["q"], dim=1),
+        total_variation=torch.stack(records["tv"], dim=1),
+        draft_hidden=torch.stack(records["hq"], dim=1),
+        target_hidden=torch.stack(records["hp"], dim=1),
+        target_weight=torch.stack(records["w"], dim=1),
+        logprobs=torch.stack(records["logp"], dim=1),
+    )

@@ -1,0 +1,83 @@
+"""``DiversedConfig``: GRPO's configuration, reused where its fields mean the same thing (see the class)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..head import ARCHITECTURES
+
+KL_ESTIMATORS = ("k1", "k3")
+
+
+@dataclass
+class DiversedConfig(GRPOConfig):
+    r"""Configuration of :class:`DiversedTrainer` (SPEC §4).
+
+    GRPO fields keep their meaning: ``num_generations`` is ``G`` (samples per prompt),
+    ``max_completion_length`` the rollout length, ``temperature`` / ``top_k`` / ``top_p`` the
+    processors applied to *both* models in rollouts and log-probabilities, ``epsilon`` /
+    ``epsilon_high`` the PPO clip, ``num_iterations`` the inner epochs over one rollout batch,
+    ``beta`` the KL coefficient (KL to the *initial head*), ``reward_weights`` the weights of
+    several reward functions. GRPO's advantage and loss options (``scale_rewards``, ``loss_type``,
+    importance-sampling and vLLM options) do not apply: the advantage is REINFORCE++'s.
+
+    Defaults that differ from GRPO's (paper-era settings; the head is small and trains in fp32):
+    ``learning_rate=5e-4``, ``num_generations=4``, ``max_completion_length=128``, ``bf16=False``,
+    ``gradient_checkpointing=False``, ``logging_steps=1``, ``save_only_model=False``.
+    """
+
+    lambda_acceptance: float = field(
+        default=4.0,
+        metadata={"help": "lambda: weight of the acceptance term lambda * sum_t (1 - w_t TV(p_t, q_t)); >= 0."},
+    )
+    use_group_baseline: bool = field(
+        default=True,
+        metadata={"help": "Subtract the mean reward of the G samples of a prompt before whitening (REINFORCE++-baseline)."},
+    )
+    kl_estimator: str = field(
+        default="k3",
+        metadata={"help": "How `beta` applies the KL to the initial head: 'k1' folded into the return, 'k3' as a loss."},
+    )
+    head_architecture: str = field(
+        default="linear", metadata={"help": f"Architecture of a head the trainer builds itself: one of {ARCHITECTURES}."}
+    )
+    head_w_0: float = field(default=0.5, metadata={"help": "Initial weight on the target of a head the trainer builds."})
+    head_mlp_hidden_size: int = field(default=256, metadata={"help": "Hidden width of an 'mlp' head the trainer builds."})
+    num_draft_tokens: int = field(
+        default=5, metadata={"help": "N, drafts per round, for evaluating the trained head with speculative decoding."}
+    )
+
+    # Overridden GRPO / TrainingArguments defaults
+    learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate (the paper uses 5e-4)."})
+    num_generations: int | None = field(default=4, metadata={"help": "G: samples from nu_theta per prompt."})
+    max_completion_length: int | None = field(default=128, metadata={"help": "Maximum new tokens per rollout."})
+    bf16: bool | None = field(default=False, metadata={"help": "bf16 autocast; the head is tiny, fp32 is the default."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Unused: only the head trains."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every X optimizer steps."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.lambda_acceptance < 0:
+            raise ValueError(
+                f"`lambda_acceptance` is {self.lambda_acceptance}; it must be >= 0 (a negative weight lowers acceptance, "
+                "the sign error of the official trainer)."
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"`kl_estimator` is {self.kl_estimator!r}; use one of {KL_ESTIMATORS}.")
+        if self.beta < 0:
+            raise ValueError(f"`beta` (KL coefficient) is {self.beta}; it must be >= 0.")
+        if self.head_architecture not in ARCHITECTURES:
+            raise ValueError(f"`head_architecture` is {self.head_architecture!r}; use one of {ARCHITECTURES}.")
+        if not 0.0 < self.head_w_0 < 1.0:
+            raise ValueError(f"`head_w_0` is {self.head_w_0}; it must be in the open interval (0, 1).")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"`num_draft_tokens` is {self.num_draft_tokens}; it must be >= 1.")
+        if self.max_completion_length is None or self.max_completion_length < 1:
+            raise ValueError(f"`max_completion_length` is {self.max_completion_length}; it must be >= 1.")
+        for name in ("use_vllm", "use_transformers_continuous_batching"):
+            if getattr(self, name):
+                raise ValueError(f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta.")
+        if self.gradient_checkpointing:
+            raise ValueError("`gradient_checkpointing=True` does not apply: only the head trains. Set it to False.")

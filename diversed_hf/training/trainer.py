@@ -1,0 +1,491 @@
+"""``DiversedTrainer``: trains a DIVERSED head with REINFORCE++ and the acceptance regulariser (SPEC §4).
+
+Why a ``GRPOTrainer`` subclass. GRPO is TRL's trainer for exactly this loop -- sample ``G``
+completions per prompt, score them with reward functions, reuse one rollout batch for
+``num_iterations`` clipped-ratio updates -- and its machinery carries over unchanged: the
+``RepeatSampler`` that groups the ``G`` samples of a prompt (also across processes), the
+rollout buffer that splits one generation batch over ``steps_per_generation`` optimizer steps and
+reuses it for the inner epochs, the metric averaging in ``log``, the reward-function convention
+(``f(prompts, completions, completion_ids, **columns)``) and the config. What differs is the
+policy: not one causal LM but the mixture ``nu_theta = w_theta p + (1 - w_theta) q`` over a frozen
+target and a frozen draft, where only the head trains. So this class skips
+``GRPOTrainer.__init__`` (which builds a trainable causal LM, a reference model, fused LM heads and
+generation backends for it) and initialises ``transformers.Trainer`` (through TRL's base) with the
+**head** as the model, then overrides the three places where the policy appears:
+``_generate_and_score_completions`` (rollouts from ``nu_theta``, see :mod:`diversed_hf.rollout`),
+``_compute_loss`` (REINFORCE++ plus the acceptance term, see :mod:`.objective`) and checkpointing
+(head-only, pair-checked). RLOO's trainer shares GRPO's structure but bakes in its leave-one-out
+baseline; GRPO's is the more general base.
+
+Because both models are frozen, a rollout fixes ``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)`` and
+both hidden states; the loss recomputes only ``w_t = head(h^q_t, h^p_t)``, so inner epochs cost a
+head forward, not a model forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import tempfile
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase, Trainer
+from trl import GRPOTrainer
+from trl.trainer.utils import get_callable_name
+
+from ..data import check_columns
+from ..generation import check_head_matches, shared_vocab_size
+from ..head import DiversedHead
+from ..rollout import mixture_logprobs, sample_from_mixture
+from . import objective
+from .checkpoint import PAIR_FILE, check_pair, load_head_state, pair_record, save_head
+from .config import DiversedConfig
+
+logger = logging.getLogger(__name__)
+
+TRAINER_EXTRA_STATE = "diversed_trainer_state.pt"
+REF_HEAD_DIR = "initial_head"
+
+RewardFunc = Callable[..., list]
+
+
+def _check_writable(directory: str) -> None:
+    """Fail before training when ``directory`` cannot be created or written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"`output_dir` {directory!r} is not writable ({error.strerror or error}); checkpoints and the trained head go "
+            "there. Pass a directory you can write to."
+        ) from error
+
+
+class DiversedTrainer(GRPOTrainer):
+    """Train a :class:`~diversed_hf.DiversedHead` for a frozen (target, draft) pair.
+
+    Args:
+        target, draft: the two causal LMs (frozen here: ``requires_grad_(False)``, eval mode).
+        head: the head to train; default a fresh ``DiversedHead.for_pair`` built from
+            ``args.head_architecture`` / ``args.head_w_0``.
+        reward_funcs: one or more TRL-style reward functions
+            ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns) -> list[float]``
+            (e.g. :func:`diversed_hf.rewards.reward_for_task`). Pass ``lambda completions, **_:
+            [0.0] * len(completions)`` to train on acceptance alone.
+        args: a :class:`DiversedConfig`.
+        train_dataset / eval_dataset: ``datasets.Dataset`` with a ``prompt`` column (plain text or
+            chat messages) and whatever columns the reward functions read.
+        processing_class: the tokenizer shared by both models.
+
+    Logged metrics (train and eval): ``reward`` (and per function), ``mean_w``, ``acceptance_proxy``
+    (mean ``1 - w_t TV_t`` over rollout tokens: the expected acceptance rate of speculative decoding
+    with this head), ``acceptance_exact_sd`` (mean ``1 - TV_t``: that of lossless SD on the same
+    tokens), ``kl`` (k3 estimate of KL to the initial head), ``clip_fraction``, completion lengths.
+    """
+
+    _tag_names = ["trl", "diversed", "speculative-decoding"]
+    _name = "DIVERSED"
+    loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean; Trainer divides by GA steps
+
+    def __init__(
+        self,
+        target: nn.Module,
+        draft: nn.Module,
+        head: DiversedHead | None = None,
+        reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+        args: DiversedConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks=None,
+        optimizers=(None, None),
+    ):
+        if args is None:
+            args = DiversedConfig(output_dir="diversed-head")
+        if not isinstance(args, DiversedConfig):
+            raise TypeError(f"`args` must be a DiversedConfig, got {type(args).__name__}.")
+        _check_writable(args.output_dir)
+
+        # Models and head ------------------------------------------------------------------------
+        self.vocab_size = shared_vocab_size(target, draft)  # raises on a vocabulary mismatch
+        for model in (target, draft):
+            model.requires_grad_(False)
+            model.eval()
+        self.target, self.draft = target, draft
+        if head is None:
+            head = DiversedHead.for_pair(
+                target,
+                draft,
+                architecture=args.head_architecture,
+                w_0=args.head_w_0,
+                mlp_hidden_size=args.head_mlp_hidden_size,
+            )
+        if not isinstance(head, DiversedHead):
+            raise TypeError(f"`head` must be a DiversedHead, got {type(head).__name__}.")
+        check_head_matches(head, target, draft)
+        if head.config.mixing != "probs":
+            raise ValueError(
+                "Training supports only heads with `mixing='probs'` (the paper's mixture); the logit-space pool of the "
+                "official code has no closed-form acceptance. Build the head with `mixing='probs'`."
+            )
+        head.float()
+        self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()  # the initial head, for the KL
+        self.pair = pair_record(target, draft, self.vocab_size)
+
+        # Tokenizer -------------------------------------------------------------------------------
+        if processing_class is None:
+            raise ValueError("`processing_class` (the tokenizer shared by the target and the draft) is required.")
+        self.tokenizer = processing_class
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        eos = target.generation_config.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos = [self.tokenizer.eos_token_id, *eos]
+        self.eos_token_ids = eos
+
+        # Rewards ---------------------------------------------------------------------------------
+        if reward_funcs is None:
+            raise ValueError(
+                "`reward_funcs` is required. For acceptance-only training pass a zero reward: "
+                "`reward_funcs=lambda completions, **kwargs: [0.0] * len(completions)`."
+            )
+        self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+        for func in self.reward_funcs:
+            if not callable(func) or isinstance(func, (str, nn.Module)):
+                raise TypeError(
+                    f"reward functions must be Python callables returning one float per completion, got {func!r}."
+                )
+        self.reward_func_names = [get_callable_name(f) for f in self.reward_funcs]
+        if args.reward_weights is not None and len(args.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"`reward_weights` has {len(args.reward_weights)} entries for {len(self.reward_funcs)} reward functions."
+            )
+        self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(self.reward_funcs), dtype=torch.float32)
+
+        # Data ------------------------------------------------------------------------------------
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required: a datasets.Dataset with a 'prompt' column.")
+        check_columns(train_dataset, ["prompt"], "`train_dataset`")
+        if eval_dataset is not None:
+            for name, dataset in (eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]):
+                check_columns(dataset, ["prompt"], f"`eval_dataset`{'[' + repr(name) + ']' if name else ''}")
+
+        # The attributes GRPOTrainer's reused methods read -----------------------------------------
+        self.num_generations = args.num_generations
+        self.num_generations_eval = args.num_generations_eval or args.num_generations
+        self.num_iterations = args.num_iterations
+        self.max_completion_length = args.max_completion_length
+        self.temperature, self.top_k, self.top_p = args.temperature, args.top_k, args.top_p
+        self.epsilon_low = args.epsilon
+        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        self.beta = args.beta
+        self.shuffle_dataset = args.shuffle_dataset
+        self._step = 0
+        self._buffered_inputs = None
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._current_train_step_time = 0.0
+        self._total_train_tokens = 0
+        self.log_completions = False
+        self.use_vllm = False
+        self.use_adaptive_entropy = False
+        self.environments = None
+        self._logs = {"prompt": deque(maxlen=args.generation_batch_size), "completion": deque(maxlen=args.generation_batch_size)}
+
+        Trainer.__init__(
+            self,
+            model=head,
+            args=args,
+            data_collator=lambda features: features,  # rows stay dicts; _generate_and_score_completions batches them
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=None,  # checkpoints hold the head only
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self.ref_head.to(self.accelerator.device)
+        seed = args.seed + self.accelerator.process_index
+        self._rollout_generator = torch.Generator(device=self._model_device(target)).manual_seed(seed)
+
+    # ---------------------------------------------------------------------------------------------
+    # Odds and ends of the base classes that assume a causal-LM policy
+
+    def _send_telemetry(self):  # TRL's base reports the policy's architecture; a head has none
+        return
+
+    @staticmethod
+    def _model_device(model: nn.Module) -> torch.device:
+        return next(model.parameters()).device
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = ["prompt"]
+
+    # ---------------------------------------------------------------------------------------------
+    # Rollouts and rewards
+
+    def _prompt_texts(self, prompts: list) -> tuple[list[str], bool]:
+        if all(isinstance(p, str) for p in prompts):
+            return prompts, True
+        if all(isinstance(p, list) for p in prompts):
+            texts = [self.tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+            return texts, False
+        raise TypeError("every `prompt` must be a string, or a list of chat messages ({'role': ..., 'content': ...}).")
+
+    def _score(self, inputs: list[dict], prompts: list, completions: list[str], completion_ids: list[list[int]]):
+        """(B, num_funcs) rewards; a wrong length or a NaN / None / non-number reward is an error."""
+        columns = {key: [row[key] for row in inputs] for key in inputs[0] if key not in ("prompt", "completion")}
+        columns["trainer_state"] = self.state
+        rewards = torch.zeros(len(prompts), len(self.reward_funcs))
+        for i, (func, name) in enumerate(zip(self.reward_funcs, self.reward_func_names)):
+            values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            if not hasattr(values, "__len__") or len(values) != len(prompts):
+                got = len(values) if hasattr(values, "__len__") else type(values).__name__
+                raise ValueError(
+                    f"The reward function {name!r} returned {got} rewards for {len(prompts)} completions; it must return "
+                    "one float per completion, in order."
+                )
+            for j, value in enumerate(values):
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    number = math.nan
+                if not math.isfinite(number):
+                    raise ValueError(
+                        f"The reward function {name!r} returned {value!r} for completion {j} ({completions[j][:80]!r}); "
+                        "rewards must be finite floats. Give failed or unscorable completions a low reward instead."
+                    )
+                rewards[j, i] = number
+        return rewards
+
+    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, token_kl: torch.Tensor | None):
+        """REINFORCE++ advantages whitened over the whole batch: every process's rollouts, not just this one's."""
+        if self.accelerator.num_processes == 1:
+            return objective.reinforce_pp_advantages(
+                rewards, mask, group_size=self.num_generations_for_mode, use_group_baseline=self.args.use_group_baseline,
+                token_kl=token_kl, kl_coef=self.beta if self.args.kl_estimator == "k1" else 0.0,
+            )  # fmt: skip
+        # Group baselines need all rewards of a group (groups may span processes); whitening needs global moments.
+        all_rewards = self.accelerator.gather(rewards)
+        if self.args.use_group_baseline:
+            all_rewards = objective.group_baseline(all_rewards, self.num_generations_for_mode)
+        start = self.accelerator.process_index * rewards.numel()
+        returns = all_rewards[start : start + rewards.numel()][:, None] * mask
+        if token_kl is not None and self.args.kl_estimator == "k1" and self.beta:
+            returns = returns - self.beta * objective.reverse_cumsum(token_kl * mask)
+        moments = torch.stack([mask.sum(), (returns * mask).sum(), (returns**2 * mask).sum()])
+        count, total, squares = self.accelerator.reduce(moments, reduction="sum")
+        mean = total / count.clamp(min=1)
+        std = (squares / count.clamp(min=1) - mean**2).clamp(min=0).sqrt()
+        return (returns - mean) / (std + 1e-8) * mask
+
+    @property
+    def num_generations_for_mode(self) -> int:
+        return self.num_generations if self.model.training else self.num_generations_eval
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, torch.Tensor | None]:
+        mode = "train" if self.model.training else "eval"
+        prompts = [row["prompt"] for row in inputs]
+        texts, plain = self._prompt_texts(prompts)
+        device = self._model_device(self.target)
+        encoded = self.tokenizer(
+            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=plain
+        )
+        head = self.accelerator.unwrap_model(self.model)
+        was_training = head.training
+        head.eval()
+        rollout = sample_from_mixture(
+            self.target,
+            self.draft,
+            head,
+            encoded["input_ids"].to(device),
+            encoded["attention_mask"].to(device),
+            max_new_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            vocab_size=self.vocab_size,
+            generator=self._rollout_generator,
+        )
+        head.train(was_training)
+
+        head_device = self.accelerator.device
+        mask = rollout.completion_mask.to(head_device).float()  # (B, T)
+        lengths = rollout.completion_mask.sum(dim=1).tolist()
+        completion_ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)]
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        rewards_per_func = self._score(inputs, prompts, completions, completion_ids)  # (B, F)
+        rewards = (rewards_per_func * self.reward_weights[None]).sum(dim=1).to(head_device)  # (B,)
+
+        target_token_probs = rollout.target_token_probs.to(head_device)
+        draft_token_probs = rollout.draft_token_probs.to(head_device)
+        old_logprobs = rollout.logprobs.to(head_device)
+        draft_hidden, target_hidden = rollout.draft_hidden.to(head_device), rollout.target_hidden.to(head_device)
+        with torch.no_grad():
+            ref_w = self.ref_head(draft_hidden.float(), target_hidden.float())  # (B, T)
+            ref_logprobs = mixture_logprobs(ref_w, target_token_probs, draft_token_probs)  # (B, T)
+        token_kl = objective.kl_k1(old_logprobs, ref_logprobs) if self.beta else None
+        advantages = self._global_advantages(rewards, mask, token_kl)  # (B, T)
+
+        # Metrics ---------------------------------------------------------------------------------
+        w = rollout.target_weight.to(head_device)
+        tv = rollout.total_variation.to(head_device)
+        metrics = self._metrics[mode]
+        gathered = self.accelerator.gather(rewards_per_func.to(head_device))
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(gathered[:, i].mean().item())
+        all_rewards = self.accelerator.gather(rewards)
+        metrics["reward"].append(all_rewards.mean().item())
+        metrics["reward_std"].append(all_rewards.std().item() if all_rewards.numel() > 1 else 0.0)
+        sums = self.accelerator.reduce(
+            torch.stack([mask.sum(), (w * mask).sum(), (objective.acceptance(w, tv) * mask).sum(), ((1 - tv) * mask).sum()]),
+            reduction="sum",
+        )
+        count = sums[0].clamp(min=1)
+        metrics["mean_w"].append((sums[1] / count).item())
+        metrics["acceptance_proxy"].append((sums[2] / count).item())
+        metrics["acceptance_exact_sd"].append((sums[3] / count).item())
+        all_lengths = self.accelerator.gather(mask.sum(dim=1))
+        metrics["completions/mean_length"].append(all_lengths.mean().item())
+        ended = torch.tensor([any(t in self.eos_token_ids for t in ids) for ids in completion_ids], device=head_device)
+        metrics["completions/clipped_ratio"].append(1.0 - self.accelerator.gather(ended.float()).mean().item())
+        if mode == "train":
+            self._total_train_tokens += int(self.accelerator.gather(mask.sum()).sum().item())
+            metrics["num_tokens"] = [self._total_train_tokens]
+        self._logs["prompt"].extend(texts)
+        self._logs["completion"].extend(completions)
+
+        return {
+            "completion_mask": mask,
+            "target_token_probs": target_token_probs,
+            "draft_token_probs": draft_token_probs,
+            "total_variation": tv,
+            "draft_hidden": draft_hidden,
+            "target_hidden": target_hidden,
+            "old_logprobs": old_logprobs,
+            "ref_logprobs": ref_logprobs,
+            "advantages": advantages,
+        }
+
+    # ---------------------------------------------------------------------------------------------
+    # Loss
+
+    def _compute_loss(self, model, inputs):
+        """(sum over valid tokens of clipped PG - lambda * acceptance [+ beta * k3]) / number of sequences."""
+        mode = "train" if self.model.training else "eval"
+        mask = inputs["completion_mask"]  # (b, T)
+        num_sequences = max(mask.shape[0], 1)
+        w = model(inputs["draft_hidden"], inputs["target_hidden"]).float()  # (b, T)
+        logprobs = mixture_logprobs(w, inputs["target_token_probs"], inputs["draft_token_probs"])  # (b, T)
+        policy_loss, clipped = objective.clipped_policy_loss(
+            logprobs, inputs["old_logprobs"], inputs["advantages"], self.epsilon_low, self.epsilon_high
+        )  # (b, T), (b, T)
+        accepted = objective.acceptance(w, inputs["total_variation"])  # (b, T)
+        kl = objective.kl_k3(logprobs, inputs["ref_logprobs"])  # (b, T)
+        policy_term = (policy_loss * mask).sum() / num_sequences
+        acceptance_term = (accepted * mask).sum() / num_sequences
+        loss = policy_term - self.args.lambda_acceptance * acceptance_term
+        if self.beta and self.args.kl_estimator == "k3":
+            loss = loss + self.beta * (kl * mask).sum() / num_sequences
+
+        metrics = self._metrics[mode]
+        with torch.no_grad():
+            sums = self.accelerator.reduce(
+                torch.stack([mask.sum(), (clipped.float() * mask).sum(), (kl * mask).sum()]), reduction="sum"
+            )
+            count = sums[0].clamp(min=1)
+            metrics["clip_fraction"].append((sums[1] / count).item())
+            metrics["kl"].append((sums[2] / count).item())
+            metrics["loss/policy"].append(self.accelerator.gather(policy_term.detach()).mean().item())
+            metrics["loss/acceptance"].append(self.accelerator.gather(acceptance_term.detach()).mean().item())
+        return loss
+
+    # ---------------------------------------------------------------------------------------------
+    # Checkpoints: the head (and the pair it belongs to), optimizer, scheduler, RNG, rollout buffer
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        head = self.accelerator.unwrap_model(self.model)
+        save_head(head, output_dir)
+        Path(output_dir, PAIR_FILE).write_text(__import__("json").dumps(self.pair, indent=2) + "\n")
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_checkpoint(self, model, trial):
+        Trainer._save_checkpoint(self, model, trial)  # GRPO's adds a causal-LM model card; a head's card is the recipe's
+        if not self.args.should_save:
+            return
+        output_dir = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        save_head(self.ref_head, os.path.join(output_dir, REF_HEAD_DIR))
+        torch.save(
+            {
+                "step": self._step,
+                "buffered_inputs": self._buffered_inputs,
+                "rollout_generator": self._rollout_generator.get_state(),
+                "total_train_tokens": self._total_train_tokens,
+            },
+            os.path.join(output_dir, TRAINER_EXTRA_STATE),
+        )
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        pair_path = Path(resume_from_checkpoint, PAIR_FILE)
+        if not pair_path.is_file():
+            raise ValueError(
+                f"{resume_from_checkpoint} has no {PAIR_FILE}: it is not a DiversedTrainer checkpoint. Pass a "
+                "checkpoint-<step> directory written by DiversedTrainer."
+            )
+        check_pair(__import__("json").loads(pair_path.read_text()), self.pair, str(resume_from_checkpoint))
+        config, state = load_head_state(resume_from_checkpoint)
+        head = self.accelerator.unwrap_model(self.model if model is None else model)
+        if config.to_dict() != head.config.to_dict():
+            raise ValueError(
+                f"The head in {resume_from_checkpoint} has config {config.to_dict()}, but the head being trained has "
+                f"{head.config.to_dict()}. Resume with the same head architecture and options."
+            )
+        head.load_state_dict(state, strict=True)
+        ref_dir = Path(resume_from_checkpoint, REF_HEAD_DIR)
+        if ref_dir.is_dir():
+            _, ref_state = load_head_state(ref_dir)
+            self.ref_head.load_state_dict(ref_state, strict=True)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        Trainer._load_optimizer_and_scheduler(self, checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, TRAINER_EXTRA_STATE)
+        if os.path.isfile(path):
+            extra: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
+            self._step = extra["step"]
+            buffered = extra["buffered_inputs"]
+            if buffered is not None:
+                device = self.accelerator.device
+                buffered = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in buffered]
+            self._buffered_inputs = buffered
+            self._rollout_generator.set_state(extra["rollout_generator"])
+            self._total_train_tokens = extra["total_train_tokens"]
+
+    def create_model_card(self, *args, **kwargs):  # the recipe writes the head's card (training/train_head.py)
+        return
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        metrics = {}
+        for key, values in self._metrics[mode].items():
+            valid = [v for v in values if not math.isnan(v)]
+            metrics[key] = sum(valid) / len(valid) if valid else None
+        if mode == "eval":
+            metrics = {f"eval_{k}": v for k, v in metrics.items()}
+        logs.update(metrics)
+        Trainer.log(self, logs, start_time)
+        self._metrics[mode].clear()
