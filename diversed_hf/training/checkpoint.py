@@ -62,7 +62,10 @@ def save_head(head: DiversedHead, directory: str | os.PathLike) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(head, "save_pretrained"):
-        head.save_pretrained(str(directory))
+        # Rendering the card may build modules (consuming the global RNG): keep the RNG untouched so that saving a
+        # checkpoint never changes the run.
+        with torch.random.fork_rng(devices=[]):
+            head.save_pretrained(str(directory))
         return
     from safetensors.torch import save_file
 

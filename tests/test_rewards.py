@@ -1,0 +1,94 @@
+"""Reward functions: hand-computed cases, and the code sandbox's limits."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from diversed_hf import rewards
+
+
+def test_exact_match():
+    references = ["She has 3 + 4 = 7.\n#### 1,234", "#### 5", "#### 27"]
+    completions = ["... so 1234 in total\n#### 1234", "The answer is 5 or maybe 6", "27.0 apples, #### $27"]
+    assert rewards.exact_match(completions, references) == [1.0, 0.0, 1.0]
+    assert rewards.exact_match(["no number here"], ["#### 3"]) == [0.0]
+    with pytest.raises(ValueError, match="contains no number"):
+        rewards.exact_match(["3"], ["three"])
+    with pytest.raises(ValueError, match="one per completion"):
+        rewards.exact_match(["3", "4"], ["#### 3"])
+
+
+def test_rouge2_f1_by_hand():
+    # bigrams: prediction {the cat, cat ran}, reference {the cat, cat sat}: P = R = 1/2, F1 = 1/2
+    assert rewards.rouge2(["the cat ran"], ["the cat sat"]) == [pytest.approx(0.5)]
+    assert rewards.rouge2(["a b c"], ["a b c"]) == [pytest.approx(1.0)]
+    assert rewards.rouge2(["x y"], ["a b"]) == [0.0]
+
+
+def test_extract_code():
+    assert rewards.extract_code("Here:\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1\n"
+    assert rewards.extract_code("def f():\n    return 1\n[DONE]\nmore text") == "def f():\n    return 1\n"
+    assert rewards.extract_code("x = 1") == "x = 1"
+
+
+def test_pass_at_1_runs_the_tests():
+    tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0"
+    completions = [
+        "def add(a, b):\n    return a + b\n[DONE]",
+        "def add(a, b):\n    return a - b\n[DONE]",
+        "def add(a, b) return",  # syntax error
+    ]
+    assert rewards.pass_at_1(completions, [tests] * 3, timeout=10) == [1.0, 0.0, 0.0]
+
+
+def test_sandbox_time_limit():
+    passed, reason = rewards.run_program("while True:\n    pass", timeout=1.0)
+    assert not passed and reason == "timeout"
+
+
+def test_sandbox_memory_limit():
+    passed, reason = rewards.run_program("x = bytearray(1024 * 1024 * 1024)", timeout=10, memory_mb=256)
+    assert not passed and "MemoryError" in reason
+
+
+def test_sandbox_blocks_network():
+    program = "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)"
+    passed, reason = rewards.run_program(program, timeout=10)
+    assert not passed
+    assert "PermissionError" in reason or "network" in reason
+    assert rewards.sandbox_network_mode() in ("netns+audit", "audit")
+
+
+def test_sandbox_is_another_process_in_a_throwaway_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVERSED_SECRET", "do-not-leak")
+    monkeypatch.chdir(tmp_path)
+    program = (
+        "import os\n"
+        f"assert os.getpid() != {os.getpid()}\n"
+        f"assert os.getcwd() != {str(tmp_path)!r}\n"
+        "assert 'DIVERSED_SECRET' not in os.environ\n"
+        "open('left_behind.txt', 'w').write('x')\n"
+    )
+    passed, reason = rewards.run_program(program, timeout=10)
+    assert passed, reason
+    assert not (tmp_path / "left_behind.txt").exists()
+
+
+def test_reward_for_task():
+    gsm8k = rewards.reward_for_task("gsm8k")
+    assert gsm8k(prompts=["q", "q"], completions=["#### 4", "#### 5"], reference=["#### 4", "#### 4"]) == [1.0, 0.0]
+    mbpp = rewards.reward_for_task("mbpp")
+    assert mbpp(completions=["def f():\n    return 1"], reference=["assert f() == 1"]) == [1.0]
+    with pytest.raises(ValueError, match="column 'reference'"):
+        gsm8k(prompts=["q"], completions=["4"])
+    with pytest.raises(ValueError, match="rewards exist for"):
+        rewards.reward_for_task("squad")
+
+
+def test_testbed_rewards_are_the_same_functions():
+    arith = rewards.reward_for_task("testbed_arith")
+    assert arith(completions=["1 + 2 = 3\n#### 3"], reference=["#### 3"]) == [1.0]
+    summary = rewards.reward_for_task("testbed_summary")
+    assert summary(completions=["the cat ran"], reference=["the cat sat"]) == [pytest.approx(0.5)]

@@ -1,0 +1,370 @@
+"""DiversedTrainer on tiny models: the objective's math by hand, rollouts, learning signals, checkpoints, errors."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from tiny_models import VOCAB_SIZE, make_model, make_pair  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from diversed_hf import DiversedHead, ops  # noqa: E402
+from diversed_hf.rollout import build_logits_warpers, mixture_logprobs, sample_from_mixture  # noqa: E402
+from diversed_hf.training import DiversedConfig, DiversedTrainer, load_head, objective  # noqa: E402
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level tokenizer of the tiny models: token i is the word ``t<i>``; pad 0, eos 1, bos 2."""
+    vocab = {f"t{i}": i for i in range(VOCAB_SIZE)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t3"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="t0", eos_token="t1", bos_token="t2", unk_token="t3")
+
+
+def prompts_dataset(num_prompts: int = 8, seed: int = 0) -> Dataset:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(num_prompts):
+        length = int(torch.randint(3, 7, (1,), generator=generator))
+        prompts.append(" ".join(f"t{int(i)}" for i in torch.randint(4, VOCAB_SIZE, (length,), generator=generator)))
+    return Dataset.from_dict({"prompt": prompts, "reference": ["t5"] * num_prompts})
+
+
+def zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def config(tmp_path, **overrides) -> DiversedConfig:
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=4,
+        learning_rate=5e-2,
+        lambda_acceptance=1.0,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_pin_memory=False,
+    )
+    values.update(overrides)
+    return DiversedConfig(**values)
+
+
+def trainer_for(tmp_path, target=None, draft=None, reward=zero_reward, dataset=None, head=None, **overrides):
+    if target is None:
+        target, draft = make_pair(noise=0.5)
+    return DiversedTrainer(
+        target,
+        draft,
+        head=head,
+        reward_funcs=reward,
+        args=config(tmp_path, **overrides),
+        train_dataset=dataset if dataset is not None else prompts_dataset(),
+        processing_class=tiny_tokenizer(),
+    )
+
+
+def head_params(head) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in head.state_dict().items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The objective, by hand
+
+
+def test_reinforce_pp_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
+    advantages = objective.reinforce_pp_advantages(rewards, mask, group_size=2, use_group_baseline=True)
+    # Baselined rewards 0.5, -0.5, 0, 0 broadcast over the 7 valid tokens: mean 1/14, std sqrt(5)/7.
+    root5 = math.sqrt(5)
+    expected = torch.tensor([[3 / root5, 3 / root5], [-4 / root5, 0.0], [-0.5 / root5] * 2, [-0.5 / root5] * 2])
+    torch.testing.assert_close(advantages, expected, atol=1e-6, rtol=0)
+    valid = advantages[mask.bool()]
+    assert abs(float(valid.mean())) < 1e-6 and abs(float(valid.std(unbiased=False)) - 1) < 1e-5
+
+
+def test_advantages_without_baseline_and_with_kl_to_go():
+    rewards = torch.tensor([1.0, 0.0])
+    mask = torch.ones(2, 3)
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.0, 0.0]])
+    advantages = objective.reinforce_pp_advantages(rewards, mask, token_kl=kl, kl_coef=1.0)
+    returns = torch.tensor([[1 - 0.6, 1 - 0.5, 1 - 0.3], [0.0, 0.0, 0.0]])  # reward minus the KL still to come
+    expected = (returns - returns.mean()) / (returns.std(unbiased=False) + 1e-8)
+    torch.testing.assert_close(advantages, expected)
+    # Identical rewards carry no signal: the advantage is exactly zero.
+    assert torch.equal(objective.reinforce_pp_advantages(torch.ones(4), torch.ones(4, 2)), torch.zeros(4, 2))
+
+
+def test_clipped_policy_loss_by_hand():
+    ratio = torch.tensor([[1.5, 1.5, 0.5, 0.5, 1.1]])
+    advantages = torch.tensor([[1.0, -1.0, -1.0, 1.0, 2.0]])
+    loss, clipped = objective.clipped_policy_loss(ratio.log(), torch.zeros_like(ratio), advantages, 0.2)
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, 1.5, 0.8, -0.5, -2.2]]))
+    assert clipped.tolist() == [[True, False, True, False, False]]
+
+
+def test_acceptance_is_one_minus_tv_of_draft_and_mixture():
+    generator = torch.Generator().manual_seed(0)
+    target_probs = torch.rand(3, 5, 11, generator=generator).softmax(-1)
+    draft_probs = torch.rand(3, 5, 11, generator=generator).softmax(-1)
+    w = torch.rand(3, 5, generator=generator)
+    mixture = ops.mix_probs(draft_probs, target_probs, w)
+    expected = 1 - ops.total_variation(draft_probs, mixture)
+    torch.testing.assert_close(objective.acceptance(w, ops.total_variation(target_probs, draft_probs)), expected)
+
+
+def test_kl_estimators():
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    assert torch.equal(objective.kl_k3(logprobs, logprobs), torch.zeros(1, 2))
+    assert bool((objective.kl_k3(logprobs, logprobs - 0.5) > 0).all())
+    torch.testing.assert_close(objective.kl_k1(logprobs, logprobs - 0.5), torch.full((1, 2), 0.5))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollouts
+
+
+def test_rollout_matches_teacher_forced_mixture():
+    """Cached, left-padded, batched sampling gives exactly the nu, TV and w of a full forward pass."""
+    target, draft = make_pair(noise=0.5)
+    head = DiversedHead.for_pair(target, draft, w_0=0.3)
+    torch.nn.init.normal_(head.net[-1].weight, std=0.1)
+    ids = torch.randint(4, VOCAB_SIZE, (3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ids[0, :2], mask[0, :2] = 0, 0
+    temperature, top_k = 0.7, 20
+    rollout = sample_from_mixture(
+        target, draft, head, ids, mask, max_new_tokens=7, temperature=temperature, top_k=top_k,
+        eos_token_id=1, generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    warpers = build_logits_warpers(temperature, top_k)
+    for row in range(3):
+        prompt = ids[row][mask[row].bool()]
+        length = int(rollout.completion_mask[row].sum())
+        tokens = rollout.completion_ids[row, :length]
+        full = torch.cat([prompt, tokens])[None]
+        start = prompt.numel() - 1
+        with torch.no_grad():
+            target_out, draft_out = target(full, output_hidden_states=True), draft(full, output_hidden_states=True)
+            positions = slice(start, start + length)
+            target_probs = warpers(full, target_out.logits[0, positions].float()).softmax(-1)
+            draft_probs = warpers(full, draft_out.logits[0, positions].float()).softmax(-1)
+            w = head(draft_out.hidden_states[-1][:, positions], target_out.hidden_states[-1][:, positions])[0]
+        logprobs = mixture_logprobs(
+            w, target_probs.gather(1, tokens[:, None])[:, 0], draft_probs.gather(1, tokens[:, None])[:, 0]
+        )
+        torch.testing.assert_close(rollout.logprobs[row, :length], logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rollout.target_weight[row, :length], w, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            rollout.total_variation[row, :length], ops.total_variation(target_probs, draft_probs), atol=1e-5, rtol=0
+        )
+
+
+def test_rollout_samples_from_the_mixture():
+    """With w = 1 the first token follows the target's distribution (TV bound at this sample size)."""
+    from tiny_models import empirical, tv_bound
+
+    target, draft = make_pair(noise=0.5)
+    head = DiversedHead.for_pair(target, draft, w_0=0.999999)
+    ids = torch.randint(4, VOCAB_SIZE, (1, 5), generator=torch.Generator().manual_seed(1)).repeat(4000, 1)
+    rollout = sample_from_mixture(target, draft, head, ids, max_new_tokens=1, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = target(ids[:1]).logits[0, -1].float().softmax(-1)
+    observed = empirical(rollout.completion_ids[:, 0], VOCAB_SIZE)
+    assert float(0.5 * (observed - expected.double()).abs().sum()) < tv_bound(expected, 4000)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning signals
+
+
+def acceptance_rate(target, draft, head, seed: int = 0) -> float:
+    """Measured speculative-decoding acceptance rate of ``head`` on fixed prompts (N = 3)."""
+    from diversed_hf import enable_diversed
+
+    enable_diversed(target)
+    ids = torch.randint(4, VOCAB_SIZE, (16, 5), generator=torch.Generator().manual_seed(123))
+    out = target.generate(
+        ids, assistant_model=draft, diversed_head=head, do_sample=True, max_new_tokens=16, num_assistant_tokens=3,
+        return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    return out.speculation.total_acceptance_rate
+
+
+def test_zero_reward_with_lambda_raises_acceptance(tmp_path):
+    target, draft = make_pair(noise=0.5)
+    trainer = trainer_for(tmp_path, target, draft, lambda_acceptance=2.0, max_steps=6)
+    initial = copy.deepcopy(trainer.model)
+    trainer.train()
+    trained = trainer.model
+    logs = [h for h in trainer.state.log_history if "acceptance_proxy" in h]
+    assert logs[-1]["mean_w"] < logs[0]["mean_w"] - 0.1
+    assert logs[-1]["acceptance_proxy"] > logs[0]["acceptance_proxy"]
+    before = sum(acceptance_rate(target, draft, initial, seed) for seed in range(3))
+    after = sum(acceptance_rate(target, draft, trained, seed) for seed in range(3))
+    assert after > before + 0.03 * 3
+
+
+def test_reward_alone_moves_w_toward_target_when_draft_tokens_lose(tmp_path):
+    """Reward = share of completion tokens the target likes more than the draft; lambda = 0."""
+    target, draft = make_pair(noise=0.5)
+    tokenizer = tiny_tokenizer()
+
+    def target_preferred(prompts, completions, completion_ids, **kwargs):
+        scores = []
+        for prompt, tokens in zip(prompts, completion_ids):
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            full = torch.tensor([prompt_ids + tokens])
+            with torch.no_grad():
+                positions = slice(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(tokens))
+                target_probs = target(full).logits[0, positions].float().softmax(-1)
+                draft_probs = draft(full).logits[0, positions].float().softmax(-1)
+            index = torch.tensor(tokens)[:, None]
+            wins = target_probs.gather(1, index) > draft_probs.gather(1, index)
+            scores.append(float(wins.float().mean()))
+        return scores
+
+    trainer = trainer_for(
+        tmp_path, target, draft, reward=target_preferred, lambda_acceptance=0.0, max_steps=12, learning_rate=0.1,
+        num_iterations=2,
+    )  # fmt: skip
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "mean_w" in h]
+    assert logs[0]["mean_w"] == pytest.approx(0.5, abs=1e-6)
+    late = sum(h["mean_w"] for h in logs[-3:]) / 3
+    assert late > 0.6, [h["mean_w"] for h in logs]
+
+
+def test_clip_fraction_is_zero_on_policy_and_positive_after_big_steps(tmp_path):
+    trainer = trainer_for(tmp_path / "a", reward=lambda completions, **k: [float(len(c)) for c in completions])
+    trainer.train()
+    assert all(h["clip_fraction"] == 0.0 for h in trainer.state.log_history if "clip_fraction" in h)
+    trainer = trainer_for(
+        tmp_path / "b", reward=lambda completions, **k: [float(len(c) % 7) for c in completions], num_iterations=4,
+        learning_rate=1.0, lambda_acceptance=0.0, max_steps=8,
+    )  # fmt: skip
+    trainer.train()
+    assert max(h["clip_fraction"] for h in trainer.state.log_history if "clip_fraction" in h) > 0.0
+
+
+def test_logged_metrics(tmp_path):
+    trainer = trainer_for(tmp_path, max_steps=1)
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    for key in ("reward", "mean_w", "acceptance_proxy", "acceptance_exact_sd", "kl", "clip_fraction", "loss"):
+        assert key in logged, key
+    assert 0.0 <= logged["acceptance_exact_sd"] <= logged["acceptance_proxy"] <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def test_checkpoints_hold_only_the_head_and_resume_exactly(tmp_path):
+    common = dict(max_steps=4, num_iterations=2, beta=0.1, kl_estimator="k1", learning_rate=0.05)
+    straight = trainer_for(tmp_path / "straight", **common)
+    straight.train()
+
+    first = trainer_for(tmp_path / "resumed", save_strategy="steps", save_steps=1, **common)
+    first.train()
+    checkpoint = tmp_path / "resumed" / "out" / "checkpoint-1"  # mid-cycle: the rollout buffer is reused after it
+    files = {p.name for p in checkpoint.iterdir()}
+    assert {"model.safetensors", "config.json", "diversed_pair.json", "optimizer.pt", "trainer_state.json"} <= files
+    head_bytes = (checkpoint / "model.safetensors").stat().st_size
+    assert head_bytes < 4096, "the checkpoint must hold the head only, not the models"
+
+    resumed = trainer_for(tmp_path / "resumed", save_strategy="no", **common)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    for key, value in head_params(straight.model).items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+
+
+def test_saved_head_loads_and_gives_the_same_weights(tmp_path):
+    trainer = trainer_for(tmp_path, max_steps=2)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "head"))
+    loaded = load_head(tmp_path / "head")
+    hidden_q, hidden_p = torch.randn(2, 3, 32), torch.randn(2, 3, 32)
+    torch.testing.assert_close(loaded(hidden_q, hidden_p), trainer.model(hidden_q, hidden_p))
+
+
+def test_resuming_with_another_pair_is_refused(tmp_path):
+    trainer = trainer_for(tmp_path, max_steps=1, save_strategy="steps", save_steps=1)
+    trainer.train()
+    other_target, other_draft = make_pair(noise=0.5, seed=7)  # same sizes, other weights
+    other = trainer_for(tmp_path, other_target, other_draft, max_steps=2)
+    with pytest.raises(ValueError, match="another \\(target, draft\\) pair"):
+        other.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_reward_of_wrong_length_is_an_error(tmp_path):
+    trainer = trainer_for(tmp_path, reward=lambda completions, **k: [0.0] * (len(completions) - 1), max_steps=1)
+    with pytest.raises(ValueError, match="returned 7 rewards for 8 completions"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), None, "high"])
+def test_nan_reward_is_an_error(tmp_path, bad):
+    trainer = trainer_for(tmp_path, reward=lambda completions, **k: [bad] + [0.0] * (len(completions) - 1), max_steps=1)
+    with pytest.raises(ValueError, match="rewards must be finite floats"):
+        trainer.train()
+
+
+def test_dataset_without_prompt_column_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match=r"lacks the columns \['prompt'\]"):
+        trainer_for(tmp_path, dataset=Dataset.from_dict({"question": ["t4 t5"]}))
+
+
+def test_vocabulary_mismatch_is_an_error(tmp_path):
+    target = make_model(vocab_size=VOCAB_SIZE)
+    draft = make_model(vocab_size=VOCAB_SIZE + 400, seed=1)
+    with pytest.raises(ValueError, match="same token ids"):
+        trainer_for(tmp_path, target, draft)
+
+
+def test_unwritable_output_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="is not writable"):
+        trainer_for(tmp_path, output_dir=str(blocker / "out"))
+
+
+def test_logit_space_head_is_refused(tmp_path):
+    target, draft = make_pair()
+    head = DiversedHead.for_pair(target, draft, mixing="logits")
+    with pytest.raises(ValueError, match="mixing='probs'"):
+        trainer_for(tmp_path, target, draft, head=head)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="lambda_acceptance"):
+        DiversedConfig(output_dir="x", lambda_acceptance=-1.0, report_to="none")
+    with pytest.raises(ValueError, match="kl_estimator"):
+        DiversedConfig(output_dir="x", kl_estimator="k2", report_to="none")
+
+
+def test_import_diversed_hf_does_not_import_trl():
+    code = "import sys, diversed_hf, diversed_hf.rollout, diversed_hf.rewards, diversed_hf.data; print('trl' in sys.modules)"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
