@@ -13,6 +13,7 @@ import sys
 
 # Modules that add subcommands. Append yours; imports happen lazily at parse time.
 COMMAND_MODULES = [
+    "diversed_hf.bench",
     "diversed_hf.demo",
     "diversed_hf.throughput",
 ]

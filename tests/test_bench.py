@@ -1,0 +1,213 @@
+"""The bench on a tiny random pair (fast): method specs, one CLI run end to end, the Python API with a head,
+reporting helpers, and data parallelism over 2 CPU processes."""
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diversed_hf import DiversedHead, bench, cli
+from diversed_hf.testbed import load_tokenizer
+from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier
+from tiny_models import make_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory):
+    """A tiny target and a perturbed copy as draft, saved with the testbed tokenizer (so prompts are real text)."""
+    tokenizer = load_tokenizer()
+    target = make_model("llama", hidden_size=32, num_layers=2, vocab_size=len(tokenizer), seed=1)
+    draft = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            if parameter.numel() > 1:
+                parameter.add_(0.3 * parameter.std() * torch.randn(parameter.shape, generator=generator))
+    root = tmp_path_factory.mktemp("pair")
+    for model, name in ((target, "target"), (draft, "draft")):
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+def small_config(**overrides):
+    values = dict(num_prompts=4, num_timing_prompts=2, max_new_tokens=10, repeats=1, cost_tokens=2, batch_size=2,
+                  num_html_examples=2)
+    values.update(overrides)
+    return bench.BenchConfig(**values)
+
+
+# ------------------------------------------------------------------------------------------------
+# Method specs and config
+
+
+def test_parse_methods_expands_sweeps():
+    methods, notes = bench.parse_methods(["target", "sd", "lossy:0.5", "static:0,0.5", "cascade-opt:0.1,0.3", "cascade:0.2"])
+    names = [m.name for m in methods]
+    assert names[:6] == ["target-only", "SD", "lossy SD l=0.5", "static w=0", "static w=0.5", "cascade opt a=0.1"]
+    assert len(methods) == 7 + 6
+    assert methods[0].verifier is None and methods[1].verifier == ExactVerifier()
+    assert methods[4].verifier == StaticEnsembleVerifier(0.5) and methods[4].param == 0.5
+    assert methods[6].verifier == SpecCascadeVerifier("opt", 0.3)
+    assert notes == []
+
+
+def test_parse_methods_skips_missing_head_and_finetuned_draft_with_a_note():
+    methods, notes = bench.parse_methods(["sd", "sd-ft", "diversed"])
+    assert [m.name for m in methods] == ["SD"]
+    assert len(notes) == 2 and "fine-tuned" in notes[0] and "DIVERSED" in notes[1]
+    head = DiversedHead(draft_hidden_size=4, target_hidden_size=4)
+    methods, notes = bench.parse_methods(["sd-ft", "diversed"], head=head, has_finetuned_draft=True)
+    assert [m.family for m in methods] == ["sd-finetuned", "diversed"] and methods[0].draft == "finetuned"
+    assert isinstance(methods[1].verifier, HeadVerifier) and notes == []
+
+
+@pytest.mark.parametrize(
+    "specs, message",
+    [(["bogus"], "Unknown method"), (["static"], "expected numbers"), (["static:x"], "expected numbers"),
+     (["cascade-nope:0.1"], "cascade rule"), (["sd", "sd"], "twice"), (["static:1.5"], "target_weight")],
+)
+def test_bad_method_specs_raise(specs, message):
+    with pytest.raises(ValueError, match=message):
+        bench.parse_methods(specs)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [(dict(num_prompts=0), "num_prompts"), (dict(num_timing_prompts=9, num_prompts=4), "num_timing_prompts"),
+     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(repeats=0), "repeats")],
+)
+def test_bad_config_raises_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**overrides)
+
+
+def test_unknown_task_raises():
+    with pytest.raises(ValueError, match="task"):
+        bench.load_task("nope", 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end
+
+
+def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
+    page = tmp_path / "RESULTS.md"
+    out = tmp_path / "results"
+    code = cli.main([
+        "bench", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--task", "arith",
+        "--methods", "target", "sd", "static:0,0.5", "cascade-opt:0.3", "diversed",
+        "--num-prompts", "4", "--num-timing-prompts", "2", "--max-new-tokens", "10", "--repeats", "2",
+        "--cost-tokens", "2", "--batch-size", "2", "--threads", "1", "--no-progress",
+        "--output-dir", str(out), "--results-page", str(page),
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| SD |" in printed and "DIVERSED: skipped" in printed
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in rows] == ["target-only", "SD", "static w=0", "static w=0.5", "cascade opt a=0.3"]
+    by_name = {r["method"]: r for r in rows}
+    for row in rows:
+        for key in ("method", "acceptance_rate", "quality", "quality_metric", "seconds_per_sample", "tokens_per_second",
+                    "speedup_vs_target", "speedup_vs_sd", "tokens_per_round", "expected_tokens_per_round",
+                    "iid_tokens_per_round", "predicted_speedup"):
+            assert key in row, key
+        assert row["num_prompts"] == 4 and len(row["seconds_repeats"]) == 2
+        assert row["quality_metric"] == "exact_match" and 0.0 <= row["quality"] <= 1.0
+    assert by_name["target-only"]["acceptance_rate"] is None and by_name["target-only"]["speedup_vs_target"] == 1.0
+    assert by_name["static w=0"]["acceptance_rate"] == 1.0  # w = 0 accepts every draft
+    sd = by_name["SD"]
+    assert 0.0 < sd["acceptance_rate"] < 1.0 and sd["speedup_vs_sd"] == 1.0
+    assert 1.0 <= sd["tokens_per_round"] <= 6.0 and 1.0 <= sd["expected_tokens_per_round"] <= 6.0
+    assert sd["iid_tokens_per_round"] == pytest.approx(sum(sd["acceptance_rate"] ** k for k in range(6)))
+    assert len(sd["position_acceptance"]) == 5 and sd["estimator"] in ("exact", "beta-product")
+    for name in ("arith_tradeoffs.png", "arith_positions.png", "arith_weights.html", "bench.json", "results_arith.json"):
+        assert (out / name).is_file(), name
+    text = page.read_text()
+    assert "| method | acceptance |" in text and "](results/arith_tradeoffs.png)" in text and "DIVERSED: skipped" in text
+    # The per-task file is what model cards read.
+    cards = pytest.importorskip("diversed_hf.cards")
+    loaded = cards.load_results(out / "results_arith.json")
+    assert loaded["setting"]["task"] == "arith" and len(loaded["rows"]) == 5
+
+
+def test_python_api_with_a_head_shades_tokens_and_compares_with_the_front(pair_dir, tmp_path):
+    target, draft, tokenizer, finetuned = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
+    assert finetuned is None
+    head = DiversedHead.for_pair(target, draft, architecture="mlp", mlp_hidden_size=8)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    task = bench.load_task("summary", 4)
+    methods, notes = bench.parse_methods(["sd", "static:0,0.5", "diversed"], head=head)
+    result = bench.run_bench(target, draft, tokenizer, task, methods, small_config(num_timing_prompts=0), notes=notes)
+    rows = {r["method"]: r for r in result.rows}
+    assert rows["DIVERSED"]["mean_target_weight"] is not None and 0 < rows["DIVERSED"]["mean_target_weight"] < 1
+    assert rows["SD"]["seconds_per_sample"] is None  # nothing timed
+    examples = result.examples["DIVERSED"]
+    assert len(examples) == 2 and len(examples[0]["tokens"]) == len(examples[0]["target_weights"])
+    weights = [w for e in examples for w in e["target_weights"] if w is not None]
+    assert len(set(round(w, 4) for w in weights)) > 1, "a random head should choose different weights"
+    comparison = bench.front_comparison(result.rows)
+    assert comparison is not None and comparison["method"] == "DIVERSED"
+    paths = bench.write_results([result], tmp_path)
+    html = paths["summary_weights"].read_text()
+    assert html.count('title="w = ') >= len(weights) and "DIVERSED" in html
+
+
+def test_front_comparison_and_table_on_hand_made_rows():
+    def row(method, family, acceptance, quality, seconds, param=None):
+        return dict(method=method, family=family, param=param, acceptance_rate=acceptance, quality=quality,
+                    quality_stderr=None, quality_metric="rouge2_f1", seconds_per_sample=seconds, tokens_per_second=100.0,
+                    speedup_vs_target=1.0, throughput_speedup_vs_target=1.0, predicted_speedup=1.5, tokens_per_round=2.0,
+                    expected_tokens_per_round=2.1, iid_tokens_per_round=1.9)
+
+    rows = [row("SD", "sd", 0.4, 0.50, 2.0, 1.0), row("static w=0.5", "static-ensemble", 0.7, 0.40, 1.5, 0.5),
+            row("static w=0", "static-ensemble", 1.0, 0.10, 1.0, 0.0), row("DIVERSED", "diversed", 0.85, 0.45, 1.2)]
+    comparison = bench.front_comparison(rows)
+    assert comparison["front_quality_at_acceptance_rate"] == pytest.approx(0.25)
+    assert comparison["quality_minus_front_at_acceptance_rate"] == pytest.approx(0.20)
+    assert comparison["front_quality_at_seconds_per_sample"] == pytest.approx(0.10 + 0.30 * 0.2 / 0.5)
+    assert bench.front_comparison(rows[:3]) is None
+    table = bench.markdown_table(rows)
+    assert "ROUGE-2 F1 (x100)" in table and "| **DIVERSED** | 85.0 % | 45.0 |" in table
+
+
+# ------------------------------------------------------------------------------------------------
+# Data parallel: 2 CPU processes under accelerate launch
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_data_parallel_with_accelerate_launch(pair_dir, tmp_path):
+    pytest.importorskip("accelerate")
+    out = tmp_path / "dp"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        "-m", "diversed_hf.cli", "bench", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"),
+        "--task", "arith", "--methods", "target", "sd", "--num-prompts", "5", "--num-timing-prompts", "2",
+        "--max-new-tokens", "6", "--repeats", "1", "--cost-tokens", "1", "--batch-size", "2", "--threads", "1",
+        "--no-progress", "--no-plots", "--output-dir", str(out),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("| SD |") == 1, "only the main process prints"
+    result = json.loads((out / "bench.json").read_text())[0]
+    assert result["meta"]["num_processes"] == 2
+    assert [r["num_prompts"] for r in result["rows"]] == [5, 5]  # gathered from both processes
