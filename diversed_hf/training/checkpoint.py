@@ -47,8 +47,8 @@ def check_pair(recorded: dict, current: dict, where: str) -> None:
     differences = []
     for key, now in current.items():
         then = recorded.get(key)
-        if key.endswith("_model_id") and (then is None or now is None):
-            continue  # unknown ids (models built from configs) are compared through the fingerprints
+        if key.endswith("_model_id"):
+            continue  # ids are paths or Hub ids that move; the models themselves are compared by fingerprint
         if then != now:
             differences.append(f"{key}: checkpoint {then!r}, now {now!r}")
     if differences:

@@ -448,7 +448,10 @@ class DiversedTrainer(GRPOTrainer):
         check_pair(__import__("json").loads(pair_path.read_text()), self.pair, str(resume_from_checkpoint))
         config, state = load_head_state(resume_from_checkpoint)
         head = self.accelerator.unwrap_model(self.model if model is None else model)
-        if config.to_dict() != head.config.to_dict():
+        ignored = ("target_model_id", "draft_model_id")
+        if {k: v for k, v in config.to_dict().items() if k not in ignored} != {
+            k: v for k, v in head.config.to_dict().items() if k not in ignored
+        }:
             raise ValueError(
                 f"The head in {resume_from_checkpoint} has config {config.to_dict()}, but the head being trained has "
                 f"{head.config.to_dict()}. Resume with the same head architecture and options."

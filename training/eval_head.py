@@ -1,0 +1,228 @@
+"""Evaluate a trained head against target-only decoding and lossless SD on held-out prompts (SPEC §7).
+
+    python training/eval_head.py --task testbed_arith --head testbed:arith      # the shipped testbed head
+    python training/eval_head.py --task testbed_summary --head runs/summary/head --num-examples 200
+    python training/eval_head.py --task gsm8k --target meta-llama/Llama-3.1-8B-Instruct \\
+        --draft meta-llama/Llama-3.2-1B-Instruct --head org/head-gsm8k --num-shots 4
+
+For every method, on the same prompts, at the same temperature (sampling, top-k/top-p off):
+
+* ``autoregressive`` -- the target alone (``generate`` without a draft): quality only;
+* ``sd``             -- speculative decoding with ``ExactVerifier`` (output distributed as the target's);
+* ``diversed``       -- speculative decoding with the head;
+* ``static_<w>``     -- the static ensemble with weight w (``--static-weights``), for reference.
+
+Prints and (with ``--output``) writes rows in the model-card results format of
+:mod:`diversed_hf.cards`: ``acceptance_rate`` (accepted drafted tokens / drafted tokens, summed over
+rounds), ``tokens_per_round``, ``quality`` (exact match, ROUGE-2 F1 or pass@1, as a fraction) and
+wall-clock ``seconds_per_sample``; plus the ratio of DIVERSED's acceptance to SD's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
+from diversed_hf.data import load_task_dataset  # noqa: E402
+from diversed_hf.rewards import TASK_REWARDS  # noqa: E402
+
+logger = logging.getLogger("eval_head")
+
+QUALITY_METRICS = {
+    "gsm8k": "exact_match",
+    "testbed_arith": "exact_match",
+    "cnn_dailymail": "rouge2_f1",
+    "xsum": "rouge2_f1",
+    "testbed_summary": "rouge2_f1",
+    "mbpp": "pass@1",
+}
+
+
+def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", device: str = "cpu"):
+    """(target, draft, tokenizer); ``target_id == "testbed"`` loads the shipped CPU testbed pair."""
+    if target_id == "testbed":
+        import diversed_hf.testbed as testbed
+
+        target, draft, tokenizer = testbed.load_pair(torch_dtype=getattr(torch, dtype), device=device)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if draft_id is None:
+            raise ValueError("`--draft` is required unless `--target testbed`.")
+        target = AutoModelForCausalLM.from_pretrained(target_id, dtype=getattr(torch, dtype)).to(device).eval()
+        draft = AutoModelForCausalLM.from_pretrained(draft_id, dtype=getattr(torch, dtype)).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(target_id)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return enable_diversed(target), draft, tokenizer
+
+
+def load_any_head(source: str) -> DiversedHead:
+    """``testbed:<task>`` (a shipped head), a local directory or a Hub repo id."""
+    if source.startswith("testbed:"):
+        import diversed_hf.testbed as testbed
+
+        return testbed.load_head(source.split(":", 1)[1])
+    if hasattr(DiversedHead, "from_pretrained"):
+        return DiversedHead.from_pretrained(source)
+    from diversed_hf.training.checkpoint import load_head
+
+    return load_head(source)
+
+
+def run_method(
+    target, draft, tokenizer, prompts: list[str], *, verifier=None, head=None, temperature: float,
+    num_draft_tokens: int, max_new_tokens: int, batch_size: int, seed: int,
+) -> tuple[list[str], dict]:  # fmt: skip
+    """Sampled completions of every prompt and totals: drafted / accepted tokens, rounds, tokens, seconds."""
+    tokenizer.padding_side = "left"
+    completions: list[str] = []
+    totals = {"num_drafted": 0, "num_accepted": 0, "num_rounds": 0, "num_generated": 0, "seconds": 0.0}
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    for start in range(0, len(prompts), batch_size):
+        encoded = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(target.device)
+        kwargs = dict(
+            do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+        began = time.perf_counter()
+        with torch.no_grad():
+            if verifier is None and head is None:
+                torch.manual_seed(seed + start)
+                sequences = target.generate(**encoded, **kwargs)
+                stats = None
+            else:
+                extra = {"diversed_head": head} if head is not None else {"verifier": verifier}
+                out = target.generate(
+                    **encoded, **kwargs, **extra, assistant_model=draft, num_assistant_tokens=num_draft_tokens,
+                    return_dict_in_generate=True, generator=generator,
+                )  # fmt: skip
+                sequences, stats = out.sequences, out.speculation
+        totals["seconds"] += time.perf_counter() - began
+        new_tokens = sequences[:, encoded["input_ids"].shape[1] :]
+        completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        if stats is not None:
+            totals["num_drafted"] += stats.total_drafted
+            totals["num_accepted"] += stats.total_accepted
+            totals["num_rounds"] += stats.total_rounds
+            totals["num_generated"] += int(stats.num_generated.sum())
+        else:
+            totals["num_generated"] += int((new_tokens != tokenizer.pad_token_id).sum())
+    return completions, totals
+
+
+def evaluate(
+    task: str, target, draft, tokenizer, head: DiversedHead | None, prompts: list[str], references: list[str], *,
+    temperature: float = 1.0, num_draft_tokens: int = 5, max_new_tokens: int = 128, batch_size: int = 50,
+    seed: int = 0, static_weights: tuple[float, ...] = (), methods=("autoregressive", "sd", "diversed"),
+) -> dict:  # fmt: skip
+    """Rows in the model-card results format (see :mod:`diversed_hf.cards`) for each method on the same prompts."""
+    score = TASK_REWARDS[task]
+    plan = []
+    for method in methods:
+        if method == "autoregressive":
+            plan.append((method, None, None))
+        elif method == "sd":
+            plan.append((method, ExactVerifier(), None))
+        elif method == "diversed":
+            if head is not None:
+                plan.append((method, None, head))
+        else:
+            raise ValueError(f"unknown method {method!r}")
+    plan += [(f"static_{w:g}", StaticEnsembleVerifier(target_weight=w), None) for w in static_weights]
+    rows = []
+    for method, verifier, method_head in plan:
+        completions, totals = run_method(
+            target, draft, tokenizer, prompts, verifier=verifier, head=method_head, temperature=temperature,
+            num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+        )  # fmt: skip
+        quality = sum(score(completions, references)) / len(prompts)
+        row = {
+            "method": method,
+            "quality": quality,
+            "quality_metric": QUALITY_METRICS[task],
+            "seconds_per_sample": totals["seconds"] / len(prompts),
+            "tokens_per_second": totals["num_generated"] / max(totals["seconds"], 1e-9),
+        }
+        if totals["num_drafted"]:
+            row["acceptance_rate"] = totals["num_accepted"] / totals["num_drafted"]
+            row["tokens_per_round"] = totals["num_generated"] / max(totals["num_rounds"], 1)
+        rows.append(row)
+        logger.info("%s: %s", method, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    setting = {
+        "task": task,
+        "temperature": temperature,
+        "num_draft_tokens": num_draft_tokens,
+        "num_samples": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "quality_metric": QUALITY_METRICS[task],
+    }
+    by_method = {r["method"]: r for r in rows}
+    if "sd" in by_method and "diversed" in by_method:
+        setting["acceptance_ratio_diversed_over_sd"] = by_method["diversed"]["acceptance_rate"] / max(
+            by_method["sd"]["acceptance_rate"], 1e-12
+        )
+    if "autoregressive" in by_method and "diversed" in by_method:
+        setting["quality_gap_diversed_minus_target"] = by_method["diversed"]["quality"] - by_method["autoregressive"]["quality"]
+    return {"setting": setting, "rows": rows}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", required=True, choices=sorted(QUALITY_METRICS))
+    parser.add_argument("--head", required=True, help="testbed:<task>, a head directory or a Hub repo id")
+    parser.add_argument("--target", default="testbed", help="target model id/path, or 'testbed'")
+    parser.add_argument("--draft", default=None, help="draft model id/path (not with --target testbed)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--num-examples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0, help="selects the held-out examples and the sampling seed")
+    parser.add_argument("--num-shots", type=int, default=0)
+    parser.add_argument("--data-files", default=None, help="local file of the task (same schema as the Hub dataset)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--num-draft-tokens", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--static-weights", type=float, nargs="*", default=[])
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--output", default=None, help="write the results (model-card format) to this JSON file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    target, draft, tokenizer = load_models(args.target, args.draft, args.dtype, args.device)
+    head = load_any_head(args.head).to(args.device)
+    if args.task.startswith("testbed_"):
+        data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
+    else:
+        data = load_task_dataset(
+            args.task, split=args.split, num_examples=args.num_examples, seed=args.seed, num_shots=args.num_shots,
+            data_files=args.data_files,
+        )  # fmt: skip
+    results = evaluate(
+        args.task, target, draft, tokenizer, head, list(data["prompt"]), list(data["reference"]),
+        temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, seed=args.seed, static_weights=tuple(args.static_weights),
+    )  # fmt: skip
+    print(json.dumps(results, indent=2))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

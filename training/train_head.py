@@ -1,0 +1,176 @@
+"""Train a DIVERSED head and save it as a Hub-ready repo (config, weights, card, training config, results).
+
+    python training/train_head.py --config training/configs/testbed_arith.yaml
+    python training/train_head.py --config training/configs/gsm8k_llama.yaml --lambda_acceptance 6
+    python training/train_head.py --config training/configs/testbed_arith.yaml --resume_from_checkpoint true
+
+Arguments are :class:`ScriptArguments` (what to train on) plus every field of
+:class:`diversed_hf.training.DiversedConfig` (how to train), parsed by TRL's ``TrlParser``: a YAML
+``--config`` file supplies defaults and command-line flags override it. The run writes
+
+* ``<output_dir>/checkpoint-*``: head-only checkpoints (resume with ``--resume_from_checkpoint``),
+* ``<output_dir>/train_log.jsonl``: the logged metrics of every step,
+* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card,
+  ``training_config.json`` and ``results.json`` from a held-out evaluation (target-only, SD and the
+  head, same prompts and temperature; skip with ``--eval_num_examples 0``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "training"))
+
+import torch  # noqa: E402
+from trl import TrlParser  # noqa: E402
+
+from diversed_hf import DiversedHead  # noqa: E402
+from diversed_hf.data import load_task_dataset  # noqa: E402
+from diversed_hf.rewards import reward_for_task  # noqa: E402
+from diversed_hf.training import DiversedConfig, DiversedTrainer, save_head  # noqa: E402
+
+logger = logging.getLogger("train_head")
+
+
+@dataclass
+class ScriptArguments:
+    task: str = field(
+        metadata={"help": "gsm8k, cnn_dailymail, xsum, mbpp, testbed_arith or testbed_summary (reward and prompt format)."}
+    )
+    target_model: str = field(default="testbed", metadata={"help": "Target model id or path; 'testbed' for the CPU testbed."})
+    draft_model: str | None = field(default=None, metadata={"help": "Draft model id or path (not with the testbed)."})
+    device: str | None = field(default=None, metadata={"help": "Device of the frozen models (default: cuda if available)."})
+    dtype: str = field(default="float32", metadata={"help": "dtype of the frozen models (float32, bfloat16, float16)."})
+    train_split: str = field(default="train", metadata={"help": "Split the training prompts come from."})
+    num_train_examples: int | None = field(default=400, metadata={"help": "Training prompts (the paper uses ~400)."})
+    num_shots: int = field(default=0, metadata={"help": "Few-shot exemplars in each prompt (Hub tasks only)."})
+    train_data_files: str | None = field(default=None, metadata={"help": "Local training file (Hub dataset schema)."})
+    eval_data_files: str | None = field(default=None, metadata={"help": "Local held-out file (Hub dataset schema)."})
+    shots_data_files: str | None = field(default=None, metadata={"help": "Local few-shot exemplars file."})
+    max_source_words: int | None = field(default=None, metadata={"help": "Truncate summarisation articles to this many words."})
+    eval_split: str = field(default="test", metadata={"help": "Split of the held-out evaluation after training."})
+    eval_num_examples: int = field(default=100, metadata={"help": "Held-out prompts evaluated after training (0: skip)."})
+    eval_seed: int = field(default=0, metadata={"help": "Seed selecting the held-out prompts and sampling them."})
+    eval_max_new_tokens: int = field(default=128, metadata={"help": "Max new tokens in the evaluation."})
+    eval_batch_size: int = field(default=50, metadata={"help": "Prompts per generate call in the evaluation."})
+    head_dir: str | None = field(default=None, metadata={"help": "Where the Hub-ready head goes (default <output_dir>/head)."})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
+
+
+def load_data(script: ScriptArguments, split: str, num_examples: int | None, seed: int, data_files):
+    if script.task.startswith("testbed_"):
+        return load_task_dataset(script.task, split=split, num_examples=num_examples, seed=seed)
+    return load_task_dataset(
+        script.task, split=split, num_examples=num_examples, seed=seed, num_shots=script.num_shots,
+        data_files=data_files, shots_data_files=script.shots_data_files, max_source_words=script.max_source_words,
+    )  # fmt: skip
+
+
+class JsonlLogger:
+    """A TrainerCallback writing every log dict as one JSON line."""
+
+    def __init__(self, path: Path):
+        from transformers import TrainerCallback
+
+        self.path = path
+
+        class _Callback(TrainerCallback):
+            def on_log(inner, args, state, control, logs=None, **kwargs):  # noqa: N805
+                if state.is_world_process_zero and logs:
+                    with open(path, "a") as handle:
+                        handle.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+        self.callback = _Callback()
+
+
+def training_record(script: ScriptArguments, config: DiversedConfig, seconds: float, trainer) -> dict:
+    keys = (
+        "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "steps_per_generation", "num_generations", "num_iterations", "max_completion_length", "temperature", "top_k",
+        "top_p", "epsilon", "beta", "kl_estimator", "lambda_acceptance", "use_group_baseline", "head_architecture",
+        "head_w_0", "lr_scheduler_type", "warmup_steps", "seed",
+    )  # fmt: skip
+    values = {k: getattr(config, k) for k in keys}
+    values["lr_scheduler_type"] = str(values["lr_scheduler_type"]).split(".")[-1].lower()
+    values.update(
+        algorithm="REINFORCE++ (group baseline, batch-whitened advantages, PPO clip) + lambda * sum_t (1 - w_t TV_t)",
+        trainer="diversed_hf.training.DiversedTrainer (trl.GRPOTrainer subclass)",
+        task=script.task,
+        num_train_examples=script.num_train_examples,
+        num_shots=script.num_shots,
+        target_model=script.target_model,
+        draft_model=script.draft_model,
+        train_seconds=round(seconds, 1),
+        global_steps=trainer.state.global_step,
+        torch_threads=torch.get_num_threads(),
+    )
+    dataset = {"gsm8k": "openai/gsm8k", "cnn_dailymail": "abisee/cnn_dailymail", "xsum": "EdinburghNLP/xsum",
+               "mbpp": "google-research-datasets/mbpp"}.get(script.task)  # fmt: skip
+    if dataset:
+        values["dataset"] = dataset
+    return values
+
+
+def main(argv=None):
+    parser = TrlParser((ScriptArguments, DiversedConfig))
+    script, config = parser.parse_args_and_config(args=argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if script.threads:
+        torch.set_num_threads(script.threads)
+    from eval_head import evaluate, load_models
+
+    device = script.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target, draft, tokenizer = load_models(script.target_model, script.draft_model, script.dtype, device)
+    train = load_data(script, script.train_split, script.num_train_examples, config.seed, script.train_data_files)
+    head_dir = Path(script.head_dir or os.path.join(config.output_dir, "head"))
+    log_path = Path(config.output_dir) / "train_log.jsonl"
+    head = DiversedHead.for_pair(
+        target, draft, architecture=config.head_architecture, w_0=config.head_w_0,
+        mlp_hidden_size=config.head_mlp_hidden_size, task=script.task.removeprefix("testbed_"),
+    )  # fmt: skip
+    trainer = DiversedTrainer(
+        target, draft, head=head, reward_funcs=reward_for_task(script.task), args=config, train_dataset=train,
+        processing_class=tokenizer, callbacks=[JsonlLogger(log_path).callback],
+    )  # fmt: skip
+    head_dir.mkdir(parents=True, exist_ok=True)  # fail now, not after training, if it cannot be created
+    began = time.perf_counter()
+    resume = config.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "last"):
+        resume = True  # the last checkpoint in output_dir
+    trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - began
+    logger.info("trained in %.0f s (%d steps)", seconds, trainer.state.global_step)
+
+    head = trainer.accelerator.unwrap_model(trainer.model).eval()
+    results = None
+    if script.eval_num_examples:
+        held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
+        results = evaluate(
+            script.task, target, draft, tokenizer, head, list(held_out["prompt"]), list(held_out["reference"]),
+            temperature=config.temperature, num_draft_tokens=config.num_draft_tokens,
+            max_new_tokens=script.eval_max_new_tokens, batch_size=script.eval_batch_size, seed=script.eval_seed,
+        )  # fmt: skip
+        print(json.dumps(results, indent=2))
+    record = training_record(script, config, seconds, trainer)
+    if hasattr(head, "save_pretrained"):
+        with torch.random.fork_rng(devices=[]):
+            head.save_pretrained(str(head_dir), results=results, training_config=record)
+    else:
+        save_head(head, head_dir)
+        (head_dir / "training_config.json").write_text(json.dumps(record, indent=2) + "\n")
+        if results is not None:
+            (head_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    logger.info("saved the head to %s", head_dir)
+    return trainer, results
+
+
+if __name__ == "__main__":
+    main()
