@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = [
     "diversed_hf.bench",
     "diversed_hf.demo",
+    "diversed_hf.hub_cli",
     "diversed_hf.throughput",
 ]
 

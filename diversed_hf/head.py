@@ -10,20 +10,45 @@ verification mixture puts on the **target**. Both models stay frozen; only the h
 
 The output layer starts at zero weight and bias ``logit(w_0)``, so a freshly built head outputs
 exactly ``w_0`` everywhere and behaves as the static ensemble with that weight.
+
+A head is shared like an adapter (``huggingface_hub.ModelHubMixin``)::
+
+    head.save_pretrained("head-gsm8k")                  # config.json, model.safetensors, README.md
+    head = DiversedHead.from_pretrained("org/head-gsm8k")   # a local directory or a Hub repo id
+    head.push_to_hub("org/head-gsm8k")
+
+Loading is strict (missing or unexpected weights are an error) and nothing is printed. Checkpoints of
+the official DIVERSED code import with :meth:`DiversedHead.from_official_checkpoint`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
 import torch
+from huggingface_hub import ModelHubMixin
 from torch import nn
 
+from . import hub
 from .verifiers import MIXING_SPACES
+
+logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("linear", "mlp")
 HEAD_FORMAT_VERSION = 1
+#: fields a saved ``config.json`` must carry (``mlp_hidden_size`` too for the ``mlp`` architecture)
+REQUIRED_FILE_FIELDS = ("format_version", "architecture", "mixing", "draft_hidden_size", "target_hidden_size")
+PAPER_URL = "https://arxiv.org/abs/2604.07622"
+
+# The official DIVERSED release (SPEC §3).
+OFFICIAL_WEIGHTS_NAME = "ensemble_head.bin"
+OFFICIAL_CONFIG_NAME = "ensemble_config.json"
 
 
 def hidden_size_of(model) -> int:
@@ -71,17 +96,21 @@ class DiversedHeadConfig:
                 f"`w_0` must be in the open interval (0, 1), got {self.w_0!r}. A head cannot start at exactly 0 or 1 "
                 "(its sigmoid would saturate and never train); use `StaticEnsembleVerifier` for a fixed weight."
             )
-        if not isinstance(self.format_version, int) or self.format_version > HEAD_FORMAT_VERSION:
-            raise ValueError(
-                f"`format_version` {self.format_version!r} is newer than this diversed_hf supports "
-                f"({HEAD_FORMAT_VERSION}). Upgrade diversed_hf: pip install -U diversed_hf."
-            )
+        _check_format_version(self.format_version)
+        for name in ("target_model_id", "draft_model_id", "task"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"`{name}` must be a string or None, got {type(value).__name__} {value!r}.")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "DiversedHeadConfig":
+        if not isinstance(values, dict):
+            raise TypeError(f"A DiversedHeadConfig is built from a dict, got {type(values).__name__}.")
+        # The version first: a newer format may add fields this release does not know.
+        _check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -91,14 +120,60 @@ class DiversedHeadConfig:
             raise ValueError(f"DiversedHeadConfig is missing the required fields {missing}.")
         return cls(**values)
 
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "DiversedHeadConfig":
+        """Read a saved ``config.json``: every field in :data:`REQUIRED_FILE_FIELDS` must be present."""
+        values = hub.read_json(Path(path), "Head config")
+        if not isinstance(values, dict):
+            raise ValueError(f"Head config {path} must hold a JSON object, got {type(values).__name__}.")
+        if "draft_hidden_size" not in values and ("model_type" in values or "architectures" in values):
+            raise ValueError(
+                f"{path} is a transformers model config (model_type={values.get('model_type')!r}), not a DiversedHead "
+                "config: pass the directory (or repo) of a head saved with `head.save_pretrained`, not a model's."
+            )
+        required = REQUIRED_FILE_FIELDS + (("mlp_hidden_size",) if values.get("architecture") == "mlp" else ())
+        try:
+            _check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
+        except ValueError as error:
+            raise ValueError(f"Head config {path}: {error}") from None
+        missing = [name for name in required if name not in values]
+        if missing:
+            raise ValueError(
+                f"Head config {path} is missing the fields {missing}; it was not written by "
+                "`DiversedHead.save_pretrained` or was edited. Re-save the head."
+            )
+        try:
+            return cls.from_dict(values)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"Invalid head config {path}: {error}") from None
 
-class DiversedHead(nn.Module):
+
+def _check_format_version(version) -> None:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"`format_version` must be a positive integer, got {version!r}.")
+    if version > HEAD_FORMAT_VERSION:
+        raise ValueError(
+            f"`format_version` {version} is newer than this diversed_hf supports ({HEAD_FORMAT_VERSION}): the head was "
+            "saved by a newer release. Upgrade diversed_hf: pip install -U diversed_hf."
+        )
+
+
+class DiversedHead(
+    nn.Module,
+    ModelHubMixin,
+    library_name="diversed_hf",
+    tags=["diversed", "speculative-decoding"],
+    paper_url=PAPER_URL,
+):
     """Ensemble head: ``head(draft_hidden, target_hidden) -> w``, the weight on the target.
 
     Example::
 
         head = DiversedHead.for_pair(target, draft, architecture="linear", w_0=0.5)
         target.generate(input_ids, assistant_model=draft, diversed_head=head, do_sample=True)
+
+    Save, load and share it with :meth:`save_pretrained`, :meth:`from_pretrained` and
+    :meth:`push_to_hub` (``huggingface_hub.ModelHubMixin``, loading strictly).
     """
 
     def __init__(self, config: DiversedHeadConfig | None = None, **kwargs):
@@ -175,3 +250,296 @@ class DiversedHead(nn.Module):
 
     def extra_repr(self) -> str:
         return f"architecture={self.config.architecture!r}, w_0={self.config.w_0}, mixing={self.config.mixing!r}"
+
+    # Hub: save / load / push ------------------------------------------------------------------------
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        results: Any = None,
+        training_config: Any = None,
+        repo_id: str | None = None,
+        push_to_hub: bool = False,
+        **push_to_hub_kwargs,
+    ) -> str | None:
+        """Write the head to ``save_directory``: ``config.json``, ``model.safetensors`` and a ``README.md`` card.
+
+        Args:
+            results: benchmark metrics for the card: a path to a results file or its content (a list
+                of rows, or ``{"setting": ..., "rows": [...]}``; format in :mod:`diversed_hf.cards`).
+                Written as ``results.json``. Without it, a ``results.json`` already in the directory is used.
+            training_config: how the head was trained (a dict, a dataclass such as the trainer's config,
+                or a path to a JSON file); written as ``training_config.json`` and shown on the card.
+            repo_id: the Hub repo the card's usage snippet names (default: the local directory).
+            push_to_hub: also upload the directory to ``repo_id`` (default: the directory's name);
+                ``push_to_hub_kwargs`` go to :meth:`push_to_hub`.
+
+        Returns:
+            The commit URL when pushing, else ``None``.
+        """
+        from . import cards
+
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if results is not None:
+            cards.write_results(directory / hub.RESULTS_NAME, results)
+        if training_config is not None:
+            cards.write_training_config(directory / hub.TRAINING_CONFIG_NAME, training_config)
+        self._save_pretrained(directory)
+        if push_to_hub and repo_id is None:
+            repo_id = directory.name
+        cards.write_card(directory, repo_id=repo_id)
+        logger.info("saved DiversedHead to %s", directory)
+        if push_to_hub:
+            return hub.push_folder(directory, repo_id, **push_to_hub_kwargs)
+        return None
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """config.json and model.safetensors (the ``ModelHubMixin`` hook)."""
+        hub.write_json(Path(save_directory) / hub.CONFIG_NAME, self.config.to_dict())
+        hub.save_weights(self.state_dict(), Path(save_directory) / hub.WEIGHTS_NAME)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        force_download: bool = False,
+        local_files_only: bool = False,
+        strict: bool = True,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        **kwargs,
+    ) -> "DiversedHead":
+        """Load a head from a local directory or a Hub repo id (``"org/head-gsm8k"``), in eval mode.
+
+        Args:
+            pretrained_model_name_or_path: a directory written by :meth:`save_pretrained`, or a repo id.
+            revision, cache_dir, token, force_download, local_files_only: as in
+                ``huggingface_hub.hf_hub_download``. With ``HF_HUB_OFFLINE=1`` the files come from the cache only.
+            strict: missing or unexpected weights are an error (default). With ``strict=False`` they are
+                logged as a warning; shape mismatches are always an error.
+            device: where to put the head (default CPU).
+            dtype: dtype of the parameters (default: the dtype the weights were saved in).
+
+        Check it against the models it will run with: ``generate`` errors on different hidden sizes and
+        warns when the models' ids differ from ``config.target_model_id`` / ``config.draft_model_id``.
+        """
+        if kwargs:
+            raise TypeError(
+                f"DiversedHead.from_pretrained got unexpected arguments {sorted(kwargs)}; the architecture comes from "
+                "the saved config.json. To change it, build a new head with `DiversedHead.for_pair`."
+            )
+        return cls._from_pretrained(
+            model_id=str(pretrained_model_name_or_path),
+            revision=revision,
+            cache_dir=cache_dir,
+            force_download=force_download,
+            local_files_only=local_files_only,
+            token=token,
+            strict=strict,
+            device=device,
+            dtype=dtype,
+        )
+
+    @classmethod
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        revision: str | None,
+        cache_dir: str | os.PathLike | None,
+        force_download: bool,
+        local_files_only: bool,
+        token: str | bool | None,
+        strict: bool = True,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> "DiversedHead":
+        locate = dict(
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            force_download=force_download,
+            local_files_only=local_files_only,
+        )
+        config = DiversedHeadConfig.from_json_file(hub.resolve_file(model_id, hub.CONFIG_NAME, **locate))
+        weights_path = hub.resolve_file(model_id, hub.WEIGHTS_NAME, **locate)
+        state_dict = hub.load_weights(weights_path)
+        head = cls._built_without_rng(config)
+        stored_dtypes = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
+        if dtype is None and len(stored_dtypes) == 1:
+            dtype = stored_dtypes.pop()
+        if dtype is not None:
+            head.to(dtype=dtype)
+        head.load_state_dict_checked(state_dict, strict=strict, source=str(weights_path))
+        if device is not None:
+            head.to(device)
+        logger.info("loaded DiversedHead from %s (%s)", model_id, head.extra_repr())
+        return head.eval()
+
+    @classmethod
+    def _built_without_rng(cls, config: DiversedHeadConfig) -> "DiversedHead":
+        """``cls(config)`` leaving the global CPU RNG as it was: loading must not shift a run's random stream."""
+        with torch.random.fork_rng(devices=[]):
+            return cls(config)
+
+    def load_state_dict_checked(self, state_dict: dict[str, torch.Tensor], strict: bool = True, source: str = "state dict"):
+        """``load_state_dict`` with errors that name the offending keys and shapes."""
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        wrong_shapes = [
+            f"{name}: saved {tuple(state_dict[name].shape)}, expected {tuple(expected[name].shape)}"
+            for name in sorted(set(expected) & set(state_dict))
+            if state_dict[name].shape != expected[name].shape
+        ]
+        if wrong_shapes:
+            raise ValueError(
+                f"The weights in {source} do not fit the head its config describes ({self.extra_repr()}): "
+                f"{wrong_shapes}. config.json and model.safetensors belong to different heads; re-save the head."
+            )
+        if missing or unexpected:
+            message = (
+                f"The weights in {source} do not match a {self.config.architecture!r} head: missing {missing}, "
+                f"unexpected {unexpected}."
+            )
+            if strict:
+                raise ValueError(message + " Re-save the head, or pass strict=False to load what matches.")
+            logger.warning("%s Loading the rest (strict=False).", message)
+        self.load_state_dict(state_dict, strict=False)
+        return self
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        private: bool | None = None,
+        commit_message: str | None = None,
+        branch: str | None = None,
+        create_pr: bool | None = None,
+        results: Any = None,
+        training_config: Any = None,
+    ) -> str:
+        """Save the head (with its card) and upload it to the Hub repo ``repo_id``; returns the commit URL.
+
+        Needs a write token (``token``, ``HF_TOKEN`` or ``hf auth login``): without one, or offline, it
+        fails before any network call. ``results`` / ``training_config`` as in :meth:`save_pretrained`.
+        To push a saved directory as it is (with its ``results.json``), use ``diversed-hf push DIR``.
+        """
+        token = hub.require_token(token)
+        with tempfile.TemporaryDirectory(prefix="diversed-head-") as staging:
+            self.save_pretrained(staging, results=results, training_config=training_config, repo_id=repo_id)
+            return hub.push_folder(
+                staging,
+                repo_id,
+                token=token,
+                private=private,
+                commit_message=commit_message,
+                branch=branch,
+                create_pr=create_pr,
+            )
+
+    def generate_model_card(self, repo_id: str | None = None, results: Any = None, training_config: Any = None, **kwargs):
+        """The ``huggingface_hub.ModelCard`` of this head (template ``diversed_hf/templates/model_card.md``)."""
+        from . import cards
+
+        return cards.render_card(self.config, repo_id=repo_id, results=results, training_config=training_config, **kwargs)
+
+    # Official DIVERSED checkpoints --------------------------------------------------------------------
+
+    @classmethod
+    def from_official_checkpoint(
+        cls,
+        path: str | os.PathLike,
+        *,
+        target_model_id: str | None = None,
+        draft_model_id: str | None = None,
+        task: str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> "DiversedHead":
+        """Import a head saved by the official DIVERSED code (SPEC §3) as an equivalent ``mixing="logits"`` head.
+
+        The official head is ``softmax(summary([h^q; h^p]))`` with ``summary`` a ``Linear(d_q + d_p, 2)``
+        whose output 0 weighs the draft and output 1 the target, mixing logits. A 2-way softmax is a
+        sigmoid of the difference of its logits, so
+
+            w = softmax(z)[1] = sigmoid(z_1 - z_0) = sigmoid((W_1 - W_0) [h^q; h^p] + (b_1 - b_0))
+
+        is a ``linear`` head with weight ``W_1 - W_0`` and bias ``b_1 - b_0``. ``w_0`` is recorded as
+        0.5 (the official initialisation). ``path`` is the directory holding ``ensemble_head.bin`` and
+        ``ensemble_config.json``; the model ids default to the paths recorded there.
+        """
+        directory = Path(path).expanduser()
+        if directory.is_file() and directory.name == OFFICIAL_WEIGHTS_NAME:
+            directory = directory.parent
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                f"Official DIVERSED checkpoint directory {str(path)!r} not found; pass the folder that holds "
+                f"{OFFICIAL_WEIGHTS_NAME} and {OFFICIAL_CONFIG_NAME}."
+            )
+        for name in (OFFICIAL_WEIGHTS_NAME, OFFICIAL_CONFIG_NAME):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(
+                    f"`{name}` not found in {directory}: an official DIVERSED checkpoint holds {OFFICIAL_WEIGHTS_NAME} "
+                    f"and {OFFICIAL_CONFIG_NAME}. (A head saved by diversed_hf loads with DiversedHead.from_pretrained.)"
+                )
+        official_config = hub.read_json(directory / OFFICIAL_CONFIG_NAME, "Official ensemble config")
+        if not isinstance(official_config, dict):
+            raise ValueError(f"{directory / OFFICIAL_CONFIG_NAME} must hold a JSON object.")
+        sizes = {}
+        for name in ("draft_hidden_size", "target_hidden_size"):
+            value = official_config.get(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"{directory / OFFICIAL_CONFIG_NAME} needs a positive integer `{name}`, got {value!r}."
+                )
+            sizes[name] = value
+        try:
+            state_dict = torch.load(directory / OFFICIAL_WEIGHTS_NAME, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 - torch raises many types for a damaged or foreign file
+            raise ValueError(
+                f"{directory / OFFICIAL_WEIGHTS_NAME} is not a readable torch state dict ({type(error).__name__}: "
+                f"{error}); it is corrupted or not an official DIVERSED ensemble head."
+            ) from None
+        if not isinstance(state_dict, dict) or set(state_dict) != {"summary.weight", "summary.bias"}:
+            found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(
+                f"{directory / OFFICIAL_WEIGHTS_NAME} must hold exactly `summary.weight` and `summary.bias` (the "
+                f"official EnsembleHead), found {found}."
+            )
+        weight, bias = state_dict["summary.weight"], state_dict["summary.bias"]  # (2, d_q + d_p), (2,)
+        input_size = sizes["draft_hidden_size"] + sizes["target_hidden_size"]
+        if tuple(weight.shape) != (2, input_size) or tuple(bias.shape) != (2,):
+            raise ValueError(
+                f"Official head weights have shapes summary.weight {tuple(weight.shape)}, summary.bias "
+                f"{tuple(bias.shape)}; {OFFICIAL_CONFIG_NAME} (draft {sizes['draft_hidden_size']}, target "
+                f"{sizes['target_hidden_size']}) needs (2, {input_size}) and (2,)."
+            )
+
+        def recorded(key: str) -> str | None:
+            value = official_config.get(key)
+            return value if isinstance(value, str) and value and value != "unknown" else None
+
+        config = DiversedHeadConfig(
+            draft_hidden_size=sizes["draft_hidden_size"],
+            target_hidden_size=sizes["target_hidden_size"],
+            architecture="linear",
+            w_0=0.5,
+            mixing="logits",
+            target_model_id=target_model_id or recorded("target_model_path"),
+            draft_model_id=draft_model_id or recorded("draft_model_path"),
+            task=task,
+        )
+        head = cls._built_without_rng(config)
+        weight, bias = weight.double(), bias.double()  # exact differences of the stored values
+        with torch.no_grad():
+            head.net[0].weight.copy_((weight[1] - weight[0]).unsqueeze(0))  # (1, d_q + d_p)
+            head.net[0].bias.copy_((bias[1] - bias[0]).reshape(1))  # (1,)
+        logger.info("imported official DIVERSED head from %s", directory)
+        return head.to(dtype=dtype).eval()

@@ -1,0 +1,310 @@
+"""Hugging Face Hub plumbing for heads: find a head's files (local folder or Hub repo), read them, push them.
+
+A head repo holds
+
+=========================== ============================================================
+``config.json``             :class:`~diversed_hf.head.DiversedHeadConfig` as JSON
+``model.safetensors``       the head's weights
+``README.md``               the model card (:mod:`diversed_hf.cards`)
+``results.json``            optional: benchmark metrics for the card (format in :mod:`diversed_hf.cards`)
+``training_config.json``    optional: how the head was trained, shown on the card
+=========================== ============================================================
+
+Files come from a local directory as they are, or through ``huggingface_hub.hf_hub_download``
+(so ``revision``, ``cache_dir``, ``token``, ``force_download`` and ``local_files_only`` mean what
+they mean there). Offline mode (``HF_HUB_OFFLINE=1``) is honoured even when it is set after
+``huggingface_hub`` was imported: files then come from the cache only, without a network attempt.
+
+Every failure is turned into an error that says what is missing and how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import huggingface_hub
+import torch
+from huggingface_hub import constants
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HFValidationError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CARD_NAME = "README.md"
+RESULTS_NAME = "results.json"
+TRAINING_CONFIG_NAME = "training_config.json"
+#: the files a head repo may hold; ``push`` uploads these and nothing else
+REPO_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, RESULTS_NAME, TRAINING_CONFIG_NAME)
+
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def is_offline() -> bool:
+    """True when Hub access is disabled: ``huggingface_hub``'s offline constant or the env var, read now."""
+    if constants.is_offline_mode():
+        return True
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().lower() in _TRUE
+
+
+def _network_error_types() -> tuple[type[BaseException], ...]:
+    """Connection-level failures of the HTTP client huggingface_hub uses (httpx2 in 2.x, httpx in 1.x)."""
+    types: list[type[BaseException]] = [OfflineModeIsEnabled, ConnectionError, TimeoutError]
+    for module_name in ("httpx2", "httpx"):
+        try:
+            module = __import__(module_name)
+        except ImportError:
+            continue
+        types.append(module.TransportError)
+    return tuple(types)
+
+
+def resolve_file(
+    name_or_path: str | os.PathLike,
+    filename: str,
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    force_download: bool = False,
+    local_files_only: bool = False,
+) -> Path:
+    """Path of ``filename`` in a local head directory or a Hub repo (downloaded or from the cache).
+
+    Raises ``FileNotFoundError`` when the file is missing (or not cached while offline), ``ValueError``
+    for a name that is neither a directory nor a repo id, ``ConnectionError`` when the Hub is unreachable.
+    """
+    source = str(name_or_path)
+    local = Path(source).expanduser()
+    if local.is_dir():
+        path = local / filename
+        if path.is_file():
+            return path
+        raise FileNotFoundError(f"`{filename}` not found in the head directory {local.resolve()}. {_save_hint(filename)}")
+    if local.exists():
+        raise ValueError(
+            f"{source!r} is a file; pass the head's directory (the folder holding {CONFIG_NAME} and {WEIGHTS_NAME})."
+        )
+
+    offline = local_files_only or is_offline()
+    if offline and force_download:
+        raise ValueError("`force_download=True` needs network access, but offline mode is on (HF_HUB_OFFLINE=1 or local_files_only=True).")
+    where = f"{source!r}" + (f" at revision {revision!r}" if revision else "")
+    try:
+        return Path(
+            huggingface_hub.hf_hub_download(
+                repo_id=source,
+                filename=filename,
+                revision=revision,
+                cache_dir=cache_dir,
+                token=token,
+                force_download=force_download,
+                local_files_only=offline,
+            )
+        )
+    except HFValidationError as error:
+        raise ValueError(
+            f"{source!r} is neither an existing directory nor a valid Hub repo id ('org/name'): {error}"
+        ) from None
+    except LocalEntryNotFoundError:
+        cache = Path(cache_dir or constants.HF_HUB_CACHE)
+        if offline:
+            reason = "`local_files_only=True` was passed" if local_files_only else "offline mode is on (HF_HUB_OFFLINE=1)"
+            raise FileNotFoundError(
+                f"`{filename}` of head {where} is not in the Hugging Face cache ({cache}) and {reason}. Download it "
+                f"once with network access (`hf download {source}`), point `cache_dir` at the cache that has it, "
+                "or pass a local directory."
+            ) from None
+        raise FileNotFoundError(
+            f"Could not download `{filename}` of head {where} (the Hub is unreachable) and it is not in the Hugging "
+            f"Face cache ({cache}). Check your network, or pass a local directory (with HF_HUB_OFFLINE=1 cached heads "
+            "load without any network attempt)."
+        ) from None
+    except (GatedRepoError, RepositoryNotFoundError):
+        raise FileNotFoundError(
+            f"Head repo {where} was not found on the Hub, or it is private/gated and your token has no access. "
+            "Check the repo id, or log in with `hf auth login` / pass `token=`."
+        ) from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"Revision {revision!r} not found in head repo {source!r}.") from None
+    except EntryNotFoundError:
+        raise FileNotFoundError(f"Head repo {where} has no `{filename}`. {_save_hint(filename)}") from None
+    except HfHubHTTPError as error:
+        raise OSError(f"The Hub refused to serve `{filename}` of head {where}: {error}") from None
+    except _network_error_types() as error:
+        raise ConnectionError(
+            f"Could not reach the Hub to download `{filename}` of head {where}: {error}. Check your network, or "
+            "set HF_HUB_OFFLINE=1 to load from the cache."
+        ) from None
+
+
+def _save_hint(filename: str) -> str:
+    if filename == WEIGHTS_NAME:
+        return "Save the head with `head.save_pretrained(dir)`, which writes config.json and model.safetensors."
+    if filename == CONFIG_NAME:
+        return "This does not look like a saved DiversedHead; save one with `head.save_pretrained(dir)`."
+    return ""
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Parse a JSON file, naming the file in the error."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what} {path} is not valid JSON ({error}); re-save the head or fix the file.") from None
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write JSON with sorted keys; values JSON cannot hold (paths, enums) are written as strings."""
+    Path(path).write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a ``model.safetensors`` file on the CPU; a clear error for a damaged file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}): it is truncated or corrupted. Re-save the head "
+            "with `head.save_pretrained(dir)`, or re-download it with `force_download=True`."
+        ) from None
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state_dict.items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def require_token(token: str | None) -> str:
+    """The token to push with: ``token``, else ``HF_TOKEN`` / the stored login; error before any network call."""
+    token = token or huggingface_hub.get_token()
+    if not token:
+        raise PermissionError(
+            "Pushing to the Hub needs a write token, and none was found: run `hf auth login`, set the HF_TOKEN "
+            "environment variable, or pass `token=...` (`--token` on the command line)."
+        )
+    return token
+
+
+def push_folder(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
+    branch: str | None = None,
+    create_pr: bool | None = None,
+    allow_patterns: Iterable[str] = REPO_FILES,
+) -> str:
+    """Create ``repo_id`` if needed and upload ``folder`` to it in one commit; returns the commit URL.
+
+    Fails before any network call without a token or in offline mode; a connection failure becomes a
+    ``ConnectionError`` that says so.
+    """
+    try:
+        huggingface_hub.utils.validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"`repo_id` {repo_id!r} is not a valid Hub repo id ('org/name'): {error}") from None
+    token = require_token(token)
+    if is_offline():
+        raise ConnectionError(
+            f"Cannot push to {repo_id!r}: offline mode is on (HF_HUB_OFFLINE=1). Unset it and retry with network access."
+        )
+    api = huggingface_hub.HfApi(token=token)
+    try:
+        url = api.create_repo(repo_id=repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=url.repo_id,
+            repo_type="model",
+            folder_path=str(folder),
+            commit_message=commit_message or "Upload DIVERSED head with diversed_hf",
+            revision=branch,
+            create_pr=create_pr,
+            allow_patterns=list(allow_patterns),
+        )
+    except _network_error_types() as error:
+        raise ConnectionError(
+            f"Could not reach the Hub ({api.endpoint}) to push {repo_id!r}: {error}. Check your network connection "
+            "and retry."
+        ) from None
+    except HfHubHTTPError as error:
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise PermissionError(
+                f"The Hub refused the push to {repo_id!r} (HTTP {status}): the token is invalid or cannot write to "
+                "this namespace. Use a write token (`hf auth login`) for an org you belong to."
+            ) from None
+        raise
+    logger.info("pushed %s to %s", folder, commit)
+    return str(commit)
+
+
+def stage_repo_files(source_dir: Path, names: Iterable[str] = REPO_FILES) -> tempfile.TemporaryDirectory:
+    """A temporary copy of the head repo files found in ``source_dir`` (caller cleans it up)."""
+    staging = tempfile.TemporaryDirectory(prefix="diversed-head-")
+    for name in names:
+        if (source_dir / name).is_file():
+            shutil.copy2(source_dir / name, Path(staging.name) / name)
+    return staging
+
+
+def push_directory(
+    directory: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
+    branch: str | None = None,
+    create_pr: bool | None = None,
+    keep_card: bool = False,
+) -> str:
+    """Push a saved head directory as it is (config, weights, results, training config) to ``repo_id``.
+
+    The head is first loaded strictly, so a broken directory never reaches the Hub; the card is
+    re-rendered for ``repo_id`` in a staging copy (``keep_card=True`` uploads the README.md as it is).
+    """
+    from . import cards
+    from .head import DiversedHead
+
+    directory = Path(directory)
+    token = require_token(token)  # before any work: a missing token is the commonest failure
+    DiversedHead.from_pretrained(directory)
+    staging = stage_repo_files(directory)
+    try:
+        if not keep_card or not (directory / CARD_NAME).is_file():
+            cards.write_card(staging.name, repo_id=repo_id)
+        return push_folder(
+            staging.name,
+            repo_id,
+            token=token,
+            private=private,
+            commit_message=commit_message,
+            branch=branch,
+            create_pr=create_pr,
+        )
+    finally:
+        staging.cleanup()
+
