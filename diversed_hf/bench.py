@@ -76,6 +76,7 @@ __all__ = [
     "markdown_table",
     "measure_cost",
     "parse_methods",
+    "read_results",
     "run_bench",
     "write_results",
     "write_results_page",
@@ -819,6 +820,11 @@ def write_results(results: Sequence[BenchResult], output_dir: str | Path, plots:
     return paths
 
 
+def read_results(path: str | Path) -> list[BenchResult]:
+    """The :class:`BenchResult` list saved in a ``bench.json`` by :func:`write_results` (to re-plot or re-page)."""
+    return [BenchResult(**item) for item in json.loads(Path(path).read_text())]
+
+
 def _json_default(value):
     if isinstance(value, torch.Tensor):
         return value.tolist()
@@ -848,7 +854,9 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         f"{config.get('repeats')} interleaved runs after a warm-up); temperature {config.get('temperature')}, "
         f"N = {config.get('num_draft_tokens')} drafts per round, at most {config.get('max_new_tokens')} new tokens; "
         f"{first.get('num_processes')} process(es) x {first.get('torch_threads')} torch thread(s)"
-        + (f"; total {seconds / 60:.1f} min." if seconds else "."),
+        + (f"; the whole run took {seconds / 60:.1f} min." if seconds else "."),
+        "",
+        f"Environment: {_environment()}.",
         "",
         "Columns: *acceptance* = accepted drafted tokens / drafted tokens (all scored prompts); quality ± its "
         "standard error over prompts; *s / sample* and *tokens/s* on the timed prompts; *speedup vs target* = "
@@ -899,6 +907,17 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
     ]
     page.write_text("\n".join(lines))
     return page
+
+
+def _environment() -> str:
+    import os
+    import platform
+
+    import transformers
+
+    return (f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+            f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
 
 
 def _is_under(path, directory: Path) -> bool:
@@ -965,6 +984,8 @@ def register(subparsers) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0: torch's default).")
     parser.add_argument("--output-dir", default="bench_results", help="Where results.json, tables and plots go.")
     parser.add_argument("--results-page", default=None, help="Also write a Markdown results page here (e.g. RESULTS.md).")
+    parser.add_argument("--page-command", default=None,
+                        help="How the results page says to regenerate it (default: this command line).")
     parser.add_argument("--no-plots", action="store_true", help="Skip the PNG/HTML output (no matplotlib needed).")
     parser.add_argument("--no-progress", action="store_true", help="Hide progress bars.")
     _add_config_arguments(parser)
@@ -999,7 +1020,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     seconds = time.perf_counter() - started
     if args.results_page:
-        command = "diversed-hf " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else None
+        command = args.page_command or "diversed-hf " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         write_results_page(results, args.output_dir, args.results_page, command=command, seconds=seconds)
     else:
         write_results(results, args.output_dir, plots=not args.no_plots)
@@ -1010,5 +1031,5 @@ def main(args: argparse.Namespace) -> int:
             print(f"- {note}")
         print()
     print(f"Wrote {args.output_dir}/results.json" + (f" and {args.results_page}" if args.results_page else "")
-          + f" in {seconds / 60:.1f} min.")
+          + f" in {seconds:.0f} s.")
     return 0

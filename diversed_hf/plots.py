@@ -16,16 +16,34 @@ if TYPE_CHECKING:
 
 __all__ = ["plot_all", "plot_position_acceptance", "plot_tradeoffs", "target_weight_html"]
 
-# One colour and marker per family; the static ensemble is the front (a line).
-_STYLE = {
-    "target-only": ("black", "s"),
-    "sd": ("tab:blue", "o"),
-    "lossy-sd": ("tab:orange", "^"),
-    "static-ensemble": ("tab:gray", "."),
-    "speccascade": ("tab:green", "v"),
-    "sd-finetuned": ("tab:purple", "P"),
-    "diversed": ("tab:red", "*"),
+# One marker per family; colours are per method (_colors), the same in every plot.
+_MARKERS = {
+    "target-only": "s",
+    "sd": "o",
+    "lossy-sd": "^",
+    "static-ensemble": ".",
+    "speccascade": "v",
+    "sd-finetuned": "P",
+    "diversed": "*",
 }
+# tab10 without its red (DIVERSED's) and grey (the static front's)
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+            "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+
+
+def _colors(rows: Sequence[dict]) -> dict[str, str]:
+    colors, others = {}, 0
+    for row in rows:
+        if row["family"] == "target-only":
+            colors[row["method"]] = "black"
+        elif row["family"] == "diversed":
+            colors[row["method"]] = "#d62728"
+        elif row["family"] == "static-ensemble":  # darker grey for a larger weight on the target
+            colors[row["method"]] = str(round(0.75 - 0.55 * (row["param"] if row["param"] is not None else 0.5), 3))
+        else:
+            colors[row["method"]] = _PALETTE[others % len(_PALETTE)]
+            others += 1
+    return colors
 
 
 def _pyplot():
@@ -54,25 +72,22 @@ def _front(rows: Sequence[dict], axis: str) -> list[tuple[float, float, str]]:
 
 def _scatter_axis(ax, rows: Sequence[dict], axis: str, xlabel: str, percent: bool = False) -> None:
     scale = 100.0 if percent else 1.0
+    colors = _colors(rows)
     front = _front(rows, axis)
     if front:
-        ax.plot([x * scale for x, _, _ in front], [y for _, y, _ in front], "-", color=_STYLE["static-ensemble"][0],
-                marker=".", label="static ensemble (sweep w)", zorder=1)
+        ax.plot([x * scale for x, _, _ in front], [y for _, y, _ in front], "-", color="gray", marker=".",
+                label="static ensemble (sweep w; SD is w = 1)", zorder=1)
         for x, y, name in front:
             if name.startswith("static"):
                 ax.annotate(name.replace("static ", ""), (x * scale, y), fontsize=7, color="dimgray",
-                            xytext=(3, -8), textcoords="offset points")
-    labelled = set()
+                            xytext=(3, -9), textcoords="offset points")
     for row in rows:
         if row["family"] == "static-ensemble" or row.get(axis) is None:
             continue
-        color, marker = _STYLE[row["family"]]
-        label = row["family"] if row["family"] not in labelled else None
-        labelled.add(row["family"])
-        x = row[axis] * scale
-        ax.scatter([x], [100 * row["quality"]], color=color, marker=marker, s=90 if row["family"] == "diversed" else 40,
-                   label=label, zorder=3, edgecolors="black" if row["family"] == "diversed" else "none")
-        ax.annotate(row["method"], (x, 100 * row["quality"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        diversed = row["family"] == "diversed"
+        ax.scatter([row[axis] * scale], [100 * row["quality"]], color=colors[row["method"]],
+                   marker=_MARKERS[row["family"]], s=160 if diversed else 45, label=row["method"], zorder=4 if diversed else 3,
+                   edgecolors="black" if diversed else "none")
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
 
@@ -93,12 +108,12 @@ def plot_tradeoffs(rows: Sequence[dict], path: str | Path, title: str = "", qual
         if label not in labels:
             handles.append(handle)
             labels.append(label)
-    right.legend(handles, labels, fontsize=8, loc="best")
+    figure.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     if title:
         figure.suptitle(title)
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path
 
@@ -108,17 +123,12 @@ def plot_position_acceptance(rows: Sequence[dict], path: str | Path, title: str 
     were accepted), per method: how acceptance decays along a round, which the i.i.d. formula ignores."""
     plt = _pyplot()
     figure, ax = plt.subplots(figsize=(7, 4.5))
-    palette = plt.get_cmap("tab10").colors
-    others = [row["method"] for row in rows if row["family"] != "static-ensemble"]
+    colors = _colors(rows)
     for row in rows:
         values = row.get("position_acceptance") or []
         if not values:
             continue
-        _, marker = _STYLE[row["family"]]
-        if row["family"] == "static-ensemble":  # darker grey for a larger weight on the target
-            color = str(0.8 - 0.6 * (row["param"] if row["param"] is not None else 0.5))
-        else:
-            color = _STYLE["diversed"][0] if row["family"] == "diversed" else palette[others.index(row["method"]) % 10]
+        marker, color = _MARKERS[row["family"]], colors[row["method"]]
         positions = list(range(1, len(values) + 1))
         style = "--" if row["family"] == "static-ensemble" else "-"
         alpha = 0.5 if row["family"] == "static-ensemble" else 1.0
@@ -128,12 +138,12 @@ def plot_position_acceptance(rows: Sequence[dict], path: str | Path, title: str 
     ax.set_ylabel("acceptance (%) at position k, given examined")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     if title:
         ax.set_title(title)
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path
 
@@ -198,6 +208,7 @@ def plot_all(result: "BenchResult", output_dir: str | Path) -> dict[str, Path]:
     """Every picture of one task's result: ``<task>_tradeoffs.png``, ``<task>_positions.png`` and
     ``<task>_weights.html`` (the latter for the DIVERSED run, or else any run that recorded weights)."""
     output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     task = result.task
     paths = {
         f"{task}_tradeoffs": plot_tradeoffs(
