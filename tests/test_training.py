@@ -368,3 +368,10 @@ def test_import_diversed_hf_does_not_import_trl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_evaluate_logs_eval_metrics(tmp_path):
+    trainer = trainer_for(tmp_path, max_steps=1)
+    trainer.eval_dataset = prompts_dataset(4, seed=5)
+    metrics = trainer.evaluate()
+    assert {"eval_loss", "eval_reward", "eval_mean_w", "eval_acceptance_proxy"} <= set(metrics)
