@@ -450,9 +450,11 @@ def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig,
         torch.manual_seed(seed)
         output = target.generate(**batch, **kwargs)
         new_tokens = output.sequences[:, prompt_len:]  # (B, T)
+        full = torch.full((new_tokens.shape[0],), new_tokens.shape[1], dtype=torch.long, device=new_tokens.device)  # (B,)
+        if tokenizer.eos_token_id is None:
+            return new_tokens, full, None
         is_end = new_tokens == tokenizer.eos_token_id  # (B, T)
-        first_end = torch.where(is_end.any(dim=1), is_end.long().argmax(dim=1) + 1, torch.full_like(is_end[:, 0], new_tokens.shape[1], dtype=torch.long))
-        return new_tokens, first_end, None
+        return new_tokens, torch.where(is_end.any(dim=1), is_end.long().argmax(dim=1) + 1, full), None
     output = target.generate(
         **batch, **kwargs, assistant_model=drafts[method.draft], verifier=method.verifier,
         num_assistant_tokens=config.num_draft_tokens, generator=torch.Generator().manual_seed(seed),
@@ -681,7 +683,7 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
         "temperature": config.temperature,
     }
     if method.verifier is None:
-        row.update(acceptance_rate=None, tokens_per_round=1.0, expected_tokens_per_round=1.0,
+        row.update(acceptance_rate=None, tokens_per_round=1.0, emitted_tokens_per_round=1.0, expected_tokens_per_round=1.0,
                    iid_tokens_per_round=1.0, estimator=None, position_acceptance=[], position_reach=[], position_beta=[],
                    cost_ratio=0.0, predicted_speedup=1.0, mean_target_weight=None)
         return row
@@ -702,7 +704,10 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
     weights = [r["mean_target_weight"] for r in records if r.get("mean_target_weight") is not None]
     row.update(
         acceptance_rate=acceptance_rate,
-        tokens_per_round=num_generated / max(rounds, 1),
+        # T_N = accepted + 1 per round, what the estimators predict; EOS can cut a round's last tokens, so
+        # the tokens kept per round (emitted_tokens_per_round) can be lower.
+        tokens_per_round=(accepted + rounds) / max(rounds, 1),
+        emitted_tokens_per_round=num_generated / max(rounds, 1),
         expected_tokens_per_round=expected,
         estimator="exact" if exact else "beta-product",
         iid_tokens_per_round=theory.iid_tokens_per_round(acceptance_rate, config.num_draft_tokens),
@@ -862,9 +867,10 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         "standard error over prompts; *s / sample* and *tokens/s* on the timed prompts; *speedup vs target* = "
         "target-only seconds per sample / this method's; *tokens/s speedup* = this method's tokens/s / target-only "
         "tokens/s (the per-token speedup, which differs when methods write different lengths); *predicted* = "
-        "`E[T] / (N c + 1)`, the speedup model with the cost ratio `c` measured below; *tokens/round* = emitted "
-        "tokens / rounds, measured; *E[T] estimator* = `1 + sum_k prod_{t<=k} beta_t` averaged over rounds "
-        "(SPEC §6); *i.i.d.* = `(1 - a^(N+1)) / (1 - a)` with `a` the acceptance rate.",
+        "`E[T] / (N c + 1)`, the speedup model with the cost ratio `c` measured below; *tokens/round* = (accepted "
+        "drafts + 1) per round, measured (tokens after an end of sequence included); *E[T] estimator* = `1 + sum_k prod_{t<=k} beta_t` averaged over rounds "
+        "(SPEC §6), or the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` when the statistics record the acceptance "
+        "probability `a_t(x_t)` of each drafted token (field `estimator` in results.json); *i.i.d.* = `(1 - a^(N+1)) / (1 - a)` with `a` the acceptance rate.",
         "",
     ]
     for result in results:
@@ -894,15 +900,26 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         html = paths.get(f"{result.task}_weights")
         if html is not None:
             lines += [f"Per-token target weight `w` chosen at each emitted token: [{relative(html)}]({relative(html)}).", ""]
+    estimators = {row.get("estimator") for result in results for row in result.rows} - {None}
+    lines += ["## Reading the tokens-per-round columns", ""]
+    if estimators == {"exact"}:
+        lines.append(
+            "The `E[T]` estimator is the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` (see `diversed_hf.theory`): "
+            "it should match the measured column up to sampling noise."
+        )
+    else:
+        lines.append(
+            "The `E[T]` estimator multiplies the per-position acceptance probabilities `beta_t` along the *drafted* "
+            "prefix, as SPEC §6 writes it. That is exact when acceptance does not depend on the drafted context but "
+            "biased when it does (whether a drafted token is likely to be accepted also changes `beta` at the next "
+            "position): see `diversed_hf.theory` for a two-token counterexample and the unbiased form "
+            "`1 + sum_k prod_{t<k} a_t(x_t) beta_k`, which needs the acceptance probability `a_t(x_t)` of each drafted "
+            "token (not yet recorded by `SpeculationStats`)."
+        )
     lines += [
-        "## Reading the tokens-per-round columns",
         "",
-        "The `E[T]` estimator multiplies the per-position acceptance probabilities `beta_t` along the *drafted* "
-        "prefix, as SPEC §6 writes it. That is exact when acceptance does not depend on the drafted context, "
-        "but biased when it does (a drafted token that is likely to be rejected also changes `beta` at the next "
-        "position): see `diversed_hf.theory` for a two-token counterexample and the unbiased form "
-        "`1 + sum_k prod_{t<k} a_t(x_t) beta_k`, which needs the acceptance probability `a_t(x_t)` of each drafted "
-        "token. The i.i.d. column ignores that acceptance depends on position (see the position plot).",
+        "The i.i.d. column assumes every draft is accepted with the same probability, the acceptance rate; the "
+        "position plots show how far that is from the truth.",
         "",
     ]
     page.write_text("\n".join(lines))
