@@ -137,7 +137,7 @@ class _RunState:
     num_accepted: torch.Tensor  # (batch,)
     drafted_per_position: torch.Tensor  # (batch, N)
     accepted_per_position: torch.Tensor  # (batch, N)
-    acceptance_probs: list  # per round: (rows (active,), beta (active, N_r))
+    acceptance_probs: list  # per round: (rows (active,), beta (active, N_r), a_t(x_t) (active, N_r))
 
 
 def _next_token_probs(logits_processor, prefix, raw_logits, vocab_size):
@@ -312,8 +312,12 @@ def speculative_decode(
         state.num_accepted[active] += num_accepted
         state.drafted_per_position[active, :num_round_drafts] += (columns[:num_round_drafts] < draft_lengths[:, None]).long()
         state.accepted_per_position[active, :num_round_drafts] += (columns[:num_round_drafts] < num_accepted[:, None]).long()
-        betas = result.acceptance_probs.float().masked_fill(columns[:num_round_drafts] >= draft_lengths[:, None], float("nan"))
-        state.acceptance_probs.append((active.clone(), betas))
+        not_drafted = columns[:num_round_drafts] >= draft_lengths[:, None]  # (B, N_r)
+        betas = result.acceptance_probs.float().masked_fill(not_drafted, float("nan"))
+        drafted_acceptance = result.drafted_acceptance
+        if drafted_acceptance is None:
+            drafted_acceptance = torch.full_like(betas, float("nan"))
+        state.acceptance_probs.append((active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan"))))
         if streamer is not None:
             streamer.put(emitted[:, : int(count[0])].cpu())
         remaining = remaining - count
@@ -358,12 +362,16 @@ def speculative_decode(
 def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
     batch_size = state.num_rounds.numel()
     per_row = [[] for _ in range(batch_size)]
-    for rows, betas in state.acceptance_probs:  # betas: (active, N_r)
-        padded = torch.full((rows.numel(), num_draft), float("nan"))
-        padded[:, : betas.shape[1]] = betas.cpu()
+    per_row_drafted = [[] for _ in range(batch_size)]
+    for rows, betas, drafted in state.acceptance_probs:  # (active, N_r) each
+        padded = torch.full((2, rows.numel(), num_draft), float("nan"))
+        padded[0, :, : betas.shape[1]] = betas.cpu()
+        padded[1, :, : drafted.shape[1]] = drafted.cpu()
         for i, row in enumerate(rows.tolist()):
-            per_row[row].append(padded[i])
+            per_row[row].append(padded[0, i])
+            per_row_drafted[row].append(padded[1, i])
     acceptance_probs = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row]
+    drafted_acceptance_probs = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row_drafted]
     target_weights = None
     if state.target_weights is not None:
         target_weights = [state.target_weights[b, : int(state.num_generated[b])].cpu() for b in range(batch_size)]
@@ -377,6 +385,7 @@ def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
         accepted_per_position=state.accepted_per_position.cpu(),
         acceptance_probs=acceptance_probs,
         target_weights=target_weights,
+        drafted_acceptance_probs=drafted_acceptance_probs,
     )
 
 

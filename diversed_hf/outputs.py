@@ -16,7 +16,10 @@ class SpeculationStats:
     rounds; a round emits its accepted drafts plus one recovered or bonus token. ``acceptance_probs``
     holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted position: the
     probability the draft at that position would be accepted, which gives the exact estimator of
-    expected tokens per round ``1 + sum_k prod_{t<=k} beta_t`` (SPEC §6).
+    expected tokens per round ``1 + sum_k prod_{t<=k} beta_t`` (SPEC §6). ``drafted_acceptance_probs``
+    holds ``a_t(x_t)``, the probability that the token actually drafted was kept (1/0 in greedy
+    mode), for the unbiased estimator ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` of
+    :func:`diversed_hf.theory.expected_tokens_per_round`.
     """
 
     num_draft_tokens: int  # N, drafts per round
@@ -28,6 +31,7 @@ class SpeculationStats:
     accepted_per_position: torch.Tensor  # (batch, N) rounds in which the draft at position k was accepted
     acceptance_probs: list[torch.Tensor]  # per row: (num_rounds, N) beta per round; NaN where not drafted
     target_weights: list[torch.Tensor] | None = None  # per row: (num_generated,) w per emitted token; NaN for bonus
+    drafted_acceptance_probs: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
 
     @property
     def acceptance_rate(self) -> torch.Tensor:  # (batch,)

@@ -64,6 +64,7 @@ class VerificationResult:
     next_tokens: torch.Tensor  # (batch,) recovered token (num_accepted < N) or bonus token (== N)
     acceptance_probs: torch.Tensor  # (batch, N) beta_t = sum_x q_t(x) a_t(x), along the drafted prefix
     target_weight: torch.Tensor | None = None  # (batch, N) w_t used at each drafted position, if defined
+    drafted_acceptance: torch.Tensor | None = None  # (batch, N) a_t(x_t): probability each drafted token is kept
 
 
 class Verifier:
@@ -138,7 +139,7 @@ class Verifier:
         if num_draft_tokens == 0:
             next_tokens = ops.sample(bonus_probs, generator) if do_sample else bonus_probs.argmax(dim=-1)
             empty = draft_probs.new_zeros(batch_size, 0)  # (batch, 0)
-            return VerificationResult(rows.new_zeros(batch_size), next_tokens, empty, None)
+            return VerificationResult(rows.new_zeros(batch_size), next_tokens, empty, None, empty)
 
         if self.requires_hidden_states and (draft_hidden is None or target_hidden is None):
             raise ValueError(f"{type(self).__name__} needs `draft_hidden` and `target_hidden`.")
@@ -171,11 +172,12 @@ class Verifier:
             next_tokens = ops.sample(torch.where(all_accepted, bonus_probs, recovered_probs), generator)  # (batch,)
         else:
             choice = verify_probs.argmax(dim=-1)  # (batch, N)
+            drafted_acceptance = (draft_ids == choice).to(acceptance_probs.dtype)  # (batch, N): deterministic
             num_accepted = ops.num_leading_true((draft_ids == choice) & counts)  # (batch,)
             choice = torch.cat([choice, choice[:, :1]], dim=-1)  # (batch, N + 1)
             choice.scatter_(-1, draft_lengths[:, None], bonus_probs.argmax(dim=-1, keepdim=True))
             next_tokens = choice.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)  # (batch,)
-        return VerificationResult(num_accepted, next_tokens, acceptance_probs, target_weight)
+        return VerificationResult(num_accepted, next_tokens, acceptance_probs, target_weight, drafted_acceptance)
 
 
 def _check_unit_interval(name: str, value: float, *, open_low: bool = False, fix: str = "") -> None:
