@@ -83,8 +83,8 @@ def tv_bound(expected: torch.Tensor, num_samples: int, delta: float = 1e-6) -> f
     """
     import math
 
-    expected = expected.double()
-    mean_bound = 0.5 * float((expected.detach() * (1 - expected) / num_samples).sqrt().sum())
+    expected = expected.detach().double()
+    mean_bound = 0.5 * float((expected * (1 - expected) / num_samples).sqrt().sum())
     return mean_bound + math.sqrt(math.log(1 / delta) / (2 * num_samples))
 
 
