@@ -7,7 +7,7 @@ Every method decodes the **same prompts** of a task with one model pair and is s
 - quality (exact match for ``arith``, ROUGE-2 F1 x 100 for ``summary``);
 - seconds per sample, tokens/s, speedup vs target-only decoding and vs SD;
 - mean tokens per round, measured, next to the estimator of :func:`diversed_hf.theory.expected_tokens_per_round`
-  and the i.i.d. prediction ``(1 - alpha^(N+1)) / (1 - alpha)``; and measured speedup next to the
+  and the i.i.d. prediction ``(1 - alpha^(N+1)) / (1 - alpha)`` with ``alpha`` the mean ``beta``; and measured speedup next to the
   model's prediction ``E[T_N] / (N c + 1)`` with the cost ratio ``c`` measured on the pair.
 
 Two passes per method, on the same prompts:
@@ -684,7 +684,7 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
     }
     if method.verifier is None:
         row.update(acceptance_rate=None, tokens_per_round=1.0, emitted_tokens_per_round=1.0, expected_tokens_per_round=1.0,
-                   iid_tokens_per_round=1.0, estimator=None, position_acceptance=[], position_reach=[], position_beta=[],
+                   iid_tokens_per_round=1.0, mean_beta=None, estimator=None, position_acceptance=[], position_reach=[], position_beta=[],
                    cost_ratio=0.0, predicted_speedup=1.0, mean_target_weight=None)
         return row
     drafted = sum(r["num_drafted"] for r in records)
@@ -695,6 +695,7 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
     exact = all("drafted_acceptance_probs" in r for r in records)
     drafted_acceptance = torch.cat([r["drafted_acceptance_probs"] for r in records], dim=0) if exact else None
     expected = float(theory.expected_tokens_per_round(betas, drafted_acceptance))
+    mean_beta = float(betas.nanmean()) if (~betas.isnan()).any() else 0.0
     drafted_per_position = torch.tensor([r["drafted_per_position"] for r in records]).sum(dim=0)  # (N,)
     accepted_per_position = torch.tensor([r["accepted_per_position"] for r in records]).sum(dim=0)  # (N,)
     examined = torch.minimum(
@@ -710,7 +711,10 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
         emitted_tokens_per_round=num_generated / max(rounds, 1),
         expected_tokens_per_round=expected,
         estimator="exact" if exact else "beta-product",
-        iid_tokens_per_round=theory.iid_tokens_per_round(acceptance_rate, config.num_draft_tokens),
+        # Leviathan et al.'s alpha is E[beta], the mean acceptance probability of a drafted position, not the
+        # acceptance rate (which also counts drafts never examined after a rejection).
+        mean_beta=mean_beta,
+        iid_tokens_per_round=theory.iid_tokens_per_round(mean_beta, config.num_draft_tokens),
         # P(first k accepted) per drafted round, and acceptance at k among rounds that examined k.
         position_reach=(accepted_per_position.double() / drafted_per_position.clamp(min=1).double()).tolist(),
         position_acceptance=(accepted_per_position.double() / examined.clamp(min=1).double()).tolist(),
@@ -870,7 +874,8 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         "`E[T] / (N c + 1)`, the speedup model with the cost ratio `c` measured below; *tokens/round* = (accepted "
         "drafts + 1) per round, measured (tokens after an end of sequence included); *E[T] estimator* = `1 + sum_k prod_{t<=k} beta_t` averaged over rounds "
         "(SPEC §6), or the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` when the statistics record the acceptance "
-        "probability `a_t(x_t)` of each drafted token (field `estimator` in results.json); *i.i.d.* = `(1 - a^(N+1)) / (1 - a)` with `a` the acceptance rate.",
+        "probability `a_t(x_t)` of each drafted token (field `estimator` in results.json); *i.i.d.* = `(1 - a^(N+1)) / (1 - a)` with `a` the mean of `beta` over drafted positions (Leviathan et al.'s "
+        "alpha; not the acceptance rate, which also counts drafts never examined after a rejection).",
         "",
     ]
     for result in results:

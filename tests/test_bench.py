@@ -128,7 +128,7 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     sd = by_name["SD"]
     assert 0.0 < sd["acceptance_rate"] < 1.0 and sd["speedup_vs_sd"] == 1.0
     assert 1.0 <= sd["tokens_per_round"] <= 6.0 and 1.0 <= sd["expected_tokens_per_round"] <= 6.0
-    assert sd["iid_tokens_per_round"] == pytest.approx(sum(sd["acceptance_rate"] ** k for k in range(6)))
+    assert sd["iid_tokens_per_round"] == pytest.approx(sum(sd["mean_beta"] ** k for k in range(6)))
     assert len(sd["position_acceptance"]) == 5 and sd["estimator"] in ("exact", "beta-product")
     for name in ("arith_tradeoffs.png", "arith_positions.png", "arith_weights.html", "bench.json", "results_arith.json"):
         assert (out / name).is_file(), name

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from diversed_hf import cli  # noqa: E402
 
 METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed"]
-FULL = dict(num_prompts=128, num_timing_prompts=8, repeats=3, max_new_tokens=80, batch_size=16)
+FULL = dict(num_prompts=160, num_timing_prompts=10, repeats=3, max_new_tokens=80, batch_size=16)
 QUICK = dict(num_prompts=16, num_timing_prompts=2, repeats=1, max_new_tokens=64, batch_size=16)
 
 
