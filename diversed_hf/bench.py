@@ -71,6 +71,8 @@ __all__ = [
     "DEFAULT_METHODS",
     "Method",
     "front_comparison",
+    "load_finetuned_draft",
+    "load_head",
     "load_models",
     "load_task",
     "markdown_table",
@@ -307,53 +309,69 @@ def load_task(name: str, num_examples: int, seed: int = 0, split: str = "test", 
     )
 
 
-def load_models(target: str | None = None, draft: str | None = None, finetuned_draft: str | None = None,
-                dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """``(target, draft, tokenizer, finetuned_draft or None)``: the testbed pair by default, else local paths
-    or Hub ids (``AutoModelForCausalLM`` / ``AutoTokenizer`` of the target).
-
-    On the testbed the fine-tuned draft is ``testbed.load_finetuned_draft()`` when the testbed provides one.
-    """
+def load_models(target: str | None = None, draft: str | None = None, dtype: torch.dtype = torch.float32,
+                device: str = "cpu"):
+    """``(target, draft, tokenizer)``: the testbed pair by default, else local paths or Hub ids
+    (``AutoModelForCausalLM``; the tokenizer is the target's ``AutoTokenizer``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if (target is None) != (draft is None):
         raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for the testbed pair.")
-    finetuned = None
     if target is None:
         from . import testbed
 
-        target_model, draft_model, tokenizer = testbed.load_pair(torch_dtype=dtype, device=device)
-        loader = getattr(testbed, "load_finetuned_draft", None)
-        if finetuned_draft is None and loader is not None:
-            try:
-                finetuned = loader(torch_dtype=dtype, device=device)
-            except FileNotFoundError as error:
-                logger.info("no fine-tuned testbed draft: %s", error)
-    else:
-        target_model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
-        draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(target)
-    if finetuned_draft is not None:
-        finetuned = AutoModelForCausalLM.from_pretrained(finetuned_draft, dtype=dtype).to(device).eval()
-    return target_model, draft_model, tokenizer, finetuned
+        return testbed.load_pair(torch_dtype=dtype, device=device)
+    target_model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
+    draft_model = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(device).eval()
+    return target_model, draft_model, AutoTokenizer.from_pretrained(target)
+
+
+def _per_task(spec: str | None, task: str) -> str | None:
+    """``spec`` is one path for every task or ``task=path,task=path``; the entry for ``task`` (None if absent)."""
+    if not spec:
+        return None
+    if "=" not in spec:
+        return spec
+    paths = dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
+    return paths.get(task)
+
+
+def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The fine-tuned draft for ``task`` (``spec``: a directory or ``task=dir,task=dir``, e.g. the ``merged``
+    output of ``training/distill_draft.py``), else the testbed's ``load_finetuned_draft(task)`` if the testbed
+    provides one; ``None`` when there is none."""
+    path = _per_task(spec, task)
+    if path is not None:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if spec:
+        return None
+    from . import testbed
+
+    loader = getattr(testbed, "load_finetuned_draft", None)
+    if loader is None:
+        return None
+    try:
+        return loader(task).to(device=device, dtype=dtype).eval()
+    except (FileNotFoundError, KeyError, ValueError) as error:
+        logger.info("no fine-tuned testbed draft for %s: %s", task, error)
+        return None
 
 
 def load_head(spec: str | None, task: str):
     """The DIVERSED head for ``task``: from ``spec`` (a directory, or ``task=dir,task=dir``), else the testbed's
     ``load_head(task)`` if it exists; ``None`` when there is none."""
-    from . import head as head_module
+    from .head import DiversedHead
 
-    if spec:
-        paths = dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
-        path = paths.get(task) if paths else spec
-        if path is None:
-            return None
-        loader = getattr(head_module.DiversedHead, "from_pretrained", None)
+    path = _per_task(spec, task)
+    if path is not None:
+        loader = getattr(DiversedHead, "from_pretrained", None)
         if loader is None:
-            raise RuntimeError(
-                f"Cannot load the head at {path!r}: this diversed_hf has no `DiversedHead.from_pretrained` yet."
-            )
+            raise RuntimeError(f"Cannot load the head at {path!r}: this diversed_hf has no `DiversedHead.from_pretrained`.")
         return loader(path)
+    if spec:
+        return None
     from . import testbed
 
     loader = getattr(testbed, "load_head", None)
@@ -632,6 +650,9 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         "cost_ratio": costs.get("draft_token_seconds", float("nan")) / costs["target_token_seconds"],
         "verify_cost_ratio": costs["verify_pass_seconds"] / costs["target_token_seconds"],
         "config": dataclasses.asdict(config),
+        "head": next(
+            (m.verifier.head.config.to_dict() for m in methods if isinstance(m.verifier, HeadVerifier)), None
+        ),
     }
     return BenchResult(task.name, rows, examples, list(notes), meta)
 
@@ -694,6 +715,10 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
     betas = torch.cat([r["acceptance_probs"] for r in records], dim=0)  # (total_rounds, N)
     exact = all("drafted_acceptance_probs" in r for r in records)
     drafted_acceptance = torch.cat([r["drafted_acceptance_probs"] for r in records], dim=0) if exact else None
+    if config.temperature == 0 and exact:
+        # Greedy drafting is deterministic given the prefix, so beta_t = a_t(x_t) (1 or 0); the verifier's beta is
+        # the sampling rule's and does not apply.
+        betas = drafted_acceptance
     expected = float(theory.expected_tokens_per_round(betas, drafted_acceptance))
     mean_beta = float(betas.nanmean()) if (~betas.isnan()).any() else 0.0
     drafted_per_position = torch.tensor([r["drafted_per_position"] for r in records]).sum(dim=0)  # (N,)
@@ -857,7 +882,6 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
     config = first.get("config", {})
     lines += [
         f"Target `{first.get('target')}`, draft `{first.get('draft')}`"
-        + (f", fine-tuned draft `{first['finetuned_draft']}`" if first.get("finetuned_draft") else "")
         + f"; {config.get('num_prompts')} held-out prompts per task for quality and acceptance, the first "
         f"{config.get('num_timing_prompts')} timed at batch size {config.get('timing_batch_size')} (median of "
         f"{config.get('repeats')} interleaved runs after a warm-up); temperature {config.get('temperature')}, "
@@ -884,7 +908,10 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         lines += [
             f"Cost ratio c = draft / target seconds per token = {meta['cost_ratio']:.3f} "
             f"(target {meta['costs']['target_token_seconds'] * 1e3:.2f} ms/token); one verification pass over "
-            f"N + 1 tokens costs {meta['verify_cost_ratio']:.2f} target tokens.",
+            f"N + 1 tokens costs {meta['verify_cost_ratio']:.2f} target tokens."
+            + (f" Fine-tuned draft: `{meta['finetuned_draft']}`." if meta.get("finetuned_draft") else "")
+            + (f" DIVERSED head: {meta['head'].get('architecture')} head trained for task "
+               f"`{meta['head'].get('task')}`." if meta.get("head") else ""),
             "",
             markdown_table(result.rows),
             "",
@@ -995,7 +1022,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--target", default=None, help="Target model path or Hub id (default: the testbed pair).")
     parser.add_argument("--draft", default=None, help="Draft model path or Hub id (with --target).")
-    parser.add_argument("--finetuned-draft", default=None, help="Fine-tuned draft for the 'sd-ft' method.")
+    parser.add_argument("--finetuned-draft", default=None,
+                        help="Fine-tuned draft for 'sd-ft': a directory, or 'task=dir,task=dir' (default: the testbed's, if any).")
     parser.add_argument("--head", default=None, help="DIVERSED head directory, or 'task=dir,task=dir' (default: testbed heads).")
     parser.add_argument("--task", nargs="+", default=["arith"],
                         help="Task(s): the testbed's arith, summary; gsm8k, cnn_dailymail, xsum, mbpp (Hub or --data-files).")
@@ -1024,7 +1052,7 @@ def main(args: argparse.Namespace) -> int:
     config = BenchConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchConfig)})
     state = _process_state()
     dtype = getattr(torch, args.dtype)
-    target, draft, tokenizer, finetuned = load_models(args.target, args.draft, args.finetuned_draft, dtype, state.device)
+    target, draft, tokenizer = load_models(args.target, args.draft, dtype, state.device)
     if args.data_files and len(args.task) != 1:
         raise ValueError(f"`--data-files` gives the data of one task, but --task lists {args.task}; pass one task.")
     tasks = [
@@ -1033,6 +1061,7 @@ def main(args: argparse.Namespace) -> int:
     results = []
     for task in tasks:
         head = load_head(args.head, task.name)
+        finetuned = load_finetuned_draft(args.finetuned_draft, task.name, dtype, state.device)
         methods, notes = parse_methods(config.methods, head=head, has_finetuned_draft=finetuned is not None)
         results.append(
             run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, notes=notes,

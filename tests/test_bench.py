@@ -105,7 +105,8 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     out = tmp_path / "results"
     code = cli.main([
         "bench", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--task", "arith",
-        "--methods", "target", "sd", "static:0,0.5", "cascade-opt:0.3", "diversed",
+        "--methods", "target", "sd", "static:0,0.5", "cascade-opt:0.3", "sd-ft", "diversed",
+        "--finetuned-draft", f"arith={pair_dir / 'draft'}",
         "--num-prompts", "4", "--num-timing-prompts", "2", "--max-new-tokens", "10", "--repeats", "2",
         "--cost-tokens", "2", "--batch-size", "2", "--threads", "1", "--no-progress",
         "--output-dir", str(out), "--results-page", str(page),
@@ -114,7 +115,9 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| SD |" in printed and "DIVERSED: skipped" in printed
     rows = json.loads((out / "results.json").read_text())
-    assert [r["method"] for r in rows] == ["target-only", "SD", "static w=0", "static w=0.5", "cascade opt a=0.3"]
+    assert [r["method"] for r in rows] == [
+        "target-only", "SD", "static w=0", "static w=0.5", "cascade opt a=0.3", "SD (fine-tuned draft)"
+    ]
     by_name = {r["method"]: r for r in rows}
     for row in rows:
         for key in ("method", "acceptance_rate", "quality", "quality_metric", "seconds_per_sample", "tokens_per_second",
@@ -129,7 +132,7 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     assert 0.0 < sd["acceptance_rate"] < 1.0 and sd["speedup_vs_sd"] == 1.0
     assert 1.0 <= sd["tokens_per_round"] <= 6.0 and 1.0 <= sd["expected_tokens_per_round"] <= 6.0
     assert sd["iid_tokens_per_round"] == pytest.approx(sum(sd["mean_beta"] ** k for k in range(6)))
-    assert len(sd["position_acceptance"]) == 5 and sd["estimator"] in ("exact", "beta-product")
+    assert len(sd["position_acceptance"]) == 5 and sd["estimator"] == "exact"
     for name in ("arith_tradeoffs.png", "arith_positions.png", "arith_weights.html", "bench.json", "results_arith.json"):
         assert (out / name).is_file(), name
     text = page.read_text()
@@ -137,12 +140,13 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     # The per-task file is what model cards read.
     cards = pytest.importorskip("diversed_hf.cards")
     loaded = cards.load_results(out / "results_arith.json")
-    assert loaded["setting"]["task"] == "arith" and len(loaded["rows"]) == 5
+    assert loaded["setting"]["task"] == "arith" and len(loaded["rows"]) == 6
+    # The "fine-tuned" draft is the draft itself here: same acceptance as SD on the same seeds.
+    assert by_name["SD (fine-tuned draft)"]["acceptance_rate"] == sd["acceptance_rate"]
 
 
 def test_python_api_with_a_head_shades_tokens_and_compares_with_the_front(pair_dir, tmp_path):
-    target, draft, tokenizer, finetuned = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
-    assert finetuned is None
+    target, draft, tokenizer = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
     head = DiversedHead.for_pair(target, draft, architecture="mlp", mlp_hidden_size=8)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
