@@ -105,8 +105,18 @@ def sample(
     probs: torch.Tensor,  # (batch, vocab)
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:  # (batch,)
-    """One token per row from ``probs`` (rows need not be normalised)."""
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    """One token per row from ``probs`` (rows need not be normalised), by inverting the CDF.
+
+    ``searchsorted(cdf, u * total, right=True)`` returns the first token whose cumulative mass exceeds
+    ``u * total`` with ``u ~ U[0, 1)``: token ``x`` is drawn with probability ``probs[x] / total``, and a
+    token of zero mass never is. Same law as ``torch.multinomial``, an order of magnitude faster on CPU.
+    """
+    cdf = probs.cumsum(dim=-1)  # (batch, vocab)
+    uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype)  # (batch, 1)
+    total = cdf[:, -1:]  # (batch, 1)
+    # u * total can round up to total; stay strictly below it so a positive-mass token is found.
+    threshold = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))  # (batch, 1)
+    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
 
 
 def num_leading_true(mask: torch.Tensor) -> torch.Tensor:  # (batch, n) bool -> (batch,)

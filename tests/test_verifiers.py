@@ -184,3 +184,14 @@ def test_bad_verifier_arguments_raise_naming_the_argument(make, message):
 def test_head_verifier_requires_a_head():
     with pytest.raises(TypeError, match="DiversedHead"):
         HeadVerifier(object())
+
+
+def test_sample_never_draws_zero_mass_tokens_and_matches_the_law():
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.8, 0.0], [3.0, 0.0, 0.0, 0.0, 1.0]])  # second row unnormalised
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([ops.sample(probs, generator) for _ in range(20_000)])  # (n, 2)
+    for row in range(2):
+        expected = probs[row] / probs[row].sum()
+        observed = empirical(draws[:, row], 5)
+        assert (observed[expected == 0] == 0).all()
+        assert ops.total_variation(observed, expected.double()) < tv_bound(expected, 20_000)
