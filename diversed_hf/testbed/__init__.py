@@ -1,0 +1,147 @@
+"""A small offline world in which DIVERSED's mechanism shows, shipped with the package.
+
+* a **target** (16-layer, 9M-parameter Llama) that is right where it matters (the numbers of
+  multi-step arithmetic, the facts of a summary),
+* a **draft** (1-layer, 0.5M-parameter Llama) trained on a different mix of phrasing styles and
+  weak where it matters,
+* one word-level **tokenizer** shared by both, and
+* two **tasks** with a reward: ``arith`` (GSM8K-style worked solutions ending in ``#### <answer>``,
+  exact match) and ``summary`` (XSum-style one-sentence summaries, ROUGE-2 F1).
+
+    import diversed_hf.testbed as testbed
+    target, draft, tokenizer = testbed.load_pair()
+    data = testbed.load_task("arith", split="test", num_examples=200, seed=0)
+    rewards = testbed.reward("arith", completions, data["reference"])
+
+Prompts are plain text (``"Question: ...\\nAnswer:"`` / ``"Article: ...\\nSummary:"``); the
+tokenizer adds ``<s>`` and generation ends at ``</s>``. The vocabulary is closed (the words of the
+task generators and every number 0..999): other words map to ``<unk>``.
+
+Everything here is rebuilt from scratch by ``python training/build_testbed.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+from . import rewards, tasks
+from .rewards import extract_final_number
+from .tasks import TASKS
+
+logger = logging.getLogger(__name__)
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+MODEL_NAMES = ("target", "draft")
+
+__all__ = [
+    "ASSETS_DIR",
+    "TASKS",
+    "asset_path",
+    "extract_final_number",
+    "load_head",
+    "load_pair",
+    "load_task",
+    "load_tokenizer",
+    "reward",
+    "rewards",
+    "tasks",
+]
+
+
+def asset_path(name: str) -> Path:
+    """Directory of a shipped asset (``"tokenizer"``, ``"target"``, ``"draft"``, later heads)."""
+    path = ASSETS_DIR / name
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"testbed asset {name!r} not found at {path}; rebuild the testbed with "
+            "`python training/build_testbed.py` (or reinstall the package with its data files)."
+        )
+    return path
+
+
+def load_tokenizer():
+    """The tokenizer shared by the target and the draft (a ``PreTrainedTokenizerFast``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(asset_path("tokenizer")))
+
+
+def load_pair(torch_dtype=None, device: str = "cpu"):
+    """``(target, draft, tokenizer)``: two ``LlamaForCausalLM`` in eval mode and their tokenizer.
+
+    Args:
+        torch_dtype: dtype to load the weights in (they are stored in bfloat16). Default
+            ``torch.float32``, the fast choice on CPU.
+        device: where to put both models.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if torch_dtype is None else torch_dtype
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.float32.")
+    models = []
+    for name in MODEL_NAMES:
+        model = AutoModelForCausalLM.from_pretrained(str(asset_path(name)), dtype=dtype)
+        models.append(model.to(device).eval())
+    logger.debug("loaded testbed target and draft from %s in %s", ASSETS_DIR, dtype)
+    return models[0], models[1], load_tokenizer()
+
+
+def load_task(name: str, split: str = "test", num_examples: int = 200, seed: int = 0, style: str = "uniform"):
+    """A ``datasets.Dataset`` of ``num_examples`` generated examples of task ``name``.
+
+    Columns: ``prompt`` (plain text, ends in ``"Answer:"`` / ``"Summary:"``), ``completion`` (the
+    text the models are trained to produce after the prompt, starting with a space),
+    ``reference`` (what :func:`reward` compares with: the worked solution for ``arith``; every
+    phrasing of the summary, one per line, for ``summary``) and ``answer`` (the final number / the
+    sampled summary).
+
+    Deterministic in ``seed``; the ``"train"`` and ``"test"`` splits are disjoint for any seeds
+    (split by a hash of each problem's canonical content, see :mod:`diversed_hf.testbed.tasks`).
+    ``style`` picks the phrasing mix of the completions: ``"uniform"`` (default), or the mix the
+    ``"target"`` / ``"draft"`` was trained on.
+    """
+    from datasets import Dataset
+
+    examples = tasks.generate(name, split=split, num_examples=num_examples, seed=seed, style=style)
+    return Dataset.from_dict(
+        {
+            "prompt": [e.prompt for e in examples],
+            "completion": [e.completion for e in examples],
+            "reference": [e.reference for e in examples],
+            "answer": [e.answer for e in examples],
+        }
+    )
+
+
+def reward(name: str, completions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """Sequence rewards of ``completions`` for task ``name``: exact match (arith) or ROUGE-2 F1 (summary)."""
+    if name not in rewards.REWARDS:
+        raise ValueError(f"`name` is {name!r}; use one of {TASKS}.")
+    return rewards.REWARDS[name](completions, references)
+
+
+def load_head(name: str):
+    """The DIVERSED head shipped for testbed task ``name`` (``"arith"`` or ``"summary"``), in eval mode.
+
+    Trained with ``python training/train_head.py --config training/configs/testbed_<name>.yaml`` on the
+    pair of :func:`load_pair`; use it as ``target.generate(..., assistant_model=draft, diversed_head=head)``.
+    """
+    from ..head import DiversedHead
+
+    if name not in TASKS:
+        raise ValueError(f"`name` is {name!r}; shipped heads exist for {TASKS}.")
+    path = ASSETS_DIR / "heads" / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no shipped head for {name!r} at {path}; train it with "
+            f"`python training/train_head.py --config training/configs/testbed_{name}.yaml` (or reinstall the package)."
+        )
+    if hasattr(DiversedHead, "from_pretrained"):
+        return DiversedHead.from_pretrained(str(path))
+    from ..training.checkpoint import load_head as load_head_directory
+
+    return load_head_directory(path).eval()

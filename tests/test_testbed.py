@@ -1,0 +1,214 @@
+"""Fast tests of the shipped CPU testbed (loads the committed models; never trains)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import diversed_hf.testbed as testbed
+from diversed_hf.testbed import rewards, tasks
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return testbed.load_pair()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return testbed.load_tokenizer()
+
+
+# ------------------------------------------------------------------------------------------------
+# assets and loaders
+
+
+def test_load_pair_returns_hf_models_in_eval_mode(pair):
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+    target, draft, tokenizer = pair
+    assert isinstance(tokenizer, PreTrainedTokenizerBase)
+    for model in (target, draft):
+        assert isinstance(model, LlamaForCausalLM)
+        assert not model.training
+        assert next(model.parameters()).dtype == torch.float32
+        assert model.config.vocab_size == len(tokenizer)
+        assert model.config.eos_token_id == tokenizer.eos_token_id
+        assert model.config.bos_token_id == tokenizer.bos_token_id
+        assert model.config.pad_token_id == tokenizer.pad_token_id
+        assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    # the draft is much smaller and shallower than the target
+    assert draft.config.num_hidden_layers < target.config.num_hidden_layers
+    assert 10 * draft.num_parameters() < target.num_parameters()
+
+
+def test_load_pair_dtype_argument():
+    target, draft, _ = testbed.load_pair(torch_dtype=torch.bfloat16)
+    assert next(target.parameters()).dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="torch_dtype"):
+        testbed.load_pair(torch_dtype="float32")
+
+
+def test_assets_are_small_bf16_safetensors():
+    from safetensors import safe_open
+
+    total = sum(p.stat().st_size for p in testbed.ASSETS_DIR.rglob("*") if p.is_file())
+    assert total <= 40 * 2**20, f"testbed assets take {total / 2**20:.1f} MiB > 40 MiB"
+    for name in ("target", "draft"):
+        with safe_open(str(testbed.asset_path(name) / "model.safetensors"), "pt") as f:
+            key = next(iter(f.keys()))
+            assert f.get_tensor(key).dtype == torch.bfloat16
+        config = json.loads((testbed.asset_path(name) / "config.json").read_text())
+        assert config["model_type"] == "llama"
+
+
+def test_missing_asset_error_names_the_fix():
+    with pytest.raises(FileNotFoundError, match="build_testbed.py"):
+        testbed.asset_path("no_such_asset")
+
+
+# ------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def test_tokenizer_round_trip_and_concatenation(tokenizer):
+    for name in testbed.TASKS:
+        for style in tasks.STYLES:
+            for ex in tasks.generate(name, "test", 20, seed=3, style=style):
+                prompt_ids = tokenizer(ex.prompt).input_ids
+                completion_ids = tokenizer(ex.completion, add_special_tokens=False).input_ids
+                assert prompt_ids[0] == tokenizer.bos_token_id
+                assert tokenizer.unk_token_id not in prompt_ids + completion_ids
+                # prompt and completion tokenize independently (the models are trained that way)
+                assert tokenizer(ex.prompt + ex.completion).input_ids == prompt_ids + completion_ids
+                assert tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=True) == ex.prompt + ex.completion
+
+
+def test_numbers_are_single_tokens(tokenizer):
+    for n in (0, 7, 42, 60, 199, 999):
+        assert len(tokenizer(f" {n}", add_special_tokens=False).input_ids) == 1
+        assert len(tokenizer(f"{n}", add_special_tokens=False).input_ids) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# tasks
+
+
+@pytest.mark.parametrize("name", testbed.TASKS)
+def test_load_task_columns_and_determinism(name):
+    data = testbed.load_task(name, split="test", num_examples=30, seed=5)
+    assert len(data) == 30
+    assert {"prompt", "reference", "completion", "answer"} <= set(data.column_names)
+    again = testbed.load_task(name, split="test", num_examples=30, seed=5)
+    assert data["prompt"] == again["prompt"] and data["reference"] == again["reference"]
+    other = testbed.load_task(name, split="test", num_examples=30, seed=6)
+    assert data["prompt"] != other["prompt"]
+    suffix = "\nAnswer:" if name == "arith" else "\nSummary:"
+    assert all(p.endswith(suffix) for p in data["prompt"])
+    for completion, reference, answer in zip(data["completion"], data["reference"], data["answer"]):
+        assert completion.startswith(" ")
+        if name == "arith":
+            assert completion[1:] == reference and reference.endswith(f"#### {answer}")
+        else:  # every phrasing of the summary, one per line; the completion is one of them
+            assert completion[1:] == answer and answer in reference.split("\n")
+            assert len(reference.split("\n")) == 3
+
+
+@pytest.mark.parametrize("name", testbed.TASKS)
+def test_train_and_test_are_disjoint_for_any_seed(name):
+    test_keys = {ex.key for seed in (0, 1, 987654) for ex in tasks.generate(name, "test", 300, seed=seed)}
+    train = [ex for seed in (0, 2, 31337) for ex in tasks.generate(name, "train", 1000, seed=seed, unique=False)]
+    assert all(tasks.split_of(k) == "test" for k in test_keys)
+    assert all(tasks.split_of(ex.key) == "train" for ex in train)
+    assert not test_keys & {ex.key for ex in train}
+    train_prompts = {ex.prompt for ex in train}
+    assert not train_prompts & {ex.prompt for ex in tasks.generate(name, "test", 300, seed=0)}
+
+
+def test_arith_solutions_are_correct():
+    for ex in tasks.generate("arith", "test", 200, seed=11, style="uniform"):
+        assert ex.reference.endswith(f"\n#### {ex.answer}")
+        for line in ex.reference.replace(" and ", ". ").split(". "):
+            if "=" in line:  # every worked step "a op b = c" is right
+                lhs, rhs = line.split("=")
+                a, op, b = lhs.split()[-3:]
+                c = int(rhs.split()[0].rstrip("."))
+                assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == c
+        assert 0 <= int(ex.answer) <= tasks.MAX_VALUE
+
+
+def test_generate_errors_name_the_argument():
+    with pytest.raises(ValueError, match="`task`"):
+        tasks.generate("poetry")
+    with pytest.raises(ValueError, match="`split`"):
+        testbed.load_task("arith", split="validation")
+    with pytest.raises(ValueError, match="`style`"):
+        tasks.generate("arith", style="fancy")
+    with pytest.raises(ValueError, match="`name`"):
+        testbed.reward("poetry", ["a"], ["a"])
+
+
+# ------------------------------------------------------------------------------------------------
+# rewards (hand-computed)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3 + 4 = 7. So the answer is 7.\n#### 7", "7"),
+        ("#### 1,234", "1234"),
+        ("He has 5 apples, then 12 apples.", "12"),  # no ####: the last number
+        ("The total is 27.0 dollars", "27"),
+        ("#### -3", "-3"),
+        ("first #### 8 then #### 9", "9"),  # the last ####
+        ("#### $15.50 each", "15.5"),
+        ("no numbers here", None),
+        ("####", None),
+    ],
+)
+def test_extract_final_number(text, expected):
+    assert rewards.extract_final_number(text) == expected
+
+
+def test_arith_reward_exact_match():
+    completions = [" Tom has 3 + 4 = 7 apples.\n#### 7", "So 8.", "#### 1,000", "#### 6"]
+    references = ["3 + 4 = 7\n#### 7", "#### 8", "#### 1000", "#### 7"]
+    assert testbed.reward("arith", completions, references) == [1.0, 1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="one reference per completion"):
+        testbed.reward("arith", ["#### 1"], [])
+    with pytest.raises(TypeError, match="lists of strings"):
+        testbed.reward("arith", "#### 1", ["#### 1"])
+
+
+def test_summary_reward_is_rouge2_f1():
+    # bigrams: pred {the cat, cat sat, sat on, on the, the mat}; ref {the cat, cat sat, sat on, on a, a mat}
+    # overlap 3 -> P = R = 3/5 -> F1 = 0.6
+    assert testbed.reward("summary", ["the cat sat on the mat"], ["the cat sat on a mat"]) == [pytest.approx(0.6)]
+    # pred 3 bigrams, ref 5 bigrams, overlap 2: P = 2/3, R = 2/5, F1 = 2PR/(P+R) = 0.5
+    (f1,) = testbed.reward("summary", ["the cat sat down"], ["The cat sat on a mat."])
+    assert math.isclose(f1, 0.5)
+    assert testbed.reward("summary", ["x y", "same words here"], ["a b", "same words here"]) == [0.0, 1.0]
+    # several references, one per line: the best one counts (0.6 against the first line, 1.0 against the second)
+    assert testbed.reward("summary", ["the cat sat on the mat"], ["the cat sat on a mat\nthe cat sat on the mat"]) == [1.0]
+    assert testbed.reward("summary", ["the cat sat on the mat"], ["dogs bark\nthe cat sat on a mat"]) == [pytest.approx(0.6)]
+
+
+# ------------------------------------------------------------------------------------------------
+# generation
+
+
+def test_tiny_greedy_generation(pair):
+    target, draft, tokenizer = pair
+    example = testbed.load_task("arith", num_examples=1, seed=0)[0]
+    enc = tokenizer(example["prompt"], return_tensors="pt")
+    for model in (target, draft):
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=96)
+        text = tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert text.strip(), "empty generation"
+        if model is target:
+            assert out[0, -1].item() == tokenizer.eos_token_id
+            assert "####" in text and rewards.extract_final_number(text) is not None
