@@ -4,11 +4,17 @@ Every method decodes the **same prompts** of a task with one model pair and is s
 
 - acceptance rate (accepted drafted tokens / drafted tokens, summed over rounds) and acceptance by
   draft position;
-- quality (exact match for ``arith``, ROUGE-2 F1 x 100 for ``summary``);
+- quality: exact match (``arith``, GSM8K), ROUGE-2 F1 (``summary``, CNN/DM, XSum), pass@1 (MBPP);
 - seconds per sample, tokens/s, speedup vs target-only decoding and vs SD;
-- mean tokens per round, measured, next to the estimator of :func:`diversed_hf.theory.expected_tokens_per_round`
-  and the i.i.d. prediction ``(1 - alpha^(N+1)) / (1 - alpha)`` with ``alpha`` the mean ``beta``; and measured speedup next to the
-  model's prediction ``E[T_N] / (N c + 1)`` with the cost ratio ``c`` measured on the pair.
+- mean tokens per round, measured, next to the estimator of
+  :func:`diversed_hf.theory.expected_tokens_per_round` and the i.i.d. prediction
+  ``(1 - alpha^(N+1)) / (1 - alpha)`` with ``alpha`` the mean ``beta``; and measured speedup next to
+  the model's prediction ``E[T_N] / (N c + 1)`` with the cost ratio ``c`` measured on the pair.
+
+Results (:func:`write_results`): ``results.json`` (one row per task and method, the schema
+``diversed_hf.cards`` reads, quality and acceptance as fractions), ``results_<task>.json`` (the same
+as ``{"setting", "rows"}``, to put next to a head), ``bench.json`` (everything, for
+:func:`read_results`), a Markdown table per task, and the pictures of :mod:`diversed_hf.plots`.
 
 Two passes per method, on the same prompts:
 
