@@ -726,7 +726,7 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
         # the sampling rule's and does not apply.
         betas = drafted_acceptance
     expected = float(theory.expected_tokens_per_round(betas, drafted_acceptance))
-    mean_beta = float(betas.nanmean()) if (~betas.isnan()).any() else 0.0
+    mean_beta = min(max(float(betas.nanmean()), 0.0), 1.0) if (~betas.isnan()).any() else 0.0
     drafted_per_position = torch.tensor([r["drafted_per_position"] for r in records]).sum(dim=0)  # (N,)
     accepted_per_position = torch.tensor([r["accepted_per_position"] for r in records]).sum(dim=0)  # (N,)
     examined = torch.minimum(

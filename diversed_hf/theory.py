@@ -114,8 +114,10 @@ def iid_tokens_per_round(alpha, num_draft_tokens: int):
         raise ValueError(f"`num_draft_tokens` must be a non-negative integer, got {num_draft_tokens!r}.")
     is_tensor = isinstance(alpha, torch.Tensor)
     alpha_t = torch.as_tensor(alpha, dtype=torch.float64)  # (...)
-    if bool(((alpha_t < 0) | (alpha_t > 1)).any()):
+    tolerance = 1e-5  # float32 sums of probabilities overshoot 1 by a few ulps
+    if bool(((alpha_t < -tolerance) | (alpha_t > 1 + tolerance) | alpha_t.isnan()).any()):
         raise ValueError(f"`alpha` is an acceptance probability and must lie in [0, 1], got {alpha!r}.")
+    alpha_t = alpha_t.clamp(0.0, 1.0)
     # sum_{k=0..N} alpha^k: exact at alpha = 1 and stable near it.
     powers = alpha_t.unsqueeze(-1) ** torch.arange(num_draft_tokens + 1, dtype=torch.float64)  # (..., N + 1)
     value = powers.sum(dim=-1)  # (...)

@@ -139,6 +139,7 @@ def test_expected_tokens_reduces_to_iid_formula_for_constant_acceptance():
         assert float(theory.expected_tokens_per_round(betas)) == pytest.approx(expected)
         assert theory.iid_tokens_per_round(alpha, 5) == pytest.approx(expected)
         assert float(theory.expected_tokens_per_round(betas, betas)) == pytest.approx(expected)
+    assert theory.iid_tokens_per_round(1.0 + 6e-7, 5) == pytest.approx(6.0)  # float32 rounding above 1 is clamped
     tensor = theory.iid_tokens_per_round(torch.tensor([0.0, 0.5, 1.0]), 2)
     assert torch.allclose(tensor, torch.tensor([1.0, 1.75, 3.0], dtype=torch.float64))
 
