@@ -886,8 +886,11 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         lines += ["Regenerate with:", "", "```bash", command, "```", ""]
     first = results[0].meta if results else {}
     config = first.get("config", {})
+    def shown(name):  # local model directories relative to the page, Hub ids as they are
+        return relative(name) if name and Path(name).is_dir() else name
+
     lines += [
-        f"Target `{first.get('target')}`, draft `{first.get('draft')}`"
+        f"Target `{shown(first.get('target'))}`, draft `{shown(first.get('draft'))}`"
         + f"; {config.get('num_prompts')} held-out prompts per task for quality and acceptance, the first "
         f"{config.get('num_timing_prompts')} timed at batch size {config.get('timing_batch_size')} (median of "
         f"{config.get('repeats')} interleaved runs after a warm-up); temperature {config.get('temperature')}, "
@@ -915,7 +918,7 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
             f"Cost ratio c = draft / target seconds per token = {meta['cost_ratio']:.3f} "
             f"(target {meta['costs']['target_token_seconds'] * 1e3:.2f} ms/token); one verification pass over "
             f"N + 1 tokens costs {meta['verify_cost_ratio']:.2f} target tokens."
-            + (f" Fine-tuned draft: `{meta['finetuned_draft']}`." if meta.get("finetuned_draft") else "")
+            + (f" Fine-tuned draft: `{shown(meta['finetuned_draft'])}`." if meta.get("finetuned_draft") else "")
             + (f" DIVERSED head: {meta['head'].get('architecture')} head trained for task "
                f"`{meta['head'].get('task')}`." if meta.get("head") else ""),
             "",
@@ -996,6 +999,13 @@ def _front_sentence(comparison: dict, rows: list[dict]) -> str:
     delta_time = comparison.get("quality_minus_front_at_seconds_per_sample")
     if delta_time is not None:
         parts.append(f"and {100 * delta_time:+.1f} vs the front at the same time per sample")
+    elif point.get("seconds_per_sample") is not None:
+        times = [r["seconds_per_sample"] for r in rows if r["family"] in ("static-ensemble", "sd") and r["seconds_per_sample"]]
+        if times:
+            parts.append(
+                f"at {point['seconds_per_sample']:.3f} s per sample, outside the front's "
+                f"{min(times):.3f}-{max(times):.3f} s"
+            )
     if sd is not None and sd.get("acceptance_rate") is not None and point.get("acceptance_rate") is not None:
         parts[-1] += ";"
         parts.append(

@@ -136,7 +136,8 @@ def plot_position_acceptance(rows: Sequence[dict], path: str | Path, title: str 
     ax.set_xlabel("draft position k")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("acceptance (%) at position k, given examined")
-    ax.set_ylim(0, 100)
+    lowest = min((100 * v for row in rows for v in (row.get("position_acceptance") or [])), default=0.0)
+    ax.set_ylim(max(0.0, 10 * math.floor(lowest / 10) - 5), 100.5)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     if title:
