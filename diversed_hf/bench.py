@@ -342,16 +342,17 @@ def _per_task(spec: str | None, task: str) -> str | None:
     return paths.get(task)
 
 
-def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                         testbed_default: bool = True):
     """The fine-tuned draft for ``task`` (``spec``: a directory or ``task=dir,task=dir``, e.g. the ``merged``
-    output of ``training/distill_draft.py``), else the testbed's ``load_finetuned_draft(task)`` if the testbed
-    provides one; ``None`` when there is none."""
+    output of ``training/distill_draft.py``), else (with ``testbed_default``, for the testbed pair) the testbed's
+    ``load_finetuned_draft(task)`` if the testbed provides one; ``None`` when there is none."""
     path = _per_task(spec, task)
     if path is not None:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    if spec:
+    if spec or not testbed_default:
         return None
     from . import testbed
 
@@ -365,9 +366,9 @@ def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch
         return None
 
 
-def load_head(spec: str | None, task: str):
-    """The DIVERSED head for ``task``: from ``spec`` (a directory, or ``task=dir,task=dir``), else the testbed's
-    ``load_head(task)`` if it exists; ``None`` when there is none."""
+def load_head(spec: str | None, task: str, testbed_default: bool = True):
+    """The DIVERSED head for ``task``: from ``spec`` (a directory, or ``task=dir,task=dir``), else (with
+    ``testbed_default``, for the testbed pair) the testbed's ``load_head(task)``; ``None`` when there is none."""
     from .head import DiversedHead
 
     path = _per_task(spec, task)
@@ -376,7 +377,7 @@ def load_head(spec: str | None, task: str):
         if loader is None:
             raise RuntimeError(f"Cannot load the head at {path!r}: this diversed_hf has no `DiversedHead.from_pretrained`.")
         return loader(path)
-    if spec:
+    if spec or not testbed_default:
         return None
     from . import testbed
 
@@ -1076,8 +1077,9 @@ def main(args: argparse.Namespace) -> int:
     ]
     results = []
     for task in tasks:
-        head = load_head(args.head, task.name)
-        finetuned = load_finetuned_draft(args.finetuned_draft, task.name, dtype, state.device)
+        on_testbed = args.target is None  # the testbed's heads and drafts only fit the testbed pair
+        head = load_head(args.head, task.name, testbed_default=on_testbed)
+        finetuned = load_finetuned_draft(args.finetuned_draft, task.name, dtype, state.device, testbed_default=on_testbed)
         methods, notes = parse_methods(config.methods, head=head, has_finetuned_draft=finetuned is not None)
         results.append(
             run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, notes=notes,

@@ -234,3 +234,12 @@ def test_rows_use_the_exact_estimator_when_drafted_acceptance_is_recorded():
     row = bench._row(method, [exact], [], None, task, config, costs)
     assert row["estimator"] == "exact" and row["expected_tokens_per_round"] == pytest.approx((2.5 + 1.5) / 2)
     assert row["position_acceptance"] == pytest.approx([0.5, 1.0])  # the second draft was accepted whenever examined
+
+
+def test_testbed_heads_are_the_default_only_for_the_testbed_pair():
+    assert bench.load_head(None, "arith", testbed_default=False) is None
+    assert bench.load_finetuned_draft(None, "arith", testbed_default=False) is None
+    head = bench.load_head(None, "arith")
+    if head is None:
+        pytest.skip("this checkout ships no testbed head")
+    assert head.config.task == "arith"
