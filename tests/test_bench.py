@@ -243,3 +243,16 @@ def test_testbed_heads_are_the_default_only_for_the_testbed_pair():
     if head is None:
         pytest.skip("this checkout ships no testbed head")
     assert head.config.task == "arith"
+
+
+def test_hub_tasks_load_from_local_files(tmp_path):
+    """GSM8K through diversed_hf.data / diversed_hf.rewards, from a local file in the Hub schema (no download)."""
+    pytest.importorskip("diversed_hf.data")
+    path = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    task = bench.load_task("gsm8k", 3, data_files=str(path))
+    assert task.quality_metric == "exact_match" and len(task.prompts) == 3
+    assert task.prompts[0].startswith("Question: ") and task.prompts[0].endswith("Answer:")
+    index = task.prompts.index("Question: What is 2 + 1?\nAnswer:")
+    assert task.reward(["so #### 3"], [task.references[index]]) == [1.0]
