@@ -173,6 +173,8 @@ class Verifier:
         else:
             choice = verify_probs.argmax(dim=-1)  # (batch, N)
             drafted_acceptance = (draft_ids == choice).to(acceptance_probs.dtype)  # (batch, N): deterministic
+            # Greedy drafting is deterministic too, so the draft at each position is kept with probability 1 or 0.
+            acceptance_probs = drafted_acceptance
             num_accepted = ops.num_leading_true((draft_ids == choice) & counts)  # (batch,)
             choice = torch.cat([choice, choice[:, :1]], dim=-1)  # (batch, N + 1)
             choice.scatter_(-1, draft_lengths[:, None], bonus_probs.argmax(dim=-1, keepdim=True))
