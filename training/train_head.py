@@ -63,6 +63,13 @@ class ScriptArguments:
     eval_batch_size: int = field(default=50, metadata={"help": "Prompts per generate call in the evaluation."})
     head_dir: str | None = field(default=None, metadata={"help": "Where the Hub-ready head goes (default <output_dir>/head)."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
+    calibration_logit_offset: float = field(
+        default=0.0,
+        metadata={
+            "help": "Added to the head's output logit after training: > 0 moves every w toward the target (quality up, "
+            "acceptance down). Choose it on training-split prompts, never on the held-out ones."
+        },
+    )
 
 
 def load_data(script: ScriptArguments, split: str, num_examples: int | None, seed: int, data_files):
@@ -109,6 +116,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         target_model=script.target_model,
         draft_model=script.draft_model,
         train_seconds=round(seconds, 1),
+        calibration_logit_offset=script.calibration_logit_offset,
         global_steps=trainer.state.global_step,
         torch_threads=torch.get_num_threads(),
     )
@@ -150,6 +158,9 @@ def main(argv=None):
     logger.info("trained in %.0f s (%d steps)", seconds, trainer.state.global_step)
 
     head = trainer.accelerator.unwrap_model(trainer.model).eval()
+    if script.calibration_logit_offset:
+        with torch.no_grad():
+            head.net[-1].bias.add_(script.calibration_logit_offset)  # w = sigmoid(logit + offset)
     results = None
     if script.eval_num_examples:
         held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
