@@ -466,7 +466,8 @@ def shipped_head_dirs() -> list[Path]:
     from .testbed import ASSETS_DIR
 
     heads = []
-    for candidate in sorted(ASSETS_DIR.iterdir()) if ASSETS_DIR.is_dir() else []:
+    candidates = [p for folder in (ASSETS_DIR, ASSETS_DIR / "heads") if folder.is_dir() for p in sorted(folder.iterdir())]
+    for candidate in candidates:
         config_path = candidate / hub.CONFIG_NAME
         if config_path.is_file():
             try:

@@ -85,6 +85,9 @@ def load_pair(torch_dtype=None, device: str = "cpu"):
     models = []
     for name in MODEL_NAMES:
         model = AutoModelForCausalLM.from_pretrained(str(asset_path(name)), dtype=dtype)
+        # A stable id instead of this machine's absolute path, so heads trained on the pair record
+        # ids that match wherever the package is installed.
+        model.config._name_or_path = f"diversed_hf/testbed/{name}"
         models.append(model.to(device).eval())
     logger.debug("loaded testbed target and draft from %s in %s", ASSETS_DIR, dtype)
     return models[0], models[1], load_tokenizer()
