@@ -28,10 +28,8 @@ windows stay exact because every row is hole-free and the mask is built from col
 
 from __future__ import annotations
 
-import copy
 import inspect
 import logging
-import warnings
 from dataclasses import dataclass
 
 import torch
