@@ -42,7 +42,7 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from .testbed.rewards import extract_final_number, rouge2_f1
+from .testbed.rewards import arith_reward, extract_final_number, rouge2_f1
 
 __all__ = [
     "exact_match",
@@ -72,13 +72,7 @@ def exact_match(completions: Sequence[str], references: Sequence[str]) -> list[f
     A completion without any number scores 0; a reference without a number is an error (it cannot be matched).
     """
     _check(completions, references)
-    scores = []
-    for completion, reference in zip(completions, references):
-        expected = extract_final_number(reference)
-        if expected is None:
-            raise ValueError(f"reference {reference!r} contains no number; GSM8K references end in '#### <answer>'.")
-        scores.append(float(extract_final_number(completion) == expected))
-    return scores
+    return arith_reward(completions, references)
 
 
 def rouge2(completions: Sequence[str], references: Sequence[str]) -> list[float]:

@@ -57,7 +57,7 @@ def arith_reward(completions: Sequence[str], references: Sequence[str]) -> list[
     for completion, reference in zip(completions, references):
         target = extract_final_number(reference)
         if target is None:
-            raise ValueError(f"reference {reference!r} has no number; arith references must end in '#### <answer>'.")
+            raise ValueError(f"reference {reference!r} contains no number; references end in '#### <answer>' (GSM8K's format).")
         rewards.append(float(extract_final_number(completion) == target))
     return rewards
 
