@@ -288,9 +288,14 @@ def _hub_model_id(model_id: str | None) -> str | None:
 
 
 def _testbed_name(model_id: str | None) -> str | None:
-    """``"target"`` / ``"draft"`` when ``model_id`` is a path into the shipped testbed's assets."""
+    """``"target"`` / ``"draft"`` when ``model_id`` names a testbed model: the stable id set by
+    ``testbed.load_pair()`` or a path into the shipped testbed's assets."""
     if not model_id:
         return None
+    from .testbed import MODEL_ID_PREFIX, MODEL_NAMES
+
+    if model_id.startswith(MODEL_ID_PREFIX) and model_id[len(MODEL_ID_PREFIX) :] in MODEL_NAMES:
+        return model_id[len(MODEL_ID_PREFIX) :]
     parts = Path(model_id).parts
     if len(parts) >= 3 and parts[-3:-1] == ("testbed", "assets"):
         return parts[-1]
@@ -318,9 +323,12 @@ def _usage(config: DiversedHeadConfig, head_source: str, num_draft_tokens: int) 
     )
     if _testbed_name(config.target_model_id) and _testbed_name(config.draft_model_id):
         task = config.task if config.task in ("arith", "summary") else "arith"
+        shipped = Path(head_source).parent.parts[-3:] == ("testbed", "assets", "heads")
+        if shipped:  # a head shipped in the package: load it by name, not by this machine's path
+            load_head = f'head = testbed.load_head("{Path(head_source).name}")'
         return (
             "import diversed_hf.testbed as testbed\n"
-            "from diversed_hf import DiversedHead, enable_diversed\n\n"
+            f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n\n"
             f"{load_head}\n"
             "target, draft, tokenizer = testbed.load_pair()\n"
             "enable_diversed(target)\n\n"

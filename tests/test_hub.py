@@ -425,6 +425,18 @@ def test_card_for_the_testbed_pair_uses_the_testbed_loader(tmp_path):
     assert 'load_task("arith"' in text
 
 
+def test_card_of_a_shipped_head_loads_it_by_name_not_by_path():
+    from diversed_hf import cards
+    from diversed_hf.testbed import ASSETS_DIR
+
+    head_dir = ASSETS_DIR / "heads" / "arith"
+    head = DiversedHead.from_pretrained(head_dir)
+    assert head.config.target_model_id == "diversed_hf/testbed/target"  # what load_pair() records
+    text = cards.render_card(head.config, head_source=str(head_dir)).text
+    assert 'head = testbed.load_head("arith")' in text and str(ASSETS_DIR) not in text
+    assert "testbed.load_pair()" in text and "AutoModelForCausalLM" not in text
+
+
 @pytest.mark.parametrize(
     "results, message",
     [

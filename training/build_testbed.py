@@ -10,9 +10,12 @@ Stages (each skipped when its output already exists, so rerunning resumes an int
                  "draft" mix), written to ``<work-dir>/data_*.jsonl``.
 2. tokenizer  -- a word-level tokenizer trained with ``tokenizers`` on the training text, plus
                  every number 0..999 as one token (with and without a leading space).
-3. target / draft -- causal-LM training on completion tokens only (AdamW, warmup + cosine), with a
-                 checkpoint every ``--ckpt-every`` steps in ``<work-dir>/<model>/``; then export in
-                 Hugging Face format (safetensors, bf16) to ``<output-dir>/<model>/``.
+3. target / draft -- causal-LM training on completion tokens only (AdamW), in *phases*: each phase
+                 has fresh data with its own arith/summary mix and its own warmup + cosine schedule
+                 (the target: a mixed phase, then two summary-heavy ones -- copying facts out of a
+                 passage is learned late by the deep, narrow target). A checkpoint every
+                 ``--ckpt-every`` steps in ``<work-dir>/<model>/``; then export in Hugging Face
+                 format (safetensors, bf16) to ``<output-dir>/<model>/``.
 
 Training is deterministic for a seed (fixed data order, no dropout) and uses ``--threads`` CPU
 threads (default 1).
@@ -48,6 +51,16 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
 @dataclass
+class Phase:
+    """One training phase: fresh data with its own task mix, and its own warmup + cosine schedule."""
+
+    steps: int
+    arith_fraction: float  # share of arith examples (the rest is summary)
+    lr: float  # peak learning rate
+    warmup: int  # linear warmup steps
+
+
+@dataclass
 class ModelSpec:
     """Architecture and training budget of one model (a LlamaForCausalLM)."""
 
@@ -56,14 +69,21 @@ class ModelSpec:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    steps: int
     batch_size: int
-    lr: float
     style: str  # phrasing mix of its training data ("target" or "draft")
-    arith_fraction: float  # share of arith examples in its training data
-    extra_steps: int = 0  # a second phase on fresh data, with its own warmup + cosine schedule
-    extra_arith_fraction: float = 0.3  # share of arith examples in the second phase
-    extra_lr: float = 5e-4  # peak learning rate of the second phase
+    phases: list[Phase]
+
+    @property
+    def total_steps(self) -> int:
+        return sum(phase.steps for phase in self.phases)
+
+    def phase_at(self, step: int) -> tuple[int, Phase, int]:
+        """(phase index, phase, step within the phase) of global ``step``."""
+        for index, phase in enumerate(self.phases):
+            if step < phase.steps:
+                return index, phase, step
+            step -= phase.steps
+        raise IndexError(f"step is past the last phase ({self.total_steps} steps)")
 
 
 @dataclass
@@ -78,10 +98,14 @@ class BuildConfig:
     )
     seed: int = field(default=0, metadata={"help": "Seed of data generation and initialisation."})
     threads: int = field(default=1, metadata={"help": "torch CPU threads for training."})
-    target_steps: int = field(default=2600, metadata={"help": "Optimizer steps for the target."})
+    target_steps: int = field(default=2600, metadata={"help": "First target phase: steps on 70%-arith data."})
     target_extra_steps: int = field(
         default=700,
         metadata={"help": "Second target phase: steps on fresh, summary-heavy data (30% arith), new warmup + cosine."},
+    )
+    target_summary_steps: int = field(
+        default=1400,
+        metadata={"help": "Third target phase: steps on fresh data with 20% arith, new warmup + cosine."},
     )
     draft_steps: int = field(default=1500, metadata={"help": "Optimizer steps for the draft."})
     eval_every: int = field(
@@ -97,6 +121,9 @@ class BuildConfig:
         for name in ("target_steps", "draft_steps", "batch_size", "ckpt_every", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` is {getattr(self, name)}; it must be >= 1.")
+        for name in ("target_extra_steps", "target_summary_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` is {getattr(self, name)}; it must be >= 0 (0 skips the phase).")
         unknown = set(self.stages.split(",")) - {"data", "tokenizer", "target", "draft"}
         if unknown:
             raise ValueError(f"`stages` has unknown entries {sorted(unknown)}; use data,tokenizer,target,draft.")
@@ -106,11 +133,16 @@ def model_specs(cfg: BuildConfig) -> dict[str, ModelSpec]:
     # Target: deep and narrow -- batch-1 CPU cost is dominated by per-layer overhead, so depth buys
     # the >= 8x cost ratio over the draft cheaply, and depth helps multi-step arithmetic.
     # Draft: one layer -- it cannot do induction-style copying, so it is weak on the numbers.
+    target_phases = [
+        Phase(cfg.target_steps, arith_fraction=0.7, lr=1.5e-3, warmup=100),
+        Phase(cfg.target_extra_steps, arith_fraction=0.3, lr=5e-4, warmup=50),
+        Phase(cfg.target_summary_steps, arith_fraction=0.2, lr=8e-4, warmup=50),
+    ]
     return {
-        "target": ModelSpec(
-            192, 768, 16, 6, 2, cfg.target_steps, cfg.batch_size, 1.5e-3, "target", 0.7, cfg.target_extra_steps
+        "target": ModelSpec(192, 768, 16, 6, 2, cfg.batch_size, "target", [p for p in target_phases if p.steps]),
+        "draft": ModelSpec(
+            128, 384, 1, 4, 4, cfg.batch_size, "draft", [Phase(cfg.draft_steps, arith_fraction=0.7, lr=3e-3, warmup=100)]
         ),
-        "draft": ModelSpec(128, 384, 1, 4, 4, cfg.draft_steps, cfg.batch_size, 3e-3, "draft", 0.7),
     }
 
 
@@ -118,26 +150,24 @@ def model_specs(cfg: BuildConfig) -> dict[str, ModelSpec]:
 # stage 1: data
 
 
-def data_path(cfg: BuildConfig, model: str, extra: bool = False) -> Path:
-    return Path(cfg.work_dir) / (f"data_{model}_extra.jsonl" if extra else f"data_{model}.jsonl")
+def data_path(cfg: BuildConfig, model: str, phase: int = 0) -> Path:
+    return Path(cfg.work_dir) / (f"data_{model}_phase{phase}.jsonl" if phase else f"data_{model}.jsonl")
 
 
 def build_data(cfg: BuildConfig, specs: dict[str, ModelSpec]) -> None:
     for offset, (model, spec) in enumerate(specs.items()):
-        write_data(data_path(cfg, model), spec, spec.steps * spec.batch_size, 1000 * cfg.seed + 17 + offset)
-        if spec.extra_steps:
-            n_extra = spec.extra_steps * spec.batch_size
-            extra_path = data_path(cfg, model, extra=True)
-            write_data(extra_path, spec, n_extra, 1000 * cfg.seed + 517 + offset, spec.extra_arith_fraction)
+        for index, phase in enumerate(spec.phases):
+            seed = 1000 * cfg.seed + 17 + 500 * index + offset
+            write_data(data_path(cfg, model, index), spec.style, phase.steps * spec.batch_size, seed, phase.arith_fraction)
 
 
-def write_data(path: Path, spec: ModelSpec, n: int, seed: int, arith_fraction: float | None = None) -> None:
+def write_data(path: Path, style: str, n: int, seed: int, arith_fraction: float) -> None:
     if path.exists():
         logger.info("data: %s exists, skipping", path)
         return
-    n_arith = round(n * (spec.arith_fraction if arith_fraction is None else arith_fraction))
-    examples = tasks.generate("arith", "train", n_arith, seed=seed, style=spec.style, unique=False)
-    examples += tasks.generate("summary", "train", n - n_arith, seed=seed, style=spec.style, unique=False)
+    n_arith = round(n * arith_fraction)
+    examples = tasks.generate("arith", "train", n_arith, seed=seed, style=style, unique=False)
+    examples += tasks.generate("summary", "train", n - n_arith, seed=seed, style=style, unique=False)
     random.Random(seed).shuffle(examples)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -147,8 +177,8 @@ def write_data(path: Path, spec: ModelSpec, n: int, seed: int, arith_fraction: f
     logger.info("data: wrote %d examples to %s", n, path)
 
 
-def read_data(cfg: BuildConfig, model: str, extra: bool = False) -> list[dict]:
-    with open(data_path(cfg, model, extra)) as f:
+def read_data(cfg: BuildConfig, model: str, phase: int = 0) -> list[dict]:
+    with open(data_path(cfg, model, phase)) as f:
         return [json.loads(line) for line in f]
 
 
@@ -226,12 +256,12 @@ def load_hf_tokenizer(cfg: BuildConfig):
     return AutoTokenizer.from_pretrained(str(Path(cfg.output_dir) / "tokenizer"))
 
 
-def encode_data(cfg: BuildConfig, model: str, tokenizer, extra: bool = False) -> list[tuple[list[int], int]]:
+def encode_data(cfg: BuildConfig, model: str, tokenizer, phase: int = 0) -> list[tuple[list[int], int]]:
     """[(ids, prompt_len)] with ids = <s> prompt completion </s>; cached in the work dir."""
-    cache = Path(cfg.work_dir) / (f"encoded_{model}_extra.pt" if extra else f"encoded_{model}.pt")
+    cache = Path(cfg.work_dir) / (f"encoded_{model}_phase{phase}.pt" if phase else f"encoded_{model}.pt")
     if cache.exists():
         return torch.load(cache)
-    rows = read_data(cfg, model, extra)
+    rows = read_data(cfg, model, phase)
     backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer._tokenizer
     prompts = backend.encode_batch([r["prompt"] for r in rows], add_special_tokens=True)
     completions = backend.encode_batch([r["completion"] for r in rows], add_special_tokens=False)
@@ -297,12 +327,10 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
         logger.info("%s: %s exists, skipping", name, out)
         return
     tokenizer = load_hf_tokenizer(cfg)
-    data = encode_data(cfg, name, tokenizer)
-    if spec.extra_steps:
-        data = data + encode_data(cfg, name, tokenizer, extra=True)
-    total_steps = spec.steps + spec.extra_steps
+    data = [row for index in range(len(spec.phases)) for row in encode_data(cfg, name, tokenizer, index)]
+    total_steps = spec.total_steps
     model = make_model(spec, len(tokenizer), seed=cfg.seed * 7919 + (1 if name == "target" else 2))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.phases[0].lr, betas=(0.9, 0.98), weight_decay=0.01)
     ckpt_dir = Path(cfg.work_dir) / name
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = ckpt_dir / "ckpt.pt"
@@ -314,7 +342,10 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
         step, elapsed = state["step"], state["elapsed"]
         logger.info("%s: resuming at step %d", name, step)
     n_params = sum(p.numel() for p in model.parameters())
-    logger.info("%s: %.2fM parameters, %d steps of %d sequences", name, n_params / 1e6, spec.steps, spec.batch_size)
+    logger.info(
+        "%s: %.2fM parameters, %d steps of %d sequences (phases: %s)",
+        name, n_params / 1e6, total_steps, spec.batch_size, [phase.steps for phase in spec.phases],
+    )
 
     model.train()
     bar = tqdm(total=total_steps, initial=step, desc=f"train {name}", dynamic_ncols=True, mininterval=5)
@@ -322,11 +353,9 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
     while step < total_steps:
         rows = data[step * spec.batch_size : (step + 1) * spec.batch_size]
         input_ids, attention_mask, labels = make_batch(rows)
+        _, phase, phase_step = spec.phase_at(step)
         for group in optimizer.param_groups:
-            if step < spec.steps:
-                group["lr"] = lr_at(step, spec.steps, spec.lr)
-            else:  # second phase: summary-heavy data, re-warmed schedule
-                group["lr"] = lr_at(step - spec.steps, spec.extra_steps, spec.extra_lr, warmup=50)
+            group["lr"] = lr_at(phase_step, phase.steps, phase.lr, phase.warmup)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -338,10 +367,8 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
         bar.set_postfix(loss=f"{smooth:.4f}")
         if step % cfg.eval_every == 0 and cfg.eval_examples:
             model.eval()
-            acc = arith_accuracy(model, tokenizer, cfg.eval_examples)
-            rouge = summary_rouge2(model, tokenizer, cfg.eval_examples)
+            log_scores(model, tokenizer, name, cfg.eval_examples, f"step {step}")
             model.train()
-            logger.info("%s: step %d held-out arith accuracy %.3f, summary ROUGE-2 %.1f", name, step, acc, rouge)
         if step % cfg.ckpt_every == 0 or step == total_steps:
             tmp = ckpt_path.with_suffix(".tmp")
             torch.save(
@@ -374,13 +401,14 @@ def export_model(cfg: BuildConfig, name: str, model) -> None:
     logger.info("%s: exported to %s", name, out)
 
 
-def arith_accuracy(model, tokenizer, num_examples: int, batch_size: int = 25) -> float:
-    """Greedy exact-match accuracy on ``num_examples`` held-out arith problems (seed 12345)."""
-    from diversed_hf.testbed.rewards import arith_reward
+def greedy_score(model, tokenizer, task: str, num_examples: int, batch_size: int = 25) -> float:
+    """Mean greedy reward x 100 on ``num_examples`` held-out ``task`` problems (seed 12345): arith
+    exact-match accuracy or summary ROUGE-2 F1."""
+    from diversed_hf.testbed import reward
 
     padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
-    examples = tasks.generate("arith", "test", num_examples, seed=12345)
+    examples = tasks.generate(task, "test", num_examples, seed=12345)
     completions = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
@@ -389,29 +417,18 @@ def arith_accuracy(model, tokenizer, num_examples: int, batch_size: int = 25) ->
             gen = model.generate(**enc, do_sample=False, max_new_tokens=128, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
         completions += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     tokenizer.padding_side = padding_side
-    return sum(arith_reward(completions, [e.reference for e in examples])) / len(examples)
+    return 100 * sum(reward(task, completions, [e.reference for e in examples])) / len(examples)
 
 
-def summary_rouge2(model, tokenizer, num_examples: int, batch_size: int = 25) -> float:
-    """Greedy ROUGE-2 F1 x 100 on ``num_examples`` held-out summary problems (seed 12345)."""
-    from diversed_hf.testbed.rewards import summary_reward
-
-    padding_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    examples = tasks.generate("summary", "test", num_examples, seed=12345)
-    completions = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        enc = tokenizer([e.prompt for e in chunk], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            gen = model.generate(**enc, do_sample=False, max_new_tokens=64, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-        completions += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    tokenizer.padding_side = padding_side
-    return 100 * sum(summary_reward(completions, [e.reference for e in examples])) / len(examples)
+def log_scores(model, tokenizer, name: str, num_examples: int, when: str) -> None:
+    arith = greedy_score(model, tokenizer, "arith", num_examples)
+    rouge = greedy_score(model, tokenizer, "summary", num_examples)
+    logger.info("%s: %s held-out arith accuracy %.1f %%, summary ROUGE-2 %.1f (%d problems each)",
+                name, when, arith, rouge, num_examples)
 
 
 def quick_eval(cfg: BuildConfig) -> None:
-    """Greedy arith accuracy of both exported models on a few held-out problems (logged only)."""
+    """Greedy arith accuracy and summary ROUGE-2 of both exported models on held-out problems (logged only)."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_hf_tokenizer(cfg)
@@ -420,10 +437,7 @@ def quick_eval(cfg: BuildConfig) -> None:
         if not (path / "model.safetensors").exists():
             continue
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-        acc = arith_accuracy(model, tokenizer, cfg.eval_examples)
-        rouge = summary_rouge2(model, tokenizer, cfg.eval_examples)
-        logger.info("eval: %s arith accuracy %.3f, summary ROUGE-2 %.1f on %d held-out problems each",
-                    name, acc, rouge, cfg.eval_examples)
+        log_scores(model, tokenizer, name, cfg.eval_examples, "exported,")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -50,6 +50,10 @@ __all__ = [
 ]
 
 
+# ``config._name_or_path`` of the models from `load_pair` (recorded as the pair in trained heads).
+MODEL_ID_PREFIX = "diversed_hf/testbed/"
+
+
 def asset_path(name: str) -> Path:
     """Directory of a shipped asset (``"tokenizer"``, ``"target"``, ``"draft"``, later heads)."""
     path = ASSETS_DIR / name
@@ -87,7 +91,7 @@ def load_pair(torch_dtype=None, device: str = "cpu"):
         model = AutoModelForCausalLM.from_pretrained(str(asset_path(name)), dtype=dtype)
         # A stable id instead of this machine's absolute path, so heads trained on the pair record
         # ids that match wherever the package is installed.
-        model.config._name_or_path = f"diversed_hf/testbed/{name}"
+        model.config._name_or_path = MODEL_ID_PREFIX + name
         models.append(model.to(device).eval())
     logger.debug("loaded testbed target and draft from %s in %s", ASSETS_DIR, dtype)
     return models[0], models[1], load_tokenizer()
@@ -143,8 +147,4 @@ def load_head(name: str):
             f"no shipped head for {name!r} at {path}; train it with "
             f"`python training/train_head.py --config training/configs/testbed_{name}.yaml` (or reinstall the package)."
         )
-    if hasattr(DiversedHead, "from_pretrained"):
-        return DiversedHead.from_pretrained(str(path))
-    from ..training.checkpoint import load_head as load_head_directory
-
-    return load_head_directory(path).eval()
+    return DiversedHead.from_pretrained(str(path))
