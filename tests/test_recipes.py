@@ -63,3 +63,43 @@ def test_distill_draft_recipe_saves_a_merged_draft(tmp_path, tiny_pair_dirs):
     ])  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(merged)
     assert not any("lora" in name for name, _ in model.named_parameters())
+
+
+def test_calibration_picks_the_most_accepting_offset_within_tolerance():
+    from calibrate_head import choose_offset
+
+    rows = [
+        {"offset": 0.0, "quality": 0.70, "acceptance_rate": 0.85},
+        {"offset": 3.0, "quality": 0.79, "acceptance_rate": 0.80},
+        {"offset": 5.0, "quality": 0.81, "acceptance_rate": 0.76},
+        {"offset": 8.0, "quality": 0.82, "acceptance_rate": 0.60},
+    ]
+    assert choose_offset(0.80, rows, tolerance=0.01)["offset"] == 3.0
+    assert choose_offset(0.80, rows, tolerance=0.0)["offset"] == 5.0
+    assert choose_offset(0.90, rows, tolerance=0.01)["offset"] == 8.0  # none qualifies: best quality
+
+
+def test_calibrate_head_recipe_saves_the_shifted_head(tmp_path, tiny_pair_dirs):
+    import calibrate_head
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from diversed_hf import DiversedHead
+
+    target, draft = tiny_pair_dirs
+    head = DiversedHead.for_pair(AutoModelForCausalLM.from_pretrained(target), AutoModelForCausalLM.from_pretrained(draft))
+    head.save_pretrained(tmp_path / "raw", training_config={"lambda_acceptance": 0.1, "calibration_logit_offset": 1.0})
+    out = tmp_path / "calibrated"
+    summary = calibrate_head.main([
+        "--task", "testbed_arith", "--head", str(tmp_path / "raw"), "--target", target, "--draft", draft,
+        "--offsets", "0", "2", "--tolerance", "1.0", "--num-examples", "3", "--max-new-tokens", "4", "--output-dir", str(out),
+    ])  # fmt: skip
+    assert [row["offset"] for row in summary["rows"]] == [0.0, 2.0]
+    chosen = summary["chosen_offset"]
+    saved = DiversedHead.from_pretrained(out)
+    torch.testing.assert_close(saved.net[-1].bias, head.net[-1].bias + chosen)
+    record = json.loads((out / "training_config.json").read_text())
+    assert record["calibration_logit_offset"] == 1.0 + chosen and record["lambda_acceptance"] == 0.1
+    assert json.loads((out / "calibration.json").read_text())["chosen_offset"] == chosen
+    with pytest.raises(SystemExit):
+        calibrate_head.parse_args(["--task", "testbed_arith", "--head", "x", "--tolerance", "-1"])

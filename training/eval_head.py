@@ -73,11 +73,7 @@ def load_any_head(source: str) -> DiversedHead:
         import diversed_hf.testbed as testbed
 
         return testbed.load_head(source.split(":", 1)[1])
-    if hasattr(DiversedHead, "from_pretrained"):
-        return DiversedHead.from_pretrained(source)
-    from diversed_hf.training.checkpoint import load_head
-
-    return load_head(source)
+    return DiversedHead.from_pretrained(source)
 
 
 def run_method(

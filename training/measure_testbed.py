@@ -49,13 +49,13 @@ def forward_cost(model, prompt_ids: torch.Tensor, num_tokens: int = 40) -> float
     """Seconds per single-token forward with a KV cache after a prefill of ``prompt_ids``."""
     with torch.no_grad():
         out = model(input_ids=prompt_ids, use_cache=True)
-        cache = out.past_key_values
+        cache = out.cache
         token = prompt_ids[:, -1:]  # (1, 1)
         for _ in range(3):  # warm-up
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
+            out = model(input_ids=token, cache=cache, use_cache=True)
         start = time.perf_counter()
         for _ in range(num_tokens):
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
+            out = model(input_ids=token, cache=cache, use_cache=True)
         return (time.perf_counter() - start) / num_tokens
 
 

@@ -10,7 +10,7 @@ Arguments are :class:`ScriptArguments` (what to train on) plus every field of
 
 * ``<output_dir>/checkpoint-*``: head-only checkpoints (resume with ``--resume_from_checkpoint``),
 * ``<output_dir>/train_log.jsonl``: the logged metrics of every step,
-* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card,
+* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card, a copy of ``train_log.jsonl``,
   ``training_config.json`` and ``results.json`` from a held-out evaluation (target-only, SD and the
   head, same prompts and temperature; skip with ``--eval_num_examples 0``).
 """
@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ from trl import TrlParser  # noqa: E402
 from diversed_hf import DiversedHead  # noqa: E402
 from diversed_hf.data import load_task_dataset  # noqa: E402
 from diversed_hf.rewards import reward_for_task  # noqa: E402
-from diversed_hf.training import DiversedConfig, DiversedTrainer, save_head  # noqa: E402
+from diversed_hf.training import DiversedConfig, DiversedTrainer  # noqa: E402
 
 logger = logging.getLogger("train_head")
 
@@ -171,14 +172,10 @@ def main(argv=None):
         )  # fmt: skip
         print(json.dumps(results, indent=2))
     record = training_record(script, config, seconds, trainer)
-    if hasattr(head, "save_pretrained"):
-        with torch.random.fork_rng(devices=[]):
-            head.save_pretrained(str(head_dir), results=results, training_config=record)
-    else:
-        save_head(head, head_dir)
-        (head_dir / "training_config.json").write_text(json.dumps(record, indent=2) + "\n")
-        if results is not None:
-            (head_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    with torch.random.fork_rng(devices=[]):
+        head.save_pretrained(str(head_dir), results=results, training_config=record)
+    if log_path.is_file():  # the head travels with its training curve
+        shutil.copyfile(log_path, head_dir / log_path.name)
     logger.info("saved the head to %s", head_dir)
     return trainer, results
 

@@ -1,0 +1,149 @@
+"""Choose a head's calibration logit offset on training-split prompts, and save the calibrated head.
+
+    python training/calibrate_head.py --task testbed_arith --head runs/testbed_arith/head_raw \\
+        --output-dir diversed_hf/testbed/assets/heads/arith
+
+A head trained with a small acceptance bonus can still be too lenient on the tokens that matter. Adding
+an offset ``b`` to its output logit, ``w = sigmoid(logit + b)``, moves every ``w`` toward the target:
+quality goes up, acceptance goes down. This script measures target-only quality and, for every
+``--offsets`` value, the head's quality and acceptance on the same ``--split`` prompts (the training
+split by default: never choose on the held-out split you report). It picks the offset with the highest
+acceptance among those whose quality is at least target-only quality minus ``--tolerance`` (if none
+qualifies, the one with the best quality), prints the table and, with ``--output-dir``, saves the
+head with the offset folded into its bias. The head directory's ``training_config.json`` and
+``train_log.jsonl`` are carried over, with the choice recorded (the full table goes to
+``calibration.json``); measure the saved head on held-out
+prompts with ``training/eval_head.py --output <output-dir>/results.json``, then re-render its card
+(``diversed-hf card <output-dir>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "training"))
+
+import torch  # noqa: E402
+
+from diversed_hf.data import load_task_dataset  # noqa: E402
+from eval_head import QUALITY_METRICS, evaluate, load_any_head, load_models  # noqa: E402
+
+logger = logging.getLogger("calibrate_head")
+
+
+def with_offset(head, offset: float):
+    """A copy of ``head`` whose output logit is shifted by ``offset`` (w = sigmoid(logit + offset))."""
+    shifted = copy.deepcopy(head)
+    with torch.no_grad():
+        shifted.net[-1].bias.add_(offset)
+    return shifted
+
+
+def choose_offset(target_quality: float, rows: list[dict], tolerance: float) -> dict:
+    """The row with the highest acceptance among those within ``tolerance`` of target quality
+    (ties: the smaller offset); if none is, the row with the best quality."""
+    eligible = [row for row in rows if row["quality"] >= target_quality - tolerance]
+    if eligible:
+        return max(eligible, key=lambda row: (row["acceptance_rate"], -row["offset"]))
+    logger.warning("no offset reaches target-only quality %.3f - %.3f; taking the best quality", target_quality, tolerance)
+    return max(rows, key=lambda row: (row["quality"], -row["offset"]))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, choices=sorted(QUALITY_METRICS))
+    parser.add_argument("--head", required=True, help="testbed:<task>, a head directory or a Hub repo id")
+    parser.add_argument("--target", default="testbed", help="target model id/path, or 'testbed'")
+    parser.add_argument("--draft", default=None, help="draft model id/path (not with --target testbed)")
+    parser.add_argument("--offsets", type=float, nargs="+", default=[0.0, 1.5, 3.0, 5.0, 8.0])
+    parser.add_argument("--tolerance", type=float, default=0.0, help="allowed quality loss vs target-only (a fraction)")
+    parser.add_argument("--split", default="train", help="split of the calibration prompts (not the held-out one)")
+    parser.add_argument("--num-examples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1, help="selects the prompts and the sampling seed")
+    parser.add_argument("--num-sampling-seeds", type=int, default=1, help="sample every prompt this many times")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--num-draft-tokens", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--output-dir", default=None, help="save the calibrated head here")
+    args = parser.parse_args(argv)
+    if args.tolerance < 0:
+        parser.error(f"--tolerance is {args.tolerance}; it must be >= 0 (a fraction, e.g. 0.01 for one point).")
+    if args.num_examples < 1:
+        parser.error(f"--num-examples is {args.num_examples}; it must be >= 1.")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer = load_models(args.target, args.draft, args.dtype, args.device)
+    head = load_any_head(args.head).to(args.device)
+    data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
+    prompts, references = list(data["prompt"]), list(data["reference"])
+    common = dict(
+        temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, seed=args.seed, num_sampling_seeds=args.num_sampling_seeds,
+    )  # fmt: skip
+    target_quality = evaluate(
+        args.task, target, draft, tokenizer, None, prompts, references, methods=("autoregressive",), **common
+    )["rows"][0]["quality"]
+    rows = []
+    for offset in args.offsets:
+        row = evaluate(
+            args.task, target, draft, tokenizer, with_offset(head, offset), prompts, references, methods=("diversed",),
+            **common,
+        )["rows"][0]  # fmt: skip
+        rows.append({"offset": offset, "quality": row["quality"], "acceptance_rate": row["acceptance_rate"]})
+    chosen = choose_offset(target_quality, rows, args.tolerance)
+
+    print(f"{args.task}, {args.split} split, {len(prompts)} prompts x {args.num_sampling_seeds} seeds: "
+          f"target-only quality {target_quality:.3f}")
+    print("| offset | quality | acceptance |\n|---:|---:|---:|")
+    for row in rows:
+        mark = " (chosen)" if row is chosen else ""
+        print(f"| {row['offset']:g}{mark} | {row['quality']:.3f} | {row['acceptance_rate']:.3f} |")
+    summary = {"target_quality": target_quality, "rows": rows, "chosen_offset": chosen["offset"]}
+
+    if args.output_dir:
+        output = Path(args.output_dir)
+        output.mkdir(parents=True, exist_ok=True)
+        source = Path(args.head)
+        record = {}
+        if (source / "training_config.json").is_file():
+            record = json.loads((source / "training_config.json").read_text())
+        previous = float(record.get("calibration_logit_offset") or 0.0)
+        record["calibration_logit_offset"] = previous + chosen["offset"]
+        record["calibration_note"] = (
+            f"offset {chosen['offset']:g} chosen among {args.offsets} on {len(prompts)} {args.split}-split prompts "
+            f"(seed {args.seed}) x {args.num_sampling_seeds} sampling seeds: the highest acceptance with quality >= "
+            f"target-only {target_quality:.3f}{f' - {args.tolerance:g}' if args.tolerance else ''} "
+            "(python training/calibrate_head.py)"
+        )
+        (output / "calibration.json").write_text(json.dumps({**summary, "settings": vars(args)}, indent=2) + "\n")
+        if (source / "train_log.jsonl").is_file() and source.resolve() != output.resolve():
+            shutil.copyfile(source / "train_log.jsonl", output / "train_log.jsonl")
+        stale = output / "results.json"
+        if stale.is_file():  # results of another head: the calibrated one must be measured again
+            stale.unlink()
+        with_offset(head, chosen["offset"]).save_pretrained(str(output), training_config=record)
+        logger.info("saved the calibrated head to %s; measure it with training/eval_head.py --output %s",
+                    output, output / "results.json")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
