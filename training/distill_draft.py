@@ -1,6 +1,7 @@
 """The "SD with fine-tuned draft" baseline (SPEC §5): distil the draft toward the target with LoRA and TRL's SFT.
 
-    python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith    # CPU, minutes
+    python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith --bf16 false \
+        --merged_dir diversed_hf/testbed/assets/drafts_ft/arith --save_dtype bfloat16   # the shipped one; CPU, ~3 min
     python training/distill_draft.py --task gsm8k --target_model meta-llama/Llama-3.1-8B-Instruct \\
         --draft_model meta-llama/Llama-3.2-1B-Instruct --dtype bfloat16 --num_shots 4 --output_dir runs/distill_gsm8k
 
@@ -56,6 +57,7 @@ class DistillArguments:
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
     lora_target_modules: str = field(default="all-linear", metadata={"help": "LoRA target modules ('all-linear' or a comma list)."})
     merged_dir: str | None = field(default=None, metadata={"help": "Where the merged draft goes (default <output_dir>/merged)."})
+    save_dtype: str | None = field(default=None, metadata={"help": "dtype of the saved merged draft (default: --dtype)."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads."})
 
 
@@ -112,6 +114,9 @@ def main(argv=None):
     trainer.train()
     merged = trainer.model.merge_and_unload()
     merged.eval()
+    if args.save_dtype:
+        merged = merged.to(getattr(torch, args.save_dtype))
+        merged.config.dtype = getattr(torch, args.save_dtype)
     merged.save_pretrained(str(merged_dir))
     tokenizer.save_pretrained(str(merged_dir))
     (merged_dir / "distillation.json").write_text(

@@ -17,7 +17,9 @@ Prompts are plain text (``"Question: ...\\nAnswer:"`` / ``"Article: ...\\nSummar
 tokenizer adds ``<s>`` and generation ends at ``</s>``. The vocabulary is closed (the words of the
 task generators and every number 0..999): other words map to ``<unk>``.
 
-Everything here is rebuilt from scratch by ``python training/build_testbed.py``.
+Everything here is rebuilt from scratch by ``python training/build_testbed.py``; the shipped heads
+(:func:`load_head`) by ``training/train_head.py`` and the distilled drafts (:func:`load_finetuned_draft`,
+the "SD with a fine-tuned draft" baseline) by ``training/distill_draft.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "TASKS",
     "asset_path",
     "extract_final_number",
+    "load_finetuned_draft",
     "load_head",
     "load_pair",
     "load_task",
@@ -148,3 +151,27 @@ def load_head(name: str):
             f"`python training/train_head.py --config training/configs/testbed_{name}.yaml` (or reinstall the package)."
         )
     return DiversedHead.from_pretrained(str(path))
+
+
+def load_finetuned_draft(name: str, torch_dtype=None, device: str = "cpu"):
+    """The testbed draft distilled toward the target on task ``name`` (LoRA + SFT, merged), in eval mode.
+
+    The "SD with a fine-tuned draft" baseline: use it as ``assistant_model`` with lossless SD. Built by
+    ``python training/distill_draft.py --task testbed_<name> --merged_dir diversed_hf/testbed/assets/drafts_ft/<name>
+    --save_dtype bfloat16``; it shares :func:`load_tokenizer`'s tokenizer.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if name not in TASKS:
+        raise ValueError(f"`name` is {name!r}; fine-tuned drafts exist for {TASKS}.")
+    dtype = torch.float32 if torch_dtype is None else torch_dtype
+    path = ASSETS_DIR / "drafts_ft" / name
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"no fine-tuned draft for {name!r} at {path}; build it with `python training/distill_draft.py "
+            f"--task testbed_{name} --merged_dir {path} --save_dtype bfloat16` (or reinstall the package)."
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model.config._name_or_path = f"{MODEL_ID_PREFIX}draft-ft-{name}"
+    return model.to(device).eval()
