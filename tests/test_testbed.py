@@ -228,3 +228,37 @@ def test_finetuned_drafts_load_and_fit_the_pair(name, pair):
         assert f.get_tensor(next(iter(f.keys()))).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="fine-tuned drafts exist for"):
         testbed.load_finetuned_draft("translation")
+
+
+def test_build_script_runs_every_stage_and_refuses_stale_data(tmp_path):
+    """A miniature `training/build_testbed.py` run: data, tokenizer, both models in phases, HF export."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    import build_testbed
+
+    args = ["--output-dir", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"), "--target-steps", "2",
+            "--target-extra-steps", "1", "--target-summary-steps", "1", "--draft-steps", "2", "--batch-size", "2",
+            "--eval-examples", "0", "--ckpt-every", "1"]  # fmt: skip
+    threads = torch.get_num_threads()  # the script sets its own (--threads); give the rest of the suite its own back
+    try:
+        build_testbed.main(args)
+    finally:
+        torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out" / "tokenizer")
+    for name in ("target", "draft"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / name)
+        assert model.config.vocab_size == len(tokenizer)
+    assert torch.load(tmp_path / "work" / "target" / "ckpt.pt")["step"] == 4  # 2 + 1 + 1 phase steps
+    assert (tmp_path / "work" / "data_target_phase2.jsonl").is_file()
+
+    (tmp_path / "out" / "target" / "model.safetensors").unlink()  # retrain the target on the old data ...
+    (tmp_path / "work" / "target" / "ckpt.pt").unlink()
+    with pytest.raises(ValueError, match="--fresh"):  # ... with other step counts: refused, not misaligned
+        try:
+            build_testbed.main([*args, "--target-summary-steps", "3", "--stages", "target"])
+        finally:
+            torch.set_num_threads(threads)

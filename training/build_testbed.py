@@ -327,7 +327,16 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
         logger.info("%s: %s exists, skipping", name, out)
         return
     tokenizer = load_hf_tokenizer(cfg)
-    data = [row for index in range(len(spec.phases)) for row in encode_data(cfg, name, tokenizer, index)]
+    data = []
+    for index, phase in enumerate(spec.phases):
+        rows = encode_data(cfg, name, tokenizer, index)
+        if len(rows) != phase.steps * spec.batch_size:  # data left by a build with other step counts
+            raise ValueError(
+                f"{data_path(cfg, name, index)} holds {len(rows)} examples but phase {index} of {name} needs "
+                f"{phase.steps} steps x {spec.batch_size} = {phase.steps * spec.batch_size}; rerun with --fresh "
+                f"or another --work-dir."
+            )
+        data += rows
     total_steps = spec.total_steps
     model = make_model(spec, len(tokenizer), seed=cfg.seed * 7919 + (1 if name == "target" else 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.phases[0].lr, betas=(0.9, 0.98), weight_decay=0.01)
