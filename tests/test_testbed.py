@@ -223,7 +223,7 @@ def test_finetuned_drafts_load_and_fit_the_pair(name, pair):
     assert not finetuned.training and finetuned.config._name_or_path == f"diversed_hf/testbed/draft-ft-{name}"
     assert finetuned.config.vocab_size == draft.config.vocab_size == len(tokenizer)
     assert finetuned.config.num_hidden_layers == draft.config.num_hidden_layers  # LoRA merged: same architecture
-    assert not any("lora" in key for key, _ in finetuned.named_parameters())
+    assert not any("lora" in key for key, _ in finetuned.named_parameters()) and finetuned.config.use_cache
     with safe_open(str(testbed.ASSETS_DIR / "drafts_ft" / name / "model.safetensors"), "pt") as f:
         assert f.get_tensor(next(iter(f.keys()))).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="fine-tuned drafts exist for"):

@@ -114,6 +114,7 @@ def main(argv=None):
     trainer.train()
     merged = trainer.model.merge_and_unload()
     merged.eval()
+    merged.config.use_cache = True  # training turned it off; the saved draft is for generation
     if args.save_dtype:
         merged = merged.to(getattr(torch, args.save_dtype))
         merged.config.dtype = getattr(torch, args.save_dtype)
