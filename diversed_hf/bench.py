@@ -18,8 +18,9 @@ as ``{"setting", "rows"}``, to put next to a head), ``bench.json`` (everything, 
 
 Two passes per method, on the same prompts:
 
-1. **quality pass** (untimed): all ``num_prompts`` prompts, batched (``batch_size``); gives quality,
-   acceptance and the per-round statistics;
+1. **quality pass** (untimed): all ``num_prompts`` prompts, batched (``batch_size``), each sampled
+   ``num_samples`` times with different seeds; gives quality (mean over all samples, standard error
+   over prompts), acceptance and the per-round statistics;
 2. **timing pass**: the first ``num_timing_prompts`` prompts at ``timing_batch_size`` (1 by
    default: per-request latency, what the speedup model describes), after a warm-up of every
    method; ``repeats`` runs with methods interleaved (the order rotates each repeat) and the
@@ -210,12 +211,18 @@ def parse_methods(specs: Sequence[str], head=None, has_finetuned_draft: bool = F
 # Configuration, tasks and models
 
 
+SAMPLE_SEED_STRIDE = 1_000_003  # seed offset between the quality pass's samples of one prompt
+
+
 @dataclass
 class BenchConfig:
     """What to run and how to time it."""
 
     methods: tuple[str, ...] = field(default=DEFAULT_METHODS, metadata={"help": "Method specs (see `diversed-hf bench -h`)."})
     num_prompts: int = field(default=64, metadata={"help": "Prompts scored for quality and acceptance."})
+    num_samples: int = field(
+        default=1, metadata={"help": "Samples per prompt in the quality pass (seeds differ); more shrinks quality's noise."}
+    )
     num_timing_prompts: int = field(default=8, metadata={"help": "Of those, how many (the first) are timed."})
     max_new_tokens: int = field(default=96, metadata={"help": "Generation budget per prompt."})
     num_draft_tokens: int = field(default=5, metadata={"help": "Drafted tokens per round, N."})
@@ -231,7 +238,8 @@ class BenchConfig:
 
     def __post_init__(self):
         self.methods = tuple(self.methods)
-        for name in ("num_prompts", "max_new_tokens", "num_draft_tokens", "batch_size", "timing_batch_size", "repeats"):
+        for name in ("num_prompts", "num_samples", "max_new_tokens", "num_draft_tokens", "batch_size", "timing_batch_size",
+                     "repeats"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
@@ -584,21 +592,29 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
             costs[f"{name}_token_seconds"] = measure_cost(model, cost_ids, config.cost_tokens)
     costs = {key: statistics.mean(values) for key, values in _merge_dicts(_gather(state, [costs])).items()}
 
-    # 2. Quality pass: every prompt, batched, untimed.
+    # 2. Quality pass: every prompt, batched, untimed; sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + first index.
     my_indices = _shard(state, list(range(len(prompts))))
     records: dict[str, list[dict]] = {}
-    bar = tqdm(total=len(methods) * len(my_indices), desc=f"{task.name}: quality", disable=not show, unit="prompt")
+    bar = tqdm(
+        total=len(methods) * len(my_indices) * config.num_samples, desc=f"{task.name}: quality", disable=not show,
+        unit="prompt",
+    )  # fmt: skip
     for method in methods:
         mine = []
         want_weights = method.verifier is not None and method.family not in ("sd", "sd-finetuned")
-        for batch_indices in _batches(my_indices, config.batch_size):
-            batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
-            new_tokens, lengths, stats = _run_batch(
-                target, drafts, method, batch, config, tokenizer, config.seed + batch_indices[0], want_weights
-            )
-            mine += _records(method, batch_indices, new_tokens, lengths, stats, tokenizer, keep_tokens)
-            bar.update(len(batch_indices))
-        records[method.name] = sorted(_gather(state, mine), key=lambda r: r["index"])
+        for sample in range(config.num_samples):
+            for batch_indices in _batches(my_indices, config.batch_size):
+                batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
+                seed = config.seed + sample * SAMPLE_SEED_STRIDE + batch_indices[0]
+                new_tokens, lengths, stats = _run_batch(
+                    target, drafts, method, batch, config, tokenizer, seed, want_weights
+                )  # fmt: skip
+                batch_records = _records(
+                    method, batch_indices, new_tokens, lengths, stats, tokenizer, keep_tokens if sample == 0 else set()
+                )  # fmt: skip
+                mine += [{**record, "sample": sample} for record in batch_records]
+                bar.update(len(batch_indices))
+        records[method.name] = sorted(_gather(state, mine), key=lambda r: (r["sample"], r["index"]))
     bar.close()
 
     # 3. Timing: warm-up, then interleaved repeats; wall time of a run = the slowest process's.
@@ -687,9 +703,14 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
          config: BenchConfig, costs: dict) -> dict:
     completions = [r["completion"] for r in records]
     references = [task.references[r["index"]] for r in records]
-    rewards = torch.tensor(task.reward(completions, references), dtype=torch.float64)  # (num_prompts,)
+    rewards = torch.tensor(task.reward(completions, references), dtype=torch.float64)  # (num_prompts * num_samples,)
     quality = float(rewards.mean())
-    quality_stderr = float(rewards.std() / math.sqrt(len(rewards))) if len(rewards) > 1 else None
+    # Samples of one prompt are correlated: the standard error is over per-prompt means.
+    per_prompt: dict[int, list[float]] = {}
+    for record, reward in zip(records, rewards.tolist()):
+        per_prompt.setdefault(record["index"], []).append(reward)
+    prompt_means = torch.tensor([statistics.mean(v) for v in per_prompt.values()], dtype=torch.float64)  # (num_prompts,)
+    quality_stderr = float(prompt_means.std() / math.sqrt(len(prompt_means))) if len(prompt_means) > 1 else None
     num_generated = sum(r["num_generated"] for r in records)
     seconds = statistics.median(timings) if timings else None
     row: dict[str, Any] = {
@@ -700,9 +721,10 @@ def _row(method: Method, records: list[dict], timings: list[float], timed_tokens
         "quality": quality,
         "quality_stderr": quality_stderr,
         "quality_metric": task.quality_metric,
-        "num_prompts": len(records),
+        "num_prompts": len(per_prompt),
+        "num_samples": len(records) // max(len(per_prompt), 1),
         "num_generated": num_generated,
-        "mean_new_tokens": num_generated / max(len(records), 1),
+        "mean_new_tokens": num_generated / max(len(records), 1),  # per sample
         "num_timing_prompts": config.num_timing_prompts,
         "seconds_per_sample": None if seconds is None else seconds / config.num_timing_prompts,
         "tokens_per_second": None if not seconds else timed_tokens / seconds,
@@ -847,6 +869,7 @@ def write_results(results: Sequence[BenchResult], output_dir: str | Path, plots:
         setting = {key: result.meta["config"][key] for key in ("temperature", "num_draft_tokens", "max_new_tokens")}
         setting.update(task=result.task, quality_metric=result.meta["quality_metric"],
                        num_samples=result.rows[0]["num_prompts"] if result.rows else 0,
+                       num_sampling_seeds=result.meta["config"].get("num_samples", 1),
                        target=result.meta["target"], draft=result.meta["draft"])
         task_results = output_dir / f"results_{result.task}.json"
         task_results.write_text(json.dumps({"setting": setting, "rows": result.rows}, indent=2, default=_json_default) + "\n")
@@ -892,7 +915,9 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
 
     lines += [
         f"Target `{shown(first.get('target'))}`, draft `{shown(first.get('draft'))}`"
-        + f"; {config.get('num_prompts')} held-out prompts per task for quality and acceptance, the first "
+        + f"; {config.get('num_prompts')} held-out prompts per task"
+        + (f" x {config['num_samples']} samples" if config.get("num_samples", 1) > 1 else "")
+        + " for quality and acceptance, the first "
         f"{config.get('num_timing_prompts')} timed at batch size {config.get('timing_batch_size')} (median of "
         f"{config.get('repeats')} interleaved runs after a warm-up); temperature {config.get('temperature')}, "
         f"N = {config.get('num_draft_tokens')} drafts per round, at most {config.get('max_new_tokens')} new tokens; "

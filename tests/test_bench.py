@@ -84,7 +84,8 @@ def test_bad_method_specs_raise(specs, message):
 @pytest.mark.parametrize(
     "overrides, message",
     [(dict(num_prompts=0), "num_prompts"), (dict(num_timing_prompts=9, num_prompts=4), "num_timing_prompts"),
-     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(repeats=0), "repeats")],
+     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(repeats=0), "repeats"),
+     (dict(num_samples=0), "num_samples")],
 )
 def test_bad_config_raises_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -167,6 +168,20 @@ def test_python_api_with_a_head_shades_tokens_and_compares_with_the_front(pair_d
     paths = bench.write_results([result], tmp_path)
     html = paths["summary_weights"].read_text()
     assert html.count('title="w = ') >= len(weights) and "DIVERSED" in html
+
+
+def test_several_samples_per_prompt_pool_quality_and_keep_the_first_sample(pair_dir):
+    target, draft, tokenizer = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
+    task = bench.load_task("arith", 4)
+    methods, _ = bench.parse_methods(["target", "static:0.5"])
+    one = bench.run_bench(target, draft, tokenizer, task, methods, small_config(num_timing_prompts=0))
+    two = bench.run_bench(target, draft, tokenizer, task, methods, small_config(num_timing_prompts=0, num_samples=2))
+    for row_one, row_two in zip(one.rows, two.rows):
+        assert (row_two["num_prompts"], row_two["num_samples"]) == (4, 2) and row_one["num_samples"] == 1
+    # Sample 0 is seeded as a single-sample run, so the examples (first sample only) are the same tokens.
+    assert [e["tokens"] for e in two.examples["static w=0.5"]] == [e["tokens"] for e in one.examples["static w=0.5"]]
+    static_one, static_two = one.rows[1], two.rows[1]
+    assert static_two["num_generated"] > static_one["num_generated"]  # both samples counted
 
 
 def test_front_comparison_and_table_on_hand_made_rows():

@@ -9,7 +9,8 @@ tasks ``arith`` and ``summary``, target-only, SD, lossy SD (2 leniences), the st
 (4 weights; with SD as w = 1 they trace the front), SpecCascade (every rule, one alpha), SD with the
 fine-tuned draft and DIVERSED with the task's trained head when the testbed ships them (otherwise
 those rows are skipped and the page says so). Quality and acceptance come from ``--num-prompts``
-held-out prompts decoded in batches; speed from the first ``--num-timing-prompts`` decoded one at
+held-out prompts decoded in batches, each sampled ``num_samples`` times (quality's standard error is over
+prompts); speed from the first ``--num-timing-prompts`` decoded one at
 a time, median of 3 interleaved runs after a warm-up. Extra arguments are passed on to the bench
 (e.g. ``--temperature 0.1``).
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from diversed_hf import cli  # noqa: E402
 
 METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed"]
-FULL = dict(num_prompts=160, num_timing_prompts=10, repeats=3, max_new_tokens=80, batch_size=16)
+FULL = dict(num_prompts=160, num_samples=3, num_timing_prompts=10, repeats=3, max_new_tokens=80, batch_size=16)
 QUICK = dict(num_prompts=16, num_timing_prompts=2, repeats=1, max_new_tokens=64, batch_size=16)
 
 
