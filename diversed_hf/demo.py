@@ -23,12 +23,10 @@ def _testbed_setup(task: str, num_prompts: int, seed: int):
     target, draft, tokenizer = testbed.load_pair()
     data = testbed.load_task(task, split="test", num_examples=num_prompts, seed=seed)
     methods = {"SD (ExactVerifier)": ExactVerifier(), "static ensemble w=0.5": StaticEnsembleVerifier(0.5)}
-    load_head = getattr(testbed, "load_head", None)
-    if load_head is not None:
-        try:
-            methods["DIVERSED head"] = HeadVerifier(load_head(task))
-        except FileNotFoundError:
-            pass
+    try:
+        methods["DIVERSED head"] = HeadVerifier(testbed.load_head(task))
+    except FileNotFoundError:  # a source checkout whose heads have not been trained yet
+        pass
     return target, draft, tokenizer, list(data["prompt"]), methods
 
 
@@ -98,7 +96,11 @@ def _print(results, prompts_shown: list[str] | None) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads) if args.threads else None
+    for name in ("num_prompts", "max_new_tokens", "num_draft_tokens"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"diversed-hf demo: --{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 1.")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = run_demo(args.task, args.num_prompts, args.max_new_tokens, args.num_draft_tokens, args.seed, args.random_models)
     if args.random_models:
         print("Tiny RANDOM models (no testbed): the text is meaningless, the statistics are real.")
