@@ -127,11 +127,14 @@ def main(argv=None) -> dict:
             record = json.loads((source / "training_config.json").read_text())
         previous = float(record.get("calibration_logit_offset") or 0.0)
         record["calibration_logit_offset"] = previous + chosen["offset"]
+        bar = f"target-only {target_quality:.3f}{f' - {args.tolerance:g}' if args.tolerance else ''}"
+        rule = (
+            f"the highest acceptance with quality >= {bar}" if chosen["quality"] >= target_quality - args.tolerance
+            else f"no offset reached {bar}, so the best quality"
+        )
         record["calibration_note"] = (
             f"offset {chosen['offset']:g} chosen among {args.offsets} on {len(prompts)} {args.split}-split prompts "
-            f"(seed {args.seed}) x {args.num_sampling_seeds} sampling seeds: the highest acceptance with quality >= "
-            f"target-only {target_quality:.3f}{f' - {args.tolerance:g}' if args.tolerance else ''} "
-            "(python training/calibrate_head.py)"
+            f"(seed {args.seed}) x {args.num_sampling_seeds} sampling seeds: {rule} (python training/calibrate_head.py)"
         )
         (output / "calibration.json").write_text(json.dumps({**summary, "settings": vars(args)}, indent=2) + "\n")
         if (source / "train_log.jsonl").is_file() and source.resolve() != output.resolve():
