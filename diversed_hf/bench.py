@@ -354,7 +354,7 @@ def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch
                          testbed_default: bool = True):
     """The fine-tuned draft for ``task`` (``spec``: a directory or ``task=dir,task=dir``, e.g. the ``merged``
     output of ``training/distill_draft.py``), else (with ``testbed_default``, for the testbed pair) the testbed's
-    ``load_finetuned_draft(task)`` if the testbed provides one; ``None`` when there is none."""
+    ``load_finetuned_draft(task)`` if it ships one; ``None`` when there is none."""
     path = _per_task(spec, task)
     if path is not None:
         from transformers import AutoModelForCausalLM
@@ -364,11 +364,8 @@ def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch
         return None
     from . import testbed
 
-    loader = getattr(testbed, "load_finetuned_draft", None)
-    if loader is None:
-        return None
     try:
-        return loader(task).to(device=device, dtype=dtype).eval()
+        return testbed.load_finetuned_draft(task, torch_dtype=dtype, device=device)
     except (FileNotFoundError, KeyError, ValueError) as error:
         logger.info("no fine-tuned testbed draft for %s: %s", task, error)
         return None
@@ -381,19 +378,13 @@ def load_head(spec: str | None, task: str, testbed_default: bool = True):
 
     path = _per_task(spec, task)
     if path is not None:
-        loader = getattr(DiversedHead, "from_pretrained", None)
-        if loader is None:
-            raise RuntimeError(f"Cannot load the head at {path!r}: this diversed_hf has no `DiversedHead.from_pretrained`.")
-        return loader(path)
+        return DiversedHead.from_pretrained(path)
     if spec or not testbed_default:
         return None
     from . import testbed
 
-    loader = getattr(testbed, "load_head", None)
-    if loader is None:
-        return None
     try:
-        return loader(task)
+        return testbed.load_head(task)
     except (FileNotFoundError, KeyError, ValueError) as error:
         logger.info("no testbed head for %s: %s", task, error)
         return None

@@ -83,21 +83,24 @@ def load_pair(torch_dtype=None, device: str = "cpu"):
             ``torch.float32``, the fast choice on CPU.
         device: where to put both models.
     """
+    target, draft = (_load_model(asset_path(name), name, torch_dtype, device) for name in MODEL_NAMES)
+    logger.debug("loaded testbed target and draft from %s", ASSETS_DIR)
+    return target, draft, load_tokenizer()
+
+
+def _load_model(path: Path, name: str, torch_dtype, device: str):
+    """The causal LM in ``path`` in eval mode, with the stable id ``MODEL_ID_PREFIX + name``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if torch_dtype is None else torch_dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.float32.")
-    models = []
-    for name in MODEL_NAMES:
-        model = AutoModelForCausalLM.from_pretrained(str(asset_path(name)), dtype=dtype)
-        # A stable id instead of this machine's absolute path, so heads trained on the pair record
-        # ids that match wherever the package is installed.
-        model.config._name_or_path = MODEL_ID_PREFIX + name
-        models.append(model.to(device).eval())
-    logger.debug("loaded testbed target and draft from %s in %s", ASSETS_DIR, dtype)
-    return models[0], models[1], load_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    # A stable id instead of this machine's absolute path, so heads trained on the pair record
+    # ids that match wherever the package is installed.
+    model.config._name_or_path = MODEL_ID_PREFIX + name
+    return model.to(device).eval()
 
 
 def load_task(name: str, split: str = "test", num_examples: int = 200, seed: int = 0, style: str = "uniform"):
@@ -158,20 +161,15 @@ def load_finetuned_draft(name: str, torch_dtype=None, device: str = "cpu"):
 
     The "SD with a fine-tuned draft" baseline: use it as ``assistant_model`` with lossless SD. Built by
     ``python training/distill_draft.py --task testbed_<name> --merged_dir diversed_hf/testbed/assets/drafts_ft/<name>
-    --save_dtype bfloat16``; it shares :func:`load_tokenizer`'s tokenizer.
+    --save_dtype bfloat16``; it shares :func:`load_tokenizer`'s tokenizer. ``torch_dtype`` / ``device`` as in
+    :func:`load_pair`.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     if name not in TASKS:
         raise ValueError(f"`name` is {name!r}; fine-tuned drafts exist for {TASKS}.")
-    dtype = torch.float32 if torch_dtype is None else torch_dtype
     path = ASSETS_DIR / "drafts_ft" / name
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(
             f"no fine-tuned draft for {name!r} at {path}; build it with `python training/distill_draft.py "
             f"--task testbed_{name} --merged_dir {path} --save_dtype bfloat16` (or reinstall the package)."
         )
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    model.config._name_or_path = f"{MODEL_ID_PREFIX}draft-ft-{name}"
-    return model.to(device).eval()
+    return _load_model(path, f"draft-ft-{name}", torch_dtype, device)
