@@ -36,7 +36,8 @@ import torch
 from transformers import GenerationConfig, GenerationMixin
 
 from . import compat, ops
-from .head import DiversedHead, hidden_size_of, model_id_of
+from .head import DiversedHead
+from .pairs import _text_vocab_size, check_head_matches, shared_vocab_size  # noqa: F401 - re-exported
 from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
 from .verifiers import HeadVerifier, Verifier
 
@@ -59,68 +60,6 @@ _UNSUPPORTED_CONFIG = {
     "output_hidden_states": False,
     "use_mtp": None,
 }
-
-
-def _text_vocab_size(model) -> int:
-    embeddings = model.get_output_embeddings()
-    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
-        return int(embeddings.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
-
-
-def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -> int:
-    """Size of the vocabulary range both models score; raises if they cannot share a tokenizer.
-
-    Padded embedding matrices of the same tokenizer are allowed (Qwen-style 151936 vs 152064):
-    logits are trimmed to the shared range. Different tokenizers are not: verification compares
-    probabilities of the same token ids.
-    """
-    target_size, draft_size = _text_vocab_size(target), _text_vocab_size(draft)
-    if tokenizer is not None and assistant_tokenizer is not None:
-        if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
-            raise ValueError(
-                "`tokenizer` and `assistant_tokenizer` have different vocabularies: verification needs the draft and "
-                "the target to score the same token ids. Use a draft that shares the target's tokenizer."
-            )
-    target_config, draft_config = target.config.get_text_config(), draft.config.get_text_config()
-    for name in ("eos_token_id", "bos_token_id"):
-        target_id, draft_id = getattr(target_config, name, None), getattr(draft_config, name, None)
-        if target_id is not None and draft_id is not None and target_id != draft_id:
-            raise ValueError(
-                f"The target and the draft have different `{name}` ({target_id} vs {draft_id}): they do not share a "
-                "tokenizer, and verification needs the same token ids. Use a draft from the target's model family."
-            )
-    smaller, larger = sorted((target_size, draft_size))
-    if larger - smaller > max(256, 0.01 * larger):
-        raise ValueError(
-            f"The target scores {target_size} tokens and the draft {draft_size}: too different to be padded embedding "
-            "matrices of one tokenizer. Verification needs the same token ids; use a draft that shares the target's "
-            "tokenizer."
-        )
-    return smaller
-
-
-def check_head_matches(head: DiversedHead, target, draft) -> None:
-    """Hidden sizes must match (error); recorded model ids differing from the models' give a warning."""
-    target_size, draft_size = hidden_size_of(target), hidden_size_of(draft)
-    config = head.config
-    if (config.draft_hidden_size, config.target_hidden_size) != (draft_size, target_size):
-        raise ValueError(
-            f"`diversed_head` was built for hidden sizes (draft {config.draft_hidden_size}, target "
-            f"{config.target_hidden_size}) but the models have (draft {draft_size}, target {target_size}). Use a head "
-            "trained for this pair, or build one with `DiversedHead.for_pair(target, draft)`."
-        )
-    for role, recorded, actual in (
-        ("target", config.target_model_id, model_id_of(target)),
-        ("draft", config.draft_model_id, model_id_of(draft)),
-    ):
-        if recorded and actual and recorded != actual:
-            logger.warning(
-                "This head was trained with %s model %r but is used with %r; its weights may not transfer.",
-                role,
-                recorded,
-                actual,
-            )
 
 
 @dataclass

@@ -36,6 +36,7 @@ from huggingface_hub import ModelHubMixin
 from torch import nn
 
 from . import hub
+from .pairs import hidden_size_of, model_id_of  # noqa: F401 - re-exported
 from .verifiers import MIXING_SPACES
 
 logger = logging.getLogger(__name__)
@@ -49,17 +50,6 @@ PAPER_URL = "https://arxiv.org/abs/2604.07622"
 # The official DIVERSED release (SPEC §3).
 OFFICIAL_WEIGHTS_NAME = "ensemble_head.bin"
 OFFICIAL_CONFIG_NAME = "ensemble_config.json"
-
-
-def hidden_size_of(model) -> int:
-    """Size of the last-layer hidden state of a Hugging Face causal LM."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.hidden_size)
-
-
-def model_id_of(model) -> str | None:
-    """The Hub id or local path a model was loaded from, if known."""
-    return getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None) or None
 
 
 @dataclass

@@ -124,7 +124,7 @@ def sample_from_mixture(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if vocab_size is None:
-        from .generation import shared_vocab_size
+        from .pairs import shared_vocab_size
 
         vocab_size = shared_vocab_size(target, draft)
     eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device, dtype=torch.long)  # fmt: skip

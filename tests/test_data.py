@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from diversed_hf.data import load_task_dataset
+from diversed_hf.tasks import load_task_dataset
 
 GSM8K = [
     {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
@@ -91,8 +91,10 @@ def test_bad_requests(tmp_path):
     data = write_jsonl(tmp_path / "test.jsonl", GSM8K)
     with pytest.raises(ValueError, match="needs `shots_data_files`"):
         load_task_dataset("gsm8k", data_files=data, num_shots=1)
-    with pytest.raises(ValueError, match="use one of"):
+    with pytest.raises(ValueError, match="Unknown task 'squad'; registered tasks are"):
         load_task_dataset("squad", data_files=data)
+    with pytest.raises(ValueError, match=r"does not take the options \['data_files'\]"):
+        load_task_dataset("testbed_arith", data_files=data)
     with pytest.raises(FileNotFoundError):
         load_task_dataset("gsm8k", data_files=str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="must all be one of"):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from diversed_hf import rewards
+from diversed_hf.tasks import get_task, reward_for_task, rewards
 
 
 def test_exact_match():
@@ -77,18 +77,26 @@ def test_sandbox_is_another_process_in_a_throwaway_directory(tmp_path, monkeypat
 
 
 def test_reward_for_task():
-    gsm8k = rewards.reward_for_task("gsm8k")
+    gsm8k = reward_for_task("gsm8k")
     assert gsm8k(prompts=["q", "q"], completions=["#### 4", "#### 5"], reference=["#### 4", "#### 4"]) == [1.0, 0.0]
-    mbpp = rewards.reward_for_task("mbpp")
+    mbpp = reward_for_task("mbpp")
     assert mbpp(completions=["def f():\n    return 1"], reference=["assert f() == 1"]) == [1.0]
     with pytest.raises(ValueError, match="column 'reference'"):
         gsm8k(prompts=["q"], completions=["4"])
-    with pytest.raises(ValueError, match="rewards exist for"):
-        rewards.reward_for_task("squad")
+    with pytest.raises(ValueError, match="Unknown task 'squad'"):
+        reward_for_task("squad")
 
 
 def test_testbed_rewards_are_the_same_functions():
-    arith = rewards.reward_for_task("testbed_arith")
+    arith = reward_for_task("testbed_arith")
     assert arith(completions=["1 + 2 = 3\n#### 3"], reference=["#### 3"]) == [1.0]
-    summary = rewards.reward_for_task("testbed_summary")
+    summary = reward_for_task("testbed_summary")
     assert summary(completions=["the cat ran"], reference=["the cat sat"]) == [pytest.approx(0.5)]
+
+
+def test_testbed_and_paper_tasks_share_reward_functions():
+    import diversed_hf.testbed  # noqa: F401 - registers arith / summary
+
+    assert get_task("arith").reward is get_task("gsm8k").reward
+    assert get_task("testbed_summary").reward is get_task("xsum").reward
+    assert get_task("arith").metric_label == get_task("gsm8k").metric_label == "exact match (%)"

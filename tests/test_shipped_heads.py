@@ -7,7 +7,7 @@ import json
 import pytest
 
 import diversed_hf.testbed as testbed
-from diversed_hf.head import hidden_size_of
+from diversed_hf.pairs import hidden_size_of
 
 
 # Recorded by training/eval_head.py (200 held-out problems x 3 sampling seeds, T = 1, N = 5): arith must

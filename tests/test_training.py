@@ -363,7 +363,7 @@ def test_config_validation():
 
 
 def test_import_diversed_hf_does_not_import_trl():
-    code = "import sys, diversed_hf, diversed_hf.rollout, diversed_hf.rewards, diversed_hf.data; print('trl' in sys.modules)"
+    code = "import sys, diversed_hf, diversed_hf.rollout, diversed_hf.tasks; print('trl' in sys.modules)"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr

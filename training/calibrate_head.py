@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "training"))
 
 import torch  # noqa: E402
 
-from diversed_hf.data import load_task_dataset  # noqa: E402
+from diversed_hf.tasks import load_task_dataset  # noqa: E402
 from eval_head import QUALITY_METRICS, evaluate, load_any_head, load_models  # noqa: E402
 
 logger = logging.getLogger("calibrate_head")

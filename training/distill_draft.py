@@ -34,14 +34,14 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from trl import SFTConfig, SFTTrainer, TrlParser  # noqa: E402
 
-from diversed_hf.data import load_task_dataset  # noqa: E402
+from diversed_hf.tasks import load_task_dataset  # noqa: E402
 
 logger = logging.getLogger("distill_draft")
 
 
 @dataclass
 class DistillArguments:
-    task: str = field(metadata={"help": "Task whose training prompts are completed by the target (see diversed_hf.data)."})
+    task: str = field(metadata={"help": "Task whose training prompts are completed by the target (see diversed_hf.tasks)."})
     target_model: str = field(default="testbed", metadata={"help": "Target model id/path, or 'testbed'."})
     draft_model: str | None = field(default=None, metadata={"help": "Draft model id/path (not with the testbed)."})
     dtype: str = field(default="float32", metadata={"help": "dtype of the models."})

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
-from diversed_hf.data import load_task_dataset  # noqa: E402
+from diversed_hf.tasks import load_task_dataset  # noqa: E402
 from diversed_hf.rewards import TASK_REWARDS  # noqa: E402
 
 logger = logging.getLogger("eval_head")

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
 from diversed_hf import DiversedHead  # noqa: E402
-from diversed_hf.data import load_task_dataset  # noqa: E402
-from diversed_hf.rewards import reward_for_task  # noqa: E402
+from diversed_hf.tasks import load_task_dataset  # noqa: E402
+from diversed_hf.tasks import reward_for_task  # noqa: E402
 from diversed_hf.training import DiversedConfig, DiversedTrainer  # noqa: E402
 
 logger = logging.getLogger("train_head")

@@ -28,6 +28,8 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+from .. import tasks as task_registry
+from ..head import DiversedHead
 from . import rewards, tasks
 from .rewards import extract_final_number
 from .tasks import TASKS
@@ -47,6 +49,7 @@ __all__ = [
     "load_pair",
     "load_task",
     "load_tokenizer",
+    "register_tasks",
     "reward",
     "rewards",
     "tasks",
@@ -143,8 +146,6 @@ def load_head(name: str):
     Trained with ``python training/train_head.py --config training/configs/testbed_<name>.yaml`` on the
     pair of :func:`load_pair`; use it as ``target.generate(..., assistant_model=draft, diversed_head=head)``.
     """
-    from ..head import DiversedHead
-
     if name not in TASKS:
         raise ValueError(f"`name` is {name!r}; shipped heads exist for {TASKS}.")
     path = ASSETS_DIR / "heads" / name
@@ -173,3 +174,52 @@ def load_finetuned_draft(name: str, torch_dtype=None, device: str = "cpu"):
             f"--task testbed_{name} --merged_dir {path} --save_dtype bfloat16` (or reinstall the package)."
         )
     return _load_model(path, f"draft-ft-{name}", torch_dtype, device)
+
+
+# Task registry -----------------------------------------------------------------------------------
+
+#: default generation length per testbed task (completions are at most ~90 / ~30 tokens)
+MAX_NEW_TOKENS = {"arith": 100, "summary": 40}
+_DESCRIPTIONS = {
+    "arith": "The `diversed_hf` testbed's GSM8K-style arithmetic task, generated offline "
+    '(`diversed_hf.testbed.load_task("arith")`); quality is exact match of the final number.',
+    "summary": "The `diversed_hf` testbed's XSum-style summary task, generated offline "
+    '(`diversed_hf.testbed.load_task("summary")`); quality is ROUGE-2 F1.',
+}
+_METRICS = {"arith": "exact_match", "summary": "rouge2_f1"}
+
+
+def _task_loader(name: str):
+    def load(split: str = "test", num_examples: int | None = None, seed: int = 0, style: str = "uniform"):
+        return load_task(name, split=split, num_examples=200 if num_examples is None else num_examples, seed=seed, style=style)
+
+    load.__name__ = f"load_{name}"
+    return load
+
+
+SPECS = {
+    name: task_registry.TaskSpec(
+        name=name,
+        description=_DESCRIPTIONS[name],
+        load=_task_loader(name),
+        reward=rewards.REWARDS[name],
+        metric=_METRICS[name],
+        max_new_tokens=MAX_NEW_TOKENS[name],
+        aliases=(f"testbed_{name}",),
+        options=("style",),
+    )
+    for name in TASKS
+}
+
+
+def register_tasks() -> None:
+    """Register ``arith`` and ``summary`` (also ``testbed_arith`` / ``testbed_summary``) in :mod:`diversed_hf.tasks`.
+
+    Runs when this package is imported, and through the ``diversed_hf.tasks`` entry point when a task
+    is looked up before that. Registering again is a no-op.
+    """
+    for spec in SPECS.values():
+        task_registry.register_task(spec)
+
+
+register_tasks()

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..head import DiversedHead, DiversedHeadConfig, hidden_size_of, model_id_of
+from ..head import DiversedHead, DiversedHeadConfig
+from ..pairs import hidden_size_of, model_id_of
 
 PAIR_FILE = "diversed_pair.json"
 HEAD_CONFIG_FILE = "config.json"

@@ -40,8 +40,8 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from trl import GRPOTrainer
 from trl.trainer.utils import get_callable_name
 
-from ..data import check_columns
-from ..generation import check_head_matches, shared_vocab_size
+from ..tasks import check_columns
+from ..pairs import check_head_matches, shared_vocab_size
 from ..head import DiversedHead
 from ..rollout import mixture_logprobs, sample_from_mixture
 from . import objective
@@ -78,7 +78,7 @@ class DiversedTrainer(GRPOTrainer):
             ``args.head_architecture`` / ``args.head_w_0``.
         reward_funcs: one or more TRL-style reward functions
             ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns) -> list[float]``
-            (e.g. :func:`diversed_hf.rewards.reward_for_task`). Pass ``lambda completions, **_:
+            (e.g. :func:`diversed_hf.tasks.reward_for_task`). Pass ``lambda completions, **_:
             [0.0] * len(completions)`` to train on acceptance alone.
         args: a :class:`DiversedConfig`.
         train_dataset / eval_dataset: ``datasets.Dataset`` with a ``prompt`` column (plain text or

@@ -1,0 +1,43 @@
+"""Tasks: one registry of :class:`TaskSpec` (data, prompt format, reward, metric, generation length).
+
+    from diversed_hf.tasks import get_task, load_task_dataset, reward_for_task
+
+    spec = get_task("gsm8k")                     # or "arith" / "summary" from the CPU testbed
+    data = load_task_dataset("gsm8k", split="test", num_examples=200)   # prompt, reference, ...
+    scores = spec.reward(completions, data["reference"])                 # one float in [0, 1] each
+
+The paper's tasks live in :mod:`.paper`, the pure reward functions in :mod:`.rewards`.
+"""
+
+from . import paper, rewards
+from .paper import PROMPT_FORMATS, PromptFormat, format_prompt
+from .registry import (
+    METRIC_LABELS,
+    TaskSpec,
+    canonical_metric,
+    check_columns,
+    get_task,
+    load_task_dataset,
+    metric_label,
+    register_task,
+    reward_for_task,
+    task_names,
+)
+
+__all__ = [
+    "METRIC_LABELS",
+    "PROMPT_FORMATS",
+    "PromptFormat",
+    "TaskSpec",
+    "canonical_metric",
+    "check_columns",
+    "format_prompt",
+    "get_task",
+    "load_task_dataset",
+    "metric_label",
+    "paper",
+    "register_task",
+    "reward_for_task",
+    "rewards",
+    "task_names",
+]

@@ -1,0 +1,208 @@
+"""The one table of tasks: every part of the project that needs to know a task reads it here.
+
+A :class:`TaskSpec` says everything the library needs about one task: how to load its prompts and
+references, its sequence reward, the quality metric the reward measures (and how tables label it),
+its Hub datasets (for model cards) and its default generation length. Data loading, rewards, model
+cards, the bench and the training scripts all go through :func:`get_task`.
+
+Tasks come from three places:
+
+- the paper's tasks (GSM8K, CNN/DailyMail, XSum, MBPP), registered by :mod:`diversed_hf.tasks.paper`;
+- the CPU testbed's ``arith`` and ``summary``, registered by :mod:`diversed_hf.testbed` when it is
+  imported; the library never imports the testbed, so :func:`get_task` finds them through the
+  ``diversed_hf.tasks`` entry point the package declares (``diversed_hf.testbed:register_tasks``);
+- your own: ``register_task(TaskSpec(...))``, or an entry point of your package in the same group.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "METRIC_LABELS",
+    "TaskSpec",
+    "check_columns",
+    "get_task",
+    "load_task_dataset",
+    "metric_label",
+    "register_task",
+    "reward_for_task",
+    "task_names",
+]
+
+ENTRY_POINT_GROUP = "diversed_hf.tasks"
+
+#: Quality metrics and how tables, plots and cards label them (values are shown x 100).
+METRIC_LABELS: dict[str, str] = {
+    "exact_match": "exact match (%)",
+    "rouge2_f1": "ROUGE-2 F1 (x100)",
+    "pass@1": "pass@1 (%)",
+}
+#: Other spellings of the metrics that results files may carry.
+METRIC_ALIASES: dict[str, str] = {
+    "accuracy": "exact_match",
+    "rouge2": "rouge2_f1",
+    "rouge-2": "rouge2_f1",
+    "pass_at_1": "pass@1",
+}
+
+Reward = Callable[[Sequence[str], Sequence[str]], list]
+
+
+def canonical_metric(metric: str | None) -> str | None:
+    """The canonical name of a quality metric (``"accuracy"`` -> ``"exact_match"``); unknown names pass through."""
+    if metric is None:
+        return None
+    return METRIC_ALIASES.get(metric, metric)
+
+
+def metric_label(metric: str | None) -> str:
+    """How tables, plots and cards name a quality metric (values shown x 100)."""
+    metric = canonical_metric(metric)
+    return METRIC_LABELS.get(metric or "", f"{metric or 'quality'} (x100)")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: data, reward, metric, generation length.
+
+    ``load(split=..., num_examples=..., seed=..., **options)`` returns a ``datasets.Dataset`` with at
+    least the columns ``prompt`` (text ending where the model continues) and ``reference`` (what
+    ``reward`` compares a completion with). ``reward(completions, references) -> list[float]`` is a
+    pure sequence reward in [0, 1].
+    """
+
+    name: str
+    description: str  # one sentence for model cards: what the task is and what quality means
+    load: Callable[..., Any]
+    reward: Reward
+    metric: str  # a key of METRIC_LABELS, or your own metric's name
+    max_new_tokens: int = 128  # default generation length for evaluation
+    hub_datasets: tuple[str, ...] = ()  # Hub dataset ids (model-card metadata)
+    aliases: tuple[str, ...] = ()  # other names that resolve to this task
+    prompt_format: Any = None  # how rows become prompts (e.g. a PromptFormat), when the task has one
+    options: tuple[str, ...] = field(default=())  # extra keyword options ``load`` accepts
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"`name` must be a non-empty string, got {self.name!r}.")
+        for attribute in ("load", "reward"):
+            if not callable(getattr(self, attribute)):
+                raise TypeError(f"TaskSpec {self.name!r}: `{attribute}` must be callable, got {getattr(self, attribute)!r}.")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"TaskSpec {self.name!r}: `max_new_tokens` must be a positive integer, got {self.max_new_tokens!r}.")
+
+    @property
+    def metric_label(self) -> str:
+        return metric_label(self.metric)
+
+    def load_dataset(self, split: str = "test", num_examples: int | None = None, seed: int = 0, **options):
+        """The task's ``datasets.Dataset`` (``prompt``, ``reference`` and the source's own columns)."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            accepted = ", ".join(self.options) or "none"
+            raise ValueError(f"Task {self.name!r} does not take the options {unknown}; it accepts: {accepted}.")
+        if num_examples is not None and (isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1):
+            raise ValueError(f"`num_examples` must be a positive integer or None, got {num_examples!r}.")
+        return self.load(split=split, num_examples=num_examples, seed=seed, **options)
+
+
+_REGISTRY: dict[str, TaskSpec] = {}
+_ALIASES: dict[str, str] = {}
+_entry_points_loaded = False
+
+
+def register_task(spec: TaskSpec, *, overwrite: bool = False) -> TaskSpec:
+    """Add ``spec`` to the registry (under its name and aliases); returns it."""
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"`spec` must be a TaskSpec, got {type(spec).__name__}.")
+    for key in (spec.name, *spec.aliases):
+        owner = _ALIASES.get(key)
+        if owner is not None and owner != spec.name and not overwrite:
+            raise ValueError(
+                f"Task name {key!r} is already taken by task {owner!r}; pass `overwrite=True` to replace it, or pick "
+                "another name."
+            )
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec and not overwrite:
+        raise ValueError(f"Task {spec.name!r} is already registered; pass `overwrite=True` to replace it.")
+    _REGISTRY[spec.name] = spec
+    for key in (spec.name, *spec.aliases):
+        _ALIASES[key] = spec.name
+    return spec
+
+
+def _load_entry_points() -> None:
+    """Register the tasks of installed plugins (the ``diversed_hf.tasks`` entry-point group), once."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            register = entry_point.load()
+            register()
+        except Exception as error:  # noqa: BLE001 - one broken plugin must not hide the other tasks
+            logger.warning("could not register the tasks of entry point %r: %s", entry_point.value, error)
+
+
+def task_names() -> list[str]:
+    """Names of every registered task (plugins included), sorted."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str) -> TaskSpec:
+    """The :class:`TaskSpec` registered as ``name`` (or an alias of it, such as ``"testbed_arith"``)."""
+    if isinstance(name, TaskSpec):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"`task` must be a task name (str), got {type(name).__name__} {name!r}.")
+    if name not in _ALIASES:
+        _load_entry_points()
+    if name not in _ALIASES:
+        raise ValueError(
+            f"Unknown task {name!r}; registered tasks are {sorted(_REGISTRY)}. The testbed's tasks register when "
+            "`diversed_hf.testbed` is imported; register your own with `diversed_hf.tasks.register_task(TaskSpec(...))`."
+        )
+    return _REGISTRY[_ALIASES[name]]
+
+
+def load_task_dataset(task: str, split: str = "test", num_examples: int | None = None, seed: int = 0, **options):
+    """A ``datasets.Dataset`` of ``task`` with ``prompt`` and ``reference`` columns (see :meth:`TaskSpec.load_dataset`)."""
+    return get_task(task).load_dataset(split=split, num_examples=num_examples, seed=seed, **options)
+
+
+def reward_for_task(task: str) -> Callable[..., list[float]]:
+    """The task's reward in TRL's convention: ``f(prompts=..., completions=..., reference=..., **columns)``.
+
+    It reads the dataset column ``reference`` that every task's loader produces.
+    """
+    spec = get_task(task)
+    score = spec.reward
+
+    def reward(prompts=None, completions=None, reference=None, **columns) -> list[float]:
+        if reference is None:
+            raise ValueError(
+                f"the {spec.name!r} reward reads the dataset column 'reference', which the batch lacks; load the data "
+                "with `diversed_hf.tasks.load_task_dataset` (it adds 'reference') or add the column yourself."
+            )
+        return score(list(completions), list(reference))
+
+    reward.__name__ = spec.name
+    return reward
+
+
+def check_columns(dataset, required: Sequence[str], what: str) -> None:
+    """Raise a ValueError naming the columns of ``required`` that ``dataset`` (a ``datasets.Dataset``) lacks."""
+    missing = [c for c in required if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"{what} lacks the columns {missing} (it has {dataset.column_names}); it needs {list(required)}. Use files "
+            "in the same schema as the Hub dataset, or rename the columns with `dataset.rename_column(old, new)`."
+        )

@@ -1,0 +1,246 @@
+"""Sequence-level task rewards ``R(x)`` (docs/method.md §5, §7), as pure functions ``(completions, references) -> list[float]``.
+
+=================== ======================================================================
+``exact_match``     GSM8K: the final number (after the last ``####``, else the last number;
+                    commas removed) of completion and reference are equal -> 1.0, else 0.0
+``rouge2``          CNN/DailyMail, XSum: ROUGE-2 F1 in [0, 1] (``rouge_score``, no stemming)
+``pass_at_1``       MBPP / HumanEval style: 1.0 iff the completion's code passes every test,
+                    executed in a sandboxed **separate process** (see below)
+=================== ======================================================================
+
+The testbed's ``arith`` / ``summary`` tasks are scored by these same functions, so the testbed and
+GSM8K / XSum share one number extraction and one ROUGE scorer.
+
+Sandbox of :func:`pass_at_1` [decision]. Each program runs as ``python -I <file>`` in a fresh
+``tempfile.TemporaryDirectory`` (its cwd, ``HOME`` and ``TMPDIR``), with an environment reduced
+to ``PATH``/``LANG``, in its own session (the whole process group is killed on timeout), and with
+``resource`` limits set in ``preexec_fn``: address space (``memory_mb``), CPU seconds, file size
+(16 MiB), open files (64) and no core dumps. Network: when ``unshare -n`` works on this machine
+(Linux, root or unprivileged user namespaces), the child runs in an empty network namespace; in
+every case a ``sys.addaudithook`` prelude, which the program cannot remove, raises on any
+``socket`` creation, connection or name lookup. :func:`sandbox_network_mode` says which applies.
+This is a guard against accidents of generated code, not a security boundary against hostile
+code: run untrusted code in a container.
+
+:func:`diversed_hf.tasks.reward_for_task` wraps a task's reward in TRL's reward-function convention
+``f(prompts=..., completions=..., **dataset_columns) -> list[float]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+
+__all__ = [
+    "exact_match",
+    "rouge2",
+    "pass_at_1",
+    "extract_code",
+    "extract_final_number",
+    "run_program",
+    "sandbox_network_mode",
+    "rouge2_f1",
+]
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _check(completions: Sequence[str], references: Sequence, name: str = "references") -> None:
+    if isinstance(completions, str) or isinstance(references, str):
+        raise TypeError(f"`completions` and `{name}` must be lists, not a single string.")
+    if len(completions) != len(references):
+        raise ValueError(
+            f"`completions` has {len(completions)} entries but `{name}` has {len(references)}; pass one per completion."
+        )
+
+
+def extract_final_number(text: str) -> str | None:
+    """The final number of ``text`` as a canonical string, or ``None`` when there is none.
+
+    After the last ``####`` if present (the first number there), else the last number in the text.
+    Commas are removed first (``"1,234"`` -> ``"1234"``); ``"27.0"`` -> ``"27"``; ``"-3"`` keeps its sign.
+    """
+    text = text.replace(",", "")
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1]
+        found = _NUMBER.search(tail)
+        match = found.group(0) if found else None
+    else:
+        found = _NUMBER.findall(text)
+        match = found[-1] if found else None
+    if match is None:
+        return None
+    if "." in match:
+        match = match.rstrip("0").rstrip(".")
+    if match in ("-0", ""):
+        match = "0"
+    return match
+
+
+_SCORER = None
+
+
+def rouge2_f1(prediction: str, reference: str) -> float:
+    """ROUGE-2 F1 of ``prediction``, in [0, 1]: the best over the lines of ``reference``."""
+    global _SCORER
+    if _SCORER is None:
+        from rouge_score import rouge_scorer
+
+        _SCORER = rouge_scorer.RougeScorer(["rouge2"], use_stemmer=False)
+    alternatives = [line for line in reference.split("\n") if line.strip()] or [reference]
+    return _SCORER.score_multi(alternatives, prediction)["rouge2"].fmeasure
+
+
+def exact_match(completions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """GSM8K exact match: 1.0 where ``extract_final_number`` of completion and reference agree, else 0.0.
+
+    A completion without any number scores 0; a reference without a number is an error (it cannot be matched).
+    """
+    _check(completions, references)
+    rewards = []
+    for completion, reference in zip(completions, references):
+        target = extract_final_number(reference)
+        if target is None:
+            raise ValueError(f"reference {reference!r} contains no number; references end in '#### <answer>' (GSM8K's format).")
+        rewards.append(float(extract_final_number(completion) == target))
+    return rewards
+
+
+def rouge2(completions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-2 F1 in [0, 1] of each completion against its reference (report x 100 to compare with papers).
+
+    A reference may hold several acceptable answers, one per line: the score is the best over them.
+    """
+    _check(completions, references)
+    return [rouge2_f1(c, r) for c, r in zip(completions, references)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Code execution
+
+_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+_STOP_MARKERS = ("[DONE]", "\n[BEGIN]", "\nYou are an expert Python programmer")
+
+
+def extract_code(completion: str) -> str:
+    """The program in a completion: the first fenced block if any, else the text up to an MBPP stop marker."""
+    fenced = _FENCE.search(completion)
+    if fenced:
+        return fenced.group(1)
+    end = min((completion.find(m) for m in _STOP_MARKERS if m in completion), default=len(completion))
+    return completion[:end]
+
+
+# Installed first in every sandboxed program; audit hooks cannot be removed once added (PEP 578).
+_NETWORK_GUARD = textwrap.dedent(
+    """
+    import sys as _sys
+    def _diversed_no_network(event, args):
+        if event.startswith("socket.") and event != "socket.sethostname":
+            raise PermissionError("network access is disabled in the diversed_hf sandbox")
+    _sys.addaudithook(_diversed_no_network)
+    del _sys, _diversed_no_network
+    """
+)
+
+
+@functools.lru_cache(maxsize=None)
+def sandbox_network_mode() -> str:
+    """``"netns+audit"`` when ``unshare -n`` works here (child gets no network interfaces), else ``"audit"``."""
+    unshare = shutil.which("unshare")
+    if unshare and sys.platform.startswith("linux"):
+        try:
+            done = subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=10)
+            if done.returncode == 0:
+                return "netns+audit"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return "audit"
+
+
+def _limits(memory_mb: int, cpu_seconds: int) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec
+        memory = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024, 16 * 1024 * 1024))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def run_program(source: str, *, timeout: float = 10.0, memory_mb: int = 1024) -> tuple[bool, str]:
+    """Run ``source`` in the sandbox; ``(passed, reason)`` where passed means exit status 0 within ``timeout``.
+
+    ``reason`` is ``"passed"``, ``"timeout"`` or the last line of the program's stderr.
+    """
+    if timeout <= 0:
+        raise ValueError(f"`timeout` must be positive seconds, got {timeout!r}.")
+    if memory_mb < 64:
+        raise ValueError(f"`memory_mb` must be at least 64 (the interpreter needs it), got {memory_mb!r}.")
+    with tempfile.TemporaryDirectory(prefix="diversed_sandbox_") as workdir:
+        path = os.path.join(workdir, "program.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(_NETWORK_GUARD + "\n" + source + "\n")
+        command = [sys.executable, "-I", "-B", path]
+        if sandbox_network_mode() == "netns+audit":
+            command = [shutil.which("unshare"), "-n", *command]
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        process = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_limits(memory_mb, max(1, int(timeout) + 1)),
+        )
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.communicate()
+            return False, "timeout"
+        if process.returncode == 0:
+            return True, "passed"
+        lines = stderr.decode("utf-8", "replace").strip().splitlines()
+        return False, lines[-1] if lines else f"exit status {process.returncode}"
+
+
+def pass_at_1(
+    completions: Sequence[str],
+    tests: Sequence[str],
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 1024,
+    max_workers: int | None = None,
+) -> list[float]:
+    """1.0 where ``extract_code(completion) + "\\n" + tests`` exits cleanly in the sandbox within ``timeout`` s.
+
+    ``tests`` holds one test program per completion (MBPP: setup code and the ``assert`` lines of
+    ``test_list``; HumanEval: the ``check`` function and a call to it). Programs run in parallel
+    separate processes (``max_workers``, default the CPU count), never in this process.
+    """
+    _check(completions, tests, "tests")
+    programs = [extract_code(c) + "\n\n" + t for c, t in zip(completions, tests)]
+    workers = max_workers or min(len(programs), os.cpu_count() or 1) or 1
+    run = functools.partial(run_program, timeout=timeout, memory_mb=memory_mb)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(run, programs))
+    return [float(passed) for passed, _ in results]
