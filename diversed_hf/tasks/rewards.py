@@ -60,8 +60,10 @@ def _check(completions: Sequence[str], references: Sequence, name: str = "refere
     if isinstance(completions, str) or isinstance(references, str):
         raise TypeError(f"`completions` and `{name}` must be lists, not a single string.")
     if len(completions) != len(references):
+        each = "test program" if name == "tests" else "reference"
         raise ValueError(
-            f"`completions` has {len(completions)} entries but `{name}` has {len(references)}; pass one per completion."
+            f"`completions` has {len(completions)} entries but `{name}` has {len(references)}; pass one per completion "
+            f"(one {each} per completion)."
         )
 
 
