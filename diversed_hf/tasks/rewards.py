@@ -58,7 +58,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 def _check(completions: Sequence[str], references: Sequence, name: str = "references") -> None:
     if isinstance(completions, str) or isinstance(references, str):
-        raise TypeError(f"`completions` and `{name}` must be lists, not a single string.")
+        raise TypeError(f"`completions` and `{name}` must be lists of strings, not a single string.")
     if len(completions) != len(references):
         each = "test program" if name == "tests" else "reference"
         raise ValueError(
