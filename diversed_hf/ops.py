@@ -1,4 +1,4 @@
-"""Pure tensor math of verification against a mixture (SPEC §2, §5).
+"""Pure tensor math of verification against a mixture (docs/method.md §2, §3).
 
 Vocabulary (as in vLLM's rejection sampler): a drafted token is *accepted* or rejected; at the
 first rejection a *recovered* token is drawn from the residual; when every draft survives, a
@@ -20,6 +20,8 @@ Nothing here draws random numbers except :func:`sample`, which takes an optional
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -36,17 +38,19 @@ def mix_probs(
     target_probs: torch.Tensor,  # (..., vocab)
     target_weight: torch.Tensor,  # (...)
 ) -> torch.Tensor:  # (..., vocab)
-    """nu = w p + (1 - w) q, the DIVERSED verification distribution (SPEC §2)."""
+    """nu = w p + (1 - w) q, the DIVERSED verification distribution (docs/method.md §2)."""
     w = target_weight.unsqueeze(-1).to(target_probs.dtype)  # (..., 1)
     return w * target_probs + (1.0 - w) * draft_probs
 
 
-def mix_logprobs(
+def geometric_pool_probs(
     draft_probs: torch.Tensor,  # (..., vocab)
     target_probs: torch.Tensor,  # (..., vocab)
     target_weight: torch.Tensor,  # (...)
-) -> torch.Tensor:  # (..., vocab)
+) -> torch.Tensor:  # (..., vocab) probabilities
     """softmax(w log p + (1 - w) log q): the geometric pool of the official DIVERSED code (``mixing="logits"``).
+
+    Returns **probabilities** (the pooled distribution), not log-probabilities.
 
     Log-probabilities differ from logits by a per-row constant, which the softmax removes, so this
     equals ``softmax(w z_p + (1 - w) z_q)`` on processed logits. A weight of exactly 0 (or 1) ignores
@@ -59,6 +63,16 @@ def mix_logprobs(
     pooled = (target_term + draft_term).softmax(dim=-1)  # (..., vocab)
     undefined = pooled.isnan().any(dim=-1, keepdim=True)  # (..., 1)
     return torch.where(undefined, target_probs, pooled)
+
+
+def mix_logprobs(draft_probs, target_probs, target_weight):
+    """Deprecated name of :func:`geometric_pool_probs` (it returns probabilities); removed in the next release."""
+    warnings.warn(
+        "`ops.mix_logprobs` is deprecated: it returns probabilities, so it is now `ops.geometric_pool_probs`.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return geometric_pool_probs(draft_probs, target_probs, target_weight)
 
 
 def ratio_acceptance(

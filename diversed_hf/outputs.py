@@ -7,19 +7,20 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from . import theory
+
 
 @dataclass
 class SpeculationStats:
     """Acceptance statistics of one speculative ``generate`` call, per row (index = batch row).
 
-    Definitions (SPEC §7): acceptance rate = accepted drafted tokens / drafted tokens, summed over
-    rounds; a round emits its accepted drafts plus one recovered or bonus token. ``acceptance_probs``
-    holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted position: the
-    probability the draft at that position would be accepted, which gives the exact estimator of
-    expected tokens per round ``1 + sum_k prod_{t<=k} beta_t`` (SPEC §6). ``drafted_acceptance_probs``
-    holds ``a_t(x_t)``, the probability that the token actually drafted was kept (1/0 in greedy
-    mode), for the unbiased estimator ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` of
-    :func:`diversed_hf.theory.expected_tokens_per_round`.
+    Definitions (docs/method.md §7): acceptance rate = accepted drafted tokens / drafted tokens,
+    summed over rounds; a round emits its accepted drafts plus one recovered or bonus token.
+    ``acceptance_probs`` holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted
+    position: the probability that the position accepts, before its token is drawn.
+    ``drafted_acceptance_probs`` holds ``a_t(x_t)``, the probability that the token actually drafted
+    was kept (1/0 in greedy mode). Together they give the unbiased estimator of the expected tokens
+    per round, ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` (:attr:`expected_tokens_per_round`, docs/method.md §6).
     """
 
     num_draft_tokens: int  # N, drafts per round
@@ -48,14 +49,12 @@ class SpeculationStats:
 
     @property
     def expected_tokens_per_round(self) -> torch.Tensor:  # (batch,)
-        """Exact estimator ``mean over rounds of 1 + sum_k prod_{t<=k} beta_t`` (SPEC §6)."""
-        values = []
-        for betas in self.acceptance_probs:  # (rounds, N)
-            if betas.numel() == 0:
-                values.append(float("nan"))
-                continue
-            prefix = torch.nan_to_num(betas, nan=0.0).cumprod(dim=-1)  # (rounds, N)
-            values.append(float((1.0 + prefix.sum(dim=-1)).mean()))
+        """Unbiased estimate of ``E[T_N]`` per row: :func:`diversed_hf.theory.expected_tokens_per_round` (docs/method.md §6)."""
+        drafted = self.drafted_acceptance_probs or [None] * len(self.acceptance_probs)
+        values = [
+            float(theory.expected_tokens_per_round(betas, kept)) if kept is not None else float("nan")
+            for betas, kept in zip(self.acceptance_probs, drafted)
+        ]
         return torch.tensor(values, dtype=torch.float64)
 
     # Totals over the batch -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The theory of relaxed speculative decoding as code you can check (SPEC §6).
+"""The theory of relaxed speculative decoding as code you can check (docs/method.md §6).
 
 Pure torch; nothing here imports transformers or draws random numbers.
 
@@ -11,16 +11,17 @@ verification against ``pi``: ``min(1, pi_t(x_t) / q_t(x_t))``), independently gi
     E[T_N] = sum_{k=0..N} P(first k drafts accepted) = 1 + sum_{k=1..N} E[ prod_{t<k} a_t(x_t) * beta_k ]
 
 and the per-round value inside the expectation is an unbiased, low-variance estimator of
-``E[T_N]`` (the uniform draws of verification are averaged out exactly). SPEC §6 writes
-``1 + sum_k E[prod_{t<=k} beta_t]`` with ``beta_t`` along the drafted prefix: that is the same only
-when ``beta_{t+1}`` does not depend on whether ``x_t`` was a token likely to be accepted — true when
-acceptance depends on position but not on context, **biased in general**. Example: ``q_1`` uniform
-on ``{A, B}``, ``p_1 = delta_A``; after ``A`` the models disagree (``beta_2 = 0``), after ``B`` they
-agree (``beta_2 = 1``). Then ``E[T_2] = 1.5`` but ``1 + beta_1 + E[beta_1 beta_2] = 1.75``.
-:func:`expected_tokens_per_round` computes the exact form when given ``a_t(x_t)`` and the SPEC
-form otherwise. If every ``beta_t = alpha`` independently of context, both reduce to the i.i.d.
-formula of Leviathan et al. (2023), ``(1 - alpha^(N+1)) / (1 - alpha)`` (:func:`iid_tokens_per_round`),
-which ignores that acceptance depends on position and context.
+``E[T_N]`` (the uniform draws of verification are averaged out exactly): this is
+:func:`expected_tokens_per_round`, the one estimator the library reports (``SpeculationStats``,
+the bench). The tempting form ``1 + sum_k E[prod_{t<=k} beta_t]`` with ``beta_t`` along the drafted
+prefix (:func:`beta_product_tokens_per_round`) is the same only when ``beta_{t+1}`` does not depend on
+whether ``x_t`` was a token likely to be accepted — true when acceptance depends on position but not
+on context, **biased in general**. Example: ``q_1`` uniform on ``{A, B}``, ``p_1 = delta_A``; after
+``A`` the models disagree (``beta_2 = 0``), after ``B`` they agree (``beta_2 = 1``). Then
+``E[T_2] = 1.5`` but ``1 + beta_1 + E[beta_1 beta_2] = 1.75``. If every ``beta_t = alpha``
+independently of context, both reduce to the i.i.d. formula of Leviathan et al. (2023),
+``(1 - alpha^(N+1)) / (1 - alpha)`` (:func:`iid_tokens_per_round`), which ignores that acceptance
+depends on position and context.
 
 **Speedup model.** With ``c = cost(draft token) / cost(target token)`` a round costs ``N c + 1``
 target-token equivalents and emits ``E[T_N]`` tokens, so the speedup over target-only decoding is
@@ -52,6 +53,7 @@ from . import ops
 
 __all__ = [
     "Tradeoff",
+    "beta_product_tokens_per_round",
     "expected_tokens_per_round",
     "iid_tokens_per_round",
     "predicted_speedup",
@@ -62,46 +64,70 @@ __all__ = [
 ]
 
 
-def expected_tokens_per_round(
-    acceptance_probs: torch.Tensor,  # (num_rounds, N) beta_t per round along the drafted prefix; NaN = not drafted
-    drafted_acceptance: torch.Tensor | None = None,  # (num_rounds, N) a_t(x_t) of the drafted tokens; NaN = not drafted
-    *,
-    per_round: bool = False,
-) -> torch.Tensor:  # () mean over rounds, or (num_rounds,) if per_round
-    """Estimator of the expected tokens per round ``E[T_N]`` from per-round acceptance probabilities.
-
-    With ``drafted_acceptance`` (the probability ``a_t(x_t)`` that each drafted token is accepted),
-    each round contributes ``1 + sum_{k=1..N} prod_{t<k} a_t(x_t) * beta_k``, whose mean over rounds
-    is unbiased for ``E[T_N]`` whatever the models are. Without it, each round contributes
-    ``1 + sum_k prod_{t<=k} beta_t`` (SPEC §6), unbiased only when acceptance does not depend on
-    the drafted context (see the module docstring for a counterexample).
-
-    A NaN marks a position the round did not draft (a round cut short by the length budget): the
-    sum stops there, as the round's count of accepted drafts does. Returns NaN for zero rounds.
-    """
-    if acceptance_probs.dim() != 2:
+def _check_rounds(name: str, values: torch.Tensor) -> None:
+    if not isinstance(values, torch.Tensor) or values.dim() != 2:
+        shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
         raise ValueError(
-            f"`acceptance_probs` must have shape (num_rounds, num_draft_tokens), got {tuple(acceptance_probs.shape)}. "
-            "Concatenate the per-row tensors of `SpeculationStats.acceptance_probs` with `torch.cat`."
+            f"`{name}` must be a tensor of shape (num_rounds, num_draft_tokens), got {shape}. Concatenate the per-row "
+            "tensors of `SpeculationStats` with `torch.cat`."
         )
-    betas = torch.nan_to_num(acceptance_probs.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
-    if drafted_acceptance is None:
-        reach = betas.cumprod(dim=-1)  # (rounds, N) prod_{t<=k} beta_t
-    else:
-        if drafted_acceptance.shape != acceptance_probs.shape:
-            raise ValueError(
-                f"`drafted_acceptance` has shape {tuple(drafted_acceptance.shape)} but `acceptance_probs` has "
-                f"{tuple(acceptance_probs.shape)}; pass both per round and position."
-            )
-        kept = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
-        before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1)  # (rounds, N) prod_{t<k}
-        reach = before * betas  # (rounds, N)
-    per_round_value = 1.0 + reach.sum(dim=-1)  # (rounds,)
+
+
+def _mean_or_nan(per_round_value: torch.Tensor, per_round: bool) -> torch.Tensor:
     if per_round:
         return per_round_value
     if per_round_value.numel() == 0:
         return torch.tensor(float("nan"), dtype=torch.float64)
     return per_round_value.mean()
+
+
+def expected_tokens_per_round(
+    position_acceptance: torch.Tensor,  # (num_rounds, N) beta_t per round along the drafted prefix; NaN = not drafted
+    drafted_acceptance: torch.Tensor,  # (num_rounds, N) a_t(x_t) of the drafted tokens; NaN = not drafted
+    *,
+    per_round: bool = False,
+) -> torch.Tensor:  # () mean over rounds, or (num_rounds,) if per_round
+    """Unbiased estimator of the expected tokens per round ``E[T_N]`` (docs/method.md §6).
+
+    Each round contributes ``1 + sum_{k=1..N} prod_{t<k} a_t(x_t) * beta_k``: the probability of
+    reaching position ``k`` given the drafted tokens, times the probability that it accepts. Its mean
+    over rounds is unbiased for ``E[T_N]`` whatever the models are.
+
+    A NaN marks a position the round did not draft (a round cut short by the length budget or the
+    draft-length policy): the sum stops there, as the round's count of accepted drafts does. Returns
+    NaN for zero rounds.
+    """
+    if drafted_acceptance is None:
+        raise ValueError(
+            "`drafted_acceptance` (a_t(x_t) of each drafted token, `SpeculationStats.drafted_acceptance`) is required: "
+            "without it E[T_N] cannot be estimated without bias. For the beta-product form use "
+            "`theory.beta_product_tokens_per_round`."
+        )
+    _check_rounds("position_acceptance", position_acceptance)
+    if drafted_acceptance.shape != position_acceptance.shape:
+        raise ValueError(
+            f"`drafted_acceptance` has shape {tuple(drafted_acceptance.shape)} but `position_acceptance` has "
+            f"{tuple(position_acceptance.shape)}; pass both per round and position."
+        )
+    betas = torch.nan_to_num(position_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
+    kept = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
+    before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1)  # (rounds, N) prod_{t<k}
+    return _mean_or_nan(1.0 + (before * betas).sum(dim=-1), per_round)  # (rounds,) -> ()
+
+
+def beta_product_tokens_per_round(
+    position_acceptance: torch.Tensor,  # (num_rounds, N) beta_t per round; NaN = not drafted
+    *,
+    per_round: bool = False,
+) -> torch.Tensor:  # () mean over rounds, or (num_rounds,) if per_round
+    """``1 + sum_k prod_{t<=k} beta_t`` per round: **biased** unless acceptance ignores the drafted context.
+
+    Kept to show the bias (module docstring) and for results recorded without ``a_t(x_t)``; report
+    :func:`expected_tokens_per_round` instead.
+    """
+    _check_rounds("position_acceptance", position_acceptance)
+    betas = torch.nan_to_num(position_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
+    return _mean_or_nan(1.0 + betas.cumprod(dim=-1).sum(dim=-1), per_round)  # (rounds,) -> ()
 
 
 def iid_tokens_per_round(alpha, num_draft_tokens: int):
@@ -125,7 +151,7 @@ def iid_tokens_per_round(alpha, num_draft_tokens: int):
 
 
 def predicted_speedup(tokens_per_round, num_draft_tokens: int, cost_ratio):
-    """Speedup over target-only decoding, ``E[T_N] / (N c + 1)`` (SPEC §6).
+    """Speedup over target-only decoding, ``E[T_N] / (N c + 1)`` (docs/method.md §6).
 
     ``cost_ratio`` ``c`` is the cost of one draft token over one target token, measured in the
     same setting (e.g. seconds per token of each model decoding alone). The model charges a
@@ -138,11 +164,11 @@ def predicted_speedup(tokens_per_round, num_draft_tokens: int, cost_ratio):
 
 
 def position_acceptance(
-    acceptance_probs: torch.Tensor,  # (num_rounds, N), NaN = not drafted
+    position_acceptance: torch.Tensor,  # (num_rounds, N) beta_t, NaN = not drafted
 ) -> torch.Tensor:  # (N,)
     """Mean ``beta_t`` per draft position over the rounds that drafted it (NaN where none did)."""
-    drafted = ~acceptance_probs.isnan()  # (rounds, N)
-    total = torch.nan_to_num(acceptance_probs.double(), nan=0.0).sum(dim=0)  # (N,)
+    drafted = ~position_acceptance.isnan()  # (rounds, N)
+    total = torch.nan_to_num(position_acceptance.double(), nan=0.0).sum(dim=0)  # (N,)
     count = drafted.sum(dim=0).double()  # (N,)
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
 
@@ -170,7 +196,7 @@ def single_step_tradeoff(
 ) -> Tradeoff:
     """Rejection and bias of any :class:`~diversed_hf.verifiers.Verifier` at one position.
 
-    Uses the verifier's own rule (``verification_probs``, ``acceptance``, ``residual_probs``), so it
+    Uses the verifier's own rule (``verification_probs``, ``token_acceptance``, ``residual_probs``), so it
     covers lossy SD, cascades and heads as well as mixtures. ``context`` is passed on to
     ``verification_probs`` (hidden states for a head). Leading dimensions are treated as
     ``(batch, N)``-like: a ``(vocab,)`` input is handled as one position.
@@ -179,7 +205,7 @@ def single_step_tradeoff(
     if squeeze:
         draft_probs, target_probs = draft_probs[None, None], target_probs[None, None]  # (1, 1, vocab)
     verify_probs, _ = verifier.verification_probs(draft_probs, target_probs, **context)  # (..., vocab)
-    acceptance = verifier.acceptance(draft_probs, target_probs, verify_probs)  # (..., vocab)
+    acceptance = verifier.token_acceptance(draft_probs, target_probs, verify_probs)  # (..., vocab)
     residual = verifier.residual_probs(draft_probs, target_probs, verify_probs)  # (..., vocab)
     output = ops.emitted_distribution(draft_probs, acceptance, residual)  # (..., vocab)
     rejection = 1.0 - (draft_probs * acceptance).sum(dim=-1)  # (...)

@@ -4,7 +4,7 @@ A verifier gets, for a batch of rows, the ``N`` drafted ids, the draft distribut
 that produced them and the target distributions ``p_1..p_{N+1}`` from the single verification
 pass (both after the same logits processors), and decides per row how many drafts are *accepted*
 and which token comes next: a *recovered* token drawn from the residual at the first rejection,
-or a *bonus* token drawn from ``p_{N+1}`` when every draft survives (SPEC §2).
+or a *bonus* token drawn from ``p_{N+1}`` when every draft survives (docs/method.md §2, §3).
 
 Every method here except lossy SD is ordinary speculative sampling against a per-position
 verification distribution ``pi_t``:
@@ -22,6 +22,32 @@ so each token emitted at a drafted position follows ``pi_t`` exactly:
 ``LenientVerifier``         accept with ``min(1, p / (l q))``, residual ``norm(max(0, p - q))``
 =========================== ==========================================================
 
+**Writing a new rule.** Like a transformers ``LogitsProcessor``, a verifier is one small method:
+subclass :class:`Verifier` and implement :meth:`Verifier.verification_probs`, which maps the draft
+and target distributions of the drafted positions to the distribution ``pi`` to verify against::
+
+    @dataclass(frozen=True)
+    class ConfidenceVerifier(Verifier):
+        # Trust the draft where the target is unsure: pi = q where max p < threshold, else p.
+        threshold: float = 0.5
+
+        def verification_probs(self, draft_probs, target_probs, **context):
+            unsure = target_probs.max(dim=-1).values < self.threshold  # (batch, N)
+            verify_probs = torch.where(unsure.unsqueeze(-1), draft_probs, target_probs)  # (batch, N, vocab)
+            return verify_probs, (~unsure).to(target_probs.dtype)  # pi, and the target's weight
+
+The base class does the rest (acceptance ``min(1, pi/q)``, residual, bonus, greedy, batching,
+per-row draft lengths). Rules that are not "SD against ``pi``" also override
+:meth:`Verifier.token_acceptance` and :meth:`Verifier.residual_probs` (see :class:`LenientVerifier`).
+
+Acceptance has three names here, for three quantities:
+
+- ``a_t(x)`` -- :meth:`Verifier.token_acceptance`: the probability that token ``x``, if drafted at
+  position ``t``, is kept (``(batch, N, vocab)``);
+- ``a_t(x_t)`` -- ``VerificationResult.drafted_acceptance``: the same for the token actually drafted;
+- ``beta_t = sum_x q_t(x) a_t(x)`` -- ``VerificationResult.position_acceptance``: the probability
+  that position ``t`` accepts, before its token is drawn; for a mixture ``beta_t = 1 - w_t TV(p_t, q_t)``.
+
 ``w`` is always the weight on the **target**. In greedy mode (``do_sample=False``) drafts are
 kept while ``x_t == argmax pi_t``; the first mismatch emits ``argmax pi_t`` and the bonus token is
 ``argmax p_{N+1}`` (what transformers does for ``assistant_ensemble_weight``).
@@ -30,6 +56,7 @@ kept while ``x_t == argmax pi_t``; the first mismatch emits ``argmax pi_t`` and 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -62,17 +89,40 @@ class VerificationResult:
 
     num_accepted: torch.Tensor  # (batch,) drafts kept before the first rejection, in [0, N]
     next_tokens: torch.Tensor  # (batch,) recovered token (num_accepted < N) or bonus token (== N)
-    acceptance_probs: torch.Tensor  # (batch, N) beta_t = sum_x q_t(x) a_t(x), along the drafted prefix
+    position_acceptance: torch.Tensor  # (batch, N) beta_t = sum_x q_t(x) a_t(x), along the drafted prefix
     target_weight: torch.Tensor | None = None  # (batch, N) w_t used at each drafted position, if defined
     drafted_acceptance: torch.Tensor | None = None  # (batch, N) a_t(x_t): probability each drafted token is kept
+
+    @property
+    def acceptance_probs(self) -> torch.Tensor:  # (batch, N)
+        """Deprecated name of :attr:`position_acceptance` (``beta_t``); removed in the next release."""
+        warnings.warn(
+            "`VerificationResult.acceptance_probs` is deprecated; use `position_acceptance` (beta_t).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.position_acceptance
 
 
 class Verifier:
     """Base class: subclasses define the verification distribution ``pi`` (and may override the rule).
 
-    Subclasses implement :meth:`verification_probs`; lossy rules also override :meth:`acceptance` and
-    :meth:`residual_probs`. Calling the verifier runs one round for a batch.
+    Subclasses implement :meth:`verification_probs` -- the one method a new rule needs; lossy rules
+    also override :meth:`token_acceptance` and :meth:`residual_probs`. Calling the verifier runs one
+    round for a batch.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A rule written against the previous release overrides `acceptance`: keep honouring it.
+        if "acceptance" in cls.__dict__ and "token_acceptance" not in cls.__dict__:
+            warnings.warn(
+                f"{cls.__name__} overrides `Verifier.acceptance`, which is now `token_acceptance`; rename the method "
+                "(the old name is honoured for one release).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.token_acceptance = cls.__dict__["acceptance"]
 
     #: the verifier reads last-layer hidden states of both models (the generation loop then asks for them)
     requires_hidden_states: ClassVar[bool] = False
@@ -92,14 +142,19 @@ class Verifier:
         """The distribution each emitted drafted-position token follows, and the target weight if one is defined."""
         raise NotImplementedError
 
-    def acceptance(
+    def token_acceptance(
         self,
         draft_probs: torch.Tensor,  # (batch, N, vocab)
         target_probs: torch.Tensor,  # (batch, N, vocab)
         verify_probs: torch.Tensor,  # (batch, N, vocab)
     ) -> torch.Tensor:  # (batch, N, vocab)
-        """Probability a(x) of accepting each token x if it were drafted: min(1, pi(x) / q(x))."""
+        """``a(x)``: probability of keeping each token ``x`` if it were drafted, ``min(1, pi(x) / q(x))``."""
         return ops.ratio_acceptance(draft_probs, verify_probs)
+
+    def acceptance(self, draft_probs, target_probs, verify_probs):  # (batch, N, vocab)
+        """Deprecated name of :meth:`token_acceptance`; removed in the next release."""
+        warnings.warn("`Verifier.acceptance` is deprecated; call `token_acceptance`.", DeprecationWarning, stacklevel=2)
+        return self.token_acceptance(draft_probs, target_probs, verify_probs)
 
     def residual_probs(
         self,
@@ -154,8 +209,8 @@ class Verifier:
                 None if untempered_target_probs is None else untempered_target_probs[:, :num_draft_tokens]
             ),
         )
-        acceptance = self.acceptance(draft_probs, drafted_target_probs, verify_probs)  # (batch, N, vocab)
-        acceptance_probs = (draft_probs * acceptance).sum(dim=-1)  # (batch, N)
+        acceptance = self.token_acceptance(draft_probs, drafted_target_probs, verify_probs)  # (batch, N, vocab) a(x)
+        position_acceptance = (draft_probs * acceptance).sum(dim=-1)  # (batch, N) beta_t
         counts = torch.arange(num_draft_tokens, device=draft_ids.device) < draft_lengths[:, None]  # (batch, N)
 
         if do_sample:
@@ -172,14 +227,14 @@ class Verifier:
             next_tokens = ops.sample(torch.where(all_accepted, bonus_probs, recovered_probs), generator)  # (batch,)
         else:
             choice = verify_probs.argmax(dim=-1)  # (batch, N)
-            drafted_acceptance = (draft_ids == choice).to(acceptance_probs.dtype)  # (batch, N): deterministic
+            drafted_acceptance = (draft_ids == choice).to(position_acceptance.dtype)  # (batch, N): deterministic
             # Greedy drafting is deterministic too, so the draft at each position is kept with probability 1 or 0.
-            acceptance_probs = drafted_acceptance
+            position_acceptance = drafted_acceptance
             num_accepted = ops.num_leading_true((draft_ids == choice) & counts)  # (batch,)
             choice = torch.cat([choice, choice[:, :1]], dim=-1)  # (batch, N + 1)
             choice.scatter_(-1, draft_lengths[:, None], bonus_probs.argmax(dim=-1, keepdim=True))
             next_tokens = choice.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)  # (batch,)
-        return VerificationResult(num_accepted, next_tokens, acceptance_probs, target_weight, drafted_acceptance)
+        return VerificationResult(num_accepted, next_tokens, position_acceptance, target_weight, drafted_acceptance)
 
 
 def _check_unit_interval(name: str, value: float, *, open_low: bool = False, fix: str = "") -> None:
@@ -210,7 +265,7 @@ class _MixtureVerifier(Verifier):
     def verification_probs(self, draft_probs, target_probs, **context):
         target_weight = self.target_weights(draft_probs, target_probs, **context)  # (batch, N)
         if self.mixing == "logits":
-            return ops.mix_logprobs(draft_probs, target_probs, target_weight), target_weight
+            return ops.geometric_pool_probs(draft_probs, target_probs, target_weight), target_weight
         return ops.mix_probs(draft_probs, target_probs, target_weight), target_weight
 
     def residual_probs(self, draft_probs, target_probs, verify_probs):
@@ -270,14 +325,14 @@ class LenientVerifier(Verifier):
     def __post_init__(self):
         _check_unit_interval("lenience", self.lenience, open_low=True, fix="Use 1.0 for lossless SD; smaller accepts more.")
 
-    def acceptance(self, draft_probs, target_probs, verify_probs):
+    def token_acceptance(self, draft_probs, target_probs, verify_probs):
         return ops.ratio_acceptance(draft_probs, target_probs / self.lenience)
 
     def residual_probs(self, draft_probs, target_probs, verify_probs):
         return ops.residual(target_probs, draft_probs, fallback=target_probs)
 
     def verification_probs(self, draft_probs, target_probs, **context):
-        acceptance = self.acceptance(draft_probs, target_probs, None)  # (batch, N, vocab)
+        acceptance = self.token_acceptance(draft_probs, target_probs, None)  # (batch, N, vocab)
         residual = self.residual_probs(draft_probs, target_probs, None)  # (batch, N, vocab)
         return ops.emitted_distribution(draft_probs, acceptance, residual), None
 
@@ -348,7 +403,7 @@ class SpecCascadeVerifier(Verifier):
 
 @dataclass(frozen=True, eq=False)
 class HeadVerifier(_MixtureVerifier):
-    """DIVERSED: ``nu_t = w_t p_t + (1 - w_t) q_t`` with ``w_t = head(h^q_t, h^p_t)`` (SPEC §3).
+    """DIVERSED: ``nu_t = w_t p_t + (1 - w_t) q_t`` with ``w_t = head(h^q_t, h^p_t)`` (docs/method.md §4).
 
     ``h^q_t`` is the draft's last-layer hidden state at the position that produced ``q_t`` (from the
     drafting pass) and ``h^p_t`` the target's at the position that produced ``p_t`` (from the single

@@ -1,4 +1,4 @@
-"""Theory (SPEC §6): the tokens-per-round estimators against Monte Carlo simulation of speculative rounds,
+"""Theory (docs/method.md §6): the tokens-per-round estimators against Monte Carlo simulation of speculative rounds,
 the i.i.d. and speedup formulas, and the single-step Pareto front."""
 
 import math
@@ -35,10 +35,10 @@ def markov_tables(num_draft, vocab, seed):
 
 def exact_by_enumeration(verifier, draft_table, target_table, start_token=0):
     """E[T_N] = 1 + sum_k P(first k accepted), with P(first k accepted) = sum_{x_1..x_k} prod q_t(x_t) a_t(x_t),
-    computed by a forward recursion over the previous token; and the SPEC §6 form 1 + sum_k E[prod beta_t]."""
+    computed by a forward recursion over the previous token; and the beta-product form 1 + sum_k E[prod beta_t]."""
     num_draft, vocab, _ = draft_table.shape
     verify, _ = verifier.verification_probs(draft_table, target_table[:num_draft])  # (N, prev, vocab)
-    acceptance = verifier.acceptance(draft_table, target_table[:num_draft], verify)  # (N, prev, vocab)
+    acceptance = verifier.token_acceptance(draft_table, target_table[:num_draft], verify)  # (N, prev, vocab)
     kept_mass = draft_table * acceptance  # (N, prev, vocab) q_t(x | prev) a_t(x | prev)
     betas = kept_mass.sum(-1)  # (N, prev)
     accepted = torch.zeros(vocab, dtype=torch.float64)  # P(first t accepted, x_t = x)
@@ -74,7 +74,7 @@ def simulate_rounds(verifier, draft_table, target_table, num_rounds, seed, start
     target_probs = torch.stack(target_probs, 1)  # (R, N + 1, vocab)
     result = verifier(draft_ids, draft_probs, target_probs, generator=generator)
     verify, _ = verifier.verification_probs(draft_probs, target_probs[:, :num_draft])
-    acceptance = verifier.acceptance(draft_probs, target_probs[:, :num_draft], verify)  # (R, N, vocab)
+    acceptance = verifier.token_acceptance(draft_probs, target_probs[:, :num_draft], verify)  # (R, N, vocab)
     drafted_acceptance = acceptance.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)  # (R, N)
     return result, drafted_acceptance
 
@@ -89,7 +89,7 @@ def test_exact_estimator_matches_monte_carlo_on_context_dependent_models(verifie
     tokens = (result.num_accepted + 1).double()  # (R,) measured T_N
     standard_error = float(tokens.std()) / math.sqrt(num_rounds)
     assert abs(float(tokens.mean()) - exact) < 5 * standard_error, (float(tokens.mean()), exact)
-    estimate = theory.expected_tokens_per_round(result.acceptance_probs, drafted_acceptance, per_round=True)
+    estimate = theory.expected_tokens_per_round(result.position_acceptance, drafted_acceptance, per_round=True)
     estimator_error = float(estimate.std()) / math.sqrt(num_rounds)
     assert abs(float(estimate.mean()) - exact) < 5 * estimator_error + 1e-9
     # Rao-Blackwellised: never noisier than counting accepted tokens.
@@ -110,12 +110,12 @@ def test_product_of_betas_is_biased_when_acceptance_depends_on_context():
     assert exact == pytest.approx(1.5) and spec_form == pytest.approx(1.75)
     result, drafted_acceptance = simulate_rounds(ExactVerifier(), draft_table, target_table, 20_000, seed=0)
     assert float((result.num_accepted + 1).double().mean()) == pytest.approx(1.5, abs=0.02)
-    assert float(theory.expected_tokens_per_round(result.acceptance_probs, drafted_acceptance)) == pytest.approx(1.5, abs=0.02)
-    assert float(theory.expected_tokens_per_round(result.acceptance_probs)) == pytest.approx(1.75, abs=0.02)
+    assert float(theory.expected_tokens_per_round(result.position_acceptance, drafted_acceptance)) == pytest.approx(1.5, abs=0.02)
+    assert float(theory.beta_product_tokens_per_round(result.position_acceptance)) == pytest.approx(1.75, abs=0.02)
 
 
 def test_both_estimators_agree_when_acceptance_depends_on_position_only():
-    """Context-free distributions that differ by position: the SPEC §6 form is exact, the i.i.d. formula is not."""
+    """Context-free distributions that differ by position: the beta-product form is exact, the i.i.d. formula is not."""
     generator = torch.Generator().manual_seed(3)
     num_draft, vocab = 4, 6
     draft_table = random_probs(num_draft, 1, vocab, generator=generator).expand(-1, vocab, -1)
@@ -126,9 +126,9 @@ def test_both_estimators_agree_when_acceptance_depends_on_position_only():
     exact, spec_form = exact_by_enumeration(ExactVerifier(), draft_table, target_table)
     assert spec_form == pytest.approx(exact, abs=1e-12)
     result, drafted_acceptance = simulate_rounds(ExactVerifier(), draft_table, target_table, 20_000, seed=4)
-    spec_estimate = theory.expected_tokens_per_round(result.acceptance_probs)
+    spec_estimate = theory.beta_product_tokens_per_round(result.position_acceptance)
     assert float(spec_estimate) == pytest.approx(exact, abs=1e-9)  # betas are constant: no noise at all
-    mean_acceptance = float(result.acceptance_probs.mean())
+    mean_acceptance = float(result.position_acceptance.mean())
     assert abs(theory.iid_tokens_per_round(mean_acceptance, num_draft) - exact) > 0.05
 
 
@@ -136,7 +136,7 @@ def test_expected_tokens_reduces_to_iid_formula_for_constant_acceptance():
     for alpha in (0.0, 0.3, 0.75, 0.999, 1.0):
         betas = torch.full((7, 5), alpha)
         expected = 6.0 if alpha == 1.0 else (1 - alpha**6) / (1 - alpha)
-        assert float(theory.expected_tokens_per_round(betas)) == pytest.approx(expected)
+        assert float(theory.beta_product_tokens_per_round(betas)) == pytest.approx(expected)
         assert theory.iid_tokens_per_round(alpha, 5) == pytest.approx(expected)
         assert float(theory.expected_tokens_per_round(betas, betas)) == pytest.approx(expected)
     assert theory.iid_tokens_per_round(1.0 + 6e-7, 5) == pytest.approx(6.0)  # float32 rounding above 1 is clamped
@@ -146,14 +146,17 @@ def test_expected_tokens_reduces_to_iid_formula_for_constant_acceptance():
 
 def test_nan_positions_end_the_round():
     betas = torch.tensor([[0.5, float("nan"), float("nan")], [1.0, 1.0, 1.0]])
-    assert theory.expected_tokens_per_round(betas, per_round=True).tolist() == [1.5, 4.0]
+    assert theory.beta_product_tokens_per_round(betas, per_round=True).tolist() == [1.5, 4.0]
+    assert theory.expected_tokens_per_round(betas, betas, per_round=True).tolist() == [1.5, 4.0]
     assert torch.allclose(theory.position_acceptance(betas), torch.tensor([0.75, 1.0, 1.0], dtype=torch.float64))
-    assert math.isnan(float(theory.expected_tokens_per_round(torch.zeros(0, 3))))
+    assert math.isnan(float(theory.expected_tokens_per_round(torch.zeros(0, 3), torch.zeros(0, 3))))
 
 
 def test_bad_arguments_raise_naming_the_argument():
-    with pytest.raises(ValueError, match="acceptance_probs"):
-        theory.expected_tokens_per_round(torch.ones(5))
+    with pytest.raises(ValueError, match="position_acceptance"):
+        theory.expected_tokens_per_round(torch.ones(5), torch.ones(5))
+    with pytest.raises(ValueError, match="`drafted_acceptance`.*is required"):
+        theory.expected_tokens_per_round(torch.ones(2, 3), None)
     with pytest.raises(ValueError, match="drafted_acceptance"):
         theory.expected_tokens_per_round(torch.ones(2, 3), torch.ones(2, 4))
     with pytest.raises(ValueError, match="alpha"):

@@ -42,7 +42,7 @@ def test_exact_rejects_at_first_disagreement_and_recovers_from_residual():
     result = ExactVerifier()(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(0))
     assert result.num_accepted.tolist() == [1, 2]
     assert result.next_tokens.tolist() == [4, 3]
-    assert torch.allclose(result.acceptance_probs[0], torch.tensor([1.0, 0.0, 1.0]), atol=1e-4)
+    assert torch.allclose(result.position_acceptance[0], torch.tensor([1.0, 0.0, 1.0]), atol=1e-4)
 
 
 def test_zero_weight_accepts_everything_and_full_weight_is_exact():
@@ -52,7 +52,7 @@ def test_zero_weight_accepts_everything_and_full_weight_is_exact():
     draft_ids = torch.multinomial(draft_probs.flatten(0, 1), 1, generator=generator).view(4, 3)
     result = StaticEnsembleVerifier(0.0)(draft_ids, draft_probs, target_probs, generator=generator)
     assert result.num_accepted.tolist() == [3, 3, 3, 3]
-    assert torch.allclose(result.acceptance_probs, torch.ones(4, 3))
+    assert torch.allclose(result.position_acceptance, torch.ones(4, 3))
     exact = ExactVerifier().verification_probs(draft_probs, target_probs[:, :3])[0]
     static = StaticEnsembleVerifier(1.0).verification_probs(draft_probs, target_probs[:, :3])[0]
     assert torch.equal(exact, static)
@@ -66,14 +66,14 @@ def test_acceptance_probability_is_one_minus_w_tv():
     for weight in (0.0, 0.3, 1.0):
         result = StaticEnsembleVerifier(weight)(draft_ids, draft_probs, target_probs, generator=generator)
         expected = 1 - weight * ops.total_variation(target_probs[:, :2], draft_probs)
-        assert torch.allclose(result.acceptance_probs, expected, atol=1e-6)
+        assert torch.allclose(result.position_acceptance, expected, atol=1e-6)
 
 
 def test_logits_mixing_is_the_geometric_pool():
     generator = torch.Generator().manual_seed(2)
     draft_logits, target_logits = torch.randn(2, 3, 11, generator=generator), torch.randn(2, 3, 11, generator=generator)
     weight = torch.rand(2, 3, generator=generator)
-    pooled = ops.mix_logprobs(draft_logits.softmax(-1), target_logits.softmax(-1), weight)
+    pooled = ops.geometric_pool_probs(draft_logits.softmax(-1), target_logits.softmax(-1), weight)
     expected = (weight[..., None] * target_logits + (1 - weight[..., None]) * draft_logits).softmax(-1)
     assert torch.allclose(pooled, expected, atol=1e-6)
 
@@ -153,7 +153,7 @@ def test_emitted_tokens_follow_the_declared_distribution(verifier, setting):
             assert tv < tv_bound(expected, int(rows.sum())), (position, float(tv))
     # The declared acceptance probability matches the observed one at the first position.
     observed_rate = (result.num_accepted >= 1).double().mean()
-    assert abs(observed_rate - result.acceptance_probs[:, 0].double().mean()) < 0.02
+    assert abs(observed_rate - result.position_acceptance[:, 0].double().mean()) < 0.02
 
 
 def test_seeded_verification_is_reproducible():
