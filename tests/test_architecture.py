@@ -1,0 +1,166 @@
+"""The layout of docs/architecture.md, checked: imports point one way, no cycles, small modules.
+
+Imports are read from the source with ``ast``, function-level (lazy) imports included; only imports
+under ``if TYPE_CHECKING:`` are left out, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "diversed_hf"
+MAX_MODULE_LINES = 600
+
+# Commands: they may import anything, the testbed included; nothing in the library imports them.
+COMMAND_MODULES = {
+    "diversed_hf.cli",
+    "diversed_hf.demo",
+    "diversed_hf.throughput",
+    "diversed_hf.hub_cli",
+    "diversed_hf.bench.cli",
+}
+# Deprecated aliases of moved modules, kept for one release.
+SHIM_MODULES = {"diversed_hf.data", "diversed_hf.rewards", "diversed_hf.plots"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST):
+    """Import nodes of a module, lazy ones included, skipping ``if TYPE_CHECKING:`` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                stack.extend(child.orelse)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child
+            stack.append(child)
+
+
+def internal_imports(name: str) -> set[str]:
+    """The package's modules that module ``name`` imports."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _imports(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        for target in targets:
+            while target and target not in MODULES:  # `import diversed_hf.tasks.registry.X` -> the module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: internal_imports(name) for name in MODULES}
+
+
+def test_no_import_cycles():
+    cycles = []
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for neighbour in sorted(GRAPH[node]):
+            if state.get(neighbour) == 1:
+                cycles.append(stack[stack.index(neighbour) :] + [neighbour])
+            elif neighbour not in state:
+                visit(neighbour, stack + [neighbour])
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles (lazy imports included):\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_over_the_size_limit():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    too_long = {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
+
+
+def _library_modules():
+    return [
+        name
+        for name in MODULES
+        if name not in COMMAND_MODULES and name not in SHIM_MODULES and not name.startswith("diversed_hf.testbed")
+    ]
+
+
+@pytest.mark.parametrize("name", _library_modules())
+def test_library_modules_do_not_import_the_testbed_or_commands(name):
+    bad = {target for target in GRAPH[name] if target.startswith("diversed_hf.testbed") or target in COMMAND_MODULES}
+    assert not bad, f"{name} imports {sorted(bad)}"
+
+
+LAYERS = {
+    # module -> modules it must never import (the direction of the design)
+    "diversed_hf.ops": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.theory", "diversed_hf.head"},
+    "diversed_hf.theory": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.verifiers": {"diversed_hf.generation", "diversed_hf.candidates", "diversed_hf.head"},
+    "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},
+}
+
+
+def _reachable(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for neighbour in GRAPH[todo.pop()]:
+            if neighbour not in seen:
+                seen.add(neighbour)
+                todo.append(neighbour)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_imports_point_one_way(name):
+    reachable = _reachable(name)
+    forbidden = {
+        target
+        for target in reachable
+        for prefix in LAYERS[name]
+        if target == prefix or target.startswith(prefix + ".")
+    }
+    assert not forbidden, f"{name} reaches {sorted(forbidden)}, which sit above it"
+
+
+def test_library_generation_path_has_no_bench_or_training():
+    reachable = _reachable("diversed_hf.generation")
+    assert not {t for t in reachable if t.startswith(("diversed_hf.bench", "diversed_hf.training"))}
+
+
+def test_import_diversed_hf_loads_neither_trl_nor_the_testbed():
+    code = "import sys, diversed_hf; print(sorted(m for m in ('trl', 'diversed_hf.testbed') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
