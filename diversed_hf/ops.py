@@ -124,13 +124,22 @@ def sample(
     ``searchsorted(cdf, u * total, right=True)`` returns the first token whose cumulative mass exceeds
     ``u * total`` with ``u ~ U[0, 1)``: token ``x`` is drawn with probability ``probs[x] / total``, and a
     token of zero mass never is. Same law as ``torch.multinomial``, an order of magnitude faster on CPU.
+    A row with no finite positive mass (all zeros, NaN, inf, negative) is an error, never an
+    out-of-range id.
     """
     cdf = probs.cumsum(dim=-1)  # (batch, vocab)
-    uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype)  # (batch, 1)
     total = cdf[:, -1:]  # (batch, 1)
+    if not bool(((total > 0) & torch.isfinite(total)).all()):
+        bad = (~((total > 0) & torch.isfinite(total))).squeeze(-1).nonzero().squeeze(-1).tolist()  # rows
+        raise ValueError(
+            f"cannot sample: rows {bad} of the distribution have no finite positive mass (NaN, inf or all zeros). "
+            "The logits feeding them are not finite, or the logits processors removed every token."
+        )
+    uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype)  # (batch, 1)
     # u * total can round up to total; stay strictly below it so a positive-mass token is found.
     threshold = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))  # (batch, 1)
-    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
+    tokens = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)  # (batch,)
+    return tokens.clamp(max=probs.shape[-1] - 1)  # a negative entry can make the cdf non-monotone
 
 
 def num_leading_true(mask: torch.Tensor) -> torch.Tensor:  # (batch, n) bool -> (batch,)

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from . import ops
+from .checks import check_round_inputs
 
 if TYPE_CHECKING:
     from .head import DiversedHead
@@ -77,6 +78,7 @@ __all__ = [
     "HeadVerifier",
     "CASCADE_RULES",
     "MIXING_SPACES",
+    "check_round_inputs",
 ]
 
 MIXING_SPACES = ("probs", "logits")
@@ -178,15 +180,26 @@ class Verifier:
         draft_lengths: torch.Tensor | None = None,  # (batch,) drafts that count per row, <= N
         do_sample: bool = True,
         generator: torch.Generator | None = None,
+        validate: bool = True,
     ) -> VerificationResult:
         """One verification round. Row ``b`` only considers its first ``draft_lengths[b]`` drafts (all by
-        default): keeping all of them earns the bonus token from the target at the next position."""
-        batch_size, num_draft_tokens = draft_ids.shape
-        if target_probs.shape[:2] != (batch_size, num_draft_tokens + 1):
-            raise ValueError(
-                f"`target_probs` must have shape (batch, N + 1, vocab) = ({batch_size}, {num_draft_tokens + 1}, vocab) "
-                f"for `draft_ids` of shape {tuple(draft_ids.shape)}, got {tuple(target_probs.shape)}."
+        default): keeping all of them earns the bonus token from the target at the next position.
+
+        ``validate`` checks every argument first (shapes, ids, lengths, that probabilities are
+        distributions); the generation loop, which builds them itself, turns it off.
+        """
+        if validate:
+            check_round_inputs(
+                draft_ids,
+                draft_probs,
+                target_probs,
+                draft_lengths,
+                draft_hidden=draft_hidden,
+                target_hidden=target_hidden,
+                untempered_draft_probs=untempered_draft_probs,
+                untempered_target_probs=untempered_target_probs,
             )
+        batch_size, num_draft_tokens = draft_ids.shape
         rows = torch.arange(batch_size, device=draft_ids.device)  # (batch,)
         if draft_lengths is None:
             draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)
@@ -238,9 +251,11 @@ class Verifier:
 
 
 def _check_unit_interval(name: str, value: float, *, open_low: bool = False, fix: str = "") -> None:
+    interval = "(0, 1]" if open_low else "[0, 1]"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a number in {interval}, got {type(value).__name__} {value!r}. {fix}".rstrip())
     low_ok = value > 0 if open_low else value >= 0
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low_ok and value <= 1) or math.isnan(value):
-        interval = "(0, 1]" if open_low else "[0, 1]"
+    if math.isnan(value) or not (low_ok and value <= 1):
         raise ValueError(f"`{name}` must be a number in {interval}, got {value!r}. {fix}".rstrip())
 
 
@@ -417,6 +432,12 @@ class HeadVerifier(_MixtureVerifier):
     def __post_init__(self):
         if self.head is None or not callable(self.head) or not hasattr(self.head, "config"):
             raise TypeError(f"`head` must be a `DiversedHead`, got {type(self.head).__name__}.")
+        for name, parameter in self.head.named_parameters():
+            if not bool(torch.isfinite(parameter).all()):
+                raise ValueError(
+                    f"`head` has NaN or infinite values in its parameter `{name}`: it would verify against garbage. "
+                    "Load an intact head (re-download or re-train it)."
+                )
 
     @property
     def mixing(self) -> str:
@@ -428,4 +449,9 @@ class HeadVerifier(_MixtureVerifier):
             draft_hidden.to(device=parameter.device, dtype=parameter.dtype),
             target_hidden.to(device=parameter.device, dtype=parameter.dtype),
         )  # (batch, N)
+        if not bool(((target_weight >= 0) & (target_weight <= 1)).all()):  # also False for NaN
+            raise ValueError(
+                "The head returned target weights outside [0, 1] (or NaN) for these hidden states: its parameters or "
+                "its inputs are not finite. Check the head (`torch.isfinite(p).all()` for each parameter) and the models."
+            )
         return target_weight.to(device=target_probs.device, dtype=target_probs.dtype)

@@ -195,3 +195,83 @@ def test_sample_never_draws_zero_mass_tokens_and_matches_the_law():
         observed = empirical(draws[:, row], 5)
         assert (observed[expected == 0] == 0).all()
         assert ops.total_variation(observed, expected.double()) < tv_bound(expected, 20_000)
+
+
+# Bad input: clear errors, never a silent wrong result ----------------------------------------------
+
+
+def _round(batch=2, num_draft=3, vocab=5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    draft_probs = torch.rand(batch, num_draft, vocab, generator=generator).softmax(-1)
+    target_probs = torch.rand(batch, num_draft + 1, vocab, generator=generator).softmax(-1)
+    draft_ids = draft_probs.argmax(-1)
+    return draft_ids, draft_probs, target_probs
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda ids, q, p: (ids.float(), q, p), TypeError, "`draft_ids` must hold integer token ids"),
+        (lambda ids, q, p: (ids + 10, q, p), ValueError, r"`draft_ids` must be token ids in \[0, 5\)"),
+        (lambda ids, q, p: (ids, q[:, :2], p), ValueError, "`draft_probs` must have shape"),
+        (lambda ids, q, p: (ids, q, p[..., :4]), ValueError, "`target_probs` must have shape"),
+        (lambda ids, q, p: (ids, q, p[:, :3]), ValueError, "`target_probs` must have shape"),
+        (lambda ids, q, p: (ids, q.log(), p), ValueError, "`draft_probs` holds negative values"),
+        (lambda ids, q, p: (ids, q, p * 2), ValueError, "`target_probs` must sum to 1"),
+        (lambda ids, q, p: (ids, q, p.masked_fill(p > 0.2, float("nan"))), ValueError, "`target_probs` holds NaN"),
+    ],
+)
+def test_direct_calls_validate_their_arguments(change, error, match):
+    draft_ids, draft_probs, target_probs = change(*_round())
+    with pytest.raises(error, match=match):
+        ExactVerifier()(draft_ids, draft_probs, target_probs)
+
+
+def test_draft_lengths_and_zero_probability_drafts_are_checked():
+    draft_ids, draft_probs, target_probs = _round()
+    with pytest.raises(ValueError, match=r"`draft_lengths` must lie in \[0, N\] = \[0, 3\]"):
+        ExactVerifier()(draft_ids, draft_probs, target_probs, draft_lengths=torch.tensor([1, 4]))
+    with pytest.raises(TypeError, match="`draft_lengths` must hold integers"):
+        ExactVerifier()(draft_ids, draft_probs, target_probs, draft_lengths=torch.tensor([1.0, 2.0]))
+    draft_probs = draft_probs.clone()
+    draft_probs[0, 0] = 0.0
+    draft_probs[0, 0, (draft_ids[0, 0] + 1) % 5] = 1.0
+    with pytest.raises(ValueError, match=r"`draft_ids\[0, 0\]`.*has probability 0"):
+        ExactVerifier()(draft_ids, draft_probs, target_probs)
+
+
+def test_constructors_check_types_before_ranges():
+    with pytest.raises(TypeError, match="`target_weight` must be a number"):
+        StaticEnsembleVerifier("0.5")
+    with pytest.raises(TypeError, match="`lenience` must be a number"):
+        LenientVerifier(None)
+    with pytest.raises(TypeError, match="`alpha` must be a number"):
+        SpecCascadeVerifier("opt", "0.1")
+
+
+def test_sample_refuses_rows_without_mass_and_never_returns_an_out_of_range_id():
+    with pytest.raises(ValueError, match=r"rows \[1\] .* no finite positive mass"):
+        ops.sample(torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="no finite positive mass"):
+        ops.sample(torch.tensor([[float("nan"), 1.0]]))
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        probs = torch.rand(4, 7, generator=generator)
+        assert int(ops.sample(probs, generator).max()) < 7
+
+
+def test_head_verifier_refuses_non_finite_heads_and_weights():
+    head = DiversedHead(draft_hidden_size=4, target_hidden_size=6)
+    with torch.no_grad():
+        head.net[0].weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or infinite values in its parameter `net.0.weight`"):
+        HeadVerifier(head)
+    head = DiversedHead(draft_hidden_size=4, target_hidden_size=6)
+    verifier = HeadVerifier(head)
+    draft_ids, draft_probs, target_probs = _round(batch=1, num_draft=2)
+    hidden = dict(draft_hidden=torch.full((1, 2, 4), float("inf")), target_hidden=torch.zeros(1, 3, 6))
+    with torch.no_grad():
+        head.net[0].weight.fill_(1.0)  # inf * 1 -> w = sigmoid(inf) = 1 is fine; inf - inf is NaN
+        head.net[0].weight[0, 1] = -1.0
+    with pytest.raises(ValueError, match=r"target weights outside \[0, 1\] \(or NaN\)"):
+        verifier(draft_ids, draft_probs, target_probs, **hidden)
