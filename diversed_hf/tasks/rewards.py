@@ -11,16 +11,8 @@
 The testbed's ``arith`` / ``summary`` tasks are scored by these same functions, so the testbed and
 GSM8K / XSum share one number extraction and one ROUGE scorer.
 
-Sandbox of :func:`pass_at_1` [decision]. Each program runs as ``python -I <file>`` in a fresh
-``tempfile.TemporaryDirectory`` (its cwd, ``HOME`` and ``TMPDIR``), with an environment reduced
-to ``PATH``/``LANG``, in its own session (the whole process group is killed on timeout), and with
-``resource`` limits set in ``preexec_fn``: address space (``memory_mb``), CPU seconds, file size
-(16 MiB), open files (64) and no core dumps. Network: when ``unshare -n`` works on this machine
-(Linux, root or unprivileged user namespaces), the child runs in an empty network namespace; in
-every case a ``sys.addaudithook`` prelude, which the program cannot remove, raises on any
-``socket`` creation, connection or name lookup. :func:`sandbox_network_mode` says which applies.
-This is a guard against accidents of generated code, not a security boundary against hostile
-code: run untrusted code in a container.
+Programs of :func:`pass_at_1` run in the sandbox of :mod:`diversed_hf.tasks.sandbox` (what it
+contains and what it does not is written there and in the README).
 
 :func:`diversed_hf.tasks.reward_for_task` wraps a task's reward in TRL's reward-function convention
 ``f(prompts=..., completions=..., **dataset_columns) -> list[float]``.
@@ -31,15 +23,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-import resource
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Sequence
+
+from .sandbox import run_program, sandbox_mode, sandbox_network_mode
 
 
 __all__ = [
@@ -49,6 +36,7 @@ __all__ = [
     "extract_code",
     "extract_final_number",
     "run_program",
+    "sandbox_mode",
     "sandbox_network_mode",
     "rouge2_f1",
 ]
@@ -142,87 +130,6 @@ def extract_code(completion: str) -> str:
         return fenced.group(1)
     end = min((completion.find(m) for m in _STOP_MARKERS if m in completion), default=len(completion))
     return completion[:end]
-
-
-# Installed first in every sandboxed program; audit hooks cannot be removed once added (PEP 578).
-_NETWORK_GUARD = textwrap.dedent(
-    """
-    import sys as _sys
-    def _diversed_no_network(event, args):
-        if event.startswith("socket.") and event != "socket.sethostname":
-            raise PermissionError("network access is disabled in the diversed_hf sandbox")
-    _sys.addaudithook(_diversed_no_network)
-    del _sys, _diversed_no_network
-    """
-)
-
-
-@functools.lru_cache(maxsize=None)
-def sandbox_network_mode() -> str:
-    """``"netns+audit"`` when ``unshare -n`` works here (child gets no network interfaces), else ``"audit"``."""
-    unshare = shutil.which("unshare")
-    if unshare and sys.platform.startswith("linux"):
-        try:
-            done = subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=10)
-            if done.returncode == 0:
-                return "netns+audit"
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return "audit"
-
-
-def _limits(memory_mb: int, cpu_seconds: int) -> Callable[[], None]:
-    def apply() -> None:  # runs in the child between fork and exec
-        memory = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024, 16 * 1024 * 1024))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
-
-
-def run_program(source: str, *, timeout: float = 10.0, memory_mb: int = 1024) -> tuple[bool, str]:
-    """Run ``source`` in the sandbox; ``(passed, reason)`` where passed means exit status 0 within ``timeout``.
-
-    ``reason`` is ``"passed"``, ``"timeout"`` or the last line of the program's stderr.
-    """
-    if timeout <= 0:
-        raise ValueError(f"`timeout` must be positive seconds, got {timeout!r}.")
-    if memory_mb < 64:
-        raise ValueError(f"`memory_mb` must be at least 64 (the interpreter needs it), got {memory_mb!r}.")
-    with tempfile.TemporaryDirectory(prefix="diversed_sandbox_") as workdir:
-        path = os.path.join(workdir, "program.py")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(_NETWORK_GUARD + "\n" + source + "\n")
-        command = [sys.executable, "-I", "-B", path]
-        if sandbox_network_mode() == "netns+audit":
-            command = [shutil.which("unshare"), "-n", *command]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-        process = subprocess.Popen(
-            command,
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_limits(memory_mb, max(1, int(timeout) + 1)),
-        )
-        try:
-            _, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.communicate()
-            return False, "timeout"
-        if process.returncode == 0:
-            return True, "passed"
-        lines = stderr.decode("utf-8", "replace").strip().splitlines()
-        return False, lines[-1] if lines else f"exit status {process.returncode}"
 
 
 def pass_at_1(
