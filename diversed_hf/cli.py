@@ -2,6 +2,10 @@
 
 A registered subcommand sets ``func`` on its parser (``parser.set_defaults(func=...)``); ``func`` takes the
 parsed namespace and returns an exit code (or ``None`` for 0).
+
+User errors -- a ``ValueError`` (bad argument or data), an ``OSError`` (missing or unwritable file) or an
+``ImportError`` (a missing extra) -- end as one line ``diversed-hf <command>: <message>`` on stderr with
+exit status 2, as argparse's usage errors do; ``--verbose`` shows the traceback too.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 
 # Modules that add subcommands. Append yours; imports happen lazily at parse time.
 COMMAND_MODULES = [
-    "diversed_hf.bench",
+    "diversed_hf.bench.cli",
     "diversed_hf.demo",
     "diversed_hf.hub_cli",
     "diversed_hf.throughput",
@@ -29,11 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USER_ERRORS = (ValueError, OSError, ImportError)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as error:
+        if args.verbose:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"diversed-hf {args.command}: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

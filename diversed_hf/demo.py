@@ -98,7 +98,7 @@ def _print(results, prompts_shown: list[str] | None) -> None:
 def main(args: argparse.Namespace) -> int:
     for name in ("num_prompts", "max_new_tokens", "num_draft_tokens"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"diversed-hf demo: --{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 1.")
+            raise ValueError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 1.")
     if args.threads:
         torch.set_num_threads(args.threads)
     results = run_demo(args.task, args.num_prompts, args.max_new_tokens, args.num_draft_tokens, args.seed, args.random_models)

@@ -60,6 +60,13 @@ def measure_throughput(target, draft, tokenizer, prompts: list[str], batch_sizes
 def main(args: argparse.Namespace) -> int:
     from . import testbed
 
+    for name in ("num_prompts", "max_new_tokens", "num_draft_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 1.")
+    if any(size < 1 for size in args.batch_sizes):
+        raise ValueError(f"--batch-sizes {' '.join(map(str, args.batch_sizes))}: every batch size must be >= 1.")
+    if args.threads < 0:
+        raise ValueError(f"--threads is {args.threads}; use a positive count, or 0 for torch's default.")
     if args.threads:
         torch.set_num_threads(args.threads)
     target, draft, tokenizer = testbed.load_pair()

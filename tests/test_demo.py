@@ -29,6 +29,19 @@ def test_run_demo_returns_texts_and_statistics(random_models):
         assert len(stats["position_acceptance_rate"]) == 5
 
 
-def test_demo_rejects_bad_counts():
-    with pytest.raises(SystemExit, match="--num-prompts is 0"):
-        cli.main(["demo", "--num-prompts", "0"])
+def test_demo_rejects_bad_counts(capsys):
+    assert cli.main(["demo", "--num-prompts", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "diversed-hf demo: --num-prompts is 0; it must be >= 1."
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["throughput", "--batch-sizes", "0"], "diversed-hf throughput: --batch-sizes 0: every batch size must be >= 1."),
+        (["throughput", "--num-prompts", "0"], "diversed-hf throughput: --num-prompts is 0; it must be >= 1."),
+    ],
+)
+def test_user_errors_are_one_line_with_status_2(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == message and "Traceback" not in err
