@@ -33,22 +33,19 @@ def new_cache() -> DynamicCache:
 
 
 def _layers(cache: DynamicCache):
+    """The cache's filled layers, each checked to be a full (non-sliding) :class:`DynamicLayer`."""
     for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer) or getattr(layer, "is_sliding", False):
+        if not isinstance(layer, DynamicLayer) or layer.is_sliding:
             raise TypeError(f"diversed_hf edits only full DynamicLayer caches, got {type(layer).__name__}.")
-        if layer.is_initialized and layer.keys is not None and layer.keys.numel() > 0:
+        if layer.get_seq_length() > 0:
             yield layer
 
 
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
 def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every row."""
-    for layer in _layers(cache):
-        layer.keys = layer.keys[..., :length, :]  # (batch, heads, length, head_dim)
-        layer.values = layer.values[..., :length, :]
+    """Keep the first ``length`` positions of every row (transformers' ``Cache.crop``); no-op if shorter."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
 
 
 def drop_leading_positions(cache: DynamicCache, count: int) -> None:
@@ -56,7 +53,7 @@ def drop_leading_positions(cache: DynamicCache, count: int) -> None:
     if count <= 0:
         return
     for layer in _layers(cache):
-        layer.keys = layer.keys[..., count:, :]
+        layer.keys = layer.keys[..., count:, :]  # (batch, heads, length - count, head_dim)
         layer.values = layer.values[..., count:, :]
 
 
@@ -69,14 +66,39 @@ def shift_rows_right(
         batch, heads, length, head_dim = layer.keys.shape
         index = (torch.arange(length, device=shifts.device) - shifts.unsqueeze(-1)) % length  # (batch, length)
         index = index.to(layer.keys.device)[:, None, :, None].expand(batch, heads, length, head_dim)
-        layer.keys = layer.keys.gather(2, index)
+        layer.keys = layer.keys.gather(2, index)  # (batch, heads, length, head_dim)
         layer.values = layer.values.gather(2, index.expand(*layer.values.shape[:3], layer.values.shape[-1]))
 
 
-def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:  # rows: (kept,)
-    for layer in _layers(cache):
-        layer.keys = layer.keys[rows.to(layer.keys.device)]
-        layer.values = layer.values[rows.to(layer.values.device)]
+def realign_cache(
+    cache: DynamicCache,
+    *,
+    kept: torch.Tensor | None,  # (kept,) rows that continue; None keeps all
+    length: int,
+    shifts: torch.Tensor | None,  # (kept,) non-negative; None: no row moves
+    leading: int,
+) -> None:
+    """One round's cache edit of the batched loop: keep rows ``kept`` (``Cache.batch_select_indices``),
+    crop every row to ``length`` positions (``Cache.crop``), roll row ``b`` right by ``shifts[b]``,
+    then drop the first ``leading`` positions."""
+    if kept is not None:
+        cache.batch_select_indices(kept)
+    crop_cache(cache, length)
+    if shifts is not None:
+        shift_rows_right(cache, shifts)
+    drop_leading_positions(cache, leading)
+
+
+def special_token_ids(
+    generation_config,
+    device: torch.device,
+) -> tuple[int, torch.Tensor | None]:  # pad id, (num_eos,) or None
+    """The pad token id (falling back to the first EOS id, then 0) and the EOS ids that ``generate``
+    prepared on ``generation_config`` (its private ``_pad_token_tensor`` / ``_eos_token_tensor``)."""
+    pad = generation_config._pad_token_tensor
+    eos = generation_config._eos_token_tensor
+    pad_token_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
+    return pad_token_id, None if eos is None else eos.flatten().to(device)
 
 
 def forward_with_cache(
@@ -107,3 +129,200 @@ def split_stopping_criteria(criteria):
 
     rest = StoppingCriteriaList([c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
     return rest
+
+
+# =================================================================================================
+# TRL (the ``train`` extra): every TRL / transformers.Trainer private that DiversedTrainer sets,
+# reads or overrides lives below. Nothing here imports TRL at module level: ``import diversed_hf``
+# (which imports this module) never imports TRL. Tested with TRL 1.16.
+#
+# Why DiversedTrainer does not run ``GRPOTrainer.__init__`` (TRL 1.16). That constructor is written
+# for one trainable causal-LM policy, and on the way it
+#   * reads ``model.config.get_text_config()`` / ``model.generation_config`` to mirror the pad token and
+#     collect EOS ids, and ``model.config.get_text_config().router_aux_loss_coef`` (MoE options);
+#   * with ``beta != 0`` builds a reference model with
+#     ``create_model_from_path(get_config_model_id(model.config), ...)``: a second copy of the policy;
+#   * patches the policy with ``add_fused_lm_head`` (a fused log-prob / entropy LM head) and, optionally,
+#     casts its ``lm_head`` to fp32;
+#   * builds a generation backend for it (vLLM, continuous batching or a ``GenerationConfig``) and
+#     calls ``model.add_model_tags``.
+# Our policy is the mixture ``nu_theta = w_theta p + (1 - w_theta) q`` over two *frozen* causal LMs,
+# and the trained module is the small head (a ``DiversedHead``: an ``nn.Module`` without a
+# transformers config, generation config or LM head). None of the above applies to it; passing the
+# target as ``model`` instead would make ``transformers.Trainer`` optimise the target.
+#
+# Why not TRL's ``_BaseTrainer.__init__`` either. It is ``transformers.Trainer.__init__`` plus (a) a
+# shim for transformers < 5.19 (we require 5.24, where ``Trainer`` honours ``loss_is_scaled_for_ga``
+# itself) and (b) ``_send_telemetry()``, which reads ``self.model.config.model_type``, the policy's
+# transformers architecture, which a head config does not have. So :func:`init_grpo_trainer` runs
+# ``transformers.Trainer.__init__`` with the head as the model, after setting the state that the
+# GRPOTrainer methods DiversedTrainer reuses read (listed, method by method, in
+# :func:`init_grpo_state`). :func:`check_trl_version` pins the TRL versions this was checked against.
+# =================================================================================================
+
+TESTED_TRL = (version.parse("1.16.0"), version.parse("1.17.0"))  # [low, high)
+
+#: GRPOTrainer / Trainer methods DiversedTrainer inherits unchanged, and the hooks it overrides (through
+#: :class:`GRPOHooks`). Re-check both lists, and :func:`init_grpo_state`, when widening :data:`TESTED_TRL`.
+GRPO_REUSED_METHODS = (
+    "get_train_dataloader", "_get_train_sampler", "get_eval_dataloader", "_get_eval_sampler",
+    "_set_signature_columns_if_needed", "training_step", "_prepare_inputs", "compute_loss", "prediction_step", "log",
+    "_save_checkpoint", "_load_optimizer_and_scheduler",
+)  # fmt: skip
+GRPO_OVERRIDDEN_HOOKS = (
+    "_generate_and_score_completions", "_compute_loss", "_save", "_save_checkpoint", "_load_from_checkpoint",
+    "_load_optimizer_and_scheduler",
+)  # fmt: skip
+
+
+def check_trl_version() -> None:
+    """Raise an ImportError unless the installed TRL is in :data:`TESTED_TRL` (``diversed_hf.training`` calls it)."""
+    import trl
+
+    current = version.parse(trl.__version__)
+    low, high = TESTED_TRL
+    if not low <= current < high:
+        raise ImportError(
+            f"diversed_hf.training reuses GRPOTrainer internals tested with trl >={low},<{high}; found trl "
+            f"{trl.__version__}. Install a tested version: pip install 'trl>={low},<{high}'."
+        )
+
+
+def init_grpo_state(trainer, args) -> None:
+    """Set the attributes that the GRPOTrainer methods DiversedTrainer reuses read (``GRPOTrainer.__init__`` sets them).
+
+    Each line names the TRL 1.16 methods that read the attribute.
+    """
+    from collections import defaultdict, deque
+
+    size = args.generation_batch_size
+    # RepeatSampler arguments: `_get_train_sampler`, `get_train_dataloader`; `_prepare_inputs` (num_iterations)
+    trainer.num_generations = args.num_generations
+    trainer.num_iterations = args.num_iterations
+    trainer.shuffle_dataset = args.shuffle_dataset
+    trainer.num_generations_eval = args.num_generations_eval or args.num_generations  # `_get_eval_sampler`, `get_eval_dataloader`
+    trainer._step = 0  # `_prepare_inputs` (when to generate, which buffered slice), `training_step` (counts micro-steps)
+    trainer._buffered_inputs = None  # `_prepare_inputs`: the rollout batch split into `steps_per_generation` slices
+    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}  # `log` averages them; `training_step`
+    trainer._current_train_step_time = 0.0  # `training_step` (the `step_time` metric)
+    trainer.use_adaptive_entropy = False  # `_save_checkpoint`, `_load_optimizer_and_scheduler` (entropy controller off)
+    # `log`: the completions table (printed with rich, written as parquet, sent to wandb / trackio)
+    trainer.log_completions = args.log_completions
+    trainer.log_unique_prompts = args.log_unique_prompts
+    trainer.num_completions_to_print = args.num_completions_to_print
+    trainer._logs = {
+        "images": deque(maxlen=size),
+        "prompt": deque(maxlen=size),
+        "completion": deque(maxlen=size),
+        "rewards": defaultdict(lambda: deque(maxlen=size)),
+        "advantages": deque(maxlen=size),
+        "extra": defaultdict(lambda: deque(maxlen=size)),
+    }
+
+
+def init_grpo_trainer(trainer, *, model, args, train_dataset, eval_dataset, callbacks, optimizers) -> None:
+    """``transformers.Trainer.__init__`` with ``model`` (the head) as the trained module, after :func:`init_grpo_state`.
+
+    Rows reach the rollout hook as a list of dicts (no collation), as in GRPOTrainer; checkpoints hold the head
+    only (no ``processing_class``).
+    """
+    import os
+
+    from transformers import Trainer
+
+    init_grpo_state(trainer, args)
+    Trainer.__init__(
+        trainer,
+        model=model,
+        args=args,
+        data_collator=_identity_collator,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=None,
+        callbacks=callbacks,
+        optimizers=optimizers,
+    )
+    if trainer.log_completions and trainer.accelerator.is_main_process:
+        os.makedirs(os.path.join(args.output_dir, "completions"), exist_ok=True)  # `log` writes parquet files there
+
+
+def _identity_collator(features: list) -> list:
+    return features
+
+
+def grpo_metrics(trainer, mode: str) -> dict:
+    """The ``{name: [values]}`` lists of ``mode`` ("train" / "eval") that GRPOTrainer's ``log`` averages and clears.
+
+    Append one value per rollout batch or loss call; a name whose list holds one running total is logged as it is.
+    """
+    return trainer._metrics[mode]
+
+
+def record_completions(trainer, prompts: list, completions: list, rewards: dict, advantages: list) -> None:
+    """Feed the completions table GRPOTrainer's ``log`` shows when ``log_completions=True`` (this process's rows)."""
+    logs = trainer._logs
+    logs["prompt"].extend(prompts)
+    logs["completion"].extend(completions)
+    for name, values in rewards.items():
+        logs["rewards"][name].extend(values)
+    logs["advantages"].extend(advantages)
+
+
+def grpo_loop_state(trainer) -> dict:
+    """GRPO's rollout-loop state, for a checkpoint: the micro-step counter and the buffered rollout batch."""
+    return {"step": trainer._step, "buffered_inputs": trainer._buffered_inputs}
+
+
+def restore_grpo_loop_state(trainer, state: dict) -> None:
+    """Inverse of :func:`grpo_loop_state` (tensors of the buffered batch already on the right device)."""
+    trainer._step = state["step"]
+    trainer._buffered_inputs = state["buffered_inputs"]
+
+
+def checkpoint_dir(trainer, trial) -> str:
+    """The ``checkpoint-<global step>`` directory ``Trainer._save_checkpoint`` writes for ``trial``."""
+    import os
+
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return os.path.join(trainer._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+
+
+class GRPOHooks:
+    """The GRPOTrainer / ``transformers.Trainer`` hooks DiversedTrainer overrides, as delegations to public methods.
+
+    Put it before ``GRPOTrainer`` in the bases. The subclass provides:
+
+    * ``generate_and_score(inputs) -> dict``: the rollout batch (GRPOTrainer's ``_prepare_inputs`` buffers and
+      splits it);
+    * ``compute_head_loss(model, inputs) -> Tensor``: the loss of one micro-batch (GRPOTrainer's ``compute_loss``
+      and ``prediction_step`` call it);
+    * ``save_head_files(output_dir)``: what ``Trainer.save_model`` writes (also inside every checkpoint);
+    * ``save_checkpoint_extras(checkpoint_dir)`` / ``load_checkpoint_extras(checkpoint_dir)``: extra state
+      written after ``Trainer``'s own checkpoint files and restored after the optimizer and scheduler;
+    * ``load_head_checkpoint(checkpoint_dir, model)``: restore the trained module instead of
+      ``Trainer``'s model loading.
+    """
+
+    def _generate_and_score_completions(self, inputs):  # read by GRPOTrainer._prepare_inputs
+        return self.generate_and_score(inputs)
+
+    def _compute_loss(self, model, inputs):  # read by GRPOTrainer.compute_loss
+        return self.compute_head_loss(model, inputs)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:  # Trainer.save_model
+        if self.args.should_save:
+            self.save_head_files(output_dir if output_dir is not None else self.args.output_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:  # Trainer's training loop
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            self.save_checkpoint_extras(checkpoint_dir(self, trial))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:  # Trainer.train(resume_from_...)
+        self.load_head_checkpoint(resume_from_checkpoint, model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:  # Trainer's training loop
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.load_checkpoint_extras(checkpoint)

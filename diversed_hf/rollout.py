@@ -1,4 +1,4 @@
-"""Batched sampling from the DIVERSED mixture ``nu_theta``: the rollouts that train a head (SPEC §4).
+"""Batched sampling from the DIVERSED mixture ``nu_theta``: the rollouts that train a head (docs/method.md §5).
 
 Speculative decoding against ``nu`` emits tokens distributed as ``nu`` at drafted positions, so
 plain autoregressive sampling from
@@ -36,6 +36,7 @@ from transformers.generation.logits_process import (
 )
 
 from . import compat, ops
+from .pairs import shared_vocab_size
 
 __all__ = ["Rollout", "sample_from_mixture", "mixture_logprobs", "build_logits_warpers"]
 
@@ -124,9 +125,7 @@ def sample_from_mixture(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if vocab_size is None:
-        from .pairs import shared_vocab_size
-
-        vocab_size = shared_vocab_size(target, draft)
+        vocab_size = shared_vocab_size(target, draft)  # raises if the two models do not share token ids
     eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device, dtype=torch.long)  # fmt: skip
     warpers = build_logits_warpers(temperature, top_k, top_p)
     head_param = next(head.parameters())

@@ -375,3 +375,72 @@ def test_evaluate_logs_eval_metrics(tmp_path):
     trainer.eval_dataset = prompts_dataset(4, seed=5)
     metrics = trainer.evaluate()
     assert {"eval_loss", "eval_reward", "eval_mean_w", "eval_acceptance_proxy"} <= set(metrics)
+
+
+def test_log_completions_writes_the_completions_table(tmp_path):
+    trainer = trainer_for(tmp_path, max_steps=1, log_completions=True, num_completions_to_print=1)
+    trainer.train()
+    import pandas as pd
+
+    (table,) = (tmp_path / "out" / "completions").iterdir()
+    frame = pd.read_parquet(table)
+    assert {"prompt", "completion", "zero_reward", "advantage"} <= set(frame.columns) and len(frame) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL's surface: the tested version range, and no TRL / transformers private outside diversed_hf.compat
+
+#: The trainer's own private names; anything else starting with "_" would be a TRL / transformers member.
+OWN_PRIVATES = {"_rollout_generator", "_prompt_texts", "_score", "_global_advantages", "_model_device"}
+
+
+def test_trainer_source_names_no_private_trl_or_transformers_member():
+    import ast
+
+    from trl import GRPOTrainer
+
+    import diversed_hf.training.trainer as trainer_module
+
+    tree = ast.parse(Path(trainer_module.__file__).read_text())
+    found = {}
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            names += [item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            names += [t.id for item in node.body if isinstance(item, ast.Assign) for t in item.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr", "delattr"):
+            names += [a.value for a in node.args[1:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        for name in names:
+            if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and name not in OWN_PRIVATES:
+                found.setdefault(name, node.lineno)
+    assert not found, f"trainer.py names TRL / transformers privates (move them to diversed_hf.compat): {found}"
+    shadowed = sorted(name for name in OWN_PRIVATES if hasattr(GRPOTrainer, name))
+    assert not shadowed, f"the trainer's own privates shadow GRPOTrainer members: {shadowed}"
+
+
+def test_check_trl_version(monkeypatch):
+    import trl
+
+    from diversed_hf import compat
+
+    low, high = compat.TESTED_TRL
+    compat.check_trl_version()  # the installed version is a tested one
+    for outside in ("1.15.2", str(high), "2.0.0"):
+        monkeypatch.setattr(trl, "__version__", outside)
+        with pytest.raises(ImportError, match=rf"found trl {outside}.*pip install 'trl>={low},<{high}'"):
+            compat.check_trl_version()
+    monkeypatch.setattr(trl, "__version__", str(low))
+    compat.check_trl_version()
+
+
+def test_grpo_methods_the_trainer_relies_on_exist():
+    """The GRPOTrainer / Trainer members compat reuses or overrides: a TRL upgrade that renames one fails here."""
+    from trl import GRPOTrainer
+
+    from diversed_hf import compat
+
+    missing = [name for name in (*compat.GRPO_REUSED_METHODS, *compat.GRPO_OVERRIDDEN_HOOKS) if not hasattr(GRPOTrainer, name)]
+    assert not missing, missing
+    assert DiversedTrainer.log is GRPOTrainer.log  # TRL's own metric averaging, not a copy

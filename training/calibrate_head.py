@@ -33,8 +33,9 @@ sys.path.insert(0, str(REPO / "training"))
 
 import torch  # noqa: E402
 
+from eval_head import evaluate, load_any_head, load_models, task_argument, task_help  # noqa: E402
+
 from diversed_hf.tasks import load_task_dataset  # noqa: E402
-from eval_head import QUALITY_METRICS, evaluate, load_any_head, load_models  # noqa: E402
 
 logger = logging.getLogger("calibrate_head")
 
@@ -59,7 +60,7 @@ def choose_offset(target_quality: float, rows: list[dict], tolerance: float) -> 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", required=True, choices=sorted(QUALITY_METRICS))
+    parser.add_argument("--task", required=True, type=task_argument, help=task_help())
     parser.add_argument("--head", required=True, help="testbed:<task>, a head directory or a Hub repo id")
     parser.add_argument("--target", default="testbed", help="target model id/path, or 'testbed'")
     parser.add_argument("--draft", default=None, help="draft model id/path (not with --target testbed)")
@@ -110,12 +111,16 @@ def main(argv=None) -> dict:
         rows.append({"offset": offset, "quality": row["quality"], "acceptance_rate": row["acceptance_rate"]})
     chosen = choose_offset(target_quality, rows, args.tolerance)
 
-    print(f"{args.task}, {args.split} split, {len(prompts)} prompts x {args.num_sampling_seeds} seeds: "
-          f"target-only quality {target_quality:.3f}")
-    print("| offset | quality | acceptance |\n|---:|---:|---:|")
+    table = [
+        f"{args.task}, {args.split} split, {len(prompts)} prompts x {args.num_sampling_seeds} seeds: "
+        f"target-only quality {target_quality:.3f}",
+        "| offset | quality | acceptance |",
+        "|---:|---:|---:|",
+    ]
     for row in rows:
         mark = " (chosen)" if row is chosen else ""
-        print(f"| {row['offset']:g}{mark} | {row['quality']:.3f} | {row['acceptance_rate']:.3f} |")
+        table.append(f"| {row['offset']:g}{mark} | {row['quality']:.3f} | {row['acceptance_rate']:.3f} |")
+    logger.info("calibration:\n%s", "\n".join(table))
     summary = {"target_quality": target_quality, "rows": rows, "chosen_offset": chosen["offset"]}
 
     if args.output_dir:

@@ -1,4 +1,4 @@
-"""The "SD with fine-tuned draft" baseline (SPEC §5): distil the draft toward the target with LoRA and TRL's SFT.
+"""The "SD with fine-tuned draft" baseline (docs/method.md §7): distil the draft toward the target with LoRA and TRL's SFT.
 
     python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith --bf16 false \
         --merged_dir diversed_hf/testbed/assets/drafts_ft/arith --save_dtype bfloat16   # the shipped one; CPU, ~3 min
@@ -34,7 +34,7 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from trl import SFTConfig, SFTTrainer, TrlParser  # noqa: E402
 
-from diversed_hf.tasks import load_task_dataset  # noqa: E402
+from diversed_hf.tasks import get_task  # noqa: E402
 
 logger = logging.getLogger("distill_draft")
 
@@ -85,21 +85,20 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from eval_head import load_models
+    from eval_head import load_models, load_task_data  # also registers the testbed's tasks
+
+    get_task(args.task)  # an unknown task fails here, before any model is loaded
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, draft, tokenizer = load_models(args.target_model, args.draft_model, args.dtype, device)
     merged_dir = Path(args.merged_dir or Path(sft_config.output_dir) / "merged")
     merged_dir.mkdir(parents=True, exist_ok=True)  # fail before the expensive part if it cannot be written
 
-    if args.task.startswith("testbed_"):
-        prompts = load_task_dataset(args.task, split="train", num_examples=args.num_train_examples, seed=sft_config.seed)
-    else:
-        prompts = load_task_dataset(
-            args.task, split="train", num_examples=args.num_train_examples, seed=sft_config.seed,
-            num_shots=args.num_shots, data_files=args.train_data_files,
-        )  # fmt: skip
-    prompts = list(prompts["prompt"])
+    data = load_task_data(
+        args.task, "train", args.num_train_examples, sft_config.seed, num_shots=args.num_shots,
+        data_files=args.train_data_files,
+    )  # fmt: skip
+    prompts = list(data["prompt"])
     logger.info("sampling %d target completions", len(prompts))
     completions = teacher_completions(target, tokenizer, prompts, args, sft_config.seed)
     dataset = Dataset.from_dict({"prompt": prompts, "completion": completions})

@@ -1,4 +1,4 @@
-"""Evaluate a trained head against target-only decoding and lossless SD on held-out prompts (SPEC §7).
+"""Evaluate a trained head against target-only decoding and lossless SD on held-out prompts (docs/method.md §7).
 
     python training/eval_head.py --task testbed_arith --head testbed:arith      # the shipped testbed head
     python training/eval_head.py --task testbed_summary --head runs/summary/head --num-examples 200
@@ -14,8 +14,10 @@ For every method, on the same prompts, at the same temperature (sampling, top-k/
 
 Prints and (with ``--output``) writes rows in the model-card results format of
 :mod:`diversed_hf.cards`: ``acceptance_rate`` (accepted drafted tokens / drafted tokens, summed over
-rounds), ``tokens_per_round``, ``quality`` (exact match, ROUGE-2 F1 or pass@1, as a fraction) and
-wall-clock ``seconds_per_sample``; plus the ratio of DIVERSED's acceptance to SD's.
+rounds), ``tokens_per_round``, ``quality`` (the task's metric from :mod:`diversed_hf.tasks`: exact match,
+ROUGE-2 F1 or pass@1, as a fraction) and wall-clock ``seconds_per_sample``; plus the ratio of DIVERSED's
+acceptance to SD's. ``--task`` is any task of the registry (:func:`diversed_hf.tasks.get_task`), the
+testbed's ``arith`` / ``summary`` (also ``testbed_arith`` / ``testbed_summary``) included.
 """
 
 from __future__ import annotations
@@ -32,20 +34,37 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+import diversed_hf.testbed  # noqa: E402,F401 - registers the testbed's tasks (arith, summary)
 from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
-from diversed_hf.tasks import load_task_dataset  # noqa: E402
-from diversed_hf.rewards import TASK_REWARDS  # noqa: E402
+from diversed_hf.tasks import get_task, load_task_dataset, task_names  # noqa: E402
 
 logger = logging.getLogger("eval_head")
 
-QUALITY_METRICS = {
-    "gsm8k": "exact_match",
-    "testbed_arith": "exact_match",
-    "cnn_dailymail": "rouge2_f1",
-    "xsum": "rouge2_f1",
-    "testbed_summary": "rouge2_f1",
-    "mbpp": "pass@1",
-}
+#: Quality metrics that are a 0/1 score per sample (their standard error is binomial).
+BINARY_METRICS = ("exact_match", "pass@1")
+
+
+def task_argument(name: str) -> str:
+    """argparse ``type`` of ``--task``: a name (or alias) registered in :mod:`diversed_hf.tasks`."""
+    try:
+        get_task(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name
+
+
+def task_help() -> str:
+    return f"a task of diversed_hf.tasks: one of {', '.join(task_names())} (testbed tasks also as testbed_<name>)"
+
+
+def load_task_data(task: str, split: str, num_examples: int | None, seed: int, **options):
+    """``load_task_dataset`` with the ``options`` the task's loader takes; a set option it does not take is logged."""
+    spec = get_task(task)
+    accepted = {key: value for key, value in options.items() if key in spec.options}
+    ignored = sorted(key for key, value in options.items() if key not in spec.options and value not in (None, 0))
+    if ignored:
+        logger.warning("task %r does not take the options %s; ignoring them", spec.name, ignored)
+    return load_task_dataset(task, split=split, num_examples=num_examples, seed=seed, **accepted)
 
 
 def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", device: str = "cpu"):
@@ -58,7 +77,10 @@ def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", de
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if draft_id is None:
-            raise ValueError("`--draft` is required unless `--target testbed`.")
+            raise ValueError(
+                f"`--draft` is required with `--target {target_id}`: pass the draft model's id or path (only "
+                "`--target testbed` brings its own draft)."
+            )
         target = AutoModelForCausalLM.from_pretrained(target_id, dtype=getattr(torch, dtype)).to(device).eval()
         draft = AutoModelForCausalLM.from_pretrained(draft_id, dtype=getattr(torch, dtype)).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(target_id)
@@ -129,7 +151,8 @@ def evaluate(
     quality is the mean over the K x prompts completions and acceptance pools all rounds, which shrinks the
     sampling noise of the quality comparison (one run of 200 prompts has a standard error of ~3 points).
     """
-    score = TASK_REWARDS[task]
+    spec = get_task(task)
+    score, metric = spec.reward, spec.metric
     plan = []
     for method in methods:
         if method == "autoregressive":
@@ -140,7 +163,10 @@ def evaluate(
             if head is not None:
                 plan.append((method, None, head))
         else:
-            raise ValueError(f"unknown method {method!r}")
+            raise ValueError(
+                f"`methods` contains {method!r}; use 'autoregressive', 'sd' and 'diversed' (static ensembles come from "
+                "`static_weights`)."
+            )
     plan += [(f"static_{w:g}", StaticEnsembleVerifier(target_weight=w), None) for w in static_weights]
     rows = []
     for method, verifier, method_head in plan:
@@ -158,8 +184,8 @@ def evaluate(
         row = {
             "method": method,
             "quality": quality,
-            "quality_metric": QUALITY_METRICS[task],
-            "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5 if QUALITY_METRICS[task] != "rouge2_f1"
+            "quality_metric": metric,
+            "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5 if metric in BINARY_METRICS
             else (sum((x - quality) ** 2 for x in scores) / max(len(scores) - 1, 1) / len(scores)) ** 0.5,
             "seconds_per_sample": totals["seconds"] / len(scores),
             "tokens_per_second": totals["num_generated"] / max(totals["seconds"], 1e-9),
@@ -177,7 +203,7 @@ def evaluate(
         "num_sampling_seeds": num_sampling_seeds,
         "max_new_tokens": max_new_tokens,
         "seed": seed,
-        "quality_metric": QUALITY_METRICS[task],
+        "quality_metric": metric,
     }
     by_method = {r["method"]: r for r in rows}
     if "sd" in by_method and "diversed" in by_method:
@@ -191,7 +217,7 @@ def evaluate(
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", required=True, choices=sorted(QUALITY_METRICS))
+    parser.add_argument("--task", required=True, type=task_argument, help=task_help())
     parser.add_argument("--head", required=True, help="testbed:<task>, a head directory or a Hub repo id")
     parser.add_argument("--target", default="testbed", help="target model id/path, or 'testbed'")
     parser.add_argument("--draft", default=None, help="draft model id/path (not with --target testbed)")
@@ -217,20 +243,16 @@ def main(argv=None) -> dict:
 
     target, draft, tokenizer = load_models(args.target, args.draft, args.dtype, args.device)
     head = load_any_head(args.head).to(args.device)
-    if args.task.startswith("testbed_"):
-        data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
-    else:
-        data = load_task_dataset(
-            args.task, split=args.split, num_examples=args.num_examples, seed=args.seed, num_shots=args.num_shots,
-            data_files=args.data_files,
-        )  # fmt: skip
+    data = load_task_data(
+        args.task, args.split, args.num_examples, args.seed, num_shots=args.num_shots, data_files=args.data_files
+    )
     results = evaluate(
         args.task, target, draft, tokenizer, head, list(data["prompt"]), list(data["reference"]),
         temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size, seed=args.seed, static_weights=tuple(args.static_weights),
         num_sampling_seeds=args.num_sampling_seeds,
     )  # fmt: skip
-    print(json.dumps(results, indent=2))
+    logger.info("results:\n%s", json.dumps(results, indent=2))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")

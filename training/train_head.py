@@ -34,8 +34,7 @@ import torch  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
 from diversed_hf import DiversedHead  # noqa: E402
-from diversed_hf.tasks import load_task_dataset  # noqa: E402
-from diversed_hf.tasks import reward_for_task  # noqa: E402
+from diversed_hf.tasks import get_task, reward_for_task  # noqa: E402
 from diversed_hf.training import DiversedConfig, DiversedTrainer  # noqa: E402
 
 logger = logging.getLogger("train_head")
@@ -44,7 +43,10 @@ logger = logging.getLogger("train_head")
 @dataclass
 class ScriptArguments:
     task: str = field(
-        metadata={"help": "gsm8k, cnn_dailymail, xsum, mbpp, testbed_arith or testbed_summary (reward and prompt format)."}
+        metadata={
+            "help": "A task of diversed_hf.tasks (data, reward, metric): gsm8k, cnn_dailymail, xsum, mbpp, or the "
+            "testbed's testbed_arith / testbed_summary."
+        }
     )
     target_model: str = field(default="testbed", metadata={"help": "Target model id or path; 'testbed' for the CPU testbed."})
     draft_model: str | None = field(default=None, metadata={"help": "Draft model id or path (not with the testbed)."})
@@ -74,11 +76,12 @@ class ScriptArguments:
 
 
 def load_data(script: ScriptArguments, split: str, num_examples: int | None, seed: int, data_files):
-    if script.task.startswith("testbed_"):
-        return load_task_dataset(script.task, split=split, num_examples=num_examples, seed=seed)
-    return load_task_dataset(
-        script.task, split=split, num_examples=num_examples, seed=seed, num_shots=script.num_shots,
-        data_files=data_files, shots_data_files=script.shots_data_files, max_source_words=script.max_source_words,
+    """The task's prompts through the registry, with the loader options the task takes."""
+    from eval_head import load_task_data
+
+    return load_task_data(
+        script.task, split, num_examples, seed, num_shots=script.num_shots, data_files=data_files,
+        shots_data_files=script.shots_data_files, max_source_words=script.max_source_words,
     )  # fmt: skip
 
 
@@ -121,10 +124,9 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         global_steps=trainer.state.global_step,
         torch_threads=torch.get_num_threads(),
     )
-    dataset = {"gsm8k": "openai/gsm8k", "cnn_dailymail": "abisee/cnn_dailymail", "xsum": "EdinburghNLP/xsum",
-               "mbpp": "google-research-datasets/mbpp"}.get(script.task)  # fmt: skip
-    if dataset:
-        values["dataset"] = dataset
+    hub_datasets = get_task(script.task).hub_datasets
+    if hub_datasets:
+        values["dataset"] = hub_datasets[0] if len(hub_datasets) == 1 else list(hub_datasets)
     return values
 
 
@@ -134,8 +136,9 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
-    from eval_head import evaluate, load_models
+    from eval_head import evaluate, load_models  # also registers the testbed's tasks
 
+    spec = get_task(script.task)  # an unknown task fails here, before any model is loaded
     device = script.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, draft, tokenizer = load_models(script.target_model, script.draft_model, script.dtype, device)
     train = load_data(script, script.train_split, script.num_train_examples, config.seed, script.train_data_files)
@@ -143,7 +146,7 @@ def main(argv=None):
     log_path = Path(config.output_dir) / "train_log.jsonl"
     head = DiversedHead.for_pair(
         target, draft, architecture=config.head_architecture, w_0=config.head_w_0,
-        mlp_hidden_size=config.head_mlp_hidden_size, task=script.task.removeprefix("testbed_"),
+        mlp_hidden_size=config.head_mlp_hidden_size, task=spec.name,
     )  # fmt: skip
     trainer = DiversedTrainer(
         target, draft, head=head, reward_funcs=reward_for_task(script.task), args=config, train_dataset=train,
@@ -170,7 +173,7 @@ def main(argv=None):
             temperature=config.temperature, num_draft_tokens=config.num_draft_tokens,
             max_new_tokens=script.eval_max_new_tokens, batch_size=script.eval_batch_size, seed=script.eval_seed,
         )  # fmt: skip
-        print(json.dumps(results, indent=2))
+        logger.info("held-out results:\n%s", json.dumps(results, indent=2))
     record = training_record(script, config, seconds, trainer)
     with torch.random.fork_rng(devices=[]):
         head.save_pretrained(str(head_dir), results=results, training_config=record)

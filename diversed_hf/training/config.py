@@ -13,7 +13,7 @@ KL_ESTIMATORS = ("k1", "k3")
 
 @dataclass
 class DiversedConfig(GRPOConfig):
-    r"""Configuration of :class:`DiversedTrainer` (SPEC §4).
+    r"""Configuration of :class:`DiversedTrainer` (docs/method.md §5).
 
     GRPO fields keep their meaning: ``num_generations`` is ``G`` (samples per prompt),
     ``max_completion_length`` the rollout length, ``temperature`` / ``top_k`` / ``top_p`` the
@@ -22,10 +22,12 @@ class DiversedConfig(GRPOConfig):
     ``beta`` the KL coefficient (KL to the *initial head*), ``reward_weights`` the weights of
     several reward functions. GRPO's advantage and loss options (``scale_rewards``, ``loss_type``,
     importance-sampling and vLLM options) do not apply: the advantage is REINFORCE++'s.
+    ``log_completions`` works as in GRPO (this process's prompts, completions, rewards and per-sequence
+    advantages, written under ``<output_dir>/completions``); uploading them (``log_completions_hub_repo``) does not.
 
     Defaults that differ from GRPO's (paper-era settings; the head is small and trains in fp32):
     ``learning_rate=5e-4``, ``num_generations=4``, ``max_completion_length=128``, ``bf16=False``,
-    ``gradient_checkpointing=False``, ``logging_steps=1``, ``save_only_model=False``.
+    activation (gradient) checkpointing off, ``logging_steps=1``, ``save_only_model=False``.
     """
 
     lambda_acceptance: float = field(
@@ -54,7 +56,9 @@ class DiversedConfig(GRPOConfig):
     num_generations: int | None = field(default=4, metadata={"help": "G: samples from nu_theta per prompt."})
     max_completion_length: int | None = field(default=128, metadata={"help": "Maximum new tokens per rollout."})
     bf16: bool | None = field(default=False, metadata={"help": "bf16 autocast; the head is tiny, fp32 is the default."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Unused: only the head trains."})
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of `activation_checkpointing`; unused: only the head trains."}
+    )
     logging_steps: float = field(default=1, metadata={"help": "Log every X optimizer steps."})
 
     def __post_init__(self):
@@ -78,6 +82,16 @@ class DiversedConfig(GRPOConfig):
             raise ValueError(f"`max_completion_length` is {self.max_completion_length}; it must be >= 1.")
         for name in ("use_vllm", "use_transformers_continuous_batching"):
             if getattr(self, name):
-                raise ValueError(f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta.")
-        if self.gradient_checkpointing:
-            raise ValueError("`gradient_checkpointing=True` does not apply: only the head trains. Set it to False.")
+                raise ValueError(
+                    f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta. Set it to False."
+                )
+        if self.log_completions_hub_repo is not None:
+            raise ValueError(
+                f"`log_completions_hub_repo` is {self.log_completions_hub_repo!r}, but DiversedTrainer does not upload "
+                "completion logs; `log_completions=True` still writes them under `<output_dir>/completions`. Unset it."
+            )
+        if self.activation_checkpointing:
+            raise ValueError(
+                "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head trains "
+                "and the models run without gradients. Set it to False."
+            )

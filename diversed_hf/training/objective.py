@@ -1,4 +1,4 @@
-"""The head's training objective (SPEC §4) as small pure tensor functions.
+"""The head's training objective (docs/method.md §5) as small pure tensor functions.
 
 Maximised over the head parameters theta:
 
@@ -106,7 +106,7 @@ def acceptance(
     target_weight: torch.Tensor,  # (B, T)
     total_variation: torch.Tensor,  # (B, T) TV(p_t, q_t)
 ) -> torch.Tensor:  # (B, T)
-    """Expected acceptance of each position, ``1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (SPEC §2)."""
+    """Expected acceptance of each position, ``1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (docs/method.md §2)."""
     return 1.0 - target_weight * total_variation.to(target_weight.dtype)
 
 

@@ -1,4 +1,4 @@
-"""``DiversedTrainer``: trains a DIVERSED head with REINFORCE++ and the acceptance regulariser (SPEC §4).
+"""``DiversedTrainer``: trains a DIVERSED head with REINFORCE++ and the acceptance regulariser (docs/method.md §5).
 
 Why a ``GRPOTrainer`` subclass. GRPO is TRL's trainer for exactly this loop -- sample ``G``
 completions per prompt, score them with reward functions, reuse one rollout batch for
@@ -8,13 +8,16 @@ rollout buffer that splits one generation batch over ``steps_per_generation`` op
 reuses it for the inner epochs, the metric averaging in ``log``, the reward-function convention
 (``f(prompts, completions, completion_ids, **columns)``) and the config. What differs is the
 policy: not one causal LM but the mixture ``nu_theta = w_theta p + (1 - w_theta) q`` over a frozen
-target and a frozen draft, where only the head trains. So this class skips
+target and a frozen draft, where only the head trains. So this class does not run
 ``GRPOTrainer.__init__`` (which builds a trainable causal LM, a reference model, fused LM heads and
-generation backends for it) and initialises ``transformers.Trainer`` (through TRL's base) with the
-**head** as the model, then overrides the three places where the policy appears:
-``_generate_and_score_completions`` (rollouts from ``nu_theta``, see :mod:`diversed_hf.rollout`),
-``_compute_loss`` (REINFORCE++ plus the acceptance term, see :mod:`.objective`) and checkpointing
-(head-only, pair-checked). RLOO's trainer shares GRPO's structure but bakes in its leave-one-out
+generation backends for it; :mod:`diversed_hf.compat` says precisely why neither it nor TRL's base
+constructor applies): :func:`diversed_hf.compat.init_grpo_trainer` initialises ``transformers.Trainer``
+with the **head** as the model and sets the state GRPO's reused methods read. The three places where
+the policy appears are public methods here, which :class:`diversed_hf.compat.GRPOHooks` plugs into
+GRPO's hooks: :meth:`generate_and_score` (rollouts from ``nu_theta``, see :mod:`diversed_hf.rollout`),
+:meth:`compute_head_loss` (REINFORCE++ plus the acceptance term, see :mod:`.objective`) and
+checkpointing (head-only, pair-checked). Every TRL / transformers private this needs is touched in
+:mod:`diversed_hf.compat` only. RLOO's trainer shares GRPO's structure but bakes in its leave-one-out
 baseline; GRPO's is the more general base.
 
 Because both models are frozen, a rollout fixes ``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)`` and
@@ -25,25 +28,25 @@ head forward, not a model forward.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import os
 import tempfile
-import time
-from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase, Trainer
+from transformers import PreTrainedTokenizerBase
 from trl import GRPOTrainer
 from trl.trainer.utils import get_callable_name
 
-from ..tasks import check_columns
-from ..pairs import check_head_matches, shared_vocab_size
+from .. import compat
 from ..head import DiversedHead
+from ..pairs import check_head_matches, shared_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
+from ..tasks import check_columns
 from . import objective
 from .checkpoint import PAIR_FILE, check_pair, load_head_state, pair_record, save_head
 from .config import DiversedConfig
@@ -69,7 +72,7 @@ def _check_writable(directory: str) -> None:
         ) from error
 
 
-class DiversedTrainer(GRPOTrainer):
+class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
     """Train a :class:`~diversed_hf.DiversedHead` for a frozen (target, draft) pair.
 
     Args:
@@ -88,11 +91,10 @@ class DiversedTrainer(GRPOTrainer):
     Logged metrics (train and eval): ``reward`` (and per function), ``mean_w``, ``acceptance_proxy``
     (mean ``1 - w_t TV_t`` over rollout tokens: the expected acceptance rate of speculative decoding
     with this head), ``acceptance_exact_sd`` (mean ``1 - TV_t``: that of lossless SD on the same
-    tokens), ``kl`` (k3 estimate of KL to the initial head), ``clip_fraction``, completion lengths.
+    tokens), ``kl`` (k3 estimate of KL to the initial head), ``clip_fraction``, completion lengths. TRL's
+    ``GRPOTrainer.log`` averages and reports them (``eval_``-prefixed in evaluation).
     """
 
-    _tag_names = ["trl", "diversed", "speculative-decoding"]
-    _name = "DIVERSED"
     loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean; Trainer divides by GA steps
 
     def __init__(
@@ -111,7 +113,10 @@ class DiversedTrainer(GRPOTrainer):
         if args is None:
             args = DiversedConfig(output_dir="diversed-head")
         if not isinstance(args, DiversedConfig):
-            raise TypeError(f"`args` must be a DiversedConfig, got {type(args).__name__}.")
+            raise TypeError(
+                f"`args` must be a DiversedConfig, got {type(args).__name__}. Build it with "
+                "`diversed_hf.training.DiversedConfig(output_dir=...)` (it takes every GRPOConfig field)."
+            )
         _check_writable(args.output_dir)
 
         # Models and head ------------------------------------------------------------------------
@@ -129,7 +134,10 @@ class DiversedTrainer(GRPOTrainer):
                 mlp_hidden_size=args.head_mlp_hidden_size,
             )
         if not isinstance(head, DiversedHead):
-            raise TypeError(f"`head` must be a DiversedHead, got {type(head).__name__}.")
+            raise TypeError(
+                f"`head` must be a DiversedHead, got {type(head).__name__}. Pass `DiversedHead.for_pair(target, draft)`, "
+                "or None to let the trainer build one from `args`."
+            )
         check_head_matches(head, target, draft)
         if head.config.mixing != "probs":
             raise ValueError(
@@ -167,7 +175,8 @@ class DiversedTrainer(GRPOTrainer):
         self.reward_func_names = [get_callable_name(f) for f in self.reward_funcs]
         if args.reward_weights is not None and len(args.reward_weights) != len(self.reward_funcs):
             raise ValueError(
-                f"`reward_weights` has {len(args.reward_weights)} entries for {len(self.reward_funcs)} reward functions."
+                f"`reward_weights` has {len(args.reward_weights)} entries ({args.reward_weights}) for "
+                f"{len(self.reward_funcs)} reward functions; give one weight per function, in the same order."
             )
         self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(self.reward_funcs), dtype=torch.float32)
 
@@ -179,35 +188,20 @@ class DiversedTrainer(GRPOTrainer):
             for name, dataset in (eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]):
                 check_columns(dataset, ["prompt"], f"`eval_dataset`{'[' + repr(name) + ']' if name else ''}")
 
-        # The attributes GRPOTrainer's reused methods read -----------------------------------------
-        self.num_generations = args.num_generations
-        self.num_generations_eval = args.num_generations_eval or args.num_generations
-        self.num_iterations = args.num_iterations
+        # Rollout and loss settings (GRPO's public names) ---------------------------------------------
         self.max_completion_length = args.max_completion_length
         self.temperature, self.top_k, self.top_p = args.temperature, args.top_k, args.top_p
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
         self.beta = args.beta
-        self.shuffle_dataset = args.shuffle_dataset
-        self._step = 0
-        self._buffered_inputs = None
-        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._current_train_step_time = 0.0
-        self._total_train_tokens = 0
-        self.log_completions = False
-        self.use_vllm = False
-        self.use_adaptive_entropy = False
-        self.environments = None
-        self._logs = {"prompt": deque(maxlen=args.generation_batch_size), "completion": deque(maxlen=args.generation_batch_size)}
+        self.total_train_tokens = 0  # completion tokens trained on so far (the `num_tokens` metric)
 
-        Trainer.__init__(
+        compat.init_grpo_trainer(
             self,
             model=head,
             args=args,
-            data_collator=lambda features: features,  # rows stay dicts; _generate_and_score_completions batches them
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            processing_class=None,  # checkpoints hold the head only
             callbacks=callbacks,
             optimizers=optimizers,
         )
@@ -215,19 +209,9 @@ class DiversedTrainer(GRPOTrainer):
         seed = args.seed + self.accelerator.process_index
         self._rollout_generator = torch.Generator(device=self._model_device(target)).manual_seed(seed)
 
-    # ---------------------------------------------------------------------------------------------
-    # Odds and ends of the base classes that assume a causal-LM policy
-
-    def _send_telemetry(self):  # TRL's base reports the policy's architecture; a head has none
-        return
-
     @staticmethod
     def _model_device(model: nn.Module) -> torch.device:
         return next(model.parameters()).device
-
-    def _set_signature_columns_if_needed(self):
-        if self._signature_columns is None:
-            self._signature_columns = ["prompt"]
 
     # ---------------------------------------------------------------------------------------------
     # Rollouts and rewards
@@ -238,7 +222,11 @@ class DiversedTrainer(GRPOTrainer):
         if all(isinstance(p, list) for p in prompts):
             texts = [self.tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
             return texts, False
-        raise TypeError("every `prompt` must be a string, or a list of chat messages ({'role': ..., 'content': ...}).")
+        kinds = sorted({type(p).__name__ for p in prompts})
+        raise TypeError(
+            f"every `prompt` must be a string, or a list of chat messages ({{'role': ..., 'content': ...}}); this batch "
+            f"has prompts of types {kinds}. Make the dataset's 'prompt' column all text or all conversations."
+        )
 
     def _score(self, inputs: list[dict], prompts: list, completions: list[str], completion_ids: list[list[int]]):
         """(B, num_funcs) rewards; a wrong length or a NaN / None / non-number reward is an error."""
@@ -247,8 +235,11 @@ class DiversedTrainer(GRPOTrainer):
         rewards = torch.zeros(len(prompts), len(self.reward_funcs))
         for i, (func, name) in enumerate(zip(self.reward_funcs, self.reward_func_names)):
             values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            if not hasattr(values, "__len__") or len(values) != len(prompts):
-                got = len(values) if hasattr(values, "__len__") else type(values).__name__
+            try:
+                got = len(values)
+            except TypeError:
+                got = type(values).__name__
+            if got != len(prompts):
                 raise ValueError(
                     f"The reward function {name!r} returned {got} rewards for {len(prompts)} completions; it must return "
                     "one float per completion, in order."
@@ -291,7 +282,13 @@ class DiversedTrainer(GRPOTrainer):
     def num_generations_for_mode(self) -> int:
         return self.num_generations if self.model.training else self.num_generations_eval
 
-    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, torch.Tensor | None]:
+    def generate_and_score(self, inputs: list[dict]) -> dict[str, torch.Tensor]:
+        """Sample completions of ``inputs`` (dataset rows) from ``nu_theta``, score them, and return the rollout batch.
+
+        The batch holds what :meth:`compute_head_loss` needs, per token: mask, ``p_t(x_t)``, ``q_t(x_t)``, TV, both
+        hidden states, old / reference log-probabilities and REINFORCE++ advantages. GRPO's ``_prepare_inputs``
+        buffers it and splits it over ``steps_per_generation`` micro-steps.
+        """
         mode = "train" if self.model.training else "eval"
         prompts = [row["prompt"] for row in inputs]
         texts, plain = self._prompt_texts(prompts)
@@ -340,7 +337,7 @@ class DiversedTrainer(GRPOTrainer):
         # Metrics ---------------------------------------------------------------------------------
         w = rollout.target_weight.to(head_device)
         tv = rollout.total_variation.to(head_device)
-        metrics = self._metrics[mode]
+        metrics = compat.grpo_metrics(self, mode)
         gathered = self.accelerator.gather(rewards_per_func.to(head_device))
         for i, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"].append(gathered[:, i].mean().item())
@@ -360,10 +357,15 @@ class DiversedTrainer(GRPOTrainer):
         ended = torch.tensor([any(t in self.eos_token_ids for t in ids) for ids in completion_ids], device=head_device)
         metrics["completions/clipped_ratio"].append(1.0 - self.accelerator.gather(ended.float()).mean().item())
         if mode == "train":
-            self._total_train_tokens += int(self.accelerator.gather(mask.sum()).sum().item())
-            metrics["num_tokens"] = [self._total_train_tokens]
-        self._logs["prompt"].extend(texts)
-        self._logs["completion"].extend(completions)
+            self.total_train_tokens += int(self.accelerator.gather(mask.sum()).sum().item())
+            metrics["num_tokens"] = [self.total_train_tokens]
+        compat.record_completions(
+            self,
+            texts,
+            completions,
+            {name: rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)},
+            advantages[:, 0].tolist(),  # a sequence's advantage (its first token's; constant along it without k1)
+        )
 
         return {
             "completion_mask": mask,
@@ -380,8 +382,11 @@ class DiversedTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------
     # Loss
 
-    def _compute_loss(self, model, inputs):
-        """(sum over valid tokens of clipped PG - lambda * acceptance [+ beta * k3]) / number of sequences."""
+    def compute_head_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(sum over valid tokens of clipped PG - lambda * acceptance [+ beta * k3]) / number of sequences.
+
+        ``inputs`` is one micro-batch of :meth:`generate_and_score`'s batch; only the head runs.
+        """
         mode = "train" if self.model.training else "eval"
         mask = inputs["completion_mask"]  # (b, T)
         num_sequences = max(mask.shape[0], 1)
@@ -398,7 +403,7 @@ class DiversedTrainer(GRPOTrainer):
         if self.beta and self.args.kl_estimator == "k3":
             loss = loss + self.beta * (kl * mask).sum() / num_sequences
 
-        metrics = self._metrics[mode]
+        metrics = compat.grpo_metrics(self, mode)
         with torch.no_grad():
             sums = self.accelerator.reduce(
                 torch.stack([mask.sum(), (clipped.float() * mask).sum(), (kl * mask).sum()]), reduction="sum"
@@ -413,82 +418,64 @@ class DiversedTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------
     # Checkpoints: the head (and the pair it belongs to), optimizer, scheduler, RNG, rollout buffer
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return
+    def save_head_files(self, output_dir: str) -> None:
+        """Write the head (Hub-ready), the pair record and the training arguments to ``output_dir``."""
         head = self.accelerator.unwrap_model(self.model)
         save_head(head, output_dir)
-        Path(output_dir, PAIR_FILE).write_text(__import__("json").dumps(self.pair, indent=2) + "\n")
+        Path(output_dir, PAIR_FILE).write_text(json.dumps(self.pair, indent=2) + "\n")
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
-    def _save_checkpoint(self, model, trial):
-        Trainer._save_checkpoint(self, model, trial)  # GRPO's adds a causal-LM model card; a head's card is the recipe's
-        if not self.args.should_save:
-            return
-        output_dir = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        save_head(self.ref_head, os.path.join(output_dir, REF_HEAD_DIR))
+    def save_checkpoint_extras(self, checkpoint_dir: str) -> None:
+        """Next to ``Trainer``'s files: the initial head (the KL reference) and the rollout loop's state."""
+        save_head(self.ref_head, os.path.join(checkpoint_dir, REF_HEAD_DIR))
         torch.save(
             {
-                "step": self._step,
-                "buffered_inputs": self._buffered_inputs,
+                **compat.grpo_loop_state(self),  # step, buffered_inputs
                 "rollout_generator": self._rollout_generator.get_state(),
-                "total_train_tokens": self._total_train_tokens,
+                "total_train_tokens": self.total_train_tokens,
             },
-            os.path.join(output_dir, TRAINER_EXTRA_STATE),
+            os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE),
         )
 
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        pair_path = Path(resume_from_checkpoint, PAIR_FILE)
+    def load_head_checkpoint(self, checkpoint_dir: str, model: nn.Module | None = None) -> None:
+        """Load the head (and the initial head) of a checkpoint, refusing one trained for another pair or head."""
+        pair_path = Path(checkpoint_dir, PAIR_FILE)
         if not pair_path.is_file():
             raise ValueError(
-                f"{resume_from_checkpoint} has no {PAIR_FILE}: it is not a DiversedTrainer checkpoint. Pass a "
-                "checkpoint-<step> directory written by DiversedTrainer."
+                f"`resume_from_checkpoint` {str(checkpoint_dir)!r} has no {PAIR_FILE}: it is not a DiversedTrainer "
+                "checkpoint. Pass a checkpoint-<step> directory written by DiversedTrainer."
             )
-        check_pair(__import__("json").loads(pair_path.read_text()), self.pair, str(resume_from_checkpoint))
-        config, state = load_head_state(resume_from_checkpoint)
+        check_pair(json.loads(pair_path.read_text()), self.pair, str(checkpoint_dir))
+        config, state = load_head_state(checkpoint_dir)
         head = self.accelerator.unwrap_model(self.model if model is None else model)
         ignored = ("target_model_id", "draft_model_id")
         if {k: v for k, v in config.to_dict().items() if k not in ignored} != {
             k: v for k, v in head.config.to_dict().items() if k not in ignored
         }:
             raise ValueError(
-                f"The head in {resume_from_checkpoint} has config {config.to_dict()}, but the head being trained has "
+                f"The head in {checkpoint_dir} has config {config.to_dict()}, but the head being trained has "
                 f"{head.config.to_dict()}. Resume with the same head architecture and options."
             )
         head.load_state_dict(state, strict=True)
-        ref_dir = Path(resume_from_checkpoint, REF_HEAD_DIR)
+        ref_dir = Path(checkpoint_dir, REF_HEAD_DIR)
         if ref_dir.is_dir():
             _, ref_state = load_head_state(ref_dir)
             self.ref_head.load_state_dict(ref_state, strict=True)
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        Trainer._load_optimizer_and_scheduler(self, checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, TRAINER_EXTRA_STATE)
-        if os.path.isfile(path):
-            extra: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
-            self._step = extra["step"]
-            buffered = extra["buffered_inputs"]
-            if buffered is not None:
-                device = self.accelerator.device
-                buffered = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in buffered]
-            self._buffered_inputs = buffered
-            self._rollout_generator.set_state(extra["rollout_generator"])
-            self._total_train_tokens = extra["total_train_tokens"]
+    def load_checkpoint_extras(self, checkpoint_dir: str) -> None:
+        """Restore what :meth:`save_checkpoint_extras` wrote: the rollout buffer, step, sampling RNG, token count."""
+        path = os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE)
+        if not os.path.isfile(path):
+            return  # a checkpoint without a rollout buffer: GRPO generates a fresh batch
+        extra: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
+        buffered = extra["buffered_inputs"]
+        if buffered is not None:
+            device = self.accelerator.device
+            buffered = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in buffered]
+        compat.restore_grpo_loop_state(self, {"step": extra["step"], "buffered_inputs": buffered})
+        self._rollout_generator.set_state(extra["rollout_generator"])
+        self.total_train_tokens = extra["total_train_tokens"]
 
-    def create_model_card(self, *args, **kwargs):  # the recipe writes the head's card (training/train_head.py)
+    def create_model_card(self, *args, **kwargs) -> None:
+        """No TRL causal-LM card: a head's card comes from ``DiversedHead.save_pretrained`` (see training/train_head.py)."""
         return
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        metrics = {}
-        for key, values in self._metrics[mode].items():
-            valid = [v for v in values if not math.isnan(v)]
-            metrics[key] = sum(valid) / len(valid) if valid else None
-        if mode == "eval":
-            metrics = {f"eval_{k}": v for k, v in metrics.items()}
-        logs.update(metrics)
-        Trainer.log(self, logs, start_time)
-        self._metrics[mode].clear()
