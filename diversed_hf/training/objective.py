@@ -23,6 +23,8 @@ All per-token tensors are ``(batch, T)`` with a 0/1 ``mask`` of valid completion
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 __all__ = [
@@ -30,7 +32,7 @@ __all__ = [
     "whiten",
     "reinforce_pp_advantages",
     "clipped_policy_loss",
-    "acceptance",
+    "expected_acceptance",
     "kl_k1",
     "kl_k3",
     "masked_mean",
@@ -102,12 +104,18 @@ def clipped_policy_loss(
     return -torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def acceptance(
+def expected_acceptance(
     target_weight: torch.Tensor,  # (B, T)
     total_variation: torch.Tensor,  # (B, T) TV(p_t, q_t)
 ) -> torch.Tensor:  # (B, T)
-    """Expected acceptance of each position, ``1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (docs/method.md §2)."""
+    """Expected acceptance of each position, ``beta_t = 1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (docs/method.md §2)."""
     return 1.0 - target_weight * total_variation.to(target_weight.dtype)
+
+
+def acceptance(target_weight, total_variation):  # (B, T)
+    """Deprecated name of :func:`expected_acceptance`; removed in the next release."""
+    warnings.warn("`objective.acceptance` is deprecated; use `objective.expected_acceptance`.", DeprecationWarning, stacklevel=2)
+    return expected_acceptance(target_weight, total_variation)
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:  # (B, T)

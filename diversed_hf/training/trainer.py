@@ -345,7 +345,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         metrics["reward"].append(all_rewards.mean().item())
         metrics["reward_std"].append(all_rewards.std().item() if all_rewards.numel() > 1 else 0.0)
         sums = self.accelerator.reduce(
-            torch.stack([mask.sum(), (w * mask).sum(), (objective.acceptance(w, tv) * mask).sum(), ((1 - tv) * mask).sum()]),
+            torch.stack([mask.sum(), (w * mask).sum(), (objective.expected_acceptance(w, tv) * mask).sum(), ((1 - tv) * mask).sum()]),
             reduction="sum",
         )
         count = sums[0].clamp(min=1)
@@ -395,7 +395,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         policy_loss, clipped = objective.clipped_policy_loss(
             logprobs, inputs["old_logprobs"], inputs["advantages"], self.epsilon_low, self.epsilon_high
         )  # (b, T), (b, T)
-        accepted = objective.acceptance(w, inputs["total_variation"])  # (b, T)
+        accepted = objective.expected_acceptance(w, inputs["total_variation"])  # (b, T)
         kl = objective.kl_k3(logprobs, inputs["ref_logprobs"])  # (b, T)
         policy_term = (policy_loss * mask).sum() / num_sequences
         acceptance_term = (accepted * mask).sum() / num_sequences
