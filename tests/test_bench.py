@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from diversed_hf import DiversedHead, bench, cli
+from diversed_hf.bench import cli as bench_cli
 from diversed_hf.testbed import load_tokenizer
 from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier
 from tiny_models import make_model
@@ -241,20 +242,20 @@ def test_rows_use_the_exact_estimator_when_drafted_acceptance_is_recorded():
     method = bench.parse_methods(["sd"])[0][0]
     costs = {"target_token_seconds": 1.0, "draft_token_seconds": 0.1}
     config = small_config(num_draft_tokens=2)
-    row = bench._row(method, [dict(record)], [], None, task, config, costs)
+    row = bench.method_row(method, [dict(record)], [], None, task, config, costs)
     assert row["estimator"] == "beta-product" and row["expected_tokens_per_round"] == pytest.approx(2.0)
     assert row["tokens_per_round"] == pytest.approx(2.0) and row["acceptance_rate"] == pytest.approx(0.5)
     assert row["predicted_speedup"] == pytest.approx(2.0 / 1.2)
     exact = dict(record, drafted_acceptance_probs=torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
-    row = bench._row(method, [exact], [], None, task, config, costs)
+    row = bench.method_row(method, [exact], [], None, task, config, costs)
     assert row["estimator"] == "exact" and row["expected_tokens_per_round"] == pytest.approx((2.5 + 1.5) / 2)
     assert row["position_acceptance"] == pytest.approx([0.5, 1.0])  # the second draft was accepted whenever examined
 
 
 def test_testbed_heads_are_the_default_only_for_the_testbed_pair():
-    assert bench.load_head(None, "arith", testbed_default=False) is None
-    assert bench.load_finetuned_draft(None, "arith", testbed_default=False) is None
-    head = bench.load_head(None, "arith")
+    assert bench_cli.load_head(None, "arith", testbed_default=False) is None
+    assert bench_cli.load_finetuned_draft(None, "arith", testbed_default=False) is None
+    head = bench_cli.load_head(None, "arith")
     if head is None:
         pytest.skip("this checkout ships no testbed head")
     assert head.config.task == "arith"

@@ -4,7 +4,7 @@
     python training/make_results.py --quick          # a 2-minute smoke run into results_quick/
     accelerate launch --multi_gpu --num_processes 2 training/make_results.py   # data parallel, 2 processes
 
-It is ``diversed-hf bench`` with the settings below (see ``diversed_hf/bench.py``): the testbed pair,
+It is ``diversed-hf bench`` with the settings below (see ``diversed_hf/bench/``): the testbed pair,
 tasks ``arith`` and ``summary``, target-only, SD, lossy SD (2 leniences), the static ensemble
 (4 weights; with SD as w = 1 they trace the front), SpecCascade (every rule, one alpha), SD with the
 fine-tuned draft and DIVERSED with the task's trained head when the testbed ships them (otherwise

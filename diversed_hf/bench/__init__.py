@@ -1,0 +1,88 @@
+"""``diversed-hf bench``: the paper's evaluation as a tool (docs/method.md §7).
+
+Every method decodes the **same prompts** of a task with one model pair and is scored on
+
+- acceptance rate (accepted drafted tokens / drafted tokens, summed over rounds) and acceptance by
+  draft position;
+- quality: exact match (``arith``, GSM8K), ROUGE-2 F1 (``summary``, CNN/DM, XSum), pass@1 (MBPP);
+- seconds per sample, tokens/s, speedup vs target-only decoding and vs SD;
+- mean tokens per round, measured, next to the estimator of
+  :func:`diversed_hf.theory.expected_tokens_per_round` and the i.i.d. prediction
+  ``(1 - alpha^(N+1)) / (1 - alpha)`` with ``alpha`` the mean ``beta``; and measured speedup next to
+  the model's prediction ``E[T_N] / (N c + 1)`` with the cost ratio ``c`` measured on the pair.
+
+Results (:func:`write_results`): ``results.json`` (one row per task and method, the schema
+``diversed_hf.cards`` reads, quality and acceptance as fractions), ``results_<task>.json`` (the same
+as ``{"setting", "rows"}``, to put next to a head), ``bench.json`` (everything, for
+:func:`read_results`), a Markdown table per task, and the pictures of :mod:`diversed_hf.bench.plots`.
+
+Two passes per method, on the same prompts:
+
+1. **quality pass** (untimed): all ``num_prompts`` prompts, batched (``batch_size``), each sampled
+   ``num_samples`` times with different seeds; gives quality (mean over all samples, standard error
+   over prompts), acceptance and the per-round statistics;
+2. **timing pass**: the first ``num_timing_prompts`` prompts at ``timing_batch_size`` (1 by
+   default: per-request latency, what the speedup model describes), after a warm-up of every
+   method; ``repeats`` runs with methods interleaved (the order rotates each repeat) and the
+   **median** wall-clock time kept.
+
+Each run is seeded the same way for every method. Under ``accelerate launch`` the prompts are split
+between processes and results gathered (data parallel); wall-clock time of a timed run is the
+slowest process's.
+
+Methods are given as short specs (:func:`parse_methods`)::
+
+    target                  target-only decoding (plain transformers ``generate``)
+    sd                      lossless speculative decoding
+    lossy:0.3,0.6           lossy SD, one run per lenience
+    static:0,0.25,0.5,0.75  static ensemble, one run per target weight w
+    cascade:0.1,0.3         SpecCascade, every rule, one run per alpha
+    cascade-opt:0.1,0.3     SpecCascade, one rule
+    sd-ft                   SD with the fine-tuned draft (skipped when there is none)
+    diversed                DIVERSED with the task's head (skipped when there is none)
+"""
+
+# The modules, one job each (none imports this package; only the command, `cli`, imports `diversed_hf.testbed`,
+# and this package does not import `cli`: `diversed_hf.cli` lists `diversed_hf.bench.cli` itself):
+#   methods  Method, FAMILIES, DEFAULT_METHODS, parse_methods
+#   config   BenchConfig, BenchTask, load_task (tasks from diversed_hf.tasks)
+#   models   load_models, load_head, load_finetuned_draft from paths or Hub ids
+#   runner   run_bench: the quality and timing passes, cost ratio, data parallelism
+#   stats    one row per method: quality and its standard error, acceptance, tokens per round, speedups
+#   schema   BenchResult and the JSON files (results.json, results_<task>.json, bench.json)
+#   report   Markdown tables and the results page; write_results (JSON + tables + plots)
+#   plots    trade-off and position plots, the HTML target-weight view (matplotlib)
+#   cli      the `diversed-hf bench` subcommand (register, main), and loaders with the testbed's defaults
+
+from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, load_task
+from .methods import DEFAULT_METHODS, FAMILIES, Method, parse_methods
+from .models import load_finetuned_draft, load_head, load_models
+from .report import markdown_table, quality_label, write_results, write_results_page
+from .runner import measure_cost, run_bench
+from .schema import BenchResult, read_results
+from .stats import add_relative_speedups, front_comparison, method_row
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "BenchTask",
+    "DEFAULT_METHODS",
+    "FAMILIES",
+    "Method",
+    "SAMPLE_SEED_STRIDE",
+    "add_relative_speedups",
+    "front_comparison",
+    "load_finetuned_draft",
+    "load_head",
+    "load_models",
+    "load_task",
+    "markdown_table",
+    "measure_cost",
+    "method_row",
+    "parse_methods",
+    "quality_label",
+    "read_results",
+    "run_bench",
+    "write_results",
+    "write_results_page",
+]

@@ -1,0 +1,197 @@
+"""The ``diversed-hf bench`` subcommand, and the loaders of models, fine-tuned drafts and heads it uses.
+
+Its flags are the fields of two dataclasses, parsed by ``transformers.HfArgumentParser``:
+:class:`BenchArguments` (what to run on: models, tasks, heads, where results go) and
+:class:`~diversed_hf.bench.config.BenchConfig` (how to run and time it). A field ``num_prompts`` is the flag
+``--num-prompts`` (``--num_prompts`` works too).
+
+This is the only module of the bench that imports :mod:`diversed_hf.testbed`: without ``--target`` /
+``--draft`` the command runs on the testbed pair, with the testbed's heads and fine-tuned drafts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import HfArgumentParser
+
+from . import models
+from .config import BenchConfig, load_task
+from .methods import parse_methods
+from .report import markdown_table, write_results, write_results_page
+from .runner import process_state, run_bench
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BenchArguments", "build_parser", "load_finetuned_draft", "load_head", "load_models", "main", "register"]
+
+
+@dataclass
+class BenchArguments:
+    """The command's own arguments: models, tasks, heads, output. How to decode and time is :class:`BenchConfig`."""
+
+    target: str | None = field(default=None, metadata={"help": "Target model path or Hub id (default: the testbed pair)."})
+    draft: str | None = field(default=None, metadata={"help": "Draft model path or Hub id (with --target)."})
+    finetuned_draft: str | None = field(
+        default=None,
+        metadata={"help": "Fine-tuned draft for 'sd-ft': a directory, or 'task=dir,task=dir' (default: the testbed's, if any)."},
+    )
+    head: str | None = field(
+        default=None, metadata={"help": "DIVERSED head directory, or 'task=dir,task=dir' (default: testbed heads)."}
+    )
+    task: list[str] = field(
+        default_factory=lambda: ["arith"],
+        metadata={"help": "Task(s): the testbed's arith, summary; gsm8k, cnn_dailymail, xsum, mbpp (Hub or --data-files)."},
+    )
+    data_files: list[str] | None = field(default=None, metadata={"help": "Local files in the Hub schema (one task only)."})
+    num_shots: int = field(default=0, metadata={"help": "Few-shot exemplars for Hub tasks."})
+    split: str = field(default="test", metadata={"help": "Split of the task to evaluate on."})
+    dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Model weights dtype."})
+    threads: int = field(default=0, metadata={"help": "torch threads per process (0: torch's default)."})
+    output_dir: str = field(default="bench_results", metadata={"help": "Where results.json, tables and plots go."})
+    results_page: str | None = field(
+        default=None, metadata={"help": "Also write a Markdown results page here (e.g. RESULTS.md)."}
+    )
+    page_command: str | None = field(
+        default=None, metadata={"help": "How the results page says to regenerate it (default: this command line)."}
+    )
+    no_plots: bool = field(default=False, metadata={"help": "Skip the PNG/HTML output (no matplotlib needed)."})
+    no_progress: bool = field(default=False, metadata={"help": "Hide progress bars."})
+
+    def __post_init__(self):
+        if isinstance(self.task, str):
+            self.task = [self.task]
+        if not self.task:
+            raise ValueError("`task` is empty; name at least one task, e.g. --task arith.")
+        for name in ("num_shots", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}.")
+        if self.data_files and len(self.task) != 1:
+            raise ValueError(f"`--data-files` gives the data of one task, but --task lists {self.task}; pass one task.")
+        if (self.target is None) != (self.draft is None):
+            raise ValueError(
+                f"`--target` is {self.target!r} but `--draft` is {self.draft!r}; pass both (paths or Hub ids), or "
+                "neither for the testbed pair."
+            )
+
+
+# ------------------------------------------------------------------------------------------------
+# Models, fine-tuned drafts and heads (the testbed's by default)
+
+
+def load_models(target: str | None = None, draft: str | None = None, dtype: torch.dtype = torch.float32,
+                device: str = "cpu"):
+    """``(target, draft, tokenizer)``: the testbed pair by default, else local paths or Hub ids
+    (:func:`diversed_hf.bench.models.load_models`)."""
+    if (target is None) != (draft is None):
+        raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for the testbed pair.")
+    if target is None:
+        from .. import testbed
+
+        return testbed.load_pair(torch_dtype=dtype, device=device)
+    return models.load_models(target, draft, dtype, device)
+
+
+def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                         testbed_default: bool = True):
+    """The fine-tuned draft for ``task`` (``spec``: a directory or ``task=dir,task=dir``, e.g. the ``merged``
+    output of ``training/distill_draft.py``), else (with ``testbed_default``, for the testbed pair) the testbed's
+    ``load_finetuned_draft(task)`` if it ships one; ``None`` when there is none."""
+    if spec or not testbed_default:
+        return models.load_finetuned_draft(spec, task, dtype, device)
+    from .. import testbed
+
+    try:
+        return testbed.load_finetuned_draft(task, torch_dtype=dtype, device=device)
+    except (FileNotFoundError, KeyError, ValueError) as error:
+        logger.info("no fine-tuned testbed draft for %s: %s", task, error)
+        return None
+
+
+def load_head(spec: str | None, task: str, testbed_default: bool = True):
+    """The DIVERSED head for ``task``: from ``spec`` (a directory, or ``task=dir,task=dir``), else (with
+    ``testbed_default``, for the testbed pair) the testbed's ``load_head(task)``; ``None`` when there is none."""
+    if spec or not testbed_default:
+        return models.load_head(spec, task)
+    from .. import testbed
+
+    try:
+        return testbed.load_head(task)
+    except (FileNotFoundError, KeyError, ValueError) as error:
+        logger.info("no testbed head for %s: %s", task, error)
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The package docstring as written, and every flag's default."""
+
+
+def build_parser(**kwargs) -> HfArgumentParser:
+    """An ``HfArgumentParser`` over :class:`BenchArguments` and :class:`BenchConfig` (``kwargs`` go to argparse)."""
+    return HfArgumentParser((BenchArguments, BenchConfig), **kwargs)
+
+
+def register(subparsers) -> None:
+    """Add ``bench`` to the ``diversed-hf`` subcommands: its flags come from :func:`build_parser` as an argparse parent."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="Speed/quality benchmark of every decoding method on a model pair and task.",
+        description=sys.modules[__package__].__doc__,  # the package's docstring; the package is loaded already
+        formatter_class=_HelpFormatter,
+        parents=[build_parser(add_help=False)],
+    )
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``diversed-hf bench`` on parsed arguments (a namespace holding every field of both dataclasses)."""
+    started = time.perf_counter()
+    arguments, config = build_parser().parse_dict(vars(args), allow_extra_keys=True)
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
+    state = process_state()
+    dtype = getattr(torch, arguments.dtype)
+    target, draft, tokenizer = load_models(arguments.target, arguments.draft, dtype, state.device)
+    tasks = [
+        load_task(name, config.num_prompts, config.seed, arguments.split, arguments.num_shots, arguments.data_files)
+        for name in arguments.task
+    ]
+    results = []
+    on_testbed = arguments.target is None  # the testbed's heads and drafts only fit the testbed pair
+    for task in tasks:
+        head = load_head(arguments.head, task.name, testbed_default=on_testbed)
+        finetuned = load_finetuned_draft(arguments.finetuned_draft, task.name, dtype, state.device, testbed_default=on_testbed)
+        methods, notes = parse_methods(config.methods, head=head, has_finetuned_draft=finetuned is not None)
+        results.append(
+            run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, notes=notes,
+                      progress=not arguments.no_progress)
+        )
+    if not state.is_main_process:
+        return 0
+    seconds = time.perf_counter() - started
+    if arguments.results_page:
+        command = arguments.page_command or "diversed-hf " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        write_results_page(results, arguments.output_dir, arguments.results_page, command=command, seconds=seconds)
+    else:
+        write_results(results, arguments.output_dir, plots=not arguments.no_plots)
+    for result in results:
+        print(f"## {result.task} (cost ratio c = {result.meta['cost_ratio']:.3f})")
+        print(markdown_table(result.rows))
+        for note in result.notes:
+            print(f"- {note}")
+        print()
+    print(f"Wrote {arguments.output_dir}/results.json" + (f" and {arguments.results_page}" if arguments.results_page else "")
+          + f" in {seconds:.0f} s.")
+    return 0
