@@ -22,7 +22,8 @@ rendered from the files in the head's directory:
           "acceptance_rate": 0.726,      # accepted drafted tokens / drafted tokens, in [0, 1]
           "quality": 0.67,               # task quality as a fraction in [0, 1] (exact match,
                                          #   ROUGE-2 F1, pass@1); the card shows it x 100
-          "quality_metric": "exact_match",   # "exact_match" | "rouge2_f1" | "pass@1" | other
+          "quality_metric": "exact_match",   # "exact_match" | "rouge2_f1" | "pass@1" | other (aliases
+                                         #   such as "accuracy" are read as in diversed_hf.tasks)
           "seconds_per_sample": 1.9,     # mean wall-clock seconds per prompt
           "tokens_per_second": 67.4,     # generated tokens / second
           "tokens_per_round": 3.4,       # mean tokens emitted per round (E[T_N] estimate)
@@ -36,6 +37,9 @@ rendered from the files in the head's directory:
     keys are allowed and ignored. DIVERSED rows (``family`` ``"diversed"``, or a method name
     starting with ``diversed``) are shown in bold. ``diversed-hf bench`` writes one such file per
     task (``results_<task>.json``): copy it next to the head as ``results.json``.
+
+The task's description, Hub datasets and default metric, and the label of the quality column, come
+from the task registry (:func:`diversed_hf.tasks.get_task`, :func:`diversed_hf.tasks.metric_label`).
 
 Re-render after adding a results file with ``diversed-hf card DIR`` (or :func:`write_card`);
 render the cards of the heads shipped with the package into ``model_cards/`` with
@@ -51,17 +55,32 @@ import os
 import shutil
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from . import hub
-from .head import PAPER_URL, DiversedHead, DiversedHeadConfig
+from .tasks import canonical_metric, get_task, metric_label
+
+if TYPE_CHECKING:
+    from .head import DiversedHeadConfig
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RESULT_FIELDS",
+    "TESTBED_MODEL_ID_PREFIX",
+    "card_data",
+    "load_results",
+    "load_training_config",
+    "render_card",
+    "write_card",
+    "write_results",
+    "write_training_config",
+]
 
 TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "model_card.md"
 
@@ -74,36 +93,16 @@ CITATION = """@inproceedings{wang2026diversed,
   archivePrefix = {arXiv}
 }"""
 
-#: known tasks: (description, Hub datasets, default quality metric)
-TASKS: dict[str, tuple[str, list[str], str]] = {
-    "gsm8k": ("GSM8K grade-school math word problems; quality is exact match of the final number.", ["openai/gsm8k"], "exact_match"),
-    "xsum": ("XSum one-sentence news summaries; quality is ROUGE-2 F1.", ["EdinburghNLP/xsum"], "rouge2_f1"),
-    "cnn_dailymail": ("CNN/DailyMail news summaries; quality is ROUGE-2 F1.", ["abisee/cnn_dailymail"], "rouge2_f1"),
-    "mbpp": ("MBPP Python programming problems; quality is pass@1 of the unit tests.", ["google-research-datasets/mbpp"], "pass@1"),
-    "arith": (
-        "The `diversed_hf` testbed's GSM8K-style arithmetic task, generated offline "
-        "(`diversed_hf.testbed.load_task(\"arith\")`); quality is exact match of the final number.",
-        [],
-        "exact_match",
-    ),
-    "summary": (
-        "The `diversed_hf` testbed's XSum-style summary task, generated offline "
-        "(`diversed_hf.testbed.load_task(\"summary\")`); quality is ROUGE-2 F1.",
-        [],
-        "rouge2_f1",
-    ),
-}
-TASKS["cnndm"] = TASKS["cnn_dailymail"]
+PAPER_URL = "https://arxiv.org/abs/2604.07622"
+LIBRARY_NAME = "diversed_hf"
+#: tags of every head on the Hub (the card adds the head's task, and the tag huggingface_hub's mixin adds)
+HUB_TAGS = ("diversed", "speculative-decoding", "ensemble-head")
+MIXIN_TAG = "model_hub_mixin"
 
-QUALITY_LABELS = {
-    "exact_match": "accuracy (%)",
-    "accuracy": "accuracy (%)",
-    "rouge2_f1": "ROUGE-2 F1 (x100)",
-    "rouge2": "ROUGE-2 F1 (x100)",
-    "rouge-2": "ROUGE-2 F1 (x100)",
-    "pass@1": "pass@1 (%)",
-    "pass_at_1": "pass@1 (%)",
-}
+#: ``config._name_or_path`` of the testbed's models (``diversed_hf.testbed.load_pair()`` sets it): a stable id
+#: instead of a machine's path, so that heads trained on the pair record ids that match everywhere.
+TESTBED_MODEL_ID_PREFIX = "diversed_hf/testbed/"
+_TESTBED_MODELS = ("target", "draft")
 
 #: numeric row fields: (valid range low, high) - None for open
 RESULT_FIELDS: dict[str, tuple[float, float | None]] = {
@@ -200,8 +199,22 @@ def write_results(path: Path, results: Any) -> None:
         hub.write_json(path, results)
 
 
+def _task_spec(task: str | None):
+    """The registry's :class:`~diversed_hf.tasks.TaskSpec` of ``task``, or None for an unrecorded or unknown task."""
+    if not task:
+        return None
+    try:
+        return get_task(task)
+    except (TypeError, ValueError):
+        return None
+
+
 def _quality_metric(results: dict, task: str | None) -> str | None:
-    metrics = {row["quality_metric"] for row in results["rows"] if row["quality_metric"] and row["quality"] is not None}
+    metrics = {
+        canonical_metric(row["quality_metric"])
+        for row in results["rows"]
+        if row["quality_metric"] and row["quality"] is not None
+    }
     if len(metrics) > 1:
         raise ValueError(
             f"Result rows mix quality metrics {sorted(metrics)}: one card shows one task. Use the per-task results "
@@ -211,8 +224,9 @@ def _quality_metric(results: dict, task: str | None) -> str | None:
         return metrics.pop()
     setting_metric = results["setting"].get("quality_metric")
     if isinstance(setting_metric, str):
-        return setting_metric
-    return TASKS[task][2] if task in TASKS else None
+        return canonical_metric(setting_metric)
+    spec = _task_spec(task)
+    return spec.metric if spec is not None else None
 
 
 def _format_rows(results: dict) -> list[dict]:
@@ -292,10 +306,8 @@ def _testbed_name(model_id: str | None) -> str | None:
     ``testbed.load_pair()`` or a path into the shipped testbed's assets."""
     if not model_id:
         return None
-    from .testbed import MODEL_ID_PREFIX, MODEL_NAMES
-
-    if model_id.startswith(MODEL_ID_PREFIX) and model_id[len(MODEL_ID_PREFIX) :] in MODEL_NAMES:
-        return model_id[len(MODEL_ID_PREFIX) :]
+    if model_id.startswith(TESTBED_MODEL_ID_PREFIX) and model_id[len(TESTBED_MODEL_ID_PREFIX) :] in _TESTBED_MODELS:
+        return model_id[len(TESTBED_MODEL_ID_PREFIX) :]
     parts = Path(model_id).parts
     if len(parts) >= 3 and parts[-3:-1] == ("testbed", "assets"):
         return parts[-1]
@@ -312,7 +324,7 @@ def _describe_model(model_id: str | None) -> str:
     return f"`{model_id}` (local path)"
 
 
-def _usage(config: DiversedHeadConfig, head_source: str, num_draft_tokens: int) -> str:
+def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> str:
     load_head = f'head = DiversedHead.from_pretrained("{head_source}")'
     generate = (
         "output = target.generate(\n"
@@ -350,16 +362,35 @@ def _usage(config: DiversedHeadConfig, head_source: str, num_draft_tokens: int) 
     )
 
 
-def card_data(config: DiversedHeadConfig, training_config: dict | None = None) -> ModelCardData:
+def _head_fields(config: "DiversedHeadConfig | Mapping[str, Any]") -> SimpleNamespace:
+    """The fields of a head config (a ``DiversedHeadConfig`` or the object in its ``config.json``) for rendering."""
+    if hasattr(config, "to_dict"):
+        values = config.to_dict()
+    elif isinstance(config, Mapping):
+        values = dict(config)
+    else:
+        raise TypeError(
+            f"`config` must be a DiversedHeadConfig or the dict of a head's config.json, got {type(config).__name__}; "
+            "pass `head.config`."
+        )
+    missing = [name for name in hub.REQUIRED_FILE_FIELDS if name not in values]
+    if missing:
+        raise ValueError(f"`config` lacks the head fields {missing}; pass `head.config` or a saved head's config.json.")
+    optional = dict.fromkeys(("task", "target_model_id", "draft_model_id", "mlp_hidden_size", "w_0"))
+    return SimpleNamespace(**{**optional, **values})
+
+
+def card_data(config: "DiversedHeadConfig | Mapping[str, Any]", training_config: dict | None = None) -> ModelCardData:
     """Hub metadata: library, tags, base models (the pair, when they are Hub ids), datasets, license."""
+    config = _head_fields(config)
     training_config = training_config or {}
-    tags = set(DiversedHead._hub_mixin_info.model_card_data.tags or []) | {"diversed", "speculative-decoding", "ensemble-head"}
-    if config.task:
+    tags = {*HUB_TAGS, MIXIN_TAG}
+    if isinstance(config.task, str) and config.task:
         tags.add(config.task)
     base_models = [model for model in (_hub_model_id(config.target_model_id), _hub_model_id(config.draft_model_id)) if model]
     extra = {"base_model_relation": "adapter"} if base_models else {}
     return ModelCardData(
-        library_name="diversed_hf",
+        library_name=LIBRARY_NAME,
         tags=sorted(tags),
         base_model=base_models or None,
         datasets=_datasets(config, training_config) or None,
@@ -368,39 +399,40 @@ def card_data(config: DiversedHeadConfig, training_config: dict | None = None) -
     )
 
 
-def _datasets(config: DiversedHeadConfig, training_config: dict) -> list[str]:
+def _datasets(config: SimpleNamespace, training_config: dict) -> list[str]:
     recorded = training_config.get("datasets", training_config.get("dataset"))
     if isinstance(recorded, str):
         recorded = [recorded]
     if isinstance(recorded, list):
         return [name for name in recorded if isinstance(name, str) and _hub_model_id(name)]
-    return list(TASKS[config.task][1]) if config.task in TASKS else []
-
-
-def _num_parameters(config: DiversedHeadConfig) -> int:
-    # Built on the meta device: no memory, and no draw from the global RNG (a card written from a
-    # training loop must not change the run's random stream).
-    with torch.device("meta"):
-        return sum(parameter.numel() for parameter in DiversedHead(config).parameters())
+    spec = _task_spec(config.task)
+    return list(spec.hub_datasets) if spec is not None else []
 
 
 def render_card(
-    config: DiversedHeadConfig,
+    config: "DiversedHeadConfig | Mapping[str, Any]",
     *,
     repo_id: str | None = None,
     results: Any = None,
     training_config: Any = None,
     head_source: str | None = None,
+    num_parameters: int | None = None,
 ) -> ModelCard:
     """Render the card of a head with ``config`` (``results`` / ``training_config``: content or paths).
 
-    ``repo_id`` (or else ``head_source``, a local path) is what the usage snippet loads.
+    ``config`` is ``head.config`` or the dict of a saved ``config.json``. ``repo_id`` (or else
+    ``head_source``, a local path) is what the usage snippet loads. ``num_parameters`` defaults to
+    ``config.num_parameters`` (a ``DiversedHeadConfig`` knows it).
     """
+    if num_parameters is None:
+        num_parameters = getattr(config, "num_parameters", None)
+    head = _head_fields(config)
     results = load_results(results) if results is not None else None
     training = load_training_config(training_config) if training_config is not None else None
-    task = config.task
-    if task in TASKS:
-        task_description = TASKS[task][0]
+    task = head.task
+    spec = _task_spec(task)
+    if spec is not None:
+        task_description = spec.description
     elif task:
         task_description = f"Trained for the task `{task}`."
     else:
@@ -410,32 +442,31 @@ def render_card(
         num_draft_tokens = results["setting"]["num_draft_tokens"]
     mixture = (
         "`nu_t = w_t p_t + (1 - w_t) q_t` of the target distribution `p_t` and the draft distribution `q_t`"
-        if config.mixing == "probs"
+        if head.mixing == "probs"
         else "`softmax(w_t z_p + (1 - w_t) z_q)` of the target and draft logits (the official code's logit mixing)"
     )
     name = (repo_id or "").split("/")[-1] or (f"{task} head" if task else "head")
     metric = _quality_metric(results, task) if results else None
-    card = ModelCard.from_template(
+    return ModelCard.from_template(
         card_data(config, training),
         template_path=str(TEMPLATE_PATH),
         title=f"DIVERSED ensemble head: {name}",
         paper_url=PAPER_URL,
         mixture=mixture,
-        head=config,
-        num_parameters=f"{_num_parameters(config):,}",
-        target_model=_describe_model(config.target_model_id),
-        draft_model=_describe_model(config.draft_model_id),
+        head=head,
+        num_parameters=f"{num_parameters:,}" if isinstance(num_parameters, int) else "not recorded",
+        target_model=_describe_model(head.target_model_id),
+        draft_model=_describe_model(head.draft_model_id),
         task_name=f"`{task}`" if task else "an unrecorded task",
         task_description=task_description,
-        datasets=_datasets(config, training or {}),
+        datasets=_datasets(head, training or {}),
         training_rows=_flatten(training) if training else [],
         results_rows=_format_rows(results) if results else [],
         results_setting=", ".join(f"{key} = {value}" for key, value in results["setting"].items()) if results else "",
-        quality_label=QUALITY_LABELS.get((metric or "").lower(), f"{metric} (x100)" if metric else "quality (x100)"),
-        usage=_usage(config, repo_id or head_source or "path/to/head", num_draft_tokens),
+        quality_label=metric_label(metric),
+        usage=_usage(head, repo_id or head_source or "path/to/head", num_draft_tokens),
         citation=CITATION,
     )
-    return card
 
 
 def write_card(
@@ -448,51 +479,27 @@ def write_card(
 ) -> Path:
     """Render the card of the head saved in ``directory`` and write it (default ``directory/README.md``).
 
-    ``results`` / ``training_config`` default to ``results.json`` / ``training_config.json`` in the directory.
+    ``results`` / ``training_config`` default to ``results.json`` / ``training_config.json`` in the directory;
+    the parameter count is read from the header of its ``model.safetensors``.
     """
     directory = Path(directory)
-    config = DiversedHeadConfig.from_json_file(hub.resolve_file(directory, hub.CONFIG_NAME))
+    config = hub.read_head_config(hub.resolve_file(directory, hub.CONFIG_NAME))
+    weights = directory / hub.WEIGHTS_NAME
+    num_parameters = hub.count_parameters(weights) if weights.is_file() else None
     if results is None and (directory / hub.RESULTS_NAME).is_file():
         results = directory / hub.RESULTS_NAME
     if training_config is None and (directory / hub.TRAINING_CONFIG_NAME).is_file():
         training_config = directory / hub.TRAINING_CONFIG_NAME
     card = render_card(
-        config, repo_id=repo_id, results=results, training_config=training_config, head_source=str(directory)
+        config,
+        repo_id=repo_id,
+        results=results,
+        training_config=training_config,
+        head_source=str(directory),
+        num_parameters=num_parameters,
     )
     path = Path(output) if output is not None else directory / hub.CARD_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     card.save(str(path))
     logger.info("wrote model card %s", path)
     return path
-
-
-# Shipped heads -------------------------------------------------------------------------------------
-
-
-def shipped_head_dirs() -> list[Path]:
-    """Directories of the heads shipped in the testbed's assets (folders whose config.json is a head's)."""
-    from .testbed import ASSETS_DIR
-
-    heads = []
-    candidates = [p for folder in (ASSETS_DIR, ASSETS_DIR / "heads") if folder.is_dir() for p in sorted(folder.iterdir())]
-    for candidate in candidates:
-        config_path = candidate / hub.CONFIG_NAME
-        if config_path.is_file():
-            try:
-                values = json.loads(config_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(values, dict) and "draft_hidden_size" in values and "target_hidden_size" in values:
-                heads.append(candidate)
-    return heads
-
-
-def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[Path]:
-    """Write ``<output_dir>/<head name>.md`` for every shipped head (and refresh its README.md)."""
-    written = []
-    for directory in shipped_head_dirs():
-        write_card(directory)
-        written.append(write_card(directory, output=Path(output_dir) / f"{directory.name}.md"))
-    if not written:
-        logger.warning("no shipped heads found in the testbed assets; nothing rendered")
-    return written

@@ -1,4 +1,4 @@
-"""The DIVERSED ensemble head: ``w_t = f_theta(h^q_t, h^p_t)`` (SPEC §3).
+"""The DIVERSED ensemble head: ``w_t = f_theta(h^q_t, h^p_t)`` (docs/method.md §4).
 
 A small network reads the last-layer hidden state of the draft and of the target at the
 position that produced ``q_t`` / ``p_t`` and outputs the weight ``w_t`` in (0, 1) that the
@@ -11,14 +11,20 @@ verification mixture puts on the **target**. Both models stay frozen; only the h
 The output layer starts at zero weight and bias ``logit(w_0)``, so a freshly built head outputs
 exactly ``w_0`` everywhere and behaves as the static ensemble with that weight.
 
-A head is shared like an adapter (``huggingface_hub.ModelHubMixin``)::
+A head is shared like an adapter, through ``huggingface_hub.ModelHubMixin``::
 
     head.save_pretrained("head-gsm8k")                  # config.json, model.safetensors, README.md
     head = DiversedHead.from_pretrained("org/head-gsm8k")   # a local directory or a Hub repo id
     head.push_to_hub("org/head-gsm8k")
 
-Loading is strict (missing or unexpected weights are an error) and nothing is printed. Checkpoints of
-the official DIVERSED code import with :meth:`DiversedHead.from_official_checkpoint`.
+The mixin's public methods do the work; the head fills its hooks: ``_save_pretrained`` (config and
+weights), ``_from_pretrained`` (strict loading, dtype and device) and ``generate_model_card`` (the card,
+rendered by :mod:`diversed_hf.cards`). Loading is strict (missing or unexpected weights are an error)
+and nothing is printed. Checkpoints of the official DIVERSED code import with
+:meth:`DiversedHead.from_official_checkpoint`.
+
+Imports point one way: :mod:`~diversed_hf.hub` (files) <- :mod:`~diversed_hf.cards` (cards and
+results) <- this module.
 """
 
 from __future__ import annotations
@@ -26,30 +32,29 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub import ModelHubMixin
+from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
-from . import hub
+from . import cards, hub
+from .cards import PAPER_URL  # noqa: F401 - re-exported
+from .hub import HEAD_FORMAT_VERSION, REQUIRED_FILE_FIELDS  # noqa: F401 - re-exported
 from .pairs import hidden_size_of, model_id_of  # noqa: F401 - re-exported
 from .verifiers import MIXING_SPACES
 
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("linear", "mlp")
-HEAD_FORMAT_VERSION = 1
-#: fields a saved ``config.json`` must carry (``mlp_hidden_size`` too for the ``mlp`` architecture)
-REQUIRED_FILE_FIELDS = ("format_version", "architecture", "mixing", "draft_hidden_size", "target_hidden_size")
-PAPER_URL = "https://arxiv.org/abs/2604.07622"
 
-# The official DIVERSED release (SPEC §3).
+# The official DIVERSED release (docs/method.md §4, "Files").
 OFFICIAL_WEIGHTS_NAME = "ensemble_head.bin"
 OFFICIAL_CONFIG_NAME = "ensemble_config.json"
+#: keyword arguments ``from_pretrained`` takes besides huggingface_hub's download arguments
+LOAD_OPTIONS = ("strict", "device", "dtype")
 
 
 @dataclass
@@ -86,7 +91,7 @@ class DiversedHeadConfig:
                 f"`w_0` must be in the open interval (0, 1), got {self.w_0!r}. A head cannot start at exactly 0 or 1 "
                 "(its sigmoid would saturate and never train); use `StaticEnsembleVerifier` for a fixed weight."
             )
-        _check_format_version(self.format_version)
+        hub.check_format_version(self.format_version)
         for name in ("target_model_id", "draft_model_id", "task"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -100,7 +105,7 @@ class DiversedHeadConfig:
         if not isinstance(values, dict):
             raise TypeError(f"A DiversedHeadConfig is built from a dict, got {type(values).__name__}.")
         # The version first: a newer format may add fields this release does not know.
-        _check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
+        hub.check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -113,47 +118,27 @@ class DiversedHeadConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "DiversedHeadConfig":
         """Read a saved ``config.json``: every field in :data:`REQUIRED_FILE_FIELDS` must be present."""
-        values = hub.read_json(Path(path), "Head config")
-        if not isinstance(values, dict):
-            raise ValueError(f"Head config {path} must hold a JSON object, got {type(values).__name__}.")
-        if "draft_hidden_size" not in values and ("model_type" in values or "architectures" in values):
-            raise ValueError(
-                f"{path} is a transformers model config (model_type={values.get('model_type')!r}), not a DiversedHead "
-                "config: pass the directory (or repo) of a head saved with `head.save_pretrained`, not a model's."
-            )
-        required = REQUIRED_FILE_FIELDS + (("mlp_hidden_size",) if values.get("architecture") == "mlp" else ())
-        try:
-            _check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
-        except ValueError as error:
-            raise ValueError(f"Head config {path}: {error}") from None
-        missing = [name for name in required if name not in values]
-        if missing:
-            raise ValueError(
-                f"Head config {path} is missing the fields {missing}; it was not written by "
-                "`DiversedHead.save_pretrained` or was edited. Re-save the head."
-            )
+        values = hub.read_head_config(path)
         try:
             return cls.from_dict(values)
         except (TypeError, ValueError) as error:
             raise ValueError(f"Invalid head config {path}: {error}") from None
 
-
-def _check_format_version(version) -> None:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"`format_version` must be a positive integer, got {version!r}.")
-    if version > HEAD_FORMAT_VERSION:
-        raise ValueError(
-            f"`format_version` {version} is newer than this diversed_hf supports ({HEAD_FORMAT_VERSION}): the head was "
-            "saved by a newer release. Upgrade diversed_hf: pip install -U diversed_hf."
-        )
+    @property
+    def num_parameters(self) -> int:
+        """Number of parameters of a head with this config."""
+        # Built on the meta device: no memory, and no draw from the global RNG (a card written from a
+        # training loop must not change the run's random stream).
+        with torch.device("meta"):
+            return sum(parameter.numel() for parameter in DiversedHead(self).parameters())
 
 
 class DiversedHead(
     nn.Module,
     ModelHubMixin,
-    library_name="diversed_hf",
-    tags=["diversed", "speculative-decoding"],
-    paper_url=PAPER_URL,
+    library_name=cards.LIBRARY_NAME,
+    tags=list(cards.HUB_TAGS),
+    paper_url=cards.PAPER_URL,
 ):
     """Ensemble head: ``head(draft_hidden, target_hidden) -> w``, the weight on the target.
 
@@ -163,7 +148,7 @@ class DiversedHead(
         target.generate(input_ids, assistant_model=draft, diversed_head=head, do_sample=True)
 
     Save, load and share it with :meth:`save_pretrained`, :meth:`from_pretrained` and
-    :meth:`push_to_hub` (``huggingface_hub.ModelHubMixin``, loading strictly).
+    :meth:`push_to_hub`: ``huggingface_hub.ModelHubMixin``'s, loading strictly.
     """
 
     def __init__(self, config: DiversedHeadConfig | None = None, **kwargs):
@@ -241,7 +226,12 @@ class DiversedHead(
     def extra_repr(self) -> str:
         return f"architecture={self.config.architecture!r}, w_0={self.config.w_0}, mixing={self.config.mixing!r}"
 
-    # Hub: save / load / push ------------------------------------------------------------------------
+    # Hub: save / load / push -----------------------------------------------------------------------
+    #
+    # huggingface_hub.ModelHubMixin does the work: the hooks below write and read the files, and
+    # `generate_model_card` renders the card. The three public methods are overridden only where the
+    # installed mixin (huggingface_hub 2.x) has no hook for something we need; each override checks or
+    # adds its arguments and forwards to the mixin's method.
 
     def save_pretrained(
         self,
@@ -251,6 +241,7 @@ class DiversedHead(
         training_config: Any = None,
         repo_id: str | None = None,
         push_to_hub: bool = False,
+        model_card_kwargs: dict[str, Any] | None = None,
         **push_to_hub_kwargs,
     ) -> str | None:
         """Write the head to ``save_directory``: ``config.json``, ``model.safetensors`` and a ``README.md`` card.
@@ -264,29 +255,44 @@ class DiversedHead(
             repo_id: the Hub repo the card's usage snippet names (default: the local directory).
             push_to_hub: also upload the directory to ``repo_id`` (default: the directory's name);
                 ``push_to_hub_kwargs`` go to :meth:`push_to_hub`.
+            model_card_kwargs: the mixin's route for card inputs; ``results`` / ``training_config`` may come
+                this way too (it is how :meth:`push_to_hub` passes them).
 
         Returns:
             The commit URL when pushing, else ``None``.
         """
-        from . import cards
-
+        # Override, then the mixin's save_pretrained: the mixin hands `_save_pretrained` nothing but the directory
+        # and keeps a README.md already there, so the result files are written and a stale card removed here.
+        if not push_to_hub and set(push_to_hub_kwargs) - {"config"}:
+            raise TypeError(
+                f"save_pretrained got unexpected arguments {sorted(set(push_to_hub_kwargs) - {'config'})}; it takes results, "
+                "training_config, repo_id, push_to_hub and model_card_kwargs (arguments of push_to_hub only with "
+                "push_to_hub=True)."
+            )
+        card_kwargs = dict(model_card_kwargs or {})
+        results = card_kwargs.pop("results", None) if results is None else results
+        training_config = card_kwargs.pop("training_config", None) if training_config is None else training_config
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         if results is not None:
             cards.write_results(directory / hub.RESULTS_NAME, results)
         if training_config is not None:
             cards.write_training_config(directory / hub.TRAINING_CONFIG_NAME, training_config)
-        self._save_pretrained(directory)
+        (directory / hub.CARD_NAME).unlink(missing_ok=True)  # the card describes this save: always re-rendered
         if push_to_hub and repo_id is None:
             repo_id = directory.name
-        cards.write_card(directory, repo_id=repo_id)
+        card_kwargs.setdefault("repo_id", repo_id)
+        card_kwargs["head_source"] = str(directory)
+        for name, path in (("results", directory / hub.RESULTS_NAME), ("training_config", directory / hub.TRAINING_CONFIG_NAME)):
+            card_kwargs[name] = path if path.is_file() else None
+        url = super().save_pretrained(
+            directory, repo_id=repo_id, push_to_hub=push_to_hub, model_card_kwargs=card_kwargs, **push_to_hub_kwargs
+        )
         logger.info("saved DiversedHead to %s", directory)
-        if push_to_hub:
-            return hub.push_folder(directory, repo_id, **push_to_hub_kwargs)
-        return None
+        return url
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """config.json and model.safetensors (the ``ModelHubMixin`` hook)."""
+        """``config.json`` and ``model.safetensors`` (the ``ModelHubMixin`` hook)."""
         hub.write_json(Path(save_directory) / hub.CONFIG_NAME, self.config.to_dict())
         hub.save_weights(self.state_dict(), Path(save_directory) / hub.WEIGHTS_NAME)
 
@@ -295,22 +301,20 @@ class DiversedHead(
         cls,
         pretrained_model_name_or_path: str | os.PathLike,
         *,
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
         force_download: bool = False,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
         local_files_only: bool = False,
-        strict: bool = True,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        **kwargs,
+        revision: str | None = None,
+        **load_options,
     ) -> "DiversedHead":
         """Load a head from a local directory or a Hub repo id (``"org/head-gsm8k"``), in eval mode.
 
         Args:
             pretrained_model_name_or_path: a directory written by :meth:`save_pretrained`, or a repo id.
             revision, cache_dir, token, force_download, local_files_only: as in
-                ``huggingface_hub.hf_hub_download``. With ``HF_HUB_OFFLINE=1`` the files come from the cache only.
+                ``huggingface_hub.hf_hub_download``. With ``HF_HUB_OFFLINE=1`` (even when set after
+                ``huggingface_hub`` was imported) the files come from the cache only, without a network attempt.
             strict: missing or unexpected weights are an error (default). With ``strict=False`` they are
                 logged as a warning; shape mismatches are always an error.
             device: where to put the head (default CPU).
@@ -319,22 +323,25 @@ class DiversedHead(
         Check it against the models it will run with: ``generate`` errors on different hidden sizes and
         warns when the models' ids differ from ``config.target_model_id`` / ``config.draft_model_id``.
         """
-        if kwargs:
+        # Override, then the mixin's from_pretrained, which loads through `_from_pretrained`. The mixin first
+        # fetches and parses config.json itself, with no hook in front: a bad name, a missing or invalid
+        # config.json, or HF_HUB_OFFLINE set after huggingface_hub was imported (its offline flag is read at
+        # import, so it would try the network) would fail there with huggingface_hub's raw errors. So the
+        # config is located and checked here first, and offline mode is passed on as `local_files_only`.
+        unexpected = sorted(set(load_options) - set(LOAD_OPTIONS))
+        if unexpected:
             raise TypeError(
-                f"DiversedHead.from_pretrained got unexpected arguments {sorted(kwargs)}; the architecture comes from "
-                "the saved config.json. To change it, build a new head with `DiversedHead.for_pair`."
+                f"DiversedHead.from_pretrained got unexpected arguments {unexpected}; it takes {list(LOAD_OPTIONS)} "
+                "besides the download arguments. The architecture comes from the saved config.json: to change it, "
+                "build a new head with `DiversedHead.for_pair`."
             )
-        return cls._from_pretrained(
-            model_id=str(pretrained_model_name_or_path),
-            revision=revision,
-            cache_dir=cache_dir,
-            force_download=force_download,
-            local_files_only=local_files_only,
-            token=token,
-            strict=strict,
-            device=device,
-            dtype=dtype,
+        locate = dict(
+            revision=revision, cache_dir=cache_dir, token=token, force_download=force_download, local_files_only=local_files_only
         )
+        DiversedHeadConfig.from_json_file(hub.resolve_file(pretrained_model_name_or_path, hub.CONFIG_NAME, **locate))
+        source = Path(pretrained_model_name_or_path).expanduser()
+        locate["local_files_only"] = local_files_only or hub.is_offline()
+        return super().from_pretrained(str(source) if source.is_dir() else pretrained_model_name_or_path, **locate, **load_options)
 
     @classmethod
     def _from_pretrained(
@@ -349,13 +356,16 @@ class DiversedHead(
         strict: bool = True,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        **from_config: Any,
     ) -> "DiversedHead":
+        """Build the head from ``config.json`` and load ``model.safetensors`` strictly (the ``ModelHubMixin`` hook).
+
+        ``from_config`` is what the mixin copies out of config.json into the call (the parsed config and its
+        fields, since ``__init__`` takes ``**kwargs``); the config is read again from the file and validated
+        as a whole, so that errors name the file.
+        """
         locate = dict(
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            force_download=force_download,
-            local_files_only=local_files_only,
+            revision=revision, cache_dir=cache_dir, token=token, force_download=force_download, local_files_only=local_files_only
         )
         config = DiversedHeadConfig.from_json_file(hub.resolve_file(model_id, hub.CONFIG_NAME, **locate))
         weights_path = hub.resolve_file(model_id, hub.WEIGHTS_NAME, **locate)
@@ -408,38 +418,62 @@ class DiversedHead(
         self,
         repo_id: str,
         *,
-        token: str | None = None,
-        private: bool | None = None,
-        commit_message: str | None = None,
-        branch: str | None = None,
-        create_pr: bool | None = None,
         results: Any = None,
         training_config: Any = None,
+        token: str | None = None,
+        commit_message: str | None = None,
+        model_card_kwargs: dict[str, Any] | None = None,
+        **push_kwargs,
     ) -> str:
         """Save the head (with its card) and upload it to the Hub repo ``repo_id``; returns the commit URL.
 
         Needs a write token (``token``, ``HF_TOKEN`` or ``hf auth login``): without one, or offline, it
-        fails before any network call. ``results`` / ``training_config`` as in :meth:`save_pretrained`.
+        fails before any network call. ``results`` / ``training_config`` as in :meth:`save_pretrained`;
+        ``private``, ``branch``, ``create_pr`` and the pattern arguments as in ``ModelHubMixin.push_to_hub``.
         To push a saved directory as it is (with its ``results.json``), use ``diversed-hf push DIR``.
         """
-        token = hub.require_token(token)
-        with tempfile.TemporaryDirectory(prefix="diversed-head-") as staging:
-            self.save_pretrained(staging, results=results, training_config=training_config, repo_id=repo_id)
-            return hub.push_folder(
-                staging,
+        # Override, then the mixin's push_to_hub: the mixin creates the repo before anything else, with no hook in
+        # front, so the checks that need no network (repo id, token, offline mode) run here; connection and
+        # permission failures become errors that say what to do; the card inputs travel as `model_card_kwargs`.
+        token = hub.check_push(repo_id, token)
+        card_kwargs = {**(model_card_kwargs or {}), "repo_id": repo_id}
+        for name, value in (("results", results), ("training_config", training_config)):
+            if value is not None:
+                card_kwargs[name] = value
+        with hub.push_errors(repo_id):
+            commit = super().push_to_hub(
                 repo_id,
                 token=token,
-                private=private,
-                commit_message=commit_message,
-                branch=branch,
-                create_pr=create_pr,
+                commit_message=commit_message or hub.DEFAULT_COMMIT_MESSAGE,
+                model_card_kwargs=card_kwargs,
+                **push_kwargs,
             )
+        logger.info("pushed DiversedHead to %s", commit)
+        return str(commit)
 
-    def generate_model_card(self, repo_id: str | None = None, results: Any = None, training_config: Any = None, **kwargs):
-        """The ``huggingface_hub.ModelCard`` of this head (template ``diversed_hf/templates/model_card.md``)."""
-        from . import cards
-
-        return cards.render_card(self.config, repo_id=repo_id, results=results, training_config=training_config, **kwargs)
+    def generate_model_card(
+        self,
+        repo_id: str | None = None,
+        results: Any = None,
+        training_config: Any = None,
+        head_source: str | None = None,
+        **unused: Any,
+    ) -> ModelCard:
+        """The ``huggingface_hub.ModelCard`` of this head (the ``ModelHubMixin`` hook; template
+        ``diversed_hf/templates/model_card.md``, rendered by :func:`diversed_hf.cards.render_card`)."""
+        if unused:
+            raise TypeError(
+                f"generate_model_card got unexpected arguments {sorted(unused)}; it takes repo_id, results, "
+                "training_config and head_source."
+            )
+        return cards.render_card(
+            self.config,
+            repo_id=repo_id,
+            results=results,
+            training_config=training_config,
+            head_source=head_source,
+            num_parameters=sum(parameter.numel() for parameter in self.parameters()),
+        )
 
     # Official DIVERSED checkpoints --------------------------------------------------------------------
 
@@ -453,7 +487,7 @@ class DiversedHead(
         task: str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> "DiversedHead":
-        """Import a head saved by the official DIVERSED code (SPEC §3) as an equivalent ``mixing="logits"`` head.
+        """Import a head saved by the official DIVERSED code (docs/method.md §4) as an equivalent ``mixing="logits"`` head.
 
         The official head is ``softmax(summary([h^q; h^p]))`` with ``summary`` a ``Linear(d_q + d_p, 2)``
         whose output 0 weighs the draft and output 1 the target, mixing logits. A 2-way softmax is a

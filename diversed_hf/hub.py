@@ -15,18 +15,20 @@ Files come from a local directory as they are, or through ``huggingface_hub.hf_h
 they mean there). Offline mode (``HF_HUB_OFFLINE=1``) is honoured even when it is set after
 ``huggingface_hub`` was imported: files then come from the cache only, without a network attempt.
 
-Every failure is turned into an error that says what is missing and how to fix it.
+Every failure is turned into an error that says what is missing and how to fix it. This module is the
+bottom of the head's import chain (``hub`` <- ``cards`` <- ``head``): it imports nothing else of diversed_hf.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import huggingface_hub
 import torch
@@ -51,6 +53,13 @@ RESULTS_NAME = "results.json"
 TRAINING_CONFIG_NAME = "training_config.json"
 #: the files a head repo may hold; ``push`` uploads these and nothing else
 REPO_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, RESULTS_NAME, TRAINING_CONFIG_NAME)
+
+#: version of the ``config.json`` format this release writes and reads
+HEAD_FORMAT_VERSION = 1
+#: fields a saved ``config.json`` must carry (``mlp_hidden_size`` too for the ``mlp`` architecture)
+REQUIRED_FILE_FIELDS = ("format_version", "architecture", "mixing", "draft_hidden_size", "target_hidden_size")
+
+DEFAULT_COMMIT_MESSAGE = "Upload DIVERSED head with diversed_hf"
 
 _TRUE = {"1", "on", "yes", "true"}
 
@@ -125,7 +134,10 @@ def resolve_file(
     except LocalEntryNotFoundError:
         cache = Path(cache_dir or constants.HF_HUB_CACHE)
         if offline:
-            reason = "`local_files_only=True` was passed" if local_files_only else "offline mode is on (HF_HUB_OFFLINE=1)"
+            if is_offline():
+                reason = "offline mode is on (HF_HUB_OFFLINE=1" + ("; `local_files_only=True`)" if local_files_only else ")")
+            else:
+                reason = "`local_files_only=True` was passed"
             raise FileNotFoundError(
                 f"`{filename}` of head {where} is not in the Hugging Face cache ({cache}) and {reason}. Download it "
                 f"once with network access (`hf download {source}`), point `cache_dir` at the cache that has it, "
@@ -170,6 +182,45 @@ def read_json(path: Path, what: str) -> Any:
         raise ValueError(f"{what} {path} is not valid JSON ({error}); re-save the head or fix the file.") from None
 
 
+def check_format_version(version) -> None:
+    """Raise a ValueError unless ``version`` is a ``config.json`` format version this release reads."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"`format_version` must be a positive integer, got {version!r}.")
+    if version > HEAD_FORMAT_VERSION:
+        raise ValueError(
+            f"`format_version` {version} is newer than this diversed_hf supports ({HEAD_FORMAT_VERSION}): the head was "
+            "saved by a newer release. Upgrade diversed_hf: pip install -U diversed_hf."
+        )
+
+
+def read_head_config(path: str | os.PathLike) -> dict:
+    """The JSON object of a head's ``config.json``, checked as a file: JSON, a head's (not a model's) config,
+    a format version this release reads, every field of :data:`REQUIRED_FILE_FIELDS` present.
+
+    The values themselves are checked by ``DiversedHeadConfig``; this is what reading the file needs.
+    """
+    values = read_json(Path(path), "Head config")
+    if not isinstance(values, dict):
+        raise ValueError(f"Head config {path} must hold a JSON object, got {type(values).__name__}.")
+    if "draft_hidden_size" not in values and ("model_type" in values or "architectures" in values):
+        raise ValueError(
+            f"{path} is a transformers model config (model_type={values.get('model_type')!r}), not a DiversedHead "
+            "config: pass the directory (or repo) of a head saved with `head.save_pretrained`, not a model's."
+        )
+    try:
+        check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
+    except ValueError as error:
+        raise ValueError(f"Head config {path}: {error}") from None
+    required = REQUIRED_FILE_FIELDS + (("mlp_hidden_size",) if values.get("architecture") == "mlp" else ())
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise ValueError(
+            f"Head config {path} is missing the fields {missing}; it was not written by "
+            "`DiversedHead.save_pretrained` or was edited. Re-save the head."
+        )
+    return values
+
+
 def write_json(path: Path, value: Any) -> None:
     """Write JSON with sorted keys; values JSON cannot hold (paths, enums) are written as strings."""
     Path(path).write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
@@ -196,6 +247,20 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
+def count_parameters(path: Path) -> int:
+    """Number of values stored in a ``model.safetensors`` file, read from its header (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(path), framework="pt") as weights:
+        for name in weights.keys():
+            count = 1
+            for size in weights.get_slice(name).get_shape():
+                count *= size
+            total += count
+    return total
+
+
 def require_token(token: str | None) -> str:
     """The token to push with: ``token``, else ``HF_TOKEN`` / the stored login; error before any network call."""
     token = token or huggingface_hub.get_token()
@@ -205,6 +270,40 @@ def require_token(token: str | None) -> str:
             "environment variable, or pass `token=...` (`--token` on the command line)."
         )
     return token
+
+
+def check_push(repo_id: str, token: str | None) -> str:
+    """Everything a push can be refused for without the network (repo id, token, offline mode); returns the token."""
+    try:
+        huggingface_hub.utils.validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"`repo_id` {repo_id!r} is not a valid Hub repo id ('org/name'): {error}") from None
+    token = require_token(token)
+    if is_offline():
+        raise ConnectionError(
+            f"Cannot push to {repo_id!r}: offline mode is on (HF_HUB_OFFLINE=1). Unset it and retry with network access."
+        )
+    return token
+
+
+@contextlib.contextmanager
+def push_errors(repo_id: str) -> Iterator[None]:
+    """Turn the Hub client's failures while pushing to ``repo_id`` into errors that say what to do."""
+    try:
+        yield
+    except _network_error_types() as error:
+        raise ConnectionError(
+            f"Could not reach the Hub ({constants.ENDPOINT}) to push {repo_id!r}: {error}. Check your network "
+            "connection and retry."
+        ) from None
+    except HfHubHTTPError as error:
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise PermissionError(
+                f"The Hub refused the push to {repo_id!r} (HTTP {status}): the token is invalid or cannot write to "
+                "this namespace. Use a write token (`hf auth login`) for an org you belong to."
+            ) from None
+        raise
 
 
 def push_folder(
@@ -218,45 +317,24 @@ def push_folder(
     create_pr: bool | None = None,
     allow_patterns: Iterable[str] = REPO_FILES,
 ) -> str:
-    """Create ``repo_id`` if needed and upload ``folder`` to it in one commit; returns the commit URL.
+    """Create ``repo_id`` if needed and upload the head files in ``folder`` to it in one commit; returns the commit URL.
 
-    Fails before any network call without a token or in offline mode; a connection failure becomes a
-    ``ConnectionError`` that says so.
+    For pushing a saved directory as it is (``diversed-hf push``); ``DiversedHead.push_to_hub`` pushes a head
+    object. Fails before any network call without a token or in offline mode (:func:`check_push`).
     """
-    try:
-        huggingface_hub.utils.validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise ValueError(f"`repo_id` {repo_id!r} is not a valid Hub repo id ('org/name'): {error}") from None
-    token = require_token(token)
-    if is_offline():
-        raise ConnectionError(
-            f"Cannot push to {repo_id!r}: offline mode is on (HF_HUB_OFFLINE=1). Unset it and retry with network access."
-        )
+    token = check_push(repo_id, token)
     api = huggingface_hub.HfApi(token=token)
-    try:
+    with push_errors(repo_id):
         url = api.create_repo(repo_id=repo_id, private=private, exist_ok=True)
         commit = api.upload_folder(
             repo_id=url.repo_id,
             repo_type="model",
             folder_path=str(folder),
-            commit_message=commit_message or "Upload DIVERSED head with diversed_hf",
+            commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
             revision=branch,
             create_pr=create_pr,
             allow_patterns=list(allow_patterns),
         )
-    except _network_error_types() as error:
-        raise ConnectionError(
-            f"Could not reach the Hub ({api.endpoint}) to push {repo_id!r}: {error}. Check your network connection "
-            "and retry."
-        ) from None
-    except HfHubHTTPError as error:
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        if status in (401, 403):
-            raise PermissionError(
-                f"The Hub refused the push to {repo_id!r} (HTTP {status}): the token is invalid or cannot write to "
-                "this namespace. Use a write token (`hf auth login`) for an org you belong to."
-            ) from None
-        raise
     logger.info("pushed %s to %s", folder, commit)
     return str(commit)
 
@@ -265,46 +343,6 @@ def stage_repo_files(source_dir: Path, names: Iterable[str] = REPO_FILES) -> tem
     """A temporary copy of the head repo files found in ``source_dir`` (caller cleans it up)."""
     staging = tempfile.TemporaryDirectory(prefix="diversed-head-")
     for name in names:
-        if (source_dir / name).is_file():
-            shutil.copy2(source_dir / name, Path(staging.name) / name)
+        if (Path(source_dir) / name).is_file():
+            shutil.copy2(Path(source_dir) / name, Path(staging.name) / name)
     return staging
-
-
-def push_directory(
-    directory: str | os.PathLike,
-    repo_id: str,
-    *,
-    token: str | None = None,
-    private: bool | None = None,
-    commit_message: str | None = None,
-    branch: str | None = None,
-    create_pr: bool | None = None,
-    keep_card: bool = False,
-) -> str:
-    """Push a saved head directory as it is (config, weights, results, training config) to ``repo_id``.
-
-    The head is first loaded strictly, so a broken directory never reaches the Hub; the card is
-    re-rendered for ``repo_id`` in a staging copy (``keep_card=True`` uploads the README.md as it is).
-    """
-    from . import cards
-    from .head import DiversedHead
-
-    directory = Path(directory)
-    token = require_token(token)  # before any work: a missing token is the commonest failure
-    DiversedHead.from_pretrained(directory)
-    staging = stage_repo_files(directory)
-    try:
-        if not keep_card or not (directory / CARD_NAME).is_file():
-            cards.write_card(staging.name, repo_id=repo_id)
-        return push_folder(
-            staging.name,
-            repo_id,
-            token=token,
-            private=private,
-            commit_message=commit_message,
-            branch=branch,
-            create_pr=create_pr,
-        )
-    finally:
-        staging.cleanup()
-

@@ -1,14 +1,21 @@
 """``diversed-hf push DIR --repo-id ORG/NAME`` and ``diversed-hf card DIR``: share heads from the command line.
 
-Both print what they produced (the commit URL, the card paths) on stdout; the library functions
-they call (:func:`diversed_hf.hub.push_directory`, :func:`diversed_hf.cards.write_card`) never print.
+Both print what they produced (the commit URL, the card paths) on stdout; the functions they call
+(:func:`push_directory`, :func:`render_shipped_cards`, :func:`diversed_hf.cards.write_card`) never print.
+This is the command layer: it may use the testbed (the heads shipped with it), which the library never imports.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 from pathlib import Path
 
-from . import hub
+from . import cards, hub
+from .head import DiversedHead, DiversedHeadConfig
+
+logger = logging.getLogger(__name__)
 
 # Errors a user can fix: shown as one line, without a traceback.
 _USER_ERRORS = (ValueError, TypeError, OSError)
@@ -51,9 +58,75 @@ def register(subparsers) -> None:
     card.set_defaults(func=_run_card)
 
 
+def push_directory(
+    directory: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
+    branch: str | None = None,
+    create_pr: bool | None = None,
+    keep_card: bool = False,
+) -> str:
+    """Push a saved head directory as it is (config, weights, results, training config) to ``repo_id``.
+
+    The head is first loaded strictly, so a broken directory never reaches the Hub; the card is
+    re-rendered for ``repo_id`` in a staging copy (``keep_card=True`` uploads the README.md as it is).
+    """
+    directory = Path(directory)
+    token = hub.require_token(token)  # before any work: a missing token is the commonest failure
+    DiversedHead.from_pretrained(directory)
+    staging = hub.stage_repo_files(directory)
+    try:
+        if not keep_card or not (directory / hub.CARD_NAME).is_file():
+            cards.write_card(staging.name, repo_id=repo_id)
+        return hub.push_folder(
+            staging.name,
+            repo_id,
+            token=token,
+            private=private,
+            commit_message=commit_message,
+            branch=branch,
+            create_pr=create_pr,
+        )
+    finally:
+        staging.cleanup()
+
+
+def shipped_head_dirs() -> list[Path]:
+    """Directories of the heads shipped in the testbed's assets (folders whose config.json is a head's)."""
+    from . import testbed  # the command layer only: the library never imports the testbed
+
+    heads = []
+    folders = (testbed.ASSETS_DIR, testbed.ASSETS_DIR / "heads")
+    candidates = [path for folder in folders if folder.is_dir() for path in sorted(folder.iterdir())]
+    for candidate in candidates:
+        config_path = candidate / hub.CONFIG_NAME
+        if config_path.is_file():
+            try:
+                values = json.loads(config_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(values, dict) and "draft_hidden_size" in values and "target_hidden_size" in values:
+                heads.append(candidate)
+    return heads
+
+
+def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[Path]:
+    """Write ``<output_dir>/<head name>.md`` for every shipped head (and refresh its README.md)."""
+    written = []
+    for directory in shipped_head_dirs():
+        cards.write_card(directory)
+        written.append(cards.write_card(directory, output=Path(output_dir) / f"{directory.name}.md"))
+    if not written:
+        logger.warning("no shipped heads found in the testbed assets; nothing rendered")
+    return written
+
+
 def _run_push(args) -> int:
     try:
-        url = hub.push_directory(
+        url = push_directory(
             args.directory,
             args.repo_id,
             token=args.token,
@@ -70,11 +143,9 @@ def _run_push(args) -> int:
 
 
 def _run_card(args) -> int:
-    from . import cards
-
     directories = [Path(d) for d in args.directories]
     if args.shipped:
-        directories += cards.shipped_head_dirs()
+        directories += shipped_head_dirs()
     if not directories:
         raise SystemExit("diversed-hf card: give at least one head DIR, or --shipped.")
     if (args.results or args.training_config) and len(directories) != 1:
@@ -88,6 +159,7 @@ def _run_card(args) -> int:
                 cards.write_results(directory / hub.RESULTS_NAME, args.results)
             if args.training_config:
                 cards.write_training_config(directory / hub.TRAINING_CONFIG_NAME, args.training_config)
+            DiversedHeadConfig.from_json_file(directory / hub.CONFIG_NAME)  # every value checked, not just the file
             path = cards.write_card(directory, repo_id=args.repo_id, output=output)
         except _USER_ERRORS as error:
             raise SystemExit(f"diversed-hf card: {error}") from None

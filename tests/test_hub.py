@@ -1,30 +1,28 @@
 """Heads as Hub repos: save -> strict load round trips, offline loading by repo id from a real cache layout,
 model cards from result files, import of official DIVERSED checkpoints, pushing, and every bad input."""
 
-import argparse
+import ast
 import hashlib
 import json
 import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 import torch
-from huggingface_hub import ModelCard, constants
+from huggingface_hub import ModelHubMixin, constants
 from huggingface_hub.file_download import repo_folder_name
 from safetensors.torch import load_file, save_file
 
+import diversed_hf
 from diversed_hf import DiversedHead, DiversedHeadConfig, enable_diversed
-from diversed_hf import cards, cli, hub, hub_cli
+from diversed_hf import cards, hub
 from diversed_hf.head import HEAD_FORMAT_VERSION
 from diversed_hf.verifiers import HeadVerifier
 from tiny_models import make_pair, prompt
-
-try:  # the HTTP client huggingface_hub uses: httpx2 in 2.x, httpx in 1.x
-    import httpx2 as http_client
-except ImportError:  # pragma: no cover
-    import httpx as http_client
 
 REPO_ID = "diversed-test/head-gsm8k"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -181,6 +179,104 @@ def test_the_library_never_prints(tmp_path, capsys, monkeypatch):
     assert captured.out == ""
 
 
+def test_the_mixin_does_the_work_and_the_head_fills_its_hooks(tmp_path, monkeypatch):
+    """Saving, loading and pushing run huggingface_hub.ModelHubMixin's public methods; the head only fills the hooks."""
+    assert isinstance(make_head(), ModelHubMixin)
+    for hook in ("_save_pretrained", "_from_pretrained", "generate_model_card"):
+        assert hook in vars(DiversedHead), hook
+    calls = []
+
+    def spy(name):
+        original = vars(ModelHubMixin)[name]
+        if isinstance(original, classmethod):
+            return classmethod(lambda cls, *args, **kwargs: calls.append(name) or original.__func__(cls, *args, **kwargs))
+        return lambda self, *args, **kwargs: calls.append(name) or original(self, *args, **kwargs)
+
+    for name in ("save_pretrained", "from_pretrained", "push_to_hub"):
+        monkeypatch.setattr(ModelHubMixin, name, spy(name))
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, repo_id, **kw: f"https://huggingface.co/{repo_id}/commit/1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    head = make_head()
+    head.save_pretrained(tmp_path / "head")
+    DiversedHead.from_pretrained(tmp_path / "head")
+    head.push_to_hub(REPO_ID, token="hf_fake")
+    assert calls == ["save_pretrained", "from_pretrained", "push_to_hub", "save_pretrained"]
+
+
+def test_the_mixins_own_from_pretrained_loads_strictly_with_identical_outputs(tmp_path):
+    """Called directly, huggingface_hub's ModelHubMixin.from_pretrained loads through the head's hook: same outputs,
+    same strictness."""
+    mixin_from_pretrained = ModelHubMixin.from_pretrained.__func__
+    head = make_head("mlp")
+    head.save_pretrained(tmp_path)
+    loaded = mixin_from_pretrained(DiversedHead, str(tmp_path))
+    assert type(loaded) is DiversedHead and loaded.config == head.config and not loaded.training
+    assert torch.equal(loaded(*hidden()), head(*hidden()))
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({**weights, "extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected \['extra.weight'\].*strict=False"):
+        mixin_from_pretrained(DiversedHead, str(tmp_path))
+    assert torch.equal(mixin_from_pretrained(DiversedHead, str(tmp_path), strict=False)(*hidden()), head(*hidden()))
+
+
+def test_saving_again_rewrites_the_card(tmp_path):
+    make_head().save_pretrained(tmp_path)
+    assert "No benchmark results" in (tmp_path / "README.md").read_text()
+    make_head().save_pretrained(tmp_path, results=RESULTS)
+    assert "72.6 %" in (tmp_path / "README.md").read_text()
+    make_head(w_0=0.7).save_pretrained(tmp_path)  # keeps the results.json already there
+    text = (tmp_path / "README.md").read_text()
+    assert "72.6 %" in text and "| initial weight on the target `w_0` | 0.7 |" in text
+
+
+# Import graph -------------------------------------------------------------------------------------------
+
+LIBRARY_MODULES = ("hub", "cards", "head", "training.checkpoint")
+
+
+def imports_of(module: str) -> set[str]:
+    """The diversed_hf modules ``module`` imports anywhere (function bodies too), except under ``if TYPE_CHECKING:``."""
+    path = Path(diversed_hf.__file__).parent.joinpath(*module.split(".")).with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for statement in branch.body
+        for node in ast.walk(statement)
+    }
+    package = ["diversed_hf", *module.split(".")[:-1]]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            found |= {target} | {f"{target}.{alias.name}" for alias in node.names}
+    return {name.removeprefix("diversed_hf.") for name in found if name.startswith("diversed_hf.")}
+
+
+def test_library_modules_import_one_way_and_never_the_testbed():
+    graph = {module: imports_of(module) & set(LIBRARY_MODULES) for module in LIBRARY_MODULES}
+    assert graph["hub"] == set()
+    assert graph["cards"] == {"hub"}
+    assert graph["head"] == {"hub", "cards"}
+    for module in LIBRARY_MODULES:
+        assert not any(name == "testbed" or name.startswith("testbed.") for name in imports_of(module)), module
+
+
+@pytest.mark.parametrize("module", ["diversed_hf.hub", "diversed_hf.cards", "diversed_hf.head", "diversed_hf.training.checkpoint"])
+def test_importing_a_library_module_does_not_import_the_testbed(module):
+    code = f"import sys, {module}; sys.exit(3 if any(m.startswith('diversed_hf.testbed') for m in sys.modules) else 0)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:] or f"importing {module} imported diversed_hf.testbed"
+
+
 # Strict loading and damaged files --------------------------------------------------------------------
 
 
@@ -291,6 +387,8 @@ def test_names_that_are_neither_directories_nor_repo_ids(saved):
         DiversedHead.from_pretrained(directory / "config.json")
     with pytest.raises(TypeError, match="unexpected arguments"):
         DiversedHead.from_pretrained(directory, architecture="linear")
+    with pytest.raises(TypeError, match=r"save_pretrained got unexpected arguments \['result'\]"):
+        make_head().save_pretrained(directory, result=RESULTS)
 
 
 # Loading by repo id from the cache, offline --------------------------------------------------------
@@ -353,143 +451,6 @@ def test_generate_checks_a_loaded_head_against_the_models(tmp_path, caplog):
     DiversedHead(draft_hidden_size=16, target_hidden_size=32).save_pretrained(tmp_path / "wrong")
     with pytest.raises(ValueError, match=r"draft 16, target 32.*draft 32, target 32"):
         target.generate(prompt(4), assistant_model=draft, diversed_head=DiversedHead.from_pretrained(tmp_path / "wrong"), max_new_tokens=4)
-
-
-# Model cards ---------------------------------------------------------------------------------------
-
-
-def test_card_renders_real_metrics_from_a_result_file(tmp_path):
-    head = make_head()
-    (tmp_path / "bench.json").write_text(json.dumps(RESULTS))
-    head.save_pretrained(tmp_path / "head", results=tmp_path / "bench.json", training_config={"lr": 5e-4, "rl": {"clip": 0.2}})
-    assert json.loads((tmp_path / "head" / "results.json").read_text()) == RESULTS
-    card = ModelCard.load(tmp_path / "head" / "README.md")
-    text = card.text
-    assert "| method | acceptance | accuracy (%) | time (s / sample) | tokens / s | tokens / round | speedup vs target | speedup vs SD |" in text
-    assert "| sd | 44.6 % | 67.00 | 2.5 | - | 1.90 | 1.60x | 1.00x |" in text
-    assert "| **diversed** | **72.6 %** | **66.50** | **1.6** | **-** | **3.10** | **2.50x** | **1.56x** |" in text
-    assert "Setting: task = gsm8k, temperature = 1.0, num_draft_tokens = 5, num_samples = 200." in text
-    assert "| `rl.clip` | 0.2 |" in text and "| `lr` | 0.0005 |" in text
-    assert "num_assistant_tokens=5" in text
-    for section in ("## Model pair", "## Task and training data", "## Usage", "## Limitations", "## Citation"):
-        assert section in text
-    assert "Task-dependent" in text and "trades bias for acceptance" in text and "arXiv" in text
-    assert "openai/gsm8k" in text
-
-
-def test_card_reads_the_per_task_file_diversed_hf_bench_writes(tmp_path):
-    bench = {
-        "setting": {"temperature": 1.0, "num_draft_tokens": 4, "max_new_tokens": 64, "task": "arith", "quality_metric": "exact_match"},
-        "rows": [
-            {"method": "target-only", "family": "target-only", "quality": 0.9, "quality_stderr": 0.02, "acceptance_rate": None,
-             "seconds_per_sample": 0.8, "tokens_per_second": 50.0, "tokens_per_round": 1.0, "num_prompts": 64},
-            {"method": "sd", "family": "sd", "quality": 0.9, "acceptance_rate": 0.5, "seconds_per_sample": 0.5},
-            {"method": "static:0.5", "family": "static-ensemble", "quality": 0.8, "acceptance_rate": 0.7, "seconds_per_sample": 0.4},
-            {"method": "head", "family": "diversed", "quality": 0.88, "acceptance_rate": 0.8, "seconds_per_sample": 0.25},
-        ],
-    }
-    text = make_head(task="arith").generate_model_card(results=bench).text
-    assert "| exact match" not in text and "accuracy (%)" in text
-    assert "| static:0.5 | 70.0 % | 80.00 | 0.4 | - | - | 2.00x | 1.25x |" in text
-    assert "| **head** | **80.0 %** | **88.00** | **0.25** | **-** | **-** | **3.20x** | **2.00x** |" in text
-    assert "| target-only | - | 90.00 | 0.8 | 50.0 | 1.00 | 1.00x | 0.62x |" in text
-
-
-def test_card_hub_metadata(saved):
-    _, directory = saved
-    data = ModelCard.load(directory / "README.md").data
-    assert data.library_name == "diversed_hf"
-    assert data.base_model == [TARGET_ID, DRAFT_ID]
-    assert data.datasets == ["openai/gsm8k"]
-    assert {"diversed", "speculative-decoding", "gsm8k"} <= set(data.tags)
-    assert data.to_dict()["base_model_relation"] == "adapter"
-
-
-def test_card_without_results_and_for_local_models(tmp_path):
-    head = make_head(target_model_id="/models/target", draft_model_id=None, task=None, mixing="logits")
-    head.save_pretrained(tmp_path)
-    card = ModelCard.load(tmp_path / "README.md")
-    assert "No benchmark results were recorded" in card.text
-    assert "No training configuration was recorded" in card.text
-    assert "`/models/target` (local path)" in card.text and "not recorded" in card.text
-    assert "Logit mixing" in card.text
-    assert card.data.base_model is None and card.data.datasets is None
-
-
-def test_card_for_the_testbed_pair_uses_the_testbed_loader(tmp_path):
-    from diversed_hf.testbed import ASSETS_DIR
-
-    head = make_head(target_model_id=str(ASSETS_DIR / "target"), draft_model_id=str(ASSETS_DIR / "draft"), task="arith")
-    text = head.generate_model_card(repo_id="org/testbed-arith").text
-    assert "testbed.load_pair()" in text and 'DiversedHead.from_pretrained("org/testbed-arith")' in text
-    assert 'load_task("arith"' in text
-
-
-def test_card_of_a_shipped_head_loads_it_by_name_not_by_path():
-    from diversed_hf import cards
-    from diversed_hf.testbed import ASSETS_DIR
-
-    head_dir = ASSETS_DIR / "heads" / "arith"
-    head = DiversedHead.from_pretrained(head_dir)
-    assert head.config.target_model_id == "diversed_hf/testbed/target"  # what load_pair() records
-    text = cards.render_card(head.config, head_source=str(head_dir)).text
-    assert 'head = testbed.load_head("arith")' in text and str(ASSETS_DIR) not in text
-    assert "testbed.load_pair()" in text and "AutoModelForCausalLM" not in text
-
-
-@pytest.mark.parametrize(
-    "results, message",
-    [
-        ([{"method": "sd", "acceptance_rate": 44.6}], r"`acceptance_rate` = 44.6 is outside \[0.0, 1.0\].*0.726"),
-        ([{"acceptance_rate": 0.4}], r"row 0 needs a non-empty string `method`"),
-        ([{"method": "sd", "seconds_per_sample": "fast"}], r"`seconds_per_sample` must be a number or null"),
-        ({"rows": []}, r"has no result rows"),
-        ({"method": "sd"}, r"must be a list of result rows"),
-        (
-            [{"method": "a", "quality": 0.1, "quality_metric": "exact_match"}, {"method": "b", "quality": 0.1, "quality_metric": "rouge2_f1"}],
-            r"mix quality metrics",
-        ),
-    ],
-)
-def test_bad_result_files(tmp_path, results, message):
-    with pytest.raises(ValueError, match=message):
-        make_head().save_pretrained(tmp_path, results=results)
-
-
-def test_cli_card_rerenders_with_a_result_file(saved, tmp_path, capsys):
-    _, directory = saved
-    assert "No benchmark results" in (directory / "README.md").read_text()
-    (tmp_path / "bench.json").write_text(json.dumps(RESULTS["rows"]))
-    run_cli(["card", str(directory), "--results", str(tmp_path / "bench.json"), "--repo-id", REPO_ID])
-    text = (directory / "README.md").read_text()
-    assert "72.6 %" in text and f'DiversedHead.from_pretrained("{REPO_ID}")' in text
-    assert capsys.readouterr().out.strip() == str(directory / "README.md")
-    with pytest.raises(SystemExit, match="has no config.json"):
-        run_cli(["card", str(tmp_path)])
-
-
-def test_shipped_cards_render_into_model_cards(saved, tmp_path, monkeypatch):
-    import diversed_hf.testbed as testbed
-
-    _, directory = saved
-    assets = tmp_path / "assets"
-    (assets / "tokenizer").mkdir(parents=True)
-    (assets / "tokenizer" / "config.json").write_text("{}")
-    (assets / "head-arith").mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (assets / "head-arith" / name).write_bytes((directory / name).read_bytes())
-    monkeypatch.setattr(testbed, "ASSETS_DIR", assets)
-    assert cards.shipped_head_dirs() == [assets / "head-arith"]
-    written = cards.render_shipped_cards(tmp_path / "model_cards")
-    assert written == [tmp_path / "model_cards" / "head-arith.md"]
-    assert (assets / "head-arith" / "README.md").is_file()
-    run_cli(["card", "--shipped", "--output-dir", str(tmp_path / "out")])
-    assert (tmp_path / "out" / "head-arith.md").is_file()
-
-
-def test_template_ships_inside_the_package():
-    assert cards.TEMPLATE_PATH.is_file()
-    assert cards.TEMPLATE_PATH.parent.name == "templates" and cards.TEMPLATE_PATH.parent.parent.name == "diversed_hf"
 
 
 # Official DIVERSED checkpoints ---------------------------------------------------------------------
@@ -579,113 +540,3 @@ def test_official_import_bad_input(tmp_path):
     (tmp_path / "keys" / "ensemble_head.bin").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="not a readable torch state dict"):
         DiversedHead.from_official_checkpoint(tmp_path / "keys")
-
-
-# Pushing -------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Fail the test if anything tries to create a repo or upload."""
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the Hub was contacted")
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", forbidden)
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", forbidden)
-
-
-@pytest.fixture
-def no_token(monkeypatch, tmp_path):
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-here"))
-    assert huggingface_hub.get_token() is None
-
-
-def test_push_without_a_token_fails_before_any_network_call(saved, no_token, no_network):
-    head, directory = saved
-    start = time.monotonic()
-    with pytest.raises(PermissionError, match=r"needs a write token.*hf auth login.*HF_TOKEN"):
-        head.push_to_hub(REPO_ID, token=None)
-    with pytest.raises(PermissionError, match="needs a write token"):
-        hub.push_directory(directory, REPO_ID)
-    with pytest.raises(PermissionError, match="needs a write token"):
-        head.save_pretrained(directory, push_to_hub=True, repo_id=REPO_ID)
-    with pytest.raises(SystemExit, match="diversed-hf push: .*needs a write token"):
-        run_cli(["push", str(directory), "--repo-id", REPO_ID])
-    assert time.monotonic() - start < 2.0
-
-
-def test_push_offline_fails_before_any_network_call(saved, offline, no_network):
-    head, _ = saved
-    with pytest.raises(ConnectionError, match=r"offline mode is on \(HF_HUB_OFFLINE=1\)"):
-        head.push_to_hub(REPO_ID, token="hf_fake")
-
-
-def test_push_without_network_gives_a_clear_error(saved, monkeypatch):
-    head, _ = saved
-
-    def unreachable(self, *args, **kwargs):
-        raise http_client.ConnectError("[Errno -3] Temporary failure in name resolution")
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", unreachable)
-    with pytest.raises(ConnectionError, match=r"Could not reach the Hub .* to push 'diversed-test/head-gsm8k'.*network"):
-        head.push_to_hub(REPO_ID, token="hf_fake")
-
-
-def test_push_uploads_the_repo_files_with_a_card_for_the_repo(saved, tmp_path, monkeypatch):
-    """What reaches upload_folder: the staged files, the card naming the repo (HfApi stubbed, nothing leaves)."""
-    _, directory = saved
-    (directory / "results.json").write_text(json.dumps(RESULTS))
-    (directory / "notes.txt").write_text("not part of the repo")
-    uploaded = {}
-
-    def create_repo(self, repo_id, **kwargs):
-        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
-
-    def upload_folder(self, repo_id, folder_path, allow_patterns, **kwargs):
-        uploaded.update({p.name: p.read_text(errors="replace") for p in Path(folder_path).iterdir()})
-        uploaded["allow_patterns"] = allow_patterns
-        return f"https://huggingface.co/{repo_id}/commit/abc"
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
-    url = hub.push_directory(directory, REPO_ID, token="hf_fake")
-    assert url.endswith("/commit/abc")
-    assert set(uploaded) == {"config.json", "model.safetensors", "README.md", "results.json", "allow_patterns"}
-    assert f'DiversedHead.from_pretrained("{REPO_ID}")' in uploaded["README.md"] and "72.6 %" in uploaded["README.md"]
-    assert "notes.txt" not in uploaded["allow_patterns"]
-
-
-def test_push_refuses_a_broken_directory_and_a_bad_repo_id(saved, no_network):
-    _, directory = saved
-    (directory / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match="corrupted"):
-        hub.push_directory(directory, REPO_ID, token="hf_fake")
-    with pytest.raises(ValueError, match="not a valid Hub repo id"):
-        hub.push_folder(directory, "org/name/extra", token="hf_fake")
-
-
-# CLI -----------------------------------------------------------------------------------------------
-
-
-def run_cli(argv):
-    parser = argparse.ArgumentParser(prog="diversed-hf")
-    hub_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-def test_cli_registers_push_and_card():
-    assert "diversed_hf.hub_cli" in cli.COMMAND_MODULES
-    parser = argparse.ArgumentParser()
-    hub_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["push", "some/dir", "--repo-id", "org/name"])
-    assert (args.directory, args.repo_id) == ("some/dir", "org/name")
-    with pytest.raises(SystemExit):
-        parser.parse_args(["push", "some/dir"])  # --repo-id is required

@@ -57,7 +57,7 @@ __all__ = [
 
 
 # ``config._name_or_path`` of the models from `load_pair` (recorded as the pair in trained heads).
-MODEL_ID_PREFIX = "diversed_hf/testbed/"
+from ..cards import TESTBED_MODEL_ID_PREFIX as MODEL_ID_PREFIX  # noqa: E402
 
 
 def asset_path(name: str) -> Path:

@@ -1,7 +1,8 @@
 """Head-only checkpoints: the head's weights and config, and a record of the (target, draft) pair.
 
-The head is written with ``DiversedHead.save_pretrained`` when that exists (a Hub-ready repo);
-otherwise as ``config.json`` (the head config) plus ``model.safetensors``, the same file names.
+A head in a checkpoint is saved and loaded exactly as any head is, with ``DiversedHead.save_pretrained`` /
+``DiversedHead.from_pretrained`` (``config.json``, ``model.safetensors``, ``README.md``; strict loading):
+:func:`save_head`, :func:`load_head_state` and :func:`load_head` are thin wrappers for the trainer.
 ``diversed_pair.json`` records the pair a head was trained for: model ids, hidden sizes, the
 shared vocabulary size and a fingerprint of each model's output embeddings (rounded to bf16, so the
 dtype a model was loaded in does not change it). Resuming with another pair is refused.
@@ -10,18 +11,16 @@ dtype a model was loaded in does not change it). Resuming with another pair is r
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from pathlib import Path
 
 import torch
 
 from ..head import DiversedHead, DiversedHeadConfig
 from ..pairs import hidden_size_of, model_id_of
 
+__all__ = ["PAIR_FILE", "check_pair", "load_head", "load_head_state", "model_fingerprint", "pair_record", "save_head"]
+
 PAIR_FILE = "diversed_pair.json"
-HEAD_CONFIG_FILE = "config.json"
-HEAD_WEIGHTS_FILE = "model.safetensors"
 
 
 def model_fingerprint(model) -> str:
@@ -60,38 +59,18 @@ def check_pair(recorded: dict, current: dict, where: str) -> None:
 
 
 def save_head(head: DiversedHead, directory: str | os.PathLike) -> None:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if hasattr(head, "save_pretrained"):
-        # Rendering the card may build modules (consuming the global RNG): keep the RNG untouched so that saving a
-        # checkpoint never changes the run.
-        with torch.random.fork_rng(devices=[]):
-            head.save_pretrained(str(directory))
-        return
-    from safetensors.torch import save_file
-
-    (directory / HEAD_CONFIG_FILE).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    save_file(state, str(directory / HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
+    """``head.save_pretrained(directory)``: a checkpoint's head is a Hub-ready head repo (it leaves the RNG alone)."""
+    if not isinstance(head, DiversedHead):
+        raise TypeError(f"`head` must be a DiversedHead, got {type(head).__name__}; pass the trainer's head module.")
+    head.save_pretrained(directory)
 
 
-def load_head_state(directory: str | os.PathLike) -> tuple[DiversedHeadConfig, dict]:
-    """(config, state dict) of a head saved by :func:`save_head` (either format)."""
-    directory = Path(directory)
-    if hasattr(DiversedHead, "from_pretrained"):
-        head = DiversedHead.from_pretrained(str(directory))
-        return head.config, head.state_dict()
-    from safetensors.torch import load_file
-
-    for name in (HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory} has no {name}: it is not a saved DiversedHead.")
-    config = DiversedHeadConfig.from_dict(json.loads((directory / HEAD_CONFIG_FILE).read_text()))
-    return config, load_file(str(directory / HEAD_WEIGHTS_FILE))
+def load_head_state(directory: str | os.PathLike) -> tuple[DiversedHeadConfig, dict[str, torch.Tensor]]:
+    """(config, state dict) of the head saved in ``directory``, loaded strictly with ``DiversedHead.from_pretrained``."""
+    head = load_head(directory)
+    return head.config, head.state_dict()
 
 
 def load_head(directory: str | os.PathLike) -> DiversedHead:
-    config, state = load_head_state(directory)
-    head = DiversedHead(config)
-    head.load_state_dict(state, strict=True)
-    return head
+    """``DiversedHead.from_pretrained(directory)``: the head of a checkpoint (strict, in eval mode)."""
+    return DiversedHead.from_pretrained(directory)
