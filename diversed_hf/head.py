@@ -32,6 +32,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,8 @@ import torch
 from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
-from . import cards, hub
+from . import cards, hub, official
+from .official import OFFICIAL_CONFIG_NAME, OFFICIAL_WEIGHTS_NAME  # noqa: F401 - re-exported
 from .cards import PAPER_URL  # noqa: F401 - re-exported
 from .hub import HEAD_FORMAT_VERSION, REQUIRED_FILE_FIELDS  # noqa: F401 - re-exported
 from .pairs import hidden_size_of, model_id_of  # noqa: F401 - re-exported
@@ -51,8 +54,6 @@ logger = logging.getLogger(__name__)
 ARCHITECTURES = ("linear", "mlp")
 
 # The official DIVERSED release (docs/method.md §4, "Files").
-OFFICIAL_WEIGHTS_NAME = "ensemble_head.bin"
-OFFICIAL_CONFIG_NAME = "ensemble_config.json"
 #: keyword arguments ``from_pretrained`` takes besides huggingface_hub's download arguments
 LOAD_OPTIONS = ("strict", "device", "dtype")
 
@@ -273,28 +274,38 @@ class DiversedHead(
         results = card_kwargs.pop("results", None) if results is None else results
         training_config = card_kwargs.pop("training_config", None) if training_config is None else training_config
         directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        if results is not None:
-            cards.write_results(directory / hub.RESULTS_NAME, results)
-        if training_config is not None:
-            cards.write_training_config(directory / hub.TRAINING_CONFIG_NAME, training_config)
-        (directory / hub.CARD_NAME).unlink(missing_ok=True)  # the card describes this save: always re-rendered
         if push_to_hub and repo_id is None:
             repo_id = directory.name
-        card_kwargs.setdefault("repo_id", repo_id)
-        card_kwargs["head_source"] = str(directory)
-        for name, path in (("results", directory / hub.RESULTS_NAME), ("training_config", directory / hub.TRAINING_CONFIG_NAME)):
-            card_kwargs[name] = path if path.is_file() else None
-        url = super().save_pretrained(
-            directory, repo_id=repo_id, push_to_hub=push_to_hub, model_card_kwargs=card_kwargs, **push_to_hub_kwargs
-        )
+        # Every file is written into a sibling staging directory, then moved into place: a failure while writing
+        # (disk full, file-size limit, an exception) leaves the previous head as it was.
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.saving-", dir=directory.parent))
+        try:
+            if results is not None:
+                cards.write_results(staging / hub.RESULTS_NAME, results)
+            if training_config is not None:
+                cards.write_training_config(staging / hub.TRAINING_CONFIG_NAME, training_config)
+            card_kwargs.setdefault("repo_id", repo_id)
+            card_kwargs["head_source"] = str(directory)
+            for name in ("results", "training_config"):
+                filename = hub.RESULTS_NAME if name == "results" else hub.TRAINING_CONFIG_NAME
+                staged, kept = staging / filename, directory / filename
+                card_kwargs[name] = staged if staged.is_file() else kept if kept.is_file() else None
+            super().save_pretrained(staging, repo_id=repo_id, push_to_hub=False, model_card_kwargs=card_kwargs)
+            hub.move_into_place(staging, directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         logger.info("saved DiversedHead to %s", directory)
-        return url
+        if push_to_hub:
+            return self.push_to_hub(repo_id, model_card_kwargs=card_kwargs, **push_to_hub_kwargs)
+        return None
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """``config.json`` and ``model.safetensors`` (the ``ModelHubMixin`` hook)."""
-        hub.write_json(Path(save_directory) / hub.CONFIG_NAME, self.config.to_dict())
-        hub.save_weights(self.state_dict(), Path(save_directory) / hub.WEIGHTS_NAME)
+        """``config.json`` and ``model.safetensors`` recording the config's digest (the ``ModelHubMixin`` hook)."""
+        config_path = Path(save_directory) / hub.CONFIG_NAME
+        hub.write_json(config_path, self.config.to_dict())
+        hub.save_weights(self.state_dict(), Path(save_directory) / hub.WEIGHTS_NAME, config_sha256=hub.file_digest(config_path))
 
     @classmethod
     def from_pretrained(
@@ -367,9 +378,16 @@ class DiversedHead(
         locate = dict(
             revision=revision, cache_dir=cache_dir, token=token, force_download=force_download, local_files_only=local_files_only
         )
-        config = DiversedHeadConfig.from_json_file(hub.resolve_file(model_id, hub.CONFIG_NAME, **locate))
+        config_path = hub.resolve_file(model_id, hub.CONFIG_NAME, **locate)
+        config = DiversedHeadConfig.from_json_file(config_path)
         weights_path = hub.resolve_file(model_id, hub.WEIGHTS_NAME, **locate)
         state_dict = hub.load_weights(weights_path)
+        for name, tensor in state_dict.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(
+                    f"The weights in {weights_path} hold NaN or infinite values (`{name}`): the head would verify against "
+                    "garbage. Re-download it with `force_download=True` or re-train it."
+                )
         head = cls._built_without_rng(config)
         stored_dtypes = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
         if dtype is None and len(stored_dtypes) == 1:
@@ -377,6 +395,7 @@ class DiversedHead(
         if dtype is not None:
             head.to(dtype=dtype)
         head.load_state_dict_checked(state_dict, strict=strict, source=str(weights_path))
+        hub.check_same_save(config_path, weights_path)  # after the shape check, whose error says more
         if device is not None:
             head.to(device)
         logger.info("loaded DiversedHead from %s (%s)", model_id, head.extra_repr())
@@ -499,65 +518,15 @@ class DiversedHead(
         0.5 (the official initialisation). ``path`` is the directory holding ``ensemble_head.bin`` and
         ``ensemble_config.json``; the model ids default to the paths recorded there.
         """
-        directory = Path(path).expanduser()
-        if directory.is_file() and directory.name == OFFICIAL_WEIGHTS_NAME:
-            directory = directory.parent
-        if not directory.is_dir():
-            raise FileNotFoundError(
-                f"Official DIVERSED checkpoint directory {str(path)!r} not found; pass the folder that holds "
-                f"{OFFICIAL_WEIGHTS_NAME} and {OFFICIAL_CONFIG_NAME}."
-            )
-        for name in (OFFICIAL_WEIGHTS_NAME, OFFICIAL_CONFIG_NAME):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(
-                    f"`{name}` not found in {directory}: an official DIVERSED checkpoint holds {OFFICIAL_WEIGHTS_NAME} "
-                    f"and {OFFICIAL_CONFIG_NAME}. (A head saved by diversed_hf loads with DiversedHead.from_pretrained.)"
-                )
-        official_config = hub.read_json(directory / OFFICIAL_CONFIG_NAME, "Official ensemble config")
-        if not isinstance(official_config, dict):
-            raise ValueError(f"{directory / OFFICIAL_CONFIG_NAME} must hold a JSON object.")
-        sizes = {}
-        for name in ("draft_hidden_size", "target_hidden_size"):
-            value = official_config.get(name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(
-                    f"{directory / OFFICIAL_CONFIG_NAME} needs a positive integer `{name}`, got {value!r}."
-                )
-            sizes[name] = value
-        try:
-            state_dict = torch.load(directory / OFFICIAL_WEIGHTS_NAME, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - torch raises many types for a damaged or foreign file
-            raise ValueError(
-                f"{directory / OFFICIAL_WEIGHTS_NAME} is not a readable torch state dict ({type(error).__name__}: "
-                f"{error}); it is corrupted or not an official DIVERSED ensemble head."
-            ) from None
-        if not isinstance(state_dict, dict) or set(state_dict) != {"summary.weight", "summary.bias"}:
-            found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise ValueError(
-                f"{directory / OFFICIAL_WEIGHTS_NAME} must hold exactly `summary.weight` and `summary.bias` (the "
-                f"official EnsembleHead), found {found}."
-            )
-        weight, bias = state_dict["summary.weight"], state_dict["summary.bias"]  # (2, d_q + d_p), (2,)
-        input_size = sizes["draft_hidden_size"] + sizes["target_hidden_size"]
-        if tuple(weight.shape) != (2, input_size) or tuple(bias.shape) != (2,):
-            raise ValueError(
-                f"Official head weights have shapes summary.weight {tuple(weight.shape)}, summary.bias "
-                f"{tuple(bias.shape)}; {OFFICIAL_CONFIG_NAME} (draft {sizes['draft_hidden_size']}, target "
-                f"{sizes['target_hidden_size']}) needs (2, {input_size}) and (2,)."
-            )
-
-        def recorded(key: str) -> str | None:
-            value = official_config.get(key)
-            return value if isinstance(value, str) and value and value != "unknown" else None
-
+        directory, sizes, recorded_ids, weight, bias = official.read_official_checkpoint(path)
         config = DiversedHeadConfig(
             draft_hidden_size=sizes["draft_hidden_size"],
             target_hidden_size=sizes["target_hidden_size"],
             architecture="linear",
             w_0=0.5,
             mixing="logits",
-            target_model_id=target_model_id or recorded("target_model_path"),
-            draft_model_id=draft_model_id or recorded("draft_model_path"),
+            target_model_id=target_model_id or recorded_ids["target"],
+            draft_model_id=draft_model_id or recorded_ids["draft"],
             task=task,
         )
         head = cls._built_without_rng(config)

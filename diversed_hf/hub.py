@@ -22,6 +22,7 @@ bottom of the head's import chain (``hub`` <- ``cards`` <- ``head``): it imports
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ WEIGHTS_NAME = "model.safetensors"
 CARD_NAME = "README.md"
 RESULTS_NAME = "results.json"
 TRAINING_CONFIG_NAME = "training_config.json"
+CONFIG_DIGEST_KEY = "diversed_config_sha256"  # safetensors metadata: sha256 of the config.json saved alongside
 #: the files a head repo may hold; ``push`` uploads these and nothing else
 REPO_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, RESULTS_NAME, TRAINING_CONFIG_NAME)
 
@@ -240,11 +242,52 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes (hex)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: Path, *, config_sha256: str | None = None) -> None:
+    """Write ``model.safetensors``; ``config_sha256`` (the digest of the ``config.json`` saved with it) goes in its
+    metadata, so that a directory mixing the files of two saves is detected at load (:func:`check_same_save`)."""
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state_dict.items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    metadata = {"format": "pt"} if config_sha256 is None else {"format": "pt", CONFIG_DIGEST_KEY: config_sha256}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def check_same_save(config_path: Path, weights_path: Path) -> None:
+    """Raise if ``model.safetensors`` records the digest of another ``config.json`` than the one beside it.
+
+    Heads saved before the digest was recorded carry none and are not checked.
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights_path), framework="pt") as weights:
+            recorded = (weights.metadata() or {}).get(CONFIG_DIGEST_KEY)
+    except Exception:  # noqa: BLE001 - a damaged file is reported by load_weights with its own message
+        return
+    if recorded is not None and recorded != file_digest(config_path):
+        raise ValueError(
+            f"{config_path} and {weights_path} come from different saves (an interrupted or mixed save): the weights "
+            "were written with another config.json. Re-save the head, or re-download it with `force_download=True`."
+        )
+
+
+def move_into_place(staging: Path, directory: Path) -> None:
+    """Move every file of a complete ``staging`` directory into ``directory`` (created if needed), then remove it.
+
+    Each move is an atomic ``os.replace`` on one filesystem; ``model.safetensors`` goes last, so an interruption
+    leaves a config whose digest the old weights do not match (an error at load, never a silent mix).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    names = sorted(entry.name for entry in staging.iterdir())
+    names.sort(key=lambda name: name == WEIGHTS_NAME)
+    for name in names:
+        os.replace(staging / name, directory / name)
+    staging.rmdir()
 
 
 def count_parameters(path: Path) -> int:
