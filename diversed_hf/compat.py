@@ -299,7 +299,7 @@ class GRPOHooks:
       and ``prediction_step`` call it);
     * ``save_head_files(output_dir)``: what ``Trainer.save_model`` writes (also inside every checkpoint);
     * ``save_checkpoint_extras(checkpoint_dir)`` / ``load_checkpoint_extras(checkpoint_dir)``: extra state
-      written after ``Trainer``'s own checkpoint files and restored after the optimizer and scheduler;
+      written before ``Trainer``'s own checkpoint files and restored after the optimizer and scheduler;
     * ``load_head_checkpoint(checkpoint_dir, model)``: restore the trained module instead of
       ``Trainer``'s model loading.
     """
@@ -315,9 +315,11 @@ class GRPOHooks:
             self.save_head_files(output_dir if output_dir is not None else self.args.output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:  # Trainer's training loop
-        super()._save_checkpoint(model, trial)
+        # Our files first: Trainer's end with trainer_state.json, then rotate older checkpoints away, so a
+        # checkpoint with trainer_state.json is complete (DiversedTrainer.train skips or refuses others).
         if self.args.should_save:
             self.save_checkpoint_extras(checkpoint_dir(self, trial))
+        super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:  # Trainer.train(resume_from_...)
         self.load_head_checkpoint(resume_from_checkpoint, model)

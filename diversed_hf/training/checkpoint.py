@@ -6,21 +6,73 @@ A head in a checkpoint is saved and loaded exactly as any head is, with ``Divers
 ``diversed_pair.json`` records the pair a head was trained for: model ids, hidden sizes, the
 shared vocabulary size and a fingerprint of each model's output embeddings (rounded to bf16, so the
 dtype a model was loaded in does not change it). Resuming with another pair is refused.
+
+**Complete checkpoints.** A ``checkpoint-<step>`` directory counts only when complete. The trainer writes
+its own files first (``initial_head/``, ``diversed_trainer_state.pt``), then ``transformers.Trainer``
+writes the head, the optimizer, scheduler and RNG states and, last, ``trainer_state.json`` -- and only
+after that rotates older checkpoints away. So a checkpoint holding every file of
+:data:`CHECKPOINT_FILES` is complete, and a kill at any point leaves either an incomplete newest
+checkpoint (skipped with a warning by ``resume_from_checkpoint=True``, refused by name when passed
+explicitly) beside the previous complete one, or a complete one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+from pathlib import Path
 
 import torch
 
 from ..head import DiversedHead, DiversedHeadConfig
 from ..pairs import hidden_size_of, model_id_of
 
-__all__ = ["PAIR_FILE", "check_pair", "load_head", "load_head_state", "model_fingerprint", "pair_record", "save_head"]
+__all__ = [
+    "CHECKPOINT_FILES",
+    "PAIR_FILE",
+    "check_pair",
+    "complete_checkpoints",
+    "load_head",
+    "load_head_state",
+    "missing_checkpoint_files",
+    "model_fingerprint",
+    "pair_record",
+    "save_head",
+]
 
 PAIR_FILE = "diversed_pair.json"
+TRAINER_EXTRA_STATE = "diversed_trainer_state.pt"
+REF_HEAD_DIR = "initial_head"
+TRAINER_STATE_FILE = "trainer_state.json"  # transformers writes it last
+#: every file a complete checkpoint holds, in the order they are written
+CHECKPOINT_FILES = (
+    f"{REF_HEAD_DIR}/config.json",
+    f"{REF_HEAD_DIR}/model.safetensors",
+    TRAINER_EXTRA_STATE,
+    "config.json",
+    "model.safetensors",
+    PAIR_FILE,
+    TRAINER_STATE_FILE,
+)
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def missing_checkpoint_files(checkpoint_dir: str | os.PathLike) -> list[str]:
+    """The files of :data:`CHECKPOINT_FILES` that ``checkpoint_dir`` lacks (empty: the checkpoint is complete)."""
+    return [name for name in CHECKPOINT_FILES if not Path(checkpoint_dir, name).is_file()]
+
+
+def complete_checkpoints(output_dir: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """``(complete, incomplete)`` ``checkpoint-<step>`` directories of ``output_dir``, each sorted by step."""
+    found = sorted(
+        (int(match.group(1)), path)
+        for path in (Path(output_dir).iterdir() if Path(output_dir).is_dir() else ())
+        if path.is_dir() and (match := _CHECKPOINT_NAME.match(path.name))
+    )
+    complete = [path for _, path in found if not missing_checkpoint_files(path)]
+    incomplete = [path for _, path in found if missing_checkpoint_files(path)]
+    return complete, incomplete
 
 
 def model_fingerprint(model) -> str:

@@ -48,13 +48,21 @@ from ..pairs import check_head_matches, shared_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
 from ..tasks import check_columns
 from . import objective
-from .checkpoint import PAIR_FILE, check_pair, load_head_state, pair_record, save_head
+from .checkpoint import (
+    PAIR_FILE,
+    REF_HEAD_DIR,
+    TRAINER_EXTRA_STATE,
+    check_pair,
+    complete_checkpoints,
+    load_head_state,
+    missing_checkpoint_files,
+    pair_record,
+    save_head,
+)
 from .config import DiversedConfig
 
 logger = logging.getLogger(__name__)
 
-TRAINER_EXTRA_STATE = "diversed_trainer_state.pt"
-REF_HEAD_DIR = "initial_head"
 
 RewardFunc = Callable[..., list]
 
@@ -425,8 +433,39 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         Path(output_dir, PAIR_FILE).write_text(json.dumps(self.pair, indent=2) + "\n")
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """``Trainer.train``, resuming only from complete checkpoints (see :mod:`.checkpoint`).
+
+        ``resume_from_checkpoint=True`` takes the newest complete ``checkpoint-<step>`` of ``output_dir`` and
+        skips newer incomplete ones (a run killed while saving) with a warning naming them; an explicit
+        checkpoint that is incomplete is refused with an error naming the missing file.
+        """
+        if resume_from_checkpoint is True:
+            complete, incomplete = complete_checkpoints(self.args.output_dir)
+            newest = int(complete[-1].name.rpartition("-")[2]) if complete else -1
+            skipped = [str(path) for path in incomplete if int(path.name.rpartition("-")[2]) > newest]
+            if skipped:
+                logger.warning("Skipping incomplete checkpoints (the run was interrupted while saving them): %s", skipped)
+            if not complete:
+                raise ValueError(
+                    f"`resume_from_checkpoint=True` but {self.args.output_dir!r} holds no complete checkpoint"
+                    + (f" (incomplete: {skipped})" if skipped else "")
+                    + ". Start without `resume_from_checkpoint`, or pass a checkpoint directory."
+                )
+            resume_from_checkpoint = str(complete[-1])
+        elif resume_from_checkpoint not in (None, False) and Path(resume_from_checkpoint).is_dir():
+            missing = missing_checkpoint_files(resume_from_checkpoint)
+            if missing:
+                raise ValueError(
+                    f"`resume_from_checkpoint` {str(resume_from_checkpoint)!r} is incomplete: `{missing[0]}` is missing (the "
+                    "run was interrupted while saving it). Resume from an earlier checkpoint, or pass "
+                    "`resume_from_checkpoint=True` to take the newest complete one."
+                )
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
     def save_checkpoint_extras(self, checkpoint_dir: str) -> None:
-        """Next to ``Trainer``'s files: the initial head (the KL reference) and the rollout loop's state."""
+        """Before ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and the loop's state."""
+        os.makedirs(checkpoint_dir, exist_ok=True)
         save_head(self.ref_head, os.path.join(checkpoint_dir, REF_HEAD_DIR))
         torch.save(
             {

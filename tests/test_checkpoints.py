@@ -1,0 +1,93 @@
+"""Checkpoints count only when complete: a training process killed at each stage of a save resumes exactly.
+
+The child process really dies (``os._exit``, no cleanup, no exception handling) right after a chosen
+file of ``checkpoint-2`` is written; the parent then resumes with ``resume_from_checkpoint=True``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from test_training import head_params, trainer_for  # noqa: E402
+
+from diversed_hf.training.checkpoint import complete_checkpoints, missing_checkpoint_files  # noqa: E402
+
+TESTS_DIR = Path(__file__).resolve().parent
+COMMON = dict(max_steps=3, num_iterations=2, learning_rate=0.05, save_strategy="steps", save_steps=1, save_total_limit=1)
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    from pathlib import Path
+    import torch, transformers.trainer_callback as callback
+    from test_training import trainer_for
+
+    KILL_AFTER = {kill_after!r}
+    def dies_after(function, name_of):
+        def wrapper(*args, **kwargs):
+            result = function(*args, **kwargs)
+            path = str(name_of(*args, **kwargs))
+            if "checkpoint-2" in path and path.endswith(KILL_AFTER):
+                os._exit(137)  # killed: nothing after this runs
+            return result
+        return wrapper
+    torch.save = dies_after(torch.save, lambda obj, f, *a, **k: f)
+    callback.TrainerState.save_to_json = dies_after(callback.TrainerState.save_to_json, lambda self, path: path)
+    trainer_for(Path({root!r}), **{common!r}).train()
+    """
+)
+
+
+def run_and_kill(root: Path, kill_after: str) -> None:
+    script = CHILD.format(tests=str(TESTS_DIR), kill_after=kill_after, root=str(root), common=COMMON)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 137, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    trainer = trainer_for(tmp_path_factory.mktemp("straight"), **{**COMMON, "save_strategy": "no"})
+    trainer.train()
+    return head_params(trainer.model)
+
+
+@pytest.mark.parametrize(
+    "kill_after, resumes_from",
+    [
+        ("diversed_trainer_state.pt", "checkpoint-1"),  # our files written, the head and Trainer's not yet
+        ("optimizer.pt", "checkpoint-1"),  # head and optimizer written, no trainer_state.json
+        ("trainer_state.json", "checkpoint-2"),  # complete, killed before rotating checkpoint-1 away
+    ],
+)
+def test_a_kill_at_each_stage_of_a_save_resumes_exactly(tmp_path, uninterrupted, kill_after, resumes_from, caplog):
+    run_and_kill(tmp_path, kill_after)
+    output_dir = tmp_path / "out"
+    complete, incomplete = complete_checkpoints(output_dir)
+    assert complete[-1].name == resumes_from
+    if resumes_from == "checkpoint-1":
+        assert [path.name for path in incomplete] == ["checkpoint-2"]
+        with pytest.raises(ValueError, match=r"`resume_from_checkpoint` .*checkpoint-2' is incomplete: `.*` is missing"):
+            trainer_for(tmp_path, **COMMON).train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
+
+    resumed = trainer_for(tmp_path, **COMMON)
+    with caplog.at_level("WARNING", logger="diversed_hf.training.trainer"):
+        resumed.train(resume_from_checkpoint=True)
+    if resumes_from == "checkpoint-1":
+        assert "Skipping incomplete checkpoints" in caplog.text and "checkpoint-2" in caplog.text
+    for key, value in uninterrupted.items():
+        assert (value == resumed.model.state_dict()[key]).all(), key
+    assert not missing_checkpoint_files(output_dir / "checkpoint-3")
+
+
+def test_resume_true_without_a_complete_checkpoint_is_an_error(tmp_path):
+    (tmp_path / "out" / "checkpoint-5").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"holds no complete checkpoint \(incomplete: .*checkpoint-5"):
+        trainer_for(tmp_path, **COMMON).train(resume_from_checkpoint=True)
