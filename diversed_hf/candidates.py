@@ -1,0 +1,221 @@
+"""Drafting as a transformers :class:`~transformers.generation.candidate_generator.CandidateGenerator`.
+
+:class:`DiversedCandidateGenerator` is the draft side of the batched loop in :mod:`diversed_hf.generation`
+(read its module docstring for the left-padded, right-aligned layout). Every round the loop calls
+
+1. :meth:`~DiversedCandidateGenerator.get_candidates` with its sequence ``(batch, L)``: the draft model
+   proposes ``N_r`` tokens per row and the generator keeps what verification needs (draft probabilities,
+   last-layer hidden states, temperature-1 probabilities);
+2. :meth:`~DiversedCandidateGenerator.update_candidate_strategy` after verification, with the per-row
+   number of accepted drafts: the draft cache is cropped and realigned like the sequence, finished rows
+   leave, and the draft-length policy picks each row's draft length for the next round.
+
+As in transformers, ``get_candidates`` returns ``(candidate_ids, candidate_logits)``: the input sequence
+extended by the drafts ``(batch, L + N_r)`` and the draft's processed scores ``(batch, N_r, vocab)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from . import compat, ops
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DiversedCandidateGenerator", "Realignment", "next_token_scores"]
+
+
+def next_token_scores(
+    logits_processor,
+    prefix: torch.Tensor,  # (batch, prefix_len)
+    raw_logits: torch.Tensor,  # (batch, model_vocab)
+    vocab_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (batch, vocab) processed scores, (batch, vocab) raw float logits
+    """Processed scores of one position (logits processors applied to the shared-vocabulary logits), and
+    the raw logits they came from (``softmax(raw)`` is the temperature-1 distribution)."""
+    raw = raw_logits[:, :vocab_size].float()  # (batch, vocab)
+    scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw  # (batch, vocab)
+    return scores, raw
+
+
+@dataclass(frozen=True)
+class Realignment:
+    """How one round moves the rows of the batched layout (:mod:`diversed_hf.generation`, step 4).
+
+    With ``A = max_b n_b`` accepted drafts the sequence grows from ``L`` to ``new_length = L + A + 1``
+    columns; row ``b`` rolls right by ``shifts[b] = A - n_b``; then ``leading`` columns that are padding
+    in every row are dropped. A model whose cache lags ``lag`` tokens behind the sequence keeps
+    ``new_length - lag`` columns before the shift.
+    """
+
+    kept: torch.Tensor | None  # (kept,) rows (of this round's batch) that continue; None when all do
+    shifts: torch.Tensor | None  # (kept,) A - n_b; None when every row accepted A drafts
+    new_length: int  # L + A + 1
+    leading: int  # all-padding columns dropped after the shift
+
+
+class DiversedCandidateGenerator(CandidateGenerator):
+    """Drafts ``N_b`` tokens per row with ``assistant_model`` on a left-padded, right-aligned batch.
+
+    The draft cache holds every column of the sequence but the last two (so it never needs a catch-up
+    pass): round ``r`` feeds ``seq[:, -2:]`` then each drafted token, ``N_r = max_b N_b`` calls.
+
+    After :meth:`get_candidates`, the object holds for that round:
+
+    - ``draft_probs`` ``(batch, N_r, vocab)``: ``q_t = softmax(processed scores)``;
+    - ``draft_hidden`` ``(batch, N_r, d_draft)``: the draft's last-layer hidden state that produced
+      ``q_t`` (when ``output_hidden_states``; else ``None``);
+    - ``untempered_draft_probs`` ``(batch, N_r, vocab)``: ``softmax(raw logits)`` (when
+      ``output_untempered_probs``; else ``None``);
+    - ``draft_lengths`` ``(batch,)``: drafts that count per row (``N_b <= N_r``);
+    - ``candidate_attention_mask`` ``(batch, L + N_r)``: the mask of ``candidate_ids``.
+
+    Args:
+        assistant_model: the draft model (shares the target's tokenizer).
+        num_assistant_tokens: drafts per round ``N``.
+        vocab_size: shared vocabulary size; logits beyond it are dropped.
+        logits_processor: transformers' prepared logits processors (same as the target's).
+        do_sample: sample the drafts (else greedy).
+        generator: random source for sampling.
+        output_hidden_states: keep ``draft_hidden`` (the verifier reads hidden states).
+        output_untempered_probs: keep ``untempered_draft_probs``.
+    """
+
+    def __init__(
+        self,
+        assistant_model,
+        *,
+        num_assistant_tokens: int,
+        vocab_size: int,
+        logits_processor=(),
+        do_sample: bool = True,
+        generator: torch.Generator | None = None,
+        output_hidden_states: bool = False,
+        output_untempered_probs: bool = False,
+    ):
+        if isinstance(num_assistant_tokens, bool) or not isinstance(num_assistant_tokens, int) or num_assistant_tokens < 1:
+            raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
+        self.draft_model = assistant_model
+        self.num_draft_tokens = num_assistant_tokens  # N
+        self.vocab_size = vocab_size
+        self.logits_processor = logits_processor
+        self.do_sample = do_sample
+        self.generator = generator
+        self.output_hidden_states = output_hidden_states
+        self.output_untempered_probs = output_untempered_probs
+        self.cache = compat.new_cache()
+        self.draft_lengths: torch.Tensor | None = None  # (batch,)
+        self.draft_probs: torch.Tensor | None = None  # (batch, N_r, vocab)
+        self.draft_hidden: torch.Tensor | None = None  # (batch, N_r, d_draft)
+        self.untempered_draft_probs: torch.Tensor | None = None  # (batch, N_r, vocab)
+        self.candidate_attention_mask: torch.Tensor | None = None  # (batch, L + N_r)
+
+    # Batched layout -----------------------------------------------------------------------------
+    def prefill(
+        self,
+        input_ids: torch.Tensor,  # (batch, L) left-padded, right-aligned
+        attention_mask: torch.Tensor,  # (batch, L)
+        remaining: torch.Tensor,  # (batch,) tokens each row may still emit
+    ) -> None:
+        """Start a generation: cache all columns but the last two, and plan the first round's draft lengths."""
+        self.cache = compat.new_cache()
+        if input_ids.shape[1] > 2:
+            compat.forward_with_cache(
+                self.draft_model, input_ids[:, :-2], attention_mask[:, :-2], self.cache,
+                logits_to_keep=1, output_hidden_states=False,
+            )
+        self.draft_lengths = self.plan_draft_lengths(remaining)
+
+    def plan_draft_lengths(
+        self,
+        remaining: torch.Tensor,  # (batch,)
+    ) -> torch.Tensor:  # (batch,)
+        """The draft-length policy: ``N_b = min(N, remaining_b - 1)``, constant ``N``.
+
+        Row ``b`` drafts exactly what it would alone (the round's bonus/recovered token uses the last
+        slot of its budget). Per-row lengths or schedules change only this method.
+        """
+        return (remaining - 1).clamp(min=0, max=self.num_draft_tokens)
+
+    # CandidateGenerator -------------------------------------------------------------------------
+    def get_candidates(
+        self,
+        input_ids: torch.Tensor,  # (batch, L) our left-padded sequence
+        attention_mask: torch.Tensor | None = None,  # (batch, L)
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (batch, L + N_r), (batch, N_r, vocab)
+        """Draft ``N_r = max_b N_b`` tokens per row; returns ``(candidate_ids, candidate_logits)``.
+
+        ``candidate_ids`` is ``input_ids`` followed by the drafts and ``candidate_logits`` the draft's
+        processed scores; row ``b`` counts only its first ``draft_lengths[b]`` drafts.
+        """
+        if self.draft_lengths is None:
+            raise ValueError("Call `prefill(input_ids, attention_mask, remaining)` before `get_candidates`.")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        batch_size = input_ids.shape[0]
+        num_round_drafts = int(self.draft_lengths.max()) if batch_size else 0  # N_r
+        candidate_ids, candidate_mask = input_ids, attention_mask  # grow to (batch, L + N_r)
+        scores, probs, hidden, untempered = [], [], [], []
+        chunk = input_ids[:, -2:]  # (batch, 2)
+        for _ in range(num_round_drafts):
+            out = compat.forward_with_cache(
+                self.draft_model, chunk, candidate_mask, self.cache,
+                logits_to_keep=1, output_hidden_states=self.output_hidden_states,
+            )
+            step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, out.logits[:, -1], self.vocab_size)
+            step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
+            token = ops.sample(step_probs, self.generator) if self.do_sample else step_probs.argmax(dim=-1)  # (batch,)
+            scores.append(step_scores)
+            probs.append(step_probs)
+            if self.output_untempered_probs:  # without logits processors the scores are the raw logits
+                untempered.append(raw.softmax(dim=-1) if len(self.logits_processor) else step_probs)
+            if self.output_hidden_states:
+                hidden.append(out.hidden_states[-1][:, -1])  # (batch, d_draft)
+            candidate_ids = torch.cat([candidate_ids, token[:, None]], dim=1)
+            candidate_mask = torch.cat([candidate_mask, torch.ones_like(token[:, None])], dim=1)
+            chunk = token[:, None]  # (batch, 1)
+        self.candidate_attention_mask = candidate_mask
+        if num_round_drafts:
+            candidate_logits = torch.stack(scores, dim=1)  # (batch, N_r, vocab)
+            self.draft_probs = torch.stack(probs, dim=1)  # (batch, N_r, vocab)
+        else:
+            candidate_logits = torch.zeros(batch_size, 0, self.vocab_size, device=input_ids.device)
+            self.draft_probs = candidate_logits
+        self.draft_hidden = torch.stack(hidden, dim=1) if hidden else None  # (batch, N_r, d_draft)
+        self.untempered_draft_probs = torch.stack(untempered, dim=1) if untempered else None  # (batch, N_r, vocab)
+        return candidate_ids, candidate_logits
+
+    def update_candidate_strategy(
+        self,
+        input_ids: torch.Tensor,  # (kept, L') the realigned sequence
+        scores: torch.Tensor | None,  # (batch, N_r + 1, vocab) the target's processed distributions
+        num_matches: torch.Tensor | int,  # (batch,) accepted drafts per row; an int applies to every row
+        *,
+        realignment: Realignment | None = None,
+        remaining: torch.Tensor | None = None,  # (kept,) tokens each continuing row may still emit
+    ) -> None:
+        """Bookkeeping after verification: realign the draft cache and plan the next draft lengths.
+
+        ``scores`` and ``num_matches`` describe the round just verified, one row per row of its batch:
+        in the batched loop ``num_matches`` is a per-row tensor ``(batch,)`` of accepted drafts ``n_b``
+        (transformers passes one int for its single row). The loop turns them into ``realignment``
+        (continuing rows, shifts ``A - n_b``, dropped leading columns), the same edit it applies to the
+        target cache; the draft cache, which lags two tokens, keeps ``realignment.new_length - 2``
+        columns before the shift. ``remaining`` (continuing rows) feeds :meth:`plan_draft_lengths`;
+        without it the continuing rows keep their lengths. The constant policy reads neither
+        ``scores`` nor ``num_matches``; an adaptive one would.
+        """
+        if realignment is not None:
+            compat.realign_cache(
+                self.cache, kept=realignment.kept, length=realignment.new_length - 2,
+                shifts=realignment.shifts, leading=realignment.leading,
+            )
+        if remaining is not None:
+            self.draft_lengths = self.plan_draft_lengths(remaining)
+        elif realignment is not None and realignment.kept is not None:
+            self.draft_lengths = self.draft_lengths[realignment.kept]

@@ -1,0 +1,104 @@
+"""Time our speculative loop against transformers' assisted decoding on the shipped CPU testbed.
+
+    python training/compare_hf.py                  # defaults: 12 prompts, 5 repeats, 1 thread (~2 min)
+    python training/compare_hf.py --threads 4 --repeats 5
+
+Two pairings, batch 1, greedy, ``N`` drafts per round (constant schedule):
+
+* ``lossless``: ``target.generate(..., assistant_model=draft, do_sample=False)`` against ours with
+  ``verifier=ExactVerifier()``;
+* ``ensemble``: transformers with ``assistant_ensemble_weight=w`` against ours with
+  ``verifier=StaticEnsembleVerifier(w)``.
+
+Each repeat runs every prompt through all four methods, alternating which side goes first, after
+one warm-up pass. Per method the time is the median over repeats of the summed time over prompts.
+The outputs of each pairing must be token-identical; the table shows ``ours / transformers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+import diversed_hf.testbed as testbed  # noqa: E402
+from diversed_hf import ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=12, help="test prompts of the `arith` task (default 12)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported (default 5)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--num-assistant-tokens", type=int, default=5, help="drafts per round N (default 5)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt (default 96)")
+    parser.add_argument("--weight", type=float, default=0.5, help="target weight of the ensemble pairing (default 0.5)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: time.perf_counter (default); cpu: this process's CPU time, steadier on a shared machine")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target, draft, tokenizer = testbed.load_pair()
+    enable_diversed(target)
+    # transformers reads the schedule from the assistant's generation config; keep it constant and
+    # switch off its confidence early-exit so both sides draft exactly N tokens per round.
+    draft = copy.deepcopy(draft)
+    draft.generation_config.num_assistant_tokens = args.num_assistant_tokens
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    prompts = testbed.load_task("arith", split="test", num_examples=args.num_prompts)["prompt"]
+    encoded = [tokenizer(text, return_tensors="pt") for text in prompts]
+    common = dict(assistant_model=draft, do_sample=False, max_new_tokens=args.max_new_tokens,
+                  num_assistant_tokens=args.num_assistant_tokens)
+    methods = {
+        ("lossless", "transformers"): dict(num_assistant_tokens_schedule="constant"),
+        ("lossless", "ours"): dict(verifier=ExactVerifier()),
+        ("ensemble", "transformers"): dict(num_assistant_tokens_schedule="constant", assistant_ensemble_weight=args.weight),
+        ("ensemble", "ours"): dict(verifier=StaticEnsembleVerifier(args.weight)),
+    }
+
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+
+    def run(key):
+        outputs, start = [], clock()
+        for enc in encoded:
+            with torch.no_grad():
+                outputs.append(target.generate(**enc, **common, **methods[key]))
+        return clock() - start, outputs
+
+    for key in methods:  # warm-up
+        run(key)
+    times = {key: [] for key in methods}
+    identical = {pairing: True for pairing, _ in methods}
+    for repeat in range(args.repeats):
+        for pairing in ("lossless", "ensemble"):
+            order = ("transformers", "ours") if repeat % 2 == 0 else ("ours", "transformers")
+            results = {}
+            for side in order:
+                elapsed, results[side] = run((pairing, side))
+                times[(pairing, side)].append(elapsed)
+            identical[pairing] &= all(torch.equal(a, b) for a, b in zip(results["transformers"], results["ours"]))
+
+    print(f"testbed arith, {len(encoded)} prompts, batch 1, greedy, N={args.num_assistant_tokens}, "
+          f"max_new_tokens={args.max_new_tokens}, threads={args.threads}, {args.clock} clock, median of {args.repeats} repeats")
+    print(f"{'pairing':<10} {'transformers (s)':>17} {'ours (s)':>10} {'ours/transformers':>18} {'identical':>10}")
+    for pairing in ("lossless", "ensemble"):
+        theirs = statistics.median(times[(pairing, "transformers")])
+        ours = statistics.median(times[(pairing, "ours")])
+        print(f"{pairing:<10} {theirs:>17.3f} {ours:>10.3f} {ours / theirs:>18.3f} {str(identical[pairing]):>10}")
+    return 0 if all(identical.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
