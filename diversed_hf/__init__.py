@@ -1,6 +1,7 @@
 """diversed_hf: relaxed speculative decoding (DIVERSED and baselines) for Hugging Face Transformers."""
 
 from . import verifiers
+from .candidates import DiversedCandidateGenerator
 from .compat import check_transformers_version
 from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
 from .head import DiversedHead, DiversedHeadConfig
@@ -19,6 +20,7 @@ check_transformers_version()
 __version__ = "0.1.0"
 
 __all__ = [
+    "DiversedCandidateGenerator",
     "DiversedGenerationMixin",
     "DiversedGenerateDecoderOnlyOutput",
     "DiversedHead",

@@ -81,7 +81,7 @@ class _RunState:
     num_accepted: torch.Tensor  # (batch,)
     drafted_per_position: torch.Tensor  # (batch, N)
     accepted_per_position: torch.Tensor  # (batch, N)
-    acceptance_probs: list  # per round: (rows (active,), beta (active, N_r), a_t(x_t) (active, N_r))
+    rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r))
 
     @classmethod
     def empty(cls, batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, token_dtype, device) -> _RunState:
@@ -97,7 +97,7 @@ class _RunState:
             num_accepted=torch.zeros(batch_size, **counts),
             drafted_per_position=torch.zeros(batch_size, num_draft, **counts),
             accepted_per_position=torch.zeros(batch_size, num_draft, **counts),
-            acceptance_probs=[],
+            rounds=[],
         )
 
     def record(
@@ -134,7 +134,7 @@ class _RunState:
         drafted_acceptance = result.drafted_acceptance
         if drafted_acceptance is None:
             drafted_acceptance = torch.full_like(betas, float("nan"))
-        self.acceptance_probs.append(
+        self.rounds.append(
             (active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan")))
         )
 
@@ -396,15 +396,15 @@ def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
     batch_size = state.num_rounds.numel()
     per_row = [[] for _ in range(batch_size)]
     per_row_drafted = [[] for _ in range(batch_size)]
-    for rows, betas, drafted in state.acceptance_probs:  # (active, N_r) each
+    for rows, betas, drafted in state.rounds:  # (active, N_r) each
         padded = torch.full((2, rows.numel(), num_draft), float("nan"))
         padded[0, :, : betas.shape[1]] = betas.cpu()
         padded[1, :, : drafted.shape[1]] = drafted.cpu()
         for i, row in enumerate(rows.tolist()):
             per_row[row].append(padded[0, i])
             per_row_drafted[row].append(padded[1, i])
-    acceptance_probs = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row]
-    drafted_acceptance_probs = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row_drafted]
+    position_acceptance = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row]
+    drafted_acceptance = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row_drafted]
     target_weights = None
     if state.target_weights is not None:
         target_weights = [state.target_weights[b, : int(state.num_generated[b])].cpu() for b in range(batch_size)]
@@ -416,9 +416,9 @@ def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
         num_generated=state.num_generated.cpu(),
         drafted_per_position=state.drafted_per_position.cpu(),
         accepted_per_position=state.accepted_per_position.cpu(),
-        acceptance_probs=acceptance_probs,
+        position_acceptance=position_acceptance,
         target_weights=target_weights,
-        drafted_acceptance_probs=drafted_acceptance_probs,
+        drafted_acceptance=drafted_acceptance,
     )
 
 

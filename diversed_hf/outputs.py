@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +17,9 @@ class SpeculationStats:
 
     Definitions (docs/method.md §7): acceptance rate = accepted drafted tokens / drafted tokens,
     summed over rounds; a round emits its accepted drafts plus one recovered or bonus token.
-    ``acceptance_probs`` holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted
+    ``position_acceptance`` holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted
     position: the probability that the position accepts, before its token is drawn.
-    ``drafted_acceptance_probs`` holds ``a_t(x_t)``, the probability that the token actually drafted
+    ``drafted_acceptance`` holds ``a_t(x_t)``, the probability that the token actually drafted
     was kept (1/0 in greedy mode). Together they give the unbiased estimator of the expected tokens
     per round, ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` (:attr:`expected_tokens_per_round`, docs/method.md §6).
     """
@@ -30,9 +31,23 @@ class SpeculationStats:
     num_generated: torch.Tensor  # (batch,) tokens emitted (after EOS / length truncation)
     drafted_per_position: torch.Tensor  # (batch, N) rounds in which position k was drafted
     accepted_per_position: torch.Tensor  # (batch, N) rounds in which the draft at position k was accepted
-    acceptance_probs: list[torch.Tensor]  # per row: (num_rounds, N) beta per round; NaN where not drafted
+    position_acceptance: list[torch.Tensor]  # per row: (num_rounds, N) beta_t per round; NaN where not drafted
     target_weights: list[torch.Tensor] | None = None  # per row: (num_generated,) w per emitted token; NaN for bonus
-    drafted_acceptance_probs: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
+    drafted_acceptance: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
+
+    @property
+    def acceptance_probs(self) -> list[torch.Tensor]:
+        """Deprecated name of :attr:`position_acceptance` (``beta_t``); removed in the next release."""
+        warnings.warn("`SpeculationStats.acceptance_probs` is deprecated; use `position_acceptance`.", DeprecationWarning, stacklevel=2)
+        return self.position_acceptance
+
+    @property
+    def drafted_acceptance_probs(self) -> list[torch.Tensor] | None:
+        """Deprecated name of :attr:`drafted_acceptance` (``a_t(x_t)``); removed in the next release."""
+        warnings.warn(
+            "`SpeculationStats.drafted_acceptance_probs` is deprecated; use `drafted_acceptance`.", DeprecationWarning, stacklevel=2
+        )
+        return self.drafted_acceptance
 
     @property
     def acceptance_rate(self) -> torch.Tensor:  # (batch,)
@@ -50,10 +65,10 @@ class SpeculationStats:
     @property
     def expected_tokens_per_round(self) -> torch.Tensor:  # (batch,)
         """Unbiased estimate of ``E[T_N]`` per row: :func:`diversed_hf.theory.expected_tokens_per_round` (docs/method.md §6)."""
-        drafted = self.drafted_acceptance_probs or [None] * len(self.acceptance_probs)
+        drafted = self.drafted_acceptance or [None] * len(self.position_acceptance)
         values = [
             float(theory.expected_tokens_per_round(betas, kept)) if kept is not None else float("nan")
-            for betas, kept in zip(self.acceptance_probs, drafted)
+            for betas, kept in zip(self.position_acceptance, drafted)
         ]
         return torch.tensor(values, dtype=torch.float64)
 

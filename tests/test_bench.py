@@ -238,7 +238,7 @@ def test_rows_use_the_exact_estimator_when_drafted_acceptance_is_recorded():
     task = bench.BenchTask("t", ["p"], ["r"], lambda completions, references: [1.0], "exact_match")
     record = dict(index=0, completion="x", num_generated=4, num_rounds=2, num_drafted=4, num_accepted=2,
                   drafted_per_position=[2, 2], accepted_per_position=[1, 1],
-                  acceptance_probs=torch.tensor([[0.5, 1.0], [0.5, 1.0]]))
+                  position_acceptance=torch.tensor([[0.5, 1.0], [0.5, 1.0]]))
     method = bench.parse_methods(["sd"])[0][0]
     costs = {"target_token_seconds": 1.0, "draft_token_seconds": 0.1}
     config = small_config(num_draft_tokens=2)
@@ -246,7 +246,7 @@ def test_rows_use_the_exact_estimator_when_drafted_acceptance_is_recorded():
     assert row["estimator"] == "beta-product" and row["expected_tokens_per_round"] == pytest.approx(2.0)
     assert row["tokens_per_round"] == pytest.approx(2.0) and row["acceptance_rate"] == pytest.approx(0.5)
     assert row["predicted_speedup"] == pytest.approx(2.0 / 1.2)
-    exact = dict(record, drafted_acceptance_probs=torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
+    exact = dict(record, drafted_acceptance=torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
     row = bench.method_row(method, [exact], [], None, task, config, costs)
     assert row["estimator"] == "exact" and row["expected_tokens_per_round"] == pytest.approx((2.5 + 1.5) / 2)
     assert row["position_acceptance"] == pytest.approx([0.5, 1.0])  # the second draft was accepted whenever examined

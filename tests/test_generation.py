@@ -173,7 +173,7 @@ def test_seeded_sampling_is_reproducible_and_stats_consistent(pair):
     assert torch.equal(stats.drafted_per_position.sum(1), stats.num_drafted)
     assert ((0 <= stats.acceptance_rate) & (stats.acceptance_rate <= 1)).all()
     assert stats.summary()["num_rows"] == 3
-    for betas, drafted, rounds in zip(stats.acceptance_probs, stats.drafted_acceptance_probs, stats.num_rounds):
+    for betas, drafted, rounds in zip(stats.position_acceptance, stats.drafted_acceptance, stats.num_rounds):
         assert betas.shape == drafted.shape == (int(rounds), 3)
         seen = ~drafted.isnan()
         assert torch.equal(seen, ~betas.isnan()) and ((drafted[seen] >= 0) & (drafted[seen] <= 1)).all()

@@ -134,8 +134,8 @@ def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig,
 
 def _records(method: Method, indices: list[int], new_tokens, lengths, stats, tokenizer, keep_tokens: set[int]) -> list[dict]:
     """Per-prompt records (plain Python / CPU tensors, so they pickle for gathering): ``index``, ``completion``,
-    ``num_generated`` and, for speculative methods, the round counts, per-position counts, ``acceptance_probs``
-    (beta, (rounds, N)), ``drafted_acceptance_probs`` (a_t(x_t), (rounds, N)) and the target weights."""
+    ``num_generated`` and, for speculative methods, the round counts, per-position counts, ``position_acceptance``
+    (beta_t, (rounds, N)), ``drafted_acceptance`` (a_t(x_t), (rounds, N)) and the target weights."""
     records = []
     for row, index in enumerate(indices):
         length = int(lengths[row])
@@ -152,11 +152,11 @@ def _records(method: Method, indices: list[int], new_tokens, lengths, stats, tok
                 num_accepted=int(stats.num_accepted[row]),
                 drafted_per_position=stats.drafted_per_position[row].tolist(),
                 accepted_per_position=stats.accepted_per_position[row].tolist(),
-                acceptance_probs=stats.acceptance_probs[row].clone(),  # (rounds, N)
+                position_acceptance=stats.position_acceptance[row].clone(),  # (rounds, N)
             )
-            drafted_acceptance = getattr(stats, "drafted_acceptance_probs", None)
+            drafted_acceptance = stats.drafted_acceptance
             if drafted_acceptance is not None:
-                record["drafted_acceptance_probs"] = drafted_acceptance[row].clone()  # (rounds, N)
+                record["drafted_acceptance"] = drafted_acceptance[row].clone()  # (rounds, N)
             if stats.target_weights is not None:
                 weights = stats.target_weights[row]  # (num_generated,)
                 record["mean_target_weight"] = float(weights.nanmean()) if (~weights.isnan()).any() else None
@@ -281,8 +281,8 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
     for method_examples in examples.values():
         for record in method_examples:
             record["prompt"] = prompts[record["index"]]
-            record.pop("acceptance_probs", None)
-            record.pop("drafted_acceptance_probs", None)
+            record.pop("position_acceptance", None)
+            record.pop("drafted_acceptance", None)
     meta = {
         "task": task.name,
         "quality_metric": task.quality_metric,

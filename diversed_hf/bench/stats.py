@@ -93,9 +93,9 @@ def _speculation_fields(records: list[dict], num_generated: int, config: BenchCo
     drafted = sum(r["num_drafted"] for r in records)
     accepted = sum(r["num_accepted"] for r in records)
     rounds = sum(r["num_rounds"] for r in records)
-    betas = torch.cat([r["acceptance_probs"] for r in records], dim=0)  # (total_rounds, N)
-    exact = all("drafted_acceptance_probs" in r for r in records)
-    drafted_acceptance = torch.cat([r["drafted_acceptance_probs"] for r in records], dim=0) if exact else None  # (total_rounds, N)
+    betas = torch.cat([r["position_acceptance"] for r in records], dim=0)  # (total_rounds, N)
+    exact = all("drafted_acceptance" in r for r in records)
+    drafted_acceptance = torch.cat([r["drafted_acceptance"] for r in records], dim=0) if exact else None  # (total_rounds, N)
     if config.temperature == 0 and exact:
         # Greedy drafting is deterministic given the prefix, so beta_t = a_t(x_t) (1 or 0); the verifier's beta is
         # the sampling rule's and does not apply.
