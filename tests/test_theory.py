@@ -243,7 +243,7 @@ class RandomRule(Verifier):
     def verification_probs(self, draft_probs, target_probs, **context):
         return ops.emitted_distribution(draft_probs, self._acceptance, self._recovery), None
 
-    def acceptance(self, draft_probs, target_probs, verify_probs):
+    def token_acceptance(self, draft_probs, target_probs, verify_probs):
         return self._acceptance
 
     def residual_probs(self, draft_probs, target_probs, verify_probs):
