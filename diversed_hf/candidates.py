@@ -61,8 +61,9 @@ class Realignment:
 class DiversedCandidateGenerator(CandidateGenerator):
     """Drafts ``N_b`` tokens per row with ``assistant_model`` on a left-padded, right-aligned batch.
 
-    The draft cache holds every column of the sequence but the last two (so it never needs a catch-up
-    pass): round ``r`` feeds ``seq[:, -2:]`` then each drafted token, ``N_r = max_b N_b`` calls.
+    Between rounds the draft cache holds every column of the sequence but the last two (so it never
+    needs a catch-up pass): a round feeds what the cache lacks (the whole prompt in the first round,
+    then ``seq[:, -2:]``) and then each drafted token, ``N_r = max_b N_b`` calls.
 
     After :meth:`get_candidates`, the object holds for that round:
 
@@ -121,13 +122,9 @@ class DiversedCandidateGenerator(CandidateGenerator):
         attention_mask: torch.Tensor,  # (batch, L)
         remaining: torch.Tensor,  # (batch,) tokens each row may still emit
     ) -> None:
-        """Start a generation: cache all columns but the last two, and plan the first round's draft lengths."""
+        """Start a generation: an empty cache (the first :meth:`get_candidates` feeds the whole prompt with its
+        first draft step, as transformers does) and the first round's draft lengths."""
         self.cache = compat.new_cache()
-        if input_ids.shape[1] > 2:
-            compat.forward_with_cache(
-                self.draft_model, input_ids[:, :-2], attention_mask[:, :-2], self.cache,
-                logits_to_keep=1, output_hidden_states=False,
-            )
         self.draft_lengths = self.plan_draft_lengths(remaining)
 
     def plan_draft_lengths(
@@ -161,7 +158,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         num_round_drafts = int(self.draft_lengths.max()) if batch_size else 0  # N_r
         candidate_ids, candidate_mask = input_ids, attention_mask  # grow to (batch, L + N_r)
         scores, probs, hidden, untempered = [], [], [], []
-        chunk = input_ids[:, -2:]  # (batch, 2)
+        # What the cache lacks: the whole prompt in the first round, then the last two columns.
+        chunk = input_ids[:, self.cache.get_seq_length() :]  # (batch, L - cached)
         for _ in range(num_round_drafts):
             out = compat.forward_with_cache(
                 self.draft_model, chunk, candidate_mask, self.cache,

@@ -10,11 +10,14 @@ Batched layout (``B`` rows, one round drafts ``N`` tokens)
 ------------------------------------------------------------
 Every row is kept **left-padded and right-aligned**: ``seq`` is ``(B, L)`` and each row's real
 tokens end at column ``L - 1``; ``mask`` ``(B, L)`` marks real tokens, and position ids are
-``cumsum(mask) - 1``. The target cache holds columns ``[0, L - 1)`` (all but the last token) and the
-draft cache ``[0, L - 2)`` (all but the last two), so a round is:
+``cumsum(mask) - 1``. Between rounds the target cache holds columns ``[0, L - 1)`` (all but the last
+token) and the draft cache ``[0, L - 2)`` (all but the last two), so a round is:
 
 1. draft: feed ``seq[:, -2:]`` then each sampled token: ``N`` calls, ``q_1..q_N`` and ``h^q_1..h^q_N``;
 2. target: feed ``[seq[:, -1], x_1..x_N]`` (``B, N + 1``) once: ``p_1..p_{N+1}`` and ``h^p``;
+
+(The first round starts from empty caches and feeds each model the whole prompt with its first
+call, as transformers' assisted decoding does: no separate prefill pass.)
 3. verify: row ``b`` keeps ``n_b`` drafts and one recovered/bonus token;
 4. realign: with ``A = max_b n_b`` the new length is ``L + A + 1``; caches are cropped to
    ``L + A`` (target) and ``L + A - 1`` (draft) columns and row ``b`` is rolled right by
@@ -243,10 +246,8 @@ class _SpeculativeLoop:
         return self._aranges[width]
 
     def prefill(self) -> None:
-        """Target caches all but the last token; the candidate generator all but the last two."""
-        compat.forward_with_cache(
-            self.target, self.seq[:, :-1], self.mask[:, :-1], self.target_cache, logits_to_keep=1, output_hidden_states=False
-        )
+        """Empty caches and the first draft lengths: the first round feeds each model the whole prompt."""
+        self.target_cache = compat.new_cache()
         self.candidates.prefill(self.seq, self.mask, self.remaining)
 
     def draft(self) -> torch.Tensor:  # (B, L + N_r)
@@ -255,7 +256,8 @@ class _SpeculativeLoop:
         return candidate_ids
 
     def verify(self, candidate_ids: torch.Tensor) -> tuple[VerificationResult, torch.Tensor]:  # result, (B, N_r + 1, V)
-        """Steps 2-3: one target pass over ``[last token, x_1..x_N_r]``, then the verifier (``docs/method.md §2``).
+        """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
+        prompt and the drafts in the first round), then the verifier (``docs/method.md §2``).
 
         ``p_i = softmax(processed target logits)`` at each of the ``N_r + 1`` positions.
         """
@@ -264,7 +266,7 @@ class _SpeculativeLoop:
         needs_hidden = self.verifier.requires_hidden_states
         out = compat.forward_with_cache(
             self.target,
-            candidate_ids[:, -(num_round_drafts + 1) :],  # (B, N_r + 1)
+            candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
             self.candidates.candidate_attention_mask,  # (B, L + N_r)
             self.target_cache,
             logits_to_keep=num_round_drafts + 1,
@@ -276,7 +278,7 @@ class _SpeculativeLoop:
             self.candidates.draft_probs,  # (B, N_r, V)
             target_probs,
             draft_hidden=self.candidates.draft_hidden,  # (B, N_r, d_draft) or None
-            target_hidden=out.hidden_states[-1] if needs_hidden else None,  # (B, N_r + 1, d_target)
+            target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :] if needs_hidden else None,  # (B, N_r + 1, d)
             untempered_draft_probs=self.candidates.untempered_draft_probs,  # (B, N_r, V) or None
             untempered_target_probs=target_untempered,  # (B, N_r + 1, V) or None
             draft_lengths=self.candidates.draft_lengths,  # (B,)

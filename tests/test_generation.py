@@ -429,7 +429,7 @@ def test_get_candidates_shapes_and_update_candidate_strategy():
     )
     candidate_generator.prefill(input_ids, attention_mask, remaining=torch.tensor([10, 3, 1]))
     assert candidate_generator.draft_lengths.tolist() == [4, 2, 0]  # min(N, remaining - 1)
-    assert candidate_generator.cache.get_seq_length() == length - 2
+    assert candidate_generator.cache.get_seq_length() == 0  # the first draft step feeds the whole prompt
     candidate_ids, candidate_logits = candidate_generator.get_candidates(input_ids, attention_mask=attention_mask)
     assert candidate_ids.shape == (batch_size, length + 4) and torch.equal(candidate_ids[:, :length], input_ids)
     assert candidate_logits.shape == (batch_size, 4, VOCAB_SIZE)
