@@ -23,6 +23,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from . import compat, ops
+from .pairs import draft_input_ids
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def next_token_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (batch, vocab) processed scores, (batch, vocab) raw float logits
     """Processed scores of one position (logits processors applied to the shared-vocabulary logits), and
     the raw logits they came from (``softmax(raw)`` is the temperature-1 distribution)."""
-    raw = raw_logits[:, :vocab_size].float()  # (batch, vocab)
+    raw = ops.fit_vocabulary(raw_logits, vocab_size).float()  # (batch, vocab)
     scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw  # (batch, vocab)
     return scores, raw
 
@@ -78,7 +79,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
     Args:
         assistant_model: the draft model (shares the target's tokenizer).
         num_assistant_tokens: drafts per round ``N``.
-        vocab_size: shared vocabulary size; logits beyond it are dropped.
+        vocab_size: the target's vocabulary size: the draft's logits are fitted to it
+            (:func:`diversed_hf.ops.fit_vocabulary`).
         logits_processor: transformers' prepared logits processors (same as the target's).
         do_sample: sample the drafts (else greedy).
         generator: random source for sampling.
@@ -162,7 +164,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         chunk = input_ids[:, self.cache.get_seq_length() :]  # (batch, L - cached)
         for _ in range(num_round_drafts):
             out = compat.forward_with_cache(
-                self.draft_model, chunk, candidate_mask, self.cache,
+                self.draft_model, draft_input_ids(self.draft_model, chunk, self.vocab_size), candidate_mask, self.cache,
                 logits_to_keep=1, output_hidden_states=self.output_hidden_states,
             )
             step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, out.logits[:, -1], self.vocab_size)

@@ -47,7 +47,7 @@ from transformers import GenerationConfig, GenerationMixin
 from . import compat
 from .candidates import DiversedCandidateGenerator, Realignment, next_token_scores
 from .head import DiversedHead
-from .pairs import _text_vocab_size, check_head_matches, shared_vocab_size  # noqa: F401 - re-exported
+from .pairs import _text_vocab_size, check_head_matches, shared_vocab_size, verification_vocab_size  # noqa: F401
 from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
 from .verifiers import HeadVerifier, VerificationResult, Verifier
 
@@ -167,7 +167,7 @@ def speculative_decode(
     Drafting runs through a :class:`~diversed_hf.candidates.DiversedCandidateGenerator`; verification
     follows ``docs/method.md §2``.
     """
-    vocab_size = vocab_size or min(_text_vocab_size(target), _text_vocab_size(draft))
+    vocab_size = vocab_size or _text_vocab_size(target)  # the draft's logits are fitted to it
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -503,7 +503,7 @@ class DiversedGenerationMixin:
             )
         if isinstance(verifier, HeadVerifier):
             check_head_matches(verifier.head, self, assistant_model)
-        vocab_size = shared_vocab_size(
+        vocab_size = verification_vocab_size(
             self, assistant_model, extra.pop("tokenizer", None), extra.pop("assistant_tokenizer", None)
         )
         num_draft_tokens = extra.pop("num_assistant_tokens", None)

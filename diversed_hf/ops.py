@@ -25,6 +25,24 @@ import warnings
 import torch
 
 
+def fit_vocabulary(
+    logits: torch.Tensor,  # (..., model_vocab)
+    vocab_size: int,
+) -> torch.Tensor:  # (..., vocab_size)
+    """A draft's logits over the target's ``vocab_size`` ids (docs/method.md §2).
+
+    Ids the draft scores beyond the target's vocabulary are dropped (the softmax then gives them zero
+    probability: ``q`` is a distribution over the target's ids); ids the draft does not score get
+    ``-inf`` (probability 0: the draft never proposes them, while recovered and bonus tokens, drawn
+    from the target, still can be them). The target's own logits are never changed.
+    """
+    width = logits.shape[-1]
+    if width >= vocab_size:
+        return logits[..., :vocab_size]
+    padding = logits.new_full((*logits.shape[:-1], vocab_size - width), float("-inf"))  # (..., V - model_vocab)
+    return torch.cat([logits, padding], dim=-1)
+
+
 def total_variation(
     probs_a: torch.Tensor,  # (..., vocab)
     probs_b: torch.Tensor,  # (..., vocab)

@@ -10,12 +10,21 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from .head import DiversedHead
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_head_matches", "hidden_size_of", "model_id_of", "shared_vocab_size"]
+__all__ = [
+    "check_head_matches",
+    "draft_input_ids",
+    "hidden_size_of",
+    "model_id_of",
+    "shared_vocab_size",
+    "verification_vocab_size",
+]
 
 
 def hidden_size_of(model) -> int:
@@ -36,12 +45,22 @@ def _text_vocab_size(model) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+def verification_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -> int:
+    """The vocabulary verification runs over: the target's, after :func:`shared_vocab_size`'s checks.
+
+    The target's distribution is never trimmed; the draft's is fitted to it (zero probability for ids
+    it does not score or scores beyond the target's range, :func:`diversed_hf.ops.fit_vocabulary`).
+    """
+    shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)
+    return _text_vocab_size(target)
+
+
 def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -> int:
     """Size of the vocabulary range both models score; raises if they cannot share a tokenizer.
 
-    Padded embedding matrices of the same tokenizer are allowed (Qwen-style 151936 vs 152064):
-    logits are trimmed to the shared range. Different tokenizers are not: verification compares
-    probabilities of the same token ids.
+    Padded embedding matrices of the same tokenizer are allowed (Qwen-style 151936 vs 152064;
+    verification then runs over the target's range, :func:`verification_vocab_size`). Different
+    tokenizers are not: verification compares probabilities of the same token ids.
     """
     target_size, draft_size = _text_vocab_size(target), _text_vocab_size(draft)
     if tokenizer is not None and assistant_tokenizer is not None:
@@ -89,3 +108,25 @@ def check_head_matches(head: "DiversedHead", target, draft) -> None:
                 recorded,
                 actual,
             )
+
+
+def draft_input_ids(
+    draft,
+    input_ids: torch.Tensor,  # (batch, length)
+    vocab_size: int | None = None,
+) -> torch.Tensor:  # (batch, length)
+    """``input_ids`` as the draft can embed them: ids beyond its embedding matrix become its pad token.
+
+    A target with a larger (padded) vocabulary can emit ids the draft does not have as recovered or
+    bonus tokens. The draft only proposes; any proposal distribution keeps the emitted law exact, so it
+    is shown a stand-in for them. With ``vocab_size`` (the ids that can occur), nothing is checked when
+    the draft embeds all of them.
+    """
+    embeddings = draft.get_input_embeddings()
+    size = getattr(embeddings, "num_embeddings", None)
+    if size is None or (vocab_size is not None and vocab_size <= size):
+        return input_ids
+    if input_ids.numel() == 0 or int(input_ids.max()) < size:
+        return input_ids
+    stand_in = getattr(draft.config.get_text_config(), "pad_token_id", None) or 0
+    return input_ids.masked_fill(input_ids >= size, stand_in)

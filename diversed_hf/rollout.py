@@ -36,7 +36,7 @@ from transformers.generation.logits_process import (
 )
 
 from . import compat, ops
-from .pairs import shared_vocab_size
+from .pairs import draft_input_ids, verification_vocab_size
 
 __all__ = ["Rollout", "sample_from_mixture", "mixture_logprobs", "build_logits_warpers"]
 
@@ -125,7 +125,7 @@ def sample_from_mixture(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if vocab_size is None:
-        vocab_size = shared_vocab_size(target, draft)  # raises if the two models do not share token ids
+        vocab_size = verification_vocab_size(target, draft)  # raises if the two models do not share token ids
     eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device, dtype=torch.long)  # fmt: skip
     warpers = build_logits_warpers(temperature, top_k, top_p)
     head_param = next(head.parameters())
@@ -138,11 +138,13 @@ def sample_from_mixture(
 
     for _ in range(max_new_tokens):
         target_out = compat.forward_with_cache(target, chunk, mask, target_cache, logits_to_keep=1, output_hidden_states=True)
-        draft_out = compat.forward_with_cache(draft, chunk, mask, draft_cache, logits_to_keep=1, output_hidden_states=True)
+        draft_out = compat.forward_with_cache(
+            draft, draft_input_ids(draft, chunk, vocab_size), mask, draft_cache, logits_to_keep=1, output_hidden_states=True
+        )
         target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
         draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
         target_scores = target_out.logits[:, -1, :vocab_size].float()  # (B, V)
-        draft_scores = draft_out.logits[:, -1, :vocab_size].float()  # (B, V)
+        draft_scores = ops.fit_vocabulary(draft_out.logits[:, -1], vocab_size).float()  # (B, V)
         if len(warpers):
             target_scores = warpers(seq, target_scores)
             draft_scores = warpers(seq, draft_scores)

@@ -275,11 +275,51 @@ def test_mixin_in_a_class_definition():
     assert torch.equal(out, target.generate(prompt(5), do_sample=False, max_new_tokens=8))
 
 
-def test_padded_vocabularies_of_one_tokenizer_work():
-    target = enable_diversed(make_model("qwen3", vocab_size=VOCAB_SIZE + 128, seed=1))
-    draft = make_model("qwen3", vocab_size=VOCAB_SIZE, seed=2)
-    output = target.generate(prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(0.5), do_sample=True, max_new_tokens=10)
-    assert (output[0, 5:] < VOCAB_SIZE).all()
+def _vocabulary_pair(target_vocab: int, draft_vocab: int):
+    """Target and draft of one family with padded vocabularies; the ids only one model scores carry real mass."""
+    target = enable_diversed(make_model("llama", vocab_size=target_vocab, seed=1))
+    draft = make_model("llama", vocab_size=draft_vocab, seed=2)
+    with torch.no_grad():  # make the ids at the end of the larger vocabulary likely
+        for model, size in ((target, target_vocab), (draft, draft_vocab)):
+            if size > VOCAB_SIZE:
+                model.get_output_embeddings().weight[VOCAB_SIZE:] *= 3.0
+    return target, draft
+
+
+@pytest.mark.parametrize("target_vocab, draft_vocab", [(VOCAB_SIZE + 8, VOCAB_SIZE), (VOCAB_SIZE, VOCAB_SIZE + 8)])
+def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab, draft_vocab):
+    """The target's distribution is never trimmed: a draft with fewer ids cannot propose the rest, but
+    recovered and bonus tokens can be them; a draft with more ids gives those zero probability."""
+    from diversed_hf import ops
+    from tiny_models import empirical, tv_bound
+
+    target, draft = _vocabulary_pair(target_vocab, draft_vocab)
+    input_ids = prompt(5, seed=3)
+    greedy = target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=12)
+    plain = target.generate(input_ids, do_sample=False, max_new_tokens=12)
+    assert torch.equal(greedy, plain)
+    if target_vocab > draft_vocab:
+        assert (plain[0, 5:] >= draft_vocab).any(), "the test needs greedy tokens the draft cannot propose"
+
+    num_rows = 4000
+    output = target.generate(
+        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=ExactVerifier(), do_sample=True, max_new_tokens=2,
+        num_assistant_tokens=1, generator=torch.Generator().manual_seed(0),
+    )
+    with torch.no_grad():
+        target_probs = target(input_ids).logits[0, -1].softmax(-1).double()  # (target_vocab,)
+    if target_vocab > draft_vocab:
+        assert float(target_probs[draft_vocab:].sum()) > 0.05, "the test needs mass on the ids only the target scores"
+    observed = empirical(output[:, input_ids.shape[1]], target_vocab)
+    assert float(ops.total_variation(observed, target_probs)) < tv_bound(target_probs, num_rows)
+
+
+def test_fit_vocabulary_pads_with_impossible_ids_and_trims_extra_ones():
+    from diversed_hf import ops
+
+    logits = torch.tensor([[0.0, 1.0, 2.0]])
+    assert ops.fit_vocabulary(logits, 5).softmax(-1)[0, 3:].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(ops.fit_vocabulary(logits, 2).softmax(-1), logits[:, :2].softmax(-1))
 
 
 # Bad input ------------------------------------------------------------------------------------------

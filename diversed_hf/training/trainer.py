@@ -44,7 +44,7 @@ from trl.trainer.utils import get_callable_name
 
 from .. import compat
 from ..head import DiversedHead
-from ..pairs import check_head_matches, shared_vocab_size
+from ..pairs import check_head_matches, verification_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
 from ..tasks import check_columns
 from . import objective
@@ -128,7 +128,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         _check_writable(args.output_dir)
 
         # Models and head ------------------------------------------------------------------------
-        self.vocab_size = shared_vocab_size(target, draft)  # raises on a vocabulary mismatch
+        self.vocab_size = verification_vocab_size(target, draft)  # raises on a vocabulary mismatch
         for model in (target, draft):
             model.requires_grad_(False)
             model.eval()
