@@ -127,7 +127,8 @@ LAYERS = {
     # module -> modules it must never import (the direction of the design)
     "diversed_hf.ops": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.theory", "diversed_hf.head"},
     "diversed_hf.theory": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.head"},
-    "diversed_hf.verifiers": {"diversed_hf.generation", "diversed_hf.candidates", "diversed_hf.head"},
+    "diversed_hf.verifiers": {"diversed_hf.generation", "diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.head"},
+    "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.tasks"},
     "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},
 }
 

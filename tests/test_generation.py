@@ -431,7 +431,7 @@ def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(m
 def test_candidate_generator_is_a_transformers_candidate_generator_and_drives_the_loop(monkeypatch):
     from transformers.generation.candidate_generator import CandidateGenerator
 
-    from diversed_hf import generation
+    from diversed_hf import loop
     from diversed_hf.candidates import DiversedCandidateGenerator
 
     assert issubclass(DiversedCandidateGenerator, CandidateGenerator)
@@ -450,7 +450,7 @@ def test_candidate_generator_is_a_transformers_candidate_generator_and_drives_th
     target, draft = make_pair("llama")
     enable_diversed(target)
     expected = target.generate(prompt(6), assistant_model=draft, verifier=ExactVerifier(), **GREEDY)
-    monkeypatch.setattr(generation, "DiversedCandidateGenerator", Counting)
+    monkeypatch.setattr(loop, "DiversedCandidateGenerator", Counting)
     output = target.generate(prompt(6), assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True, **GREEDY)
     assert torch.equal(output.sequences, expected)
     rounds = int(output.speculation.num_rounds[0])

@@ -1,0 +1,402 @@
+"""The batched speculative loop: draft, verify, commit, realign (``docs/method.md §2``).
+
+:mod:`diversed_hf.generation` runs it inside transformers' ``generate``; :func:`speculative_decode`
+is also callable directly on a left-padded batch.
+
+Batched layout (``B`` rows, one round drafts ``N`` tokens)
+------------------------------------------------------------
+Every row is kept **left-padded and right-aligned**: ``seq`` is ``(B, L)`` and each row's real
+tokens end at column ``L - 1``; ``mask`` ``(B, L)`` marks real tokens, and position ids are
+``cumsum(mask) - 1``. Between rounds the target cache holds columns ``[0, L - 1)`` (all but the last
+token) and the draft cache ``[0, L - 2)`` (all but the last two), so a round is:
+
+1. draft: feed ``seq[:, -2:]`` then each sampled token: ``N`` calls, ``q_1..q_N`` and ``h^q_1..h^q_N``;
+2. target: feed ``[seq[:, -1], x_1..x_N]`` (``B, N + 1``) once: ``p_1..p_{N+1}`` and ``h^p``;
+
+(The first round starts from empty caches and feeds each model the whole prompt with its first
+call, as transformers' assisted decoding does: no separate prefill pass.)
+3. verify: row ``b`` keeps ``n_b`` drafts and one recovered/bonus token;
+4. realign: with ``A = max_b n_b`` the new length is ``L + A + 1``; caches are cropped to
+   ``L + A`` (target) and ``L + A - 1`` (draft) columns and row ``b`` is rolled right by
+   ``A - n_b``; what wraps around is the row's rejected tail, now on masked columns. Columns
+   that are padding in every row are dropped, so ``L`` stays the longest row's length.
+
+The draft cache lags by two tokens so it never needs a catch-up pass, whatever a row accepted.
+Finished rows (EOS, length, stopping criteria) leave the batch and cost nothing after. Sliding
+windows stay exact because every row is hole-free and the mask is built from column indices.
+
+In code a round is four named steps of ``_SpeculativeLoop``: ``draft`` (step 1, through
+:class:`~diversed_hf.candidates.DiversedCandidateGenerator`, a transformers ``CandidateGenerator``),
+``verify`` (steps 2-3, ``docs/method.md §2``), ``commit`` (emit, truncate at length/EOS/stopping
+criteria, record statistics) and ``realign`` (step 4: sequence and target cache here, the draft cache
+in the generator's ``update_candidate_strategy``). Cache edits go through :mod:`diversed_hf.compat`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from . import compat
+from .candidates import DiversedCandidateGenerator, Realignment, next_token_scores
+from .outputs import SpeculationStats
+from .pairs import _text_vocab_size
+from .verifiers import VerificationResult, Verifier
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["speculative_decode"]
+
+
+@dataclass
+class _RunState:
+    """Per-call output buffers and statistics, indexed by original batch row."""
+
+    tokens: torch.Tensor  # (batch, max_new_tokens) emitted tokens, pad after the end
+    num_generated: torch.Tensor  # (batch,)
+    target_weights: torch.Tensor | None  # (batch, max_new_tokens) w per emitted token, NaN for bonus
+    num_rounds: torch.Tensor  # (batch,)
+    num_drafted: torch.Tensor  # (batch,)
+    num_accepted: torch.Tensor  # (batch,)
+    drafted_per_position: torch.Tensor  # (batch, N)
+    accepted_per_position: torch.Tensor  # (batch, N)
+    rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r))
+
+    @classmethod
+    def empty(cls, batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, token_dtype, device) -> _RunState:
+        counts = dict(dtype=torch.long, device=device)
+        return cls(
+            tokens=torch.full((batch_size, max_new_tokens), pad_token_id, dtype=token_dtype, device=device),
+            num_generated=torch.zeros(batch_size, **counts),
+            target_weights=(
+                torch.full((batch_size, max_new_tokens), float("nan"), device=device) if output_target_weights else None
+            ),
+            num_rounds=torch.zeros(batch_size, **counts),
+            num_drafted=torch.zeros(batch_size, **counts),
+            num_accepted=torch.zeros(batch_size, **counts),
+            drafted_per_position=torch.zeros(batch_size, num_draft, **counts),
+            accepted_per_position=torch.zeros(batch_size, num_draft, **counts),
+            rounds=[],
+        )
+
+    def record(
+        self,
+        active: torch.Tensor,  # (B,) original row of each active row
+        emitted: torch.Tensor,  # (B, N_r + 1) accepted drafts, then the recovered/bonus token
+        count: torch.Tensor,  # (B,) tokens kept after truncation
+        result: VerificationResult,
+        draft_lengths: torch.Tensor,  # (B,) N_b
+        columns: torch.Tensor,  # (N_r + 1,) arange
+    ) -> None:
+        """Write one round's emitted tokens and statistics."""
+        num_round_drafts = emitted.shape[1] - 1  # N_r
+        num_accepted = result.num_accepted  # (B,)
+        keep = columns < count[:, None]  # (B, N_r + 1)
+        out_columns = self.num_generated[active][:, None] + columns  # (B, N_r + 1)
+        out_rows = active[:, None].expand_as(out_columns)  # (B, N_r + 1)
+        self.tokens[out_rows[keep], out_columns[keep]] = emitted[keep]
+        if self.target_weights is not None and result.target_weight is not None:
+            weights = torch.cat(
+                [result.target_weight.float(), torch.full((active.numel(), 1), float("nan"), device=emitted.device)], dim=1
+            )  # (B, N_r + 1)
+            weights[columns >= draft_lengths[:, None]] = float("nan")  # bonus positions have no w
+            self.target_weights[out_rows[keep], out_columns[keep]] = weights[keep]
+        drafted_columns = columns[:num_round_drafts]  # (N_r,)
+        self.num_generated[active] += count
+        self.num_rounds[active] += 1
+        self.num_drafted[active] += draft_lengths
+        self.num_accepted[active] += num_accepted
+        self.drafted_per_position[active, :num_round_drafts] += (drafted_columns < draft_lengths[:, None]).long()
+        self.accepted_per_position[active, :num_round_drafts] += (drafted_columns < num_accepted[:, None]).long()
+        not_drafted = drafted_columns >= draft_lengths[:, None]  # (B, N_r)
+        betas = result.position_acceptance.float().masked_fill(not_drafted, float("nan"))  # (B, N_r)
+        drafted_acceptance = result.drafted_acceptance
+        if drafted_acceptance is None:
+            drafted_acceptance = torch.full_like(betas, float("nan"))
+        self.rounds.append(
+            (active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan")))
+        )
+
+
+@torch.no_grad()
+def speculative_decode(
+    target,
+    draft,
+    verifier: Verifier,
+    input_ids: torch.Tensor,  # (batch, prompt_len), left-padded
+    attention_mask: torch.Tensor | None,  # (batch, prompt_len)
+    *,
+    num_draft_tokens: int,
+    max_new_tokens: int,
+    logits_processor=(),
+    stopping_criteria=(),
+    eos_token_id: torch.Tensor | None = None,  # (num_eos,)
+    pad_token_id: int = 0,
+    do_sample: bool = True,
+    generator: torch.Generator | None = None,
+    streamer=None,
+    output_target_weights: bool = False,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
+    """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
+
+    Drafting runs through a :class:`~diversed_hf.candidates.DiversedCandidateGenerator`; verification
+    follows ``docs/method.md §2``.
+    """
+    vocab_size = vocab_size or _text_vocab_size(target)  # the draft's logits are fitted to it
+    candidate_generator = DiversedCandidateGenerator(
+        draft,
+        num_assistant_tokens=num_draft_tokens,
+        vocab_size=vocab_size,
+        logits_processor=logits_processor,
+        do_sample=do_sample,
+        generator=generator,
+        output_hidden_states=verifier.requires_hidden_states,
+        output_untempered_probs=verifier.requires_untempered_probs,
+    )
+    loop = _SpeculativeLoop(
+        target, candidate_generator, verifier, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+        eos_token_id=eos_token_id, do_sample=do_sample, generator=generator, streamer=streamer, vocab_size=vocab_size,
+    )
+    return loop.run(
+        input_ids, attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+        output_target_weights=output_target_weights,
+    )
+
+
+class _SpeculativeLoop:
+    """One call of the batched loop: draft, verify, commit, realign (module docstring, steps 1-4).
+
+    Holds the layout's state: ``seq`` / ``mask`` ``(B, L)``, ``active`` ``(B,)`` (original row of each
+    active row), ``remaining`` ``(B,)`` (tokens each row may still emit) and the target cache.
+    """
+
+    def __init__(self, target, candidate_generator: DiversedCandidateGenerator, verifier: Verifier, *,
+                 logits_processor, stopping_criteria, eos_token_id, do_sample, generator, streamer, vocab_size):
+        self.target = target
+        self.candidates = candidate_generator
+        self.verifier = verifier
+        self.logits_processor = logits_processor
+        self.stopping_criteria = stopping_criteria
+        self.eos_token_id = eos_token_id  # (num_eos,) or None
+        self.do_sample = do_sample
+        self.generator = generator
+        self.streamer = streamer
+        self.vocab_size = vocab_size
+        self.target_cache = compat.new_cache()
+        self._aranges: dict[int, torch.Tensor] = {}
+
+    def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights):
+        device = input_ids.device
+        batch_size = input_ids.shape[0]
+        num_draft = self.candidates.num_draft_tokens
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        self.state = _RunState.empty(
+            batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, input_ids.dtype, device
+        )
+        if max_new_tokens <= 0:
+            return self.state.tokens[:, :0], _stats(self.state, num_draft)
+        # One extra padding column in front: the draft always has two tokens to feed.
+        pad_column = torch.full((batch_size, 1), pad_token_id, dtype=input_ids.dtype, device=device)  # (B, 1)
+        self.seq = torch.cat([pad_column, input_ids], dim=1)  # (B, L)
+        self.mask = torch.cat([torch.zeros_like(pad_column), attention_mask.to(input_ids.dtype)], dim=1)  # (B, L)
+        self.active = torch.arange(batch_size, device=device)  # (B,)
+        self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
+        self.prefill()
+        while self.active.numel() > 0:
+            candidate_ids = self.draft()  # (B, L + N_r)
+            result, target_probs = self.verify(candidate_ids)
+            emitted, finished = self.commit(candidate_ids, result)
+            if bool(finished.all()):
+                break
+            self.realign(candidate_ids, emitted, finished, result.num_accepted, target_probs)
+        if self.streamer is not None:
+            self.streamer.end()
+        num_new = int(self.state.num_generated.max()) if batch_size else 0
+        return self.state.tokens[:, :num_new], _stats(self.state, num_draft)
+
+    def _columns(self, width: int) -> torch.Tensor:  # (width,)
+        if width not in self._aranges:
+            self._aranges[width] = torch.arange(width, device=self.seq.device)
+        return self._aranges[width]
+
+    def prefill(self) -> None:
+        """Empty caches and the first draft lengths: the first round feeds each model the whole prompt."""
+        self.target_cache = compat.new_cache()
+        self.candidates.prefill(self.seq, self.mask, self.remaining)
+
+    def draft(self) -> torch.Tensor:  # (B, L + N_r)
+        """Step 1: the candidate generator drafts ``N_r = max_b N_b`` tokens after ``seq``."""
+        candidate_ids, _ = self.candidates.get_candidates(self.seq, attention_mask=self.mask)
+        return candidate_ids
+
+    def verify(self, candidate_ids: torch.Tensor) -> tuple[VerificationResult, torch.Tensor]:  # result, (B, N_r + 1, V)
+        """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
+        prompt and the drafts in the first round), then the verifier (``docs/method.md §2``).
+
+        ``p_i = softmax(processed target logits)`` at each of the ``N_r + 1`` positions.
+        """
+        length = self.seq.shape[1]  # L
+        num_round_drafts = candidate_ids.shape[1] - length  # N_r
+        needs_hidden = self.verifier.requires_hidden_states
+        out = compat.forward_with_cache(
+            self.target,
+            candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
+            self.candidates.candidate_attention_mask,  # (B, L + N_r)
+            self.target_cache,
+            logits_to_keep=num_round_drafts + 1,
+            output_hidden_states=needs_hidden,
+        )
+        target_probs, target_untempered = self._target_distributions(candidate_ids, out.logits, length)
+        result = self.verifier(
+            candidate_ids[:, length:],  # (B, N_r)
+            self.candidates.draft_probs,  # (B, N_r, V)
+            target_probs,
+            draft_hidden=self.candidates.draft_hidden,  # (B, N_r, d_draft) or None
+            target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :] if needs_hidden else None,  # (B, N_r + 1, d)
+            untempered_draft_probs=self.candidates.untempered_draft_probs,  # (B, N_r, V) or None
+            untempered_target_probs=target_untempered,  # (B, N_r + 1, V) or None
+            draft_lengths=self.candidates.draft_lengths,  # (B,)
+            do_sample=self.do_sample,
+            generator=self.generator,
+            validate=False,  # the loop builds well-formed inputs; the checks cost ~2% of a round on CPU
+        )
+        return result, target_probs
+
+    def _target_distributions(
+        self,
+        candidate_ids: torch.Tensor,  # (B, L + N_r)
+        logits: torch.Tensor,  # (B, N_r + 1, model_vocab)
+        length: int,  # L
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, N_r + 1, V), (B, N_r + 1, V) or None
+        """``p_i = softmax(processed logits_i)`` and, if the verifier reads them, ``softmax(logits_i)``.
+
+        Without logits processors both are one softmax over all positions (the same numbers as per position).
+        """
+        needs_untempered = self.verifier.requires_untempered_probs
+        if not len(self.logits_processor):
+            target_probs = logits[:, :, : self.vocab_size].float().softmax(dim=-1)  # (B, N_r + 1, V)
+            return target_probs, target_probs if needs_untempered else None
+        target_probs, target_untempered = [], []
+        for i in range(logits.shape[1]):
+            scores, raw = next_token_scores(self.logits_processor, candidate_ids[:, : length + i], logits[:, i], self.vocab_size)
+            target_probs.append(scores.softmax(dim=-1))  # (B, V)
+            if needs_untempered:
+                target_untempered.append(raw.softmax(dim=-1))  # (B, V)
+        untempered = torch.stack(target_untempered, dim=1) if needs_untempered else None  # (B, N_r + 1, V)
+        return torch.stack(target_probs, dim=1), untempered
+
+    def commit(self, candidate_ids: torch.Tensor, result: VerificationResult) -> tuple[torch.Tensor, torch.Tensor]:
+        """Commit: emit ``n_b`` drafts and the recovered/bonus token, truncate, record; (B, N_r + 1), (B,)."""
+        length = self.seq.shape[1]  # L
+        draft_ids = candidate_ids[:, length:]  # (B, N_r)
+        num_accepted = result.num_accepted  # (B,)
+        columns = self._columns(draft_ids.shape[1] + 1)  # (N_r + 1,)
+        emitted = torch.cat([draft_ids, draft_ids.new_zeros(draft_ids.shape[0], 1)], dim=1)  # (B, N_r + 1)
+        emitted.scatter_(1, num_accepted[:, None], result.next_tokens[:, None])
+        count, finished = self._truncate(emitted, num_accepted, columns)
+        self.state.record(self.active, emitted, count, result, self.candidates.draft_lengths, columns)
+        if self.streamer is not None:
+            self.streamer.put(emitted[:, : int(count[0])].cpu())
+        self.remaining = self.remaining - count
+        return emitted, finished
+
+    def _truncate(
+        self,
+        emitted: torch.Tensor,  # (B, N_r + 1)
+        num_accepted: torch.Tensor,  # (B,)
+        columns: torch.Tensor,  # (N_r + 1,)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # count (B,), finished (B,)
+        """Tokens each row keeps under the length budget, EOS and stopping criteria, and whether it is done."""
+        count = torch.minimum(num_accepted + 1, self.remaining)  # (B,)
+        finished = count >= self.remaining  # (B,)
+        if self.eos_token_id is not None:
+            is_eos = torch.isin(emitted, self.eos_token_id) & (columns < count[:, None])  # (B, N_r + 1)
+            has_eos = is_eos.any(dim=1)  # (B,)
+            first_eos = torch.where(has_eos, is_eos.long().argmax(dim=1), count - 1)  # (B,)
+            count = torch.where(has_eos, first_eos + 1, count)
+            finished |= has_eos
+        if len(self.stopping_criteria):
+            stopped = torch.zeros_like(finished)  # (B,)
+            for j in range(1, int(count.max()) + 1):
+                candidate = torch.cat([self.seq, emitted[:, :j]], dim=1)  # (B, L + j)
+                hit = self.stopping_criteria(candidate, None).to(emitted.device) & (j <= count) & ~stopped  # (B,)
+                count = torch.where(hit, torch.full_like(count, j), count)
+                stopped |= hit
+            finished |= stopped
+        return count, finished
+
+    def realign(
+        self,
+        candidate_ids: torch.Tensor,  # (B, L + N_r)
+        emitted: torch.Tensor,  # (B, N_r + 1)
+        finished: torch.Tensor,  # (B,)
+        num_accepted: torch.Tensor,  # (B,)
+        target_probs: torch.Tensor,  # (B, N_r + 1, V)
+    ) -> None:
+        """Step 4: drop finished rows, append each row's tokens right-aligned, edit both caches to match."""
+        length = self.seq.shape[1]  # L
+        candidate_mask = self.candidates.candidate_attention_mask  # (B, L + N_r)
+        round_num_accepted = num_accepted
+        kept = None
+        if bool(finished.any()):
+            kept = (~finished).nonzero().squeeze(1)  # (kept,)
+            self.active, self.remaining, num_accepted = self.active[kept], self.remaining[kept], num_accepted[kept]
+            emitted, candidate_ids, candidate_mask = emitted[kept], candidate_ids[kept], candidate_mask[kept]
+        longest = int(num_accepted.max())  # A
+        shifts = longest - num_accepted  # (B,)
+        new_length = length + longest + 1
+        seq = torch.cat([candidate_ids, emitted[:, -1:]], dim=1)  # (B, L + N_r + 1), last column overwritten below
+        seq.scatter_(1, (length + num_accepted)[:, None], emitted.gather(1, num_accepted[:, None]))
+        seq = seq[:, :new_length]  # (B, L + A + 1)
+        mask = torch.cat([candidate_mask, torch.ones_like(candidate_mask[:, :1])], dim=1)[:, :new_length]  # (B, L + A + 1)
+        any_shift = bool((shifts > 0).any())
+        if any_shift:
+            positions = torch.arange(new_length, device=seq.device)  # (L + A + 1,)
+            index = (positions - shifts[:, None]) % new_length  # (B, L + A + 1)
+            seq = seq.gather(1, index)
+            mask = mask.gather(1, index) * (positions >= shifts[:, None]).to(mask.dtype)
+        leading = int((mask.sum(dim=0) > 0).long().argmax())  # columns that are padding in every row
+        leading = min(leading, seq.shape[1] - 2)
+        if leading > 0:
+            seq, mask = seq[:, leading:], mask[:, leading:]
+        self.seq, self.mask = seq, mask
+        realignment = Realignment(kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading)
+        compat.realign_cache(self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading)
+        self.candidates.update_candidate_strategy(
+            seq, target_probs, round_num_accepted, realignment=realignment, remaining=self.remaining
+        )
+
+
+def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
+    """Per-row statistics of the call, on CPU; per-round arrays padded to ``N`` with NaN."""
+    batch_size = state.num_rounds.numel()
+    per_row = [[] for _ in range(batch_size)]
+    per_row_drafted = [[] for _ in range(batch_size)]
+    for rows, betas, drafted in state.rounds:  # (active, N_r) each
+        padded = torch.full((2, rows.numel(), num_draft), float("nan"))
+        padded[0, :, : betas.shape[1]] = betas.cpu()
+        padded[1, :, : drafted.shape[1]] = drafted.cpu()
+        for i, row in enumerate(rows.tolist()):
+            per_row[row].append(padded[0, i])
+            per_row_drafted[row].append(padded[1, i])
+    position_acceptance = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row]
+    drafted_acceptance = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row_drafted]
+    target_weights = None
+    if state.target_weights is not None:
+        target_weights = [state.target_weights[b, : int(state.num_generated[b])].cpu() for b in range(batch_size)]
+    return SpeculationStats(
+        num_draft_tokens=num_draft,
+        num_rounds=state.num_rounds.cpu(),
+        num_drafted=state.num_drafted.cpu(),
+        num_accepted=state.num_accepted.cpu(),
+        num_generated=state.num_generated.cpu(),
+        drafted_per_position=state.drafted_per_position.cpu(),
+        accepted_per_position=state.accepted_per_position.cpu(),
+        position_acceptance=position_acceptance,
+        target_weights=target_weights,
+        drafted_acceptance=drafted_acceptance,
+    )
