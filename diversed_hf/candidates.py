@@ -23,6 +23,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from . import compat, ops
+from .checks import check_finite_mass
 from .pairs import draft_input_ids
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             )
             step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, out.logits[:, -1], self.vocab_size)
             step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
+            check_finite_mass(step_probs, "draft", first_position=len(probs))
             token = ops.sample(step_probs, self.generator) if self.do_sample else step_probs.argmax(dim=-1)  # (batch,)
             scores.append(step_scores)
             probs.append(step_probs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_round_inputs"]
+__all__ = ["check_finite_mass", "check_round_inputs"]
 
 
 def _probability_tolerance(probs: torch.Tensor) -> float:
@@ -99,3 +99,25 @@ def check_round_inputs(
                 f"`draft_ids[{row}, {position}]` = {int(draft_ids[row, position])} has probability 0 under `draft_probs`: "
                 "drafts must be drawn from the draft distribution they are verified with."
             )
+
+
+def check_finite_mass(
+    probs: torch.Tensor,  # (batch, positions, vocab) or (batch, vocab)
+    model: str,
+    first_position: int = 0,
+) -> None:
+    """Raise a ValueError naming ``model`` and the position when a distribution has no finite mass.
+
+    ``softmax`` of all ``-inf`` (every token removed by the logits processors) or of NaN logits gives
+    NaN; transformers refuses such a distribution for plain sampling, and so does the loop.
+    """
+    sums = probs.sum(dim=-1)  # (batch, positions) or (batch,)
+    bad = ~torch.isfinite(sums) | (sums <= 0)
+    if bool(bad.any()):
+        index = bad.nonzero()[0].tolist()
+        row, position = index[0], (index[1] if len(index) > 1 else 0)
+        raise ValueError(
+            f"The {model}'s next-token distribution has no finite probability mass at row {row}, position "
+            f"{first_position + position} of the round: its logits are NaN or infinite, or the logits processors "
+            "removed every token. Check the model's weights and dtype (fp16 overflows), and the sampling arguments."
+        )

@@ -59,6 +59,30 @@ def _check_generation_config(generation_config: GenerationConfig) -> None:
         )
 
 
+def _check_batch(
+    input_ids: torch.Tensor,  # (batch, length)
+    attention_mask: torch.Tensor | None,  # (batch, length)
+    generator: torch.Generator | None,
+) -> None:
+    if input_ids.shape[0] == 0:
+        raise ValueError("`input_ids` holds no prompt (batch size 0); pass at least one row.")
+    if attention_mask is not None and bool((attention_mask[:, :-1] > attention_mask[:, 1:]).any()):
+        row = int((attention_mask[:, :-1] > attention_mask[:, 1:]).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"Row {row} of the batch is right-padded (its `attention_mask` has zeros after ones): relaxed speculative "
+            "decoding appends each row's tokens after its last real token. Pad on the left: "
+            "`tokenizer.padding_side = \"left\"`."
+        )
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+        if torch.device(generator.device).type != input_ids.device.type:
+            raise ValueError(
+                f"`generator` is on {generator.device} but the prompt and the models are on {input_ids.device}: random "
+                "numbers are drawn where the models run. Use `torch.Generator(device=model.device)`."
+            )
+
+
 class DiversedGenerationMixin:
     """Adds ``diversed_head=`` and ``verifier=`` to ``generate``; put it before the model class::
 
@@ -101,10 +125,20 @@ class DiversedGenerationMixin:
         arguments.pop("self")
         extra = arguments.pop("kwargs", {})
         assistant_model = arguments.pop("assistant_model", None)
+        which = "diversed_head" if diversed_head is not None else "verifier"
         if assistant_model is None:
-            which = "diversed_head" if diversed_head is not None else "verifier"
             raise ValueError(
                 f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."
+            )
+        if not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config"):
+            raise TypeError(
+                f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
+                f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
+            )
+        if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
+            raise ValueError(
+                f"`{which}` needs `input_ids`: the draft and the target verify token ids, so `inputs_embeds` alone cannot "
+                "be used. Pass the prompt's `input_ids` instead."
             )
         if diversed_head is not None and verifier is not None:
             raise ValueError(
@@ -138,6 +172,7 @@ class DiversedGenerationMixin:
 
         def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
             _check_generation_config(generation_config)
+            _check_batch(input_ids, model_kwargs.get("attention_mask"), generator)
             if streamer is not None and input_ids.shape[0] > 1:
                 raise ValueError(f"`streamer` supports batch size 1 only; got a batch of {input_ids.shape[0]} prompts.")
             pad_token_id, eos_token_id = compat.special_token_ids(generation_config, input_ids.device)

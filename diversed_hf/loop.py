@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from . import compat
+from .checks import check_finite_mass
 from .candidates import DiversedCandidateGenerator, Realignment, next_token_scores
 from .outputs import SpeculationStats
 from .pairs import _text_vocab_size
@@ -146,6 +147,8 @@ def speculative_decode(
     follows ``docs/method.md §2``.
     """
     vocab_size = vocab_size or _text_vocab_size(target)  # the draft's logits are fitted to it
+    # A row drafts at most remaining - 1 <= max_new_tokens - 1 tokens a round: size per-position buffers to that.
+    num_draft_tokens = max(1, min(num_draft_tokens, max_new_tokens - 1))
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -251,6 +254,7 @@ class _SpeculativeLoop:
             output_hidden_states=needs_hidden,
         )
         target_probs, target_untempered = self._target_distributions(candidate_ids, out.logits, length)
+        check_finite_mass(target_probs, "target")
         result = self.verifier(
             candidate_ids[:, length:],  # (B, N_r)
             self.candidates.draft_probs,  # (B, N_r, V)

@@ -507,3 +507,45 @@ def test_crop_cache_uses_transformers_crop_and_ignores_shorter_caches():
     assert cache.get_seq_length() == 6
     compat.crop_cache(cache, 4)
     assert cache.get_seq_length() == 4
+
+
+# Bad input, hardened -------------------------------------------------------------------------------
+
+
+def test_generate_refuses_unusable_inputs_with_the_fix(pair):
+    target, draft = pair
+    with pytest.raises(TypeError, match="`assistant_model` must be a transformers causal LM"):
+        target.generate(prompt(4), assistant_model="my-draft", verifier=ExactVerifier())
+    embeds = target.get_input_embeddings()(prompt(4))
+    with pytest.raises(ValueError, match="needs `input_ids`"):
+        target.generate(inputs_embeds=embeds, assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4)
+    with pytest.raises(ValueError, match="batch size 0"):
+        target.generate(prompt(4)[:0], assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4)
+    input_ids = prompt(5, batch=2)
+    right_padded = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with pytest.raises(ValueError, match=r"Row 1 .* right-padded.*padding_side = \"left\""):
+        target.generate(input_ids, attention_mask=right_padded, assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4)
+    with pytest.raises(TypeError, match="`generator` must be a torch.Generator"):
+        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, generator=0)
+
+
+def test_a_huge_draft_length_allocates_nothing_per_position(pair):
+    target, draft = pair
+    output = target.generate(
+        prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=6,
+        num_assistant_tokens=10**9, return_dict_in_generate=True,
+    )
+    stats = output.speculation
+    assert stats.drafted_per_position.shape == (1, 5) and stats.num_draft_tokens == 5
+    assert torch.equal(output.sequences, target.generate(prompt(4), do_sample=False, max_new_tokens=6))
+
+
+@pytest.mark.parametrize("broken", ["target", "draft"])
+def test_non_finite_distributions_name_the_model(broken):
+    target, draft = make_pair("llama")
+    enable_diversed(target)
+    with torch.no_grad():
+        (target if broken == "target" else draft).get_output_embeddings().weight[7, 0] = float("nan")
+    for do_sample in (True, False):
+        with pytest.raises(ValueError, match=f"The {broken}'s next-token distribution has no finite probability mass"):
+            target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=do_sample, max_new_tokens=6)
