@@ -329,6 +329,16 @@ def test_nan_reward_is_an_error(tmp_path, bad):
         trainer.train()
 
 
+@pytest.mark.parametrize("huge", [1e39, -3e20])
+def test_rewards_beyond_float32_are_an_error_naming_the_function(tmp_path, huge):
+    def exploding(completions, **kwargs):
+        return [huge] + [0.0] * (len(completions) - 1)
+
+    trainer = trainer_for(tmp_path, reward=exploding, max_steps=1)
+    with pytest.raises(ValueError, match=r"reward function 'exploding' returned .* beyond float32's range"):
+        trainer.train()
+
+
 def test_dataset_without_prompt_column_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"lacks the columns \['prompt'\]"):
         trainer_for(tmp_path, dataset=Dataset.from_dict({"question": ["t4 t5"]}))

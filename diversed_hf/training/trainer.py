@@ -65,6 +65,8 @@ logger = logging.getLogger(__name__)
 
 
 RewardFunc = Callable[..., list]
+# Advantages are whitened in float32: squares of rewards must stay finite there.
+_FLOAT32_LIMIT = float(torch.finfo(torch.float32).max) ** 0.5 / 1e3
 
 
 def _check_writable(directory: str) -> None:
@@ -261,6 +263,12 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
                     raise ValueError(
                         f"The reward function {name!r} returned {value!r} for completion {j} ({completions[j][:80]!r}); "
                         "rewards must be finite floats. Give failed or unscorable completions a low reward instead."
+                    )
+                if abs(number) > _FLOAT32_LIMIT:
+                    raise ValueError(
+                        f"The reward function {name!r} returned {value!r} for completion {j}: beyond float32's range "
+                        f"(|r| <= {_FLOAT32_LIMIT:.3g}), where the advantages are computed. Scale the reward down "
+                        "(rewards in [0, 1] or a few units work best)."
                     )
                 rewards[j, i] = number
         return rewards
