@@ -272,3 +272,18 @@ def test_hub_tasks_load_from_local_files(tmp_path):
     assert task.prompts[0].startswith("Question: ") and task.prompts[0].endswith("Answer:")
     index = task.prompts.index("Question: What is 2 + 1?\nAnswer:")
     assert task.reward(["so #### 3"], [task.references[index]]) == [1.0]
+
+
+def test_few_prompts_alone_time_at_most_those_prompts():
+    assert bench.BenchConfig(num_prompts=2).num_timing_prompts == 2
+    assert bench.BenchConfig(num_prompts=64).num_timing_prompts == 8
+    with pytest.raises(ValueError, match="num_timing_prompts"):
+        bench.BenchConfig(num_prompts=2, num_timing_prompts=3)
+
+
+def test_bench_command_reports_user_errors_in_one_line(capsys):
+    from diversed_hf import cli
+
+    assert cli.main(["bench", "--task", "squad", "--num-prompts", "2", "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diversed-hf bench: ") and "Unknown task 'squad'" in err and "Traceback" not in err and err.count("\n") == 1

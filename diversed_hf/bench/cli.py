@@ -159,15 +159,23 @@ def main(args: argparse.Namespace) -> int:
     """Run ``diversed-hf bench`` on parsed arguments (a namespace holding every field of both dataclasses)."""
     started = time.perf_counter()
     arguments, config = build_parser().parse_dict(vars(args), allow_extra_keys=True)
+    if not arguments.no_plots:
+        try:  # before the evaluation, not after it
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ImportError(
+                "the plots need matplotlib, which is not installed: `pip install \"diversed_hf[bench]\"`, or pass "
+                "--no-plots for the tables and JSON alone."
+            ) from None
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     state = process_state()
     dtype = getattr(torch, arguments.dtype)
-    target, draft, tokenizer = load_models(arguments.target, arguments.draft, dtype, state.device)
-    tasks = [
+    tasks = [  # first: a wrong task or data file fails before any model loads
         load_task(name, config.num_prompts, config.seed, arguments.split, arguments.num_shots, arguments.data_files)
         for name in arguments.task
     ]
+    target, draft, tokenizer = load_models(arguments.target, arguments.draft, dtype, state.device)
     results = []
     on_testbed = arguments.target is None  # the testbed's heads and drafts only fit the testbed pair
     for task in tasks:

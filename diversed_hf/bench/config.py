@@ -16,8 +16,9 @@ from .methods import DEFAULT_METHODS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SAMPLE_SEED_STRIDE", "BenchConfig", "BenchTask", "load_task"]
+__all__ = ["DEFAULT_TIMING_PROMPTS", "SAMPLE_SEED_STRIDE", "BenchConfig", "BenchTask", "load_task"]
 
+DEFAULT_TIMING_PROMPTS = 8  # timed prompts unless `num_timing_prompts` says otherwise (never more than scored)
 SAMPLE_SEED_STRIDE = 1_000_003  # seed offset between the quality pass's samples of one prompt
 
 
@@ -32,7 +33,9 @@ class BenchConfig:
     num_samples: int = field(
         default=1, metadata={"help": "Samples per prompt in the quality pass (seeds differ); more shrinks quality's noise."}
     )
-    num_timing_prompts: int = field(default=8, metadata={"help": "Of those, how many (the first) are timed."})
+    num_timing_prompts: int | None = field(
+        default=None, metadata={"help": "Of those, how many (the first) are timed (default: 8, at most num_prompts)."}
+    )
     max_new_tokens: int = field(default=96, metadata={"help": "Generation budget per prompt."})
     num_draft_tokens: int = field(default=5, metadata={"help": "Drafted tokens per round, N."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; 0 means greedy."})
@@ -54,6 +57,8 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.num_timing_prompts is None:
+            self.num_timing_prompts = min(DEFAULT_TIMING_PROMPTS, self.num_prompts)
         for name in ("num_timing_prompts", "cost_tokens", "num_html_examples", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
