@@ -17,14 +17,19 @@ from transformers.cache_utils import DynamicLayer
 TESTED_TRANSFORMERS = (version.parse("5.24.0"), version.parse("5.25.0"))  # [low, high)
 
 
-def check_transformers_version() -> None:
-    current = version.parse(transformers.__version__)
-    low, high = TESTED_TRANSFORMERS
-    if not low <= current < high:
+def _check_tested(package: str, installed: str, tested: tuple, what: str) -> None:
+    """Raise an ImportError naming the tested range and the pip command when ``installed`` is outside it."""
+    low, high = tested
+    if not low <= version.parse(installed) < high:
         raise ImportError(
-            f"diversed_hf's speculative loop is tested with transformers >={low},<{high}; found "
-            f"{transformers.__version__}. Install a tested version: pip install 'transformers>={low},<{high}'."
+            f"{what} is tested with {package} >={low},<{high}; found {installed}. Install a tested version: "
+            f"pip install '{package}>={low},<{high}'."
         )
+
+
+def check_transformers_version() -> None:
+    """Raise an ImportError unless the installed transformers is in :data:`TESTED_TRANSFORMERS`."""
+    _check_tested("transformers", transformers.__version__, TESTED_TRANSFORMERS, "diversed_hf's speculative loop")
 
 
 def new_cache() -> DynamicCache:
@@ -179,13 +184,7 @@ def check_trl_version() -> None:
     """Raise an ImportError unless the installed TRL is in :data:`TESTED_TRL` (``diversed_hf.training`` calls it)."""
     import trl
 
-    current = version.parse(trl.__version__)
-    low, high = TESTED_TRL
-    if not low <= current < high:
-        raise ImportError(
-            f"diversed_hf.training reuses GRPOTrainer internals tested with trl >={low},<{high}; found trl "
-            f"{trl.__version__}. Install a tested version: pip install 'trl>={low},<{high}'."
-        )
+    _check_tested("trl", trl.__version__, TESTED_TRL, "diversed_hf.training (it reuses GRPOTrainer internals)")
 
 
 def init_grpo_state(trainer, args) -> None:

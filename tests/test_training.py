@@ -439,7 +439,7 @@ def test_check_trl_version(monkeypatch):
     compat.check_trl_version()  # the installed version is a tested one
     for outside in ("1.15.2", str(high), "2.0.0"):
         monkeypatch.setattr(trl, "__version__", outside)
-        with pytest.raises(ImportError, match=rf"found trl {outside}.*pip install 'trl>={low},<{high}'"):
+        with pytest.raises(ImportError, match=rf"trl >={low},<{high}; found {outside}.*pip install 'trl>={low},<{high}'"):
             compat.check_trl_version()
     monkeypatch.setattr(trl, "__version__", str(low))
     compat.check_trl_version()
