@@ -12,15 +12,14 @@ token) and the draft cache ``[0, L - 2)`` (all but the last two), so a round is:
 
 1. draft: feed ``seq[:, -2:]`` then each sampled token: ``N`` calls, ``q_1..q_N`` and ``h^q_1..h^q_N``;
 2. target: feed ``[seq[:, -1], x_1..x_N]`` (``B, N + 1``) once: ``p_1..p_{N+1}`` and ``h^p``;
-
-(The first round starts from empty caches and feeds each model the whole prompt with its first
-call, as transformers' assisted decoding does: no separate prefill pass.)
 3. verify: row ``b`` keeps ``n_b`` drafts and one recovered/bonus token;
 4. realign: with ``A = max_b n_b`` the new length is ``L + A + 1``; caches are cropped to
    ``L + A`` (target) and ``L + A - 1`` (draft) columns and row ``b`` is rolled right by
    ``A - n_b``; what wraps around is the row's rejected tail, now on masked columns. Columns
    that are padding in every row are dropped, so ``L`` stays the longest row's length.
 
+The first round starts from empty caches and feeds each model what its cache lacks -- the whole
+prompt -- with its first call, as transformers' assisted decoding does: no separate prefill pass.
 The draft cache lags by two tokens so it never needs a catch-up pass, whatever a row accepted.
 Finished rows (EOS, length, stopping criteria) leave the batch and cost nothing after. Sliding
 windows stay exact because every row is hole-free and the mask is built from column indices.
@@ -43,7 +42,7 @@ from . import compat
 from .checks import check_finite_mass
 from .candidates import DiversedCandidateGenerator, Realignment, next_token_scores
 from .outputs import SpeculationStats
-from .pairs import _text_vocab_size
+from .pairs import text_vocab_size
 from .verifiers import VerificationResult, Verifier
 
 logger = logging.getLogger(__name__)
@@ -146,7 +145,7 @@ def speculative_decode(
     Drafting runs through a :class:`~diversed_hf.candidates.DiversedCandidateGenerator`; verification
     follows ``docs/method.md §2``.
     """
-    vocab_size = vocab_size or _text_vocab_size(target)  # the draft's logits are fitted to it
+    vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     # A row drafts at most remaining - 1 <= max_new_tokens - 1 tokens a round: size per-position buffers to that.
     num_draft_tokens = max(1, min(num_draft_tokens, max_new_tokens - 1))
     candidate_generator = DiversedCandidateGenerator(

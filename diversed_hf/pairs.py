@@ -23,6 +23,7 @@ __all__ = [
     "hidden_size_of",
     "model_id_of",
     "shared_vocab_size",
+    "text_vocab_size",
     "verification_vocab_size",
 ]
 
@@ -38,7 +39,8 @@ def model_id_of(model) -> str | None:
     return getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None) or None
 
 
-def _text_vocab_size(model) -> int:
+def text_vocab_size(model) -> int:
+    """Rows of a causal LM's output embedding matrix: the width of its logits."""
     embeddings = model.get_output_embeddings()
     if embeddings is not None and getattr(embeddings, "weight", None) is not None:
         return int(embeddings.weight.shape[0])
@@ -52,7 +54,7 @@ def verification_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=N
     it does not score or scores beyond the target's range, :func:`diversed_hf.ops.fit_vocabulary`).
     """
     shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)
-    return _text_vocab_size(target)
+    return text_vocab_size(target)
 
 
 def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -> int:
@@ -62,7 +64,7 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
     verification then runs over the target's range, :func:`verification_vocab_size`). Different
     tokenizers are not: verification compares probabilities of the same token ids.
     """
-    target_size, draft_size = _text_vocab_size(target), _text_vocab_size(draft)
+    target_size, draft_size = text_vocab_size(target), text_vocab_size(draft)
     if tokenizer is not None and assistant_tokenizer is not None:
         if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
             raise ValueError(
