@@ -44,6 +44,29 @@ def next_token_scores(
     return scores, raw
 
 
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+def check_draft_length_policy(schedule: str, confidence_threshold: float | None) -> None:
+    """transformers' draft-length knobs, checked: a known schedule, a threshold in [0, 1) or None."""
+    if schedule not in SCHEDULES:
+        raise ValueError(
+            f"`num_assistant_tokens_schedule` must be one of {SCHEDULES}, got {schedule!r}. (Set it on the assistant's "
+            "`generation_config` or pass it to `generate`.)"
+        )
+    if confidence_threshold is not None:
+        if isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, (int, float)):
+            raise TypeError(
+                f"`assistant_confidence_threshold` must be a number in [0, 1) or None, got {type(confidence_threshold).__name__} "
+                f"{confidence_threshold!r}."
+            )
+        if not 0 <= confidence_threshold < 1:
+            raise ValueError(
+                f"`assistant_confidence_threshold` must be in [0, 1) (0 or None: off), got {confidence_threshold!r}: a "
+                "threshold of 1 would stop every round after one draft."
+            )
+
+
 @dataclass(frozen=True)
 class Realignment:
     """How one round moves the rows of the batched layout (:mod:`diversed_hf.generation`, step 4).
@@ -87,6 +110,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
         generator: random source for sampling.
         output_hidden_states: keep ``draft_hidden`` (the verifier reads hidden states).
         output_untempered_probs: keep ``untempered_draft_probs``.
+        schedule: transformers' ``num_assistant_tokens_schedule``, per row: ``"constant"``;
+            ``"heuristic"`` (+2 after a round in which the row accepted every draft, -1 otherwise, never
+            below 1; the value is written back to the assistant's ``generation_config`` at the end of the
+            call, the mean over rows in a batch); ``"heuristic_transient"`` (the same, not written back).
+        confidence_threshold: transformers' ``assistant_confidence_threshold``: a row stops drafting
+            after a token whose draft probability is below it (that token is still verified); ``None``
+            or 0 turns it off. The batch drafts while any row does.
     """
 
     def __init__(
@@ -100,9 +130,16 @@ class DiversedCandidateGenerator(CandidateGenerator):
         generator: torch.Generator | None = None,
         output_hidden_states: bool = False,
         output_untempered_probs: bool = False,
+        schedule: str = "constant",
+        confidence_threshold: float | None = None,
     ):
         if isinstance(num_assistant_tokens, bool) or not isinstance(num_assistant_tokens, int) or num_assistant_tokens < 1:
             raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
+        check_draft_length_policy(schedule, confidence_threshold)
+        self.schedule = schedule
+        self.confidence_threshold = confidence_threshold or None
+        self.row_num_tokens: torch.Tensor | None = None  # (batch,) each row's current schedule value
+        self._finished_num_tokens: list[torch.Tensor] = []  # schedule values of rows that left the batch
         self.draft_model = assistant_model
         self.num_draft_tokens = num_assistant_tokens  # N
         self.vocab_size = vocab_size
@@ -128,18 +165,20 @@ class DiversedCandidateGenerator(CandidateGenerator):
         """Start a generation: an empty cache (the first :meth:`get_candidates` feeds the whole prompt with its
         first draft step, as transformers does) and the first round's draft lengths."""
         self.cache = compat.new_cache()
+        self.row_num_tokens = torch.full_like(remaining, self.num_draft_tokens)  # (batch,)
+        self._finished_num_tokens = []
         self.draft_lengths = self.plan_draft_lengths(remaining)
 
     def plan_draft_lengths(
         self,
         remaining: torch.Tensor,  # (batch,)
     ) -> torch.Tensor:  # (batch,)
-        """The draft-length policy: ``N_b = min(N, remaining_b - 1)``, constant ``N``.
+        """The draft-length policy: ``N_b = min(n_b, remaining_b - 1)`` with ``n_b`` the row's schedule value.
 
         Row ``b`` drafts exactly what it would alone (the round's bonus/recovered token uses the last
-        slot of its budget). Per-row lengths or schedules change only this method.
+        slot of its budget); the confidence threshold may stop it earlier (:meth:`get_candidates`).
         """
-        return (remaining - 1).clamp(min=0, max=self.num_draft_tokens)
+        return torch.minimum(self.row_num_tokens, remaining - 1).clamp(min=0)
 
     # CandidateGenerator -------------------------------------------------------------------------
     def get_candidates(
@@ -163,7 +202,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         scores, probs, hidden, untempered = [], [], [], []
         # What the cache lacks: the whole prompt in the first round, then the last two columns.
         chunk = input_ids[:, self.cache.get_seq_length() :]  # (batch, L - cached)
-        for _ in range(num_round_drafts):
+        lengths = self.draft_lengths.clone()  # (batch,) shortened by the confidence threshold
+        for step in range(num_round_drafts):
             out = compat.forward_with_cache(
                 self.draft_model, draft_input_ids(self.draft_model, chunk, self.vocab_size), candidate_mask, self.cache,
                 logits_to_keep=1, output_hidden_states=self.output_hidden_states,
@@ -181,6 +221,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
             candidate_ids = torch.cat([candidate_ids, token[:, None]], dim=1)
             candidate_mask = torch.cat([candidate_mask, torch.ones_like(token[:, None])], dim=1)
             chunk = token[:, None]  # (batch, 1)
+            if self.confidence_threshold is not None:
+                confidence = step_probs.gather(1, token[:, None]).squeeze(1)  # (batch,) q_t(x_t)
+                unsure = (confidence < self.confidence_threshold) & (lengths > step + 1)  # (batch,)
+                lengths = torch.where(unsure, torch.full_like(lengths, step + 1), lengths)
+                if not bool((lengths > step + 1).any()):  # no row drafts further
+                    break
+        self.draft_lengths = lengths
         self.candidate_attention_mask = candidate_mask
         if num_round_drafts:
             candidate_logits = torch.stack(scores, dim=1)  # (batch, N_r, vocab)
@@ -212,12 +259,42 @@ class DiversedCandidateGenerator(CandidateGenerator):
         without it the continuing rows keep their lengths. The constant policy reads neither
         ``scores`` nor ``num_matches``; an adaptive one would.
         """
+        self.update_schedule(num_matches)
+        kept = realignment.kept if realignment is not None else None
+        if kept is not None:
+            gone = torch.ones_like(self.row_num_tokens, dtype=torch.bool)  # (batch,)
+            gone[kept] = False
+            self._finished_num_tokens.append(self.row_num_tokens[gone])
+            self.row_num_tokens = self.row_num_tokens[kept]
         if realignment is not None:
             compat.realign_cache(
-                self.cache, kept=realignment.kept, length=realignment.new_length - 2,
+                self.cache, kept=kept, length=realignment.new_length - 2,
                 shifts=realignment.shifts, leading=realignment.leading,
             )
         if remaining is not None:
             self.draft_lengths = self.plan_draft_lengths(remaining)
-        elif realignment is not None and realignment.kept is not None:
-            self.draft_lengths = self.draft_lengths[realignment.kept]
+        elif kept is not None:
+            self.draft_lengths = self.draft_lengths[kept]
+
+    def update_schedule(
+        self,
+        num_matches: torch.Tensor | int,  # (batch,) accepted drafts of the round just verified
+    ) -> None:
+        """transformers' heuristic, per row: +2 after a round that kept every draft, else -1 (at least 1)."""
+        if self.schedule == "constant":
+            return
+        all_kept = torch.as_tensor(num_matches, device=self.draft_lengths.device) >= self.draft_lengths  # (batch,)
+        self.row_num_tokens = torch.where(all_kept, self.row_num_tokens + 2, (self.row_num_tokens - 1).clamp(min=1))
+
+    def finish(
+        self,
+        num_matches: torch.Tensor | int,  # (batch,) accepted drafts of the last round
+    ) -> None:
+        """End of the call: the last round's schedule update and, for ``"heuristic"``, the value kept on the
+        assistant's ``generation_config`` (transformers' semantics at batch 1; the mean over rows in a batch)."""
+        self.update_schedule(num_matches)
+        if self.schedule != "heuristic":
+            return
+        final = torch.cat([*self._finished_num_tokens, self.row_num_tokens]).double()  # (rows,)
+        if final.numel():
+            self.draft_model.generation_config.num_assistant_tokens = max(1, int(round(float(final.mean()))))

@@ -17,6 +17,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin
 
 from . import compat
+from .candidates import check_draft_length_policy
 from .head import DiversedHead
 from .loop import speculative_decode
 from .outputs import DiversedGenerateDecoderOnlyOutput
@@ -59,6 +60,29 @@ def _check_generation_config(generation_config: GenerationConfig) -> None:
         )
 
 
+#: transformers' draft-length knobs and the values used when neither ``generate`` nor a generation config sets them
+DRAFT_LENGTH_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": None}
+
+
+def _draft_length_knobs(extra: dict, generation_config, assistant_model) -> dict:
+    """The draft-length knobs of a call: a ``generate`` keyword, else the ``generation_config`` passed to
+    ``generate``, else the assistant's ``generation_config`` (where transformers reads them), else
+    :data:`DRAFT_LENGTH_DEFAULTS`. (transformers also applies a confidence threshold of 0.4 by default,
+    adapted from ROC statistics when scikit-learn is installed; here a threshold applies only when set.)"""
+    knobs = {}
+    for name, default in DRAFT_LENGTH_DEFAULTS.items():
+        value = extra.pop(name, None)
+        for config in (generation_config, assistant_model.generation_config):
+            if value is None and config is not None:
+                value = getattr(config, name, None)
+        knobs[name] = default if value is None else value
+    count = knobs["num_assistant_tokens"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {count!r}.")
+    check_draft_length_policy(knobs["num_assistant_tokens_schedule"], knobs["assistant_confidence_threshold"])
+    return knobs
+
+
 def _check_batch(
     input_ids: torch.Tensor,  # (batch, length)
     attention_mask: torch.Tensor | None,  # (batch, length)
@@ -94,8 +118,10 @@ class DiversedGenerationMixin:
 
     - ``diversed_head`` (:class:`DiversedHead`): DIVERSED verification, ``w_t`` from the head.
     - ``verifier`` (:class:`~diversed_hf.verifiers.Verifier`): any verification method.
-    - ``num_assistant_tokens`` (int): drafts per round ``N`` (default: the assistant's
-      ``generation_config.num_assistant_tokens``); the schedule is always constant.
+    - ``num_assistant_tokens`` (int), ``num_assistant_tokens_schedule`` (``"constant"``, ``"heuristic"``,
+      ``"heuristic_transient"``), ``assistant_confidence_threshold`` (float): transformers' draft-length
+      knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
+      (:func:`_draft_length_knobs`; semantics in :class:`~diversed_hf.candidates.DiversedCandidateGenerator`).
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
 
@@ -160,14 +186,8 @@ class DiversedGenerationMixin:
         vocab_size = verification_vocab_size(
             self, assistant_model, extra.pop("tokenizer", None), extra.pop("assistant_tokenizer", None)
         )
-        num_draft_tokens = extra.pop("num_assistant_tokens", None)
-        generation_config = arguments.get("generation_config")
-        if num_draft_tokens is None and generation_config is not None:
-            num_draft_tokens = generation_config.num_assistant_tokens
-        if num_draft_tokens is None:
-            num_draft_tokens = assistant_model.generation_config.num_assistant_tokens or 20
-        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-            raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_draft_tokens!r}.")
+        knobs = _draft_length_knobs(extra, arguments.get("generation_config"), assistant_model)
+        num_draft_tokens = knobs["num_assistant_tokens"]
         streamer = arguments.pop("streamer", None)
 
         def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
@@ -193,6 +213,8 @@ class DiversedGenerationMixin:
                 streamer=streamer,
                 output_target_weights=output_target_weights,
                 vocab_size=vocab_size,
+                num_assistant_tokens_schedule=knobs["num_assistant_tokens_schedule"],
+                assistant_confidence_threshold=knobs["assistant_confidence_threshold"],
             )
             sequences = torch.cat([input_ids, new_tokens], dim=1)
             if generation_config.return_dict_in_generate:

@@ -60,9 +60,9 @@ class _RunState:
     num_rounds: torch.Tensor  # (batch,)
     num_drafted: torch.Tensor  # (batch,)
     num_accepted: torch.Tensor  # (batch,)
-    drafted_per_position: torch.Tensor  # (batch, N)
-    accepted_per_position: torch.Tensor  # (batch, N)
-    rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r))
+    drafted_per_position: torch.Tensor  # (batch, N'), N' the longest draft so far
+    accepted_per_position: torch.Tensor  # (batch, N')
+    rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r), N_b (active,))
 
     @classmethod
     def empty(cls, batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, token_dtype, device) -> _RunState:
@@ -104,6 +104,10 @@ class _RunState:
             weights[columns >= draft_lengths[:, None]] = float("nan")  # bonus positions have no w
             self.target_weights[out_rows[keep], out_columns[keep]] = weights[keep]
         drafted_columns = columns[:num_round_drafts]  # (N_r,)
+        if num_round_drafts > self.drafted_per_position.shape[1]:  # a schedule grew past the widest round so far
+            grow = num_round_drafts - self.drafted_per_position.shape[1]
+            self.drafted_per_position = torch.nn.functional.pad(self.drafted_per_position, (0, grow))
+            self.accepted_per_position = torch.nn.functional.pad(self.accepted_per_position, (0, grow))
         self.num_generated[active] += count
         self.num_rounds[active] += 1
         self.num_drafted[active] += draft_lengths
@@ -116,7 +120,7 @@ class _RunState:
         if drafted_acceptance is None:
             drafted_acceptance = torch.full_like(betas, float("nan"))
         self.rounds.append(
-            (active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan")))
+            (active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan")), draft_lengths.clone())
         )
 
 
@@ -139,6 +143,8 @@ def speculative_decode(
     streamer=None,
     output_target_weights: bool = False,
     vocab_size: int | None = None,
+    num_assistant_tokens_schedule: str = "constant",
+    assistant_confidence_threshold: float | None = None,
 ) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
     """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
 
@@ -146,8 +152,6 @@ def speculative_decode(
     follows ``docs/method.md §2``.
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
-    # A row drafts at most remaining - 1 <= max_new_tokens - 1 tokens a round: size per-position buffers to that.
-    num_draft_tokens = max(1, min(num_draft_tokens, max_new_tokens - 1))
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -157,6 +161,8 @@ def speculative_decode(
         generator=generator,
         output_hidden_states=verifier.requires_hidden_states,
         output_untempered_probs=verifier.requires_untempered_probs,
+        schedule=num_assistant_tokens_schedule,
+        confidence_threshold=assistant_confidence_threshold,
     )
     loop = _SpeculativeLoop(
         target, candidate_generator, verifier, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
@@ -193,7 +199,9 @@ class _SpeculativeLoop:
     def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights):
         device = input_ids.device
         batch_size = input_ids.shape[0]
-        num_draft = self.candidates.num_draft_tokens
+        # A row drafts at most remaining - 1 <= max_new_tokens - 1 tokens a round: per-position buffers start at
+        # that width (never N itself, which may be huge) and grow only when a schedule drafts longer.
+        num_draft = max(1, min(self.candidates.num_draft_tokens, max_new_tokens - 1))
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         self.state = _RunState.empty(
@@ -213,6 +221,7 @@ class _SpeculativeLoop:
             result, target_probs = self.verify(candidate_ids)
             emitted, finished = self.commit(candidate_ids, result)
             if bool(finished.all()):
+                self.candidates.finish(result.num_accepted)  # the last round's schedule update, kept values
                 break
             self.realign(candidate_ids, emitted, finished, result.num_accepted, target_probs)
         if self.streamer is not None:
@@ -375,19 +384,24 @@ class _SpeculativeLoop:
 
 
 def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
-    """Per-row statistics of the call, on CPU; per-round arrays padded to ``N`` with NaN."""
+    """Per-row statistics of the call, on CPU; per-round arrays padded with NaN to the longest draft used."""
     batch_size = state.num_rounds.numel()
+    width = max([num_draft, state.drafted_per_position.shape[1]] + [betas.shape[1] for _, betas, _, _ in state.rounds])
     per_row = [[] for _ in range(batch_size)]
     per_row_drafted = [[] for _ in range(batch_size)]
-    for rows, betas, drafted in state.rounds:  # (active, N_r) each
-        padded = torch.full((2, rows.numel(), num_draft), float("nan"))
+    per_row_lengths = [[] for _ in range(batch_size)]
+    for rows, betas, drafted, lengths in state.rounds:  # (active, N_r), (active, N_r), (active,)
+        padded = torch.full((2, rows.numel(), width), float("nan"))
         padded[0, :, : betas.shape[1]] = betas.cpu()
         padded[1, :, : drafted.shape[1]] = drafted.cpu()
-        for i, row in enumerate(rows.tolist()):
+        for i, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist())):
             per_row[row].append(padded[0, i])
             per_row_drafted[row].append(padded[1, i])
-    position_acceptance = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row]
-    drafted_acceptance = [torch.stack(r) if r else torch.zeros(0, num_draft) for r in per_row_drafted]
+            per_row_lengths[row].append(length)
+    position_acceptance = [torch.stack(r) if r else torch.zeros(0, width) for r in per_row]
+    drafted_acceptance = [torch.stack(r) if r else torch.zeros(0, width) for r in per_row_drafted]
+    draft_lengths = [torch.tensor(r, dtype=torch.long) for r in per_row_lengths]
+    pad = width - state.drafted_per_position.shape[1]
     target_weights = None
     if state.target_weights is not None:
         target_weights = [state.target_weights[b, : int(state.num_generated[b])].cpu() for b in range(batch_size)]
@@ -397,9 +411,10 @@ def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
         num_drafted=state.num_drafted.cpu(),
         num_accepted=state.num_accepted.cpu(),
         num_generated=state.num_generated.cpu(),
-        drafted_per_position=state.drafted_per_position.cpu(),
-        accepted_per_position=state.accepted_per_position.cpu(),
+        drafted_per_position=torch.nn.functional.pad(state.drafted_per_position, (0, pad)).cpu(),
+        accepted_per_position=torch.nn.functional.pad(state.accepted_per_position, (0, pad)).cpu(),
         position_acceptance=position_acceptance,
         target_weights=target_weights,
         drafted_acceptance=drafted_acceptance,
+        draft_lengths=draft_lengths,
     )

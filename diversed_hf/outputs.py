@@ -29,11 +29,12 @@ class SpeculationStats:
     num_drafted: torch.Tensor  # (batch,) drafted tokens
     num_accepted: torch.Tensor  # (batch,) drafted tokens accepted
     num_generated: torch.Tensor  # (batch,) tokens emitted (after EOS / length truncation)
-    drafted_per_position: torch.Tensor  # (batch, N) rounds in which position k was drafted
-    accepted_per_position: torch.Tensor  # (batch, N) rounds in which the draft at position k was accepted
+    drafted_per_position: torch.Tensor  # (batch, N') rounds in which position k was drafted; N' the longest draft
+    accepted_per_position: torch.Tensor  # (batch, N') rounds in which the draft at position k was accepted
     position_acceptance: list[torch.Tensor]  # per row: (num_rounds, N) beta_t per round; NaN where not drafted
     target_weights: list[torch.Tensor] | None = None  # per row: (num_generated,) w per emitted token; NaN for bonus
     drafted_acceptance: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
+    draft_lengths: list[torch.Tensor] | None = None  # per row: (num_rounds,) drafts each round counted (N_b)
 
     @property
     def acceptance_probs(self) -> list[torch.Tensor]:

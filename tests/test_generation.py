@@ -549,3 +549,93 @@ def test_non_finite_distributions_name_the_model(broken):
     for do_sample in (True, False):
         with pytest.raises(ValueError, match=f"The {broken}'s next-token distribution has no finite probability mass"):
             target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=do_sample, max_new_tokens=6)
+
+
+# Draft-length knobs (transformers' semantics, per row) ----------------------------------------------
+
+
+POLICIES = [
+    dict(num_assistant_tokens_schedule="heuristic"),
+    dict(num_assistant_tokens_schedule="heuristic_transient"),
+    dict(assistant_confidence_threshold=0.5),
+    dict(num_assistant_tokens_schedule="heuristic", assistant_confidence_threshold=0.3),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "+".join(f"{k}={v}" for k, v in p.items()))
+def test_greedy_output_and_batching_are_exact_under_every_policy(policy):
+    target, draft = make_pair("qwen3", noise=0.3)
+    enable_diversed(target)
+    rows, input_ids, attention_mask = left_padded_batch([3, 8, 5, 11])
+    batched = target.generate(
+        input_ids, attention_mask=attention_mask, assistant_model=copy.deepcopy(draft), verifier=ExactVerifier(),
+        do_sample=False, max_new_tokens=14, num_assistant_tokens=3, return_dict_in_generate=True, **policy,
+    )
+    for b, row in enumerate(rows):
+        alone = target.generate(row[None], do_sample=False, max_new_tokens=14)
+        assert torch.equal(batched.sequences[b, -14:], alone[0, -14:]), b
+    lengths = batched.speculation.draft_lengths
+    assert [len(r) for r in lengths] == batched.speculation.num_rounds.tolist()
+    assert all(int(r.max()) <= batched.speculation.drafted_per_position.shape[1] for r in lengths)
+    if "assistant_confidence_threshold" in policy and "num_assistant_tokens_schedule" not in policy:
+        # the threshold stops rows early (the last round of a row may be cut by its length budget instead)
+        assert any(int(length) < 3 for r in lengths for length in r[:-1])
+
+
+def test_heuristic_schedule_persists_like_transformers():
+    target, draft = make_pair("llama", noise=0.05)
+    enable_diversed(target)
+    ours_draft, theirs_draft = copy.deepcopy(draft), copy.deepcopy(draft)
+    for model in (ours_draft, theirs_draft):
+        model.generation_config.num_assistant_tokens = 2
+        model.generation_config.num_assistant_tokens_schedule = "heuristic"
+        model.generation_config.assistant_confidence_threshold = 0.0  # transformers' default 0.4 would stop early
+    ours = target.generate(prompt(5), assistant_model=ours_draft, verifier=ExactVerifier(), do_sample=False,
+                           max_new_tokens=20, return_dict_in_generate=True)
+    theirs = target.generate(prompt(5), assistant_model=theirs_draft, do_sample=False, max_new_tokens=20)
+    assert torch.equal(ours.sequences, theirs)
+    assert ours_draft.generation_config.num_assistant_tokens == theirs_draft.generation_config.num_assistant_tokens
+    assert ours_draft.generation_config.num_assistant_tokens != 2, "pick a case where the schedule moves"
+    assert int(ours.speculation.draft_lengths[0].max()) > 2  # drafted past N: per-position arrays grew
+    transient = copy.deepcopy(draft)
+    transient.generation_config.num_assistant_tokens_schedule = "heuristic_transient"
+    target.generate(prompt(5), assistant_model=transient, verifier=ExactVerifier(), do_sample=False, max_new_tokens=20,
+                    num_assistant_tokens=2)
+    assert transient.generation_config.num_assistant_tokens is None  # not written back
+
+
+@pytest.mark.parametrize("policy", [POLICIES[0], POLICIES[2]], ids=["heuristic", "confidence"])
+def test_sampled_two_token_law_is_the_targets_under_a_policy(policy):
+    """Stopping early or drafting longer never changes the law: with ExactVerifier both tokens follow p."""
+    from diversed_hf import ops
+    from tiny_models import empirical, tv_bound
+
+    target, draft = make_pair("llama", noise=0.5)
+    enable_diversed(target)
+    input_ids = prompt(6, seed=5)
+    num_rows = 6000
+    output = target.generate(
+        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=ExactVerifier(), do_sample=True, max_new_tokens=2,
+        num_assistant_tokens=1, generator=torch.Generator().manual_seed(0), **policy,
+    )
+    with torch.no_grad():
+        first = target(input_ids).logits[0, -1].softmax(-1).double()  # (V,) p(x1)
+        every_first = torch.cat([input_ids.repeat(VOCAB_SIZE, 1), torch.arange(VOCAB_SIZE)[:, None]], dim=1)
+        second = target(every_first).logits[:, -1].softmax(-1).double()  # (V, V) p(x2 | x1)
+    declared = first @ second  # (V,) marginal law of the second token
+    observed = empirical(output[:, -1], VOCAB_SIZE)
+    assert float(ops.total_variation(observed, declared)) < tv_bound(declared, num_rows)
+
+
+@pytest.mark.parametrize(
+    "policy, error, match",
+    [
+        (dict(num_assistant_tokens_schedule="sometimes"), ValueError, "`num_assistant_tokens_schedule` must be one of"),
+        (dict(assistant_confidence_threshold=1.0), ValueError, r"`assistant_confidence_threshold` must be in \[0, 1\)"),
+        (dict(assistant_confidence_threshold="high"), TypeError, "`assistant_confidence_threshold` must be a number"),
+    ],
+)
+def test_bad_draft_length_knobs_are_refused(pair, policy, error, match):
+    target, draft = pair
+    with pytest.raises(error, match=match):
+        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, **policy)
