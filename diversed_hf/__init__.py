@@ -12,6 +12,7 @@ from .verifiers import (
     LenientVerifier,
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
+    TypicalAcceptanceVerifier,
     Verifier,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "SpecCascadeVerifier",
     "SpeculationStats",
     "StaticEnsembleVerifier",
+    "TypicalAcceptanceVerifier",
     "Verifier",
     "enable_diversed",
     "speculative_decode",

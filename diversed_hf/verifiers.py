@@ -20,6 +20,7 @@ so each token emitted at a drafted position follows ``pi_t`` exactly:
 ``HeadVerifier``            ``pi = w_t p + (1 - w_t) q``, ``w_t`` from a :class:`DiversedHead`
 ``SpecCascadeVerifier``     ``pi = q`` or ``p`` by a deferral rule, or a token-level blend
 ``LenientVerifier``         accept with ``min(1, p / (l q))``, residual ``norm(max(0, p - q))``
+``TypicalAcceptanceVerifier`` accept ``x`` when ``p(x) > min(eps, alpha exp(-H(p)))``; recover ``argmax p``
 =========================== ==========================================================
 
 **Writing a new rule.** Like a transformers ``LogitsProcessor``, a verifier is one small method:
@@ -76,6 +77,7 @@ __all__ = [
     "StaticEnsembleVerifier",
     "SpecCascadeVerifier",
     "HeadVerifier",
+    "TypicalAcceptanceVerifier",
     "CASCADE_RULES",
     "MIXING_SPACES",
     "check_round_inputs",
@@ -414,6 +416,48 @@ class SpecCascadeVerifier(Verifier):
         kept_draft = torch.where(keep, draft_probs, torch.zeros_like(draft_probs))  # (batch, N, vocab)
         target_weight = (1.0 - kept_draft.sum(dim=-1)).clamp(min=0)  # (batch, N)
         return kept_draft + target_weight.unsqueeze(-1) * target_probs, target_weight
+
+
+@dataclass(frozen=True)
+class TypicalAcceptanceVerifier(Verifier):
+    """Typical acceptance (Medusa, Cai et al. 2024; vLLM's ``TypicalAcceptanceSampler``): lossy, deterministic.
+
+    A drafted token ``x`` is kept when the target finds it typical enough::
+
+        a(x) = 1[ p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p))) ],   H(p) = -sum_v p(v) log p(v)
+
+    so a confident target (low entropy) demands up to ``posterior_threshold`` and an unsure one accepts
+    lower-probability tokens. At the first rejection the recovered token is the target's most likely
+    token, ``argmax p`` (vLLM's rule), so the token emitted at a drafted position follows
+
+        o(x) = q(x) a(x) + (1 - beta) 1[x = argmax p],   beta = sum_v q(v) a(v),
+
+    which :func:`diversed_hf.theory.single_step_tradeoff` reports. ``p`` is the processed target
+    distribution (after temperature, top-k, top-p). Both knobs in (0, 1]; Medusa's defaults are
+    ``posterior_threshold=0.09`` and ``posterior_alpha=0.3``.
+    """
+
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+
+    def __post_init__(self):
+        _check_unit_interval("posterior_threshold", self.posterior_threshold, open_low=True, fix="Medusa uses 0.09.")
+        _check_unit_interval("posterior_alpha", self.posterior_alpha, open_low=True, fix="Medusa uses 0.3.")
+
+    def token_acceptance(self, draft_probs, target_probs, verify_probs):
+        logs = torch.where(target_probs > 0, target_probs.log(), torch.zeros_like(target_probs))  # (..., vocab)
+        entropy = -(target_probs * logs).sum(dim=-1)  # (...)
+        bar = torch.clamp(self.posterior_alpha * torch.exp(-entropy), max=self.posterior_threshold)  # (...)
+        return (target_probs > bar.unsqueeze(-1)).to(target_probs.dtype)  # (..., vocab) a(x) in {0, 1}
+
+    def residual_probs(self, draft_probs, target_probs, verify_probs):
+        best = target_probs.argmax(dim=-1, keepdim=True)  # (..., 1)
+        return torch.zeros_like(target_probs).scatter_(-1, best, 1.0)  # (..., vocab) one-hot at argmax p
+
+    def verification_probs(self, draft_probs, target_probs, **context):
+        acceptance = self.token_acceptance(draft_probs, target_probs, None)  # (batch, N, vocab)
+        residual = self.residual_probs(draft_probs, target_probs, None)  # (batch, N, vocab)
+        return ops.emitted_distribution(draft_probs, acceptance, residual), None
 
 
 @dataclass(frozen=True, eq=False)

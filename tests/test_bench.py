@@ -287,3 +287,12 @@ def test_bench_command_reports_user_errors_in_one_line(capsys):
     assert cli.main(["bench", "--task", "squad", "--num-prompts", "2", "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("diversed-hf bench: ") and "Unknown task 'squad'" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_typical_acceptance_is_a_bench_method():
+    from diversed_hf import TypicalAcceptanceVerifier
+
+    methods, _ = bench.parse_methods(["sd", "typical:0.05,0.09"])
+    typical = [m for m in methods if m.family == "typical"]
+    assert [m.name for m in typical] == ["typical eps=0.05", "typical eps=0.09"]
+    assert typical[1].verifier == TypicalAcceptanceVerifier(posterior_threshold=0.09)

@@ -639,3 +639,14 @@ def test_bad_draft_length_knobs_are_refused(pair, policy, error, match):
     target, draft = pair
     with pytest.raises(error, match=match):
         target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, **policy)
+
+
+def test_typical_acceptance_runs_in_generate(pair):
+    from diversed_hf import TypicalAcceptanceVerifier
+
+    target, draft = pair
+    output = target.generate(
+        prompt(5, batch=3), assistant_model=draft, verifier=TypicalAcceptanceVerifier(), do_sample=True, max_new_tokens=12,
+        generator=torch.Generator().manual_seed(0), return_dict_in_generate=True,
+    )
+    assert output.sequences.shape == (3, 17) and 0.0 <= output.speculation.total_acceptance_rate <= 1.0

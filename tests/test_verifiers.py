@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from diversed_hf import ops
+from diversed_hf import ops, theory
 from diversed_hf.head import DiversedHead
 from diversed_hf.verifiers import (
     CASCADE_RULES,
@@ -275,3 +275,43 @@ def test_head_verifier_refuses_non_finite_heads_and_weights():
         head.net[0].weight[0, 1] = -1.0
     with pytest.raises(ValueError, match=r"target weights outside \[0, 1\] \(or NaN\)"):
         verifier(draft_ids, draft_probs, target_probs, **hidden)
+
+
+def test_typical_acceptance_by_hand():
+    from diversed_hf import TypicalAcceptanceVerifier
+
+    # p = (0.7, 0.2, 0.1): H = 0.8018, alpha exp(-H) = 0.3 * 0.4485 = 0.1346; bar = min(0.09, 0.1346) = 0.09
+    target_probs = torch.tensor([[[0.7, 0.2, 0.1]]])
+    draft_probs = torch.tensor([[[0.2, 0.3, 0.5]]])
+    verifier = TypicalAcceptanceVerifier()
+    assert verifier.token_acceptance(draft_probs, target_probs, None).tolist() == [[[1.0, 1.0, 1.0]]]
+    strict = TypicalAcceptanceVerifier(posterior_threshold=0.5)
+    # bar = min(0.5, 0.1346) = 0.1346: token 2 (p = 0.1) is rejected
+    assert strict.token_acceptance(draft_probs, target_probs, None).tolist() == [[[1.0, 1.0, 0.0]]]
+    emitted, weight = strict.verification_probs(draft_probs, target_probs)
+    torch.testing.assert_close(emitted, torch.tensor([[[0.2 + 0.5, 0.3, 0.0]]]))  # rejected mass goes to argmax p
+    assert weight is None
+    tradeoff = theory.single_step_tradeoff(strict, draft_probs[0, 0], target_probs[0, 0])
+    assert float(tradeoff.rejection) == pytest.approx(0.5)
+    assert float(tradeoff.gap) >= -1e-6  # on or above the front, like every rule
+    with pytest.raises(TypeError, match="`posterior_threshold` must be a number"):
+        TypicalAcceptanceVerifier(posterior_threshold="0.09")
+    with pytest.raises(ValueError, match="`posterior_alpha` must be a number in \\(0, 1\\]"):
+        TypicalAcceptanceVerifier(posterior_alpha=0.0)
+
+
+def test_typical_acceptance_emits_its_declared_law_in_a_round():
+    from diversed_hf import TypicalAcceptanceVerifier
+
+    generator = torch.Generator().manual_seed(0)
+    draft_probs = torch.rand(1, 1, 6, generator=generator).softmax(-1) ** 1
+    target_probs = (3 * torch.rand(1, 2, 6, generator=generator)).softmax(-1)
+    verifier = TypicalAcceptanceVerifier(posterior_threshold=0.2, posterior_alpha=1.0)
+    declared, _ = verifier.verification_probs(draft_probs, target_probs[:, :1])
+    num_rows = 20000
+    draft_ids = torch.multinomial(draft_probs[0, 0], num_rows, replacement=True, generator=generator)[:, None]
+    result = verifier(draft_ids, draft_probs.expand(num_rows, -1, -1), target_probs.expand(num_rows, -1, -1),
+                      generator=generator)
+    first = torch.where(result.num_accepted > 0, draft_ids[:, 0], result.next_tokens)
+    observed = empirical(first, 6)
+    assert float(ops.total_variation(observed, declared[0, 0].double())) < tv_bound(declared[0, 0], num_rows)

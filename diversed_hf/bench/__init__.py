@@ -38,6 +38,7 @@ Methods are given as short specs (:func:`parse_methods`)::
     static:0,0.25,0.5,0.75  static ensemble, one run per target weight w
     cascade:0.1,0.3         SpecCascade, every rule, one run per alpha
     cascade-opt:0.1,0.3     SpecCascade, one rule
+    typical:0.05,0.09       typical acceptance (Medusa), one run per posterior threshold (alpha 0.3)
     sd-ft                   SD with the fine-tuned draft (skipped when there is none)
     diversed                DIVERSED with the task's head (skipped when there is none)
 """

@@ -16,6 +16,7 @@ from ..verifiers import (
     LenientVerifier,
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
+    TypicalAcceptanceVerifier,
     Verifier,
 )
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_METHODS", "FAMILIES", "Method", "parse_methods"]
 
-FAMILIES = ("target-only", "sd", "lossy-sd", "static-ensemble", "speccascade", "sd-finetuned", "diversed")
+FAMILIES = ("target-only", "sd", "lossy-sd", "static-ensemble", "speccascade", "typical", "sd-finetuned", "diversed")
 DEFAULT_METHODS = (
     "target",
     "sd",
@@ -43,7 +44,7 @@ class Method:
     name: str  # label in tables and plots
     family: str  # one of FAMILIES
     verifier: Verifier | None = None  # None: target-only decoding
-    param: float | None = None  # the swept value: w, lenience or alpha
+    param: float | None = None  # the swept value: w, lenience, alpha or the typical threshold
     draft: str = "draft"  # "draft" or "finetuned"
 
     def __post_init__(self):
@@ -103,6 +104,10 @@ def parse_methods(
                     methods.append(
                         Method(f"cascade {rule} a={_fmt(alpha)}", "speccascade", SpecCascadeVerifier(rule, alpha), alpha)
                     )
+        elif kind == "typical":
+            for threshold in _parse_values(spec, values):
+                verifier = TypicalAcceptanceVerifier(posterior_threshold=threshold)
+                methods.append(Method(f"typical eps={_fmt(threshold)}", "typical", verifier, threshold))
         elif kind in ("sd-ft", "sd-finetuned"):
             if has_finetuned_draft:
                 methods.append(Method("SD (fine-tuned draft)", "sd-finetuned", ExactVerifier(), 1.0, draft="finetuned"))
@@ -116,7 +121,7 @@ def parse_methods(
         else:
             raise ValueError(
                 f"Unknown method spec {spec!r}. Use target, sd, lossy:L,..., static:W,..., cascade[-RULE]:A,..., "
-                "sd-ft or diversed."
+                "typical:EPS,..., sd-ft or diversed."
             )
     names = [m.name for m in methods]
     duplicates = sorted({n for n in names if names.count(n) > 1})
