@@ -409,6 +409,23 @@ def _datasets(config: SimpleNamespace, training_config: dict) -> list[str]:
     return list(spec.hub_datasets) if spec is not None else []
 
 
+def _check_same_task(task: str | None, results: dict | None) -> None:
+    """A card shows one task: results measured on another task than the head's are refused."""
+    measured = results["setting"].get("task") if results else None
+    if not task or not isinstance(measured, str):
+        return
+
+    def canonical(name: str) -> str:
+        spec = _task_spec(name)
+        return spec.name if spec is not None else name
+
+    if canonical(measured) != canonical(task):
+        raise ValueError(
+            f"The results were measured on task {measured!r} but the head was trained for {task!r}; a card shows one "
+            "task. Pass the results file of the head's task (`diversed-hf bench` writes results_<task>.json)."
+        )
+
+
 def render_card(
     config: "DiversedHeadConfig | Mapping[str, Any]",
     *,
@@ -430,6 +447,7 @@ def render_card(
     results = load_results(results) if results is not None else None
     training = load_training_config(training_config) if training_config is not None else None
     task = head.task
+    _check_same_task(task, results)
     spec = _task_spec(task)
     if spec is not None:
         task_description = spec.description

@@ -5,7 +5,8 @@
 
 The pair, tokenizer and prompts are tests/test_training.py's (``trainer_for``), with ``use_cpu=True`` (gloo between
 processes). Every process writes ``OUT_DIR/rank<i>.pt``: its head's state dict before and after training, the rows
-(prompts) each rollout call received, and the world size; the run's checkpoints go to ``OUT_DIR/out``.
+(prompts) each rollout call received, how often it wrote checkpoint files, and the world size; the run's
+checkpoints go to ``OUT_DIR/out`` (one, at the last step).
 """
 
 from __future__ import annotations
@@ -40,8 +41,20 @@ def main(out_dir: str, max_steps: int = 2) -> None:
         max_completion_length=4,
         save_strategy="steps",
         save_steps=max_steps,
-        ddp_backend="gloo",
+        # No `ddp_backend`: on CPU accelerate picks gloo itself when launched with several processes (naming gloo
+        # here would make a single-process run ask for a process group that no launcher set up).
     )
+    saves = {"head_files": 0, "checkpoint_extras": 0}  # how often this process wrote them
+
+    def counted(name, method):
+        def wrapper(*args, **kwargs):
+            saves[name] += 1
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    trainer.save_head_files = counted("head_files", trainer.save_head_files)
+    trainer.save_checkpoint_extras = counted("checkpoint_extras", trainer.save_checkpoint_extras)
     head = trainer.accelerator.unwrap_model(trainer.model)
     initial = head_params(head)
     trainer.train()
@@ -54,6 +67,8 @@ def main(out_dir: str, max_steps: int = 2) -> None:
             "process_index": trainer.accelerator.process_index,
             "model_class": type(trainer.model_wrapped).__name__,
             "global_step": trainer.state.global_step,
+            "saves": saves,
+            "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
         },
         out / f"rank{trainer.accelerator.process_index}.pt",
     )

@@ -179,3 +179,14 @@ def test_render_card_takes_a_config_or_its_json(saved):
         cards.render_card(["not", "a", "config"])
     with pytest.raises(ValueError, match=r"lacks the head fields \['mixing'\]"):
         cards.render_card({k: v for k, v in head.config.to_dict().items() if k != "mixing"})
+
+
+def test_card_refuses_results_of_another_task(tmp_path):
+    from diversed_hf import DiversedHead, cards
+
+    head = DiversedHead(draft_hidden_size=4, target_hidden_size=6, task="gsm8k")
+    results = {"setting": {"task": "xsum"}, "rows": [{"method": "sd", "acceptance_rate": 0.5, "quality": 0.07}]}
+    with pytest.raises(ValueError, match="measured on task 'xsum' but the head was trained for 'gsm8k'"):
+        cards.render_card(head.config, results=results)
+    same = {"setting": {"task": "gsm8k"}, "rows": results["rows"]}
+    assert "gsm8k" in cards.render_card(head.config, results=same).content

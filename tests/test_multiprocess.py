@@ -1,0 +1,116 @@
+"""DiversedTrainer under ``accelerate launch``: 2 CPU processes (gloo) against 1, on the tiny pair (~30 s).
+
+Both runs use tests/multiprocess_train.py with the same per-device config (8 rows per process per step,
+G = 4 samples per prompt, 2 steps, a checkpoint at the last step). The 2-process run must split rollouts
+between the processes (each sees other prompts, whole groups), see twice the rows per optimizer step,
+synchronise gradients (identical heads on both ranks, moved from the initial head) and write its
+checkpoint once (complete, from the main process only).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+pytest.importorskip("accelerate")
+if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+    pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
+
+from diversed_hf.training import load_head  # noqa: E402
+from diversed_hf.training.checkpoint import missing_checkpoint_files  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "multiprocess_train.py"
+MAX_STEPS = 2
+NUM_GENERATIONS = 4  # the worker's G
+ROWS_PER_PROCESS = 8  # the worker's per_device_train_batch_size
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(out: Path, num_processes: int) -> list[dict]:
+    """Run the worker in ``num_processes`` processes; one record per rank, by rank."""
+    out.mkdir(parents=True)
+    if num_processes == 1:
+        launcher = [sys.executable]
+    else:
+        launcher = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()),
+        ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [*launcher, str(WORKER), str(out), str(MAX_STEPS)],
+        cwd=out, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(num_processes)]
+    assert [r["process_index"] for r in records] == list(range(num_processes))
+    assert all(r["num_processes"] == num_processes and r["global_step"] == MAX_STEPS for r in records)
+    return records
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multiprocess")
+    return {k: (root / f"np{k}", _run(root / f"np{k}", k)) for k in (1, 2)}
+
+
+def test_two_processes_split_rollouts_and_see_twice_the_rows_per_step(runs):
+    (_, single), (_, double) = runs[1], runs[2]
+    assert [len(call) for call in single[0]["calls"]] == [ROWS_PER_PROCESS] * MAX_STEPS
+    for record in double:
+        assert [len(call) for call in record["calls"]] == [ROWS_PER_PROCESS] * MAX_STEPS
+    for step in range(MAX_STEPS):
+        single_rows = single[0]["calls"][step]
+        step_rows = [row for record in double for row in record["calls"][step]]  # every process's rollout rows
+        assert len(step_rows) == 2 * len(single_rows) == 2 * ROWS_PER_PROCESS
+        # RepeatSampler groups survive the split: each prompt is sampled G times, all within one step, ...
+        assert set(Counter(step_rows).values()) == {NUM_GENERATIONS}
+        # ... and the processes got different prompts (rollouts split, not duplicated).
+        assert not set(double[0]["calls"][step]) & set(double[1]["calls"][step])
+        assert len(set(step_rows)) == 2 * len(set(single_rows))
+
+
+def test_gradients_are_synchronised_every_rank_ends_with_the_same_head(runs):
+    _, double = runs[2]
+    assert all(record["model_class"] == "DistributedDataParallel" and record["backend"] == "gloo" for record in double)
+    first, second = double[0]["final"], double[1]["final"]
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"{name} differs between the ranks"
+    assert any(not torch.equal(first[name], double[0]["initial"][name]) for name in first), "the head did not train"
+    for record in double:  # both ranks started from the same head too
+        assert all(torch.equal(record["initial"][k], double[0]["initial"][k]) for k in first)
+
+
+def test_checkpoint_is_written_once_and_complete(runs):
+    (single_dir, single), (double_dir, double) = runs[1], runs[2]
+    checkpoints = sorted(p.name for p in (double_dir / "out").iterdir() if p.name.startswith("checkpoint"))
+    assert checkpoints == [f"checkpoint-{MAX_STEPS}"]
+    checkpoint = double_dir / "out" / checkpoints[0]
+    assert missing_checkpoint_files(checkpoint) == []
+    # Only the main process writes the head and the trainer's extras; every process its own RNG state.
+    assert [record["saves"] for record in double] == [
+        {"head_files": 1, "checkpoint_extras": 1},
+        {"head_files": 0, "checkpoint_extras": 0},
+    ]
+    files = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()}
+    single_checkpoint = single_dir / "out" / f"checkpoint-{MAX_STEPS}"
+    single_files = {str(p.relative_to(single_checkpoint)) for p in single_checkpoint.rglob("*") if p.is_file()}
+    assert files == (single_files - {"rng_state.pth"}) | {"rng_state_0.pth", "rng_state_1.pth"}
+    saved = load_head(checkpoint).state_dict()
+    assert all(torch.equal(saved[k], double[0]["final"][k]) for k in saved), "the checkpoint holds the trained head"
