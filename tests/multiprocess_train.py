@@ -1,16 +1,18 @@
 """Worker of tests/test_multiprocess.py: train DiversedTrainer on the tiny pair, in one process or under ``accelerate launch``.
 
-    accelerate launch --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
-        tests/multiprocess_train.py OUT_DIR [MAX_STEPS]
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
+        tests/multiprocess_train.py OUT_DIR [MAX_STEPS] [--steps-per-generation S] [--save-steps N] [--resume]
 
 The pair, tokenizer and prompts are tests/test_training.py's (``trainer_for``), with ``use_cpu=True`` (gloo between
-processes). Every process writes ``OUT_DIR/rank<i>.pt``: its head's state dict before and after training, the rows
-(prompts) each rollout call received, how often it wrote checkpoint files, and the world size; the run's
-checkpoints go to ``OUT_DIR/out`` (one, at the last step).
+processes); 8 rows per process per optimizer step, G = 4. Every process writes ``OUT_DIR/rank<i>.pt``: its head's
+state dict before and after training, the rows (prompts) each rollout call received, how often it wrote checkpoint
+files, its rollout buffer and sampling RNG at the end (and as restored, with ``--resume``), and the world size; the
+run's checkpoints go to ``OUT_DIR/out`` (by default one, at the last step).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,8 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # diversed_hf
 
 from test_training import head_params, trainer_for  # noqa: E402
 
+from diversed_hf import compat  # noqa: E402
 
-def main(out_dir: str, max_steps: int = 2) -> None:
+
+def rollout_state(trainer) -> dict:
+    """This process's buffered rollout batch and sampling RNG, as comparable fingerprints."""
+    buffered = compat.grpo_loop_state(trainer)["buffered_inputs"]
+    return {
+        "step": compat.grpo_loop_state(trainer)["step"],
+        "buffer": None if buffered is None else [float(batch["draft_hidden"].double().sum()) for batch in buffered],
+        "generator": trainer._rollout_generator.get_state().tolist(),
+    }
+
+
+def main(out_dir: str, max_steps: int = 2, steps_per_generation: int = 1, save_steps: int | None = None,
+         resume: bool = False) -> None:  # fmt: skip
     torch.set_num_threads(1)
     out = Path(out_dir)
     calls: list[list[str]] = []  # the prompts of every rollout batch this process scored, in order
@@ -36,11 +51,12 @@ def main(out_dir: str, max_steps: int = 2) -> None:
         reward=counting_reward,
         use_cpu=True,
         max_steps=max_steps,
-        per_device_train_batch_size=8,
+        per_device_train_batch_size=8 // steps_per_generation,
+        steps_per_generation=steps_per_generation,
         num_generations=4,
         max_completion_length=4,
         save_strategy="steps",
-        save_steps=max_steps,
+        save_steps=save_steps or max_steps,
         # No `ddp_backend`: on CPU accelerate picks gloo itself when launched with several processes (naming gloo
         # here would make a single-process run ask for a process group that no launcher set up).
     )
@@ -55,9 +71,17 @@ def main(out_dir: str, max_steps: int = 2) -> None:
 
     trainer.save_head_files = counted("head_files", trainer.save_head_files)
     trainer.save_checkpoint_extras = counted("checkpoint_extras", trainer.save_checkpoint_extras)
+    loaded = {}  # the rollout state a resumed run restored
+    load_extras = trainer.load_checkpoint_extras
+
+    def recording_load(checkpoint_dir):
+        load_extras(checkpoint_dir)
+        loaded.update(rollout_state(trainer))
+
+    trainer.load_checkpoint_extras = recording_load
     head = trainer.accelerator.unwrap_model(trainer.model)
     initial = head_params(head)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if resume else None)
     torch.save(
         {
             "initial": initial,
@@ -68,6 +92,8 @@ def main(out_dir: str, max_steps: int = 2) -> None:
             "model_class": type(trainer.model_wrapped).__name__,
             "global_step": trainer.state.global_step,
             "saves": saves,
+            "rollout_state": rollout_state(trainer),
+            "loaded_rollout_state": loaded,
             "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
         },
         out / f"rank{trainer.accelerator.process_index}.pt",
@@ -75,4 +101,11 @@ def main(out_dir: str, max_steps: int = 2) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("max_steps", type=int, nargs="?", default=2)
+    parser.add_argument("--steps-per-generation", type=int, default=1)
+    parser.add_argument("--save-steps", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in OUT_DIR/out")
+    options = parser.parse_args()
+    main(options.out_dir, options.max_steps, options.steps_per_generation, options.save_steps, options.resume)
