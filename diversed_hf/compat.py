@@ -316,8 +316,8 @@ class GRPOHooks:
     def _save_checkpoint(self, model, trial) -> None:  # Trainer's training loop
         # Our files first: Trainer's end with trainer_state.json, then rotate older checkpoints away, so a
         # checkpoint with trainer_state.json is complete (DiversedTrainer.train skips or refuses others).
-        if self.args.should_save:
-            self.save_checkpoint_extras(checkpoint_dir(self, trial))
+        # Every process: each has its own rollout buffer and sampling RNG (the main one also writes the shared files).
+        self.save_checkpoint_extras(checkpoint_dir(self, trial))
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:  # Trainer.train(resume_from_...)

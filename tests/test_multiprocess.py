@@ -103,24 +103,19 @@ def test_checkpoint_is_written_once_and_complete(runs):
     assert checkpoints == [f"checkpoint-{MAX_STEPS}"]
     checkpoint = double_dir / "out" / checkpoints[0]
     assert missing_checkpoint_files(checkpoint) == []
-    # Only the main process writes the head and the trainer's extras; every process its own RNG state.
+    # Only the main process writes the head and the shared files; every process its own RNG and rollout state.
     assert [record["saves"] for record in double] == [
         {"head_files": 1, "checkpoint_extras": 1},
-        {"head_files": 0, "checkpoint_extras": 0},
+        {"head_files": 0, "checkpoint_extras": 1},
     ]
     files = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()}
     single_checkpoint = single_dir / "out" / f"checkpoint-{MAX_STEPS}"
     single_files = {str(p.relative_to(single_checkpoint)) for p in single_checkpoint.rglob("*") if p.is_file()}
-    assert files == (single_files - {"rng_state.pth"}) | {"rng_state_0.pth", "rng_state_1.pth"}
+    assert files == (single_files - {"rng_state.pth"}) | {"rng_state_0.pth", "rng_state_1.pth", "diversed_trainer_state_1.pt"}
     saved = load_head(checkpoint).state_dict()
     assert all(torch.equal(saved[k], double[0]["final"][k]) for k in saved), "the checkpoint holds the trained head"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="checkpoints hold only the main process's rollout buffer and sampling RNG (GRPOHooks._save_checkpoint "
-    "calls save_checkpoint_extras on the main process only); on resume every process restores rank 0's",
-)
 def test_resume_restores_each_process_its_own_rollout_buffer_and_rng(tmp_path):
     """Checkpoint in the middle of a rollout batch (steps_per_generation=2), then resume in 2 processes."""
     options = ("--steps-per-generation", "2", "--save-steps", "1")

@@ -161,6 +161,9 @@ def main(argv=None):
     seconds = time.perf_counter() - began
     logger.info("trained in %.0f s (%d steps)", seconds, trainer.state.global_step)
 
+    if not trainer.accelerator.is_main_process:  # under accelerate launch: one process evaluates and saves
+        trainer.accelerator.wait_for_everyone()
+        return trainer, None
     head = trainer.accelerator.unwrap_model(trainer.model).eval()
     if script.calibration_logit_offset:
         with torch.no_grad():
@@ -180,6 +183,7 @@ def main(argv=None):
     if log_path.is_file():  # the head travels with its training curve
         shutil.copyfile(log_path, head_dir / log_path.name)
     logger.info("saved the head to %s", head_dir)
+    trainer.accelerator.wait_for_everyone()
     return trainer, results
 
 

@@ -60,6 +60,9 @@ class DiversedConfig(GRPOConfig):
         default=None, metadata={"help": "Deprecated alias of `activation_checkpointing`; unused: only the head trains."}
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every X optimizer steps."})
+    ddp_find_unused_parameters: bool | None = field(
+        default=False, metadata={"help": "DDP (several processes): every head parameter is used, so no extra search pass."}
+    )
 
     def __post_init__(self):
         super().__post_init__()

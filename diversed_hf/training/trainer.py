@@ -82,6 +82,14 @@ def _check_writable(directory: str) -> None:
         ) from error
 
 
+def _extra_state_path(checkpoint_dir: str, process_index: int) -> str:
+    """Process 0's loop state is ``TRAINER_EXTRA_STATE``; process ``i > 0`` of several writes its own file."""
+    if process_index == 0:
+        return os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE)
+    stem, suffix = os.path.splitext(TRAINER_EXTRA_STATE)
+    return os.path.join(checkpoint_dir, f"{stem}_{process_index}{suffix}")
+
+
 class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
     """Train a :class:`~diversed_hf.DiversedHead` for a frozen (target, draft) pair.
 
@@ -472,16 +480,25 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def save_checkpoint_extras(self, checkpoint_dir: str) -> None:
-        """Before ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and the loop's state."""
+        """Before ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and the loop's state.
+
+        Called on every process: the main one writes the initial head and its loop state, every other process its
+        own loop state (its rollout buffer and sampling RNG differ from the main one's).
+        """
         os.makedirs(checkpoint_dir, exist_ok=True)
-        save_head(self.ref_head, os.path.join(checkpoint_dir, REF_HEAD_DIR))
+        index = self.accelerator.process_index
+        if self.args.should_save:
+            save_head(self.ref_head, os.path.join(checkpoint_dir, REF_HEAD_DIR))
+        elif index == 0:
+            return
         torch.save(
             {
                 **compat.grpo_loop_state(self),  # step, buffered_inputs
                 "rollout_generator": self._rollout_generator.get_state(),
                 "total_train_tokens": self.total_train_tokens,
+                "num_processes": self.accelerator.num_processes,
             },
-            os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE),
+            _extra_state_path(checkpoint_dir, index),
         )
 
     def load_head_checkpoint(self, checkpoint_dir: str, model: nn.Module | None = None) -> None:
@@ -515,6 +532,25 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         if not os.path.isfile(path):
             return  # a checkpoint without a rollout buffer: GRPO generates a fresh batch
         extra: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
+        saved_processes = extra.get("num_processes", 1)
+        if saved_processes != self.accelerator.num_processes:
+            # Every process decides alike (from process 0's file): all drop the buffer and generate afresh together.
+            logger.warning(
+                "The checkpoint %s was written by %d process(es), this run has %d: its rollout buffer and sampling RNG "
+                "are dropped (a fresh rollout batch is generated); the head, optimizer, scheduler and global step are restored.",
+                checkpoint_dir, saved_processes, self.accelerator.num_processes,
+            )  # fmt: skip
+            self.total_train_tokens = extra["total_train_tokens"]
+            return
+        if self.accelerator.process_index > 0:
+            own = _extra_state_path(checkpoint_dir, self.accelerator.process_index)
+            if not os.path.isfile(own):
+                raise ValueError(
+                    f"`resume_from_checkpoint` {str(checkpoint_dir)!r} lacks {os.path.basename(own)}, the rollout state of "
+                    f"process {self.accelerator.process_index} (the run was interrupted while saving it). Resume from an "
+                    "earlier checkpoint."
+                )
+            extra = {**torch.load(own, weights_only=False, map_location="cpu"), "total_train_tokens": extra["total_train_tokens"]}
         buffered = extra["buffered_inputs"]
         if buffered is not None:
             device = self.accelerator.device
