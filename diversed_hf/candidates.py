@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from . import compat, ops
+from . import compat, ops, theory
 from .checks import check_finite_mass
 from .pairs import draft_input_ids
 
@@ -44,7 +44,10 @@ def next_token_scores(
     return scores, raw
 
 
-SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+SCHEDULES = ("constant", "heuristic", "heuristic_transient", "optimal")
+#: rounds of the "optimal" schedule before it chooses: two at N (the first feeds the prompt, so only the second is
+#: timed), one at a single draft (a second verification cost), then per-row choices
+OPTIMAL_WARMUP = ("full", "full", "single")
 
 
 def check_draft_length_policy(schedule: str, confidence_threshold: float | None) -> None:
@@ -114,6 +117,12 @@ class DiversedCandidateGenerator(CandidateGenerator):
             ``"heuristic"`` (+2 after a round in which the row accepted every draft, -1 otherwise, never
             below 1; the value is written back to the assistant's ``generation_config`` at the end of the
             call, the mean over rows in a batch); ``"heuristic_transient"`` (the same, not written back).
+            ``"optimal"`` (this project's, not transformers'): each round, each row drafts the ``n`` in
+            ``1..N`` that maximises expected tokens per second, ``E[T_n] / (n c + c_verify(n))``
+            (:func:`diversed_hf.theory.optimal_draft_length`), with ``E[T_n]`` from the row's running
+            per-position means of ``prod_{t<k} a_t(x_t) beta_k`` and the costs measured in this call:
+            ``c`` the median time of a draft step, ``c_verify(n) = a + b n`` fitted by least squares to
+            every timed verification pass (the warm-up times ``N`` and 1 draft). Warm-up: :data:`OPTIMAL_WARMUP`.
         confidence_threshold: transformers' ``assistant_confidence_threshold``: a row stops drafting
             after a token whose draft probability is below it (that token is still verified); ``None``
             or 0 turns it off. The batch drafts while any row does.
@@ -139,6 +148,12 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.schedule = schedule
         self.confidence_threshold = confidence_threshold or None
         self.row_num_tokens: torch.Tensor | None = None  # (batch,) each row's current schedule value
+        # "optimal": per row, running sums and counts of prod_{t<k} a_t beta_k by position; measured costs
+        self.term_sums: torch.Tensor | None = None  # (batch, N) float64
+        self.term_counts: torch.Tensor | None = None  # (batch, N)
+        self.round_index = 0
+        self.draft_step_seconds: list[float] = []
+        self.verify_seconds: dict[int, list[float]] = {}
         self._finished_num_tokens: list[torch.Tensor] = []  # schedule values of rows that left the batch
         self.draft_model = assistant_model
         self.num_draft_tokens = num_assistant_tokens  # N
@@ -167,6 +182,11 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.cache = compat.new_cache()
         self.row_num_tokens = torch.full_like(remaining, self.num_draft_tokens)  # (batch,)
         self._finished_num_tokens = []
+        self.round_index = 0
+        self.draft_step_seconds, self.verify_seconds = [], {}
+        if self.schedule == "optimal":
+            self.term_sums = torch.zeros(remaining.shape[0], self.num_draft_tokens, dtype=torch.float64, device=remaining.device)
+            self.term_counts = torch.zeros_like(self.term_sums)
         self.draft_lengths = self.plan_draft_lengths(remaining)
 
     def plan_draft_lengths(
@@ -247,6 +267,9 @@ class DiversedCandidateGenerator(CandidateGenerator):
         *,
         realignment: Realignment | None = None,
         remaining: torch.Tensor | None = None,  # (kept,) tokens each continuing row may still emit
+        position_acceptance: torch.Tensor | None = None,  # (batch, N_r) beta_t of the round ("optimal")
+        drafted_acceptance: torch.Tensor | None = None,  # (batch, N_r) a_t(x_t) of the round ("optimal")
+        seconds: tuple[float, float] | None = None,  # (drafting, verification) time of the round ("optimal")
     ) -> None:
         """Bookkeeping after verification: realign the draft cache and plan the next draft lengths.
 
@@ -260,12 +283,18 @@ class DiversedCandidateGenerator(CandidateGenerator):
         ``scores`` nor ``num_matches``; an adaptive one would.
         """
         self.update_schedule(num_matches)
+        if self.schedule == "optimal":
+            self._observe(position_acceptance, drafted_acceptance, seconds)
         kept = realignment.kept if realignment is not None else None
         if kept is not None:
             gone = torch.ones_like(self.row_num_tokens, dtype=torch.bool)  # (batch,)
             gone[kept] = False
             self._finished_num_tokens.append(self.row_num_tokens[gone])
             self.row_num_tokens = self.row_num_tokens[kept]
+            if self.term_sums is not None:
+                self.term_sums, self.term_counts = self.term_sums[kept], self.term_counts[kept]
+        if self.schedule == "optimal":
+            self._choose_optimal()
         if realignment is not None:
             compat.realign_cache(
                 self.cache, kept=kept, length=realignment.new_length - 2,
@@ -281,10 +310,48 @@ class DiversedCandidateGenerator(CandidateGenerator):
         num_matches: torch.Tensor | int,  # (batch,) accepted drafts of the round just verified
     ) -> None:
         """transformers' heuristic, per row: +2 after a round that kept every draft, else -1 (at least 1)."""
-        if self.schedule == "constant":
+        if self.schedule not in ("heuristic", "heuristic_transient"):
             return
         all_kept = torch.as_tensor(num_matches, device=self.draft_lengths.device) >= self.draft_lengths  # (batch,)
         self.row_num_tokens = torch.where(all_kept, self.row_num_tokens + 2, (self.row_num_tokens - 1).clamp(min=1))
+
+    def _observe(self, position_acceptance, drafted_acceptance, seconds) -> None:
+        """Add the round's ``prod_{t<k} a_t(x_t) beta_k`` per row and position, and its timings."""
+        if position_acceptance is None or drafted_acceptance is None:
+            raise ValueError("the 'optimal' schedule needs the round's `position_acceptance` and `drafted_acceptance`.")
+        width = position_acceptance.shape[1]  # N_r
+        kept_before = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).cumprod(dim=-1)  # (batch, N_r)
+        reach = torch.cat([torch.ones_like(kept_before[:, :1]), kept_before[:, :-1]], dim=-1)  # (batch, N_r) prod_{t<k}
+        terms = reach * torch.nan_to_num(position_acceptance.double(), nan=0.0)  # (batch, N_r)
+        drafted = torch.arange(width, device=terms.device) < self.draft_lengths[:, None]  # (batch, N_r)
+        self.term_sums[:, :width] += torch.where(drafted, terms, torch.zeros_like(terms))
+        self.term_counts[:, :width] += drafted.double()
+        if seconds is not None and self.round_index >= 1 and width:  # round 0 also fed the prompt
+            drafting, verification = seconds
+            self.draft_step_seconds.append(drafting / width)
+            self.verify_seconds.setdefault(width, []).append(verification)
+        self.round_index += 1
+
+    def _choose_optimal(self) -> None:
+        """Warm-up lengths, then ``argmax_n E[T_n] / (n c + c_verify(n))`` per row."""
+        if self.round_index < len(OPTIMAL_WARMUP):
+            full = OPTIMAL_WARMUP[self.round_index] == "full"
+            self.row_num_tokens = torch.full_like(self.row_num_tokens, self.num_draft_tokens if full else 1)
+            return
+        if not self.draft_step_seconds or not self.verify_seconds:
+            return  # nothing timed (a very short call): keep the warm-up length
+        draft_seconds = sorted(self.draft_step_seconds)[len(self.draft_step_seconds) // 2]  # median
+        pairs = torch.tensor([(w, t) for w, times in self.verify_seconds.items() for t in times], dtype=torch.float64)
+        lengths = torch.arange(1, self.num_draft_tokens + 1, dtype=torch.float64)  # (N,)
+        if len(self.verify_seconds) >= 2:  # least squares: c_verify(n) = a + b n over every timed round
+            design = torch.stack([torch.ones_like(pairs[:, 0]), pairs[:, 0]], dim=1)  # (rounds, 2)
+            a, b = torch.linalg.lstsq(design, pairs[:, 1:]).solution[:, 0].tolist()
+            verify = (a + max(b, 0.0) * lengths).clamp(min=float(pairs[:, 1].min()))  # (N,)
+        else:
+            verify = torch.full_like(lengths, float(pairs[:, 1].median()))
+        means = self.term_sums / self.term_counts.clamp(min=1)  # (batch, N)
+        means = torch.where(self.term_counts > 0, means, torch.full_like(means, float("nan")))
+        self.row_num_tokens = theory.optimal_draft_length(means, draft_seconds, verify).to(self.row_num_tokens.dtype)
 
     def finish(
         self,

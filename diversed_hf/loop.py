@@ -34,6 +34,7 @@ in the generator's ``update_candidate_strategy``). Cache edits go through :mod:`
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,13 @@ class _RunState:
         self.rounds.append(
             (active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan")), draft_lengths.clone())
         )
+
+
+def _clock(device: torch.device) -> float:
+    """Seconds now, after the device's queued work (the "optimal" schedule times rounds)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @torch.no_grad()
@@ -216,14 +224,18 @@ class _SpeculativeLoop:
         self.active = torch.arange(batch_size, device=device)  # (B,)
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.prefill()
+        timed = self.candidates.schedule == "optimal"  # the schedule reads the measured round costs
         while self.active.numel() > 0:
+            started = _clock(device) if timed else 0.0
             candidate_ids = self.draft()  # (B, L + N_r)
+            drafted = _clock(device) if timed else 0.0
             result, target_probs = self.verify(candidate_ids)
+            self.round_seconds = (drafted - started, _clock(device) - drafted) if timed else None
             emitted, finished = self.commit(candidate_ids, result)
             if bool(finished.all()):
                 self.candidates.finish(result.num_accepted)  # the last round's schedule update, kept values
                 break
-            self.realign(candidate_ids, emitted, finished, result.num_accepted, target_probs)
+            self.realign(candidate_ids, emitted, finished, result, target_probs)
         if self.streamer is not None:
             self.streamer.end()
         num_new = int(self.state.num_generated.max()) if batch_size else 0
@@ -346,10 +358,11 @@ class _SpeculativeLoop:
         candidate_ids: torch.Tensor,  # (B, L + N_r)
         emitted: torch.Tensor,  # (B, N_r + 1)
         finished: torch.Tensor,  # (B,)
-        num_accepted: torch.Tensor,  # (B,)
+        result: VerificationResult,
         target_probs: torch.Tensor,  # (B, N_r + 1, V)
     ) -> None:
         """Step 4: drop finished rows, append each row's tokens right-aligned, edit both caches to match."""
+        num_accepted = result.num_accepted  # (B,)
         length = self.seq.shape[1]  # L
         candidate_mask = self.candidates.candidate_attention_mask  # (B, L + N_r)
         round_num_accepted = num_accepted
@@ -379,7 +392,9 @@ class _SpeculativeLoop:
         realignment = Realignment(kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading)
         compat.realign_cache(self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading)
         self.candidates.update_candidate_strategy(
-            seq, target_probs, round_num_accepted, realignment=realignment, remaining=self.remaining
+            seq, target_probs, round_num_accepted, realignment=realignment, remaining=self.remaining,
+            position_acceptance=result.position_acceptance, drafted_acceptance=result.drafted_acceptance,
+            seconds=self.round_seconds,
         )
 
 

@@ -54,6 +54,7 @@ from . import ops
 __all__ = [
     "Tradeoff",
     "beta_product_tokens_per_round",
+    "optimal_draft_length",
     "expected_tokens_per_round",
     "iid_tokens_per_round",
     "predicted_speedup",
@@ -161,6 +162,25 @@ def predicted_speedup(tokens_per_round, num_draft_tokens: int, cost_ratio):
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         raise ValueError(f"`num_draft_tokens` must be a non-negative integer, got {num_draft_tokens!r}.")
     return tokens_per_round / (num_draft_tokens * cost_ratio + 1.0)
+
+
+def optimal_draft_length(
+    position_terms: torch.Tensor,  # (batch, K) estimates of E[prod_{t<k} a_t(x_t) beta_k], k = 1..K; NaN = unknown
+    draft_seconds: float,  # one draft step
+    verify_seconds: torch.Tensor,  # (K,) one verification pass with n = 1..K drafts
+) -> torch.Tensor:  # (batch,) in 1..K
+    """The draft length with the most expected tokens per second, per row (docs/method.md §6).
+
+    ``E[T_n] = 1 + sum_{k<=n} E[prod_{t<k} a_t(x_t) beta_k]`` (the terms of
+    :func:`expected_tokens_per_round`, averaged over past rounds by position) and a round of ``n``
+    drafts costs ``n c + c_verify(n)`` seconds, so ``N* = argmax_n E[T_n] / (n c + c_verify(n))``.
+    Unknown terms count as 0 (a position never drafted adds no expected token).
+    """
+    terms = torch.nan_to_num(position_terms.double(), nan=0.0).clamp(0.0, 1.0)  # (batch, K)
+    expected = 1.0 + terms.cumsum(dim=-1)  # (batch, K) E[T_n], n = 1..K
+    lengths = torch.arange(1, terms.shape[-1] + 1, dtype=torch.float64, device=terms.device)  # (K,)
+    cost = lengths * float(draft_seconds) + verify_seconds.to(device=terms.device, dtype=torch.float64)  # (K,)
+    return (expected / cost.clamp(min=1e-12)).argmax(dim=-1) + 1
 
 
 def position_acceptance(

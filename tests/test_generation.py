@@ -650,3 +650,28 @@ def test_typical_acceptance_runs_in_generate(pair):
         generator=torch.Generator().manual_seed(0), return_dict_in_generate=True,
     )
     assert output.sequences.shape == (3, 17) and 0.0 <= output.speculation.total_acceptance_rate <= 1.0
+
+
+def test_optimal_schedule_is_exact_and_chooses_by_acceptance_and_cost():
+    from diversed_hf import theory
+
+    # theory: long drafts when every position accepts and drafting is cheap, one draft when nothing is accepted
+    verify = torch.tensor([1.0, 1.1, 1.2, 1.3])
+    assert theory.optimal_draft_length(torch.ones(1, 4), 0.05, verify).tolist() == [4]
+    assert theory.optimal_draft_length(torch.zeros(1, 4), 0.05, verify).tolist() == [1]
+    decaying = torch.tensor([[0.9, 0.5, 0.1, 0.01]])
+    rates = [(1 + decaying[0, :n].sum()) / (n * 0.2 + verify[n - 1]) for n in range(1, 5)]
+    assert theory.optimal_draft_length(decaying, 0.2, verify).item() == 1 + int(torch.tensor(rates).argmax())
+
+    # in generate: greedy output stays the target's, batched rows equal single runs, lengths stay in 1..N
+    target, draft = make_pair("llama", noise=0.3)
+    enable_diversed(target)
+    rows, input_ids, attention_mask = left_padded_batch([4, 9, 6])
+    output = target.generate(
+        input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(), do_sample=False,
+        max_new_tokens=30, num_assistant_tokens=6, num_assistant_tokens_schedule="optimal", return_dict_in_generate=True,
+    )
+    for b, row in enumerate(rows):
+        assert torch.equal(output.sequences[b, -30:], target.generate(row[None], do_sample=False, max_new_tokens=30)[0, -30:])
+    for lengths in output.speculation.draft_lengths:
+        assert int(lengths.max()) <= 6 and lengths[2] <= 1  # the third round is the one-draft warm-up probe
