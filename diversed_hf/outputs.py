@@ -25,7 +25,7 @@ class SpeculationStats:
     """
 
     num_draft_tokens: int  # N, drafts per round
-    num_rounds: torch.Tensor  # (batch,) verification rounds (target forward passes after prefill)
+    num_rounds: torch.Tensor  # (batch,) verification rounds (target forward passes; the first also reads the prompt)
     num_drafted: torch.Tensor  # (batch,) drafted tokens
     num_accepted: torch.Tensor  # (batch,) drafted tokens accepted
     num_generated: torch.Tensor  # (batch,) tokens emitted (after EOS / length truncation)
