@@ -45,3 +45,12 @@ def test_user_errors_are_one_line_with_status_2(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip() == message and "Traceback" not in err
+
+
+def test_demo_prints_quality_per_method(capsys):
+    assert cli.main(["demo", "--task", "arith", "--num-prompts", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| method | exact match (%) | acceptance | tokens / round | seconds |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| SD (ExactVerifier)")]
+    assert rows and rows[0].split("|")[2].strip().replace(".", "").isdigit()
+    assert "Loading weights" not in out
