@@ -98,6 +98,10 @@ def main(out_dir: str, max_steps: int = 2, steps_per_generation: int = 1, save_s
         },
         out / f"rank{trainer.accelerator.process_index}.pt",
     )
+    # Tear the process group down before the interpreter exits: gloo threads still alive at exit make the C++
+    # runtime abort ("terminate called without an active exception") after the work is done.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

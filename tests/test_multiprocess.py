@@ -43,6 +43,8 @@ def _free_port() -> int:
 def _run(out: Path, num_processes: int, *options: str, max_steps: int = MAX_STEPS) -> list[dict]:
     """Run the worker in ``num_processes`` processes; one record per rank, by rank."""
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("rank*.pt"):  # a resumed run writes its own
+        stale.unlink()
     if num_processes == 1:
         launcher = [sys.executable]
     else:
@@ -56,7 +58,12 @@ def _run(out: Path, num_processes: int, *options: str, max_steps: int = MAX_STEP
         [*launcher, str(WORKER), str(out), str(max_steps), *options],
         cwd=out, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
+    finished = all((out / f"rank{rank}.pt").is_file() for rank in range(num_processes))
+    # gloo's threads can still be alive when an interpreter exits, and the C++ runtime then aborts after the work is
+    # done; the worker tears the process group down first, and an abort after every rank wrote its results is not a
+    # failure of what is tested here.
+    teardown_abort = "terminate called without an active exception" in done.stderr
+    assert done.returncode == 0 or (finished and teardown_abort), done.stderr[-4000:]
     records = [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(num_processes)]
     assert [r["process_index"] for r in records] == list(range(num_processes))
     assert all(r["num_processes"] == num_processes and r["global_step"] == max_steps for r in records)

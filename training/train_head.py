@@ -163,6 +163,7 @@ def main(argv=None):
 
     if not trainer.accelerator.is_main_process:  # under accelerate launch: one process evaluates and saves
         trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.end_training()  # destroys the process group: no abort at exit
         return trainer, None
     head = trainer.accelerator.unwrap_model(trainer.model).eval()
     if script.calibration_logit_offset:
@@ -184,6 +185,7 @@ def main(argv=None):
         shutil.copyfile(log_path, head_dir / log_path.name)
     logger.info("saved the head to %s", head_dir)
     trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # destroys the process group: no abort at exit
     return trainer, results
 
 
