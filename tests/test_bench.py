@@ -296,3 +296,14 @@ def test_typical_acceptance_is_a_bench_method():
     typical = [m for m in methods if m.family == "typical"]
     assert [m.name for m in typical] == ["typical eps=0.05", "typical eps=0.09"]
     assert typical[1].verifier == TypicalAcceptanceVerifier(posterior_threshold=0.09)
+
+
+def test_every_method_family_has_a_plot_marker(tmp_path):
+    pytest.importorskip("matplotlib")
+    from diversed_hf.bench import plots
+    from diversed_hf.bench.methods import FAMILIES
+
+    assert set(plots._MARKERS) == set(FAMILIES)
+    rows = [{"method": f"m{i}", "family": family, "param": 0.5, "position_acceptance": [0.9, 0.8]}
+            for i, family in enumerate(FAMILIES)]
+    assert plots.plot_position_acceptance(rows, tmp_path / "positions.png").is_file()

@@ -27,6 +27,7 @@ _MARKERS = {
     "lossy-sd": "^",
     "static-ensemble": ".",
     "speccascade": "v",
+    "typical": "D",
     "sd-finetuned": "P",
     "diversed": "*",
 }
