@@ -231,7 +231,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
             step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, out.logits[:, -1], self.vocab_size)
             step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
             check_finite_mass(step_probs, "draft", first_position=len(probs))
-            token = ops.sample(step_probs, self.generator) if self.do_sample else step_probs.argmax(dim=-1)  # (batch,)
+            # (batch,); the mass was checked just above
+            token = ops.sample(step_probs, self.generator, check=False) if self.do_sample else step_probs.argmax(dim=-1)
             scores.append(step_scores)
             probs.append(step_probs)
             if self.output_untempered_probs:  # without logits processors the scores are the raw logits

@@ -90,8 +90,9 @@ def _check_batch(
 ) -> None:
     if input_ids.shape[0] == 0:
         raise ValueError("`input_ids` holds no prompt (batch size 0); pass at least one row.")
-    if attention_mask is not None and bool((attention_mask[:, :-1] > attention_mask[:, 1:]).any()):
-        row = int((attention_mask[:, :-1] > attention_mask[:, 1:]).any(dim=1).nonzero()[0])
+    right_padded = None if attention_mask is None else (attention_mask[:, :-1] > attention_mask[:, 1:]).any(dim=1)  # (B,)
+    if right_padded is not None and bool(right_padded.any()):
+        row = int(right_padded.nonzero()[0])
         raise ValueError(
             f"Row {row} of the batch is right-padded (its `attention_mask` has zeros after ones): relaxed speculative "
             "decoding appends each row's tokens after its last real token. Pad on the left: "

@@ -287,8 +287,7 @@ class DiversedHead(
                 cards.write_training_config(staging / hub.TRAINING_CONFIG_NAME, training_config)
             card_kwargs.setdefault("repo_id", repo_id)
             card_kwargs["head_source"] = str(directory)
-            for name in ("results", "training_config"):
-                filename = hub.RESULTS_NAME if name == "results" else hub.TRAINING_CONFIG_NAME
+            for name, filename in (("results", hub.RESULTS_NAME), ("training_config", hub.TRAINING_CONFIG_NAME)):
                 staged, kept = staging / filename, directory / filename
                 card_kwargs[name] = staged if staged.is_file() else kept if kept.is_file() else None
             super().save_pretrained(staging, repo_id=repo_id, push_to_hub=False, model_card_kwargs=card_kwargs)

@@ -283,9 +283,7 @@ def move_into_place(staging: Path, directory: Path) -> None:
     leaves a config whose digest the old weights do not match (an error at load, never a silent mix).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    names = sorted(entry.name for entry in staging.iterdir())
-    names.sort(key=lambda name: name == WEIGHTS_NAME)
-    for name in names:
+    for name in sorted((entry.name for entry in staging.iterdir()), key=lambda name: (name == WEIGHTS_NAME, name)):
         os.replace(staging / name, directory / name)
     staging.rmdir()
 
