@@ -227,7 +227,7 @@ def test_data_parallel_with_accelerate_launch(pair_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("| SD |") == 1, "only the main process prints"
+    assert done.stdout.count("## arith") == 1, "only the main process prints"
     result = json.loads((out / "bench.json").read_text())[0]
     assert result["meta"]["num_processes"] == 2
     assert [r["num_prompts"] for r in result["rows"]] == [5, 5]  # gathered from both processes
@@ -307,3 +307,129 @@ def test_every_method_family_has_a_plot_marker(tmp_path):
     rows = [{"method": f"m{i}", "family": family, "param": 0.5, "position_acceptance": [0.9, 0.8]}
             for i, family in enumerate(FAMILIES)]
     assert plots.plot_position_acceptance(rows, tmp_path / "positions.png").is_file()
+
+
+# ------------------------------------------------------------------------------------------------
+# Draft-length policies, paired quality intervals, the transfer experiment, the speed models
+
+
+def test_schedule_specs_expand_per_speculative_method():
+    schedules = bench.parse_schedules(["constant:3,8", "heuristic", "confidence:0.4", "optimal:12"])
+    assert [s.label for s in schedules] == ["constant N=3", "constant N=8", "heuristic", "confidence 0.4", "optimal N<=12"]
+    assert schedules[3].generate_kwargs(5) == dict(num_assistant_tokens=5, num_assistant_tokens_schedule="constant",
+                                                   assistant_confidence_threshold=0.4)
+    assert schedules[4].generate_kwargs(5)["num_assistant_tokens"] == 12
+    methods, _ = bench.parse_methods(["target", "sd"])
+    expanded = bench.with_schedules(methods, schedules)
+    assert [m.name for m in expanded][:3] == ["target-only", "SD @ constant N=3", "SD @ constant N=8"]
+    assert len(expanded) == 1 + len(schedules)
+    assert bench.with_schedules(methods, bench.parse_schedules(["constant"])) == methods  # default: unchanged
+
+
+@pytest.mark.parametrize(
+    "specs, message",
+    [(["sometimes"], "Unknown schedule"), (["constant:0"], "positive integers"), (["constant:2.5"], "positive integers"),
+     (["confidence:1"], "in (0, 1)"), (["heuristic", "heuristic"], "twice"), ([], "empty")],
+)
+def test_bad_schedule_specs_raise(specs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        bench.parse_schedules(specs)
+    if specs:  # the config checks them before any model loads
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            small_config(schedules=specs)
+
+
+def test_paired_difference_is_the_mean_per_prompt_difference_with_a_bootstrap_interval():
+    from diversed_hf.bench.stats import paired_difference
+
+    # Prompt difficulty varies a lot, the method is 0.1 worse on every prompt: the paired interval is tight.
+    reference = [(i, float(i % 2)) for i in range(200)] + [(i, float(i % 2)) for i in range(200)]
+    method = [(i, float(i % 2) - 0.1) for i in range(200)]
+    result = paired_difference(method, reference, num_resamples=500)
+    assert result["delta"] == pytest.approx(-0.1) and result["num_prompts"] == 200
+    assert result["low"] == pytest.approx(-0.1) and result["high"] == pytest.approx(-0.1)
+    # Noise: the interval covers the mean and is about +-1.96 standard errors wide.
+    generator = torch.Generator().manual_seed(0)
+    noisy = [(i, float(torch.rand((), generator=generator) < 0.5)) for i in range(400)]
+    flat = [(i, 0.5) for i in range(400)]
+    result = paired_difference(noisy, flat, num_resamples=2000)
+    half_width = (result["high"] - result["low"]) / 2
+    assert result["low"] < result["delta"] < result["high"]
+    assert half_width == pytest.approx(1.96 * 0.5 / 400**0.5, rel=0.15)
+    assert paired_difference([(0, 1.0)], [(1, 1.0)]) is None  # no common prompt
+
+
+def test_rows_carry_paired_differences_to_the_pooled_target_distribution():
+    from diversed_hf.bench.stats import add_paired_differences
+
+    rows = [{"method": name, "family": family} for name, family in
+            (("target-only", "target-only"), ("SD", "sd"), ("DIVERSED", "diversed"), ("static w=0", "static-ensemble"))]
+    rewards = {
+        "target-only": [(0, 1.0), (1, 0.0), (2, 1.0)],
+        "SD": [(0, 1.0), (1, 1.0), (2, 1.0)],
+        "DIVERSED": [(0, 0.0), (1, 1.0), (2, 1.0)],
+        "static w=0": [(0, 0.0), (1, 0.0)],  # scored on fewer prompts: paired on those
+    }
+    add_paired_differences(rows, rewards, num_resamples=100)
+    by_name = {row["method"]: row for row in rows}
+    assert by_name["target-only"]["quality_reference"] == "SD"  # the exact methods are compared with each other
+    assert by_name["target-only"]["quality_delta"] == pytest.approx(-1 / 3)
+    assert by_name["DIVERSED"]["quality_reference"] == "target-only + SD"
+    # pooled per prompt: 1.0, 0.5, 1.0 -> differences -1, +0.5, 0
+    assert by_name["DIVERSED"]["quality_delta"] == pytest.approx(-0.5 / 3)
+    assert by_name["static w=0"]["quality_delta_prompts"] == 2
+    assert by_name["static w=0"]["quality_delta"] == pytest.approx((-1.0 - 0.5) / 2)
+    for row in rows:
+        assert row["quality_delta_low"] <= row["quality_delta"] <= row["quality_delta_high"]
+
+
+def test_verify_cost_interpolates_the_measured_passes():
+    from diversed_hf.bench.stats import verify_cost
+
+    costs = {"target_token_seconds": 2.0, "verify_pass_seconds": 3.0, "verify_pass_seconds_2": 2.4,
+             "verify_pass_seconds_6": 3.0, "verify_pass_seconds_13": 4.4}
+    assert verify_cost(costs, 1) == pytest.approx(1.2)
+    assert verify_cost(costs, 3) == pytest.approx(1.2 + 0.3 * 2 / 4)
+    assert verify_cost(costs, 12) == pytest.approx(2.2)
+    assert verify_cost({"target_token_seconds": 2.0, "verify_pass_seconds": 3.0}, 7) == pytest.approx(1.5)
+
+
+def test_bench_runs_policies_pairs_quality_and_transfers_heads(pair_dir, tmp_path):
+    target, draft, tokenizer = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
+    heads = {}
+    for task_name, seed in (("summary", 0), ("arith", 1)):
+        heads[task_name] = DiversedHead.for_pair(target, draft)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for parameter in heads[task_name].parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    task = bench.load_task("summary", 6)
+    methods, notes = bench.parse_methods(["target", "sd", "static:0.5", "diversed", "diversed@arith"],
+                                         head=heads["summary"], other_heads={"arith": heads["arith"]})
+    config = small_config(num_prompts=6, num_baseline_prompts=3, num_samples=2, num_bootstrap=50,
+                          schedules=["constant:2", "heuristic", "optimal:3"])
+    before = draft.generation_config.num_assistant_tokens
+    result = bench.run_bench(target, draft, tokenizer, task, methods, config, notes=notes)
+    rows = {r["method"]: r for r in result.rows}
+    assert len(rows) == 1 + 4 * 3
+    for schedule, bound in (("constant N=2", 2), ("heuristic", 5), ("optimal N<=3", 3)):
+        row = rows[f"SD @ {schedule}"]
+        assert row["schedule"] == schedule and row["num_draft_tokens"] == bound
+        assert 0 < row["mean_draft_length"] <= (bound if schedule != "heuristic" else 99)
+        assert row["num_prompts"] == 6 and row["quality_reference"] is not None
+    assert rows["SD @ constant N=2"]["mean_draft_length"] <= 2
+    assert rows["static w=0.5 @ constant N=2"]["num_prompts"] == 3  # a baseline: the first num_baseline_prompts
+    assert rows["DIVERSED @ constant N=2"]["num_prompts"] == 6 and rows["DIVERSED @ constant N=2"]["head_task"] == "summary"
+    transfer = rows["DIVERSED (arith head) @ constant N=2"]
+    assert transfer["head_task"] == "arith" and transfer["num_prompts"] == 3
+    assert draft.generation_config.num_assistant_tokens == before  # the heuristic's value is not left on the draft
+    for row in result.rows:
+        assert row["predicted_speedup_measured_verify"] is not None and row["verify_cost"] > 0
+    assert {"verify_pass_seconds_2", "verify_pass_seconds_3", "verify_pass_seconds_4"} <= set(result.meta["costs"])
+    table = bench.transfer_table([result])
+    assert "| summary | DIVERSED (arith head) @ constant N=2 | arith |" in table
+    policy = bench.policy_table({1: [result], 8: [result]})
+    assert "| summary | SD | heuristic |" in policy and "tokens/s, batch 8" in policy
+    page = bench.write_results_page([result], tmp_path / "out", tmp_path / "PAGE.md", sections=[("Policies", policy)])
+    text = page.read_text()
+    assert "## Heads on another task" in text and "## Policies" in text and "vs target distribution [95 % CI]" in text

@@ -1,50 +1,113 @@
-"""Regenerate RESULTS.md and results/ on the shipped CPU testbed: every method on both tasks, one run.
+"""Regenerate RESULTS.md and results/ on the shipped CPU testbed: every method on both tasks, one command.
 
-    python training/make_results.py                  # the results page (~15-25 min on 2 CPU cores)
-    python training/make_results.py --quick          # a 2-minute smoke run into results_quick/
+    python training/make_results.py                  # the results page (about 40 min on 2 CPU cores)
+    python training/make_results.py --quick          # a few-minute smoke run into results_quick/
     accelerate launch --multi_gpu --num_processes 2 training/make_results.py   # data parallel, 2 processes
 
-It is ``diversed-hf bench`` with the settings below (see ``diversed_hf/bench/``): the testbed pair,
-tasks ``arith`` and ``summary``, target-only, SD, lossy SD (2 leniences), the static ensemble
-(4 weights; with SD as w = 1 they trace the front), SpecCascade (every rule, one alpha), SD with the
-fine-tuned draft and DIVERSED with the task's trained head when the testbed ships them (otherwise
-those rows are skipped and the page says so). Quality and acceptance come from ``--num-prompts``
-held-out prompts decoded in batches, each sampled ``num_samples`` times (quality's standard error is over
-prompts); speed from the first ``--num-timing-prompts`` decoded one at
-a time, median of 3 interleaved runs after a warm-up. Extra arguments are passed on to the bench
-(e.g. ``--temperature 0.1``).
+Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed pair, tasks ``arith`` and
+``summary``, make one page:
+
+1. **Methods** (:data:`METHODS`): target-only, SD, lossy SD, the static ensemble (with SD as w = 1 they
+   trace the front), SpecCascade (every rule), SD with the fine-tuned draft, DIVERSED with the task's head
+   and, for the transfer experiment, with the other task's head. Target-only, SD and DIVERSED decode
+   ``--num-prompts`` held-out prompts x 2 samples, so that DIVERSED's quality against the target
+   distribution (paired over prompts, 95 % bootstrap interval) is tight; the other methods the first
+   ``--num-baseline-prompts``. Speed: the first 10 prompts one at a time, median of 3 interleaved runs
+   after a warm-up, next to both speed models (c_verify = 1, and the measured c_verify).
+2. **Draft-length policies** (:data:`SCHEDULES`) for SD and DIVERSED, timed at batch 1 (10 prompts,
+   median of 5 interleaved runs) and
+3. at batch 8 (16 prompts); acceptance, mean draft length and tokens per round come from the batch-1 run.
+
+Extra arguments go to every bench run (e.g. ``--temperature 0.1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from diversed_hf import cli  # noqa: E402
+from diversed_hf.bench import cli as bench_cli  # noqa: E402
+from diversed_hf.bench import policy_table, write_results, write_results_page  # noqa: E402
+from diversed_hf.bench.runner import process_state  # noqa: E402
 
-METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed"]
-FULL = dict(num_prompts=160, num_samples=3, num_timing_prompts=10, repeats=3, max_new_tokens=80, batch_size=16)
-QUICK = dict(num_prompts=16, num_timing_prompts=2, repeats=1, max_new_tokens=64, batch_size=16)
+METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed",
+           "diversed@arith", "diversed@summary"]
+SCHEDULES = ["constant:3,5,8,12", "heuristic", "confidence:0.4", "optimal:12"]
+COMMON = dict(max_new_tokens=80, batch_size=16)
+FULL = {
+    "methods": dict(num_prompts=1000, num_baseline_prompts=160, num_samples=2, num_timing_prompts=10, repeats=3),
+    "policies": dict(num_prompts=64, num_timing_prompts=10, repeats=5),
+    "policies_batch": dict(num_prompts=16, num_timing_prompts=16, timing_batch_size=8, repeats=3),
+}
+QUICK = {
+    "methods": dict(num_prompts=24, num_baseline_prompts=8, num_samples=2, num_timing_prompts=2, repeats=1),
+    "policies": dict(num_prompts=4, num_timing_prompts=2, repeats=1),
+    "policies_batch": dict(num_prompts=8, num_timing_prompts=8, timing_batch_size=8, repeats=1),
+}
+POLICY_NOTE = (
+    "Each speculative method once per draft-length policy (`--schedules`): constant N, transformers' `heuristic` "
+    "(its value kept from call to call, as transformers keeps it) and `assistant_confidence_threshold` 0.4 (with "
+    "N = 5), and this project's `optimal` (per row, the length in 1..12 with the most expected tokens per second, "
+    "docs/method.md). Acceptance, mean draft length and tokens per round from the batch-1 run's {prompts} prompts; "
+    "tokens/s at batch 1 ({timed} prompts one at a time, median of {repeats} interleaved runs) and at batch 8 "
+    "({batch_timed} prompts in batches of 8). The fastest policy per method at batch 1 is in bold."
+)
+
+
+def _bench_argv(sizes: dict, output_dir: Path, threads: int, extra: list[str], **options) -> list[str]:
+    argv = ["--task", "arith", "summary", "--threads", str(threads), "--output-dir", str(output_dir), "--no-progress"]
+    for key, value in {**COMMON, **sizes, **options}.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    return argv + extra
+
+
+def _run(argv: list[str]):
+    arguments, config = bench_cli.build_parser().parse_args_into_dataclasses(argv)
+    return arguments, bench_cli.run(arguments, config)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process.")
+    parser.add_argument("--skip-policies", action="store_true", help="Only the methods run (no policy table).")
     args, extra = parser.parse_known_args(argv)
+    started = time.perf_counter()
     sizes = QUICK if args.quick else FULL
     output_dir = REPO / ("results_quick" if args.quick else "results")
     page = REPO / ("RESULTS_quick.md" if args.quick else "RESULTS.md")
-    bench_argv = ["bench", "--task", "arith", "summary", "--methods", *METHODS, "--threads", str(args.threads),
-                  "--output-dir", str(output_dir), "--results-page", str(page),
-                  "--page-command", " ".join(["python training/make_results.py"] + (["--quick"] if args.quick else []) + extra)]
-    for key, value in sizes.items():
-        bench_argv += ["--" + key.replace("_", "-"), str(value)]
-    return cli.main(bench_argv + extra)
+    command = " ".join(["python training/make_results.py"] + (["--quick"] if args.quick else []) + extra)
+
+    _, results = _run(_bench_argv(sizes["methods"], output_dir, args.threads, extra, methods=METHODS))
+    sections = []
+    if not args.skip_policies:
+        policy_dir = output_dir / "policies"
+        _, at_one = _run(_bench_argv(sizes["policies"], policy_dir / "batch1", args.threads, extra,
+                                     methods=["sd", "diversed"], schedules=SCHEDULES, no_plots=True))
+        _, at_eight = _run(_bench_argv(sizes["policies_batch"], policy_dir / "batch8", args.threads, extra,
+                                       methods=["sd", "diversed"], schedules=SCHEDULES, no_plots=True))
+        if process_state().is_main_process:
+            write_results(at_one, policy_dir / "batch1", plots=False)
+            write_results(at_eight, policy_dir / "batch8", plots=False)
+            note = POLICY_NOTE.format(prompts=sizes["policies"]["num_prompts"], timed=sizes["policies"]["num_timing_prompts"],
+                                      repeats=sizes["policies"]["repeats"],
+                                      batch_timed=sizes["policies_batch"]["num_timing_prompts"])
+            sections.append(("Draft-length policies", note + "\n\n" + policy_table({1: at_one, 8: at_eight})))
+    if process_state().is_main_process:
+        write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started,
+                           sections=sections)
+        print(f"Wrote {page.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
+              f"{(time.perf_counter() - started) / 60:.1f} min.")
+    return 0
 
 
 if __name__ == "__main__":

@@ -41,6 +41,22 @@ Methods are given as short specs (:func:`parse_methods`)::
     typical:0.05,0.09       typical acceptance (Medusa), one run per posterior threshold (alpha 0.3)
     sd-ft                   SD with the fine-tuned draft (skipped when there is none)
     diversed                DIVERSED with the task's head (skipped when there is none)
+    diversed@summary        DIVERSED with the head trained for another task (the transfer experiment)
+
+Every speculative method runs once per draft-length policy of ``--schedules`` (default ``constant``,
+N = ``--num-draft-tokens``; :func:`parse_schedules`)::
+
+    constant:3,5,8          one run per constant N
+    heuristic               transformers' heuristic (+2 after a round that kept every draft, else -1),
+                            its value kept from call to call as transformers keeps it
+    heuristic_transient     the same, reset every call
+    confidence:0.4          a row stops drafting after a token the draft gives less than 0.4
+    optimal:12              per row, the length in 1..12 with the most expected tokens per second
+
+Quality is also reported against the **target distribution**, paired over prompts with a 95 %
+bootstrap interval (:func:`paired_difference`): the target distribution's quality pools target-only
+decoding and lossless SD, both exact samples of ``p``. ``--num-baseline-prompts`` scores the other
+methods on fewer prompts (the first ones) so that the three methods the comparison is about get many.
 """
 
 # The modules, one job each (none imports this package; only the command, `cli`, imports `diversed_hf.testbed`,
@@ -56,12 +72,21 @@ Methods are given as short specs (:func:`parse_methods`)::
 #   cli      the `diversed-hf bench` subcommand (register, main), and loaders with the testbed's defaults
 
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, load_task
-from .methods import DEFAULT_METHODS, FAMILIES, Method, parse_methods
+from .methods import DEFAULT_METHODS, FAMILIES, Method, Schedule, parse_methods, parse_schedules, with_schedules
 from .models import load_finetuned_draft, load_head, load_models
-from .report import markdown_table, quality_label, write_results, write_results_page
+from .report import (
+    markdown_table,
+    policy_table,
+    quality_label,
+    quality_table,
+    speed_table,
+    transfer_table,
+    write_results,
+    write_results_page,
+)
 from .runner import measure_cost, run_bench
 from .schema import BenchResult, read_results
-from .stats import add_relative_speedups, front_comparison, method_row
+from .stats import add_paired_differences, add_relative_speedups, front_comparison, method_row, paired_difference
 
 __all__ = [
     "BenchConfig",
@@ -71,6 +96,8 @@ __all__ = [
     "FAMILIES",
     "Method",
     "SAMPLE_SEED_STRIDE",
+    "Schedule",
+    "add_paired_differences",
     "add_relative_speedups",
     "front_comparison",
     "load_finetuned_draft",
@@ -80,10 +107,17 @@ __all__ = [
     "markdown_table",
     "measure_cost",
     "method_row",
+    "paired_difference",
     "parse_methods",
+    "parse_schedules",
+    "policy_table",
     "quality_label",
+    "quality_table",
     "read_results",
     "run_bench",
+    "speed_table",
+    "transfer_table",
+    "with_schedules",
     "write_results",
     "write_results_page",
 ]

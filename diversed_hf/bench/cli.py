@@ -30,7 +30,7 @@ from .runner import process_state, run_bench
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BenchArguments", "build_parser", "load_finetuned_draft", "load_head", "load_models", "main", "register"]
+__all__ = ["BenchArguments", "build_parser", "load_finetuned_draft", "load_head", "load_models", "main", "register", "run"]
 
 
 @dataclass
@@ -155,10 +155,9 @@ def register(subparsers) -> None:
     parser.set_defaults(func=main)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``diversed-hf bench`` on parsed arguments (a namespace holding every field of both dataclasses)."""
-    started = time.perf_counter()
-    arguments, config = build_parser().parse_dict(vars(args), allow_extra_keys=True)
+def run(arguments: BenchArguments, config: BenchConfig) -> list:
+    """Load the task(s), models, heads and drafts the arguments name and run the bench on each task; returns the
+    :class:`~diversed_hf.bench.schema.BenchResult` list (the same on every process under ``accelerate launch``)."""
     if not arguments.no_plots:
         try:  # before the evaluation, not after it
             import matplotlib  # noqa: F401
@@ -178,15 +177,29 @@ def main(args: argparse.Namespace) -> int:
     target, draft, tokenizer = load_models(arguments.target, arguments.draft, dtype, state.device)
     results = []
     on_testbed = arguments.target is None  # the testbed's heads and drafts only fit the testbed pair
+    # Heads of other tasks, for the transfer specs `diversed@TASK`.
+    head_tasks = {spec.strip().partition("@")[2] for spec in config.methods if spec.strip().lower().startswith("diversed@")}
+    other_heads = {name: load_head(arguments.head, name, testbed_default=on_testbed) for name in sorted(head_tasks)}
     for task in tasks:
         head = load_head(arguments.head, task.name, testbed_default=on_testbed)
         finetuned = load_finetuned_draft(arguments.finetuned_draft, task.name, dtype, state.device, testbed_default=on_testbed)
-        methods, notes = parse_methods(config.methods, head=head, has_finetuned_draft=finetuned is not None)
+        methods, notes = parse_methods(
+            [spec for spec in config.methods if spec.strip().lower() != f"diversed@{task.name}"],  # its own head: `diversed`
+            head=head, has_finetuned_draft=finetuned is not None, other_heads=other_heads,
+        )
         results.append(
             run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, notes=notes,
                       progress=not arguments.no_progress)
         )
-    if not state.is_main_process:
+    return results
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``diversed-hf bench`` on parsed arguments (a namespace holding every field of both dataclasses)."""
+    started = time.perf_counter()
+    arguments, config = build_parser().parse_dict(vars(args), allow_extra_keys=True)
+    results = run(arguments, config)
+    if not process_state().is_main_process:
         return 0
     seconds = time.perf_counter() - started
     if arguments.results_page:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..tasks import get_task
-from .methods import DEFAULT_METHODS
+from .methods import DEFAULT_METHODS, parse_schedules
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,17 @@ class BenchConfig:
     methods: list[str] = field(
         default_factory=lambda: list(DEFAULT_METHODS), metadata={"help": "Method specs (see `diversed-hf bench -h`)."}
     )
+    schedules: list[str] = field(
+        default_factory=lambda: ["constant"],
+        metadata={"help": "Draft-length policies, each speculative method runs once per policy: constant[:N,...], "
+                  "heuristic[:N0], heuristic_transient[:N0], confidence:T,..., optimal[:N] (see `diversed-hf bench -h`)."},
+    )
     num_prompts: int = field(default=64, metadata={"help": "Prompts scored for quality and acceptance."})
+    num_baseline_prompts: int | None = field(
+        default=None,
+        metadata={"help": "Prompts for the methods other than target-only, SD and DIVERSED with the task's head (the "
+                  "first of the scored ones; default: all). The quality comparison needs most prompts for those three."},
+    )
     num_samples: int = field(
         default=1, metadata={"help": "Samples per prompt in the quality pass (seeds differ); more shrinks quality's noise."}
     )
@@ -47,11 +57,20 @@ class BenchConfig:
     seed: int = field(default=0, metadata={"help": "Seed of the prompts (for testbed tasks) and of sampling."})
     cost_tokens: int = field(default=32, metadata={"help": "Single-token forwards timed per model to measure the cost ratio."})
     num_html_examples: int = field(default=4, metadata={"help": "Completions kept per method for the weight view."})
+    num_bootstrap: int = field(
+        default=2000, metadata={"help": "Bootstrap resamples (over prompts) of the paired quality intervals."}
+    )
 
     def __post_init__(self):
         if isinstance(self.methods, str):
             raise TypeError(f"`methods` must be a list of method specs, got the string {self.methods!r}; pass [{self.methods!r}].")
         self.methods = list(self.methods)
+        if isinstance(self.schedules, str):
+            raise TypeError(
+                f"`schedules` must be a list of schedule specs, got the string {self.schedules!r}; pass [{self.schedules!r}]."
+            )
+        self.schedules = list(self.schedules)
+        parse_schedules(self.schedules)  # a wrong spec fails here, before any model loads
         for name in ("num_prompts", "num_samples", "max_new_tokens", "num_draft_tokens", "batch_size", "timing_batch_size",
                      "repeats"):
             value = getattr(self, name)
@@ -59,7 +78,10 @@ class BenchConfig:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
         if self.num_timing_prompts is None:
             self.num_timing_prompts = min(DEFAULT_TIMING_PROMPTS, self.num_prompts)
-        for name in ("num_timing_prompts", "cost_tokens", "num_html_examples", "top_k"):
+        if self.num_baseline_prompts is None:
+            self.num_baseline_prompts = self.num_prompts
+        for name in ("num_timing_prompts", "cost_tokens", "num_html_examples", "top_k", "num_baseline_prompts",
+                     "num_bootstrap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}.")
@@ -67,6 +89,12 @@ class BenchConfig:
             raise ValueError(
                 f"`num_timing_prompts` ({self.num_timing_prompts}) is more than `num_prompts` ({self.num_prompts}); "
                 "the timed prompts are the first of the scored ones. Lower it or raise `num_prompts`."
+            )
+        if not self.num_timing_prompts <= self.num_baseline_prompts <= self.num_prompts:
+            raise ValueError(
+                f"`num_baseline_prompts` ({self.num_baseline_prompts}) must be between `num_timing_prompts` "
+                f"({self.num_timing_prompts}) and `num_prompts` ({self.num_prompts}): the baselines are scored on the first "
+                "prompts and timed on the first of those."
             )
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"`temperature` must be >= 0 (0 = greedy), got {self.temperature!r}.")

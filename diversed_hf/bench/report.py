@@ -13,7 +13,16 @@ from .stats import front_comparison
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["markdown_table", "quality_label", "write_results", "write_results_page"]
+__all__ = [
+    "markdown_table",
+    "policy_table",
+    "quality_label",
+    "quality_table",
+    "speed_table",
+    "transfer_table",
+    "write_results",
+    "write_results_page",
+]
 
 #: How tables and plots name a quality metric (values shown x 100): :func:`diversed_hf.tasks.metric_label`.
 quality_label = metric_label
@@ -23,29 +32,130 @@ def _cell(value, spec: str, scale: float = 1.0, suffix: str = "") -> str:
     return "–" if value is None else f"{value * scale:{spec}}{suffix}"
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The paper's table: acceptance, quality, time, tokens/s, speedup vs target-only, and tokens per round
-    (measured / estimator / i.i.d.), with measured per-token speedup next to the speedup model's prediction."""
+def _ratio(measured, predicted) -> float | None:
+    return measured / predicted if measured is not None and predicted else None
+
+
+def _delta_cell(row: dict) -> str:
+    """Quality minus the target distribution's, x 100, with its 95 % interval: ``-1.2 [-2.3, -0.1]``."""
+    if row.get("quality_delta") is None:
+        return "–"
+    return (f"{100 * row['quality_delta']:+.1f} [{100 * row['quality_delta_low']:+.1f}, "
+            f"{100 * row['quality_delta_high']:+.1f}]")
+
+
+def _name(row: dict) -> str:
+    return f"**{row['method']}**" if row["family"] == "diversed" and row.get("head_task") in (None, row.get("task")) \
+        else row["method"]
+
+
+def quality_table(rows: list[dict]) -> str:
+    """Acceptance, quality (± its standard error), quality minus the target distribution's with its paired
+    95 % interval, and tokens per round (measured / estimator / i.i.d.)."""
     metric = quality_label(rows[0]["quality_metric"]) if rows else "quality"
     lines = [
-        f"| method | acceptance | {metric} | s / sample | tokens/s | speedup vs target | tokens/s speedup "
-        "| predicted | tokens/round | E[T] estimator | i.i.d. |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| method | acceptance | {metric} | vs target distribution [95 % CI] | prompts x samples | tokens/round "
+        "| E[T] estimator | i.i.d. |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         quality = _cell(row["quality"], ".1f", 100)
         if row.get("quality_stderr") is not None:
             quality += f" ± {row['quality_stderr'] * 100:.1f}"
-        name = f"**{row['method']}**" if row["family"] == "diversed" else row["method"]
         lines.append(
-            f"| {name} | {_cell(row['acceptance_rate'], '.1f', 100, ' %')} | {quality} "
-            f"| {_cell(row['seconds_per_sample'], '.3f')} | {_cell(row['tokens_per_second'], '.0f')} "
-            f"| {_cell(row['speedup_vs_target'], '.2f', suffix='x')} "
-            f"| {_cell(row.get('throughput_speedup_vs_target'), '.2f', suffix='x')} "
-            f"| {_cell(row['predicted_speedup'], '.2f', suffix='x')} "
+            f"| {_name(row)} | {_cell(row['acceptance_rate'], '.1f', 100, ' %')} | {quality} | {_delta_cell(row)} "
+            f"| {row.get('num_prompts', '–')} x {row.get('num_samples', '–')} "
             f"| {_cell(row['tokens_per_round'], '.2f')} | {_cell(row['expected_tokens_per_round'], '.2f')} "
             f"| {_cell(row['iid_tokens_per_round'], '.2f')} |"
         )
+    return "\n".join(lines)
+
+
+def speed_table(rows: list[dict]) -> str:
+    """Time, tokens/s and speedups, next to both speed models' predictions and measured / predicted."""
+    lines = [
+        "| method | s / sample | tokens/s | speedup vs target | tokens/s speedup | predicted, c_verify = 1 "
+        "| measured / predicted | predicted, measured c_verify | measured / predicted |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        measured = row.get("throughput_speedup_vs_target")
+        ideal, real = row.get("predicted_speedup"), row.get("predicted_speedup_measured_verify")
+        lines.append(
+            f"| {_name(row)} | {_cell(row['seconds_per_sample'], '.3f')} | {_cell(row['tokens_per_second'], '.0f')} "
+            f"| {_cell(row['speedup_vs_target'], '.2f', suffix='x')} | {_cell(measured, '.2f', suffix='x')} "
+            f"| {_cell(ideal, '.2f', suffix='x')} | {_cell(_ratio(measured, ideal), '.2f')} "
+            f"| {_cell(real, '.2f', suffix='x')} | {_cell(_ratio(measured, real), '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The paper's table in two parts: :func:`quality_table` and :func:`speed_table`."""
+    return quality_table(rows) + "\n\n" + speed_table(rows)
+
+
+def policy_table(results_by_batch: dict[int, Sequence[BenchResult]]) -> str:
+    """Draft-length policies side by side: per task, method and policy, the acceptance, mean draft length and
+    tokens per round of the quality pass, and tokens/s at each timed batch size (``{batch size: results}``)."""
+    sizes = sorted(results_by_batch)
+    lines = [
+        "| task | method | policy | acceptance | mean draft length | tokens/round | "
+        + " | ".join(f"tokens/s, batch {b}" for b in sizes) + " |",
+        "|---|---|---|---:|---:|---:|" + "---:|" * len(sizes),
+    ]
+    first = results_by_batch[sizes[0]]
+    speeds = {
+        (result.task, row["method"]): {} for result in first for row in result.rows
+    }
+    for size in sizes:
+        for result in results_by_batch[size]:
+            for row in result.rows:
+                speeds.setdefault((result.task, row["method"]), {})[size] = row.get("tokens_per_second")
+    for result in first:
+        best = {}  # the fastest policy per method at the smallest batch, in bold
+        for row in result.rows:
+            base = row["method"].split(" @ ")[0]
+            value = speeds[(result.task, row["method"])].get(sizes[0])
+            if value is not None and value > best.get(base, (None, -1.0))[1]:
+                best[base] = (row["method"], value)
+        for row in result.rows:
+            base, _, policy = row["method"].partition(" @ ")
+            cells = []
+            for size in sizes:
+                value = speeds[(result.task, row["method"])].get(size)
+                cell = _cell(value, ".0f")
+                if size == sizes[0] and best.get(base, (None,))[0] == row["method"]:
+                    cell = f"**{cell}**"
+                cells.append(cell)
+            lines.append(
+                f"| {result.task} | {base} | {policy or row.get('schedule', 'constant')} "
+                f"| {_cell(row['acceptance_rate'], '.1f', 100, ' %')} | {_cell(row.get('mean_draft_length'), '.2f')} "
+                f"| {_cell(row['tokens_per_round'], '.2f')} | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines)
+
+
+def transfer_table(results: Sequence[BenchResult]) -> str | None:
+    """The transfer experiment: on each task, SD, the task's own head and heads trained for other tasks, with
+    acceptance and quality against the target distribution (paired 95 % interval); ``None`` without any."""
+    if not any(row.get("head_task") not in (None, row["task"]) for result in results for row in result.rows):
+        return None
+    lines = [
+        "| evaluated on | method | head trained on | acceptance | quality | vs target distribution [95 % CI] "
+        "| prompts x samples |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        for row in result.rows:
+            if row["family"] not in ("sd", "diversed"):
+                continue
+            quality = _cell(row["quality"], ".1f", 100) + f" ({quality_label(row['quality_metric'])})"
+            lines.append(
+                f"| {result.task} | {_name(row)} | {row.get('head_task') or '–'} "
+                f"| {_cell(row['acceptance_rate'], '.1f', 100, ' %')} | {quality} | {_delta_cell(row)} "
+                f"| {row.get('num_prompts', '–')} x {row.get('num_samples', '–')} |"
+            )
     return "\n".join(lines)
 
 
@@ -67,17 +177,24 @@ def write_results(results: Sequence[BenchResult], output_dir: str | Path, plots:
 
 
 _COLUMNS = (
-    "Columns: *acceptance* = accepted drafted tokens / drafted tokens (all scored prompts); quality ± its "
-    "standard error over prompts; *s / sample* and *tokens/s* on the timed prompts; *speedup vs target* = "
-    "target-only seconds per sample / this method's; *tokens/s speedup* = this method's tokens/s / target-only "
-    "tokens/s (the per-token speedup, which differs when methods write different lengths); *predicted* = "
-    "`E[T] / (N c + 1)`, the speedup model with the cost ratio `c` measured below; *tokens/round* = (accepted "
-    "drafts + 1) per round, measured (tokens after an end of sequence included); *E[T] estimator* = `1 + sum_k "
-    "prod_{t<=k} beta_t` averaged over rounds (docs/method.md §6), or the unbiased `1 + sum_k prod_{t<k} a_t(x_t) "
-    "beta_k` when the statistics record the acceptance probability `a_t(x_t)` of each drafted token (field "
-    "`estimator` in results.json); *i.i.d.* = `(1 - a^(N+1)) / (1 - a)` with `a` the mean of `beta` over drafted "
-    "positions (Leviathan et al.'s alpha; not the acceptance rate, which also counts drafts never examined after a "
-    "rejection)."
+    "Quality table: *acceptance* = accepted drafted tokens / drafted tokens (all scored prompts); quality ± its "
+    "standard error over prompts; *vs target distribution* = this method's quality minus the target distribution's, "
+    "paired over the same prompts, with a 95 % bootstrap interval over prompts (the target distribution pools "
+    "target-only decoding and lossless SD, both exact samples of `p`; the row of each of those two is compared with "
+    "the other); *prompts x samples* = what the row scored; *tokens/round* = (accepted drafts + 1) per round, "
+    "measured (tokens after an end of sequence included); *E[T] estimator* = `1 + sum_k prod_{t<k} a_t(x_t) beta_k` "
+    "averaged over rounds (unbiased; docs/method.md §6), or the beta product `1 + sum_k prod_{t<=k} beta_t` when the "
+    "statistics lack `a_t(x_t)` (field `estimator` in results.json); *i.i.d.* = `(1 - a^(N+1)) / (1 - a)` with `a` "
+    "the mean of `beta` over drafted positions (Leviathan et al.'s alpha; not the acceptance rate, which also counts "
+    "drafts never examined after a rejection).\n\n"
+    "Speed table: *s / sample* and *tokens/s* on the timed prompts; *speedup vs target* = target-only seconds per "
+    "sample / this method's; *tokens/s speedup* = this method's tokens/s / target-only tokens/s (the per-token "
+    "speedup the models predict; it differs from the former when methods write different lengths). Two speed "
+    "models, both `E[T] / (n c + c_verify(n))` with `n` the mean draft length and `c` the measured cost ratio: "
+    "*c_verify = 1* is the accelerator idealisation (a verification pass over `n + 1` tokens costs one target token, "
+    "true while decoding is memory-bound); *measured c_verify* uses the pass's measured cost on this machine. "
+    "*measured / predicted* = tokens/s speedup / prediction: what neither model counts (the draft's and verifier's "
+    "per-round overhead, sampling, Python)."
 )
 _EXACT_ESTIMATOR = (
     "The `E[T]` estimator is the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` (see `diversed_hf.theory`): "
@@ -94,8 +211,12 @@ _BETA_PRODUCT_ESTIMATOR = (
 
 
 def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, page: str | Path,
-                       command: str | None = None, seconds: float | None = None) -> Path:
-    """Write everything :func:`write_results` writes, and a Markdown page with the tables and plots."""
+                       command: str | None = None, seconds: float | None = None,
+                       sections: Sequence[tuple[str, str]] = ()) -> Path:
+    """Write everything :func:`write_results` writes, and a Markdown page with the tables and plots.
+
+    ``sections`` are extra ``(title, Markdown)`` sections placed after the tasks (e.g. :func:`policy_table`).
+    """
     page = Path(page)
     paths = write_results(results, output_dir)
     home = page.resolve().parent
@@ -115,7 +236,11 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         f"Target `{shown(first.get('target'))}`, draft `{shown(first.get('draft'))}`"
         + f"; {config.get('num_prompts')} held-out prompts per task"
         + (f" x {config['num_samples']} samples" if config.get("num_samples", 1) > 1 else "")
-        + " for quality and acceptance, the first "
+        + " for quality and acceptance"
+        + (f" (target-only, SD and DIVERSED with the task's head; the other methods the first "
+           f"{config['num_baseline_prompts']})" if config.get("num_baseline_prompts", config.get("num_prompts"))
+           != config.get("num_prompts") else "")
+        + ", the first "
         f"{config.get('num_timing_prompts')} timed at batch size {config.get('timing_batch_size')} (median of "
         f"{config.get('repeats')} interleaved runs after a warm-up); temperature {config.get('temperature')}, "
         f"N = {config.get('num_draft_tokens')} drafts per round, at most {config.get('max_new_tokens')} new tokens; "
@@ -129,13 +254,27 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
     ]
     for result in results:
         lines += _task_section(result, paths, relative, shown)
+    transfer = transfer_table(results)
+    if transfer is not None:
+        lines += [
+            "## Heads on another task",
+            "",
+            "The paper's transfer experiment: each task's head verifying the other task, next to lossless SD and the "
+            "task's own head, on the same prompts (quality against the target distribution with its paired 95 % "
+            "interval, as above).",
+            "",
+            transfer,
+            "",
+        ]
+    for title, body in sections:
+        lines += [f"## {title}", "", body, ""]
     estimators = {row.get("estimator") for result in results for row in result.rows} - {None}
     lines += ["## Reading the tokens-per-round columns", ""]
     lines.append(_EXACT_ESTIMATOR if estimators == {"exact"} else _BETA_PRODUCT_ESTIMATOR)
     lines += [
         "",
-        "The i.i.d. column assumes every draft is accepted with the same probability, the acceptance rate; the "
-        "position plots show how far that is from the truth.",
+        "The i.i.d. column assumes every drafted position is accepted with the same probability, the mean `beta`; "
+        "the position plots show how far that is from the truth.",
         "",
     ]
     page.write_text("\n".join(lines))
@@ -149,12 +288,14 @@ def _task_section(result: BenchResult, paths: dict[str, Path], relative, shown) 
     lines += [
         f"Cost ratio c = draft / target seconds per token = {meta['cost_ratio']:.3f} "
         f"(target {meta['costs']['target_token_seconds'] * 1e3:.2f} ms/token); one verification pass over "
-        f"N + 1 tokens costs {meta['verify_cost_ratio']:.2f} target tokens."
+        f"N + 1 tokens costs c_verify = {meta['verify_cost_ratio']:.2f} target tokens."
         + (f" Fine-tuned draft: `{shown(meta['finetuned_draft'])}`." if meta.get("finetuned_draft") else "")
         + (f" DIVERSED head: {meta['head'].get('architecture')} head trained for task "
            f"`{meta['head'].get('task')}`." if meta.get("head") else ""),
         "",
-        markdown_table(result.rows),
+        quality_table(result.rows),
+        "",
+        speed_table(result.rows),
         "",
     ]
     comparison = front_comparison(result.rows)

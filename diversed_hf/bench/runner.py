@@ -24,9 +24,9 @@ from ..generation import enable_diversed
 from ..tasks import metric_label
 from ..verifiers import HeadVerifier
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask
-from .methods import Method
+from .methods import Method, parse_schedules, with_schedules
 from .schema import BenchResult
-from .stats import add_relative_speedups, method_row
+from .stats import add_paired_differences, add_relative_speedups, method_row
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +110,13 @@ def _generation_kwargs(config: BenchConfig, tokenizer) -> dict:
 
 
 def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig, tokenizer, seed: int,
-               want_weights: bool = False):
-    """One ``generate`` call: ``(new_tokens (B, T), lengths (B,), stats or None)``."""
+               want_weights: bool = False, heuristic_state: dict | None = None):
+    """One ``generate`` call: ``(new_tokens (B, T), lengths (B,), stats or None)``.
+
+    ``heuristic_state`` (method name -> draft length) carries the ``"heuristic"`` schedule's value from one
+    call to the next, as transformers keeps it on the assistant's ``generation_config``; the assistant's
+    own value is restored after the call so that no other method sees it.
+    """
     kwargs = _generation_kwargs(config, tokenizer)
     prompt_len = batch["input_ids"].shape[1]
     if method.verifier is None:
@@ -123,11 +128,21 @@ def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig,
             return new_tokens, full, None
         is_end = new_tokens == tokenizer.eos_token_id  # (B, T)
         return new_tokens, torch.where(is_end.any(dim=1), is_end.long().argmax(dim=1) + 1, full), None
+    schedule = method.schedule
+    policy = schedule.generate_kwargs(config.num_draft_tokens) if schedule else dict(
+        num_assistant_tokens=config.num_draft_tokens, num_assistant_tokens_schedule="constant")
+    draft = drafts[method.draft]
+    persistent = schedule is not None and schedule.name == "heuristic" and heuristic_state is not None
+    if persistent:
+        policy["num_assistant_tokens"] = heuristic_state.get(method.name, policy["num_assistant_tokens"])
+        saved = draft.generation_config.num_assistant_tokens
     output = target.generate(
-        **batch, **kwargs, assistant_model=drafts[method.draft], verifier=method.verifier,
-        num_assistant_tokens=config.num_draft_tokens, generator=torch.Generator().manual_seed(seed),
-        output_target_weights=want_weights,
+        **batch, **kwargs, **policy, assistant_model=draft, verifier=method.verifier,
+        generator=torch.Generator().manual_seed(seed), output_target_weights=want_weights,
     )
+    if persistent:
+        heuristic_state[method.name] = draft.generation_config.num_assistant_tokens
+        draft.generation_config.num_assistant_tokens = saved
     stats = output.speculation
     return output.sequences[:, prompt_len:], stats.num_generated, stats
 
@@ -197,6 +212,7 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         raise ValueError("A method uses the fine-tuned draft but `finetuned_draft` is None; pass the model.")
     if tokenizer.pad_token_id is None:
         raise ValueError("The tokenizer has no pad token; set `tokenizer.pad_token = tokenizer.eos_token` first.")
+    methods = with_schedules(methods, parse_schedules(config.schedules))
     state = process_state()
     enable_diversed(target)
     tokenizer.padding_side = "left"
@@ -204,33 +220,47 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
     show = progress and state.is_main_process
     prompts = task.prompts[: config.num_prompts]
     keep_tokens = set(range(config.num_html_examples))
+    heuristic_state: dict[str, int] = {}
 
     # 1. Cost ratio c = draft token / target token (single-token forwards with a KV cache), and the
-    #    verification pass (N + 1 tokens) in target tokens.
+    #    verification pass over n + 1 tokens, for one drafted token and for each policy's length bound.
     cost_ids = tokenizer(prompts[0], return_tensors="pt")["input_ids"].to(target.device)  # (1, L)
     costs = {"target_token_seconds": measure_cost(target, cost_ids, config.cost_tokens)}
     costs["verify_pass_seconds"] = measure_cost(target, cost_ids, config.cost_tokens, chunk=config.num_draft_tokens + 1)
+    bounds = {1, config.num_draft_tokens} | {
+        m.schedule.num_tokens for m in methods if m.schedule is not None and m.schedule.num_tokens
+    }
+    for n in sorted(bounds):
+        costs[f"verify_pass_seconds_{n + 1}"] = (
+            costs["verify_pass_seconds"] if n == config.num_draft_tokens
+            else measure_cost(target, cost_ids, config.cost_tokens, chunk=n + 1)
+        )
     for name, model in drafts.items():
         if model is not None:
             costs[f"{name}_token_seconds"] = measure_cost(model, cost_ids, config.cost_tokens)
     costs = {key: statistics.mean(values) for key, values in _merge_dicts(_gather(state, [costs])).items()}
 
-    # 2. Quality pass: every prompt, batched, untimed; sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + first index.
-    my_indices = _shard(state, list(range(len(prompts))))
+    # 2. Quality pass: batched, untimed; sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + first index.
+    #    Target-only, SD and the task's DIVERSED get every prompt (the paired quality comparison needs them),
+    #    the other methods the first `num_baseline_prompts`.
+    def scored(method: Method) -> int:
+        return len(prompts) if method.family in ("target-only", "sd") or method.own_head else config.num_baseline_prompts
+
+    shards = {count: _shard(state, list(range(count))) for count in {scored(m) for m in methods}}
     records: dict[str, list[dict]] = {}
     bar = tqdm(
-        total=len(methods) * len(my_indices) * config.num_samples, desc=f"{task.name}: quality", disable=not show,
-        unit="prompt",
+        total=sum(len(shards[scored(m)]) for m in methods) * config.num_samples, desc=f"{task.name}: quality",
+        disable=not show, unit="prompt",
     )  # fmt: skip
     for method in methods:
         mine = []
         want_weights = method.verifier is not None and method.family not in ("sd", "sd-finetuned")
         for sample in range(config.num_samples):
-            for batch_indices in _batches(my_indices, config.batch_size):
+            for batch_indices in _batches(shards[scored(method)], config.batch_size):
                 batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
                 seed = config.seed + sample * SAMPLE_SEED_STRIDE + batch_indices[0]
                 new_tokens, lengths, stats = _run_batch(
-                    target, drafts, method, batch, config, tokenizer, seed, want_weights
+                    target, drafts, method, batch, config, tokenizer, seed, want_weights, heuristic_state
                 )  # fmt: skip
                 batch_records = _records(
                     method, batch_indices, new_tokens, lengths, stats, tokenizer, keep_tokens if sample == 0 else set()
@@ -248,7 +278,8 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         bar = tqdm(total=len(methods) * (config.repeats + 1), desc=f"{task.name}: timing", disable=not show, unit="run")
         warmup = _tokenize(tokenizer, [prompts[0]], target.device)
         for method in methods:
-            _run_batch(target, drafts, method, warmup, dataclasses.replace(config, max_new_tokens=8), tokenizer, config.seed)
+            _run_batch(target, drafts, method, warmup, dataclasses.replace(config, max_new_tokens=8), tokenizer, config.seed,
+                       heuristic_state=heuristic_state)
             bar.update(1)
         for repeat in range(config.repeats):
             shift = repeat % len(methods)
@@ -258,7 +289,8 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
                 start = time.perf_counter()
                 for batch_indices in _batches(timing_indices, config.timing_batch_size):
                     batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
-                    _, lengths, _ = _run_batch(target, drafts, method, batch, config, tokenizer, config.seed + batch_indices[0])
+                    _, lengths, _ = _run_batch(target, drafts, method, batch, config, tokenizer, config.seed + batch_indices[0],
+                                               heuristic_state=heuristic_state)
                     tokens += int(lengths.sum())
                 seconds = time.perf_counter() - start
                 gathered = _gather(state, [(seconds, tokens)])
@@ -267,12 +299,22 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
                 bar.update(1)
         bar.close()
 
-    # 4. Rows.
+    # 4. Rows, and each method's quality against the target distribution, paired over prompts.
+    rewards = {
+        method.name: task.reward([r["completion"] for r in records[method.name]],
+                                 [task.references[r["index"]] for r in records[method.name]])
+        for method in methods
+    }
     rows = [
-        method_row(method, records[method.name], timings[method.name], timed_tokens.get(method.name), task, config, costs)
+        method_row(method, records[method.name], timings[method.name], timed_tokens.get(method.name), task, config, costs,
+                   rewards=rewards[method.name])
         for method in methods
     ]
     add_relative_speedups(rows)
+    add_paired_differences(
+        rows, {m.name: [(r["index"], reward) for r, reward in zip(records[m.name], rewards[m.name])] for m in methods},
+        num_resamples=config.num_bootstrap, seed=config.seed,
+    )
     examples = {
         method.name: [r for r in records[method.name] if "tokens" in r]
         for method in methods
@@ -297,7 +339,8 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         "verify_cost_ratio": costs["verify_pass_seconds"] / costs["target_token_seconds"],
         "config": dataclasses.asdict(config),
         "head": next(
-            (m.verifier.head.config.to_dict() for m in methods if isinstance(m.verifier, HeadVerifier)), None
+            (m.verifier.head.config.to_dict() for m in methods if m.own_head and isinstance(m.verifier, HeadVerifier)),
+            None
         ),
     }
     return BenchResult(task.name, rows, examples, list(notes), meta)

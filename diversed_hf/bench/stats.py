@@ -19,7 +19,18 @@ if TYPE_CHECKING:
     from .config import BenchConfig, BenchTask
     from .methods import Method
 
-__all__ = ["add_relative_speedups", "front_comparison", "method_row", "quality_with_stderr"]
+__all__ = [
+    "add_paired_differences",
+    "add_relative_speedups",
+    "front_comparison",
+    "method_row",
+    "paired_difference",
+    "quality_with_stderr",
+    "verify_cost",
+]
+
+#: the methods whose samples are exact samples of the target distribution p (pooled as its quality)
+EXACT_FAMILIES = ("target-only", "sd")
 
 
 def _nan_to_none(value):
@@ -45,16 +56,85 @@ def quality_with_stderr(rewards: Sequence[float], prompt_indices: Sequence[int])
     return float(values.mean()), stderr, len(per_prompt)
 
 
+def paired_difference(
+    method: Sequence[tuple[int, float]], reference: Sequence[tuple[int, float]], num_resamples: int = 2000, seed: int = 0
+) -> dict | None:
+    """A method's quality minus a reference's, paired over prompts, with a 95 % bootstrap interval.
+
+    ``method`` and ``reference`` are ``(prompt index, reward)`` pairs (several samples of a prompt allowed).
+    Per prompt both score: ``d_i = mean reward of the method - mean reward of the reference``; the estimate
+    is the mean of ``d_i`` and the interval the 2.5 and 97.5 percentiles of that mean over ``num_resamples``
+    resamples of the prompts (with replacement). Pairing removes the prompts' difficulty from the noise:
+    the interval is much narrower than two independent standard errors. ``None`` without a common prompt.
+    """
+    def by_prompt(pairs):
+        sums: dict[int, list[float]] = {}
+        for index, reward in pairs:
+            sums.setdefault(int(index), []).append(float(reward))
+        return {index: statistics.mean(values) for index, values in sums.items()}
+
+    ours, theirs = by_prompt(method), by_prompt(reference)
+    common = sorted(set(ours) & set(theirs))
+    if not common:
+        return None
+    differences = torch.tensor([ours[i] - theirs[i] for i in common], dtype=torch.float64)  # (prompts,)
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(common), (num_resamples, len(common)), generator=generator)  # (resamples, prompts)
+    means = differences[picks].mean(dim=1) if num_resamples else differences.mean()[None]  # (resamples,)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return {"delta": float(differences.mean()), "low": low, "high": high, "num_prompts": len(common)}
+
+
+def add_paired_differences(rows: list[dict], rewards: dict[str, list[tuple[int, float]]], num_resamples: int = 2000,
+                           seed: int = 0) -> None:
+    """``quality_delta`` (with ``quality_delta_low`` / ``_high``, a 95 % interval, and ``quality_delta_prompts``):
+    each row's quality minus the **target distribution's**, paired over prompts (:func:`paired_difference`).
+
+    The target distribution's quality pools every sample of target-only decoding and lossless SD, which are
+    both exact samples of ``p``; for those two rows the reference is the other one (their difference is the
+    check that SD is lossless). ``quality_reference`` names what a row was compared with.
+    """
+    exact = [row["method"] for row in rows if row["family"] in EXACT_FAMILIES and row["method"] in rewards]
+    for row in rows:
+        reference = [name for name in exact if name != row["method"]]
+        result = None
+        if reference:
+            pooled = [pair for name in reference for pair in rewards[name]]
+            result = paired_difference(rewards[row["method"]], pooled, num_resamples, seed)
+        row["quality_reference"] = " + ".join(reference) if result else None
+        row["quality_delta"] = None if result is None else result["delta"]
+        row["quality_delta_low"] = None if result is None else result["low"]
+        row["quality_delta_high"] = None if result is None else result["high"]
+        row["quality_delta_prompts"] = None if result is None else result["num_prompts"]
+
+
+def verify_cost(costs: dict, num_drafts: float) -> float:
+    """``c_verify(n)``: a verification pass over ``n + 1`` tokens in target-token units, interpolated
+    linearly (in ``n``) between the passes ``measure_cost`` timed (``verify_pass_seconds_<n + 1>``)."""
+    measured = sorted(
+        (int(key.rsplit("_", 1)[1]) - 1, value / costs["target_token_seconds"])
+        for key, value in costs.items() if key.startswith("verify_pass_seconds_")
+    )
+    if not measured:  # only the pass at N + 1, or none (NaN)
+        return costs.get("verify_pass_seconds", float("nan")) / costs["target_token_seconds"]
+    if len(measured) == 1 or num_drafts <= measured[0][0]:
+        return measured[0][1]
+    for (n0, c0), (n1, c1) in zip(measured, measured[1:]):
+        if num_drafts <= n1:
+            return c0 + (c1 - c0) * (num_drafts - n0) / (n1 - n0)
+    (n0, c0), (n1, c1) = measured[-2], measured[-1]  # beyond the longest measured pass: extrapolate
+    return c1 + (c1 - c0) * (num_drafts - n1) / (n1 - n0)
+
+
 def method_row(method: Method, records: list[dict], timings: list[float], timed_tokens: int | None, task: BenchTask,
-               config: BenchConfig, costs: dict) -> dict:
+               config: BenchConfig, costs: dict, rewards: Sequence[float] | None = None) -> dict:
     """One row of the results: ``records`` are the quality pass's per-sample records of ``method`` (see
     :mod:`diversed_hf.bench.runner`), ``timings`` the timed runs' seconds, ``costs`` the measured seconds per
-    token (``target_token_seconds``, ``<draft>_token_seconds``)."""
-    completions = [r["completion"] for r in records]
-    references = [task.references[r["index"]] for r in records]
-    quality, quality_stderr, num_prompts = quality_with_stderr(
-        task.reward(completions, references), [r["index"] for r in records]
-    )
+    token (``target_token_seconds``, ``<draft>_token_seconds``) and per verification pass; ``rewards`` the
+    records' rewards when already computed."""
+    if rewards is None:
+        rewards = task.reward([r["completion"] for r in records], [task.references[r["index"]] for r in records])
+    quality, quality_stderr, num_prompts = quality_with_stderr(rewards, [r["index"] for r in records])
     num_generated = sum(r["num_generated"] for r in records)
     seconds = statistics.median(timings) if timings else None
     row: dict[str, Any] = {
@@ -73,30 +153,56 @@ def method_row(method: Method, records: list[dict], timings: list[float], timed_
         "seconds_per_sample": None if seconds is None else seconds / config.num_timing_prompts,
         "tokens_per_second": None if not seconds else timed_tokens / seconds,
         "seconds_repeats": timings,
-        "num_draft_tokens": config.num_draft_tokens,
+        "num_draft_tokens": _draft_bound(method, config),
+        "schedule": method.schedule.label if method.schedule else "constant",
+        "head_task": (method.head_task or task.name) if method.family == "diversed" else None,
         "temperature": config.temperature,
     }
     if method.verifier is None:
         row.update(acceptance_rate=None, tokens_per_round=1.0, emitted_tokens_per_round=1.0, expected_tokens_per_round=1.0,
                    iid_tokens_per_round=1.0, mean_beta=None, estimator=None, position_acceptance=[], position_reach=[],
-                   position_beta=[], cost_ratio=0.0, predicted_speedup=1.0, mean_target_weight=None)
+                   position_beta=[], cost_ratio=0.0, predicted_speedup=1.0, verify_cost=1.0,
+                   predicted_speedup_measured_verify=1.0, mean_draft_length=0.0, mean_target_weight=None)
         return row
     cost_ratio = costs[f"{method.draft}_token_seconds"] / costs["target_token_seconds"]
-    row.update(_speculation_fields(records, num_generated, config, cost_ratio))
+    row.update(_speculation_fields(records, num_generated, _draft_bound(method, config), cost_ratio, config.temperature))
+    # The speed model with the verification pass's measured cost (docs/method.md §6): a round of n drafts
+    # costs n c + c_verify(n) target tokens, where the accelerator idealisation takes c_verify = 1.
+    mean_draft = row["mean_draft_length"]
+    row["verify_cost"] = _nan_to_none(verify_cost(costs, mean_draft))
+    row["predicted_speedup_measured_verify"] = None if row["verify_cost"] is None else (
+        row["expected_tokens_per_round"] / (mean_draft * cost_ratio + row["verify_cost"])
+    )
     weights = [r["mean_target_weight"] for r in records if r.get("mean_target_weight") is not None]
     row["mean_target_weight"] = statistics.mean(weights) if weights else None
     return row
 
 
-def _speculation_fields(records: list[dict], num_generated: int, config: BenchConfig, cost_ratio: float) -> dict:
-    """Acceptance, tokens per round (measured and estimated), acceptance by position and the predicted speedup."""
+def _draft_bound(method: Method, config: BenchConfig) -> int:
+    """N: the constant draft length, or the bound of an adaptive policy."""
+    return method.schedule.num_tokens or config.num_draft_tokens if method.schedule else config.num_draft_tokens
+
+
+def _speculation_fields(records: list[dict], num_generated: int, num_draft_tokens: int, cost_ratio: float,
+                        temperature: float) -> dict:
+    """Acceptance, tokens per round (measured and estimated), acceptance by position and the predicted speedup
+    (the accelerator idealisation ``E[T] / (n c + 1)`` with ``n`` the mean draft length)."""
     drafted = sum(r["num_drafted"] for r in records)
     accepted = sum(r["num_accepted"] for r in records)
     rounds = sum(r["num_rounds"] for r in records)
-    betas = torch.cat([r["position_acceptance"] for r in records], dim=0)  # (total_rounds, N)
+    # An adaptive policy drafts more in some calls than in others: pad every record to the longest draft
+    # (NaN: not drafted), as SpeculationStats pads the rounds of one call.
+    width = max(r["position_acceptance"].shape[1] for r in records)  # N_max
+
+    def padded(matrix: torch.Tensor) -> torch.Tensor:  # (rounds, n) -> (rounds, N_max)
+        return torch.nn.functional.pad(matrix, (0, width - matrix.shape[1]), value=float("nan"))
+
+    betas = torch.cat([padded(r["position_acceptance"]) for r in records], dim=0)  # (total_rounds, N_max)
     exact = all("drafted_acceptance" in r for r in records)
-    drafted_acceptance = torch.cat([r["drafted_acceptance"] for r in records], dim=0) if exact else None  # (total_rounds, N)
-    if config.temperature == 0 and exact:
+    drafted_acceptance = (
+        torch.cat([padded(r["drafted_acceptance"]) for r in records], dim=0) if exact else None
+    )  # (total_rounds, N_max)
+    if temperature == 0 and exact:
         # Greedy drafting is deterministic given the prefix, so beta_t = a_t(x_t) (1 or 0); the verifier's beta is
         # the sampling rule's and does not apply.
         betas = drafted_acceptance
@@ -105,8 +211,10 @@ def _speculation_fields(records: list[dict], num_generated: int, config: BenchCo
     else:  # records without a_t(x_t): the (biased) beta product 1 + sum_k prod_{t<=k} beta_t
         expected = float(theory.beta_product_tokens_per_round(betas))
     mean_beta = min(max(float(betas.nanmean()), 0.0), 1.0) if (~betas.isnan()).any() else 0.0
-    drafted_per_position = torch.tensor([r["drafted_per_position"] for r in records]).sum(dim=0)  # (N,)
-    accepted_per_position = torch.tensor([r["accepted_per_position"] for r in records]).sum(dim=0)  # (N,)
+    def counts(key: str) -> torch.Tensor:  # (N_max,) summed over records
+        return torch.tensor([r[key] + [0] * (width - len(r[key])) for r in records]).sum(dim=0)
+
+    drafted_per_position, accepted_per_position = counts("drafted_per_position"), counts("accepted_per_position")
     examined = torch.minimum(
         torch.cat([drafted_per_position[:1], accepted_per_position[:-1]]), drafted_per_position
     )  # (N,) rounds in which the draft at k was examined (all before it accepted)
@@ -121,13 +229,14 @@ def _speculation_fields(records: list[dict], num_generated: int, config: BenchCo
         # Leviathan et al.'s alpha is E[beta], the mean acceptance probability of a drafted position, not the
         # acceptance rate (which also counts drafts never examined after a rejection).
         mean_beta=mean_beta,
-        iid_tokens_per_round=theory.iid_tokens_per_round(mean_beta, config.num_draft_tokens),
+        iid_tokens_per_round=theory.iid_tokens_per_round(mean_beta, num_draft_tokens),
         # P(first k accepted) per drafted round, and acceptance at k among rounds that examined k.
         position_reach=(accepted_per_position.double() / drafted_per_position.clamp(min=1).double()).tolist(),
         position_acceptance=(accepted_per_position.double() / examined.clamp(min=1).double()).tolist(),
         position_beta=[_nan_to_none(v) for v in theory.position_acceptance(betas).tolist()],
         cost_ratio=cost_ratio,
-        predicted_speedup=float(theory.predicted_speedup(expected, config.num_draft_tokens, cost_ratio)),
+        mean_draft_length=drafted / max(rounds, 1),
+        predicted_speedup=expected / (drafted / max(rounds, 1) * cost_ratio + 1.0),
     )
 
 
