@@ -28,14 +28,19 @@ rendered from the files in the head's directory:
           "tokens_per_second": 67.4,     # generated tokens / second
           "tokens_per_round": 3.4,       # mean tokens emitted per round (E[T_N] estimate)
           "speedup_vs_target": 2.1,      # target-only seconds_per_sample / this row's
-          "speedup_vs_sd": 1.3           # SD seconds_per_sample / this row's
+          "speedup_vs_sd": 1.3,          # SD seconds_per_sample / this row's
+          "quality_delta": -0.004,       # quality minus the target distribution's, paired over prompts,
+          "quality_delta_low": -0.013,   #   with its 95 % interval (fractions; `diversed-hf bench` writes
+          "quality_delta_high": 0.005,   #   them: target-only and SD samples pooled as the target's)
+          "head_task": "arith"           # DIVERSED rows: the task the head was trained for
         }
 
     Every field but ``method`` may be omitted or ``null`` (shown as "-"). Missing speedups are
     computed from ``seconds_per_sample`` when an ``"autoregressive"`` / ``"target-only"`` or an
     ``"sd"`` row (by ``method``, or by ``family`` as ``diversed-hf bench`` writes it) has it. Other
     keys are allowed and ignored. DIVERSED rows (``family`` ``"diversed"``, or a method name
-    starting with ``diversed``) are shown in bold. ``diversed-hf bench`` writes one such file per
+    starting with ``diversed``) are shown in bold, except rows of a head trained for another task
+    (``head_task`` differs from the setting's ``task``: the transfer experiment). ``diversed-hf bench`` writes one such file per
     task (``results_<task>.json``): copy it next to the head as ``results.json``.
 
 The task's description, Hub datasets and default metric, and the label of the quality column, come
@@ -113,6 +118,10 @@ RESULT_FIELDS: dict[str, tuple[float, float | None]] = {
     "tokens_per_round": (1.0, None),
     "speedup_vs_target": (0.0, None),
     "speedup_vs_sd": (0.0, None),
+    # quality minus the target distribution's, paired over prompts, and its 95 % interval (fractions)
+    "quality_delta": (-1.0, 1.0),
+    "quality_delta_low": (-1.0, 1.0),
+    "quality_delta_high": (-1.0, 1.0),
 }
 TARGET_ONLY_METHODS = ("autoregressive", "target", "target-only", "target_only")
 SD_METHODS = ("sd", "speculative_decoding", "speculative-decoding", "exact")
@@ -168,6 +177,8 @@ def load_results(source: Any) -> dict:
         if metric is not None and not isinstance(metric, str):
             raise ValueError(f"{where}: row {index} ({method}) `quality_metric` must be a string, got {metric!r}.")
         row["quality_metric"] = metric
+        head_task = raw.get("head_task")
+        row["head_task"] = head_task if isinstance(head_task, str) else None
         rows.append(row)
     if not rows:
         raise ValueError(f"{where} has no result rows.")
@@ -233,6 +244,15 @@ def _format_rows(results: dict) -> list[dict]:
     def fmt(value, pattern):
         return "-" if value is None else pattern.format(value)
 
+    def delta(row):  # x 100 with its interval: "-0.4 [-1.3, +0.5]"
+        if row["quality_delta"] is None:
+            return "-"
+        if row["quality_delta_low"] is None or row["quality_delta_high"] is None:
+            return f"{100 * row['quality_delta']:+.1f}"
+        return (f"{100 * row['quality_delta']:+.1f} [{100 * row['quality_delta_low']:+.1f}, "
+                f"{100 * row['quality_delta_high']:+.1f}]")
+
+    task = results["setting"].get("task")
     formatted = []
     for row in results["rows"]:
         cells = {
@@ -244,8 +264,10 @@ def _format_rows(results: dict) -> list[dict]:
             "tokens_per_round": fmt(row["tokens_per_round"], "{:.2f}"),
             "speedup_vs_target": fmt(row["speedup_vs_target"], "{:.2f}x"),
             "speedup_vs_sd": fmt(row["speedup_vs_sd"], "{:.2f}x"),
+            "quality_delta": delta(row),
         }
-        if row["family"] == "diversed" or row["method"].lower().startswith("diversed"):
+        own_head = row["head_task"] is None or task is None or row["head_task"] == task
+        if (row["family"] == "diversed" or row["method"].lower().startswith("diversed")) and own_head:
             cells = {key: f"**{value}**" for key, value in cells.items()}
         formatted.append(cells)
     return formatted

@@ -22,9 +22,10 @@ def test_card_renders_real_metrics_from_a_result_file(tmp_path):
     assert json.loads((tmp_path / "head" / "results.json").read_text()) == RESULTS
     card = ModelCard.load(tmp_path / "head" / "README.md")
     text = card.text
-    assert "| method | acceptance | exact match (%) | time (s / sample) | tokens / s | tokens / round | speedup vs target | speedup vs SD |" in text
-    assert "| sd | 44.6 % | 67.00 | 2.5 | - | 1.90 | 1.60x | 1.00x |" in text
-    assert "| **diversed** | **72.6 %** | **66.50** | **1.6** | **-** | **3.10** | **2.50x** | **1.56x** |" in text
+    assert ("| method | acceptance | exact match (%) | vs target distribution [95 % CI] | time (s / sample) | tokens / s "
+            "| tokens / round | speedup vs target | speedup vs SD |") in text
+    assert "| sd | 44.6 % | 67.00 | - | 2.5 | - | 1.90 | 1.60x | 1.00x |" in text
+    assert "| **diversed** | **72.6 %** | **66.50** | **-** | **1.6** | **-** | **3.10** | **2.50x** | **1.56x** |" in text
     assert "Setting: task = gsm8k, temperature = 1.0, num_draft_tokens = 5, num_samples = 200." in text
     assert "| `rl.clip` | 0.2 |" in text and "| `lr` | 0.0005 |" in text
     assert "num_assistant_tokens=5" in text
@@ -42,14 +43,21 @@ def test_card_reads_the_per_task_file_diversed_hf_bench_writes(tmp_path):
              "seconds_per_sample": 0.8, "tokens_per_second": 50.0, "tokens_per_round": 1.0, "num_prompts": 64},
             {"method": "sd", "family": "sd", "quality": 0.9, "acceptance_rate": 0.5, "seconds_per_sample": 0.5},
             {"method": "static:0.5", "family": "static-ensemble", "quality": 0.8, "acceptance_rate": 0.7, "seconds_per_sample": 0.4},
-            {"method": "head", "family": "diversed", "quality": 0.88, "acceptance_rate": 0.8, "seconds_per_sample": 0.25},
+            {"method": "head", "family": "diversed", "quality": 0.88, "acceptance_rate": 0.8, "seconds_per_sample": 0.25,
+             "quality_delta": -0.02, "quality_delta_low": -0.031, "quality_delta_high": -0.0088, "head_task": "arith"},
+            {"method": "DIVERSED (summary head)", "family": "diversed", "quality": 0.7, "acceptance_rate": 0.9,
+             "quality_delta": -0.2, "quality_delta_low": -0.25, "quality_delta_high": -0.15, "head_task": "summary"},
         ],
     }
     text = make_head(task="arith").generate_model_card(results=bench).text
     assert "exact match (%)" in text and "accuracy (%)" not in text  # the task registry's label
-    assert "| static:0.5 | 70.0 % | 80.00 | 0.4 | - | - | 2.00x | 1.25x |" in text
-    assert "| **head** | **80.0 %** | **88.00** | **0.25** | **-** | **-** | **3.20x** | **2.00x** |" in text
-    assert "| target-only | - | 90.00 | 0.8 | 50.0 | 1.00 | 1.00x | 0.62x |" in text
+    assert "| static:0.5 | 70.0 % | 80.00 | - | 0.4 | - | - | 2.00x | 1.25x |" in text
+    assert "| **head** | **80.0 %** | **88.00** | **-2.0 [-3.1, -0.9]** | **0.25** | **-** | **-** | **3.20x** | **2.00x** |" in text
+    assert "| DIVERSED (summary head) | 90.0 % | 70.00 | -20.0 [-25.0, -15.0] |" in text  # another task's head: not bold
+    assert "| target-only | - | 90.00 | - | 0.8 | 50.0 | 1.00 | 1.00x | 0.62x |" in text
+    bad = {"rows": [dict(bench["rows"][3], quality_delta=-3.0)]}
+    with pytest.raises(ValueError, match="quality_delta"):
+        cards.load_results(bad)
 
 
 def test_card_hub_metadata(saved):

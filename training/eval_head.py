@@ -36,12 +36,16 @@ import torch  # noqa: E402
 
 import diversed_hf.testbed  # noqa: E402,F401 - registers the testbed's tasks (arith, summary)
 from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
+from diversed_hf.bench.stats import add_paired_differences  # noqa: E402
 from diversed_hf.tasks import get_task, load_task_dataset, task_names  # noqa: E402
 
 logger = logging.getLogger("eval_head")
 
 #: Quality metrics that are a 0/1 score per sample (their standard error is binomial).
 BINARY_METRICS = ("exact_match", "pass@1")
+
+
+FAMILIES = {"autoregressive": "target-only", "sd": "sd", "diversed": "diversed"}  # the bench's families
 
 
 def task_argument(name: str) -> str:
@@ -169,6 +173,7 @@ def evaluate(
             )
     plan += [(f"static_{w:g}", StaticEnsembleVerifier(target_weight=w), None) for w in static_weights]
     rows = []
+    per_prompt: dict[str, list[tuple[int, float]]] = {}  # method -> (prompt index, reward) of every sample
     for method, verifier, method_head in plan:
         totals = {"num_drafted": 0, "num_accepted": 0, "num_rounds": 0, "num_generated": 0, "seconds": 0.0}
         scores = []
@@ -178,11 +183,14 @@ def evaluate(
                 num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens, batch_size=batch_size,
                 seed=sampling_seed,
             )  # fmt: skip
-            scores += score(completions, references)
+            run_scores = score(completions, references)
+            scores += run_scores
+            per_prompt.setdefault(method, []).extend(enumerate(run_scores))
             totals = {k: totals[k] + run_totals[k] for k in totals}
         quality = sum(scores) / len(scores)
         row = {
             "method": method,
+            "family": FAMILIES.get(method, "static-ensemble"),
             "quality": quality,
             "quality_metric": metric,
             "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5 if metric in BINARY_METRICS
@@ -195,6 +203,8 @@ def evaluate(
             row["tokens_per_round"] = totals["num_generated"] / max(totals["num_rounds"], 1)
         rows.append(row)
         logger.info("%s: %s", method, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    # Quality minus the target distribution's (autoregressive and SD pooled), paired over prompts, 95 % interval.
+    add_paired_differences(rows, per_prompt, seed=seed)
     setting = {
         "task": task,
         "temperature": temperature,
@@ -210,8 +220,8 @@ def evaluate(
         setting["acceptance_ratio_diversed_over_sd"] = by_method["diversed"]["acceptance_rate"] / max(
             by_method["sd"]["acceptance_rate"], 1e-12
         )
-    if "autoregressive" in by_method and "diversed" in by_method:
-        setting["quality_gap_diversed_minus_target"] = by_method["diversed"]["quality"] - by_method["autoregressive"]["quality"]
+    if "diversed" in by_method and by_method["diversed"]["quality_delta"] is not None:
+        setting["quality_gap_diversed_minus_target"] = by_method["diversed"]["quality_delta"]
     return {"setting": setting, "rows": rows}
 
 

@@ -18,12 +18,16 @@ Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed 
    median of 5 interleaved runs) and
 3. at batch 8 (16 prompts); acceptance, mean draft length and tokens per round come from the batch-1 run.
 
-Extra arguments go to every bench run (e.g. ``--temperature 0.1``).
+The full run then copies each task's rows (``results/results_<task>.json``) next to the testbed's head
+for that task as its ``results.json`` and re-renders the heads' cards and ``model_cards/`` (skip with
+``--no-cards``; ``--quick`` never touches them). Extra arguments go to every bench run (e.g.
+``--temperature 0.1``).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +42,7 @@ from diversed_hf.bench.runner import process_state  # noqa: E402
 METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed",
            "diversed@arith", "diversed@summary"]
 SCHEDULES = ["constant:3,5,8,12", "heuristic", "confidence:0.4", "optimal:12"]
-COMMON = dict(max_new_tokens=80, batch_size=16)
+COMMON = dict(max_new_tokens=100, batch_size=16)
 FULL = {
     "methods": dict(num_prompts=1000, num_baseline_prompts=160, num_samples=2, num_timing_prompts=10, repeats=3),
     "policies": dict(num_prompts=64, num_timing_prompts=10, repeats=5),
@@ -75,11 +79,24 @@ def _run(argv: list[str]):
     return arguments, bench_cli.run(arguments, config)
 
 
+def update_cards(results, output_dir: Path) -> list[Path]:
+    """Each task's rows become the results.json of the testbed's head for that task; then every shipped head's
+    card (its README.md and ``model_cards/<name>.md``) is rendered again."""
+    from diversed_hf import hub_cli, testbed
+
+    for result in results:
+        head_dir = testbed.ASSETS_DIR / "heads" / result.task
+        if (head_dir / "config.json").is_file():
+            shutil.copyfile(output_dir / f"results_{result.task}.json", head_dir / "results.json")
+    return hub_cli.render_shipped_cards(REPO / "model_cards")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process.")
     parser.add_argument("--skip-policies", action="store_true", help="Only the methods run (no policy table).")
+    parser.add_argument("--no-cards", action="store_true", help="Leave the shipped heads' results.json and cards alone.")
     args, extra = parser.parse_known_args(argv)
     started = time.perf_counter()
     sizes = QUICK if args.quick else FULL
@@ -105,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if process_state().is_main_process:
         write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started,
                            sections=sections)
+        if not (args.quick or args.no_cards):
+            for path in update_cards(results, output_dir):
+                print(f"Wrote {path.relative_to(REPO)}")
         print(f"Wrote {page.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
               f"{(time.perf_counter() - started) / 60:.1f} min.")
     return 0
