@@ -1,4 +1,7 @@
-"""``diversed-hf`` command line: one subcommand per module, each module exposing ``register(subparsers)``.
+"""``diversed-hf`` command line: the subcommands of the modules in :data:`COMMAND_MODULES`.
+
+Each module exposes ``register(subparsers)`` and adds its subcommands there (``diversed_hf.hub_cli``
+adds two, ``push`` and ``card``).
 
 A registered subcommand sets ``func`` on its parser (``parser.set_defaults(func=...)``); ``func`` takes the
 parsed namespace and returns an exit code (or ``None`` for 0).

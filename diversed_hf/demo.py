@@ -1,11 +1,14 @@
 """``diversed-hf demo``: speculative decoding on the shipped CPU testbed, printing text and acceptance.
 
-Runs a few held-out prompts of one testbed task (``--task arith`` or ``summary``) through lossless SD
-(``ExactVerifier``), a static ensemble and, when the testbed ships one, the task's trained DIVERSED
-head, all in one batch per method, and prints what each method trades: quality on the prompts'
-reference answers (the task's metric), acceptance, tokens per round and the time after a warm-up,
-then the completions. ``--random-models`` swaps in tiny randomly initialised models (no testbed
-needed; the text is then gibberish and there is no quality).
+Runs a few held-out prompts (``--num-prompts``, default 4) of *one* testbed task, ``--task arith`` (the
+default) or ``--task summary``, through lossless SD (``ExactVerifier``), the static ensemble with w = 0.5
+and, when the testbed ships one, the task's trained DIVERSED head, all in one batch per method, sampling
+at temperature 1 for the task's generation length on 1 torch thread (``--max-new-tokens``,
+``--threads``). It prints a table of what each method trades: quality on the prompts' reference answers
+(the task's metric), acceptance, tokens per round and the time after a warm-up; then, per method, the
+acceptance by draft position and the completions. ``--random-models`` swaps in tiny randomly
+initialised models and an untrained head (no testbed needed; the text is then gibberish and there is
+no quality).
 """
 
 from __future__ import annotations

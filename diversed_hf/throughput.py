@@ -1,8 +1,11 @@
 """``diversed-hf throughput``: tokens/s of batched speculative decoding at several batch sizes.
 
-A benchmark script, not a test: it prints a table. Each batch size decodes the same number of
-prompts (``--num-prompts``, split into batches) with sampling at temperature 1, after a warm-up
-batch; the figure is generated tokens / wall-clock seconds, the median of ``--repeats`` runs.
+A benchmark script, not a test: it prints a table. On the testbed pair, each batch size decodes the
+same held-out prompts of ``--task`` (``--num-prompts``, split into batches) with sampling at
+temperature 1, lossless SD unless ``--target-weight`` asks for the static ensemble. One untimed pass
+over all the prompts at the largest batch size warms up first; the figure is generated tokens /
+wall-clock seconds, with the median time of ``--repeats`` runs (every run draws the same samples, so
+tokens and acceptance are those of the first).
 """
 
 from __future__ import annotations

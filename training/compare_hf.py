@@ -12,7 +12,8 @@ Two pairings, batch 1, greedy, ``N`` drafts per round (constant schedule):
 
 Each repeat runs every prompt through all four methods, alternating which side goes first, after
 one warm-up pass. Per method the time is the median over repeats of the summed time over prompts.
-The outputs of each pairing must be token-identical; the table shows ``ours / transformers``.
+The outputs of each pairing must be token-identical (exit status 1 otherwise); the table shows
+``ours / transformers``. ``--clock cpu`` times this process's CPU time, steadier on a shared machine.
 """
 
 from __future__ import annotations

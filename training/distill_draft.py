@@ -1,6 +1,6 @@
 """The "SD with fine-tuned draft" baseline (docs/method.md §7): distil the draft toward the target with LoRA and TRL's SFT.
 
-    python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith --bf16 false \
+    python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith --bf16 false \\
         --merged_dir diversed_hf/testbed/assets/drafts_ft/arith --save_dtype bfloat16   # the shipped one; CPU, ~3 min
     python training/distill_draft.py --task gsm8k --target_model meta-llama/Llama-3.1-8B-Instruct \\
         --draft_model meta-llama/Llama-3.2-1B-Instruct --dtype bfloat16 --num_shots 4 --output_dir runs/distill_gsm8k
