@@ -1,12 +1,16 @@
-"""The DIVERSED ensemble head: ``w_t = f_theta(h^q_t, h^p_t)`` (docs/method.md §4).
+"""The DIVERSED ensemble head: ``w_t = f_theta(h^q_t, h^p_t, f_t)`` (docs/method.md §4).
 
 A small network reads the last-layer hidden state of the draft and of the target at the
 position that produced ``q_t`` / ``p_t`` and outputs the weight ``w_t`` in (0, 1) that the
 verification mixture puts on the **target**. Both models stay frozen; only the head trains.
+It may also read ``f_t``, named statistics of ``p_t`` and ``q_t`` (``config.features``, computed by
+:func:`diversed_hf.features.distribution_features`), or those alone (``use_hidden_states=False``: a
+head that fits any pair sharing the target's tokenizer). It never reads the drafted token ``x_t``.
 
-- ``linear``: ``w = sigmoid(W [h^q; h^p] + b)`` (the official release: one linear layer with a
+- ``linear``: ``w = sigmoid(W [h^q; h^p; f] + b)`` (the official release: one linear layer with a
   2-way softmax, which is a sigmoid of the difference of its two logits).
-- ``mlp``: ``w = sigmoid(W_2 gelu(W_1 LayerNorm([h^q; h^p])) + b_2)``.
+- ``mlp``: ``w = sigmoid(W_2 gelu(W_1 [LayerNorm([h^q; h^p]); f]) + b_2)`` (the features, already
+  in [0, 1], skip the LayerNorm).
 
 The output layer starts at zero weight and bias ``logit(w_0)``, so a freshly built head outputs
 exactly ``w_0`` everywhere and behaves as the static ensemble with that weight.
@@ -43,6 +47,7 @@ from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
 from . import cards, hub, official
+from .features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names  # noqa: F401 - re-exported
 from .official import OFFICIAL_CONFIG_NAME, OFFICIAL_WEIGHTS_NAME  # noqa: F401 - re-exported
 from .cards import PAPER_URL  # noqa: F401 - re-exported
 from .hub import HEAD_FORMAT_VERSION, REQUIRED_FILE_FIELDS  # noqa: F401 - re-exported
@@ -62,8 +67,12 @@ LOAD_OPTIONS = ("strict", "device", "dtype")
 class DiversedHeadConfig:
     """Configuration of a :class:`DiversedHead`."""
 
-    draft_hidden_size: int = field(metadata={"help": "Hidden size of the draft model's last layer."})
-    target_hidden_size: int = field(metadata={"help": "Hidden size of the target model's last layer."})
+    draft_hidden_size: int | None = field(
+        default=None, metadata={"help": "Hidden size of the draft's last layer (a head without hidden states may omit it)."}
+    )
+    target_hidden_size: int | None = field(
+        default=None, metadata={"help": "Hidden size of the target's last layer (a head without hidden states may omit it)."}
+    )
     architecture: str = field(default="linear", metadata={"help": f"One of {ARCHITECTURES}."})
     w_0: float = field(
         default=0.5, metadata={"help": "Initial weight on the target, in (0, 1): a fresh head outputs exactly this."}
@@ -76,11 +85,27 @@ class DiversedHeadConfig:
     target_model_id: str | None = field(default=None, metadata={"help": "Hub id or path of the target model."})
     draft_model_id: str | None = field(default=None, metadata={"help": "Hub id or path of the draft model."})
     task: str | None = field(default=None, metadata={"help": "Task the head was trained for (e.g. 'gsm8k')."})
+    features: list[str] = field(
+        default_factory=list, metadata={"help": f"Distribution features the head reads, from {FEATURE_NAMES}."}
+    )
+    use_hidden_states: bool = field(
+        default=True, metadata={"help": "Read both models' hidden states; False needs `features` and fits any pair."}
+    )
     format_version: int = field(default=HEAD_FORMAT_VERSION, metadata={"help": "Version of this config's format."})
 
     def __post_init__(self):
+        if not isinstance(self.use_hidden_states, bool):
+            raise TypeError(f"`use_hidden_states` must be True or False, got {self.use_hidden_states!r}.")
+        self.features = check_feature_names(self.features)
+        if not self.use_hidden_states and not self.features:
+            raise ValueError(
+                "`use_hidden_states=False` with no `features` leaves the head nothing to read (a constant weight). "
+                f"Pick features from {list(FEATURE_NAMES)}, or use `StaticEnsembleVerifier` for a fixed weight."
+            )
         for name in ("draft_hidden_size", "target_hidden_size", "mlp_hidden_size"):
             value = getattr(self, name)
+            if value is None and name != "mlp_hidden_size" and not self.use_hidden_states:
+                continue  # recorded when known; a head without hidden states never reads them
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
         if self.architecture not in ARCHITECTURES:
@@ -93,6 +118,7 @@ class DiversedHeadConfig:
                 "(its sigmoid would saturate and never train); use `StaticEnsembleVerifier` for a fixed weight."
             )
         hub.check_format_version(self.format_version)
+        self.format_version = HEAD_FORMAT_VERSION  # an older format reads as this one (new fields at their defaults)
         for name in ("target_model_id", "draft_model_id", "task"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -111,7 +137,8 @@ class DiversedHeadConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"Unknown DiversedHeadConfig fields {unknown}; known fields are {sorted(known)}.")
-        missing = sorted(f.name for f in fields(cls) if f.name in ("draft_hidden_size", "target_hidden_size") and f.name not in values)
+        required = ("draft_hidden_size", "target_hidden_size") if values.get("use_hidden_states", True) else ()
+        missing = sorted(name for name in required if name not in values)
         if missing:
             raise ValueError(f"DiversedHeadConfig is missing the required fields {missing}.")
         return cls(**values)
@@ -141,12 +168,14 @@ class DiversedHead(
     tags=list(cards.HUB_TAGS),
     paper_url=cards.PAPER_URL,
 ):
-    """Ensemble head: ``head(draft_hidden, target_hidden) -> w``, the weight on the target.
+    """Ensemble head: ``head(draft_hidden, target_hidden, features) -> w``, the weight on the target.
 
     Example::
 
         head = DiversedHead.for_pair(target, draft, architecture="linear", w_0=0.5)
         target.generate(input_ids, assistant_model=draft, diversed_head=head, do_sample=True)
+        # statistics of p_t and q_t only: no hidden states, usable with any pair sharing the tokenizer
+        head = DiversedHead.for_pair(target, draft, features=["tv", "draft_top1"], use_hidden_states=False)
 
     Save, load and share it with :meth:`save_pretrained`, :meth:`from_pretrained` and
     :meth:`push_to_hub`: ``huggingface_hub.ModelHubMixin``'s, loading strictly.
@@ -161,12 +190,13 @@ class DiversedHead(
         if not isinstance(config, DiversedHeadConfig):
             raise TypeError(f"`config` must be a DiversedHeadConfig, got {type(config).__name__}.")
         self.config = config
-        input_size = config.draft_hidden_size + config.target_hidden_size
+        hidden_size = config.draft_hidden_size + config.target_hidden_size if config.use_hidden_states else 0
+        input_size = hidden_size + len(config.features)  # [h^q; h^p; f]
         if config.architecture == "linear":
             self.net = nn.Sequential(nn.Linear(input_size, 1))
         else:
             self.net = nn.Sequential(
-                nn.LayerNorm(input_size),
+                HiddenLayerNorm(hidden_size, len(config.features)) if hidden_size else nn.Identity(),
                 nn.Linear(input_size, config.mlp_hidden_size),
                 nn.GELU(),
                 nn.Linear(config.mlp_hidden_size, 1),
@@ -181,14 +211,20 @@ class DiversedHead(
             output_layer.bias.fill_(math.log(self.config.w_0 / (1.0 - self.config.w_0)))
 
     @classmethod
-    def for_pair(cls, target, draft, architecture: str = "linear", w_0: float = 0.5, mixing: str = "probs", **kwargs):
-        """A fresh head sized for a loaded ``target`` and ``draft``, recording their model ids."""
+    def for_pair(
+        cls, target, draft, architecture: str = "linear", w_0: float = 0.5, mixing: str = "probs",
+        features: list[str] | tuple[str, ...] = (), use_hidden_states: bool = True, **kwargs,
+    ):  # fmt: skip
+        """A fresh head sized for a loaded ``target`` and ``draft``, recording their model ids (and hidden sizes,
+        which a head with ``use_hidden_states=False`` records but never checks)."""
         config = DiversedHeadConfig(
             draft_hidden_size=hidden_size_of(draft),
             target_hidden_size=hidden_size_of(target),
             architecture=architecture,
             w_0=w_0,
             mixing=mixing,
+            features=features,
+            use_hidden_states=use_hidden_states,
             target_model_id=model_id_of(target),
             draft_model_id=model_id_of(draft),
             **kwargs,
@@ -197,35 +233,54 @@ class DiversedHead(
 
     def logit(
         self,
-        draft_hidden: torch.Tensor,  # (batch, tokens, d_draft)
-        target_hidden: torch.Tensor,  # (batch, tokens, d_target)
+        draft_hidden: torch.Tensor | None,  # (batch, tokens, d_draft); ignored without use_hidden_states
+        target_hidden: torch.Tensor | None,  # (batch, tokens, d_target); ignored without use_hidden_states
+        features: torch.Tensor | None = None,  # (batch, tokens, F) distribution_features(q, p, config.features)
     ) -> torch.Tensor:  # (batch, tokens)
         """Pre-sigmoid score; ``w = sigmoid(logit)``."""
-        if draft_hidden.shape[-1] != self.config.draft_hidden_size or target_hidden.shape[-1] != self.config.target_hidden_size:
+        config, parts = self.config, []
+        if config.use_hidden_states:
+            if draft_hidden is None or target_hidden is None:
+                raise ValueError("This head reads hidden states: pass `draft_hidden` and `target_hidden`.")
+            if draft_hidden.shape[-1] != config.draft_hidden_size or target_hidden.shape[-1] != config.target_hidden_size:
+                raise ValueError(
+                    f"This head expects hidden sizes (draft {config.draft_hidden_size}, target "
+                    f"{config.target_hidden_size}), got (draft {draft_hidden.shape[-1]}, target {target_hidden.shape[-1]})."
+                )
+            parts += [draft_hidden, target_hidden]
+        num_features = 0 if features is None else features.shape[-1]
+        if num_features != len(config.features):
             raise ValueError(
-                f"This head expects hidden sizes (draft {self.config.draft_hidden_size}, target "
-                f"{self.config.target_hidden_size}), got (draft {draft_hidden.shape[-1]}, target {target_hidden.shape[-1]})."
+                f"This head reads the features {config.features}: `features` must be (batch, tokens, "
+                f"{len(config.features)}), got {None if features is None else tuple(features.shape)}. Compute them with "
+                "`diversed_hf.features.distribution_features(draft_probs, target_probs, head.config.features)`."
             )
-        if draft_hidden.shape[:-1] != target_hidden.shape[:-1]:
+        if num_features:
+            parts.append(features.to(self.net[-1].weight.dtype))
+        if any(part.shape[:-1] != parts[0].shape[:-1] for part in parts):
             raise ValueError(
-                f"`draft_hidden` {tuple(draft_hidden.shape)} and `target_hidden` {tuple(target_hidden.shape)} must "
-                "agree on every dimension but the last: (batch, tokens, hidden)."
+                f"The head's inputs {[tuple(part.shape) for part in parts]} (draft hidden, target hidden, features) must "
+                "agree on every dimension but the last: (batch, tokens, size)."
             )
-        features = torch.cat([draft_hidden, target_hidden], dim=-1)  # (batch, tokens, d_draft + d_target)
-        return self.net(features).squeeze(-1)  # (batch, tokens)
+        inputs = torch.cat(parts, dim=-1)  # (batch, tokens, d_draft + d_target + F)
+        return self.net(inputs).squeeze(-1)  # (batch, tokens)
 
     def forward(
         self,
-        draft_hidden: torch.Tensor,  # (batch, tokens, d_draft)
-        target_hidden: torch.Tensor,  # (batch, tokens, d_target)
+        draft_hidden: torch.Tensor | None,  # (batch, tokens, d_draft)
+        target_hidden: torch.Tensor | None,  # (batch, tokens, d_target)
+        features: torch.Tensor | None = None,  # (batch, tokens, F)
     ) -> torch.Tensor:  # (batch, tokens)
-        logit = self.logit(draft_hidden, target_hidden)  # (batch, tokens)
+        logit = self.logit(draft_hidden, target_hidden, features)  # (batch, tokens)
         # The sigmoid runs in float64 so that a fresh head returns w_0 rounded once, exactly as a
         # static weight would be.
         return torch.sigmoid(logit.double()).to(logit.dtype)
 
     def extra_repr(self) -> str:
-        return f"architecture={self.config.architecture!r}, w_0={self.config.w_0}, mixing={self.config.mixing!r}"
+        config = self.config
+        reads = f", features={config.features}" if config.features else ""
+        reads += "" if config.use_hidden_states else ", no hidden states"
+        return f"architecture={config.architecture!r}, w_0={config.w_0}, mixing={config.mixing!r}{reads}"
 
     # Hub: save / load / push -----------------------------------------------------------------------
     #
@@ -330,7 +385,7 @@ class DiversedHead(
             device: where to put the head (default CPU).
             dtype: dtype of the parameters (default: the dtype the weights were saved in).
 
-        Check it against the models it will run with: ``generate`` errors on different hidden sizes and
+        Check it against the models it will run with: ``generate`` errors on other hidden sizes (if it reads them) and
         warns when the models' ids differ from ``config.target_model_id`` / ``config.draft_model_id``.
         """
         # Override, then the mixin's from_pretrained, which loads through `_from_pretrained`. The mixin first

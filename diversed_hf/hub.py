@@ -56,8 +56,9 @@ CONFIG_DIGEST_KEY = "diversed_config_sha256"  # safetensors metadata: sha256 of 
 #: the files a head repo may hold; ``push`` uploads these and nothing else
 REPO_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, RESULTS_NAME, TRAINING_CONFIG_NAME)
 
-#: version of the ``config.json`` format this release writes and reads
-HEAD_FORMAT_VERSION = 1
+#: version of the ``config.json`` format this release writes (it reads every version up to it). 2 added
+#: ``features`` and ``use_hidden_states``; a format-1 file lacks them and loads as the hidden-state-only head it was.
+HEAD_FORMAT_VERSION = 2
 #: fields a saved ``config.json`` must carry (``mlp_hidden_size`` too for the ``mlp`` architecture)
 REQUIRED_FILE_FIELDS = ("format_version", "architecture", "mixing", "draft_hidden_size", "target_hidden_size")
 

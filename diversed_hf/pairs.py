@@ -1,8 +1,9 @@
 """What a (target, draft) pair must share, and how a head is checked against a pair.
 
 Verification compares the two models' probabilities of the same token ids, so the pair must share
-a tokenizer; a head reads both models' last-layer hidden states, so its input sizes must match
-theirs. Nothing here runs a model.
+a tokenizer; a head that reads both models' last-layer hidden states must match their sizes, while a
+head on distribution features alone (``use_hidden_states=False``) fits any pair sharing the tokenizer.
+Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -90,10 +91,16 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
 
 
 def check_head_matches(head: "DiversedHead", target, draft) -> None:
-    """Hidden sizes must match (error); recorded model ids differing from the models' give a warning."""
+    """Hidden sizes must match (error); recorded model ids differing from the models' give a warning.
+
+    A head that reads no hidden states (``config.use_hidden_states=False``) is pair-agnostic: its sizes are not
+    checked, and other models than the recorded ones are only logged. The vocabulary the pair must share is
+    checked by :func:`shared_vocab_size`, as for every verifier.
+    """
     target_size, draft_size = hidden_size_of(target), hidden_size_of(draft)
     config = head.config
-    if (config.draft_hidden_size, config.target_hidden_size) != (draft_size, target_size):
+    reads_hidden = getattr(config, "use_hidden_states", True)
+    if reads_hidden and (config.draft_hidden_size, config.target_hidden_size) != (draft_size, target_size):
         raise ValueError(
             f"`diversed_head` was built for hidden sizes (draft {config.draft_hidden_size}, target "
             f"{config.target_hidden_size}) but the models have (draft {draft_size}, target {target_size}). Use a head "
@@ -104,7 +111,8 @@ def check_head_matches(head: "DiversedHead", target, draft) -> None:
         ("draft", config.draft_model_id, model_id_of(draft)),
     ):
         if recorded and actual and recorded != actual:
-            logger.warning(
+            logger.log(
+                logging.WARNING if reads_hidden else logging.INFO,
                 "This head was trained with %s model %r but is used with %r; its weights may not transfer.",
                 role,
                 recorded,

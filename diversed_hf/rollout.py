@@ -3,17 +3,20 @@
 Speculative decoding against ``nu`` emits tokens distributed as ``nu`` at drafted positions, so
 plain autoregressive sampling from
 
-    nu_t(x) = w_t p_t(x) + (1 - w_t) q_t(x),   w_t = head(h^q_t, h^p_t)
+    nu_t(x) = w_t p_t(x) + (1 - w_t) q_t(x),   w_t = head(h^q_t, h^p_t, f_t)
 
 is an equivalent and cheaper rollout. Both frozen models run one token per step with their own
 KV cache; ``p_t`` / ``q_t`` are their next-token distributions after the *same* processors
-(temperature, then top-k, then top-p, as transformers orders them) and ``h^p_t`` / ``h^q_t``
-their last-layer hidden states at the position that produced them -- exactly the inputs the head
-sees inside ``generate`` (see :mod:`diversed_hf.generation`).
+(temperature, then top-k, then top-p, as transformers orders them), ``h^p_t`` / ``h^q_t``
+their last-layer hidden states at the position that produced them and ``f_t`` the head's
+distribution features of ``(p_t, q_t)`` (:func:`diversed_hf.features.distribution_features`, the
+function the verifier calls on the same processed distributions) -- exactly the inputs the head
+sees inside ``generate`` (see :mod:`diversed_hf.generation`). A head that reads no hidden states
+gets none: the models are not asked for them and the rollout keeps zero-width tensors.
 
 Because the models are frozen, everything the loss needs besides the head is fixed by the rollout:
-``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)`` and the two hidden states. :class:`Rollout` keeps
-exactly those, so a loss evaluation (and every PPO inner epoch) runs only the head:
+``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)``, the two hidden states and the features. :class:`Rollout`
+keeps exactly those, so a loss evaluation (and every PPO inner epoch) runs only the head:
 
     log nu_theta(x_t) = log(w_theta,t p_t(x_t) + (1 - w_theta,t) q_t(x_t))
     acceptance_t      = 1 - TV(q_t, nu_theta,t) = 1 - w_theta,t TV(p_t, q_t)
@@ -36,6 +39,7 @@ from transformers.generation.logits_process import (
 )
 
 from . import compat, ops
+from .features import distribution_features
 from .pairs import draft_input_ids, verification_vocab_size
 
 __all__ = ["Rollout", "sample_from_mixture", "mixture_logprobs", "build_logits_warpers"]
@@ -57,8 +61,9 @@ class Rollout:
     target_token_probs: torch.Tensor  # (B, T) p_t(x_t) after processors
     draft_token_probs: torch.Tensor  # (B, T) q_t(x_t) after processors
     total_variation: torch.Tensor  # (B, T) TV(p_t, q_t)
-    draft_hidden: torch.Tensor  # (B, T, d_draft) h^q_t
-    target_hidden: torch.Tensor  # (B, T, d_target) h^p_t
+    draft_hidden: torch.Tensor  # (B, T, d_draft) h^q_t; (B, T, 0) for a head without hidden states
+    target_hidden: torch.Tensor  # (B, T, d_target) h^p_t; (B, T, 0) for a head without hidden states
+    features: torch.Tensor  # (B, T, F) the head's distribution features f_t; (B, T, 0) without features
     target_weight: torch.Tensor  # (B, T) w_t the head gave while sampling
     logprobs: torch.Tensor  # (B, T) log nu_t(x_t) while sampling
 
@@ -110,8 +115,9 @@ def sample_from_mixture(
 ) -> Rollout:
     """Sample ``max_new_tokens`` (or up to EOS) from ``nu_theta`` for every row; see :class:`Rollout`.
 
-    ``head`` maps ``(draft_hidden, target_hidden)`` of shapes ``(B, 1, d)`` to ``w`` ``(B, 1)``; it is
-    called in no-grad mode on its own device and dtype. The models may live on another device.
+    ``head`` (a :class:`~diversed_hf.head.DiversedHead`) maps ``(draft_hidden, target_hidden, features)`` of
+    shapes ``(B, 1, d)`` to ``w`` ``(B, 1)``; it is called in no-grad mode on its own device and dtype. The
+    models may live on another device.
     """
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
@@ -129,20 +135,29 @@ def sample_from_mixture(
     eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device, dtype=torch.long)  # fmt: skip
     warpers = build_logits_warpers(temperature, top_k, top_p)
     head_param = next(head.parameters())
+    head_place = dict(device=head_param.device, dtype=head_param.dtype)
+    needs_hidden = bool(getattr(head.config, "use_hidden_states", True))
+    feature_names = list(getattr(head.config, "features", []))
 
     seq, mask = input_ids, attention_mask.to(input_ids.dtype)  # (B, L), growing
     target_cache, draft_cache = compat.new_cache(), compat.new_cache()
     chunk = input_ids  # the prefill feeds the whole prompt
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
-    records: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "live", "p", "q", "tv", "hq", "hp", "w", "logp")}
+    records: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "live", "p", "q", "tv", "hq", "hp", "f", "w", "logp")}
 
     for _ in range(max_new_tokens):
-        target_out = compat.forward_with_cache(target, chunk, mask, target_cache, logits_to_keep=1, output_hidden_states=True)
-        draft_out = compat.forward_with_cache(
-            draft, draft_input_ids(draft, chunk, vocab_size), mask, draft_cache, logits_to_keep=1, output_hidden_states=True
+        target_out = compat.forward_with_cache(
+            target, chunk, mask, target_cache, logits_to_keep=1, output_hidden_states=needs_hidden
         )
-        target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
-        draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
+        draft_out = compat.forward_with_cache(
+            draft, draft_input_ids(draft, chunk, vocab_size), mask, draft_cache, logits_to_keep=1,
+            output_hidden_states=needs_hidden,
+        )  # fmt: skip
+        if needs_hidden:
+            target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
+            draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
+        else:
+            target_hidden = draft_hidden = target_out.logits.new_zeros(batch_size, 0)  # (B, 0)
         target_scores = target_out.logits[:, -1, :vocab_size].float()  # (B, V)
         draft_scores = ops.fit_vocabulary(draft_out.logits[:, -1], vocab_size).float()  # (B, V)
         if len(warpers):
@@ -151,10 +166,9 @@ def sample_from_mixture(
         target_probs = target_scores.softmax(dim=-1)  # (B, V)
         draft_probs = draft_scores.softmax(dim=-1)  # (B, V)
 
-        w = head(
-            draft_hidden[:, None].to(device=head_param.device, dtype=head_param.dtype),
-            target_hidden[:, None].to(device=head_param.device, dtype=head_param.dtype),
-        )[:, 0].to(device=device, dtype=torch.float32)  # (B,)
+        features = distribution_features(draft_probs, target_probs, feature_names)  # (B, F), as the verifier computes them
+        inputs = (draft_hidden[:, None], target_hidden[:, None], features[:, None])  # (B, 1, d_draft | d_target | F)
+        w = head(*(x.to(**head_place) for x in inputs))[:, 0].to(device=device, dtype=torch.float32)  # (B,)
         mixture = ops.mix_probs(draft_probs, target_probs, w)  # (B, V)
         token = ops.sample(mixture, generator)  # (B,)
         token = torch.where(finished, torch.full_like(token, pad_token_id), token)
@@ -166,6 +180,7 @@ def sample_from_mixture(
         records["tv"].append(ops.total_variation(target_probs, draft_probs))
         records["hq"].append(draft_hidden.to(head_param.device))
         records["hp"].append(target_hidden.to(head_param.device))
+        records["f"].append(features.to(head_param.device))
         records["w"].append(w)
         records["logp"].append(mixture.gather(1, token[:, None])[:, 0].clamp(min=torch.finfo(torch.float32).tiny).log())
 
@@ -187,6 +202,7 @@ def sample_from_mixture(
         total_variation=torch.stack(records["tv"], dim=1),
         draft_hidden=torch.stack(records["hq"], dim=1),
         target_hidden=torch.stack(records["hp"], dim=1),
+        features=torch.stack(records["f"], dim=1),
         target_weight=torch.stack(records["w"], dim=1),
         logprobs=torch.stack(records["logp"], dim=1),
     )

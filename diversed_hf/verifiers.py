@@ -65,6 +65,7 @@ import torch
 
 from . import ops
 from .checks import check_round_inputs
+from .features import distribution_features
 
 if TYPE_CHECKING:
     from .head import DiversedHead
@@ -462,16 +463,21 @@ class TypicalAcceptanceVerifier(Verifier):
 
 @dataclass(frozen=True, eq=False)
 class HeadVerifier(_MixtureVerifier):
-    """DIVERSED: ``nu_t = w_t p_t + (1 - w_t) q_t`` with ``w_t = head(h^q_t, h^p_t)`` (docs/method.md §4).
+    """DIVERSED: ``nu_t = w_t p_t + (1 - w_t) q_t`` with ``w_t = head(h^q_t, h^p_t, f_t)`` (docs/method.md §4).
 
     ``h^q_t`` is the draft's last-layer hidden state at the position that produced ``q_t`` (from the
     drafting pass) and ``h^p_t`` the target's at the position that produced ``p_t`` (from the single
-    verification pass): no extra model calls. The mixing space is the head's ``config.mixing``.
+    verification pass): no extra model calls. ``f_t`` are the head's ``config.features`` of the very
+    ``p_t`` and ``q_t`` mixed here (:func:`diversed_hf.features.distribution_features`). The drafted tokens
+    never reach the head: ``w_t`` is fixed before ``x_t`` is tested. The mixing space is the head's ``config.mixing``.
     """
 
     head: "DiversedHead" = field(default=None)
 
-    requires_hidden_states: ClassVar[bool] = True
+    @property
+    def requires_hidden_states(self) -> bool:
+        """A head on distribution features alone reads no hidden states: the models are then not asked for them."""
+        return bool(self.head.config.use_hidden_states)
 
     def __post_init__(self):
         if self.head is None or not callable(self.head) or not hasattr(self.head, "config"):
@@ -489,10 +495,10 @@ class HeadVerifier(_MixtureVerifier):
 
     def target_weights(self, draft_probs, target_probs, *, draft_hidden=None, target_hidden=None, **context):
         parameter = next(self.head.parameters())
-        target_weight = self.head(
-            draft_hidden.to(device=parameter.device, dtype=parameter.dtype),
-            target_hidden.to(device=parameter.device, dtype=parameter.dtype),
-        )  # (batch, N)
+        place = dict(device=parameter.device, dtype=parameter.dtype)
+        hidden = (draft_hidden.to(**place), target_hidden.to(**place)) if self.requires_hidden_states else (None, None)
+        features = distribution_features(draft_probs, target_probs, self.head.config.features)  # (batch, N, F)
+        target_weight = self.head(*hidden, features.to(**place))  # (batch, N)
         if not bool(((target_weight >= 0) & (target_weight <= 1)).all()):  # also False for NaN
             raise ValueError(
                 "The head returned target weights outside [0, 1] (or NaN) for these hidden states: its parameters or "

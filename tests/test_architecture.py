@@ -127,6 +127,11 @@ LAYERS = {
     # module -> modules it must never import (the direction of the design)
     "diversed_hf.ops": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.theory", "diversed_hf.head"},
     "diversed_hf.theory": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.head"},
+    # the head's distribution features: math, so both generation (verifiers) and training (rollout) can use them
+    "diversed_hf.features": {
+        "diversed_hf.verifiers", "diversed_hf.theory", "diversed_hf.generation", "diversed_hf.loop", "diversed_hf.head",
+        "diversed_hf.hub", "diversed_hf.pairs", "diversed_hf.rollout", "diversed_hf.training",
+    },
     "diversed_hf.verifiers": {"diversed_hf.generation", "diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.head"},
     "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.tasks"},
     "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},

@@ -6,7 +6,9 @@
 
 Arguments are :class:`ScriptArguments` (what to train on) plus every field of
 :class:`diversed_hf.training.DiversedConfig` (how to train), parsed by TRL's ``TrlParser``: a YAML
-``--config`` file supplies defaults and command-line flags override it. The run writes
+``--config`` file supplies defaults and command-line flags override it. ``--help`` lists them in
+groups (:func:`build_parser`): the script's, DIVERSED's own fields, the GRPO/Trainer fields whose
+defaults DIVERSED changes, and last the hundreds of inherited GRPO/Trainer flags. The run writes
 
 * ``<output_dir>/checkpoint-*``: head-only checkpoints (resume with ``--resume_from_checkpoint``),
 * ``<output_dir>/train_log.jsonl``: the logged metrics of every step,
@@ -17,12 +19,16 @@ Arguments are :class:`ScriptArguments` (what to train on) plus every field of
 
 from __future__ import annotations
 
+import argparse
+import copy
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "training"))
 
 import torch  # noqa: E402
-from trl import TrlParser  # noqa: E402
+from trl import GRPOConfig, TrlParser  # noqa: E402
 
 from diversed_hf import DiversedHead  # noqa: E402
 from diversed_hf.tasks import get_task, reward_for_task  # noqa: E402
@@ -75,6 +81,84 @@ class ScriptArguments:
     )
 
 
+ScriptArguments._argument_group_name = "train_head.py options (what to train on)"  # HfArgumentParser's group title
+
+DIVERSED_GROUP = "DIVERSED options (diversed_hf.training.DiversedConfig)"
+DEFAULTS_GROUP = "GRPO/Trainer options whose default DIVERSED changes"
+INHERITED_GROUP = "inherited GRPO/Trainer options (trl.GRPOConfig, transformers.TrainingArguments)"
+USAGE = "%(prog)s [--config YAML] --task TASK [--OPTION VALUE ...]"
+DESCRIPTION = (
+    "Train a DIVERSED head and save it as a Hub-ready repo. A YAML file given with --config supplies defaults (any "
+    "option below, by its name) and command-line flags override it. An option shown as [BOOL] also takes a bare "
+    "flag (true); --name_with_underscores may also be written --name-with-hyphens."
+)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Lists each option once, by its ``--name_with_underscores``, with its value's type (``INT``, ``BOOL``)
+    and its default unless that is ``None``.
+
+    HfArgumentParser also registers ``--name-with-hyphens`` for every multi-word field and names each
+    value after the field (``--eval_seed EVAL_SEED``); argparse would print both spellings, each with that
+    metavar, doubling the help of most options. Both spellings still parse.
+    """
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=32)
+
+    def _get_help_string(self, action):
+        if action.default is None:  # unset: the help says what that means; "(default: None)" only adds a line
+            return action.help
+        return super()._get_help_string(action)
+
+    def _get_default_metavar_for_optional(self, action):
+        name = getattr(action.type, "__name__", "value")  # TRL's parser wraps converters but keeps their names
+        return "BOOL" if name == "string_to_bool" else name.upper()
+
+    def _format_action_invocation(self, action):
+        shown = copy.copy(action)
+        shown.option_strings = [o for o in action.option_strings if "-" not in o.lstrip("-")] or action.option_strings
+        return super()._format_action_invocation(shown)
+
+
+def _config_groups() -> list[type]:
+    """DiversedConfig's fields split into three dataclasses, one per ``--help`` group, in this order.
+
+    HfArgumentParser groups arguments per dataclass (``_argument_group_name``), and DiversedConfig is one
+    dataclass whose own fields would drown among GRPOConfig's hundreds. The fields declared in
+    diversed_hf/training/config.py come first: new ones, then the GRPO/Trainer fields it gives other
+    defaults; everything inherited comes after. :func:`parse_arguments` rebuilds one DiversedConfig
+    from the three, so parsing and ``__post_init__`` checks are those of DiversedConfig itself.
+    """
+    hints = typing.get_type_hints(DiversedConfig)  # resolved types: HfArgumentParser reads them
+    declared = set(vars(DiversedConfig).get("__annotations__", {}))  # in config.py, overrides included
+    grpo = {f.name for f in dataclasses.fields(GRPOConfig)}
+    members = {DIVERSED_GROUP: [], DEFAULTS_GROUP: [], INHERITED_GROUP: []}
+    for f in dataclasses.fields(DiversedConfig):
+        if not f.init:
+            continue
+        title = INHERITED_GROUP if f.name not in declared else DEFAULTS_GROUP if f.name in grpo else DIVERSED_GROUP
+        same = field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+        members[title].append((f.name, hints[f.name], same))
+    groups = []
+    for title, fields in members.items():
+        group = dataclasses.make_dataclass(f"DiversedConfig_{len(groups)}", fields, kw_only=True)
+        group._argument_group_name = title
+        groups.append(group)
+    return groups
+
+
+def build_parser() -> TrlParser:
+    """The TrlParser of this script: ScriptArguments, then DiversedConfig's fields in :func:`_config_groups`."""
+    return TrlParser((ScriptArguments, *_config_groups()), usage=USAGE, description=DESCRIPTION, formatter_class=HelpFormatter)
+
+
+def parse_arguments(argv=None) -> tuple[ScriptArguments, DiversedConfig]:
+    """``--config`` YAML, then flags, into the script's arguments and one validated DiversedConfig."""
+    script, *parts = build_parser().parse_args_and_config(args=argv)
+    return script, DiversedConfig(**{k: v for part in parts for k, v in vars(part).items()})
+
+
 def load_data(script: ScriptArguments, split: str, num_examples: int | None, seed: int, data_files):
     """The task's prompts through the registry, with the loader options the task takes."""
     from eval_head import load_task_data
@@ -107,7 +191,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
         "steps_per_generation", "num_generations", "num_iterations", "max_completion_length", "temperature", "top_k",
         "top_p", "epsilon", "beta", "kl_estimator", "lambda_acceptance", "use_group_baseline", "head_architecture",
-        "head_w_0", "lr_scheduler_type", "warmup_steps", "seed",
+        "head_w_0", "head_features", "head_use_hidden_states", "lr_scheduler_type", "warmup_steps", "seed",
     )  # fmt: skip
     values = {k: getattr(config, k) for k in keys}
     values["lr_scheduler_type"] = str(values["lr_scheduler_type"]).split(".")[-1].lower()
@@ -131,8 +215,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
 
 
 def main(argv=None):
-    parser = TrlParser((ScriptArguments, DiversedConfig))
-    script, config = parser.parse_args_and_config(args=argv)
+    script, config = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
@@ -146,7 +229,8 @@ def main(argv=None):
     log_path = Path(config.output_dir) / "train_log.jsonl"
     head = DiversedHead.for_pair(
         target, draft, architecture=config.head_architecture, w_0=config.head_w_0,
-        mlp_hidden_size=config.head_mlp_hidden_size, task=spec.name,
+        mlp_hidden_size=config.head_mlp_hidden_size, features=config.head_features,
+        use_hidden_states=config.head_use_hidden_states, task=spec.name,
     )  # fmt: skip
     trainer = DiversedTrainer(
         target, draft, head=head, reward_funcs=reward_for_task(script.task), args=config, train_dataset=train,

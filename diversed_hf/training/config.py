@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..features import FEATURE_NAMES, check_feature_names
 from ..head import ARCHITECTURES
 
 KL_ESTIMATORS = ("k1", "k3")
@@ -47,6 +48,14 @@ class DiversedConfig(GRPOConfig):
     )
     head_w_0: float = field(default=0.5, metadata={"help": "Initial weight on the target of a head the trainer builds."})
     head_mlp_hidden_size: int = field(default=256, metadata={"help": "Hidden width of an 'mlp' head the trainer builds."})
+    head_features: list[str] = field(
+        default_factory=list,
+        metadata={"help": f"Distribution features of p_t and q_t a head the trainer builds reads, from {FEATURE_NAMES}."},
+    )
+    head_use_hidden_states: bool = field(
+        default=True,
+        metadata={"help": "Whether a head the trainer builds reads both models' hidden states (False: features only)."},
+    )
     num_draft_tokens: int = field(
         default=5, metadata={"help": "N, drafts per round, for evaluating the trained head with speculative decoding."}
     )
@@ -79,6 +88,12 @@ class DiversedConfig(GRPOConfig):
             raise ValueError(f"`head_architecture` is {self.head_architecture!r}; use one of {ARCHITECTURES}.")
         if not 0.0 < self.head_w_0 < 1.0:
             raise ValueError(f"`head_w_0` is {self.head_w_0}; it must be in the open interval (0, 1).")
+        self.head_features = check_feature_names(self.head_features or [], argument="head_features")
+        if not self.head_use_hidden_states and not self.head_features:
+            raise ValueError(
+                "`head_use_hidden_states=False` needs `head_features` (the head would read nothing); pick some of "
+                f"{list(FEATURE_NAMES)}."
+            )
         if self.num_draft_tokens < 1:
             raise ValueError(f"`num_draft_tokens` is {self.num_draft_tokens}; it must be >= 1.")
         if self.max_completion_length is None or self.max_completion_length < 1:

@@ -20,9 +20,9 @@ checkpointing (head-only, pair-checked). Every TRL / transformers private this n
 :mod:`diversed_hf.compat` only. RLOO's trainer shares GRPO's structure but bakes in its leave-one-out
 baseline; GRPO's is the more general base.
 
-Because both models are frozen, a rollout fixes ``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)`` and
-both hidden states; the loss recomputes only ``w_t = head(h^q_t, h^p_t)``, so inner epochs cost a
-head forward, not a model forward.
+Because both models are frozen, a rollout fixes ``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)``,
+both hidden states and the head's distribution features; the loss recomputes only
+``w_t = head(h^q_t, h^p_t, f_t)``, so inner epochs cost a head forward, not a model forward.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
     Args:
         target, draft: the two causal LMs (frozen here: ``requires_grad_(False)``, eval mode).
         head: the head to train; default a fresh ``DiversedHead.for_pair`` built from
-            ``args.head_architecture`` / ``args.head_w_0``.
+            ``args.head_architecture`` / ``args.head_w_0`` / ``args.head_features`` / ``args.head_use_hidden_states``.
         reward_funcs: one or more TRL-style reward functions
             ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns) -> list[float]``
             (e.g. :func:`diversed_hf.tasks.reward_for_task`). Pass ``lambda completions, **_:
@@ -150,6 +150,8 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
                 architecture=args.head_architecture,
                 w_0=args.head_w_0,
                 mlp_hidden_size=args.head_mlp_hidden_size,
+                features=args.head_features,
+                use_hidden_states=args.head_use_hidden_states,
             )
         if not isinstance(head, DiversedHead):
             raise TypeError(
@@ -352,8 +354,9 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         draft_token_probs = rollout.draft_token_probs.to(head_device)
         old_logprobs = rollout.logprobs.to(head_device)
         draft_hidden, target_hidden = rollout.draft_hidden.to(head_device), rollout.target_hidden.to(head_device)
+        features = rollout.features.to(head_device)  # (B, T, F): the head's inputs as generation computes them
         with torch.no_grad():
-            ref_w = self.ref_head(draft_hidden.float(), target_hidden.float())  # (B, T)
+            ref_w = self.ref_head(draft_hidden.float(), target_hidden.float(), features.float())  # (B, T)
             ref_logprobs = mixture_logprobs(ref_w, target_token_probs, draft_token_probs)  # (B, T)
         token_kl = objective.kl_k1(old_logprobs, ref_logprobs) if self.beta else None
         advantages = self._global_advantages(rewards, mask, token_kl)  # (B, T)
@@ -398,6 +401,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             "total_variation": tv,
             "draft_hidden": draft_hidden,
             "target_hidden": target_hidden,
+            "features": features,
             "old_logprobs": old_logprobs,
             "ref_logprobs": ref_logprobs,
             "advantages": advantages,
@@ -414,7 +418,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         mask = inputs["completion_mask"]  # (b, T)
         num_sequences = max(mask.shape[0], 1)
-        w = model(inputs["draft_hidden"], inputs["target_hidden"]).float()  # (b, T)
+        w = model(inputs["draft_hidden"], inputs["target_hidden"], inputs["features"]).float()  # (b, T)
         logprobs = mixture_logprobs(w, inputs["target_token_probs"], inputs["draft_token_probs"])  # (b, T)
         policy_loss, clipped = objective.clipped_policy_loss(
             logprobs, inputs["old_logprobs"], inputs["advantages"], self.epsilon_low, self.epsilon_high
