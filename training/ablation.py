@@ -1,0 +1,148 @@
+"""Compare trained heads on the same held-out prompts: the ablation table of RESULTS.md.
+
+    python training/ablation.py --task arith \\
+        --heads "hidden, linear=runs/abl_arith_h/head" "hidden + features, linear=runs/abl_arith_hf/head" \\
+                "features, linear=runs/abl_arith_f/head" "shipped#seed1=runs/arith_s1/head"
+
+Every head verifies the same ``--num-prompts`` held-out prompts x ``--num-samples`` samples as target-only
+decoding and lossless SD (one ``diversed-hf bench`` run, :func:`diversed_hf.bench.run_bench`; untimed), so
+each head's quality is compared with the target distribution's on the same prompts (paired, 95 % bootstrap
+interval; target-only and SD pooled). Per head the table shows what it reads (hidden states and/or
+distribution features), its architecture and size, acceptance and its ratio to SD's, quality, and the
+training time recorded in its ``training_config.json``. Heads named ``NAME#...`` (e.g. ``shipped#seed1``)
+are training seeds of one configuration: a line gives their mean and spread (standard deviation).
+
+Writes ``results/ablation_<task>.json`` (the bench's rows) and ``results/ablation_<task>.md`` (the table
+and the command), which ``training/make_results.py`` puts into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from diversed_hf import DiversedHead, testbed  # noqa: E402
+from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
+from diversed_hf.bench.report import _delta_cell  # noqa: E402
+from diversed_hf.tasks import metric_label  # noqa: E402
+from diversed_hf.verifiers import HeadVerifier  # noqa: E402
+
+
+def _head_spec(text: str) -> tuple[str, str]:
+    name, sep, path = text.rpartition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--heads entries are NAME=DIR (or NAME=testbed:TASK), got {text!r}.")
+    return name, path
+
+
+def _load(path: str) -> tuple[DiversedHead, dict]:
+    if path.startswith("testbed:"):
+        task = path.split(":", 1)[1]
+        return testbed.load_head(task), _training_config(testbed.ASSETS_DIR / "heads" / task)
+    return DiversedHead.from_pretrained(path), _training_config(Path(path))
+
+
+def _training_config(directory: Path) -> dict:
+    path = directory / "training_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _reads(head: DiversedHead) -> str:
+    parts = ["hidden states"] if head.config.use_hidden_states else []
+    if head.config.features:
+        parts.append(f"{len(head.config.features)} features")
+    return " + ".join(parts)
+
+
+def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
+    sd = next(r for r in rows if r["family"] == "sd")
+    metric = metric_label(rows[0]["quality_metric"])
+    lines = [
+        f"| head | reads | architecture | parameters | acceptance | x SD | {metric} | vs target distribution [95 % CI] "
+        "| training time |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if row["family"] != "diversed":
+            lines.append(f"| {row['method']} | – | – | – | {_pct(row['acceptance_rate'])} | – "
+                         f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | – |")
+            continue
+        head, training = heads[row["method"]]
+        seconds = training.get("train_seconds")
+        threads = training.get("torch_threads")
+        trained = "–" if seconds is None else f"{seconds / 60:.1f} min" + (f" ({threads} thread)" if threads else "")
+        lines.append(
+            f"| {row['method']} | {_reads(head)} | {head.config.architecture} | {sum(t.numel() for t in head.parameters())} "
+            f"| {_pct(row['acceptance_rate'])} | {row['acceptance_rate'] / sd['acceptance_rate']:.2f}x "
+            f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | {trained} |"
+        )
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["family"] == "diversed" and "#" in row["method"]:
+            groups.setdefault(row["method"].split("#")[0], []).append(row)
+    for name, members in groups.items():
+        if len(members) < 2:
+            continue
+        ratios = [r["acceptance_rate"] / sd["acceptance_rate"] for r in members]
+        deltas = [100 * r["quality_delta"] for r in members]
+        lines.append(
+            f"| **{name}: {len(members)} seeds** | | | | {_pct(statistics.mean(r['acceptance_rate'] for r in members))} "
+            f"± {100 * statistics.stdev(r['acceptance_rate'] for r in members):.1f} "
+            f"| {statistics.mean(ratios):.2f}x ± {statistics.stdev(ratios):.2f} | | {statistics.mean(deltas):+.1f} "
+            f"± {statistics.stdev(deltas):.1f} (mean ± sd over seeds) | |"
+        )
+    return "\n".join(lines)
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.1f} %"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, help="arith or summary (the testbed's tasks)")
+    parser.add_argument("--heads", required=True, nargs="+", type=_head_spec, help="NAME=DIR or NAME=testbed:TASK")
+    parser.add_argument("--num-prompts", type=int, default=400)
+    parser.add_argument("--num-samples", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output-dir", default=str(REPO / "results"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    heads = {name: _load(path) for name, path in args.heads}
+    target, draft, tokenizer = testbed.load_pair()
+    task = load_task(args.task, args.num_prompts, seed=args.seed)
+    methods, _ = parse_methods(["target", "sd"])
+    methods += [Method(name, "diversed", HeadVerifier(head)) for name, (head, _) in heads.items()]
+    config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
+                         max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
+    result = run_bench(target, draft, tokenizer, task, methods, config, progress=True)
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / f"ablation_{args.task}.json").write_text(json.dumps(result.rows, indent=2, default=str) + "\n")
+    command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    text = (
+        f"On `{args.task}`: {args.num_prompts} held-out prompts (seed {args.seed}) x {args.num_samples} samples, "
+        f"temperature 1, N = 5, at most {args.max_new_tokens} new tokens; every head on the same prompts as "
+        f"target-only and SD ({(time.perf_counter() - started) / 60:.0f} min). Regenerate with:\n\n"
+        f"```bash\n{command}\n```\n\n{table(result.rows, heads)}\n"
+    )
+    (output / f"ablation_{args.task}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
