@@ -22,13 +22,30 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from . import compat, ops, theory
+from . import compat, ops
 from .checks import check_finite_mass
 from .pairs import draft_input_ids
+from .policies import (  # noqa: F401 - re-exported
+    OPTIMAL_WARMUP,
+    DraftCosts,
+    LinearVerifyCost,
+    OptimalSchedule,
+    check_draft_costs,
+    clear_draft_statistics,
+    measured_draft_costs,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DiversedCandidateGenerator", "Realignment", "next_token_scores"]
+__all__ = [
+    "DiversedCandidateGenerator",
+    "DraftCosts",
+    "LinearVerifyCost",
+    "Realignment",
+    "clear_draft_statistics",
+    "measured_draft_costs",
+    "next_token_scores",
+]
 
 
 def next_token_scores(
@@ -45,9 +62,6 @@ def next_token_scores(
 
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient", "optimal")
-#: rounds of the "optimal" schedule before it chooses: two at N (the first feeds the prompt, so only the second is
-#: timed), one at a single draft (a second verification cost), then per-row choices
-OPTIMAL_WARMUP = ("full", "full", "single")
 
 
 def check_draft_length_policy(schedule: str, confidence_threshold: float | None) -> None:
@@ -119,13 +133,17 @@ class DiversedCandidateGenerator(CandidateGenerator):
             call, the mean over rows in a batch); ``"heuristic_transient"`` (the same, not written back).
             ``"optimal"`` (this project's, not transformers'): each round, each row drafts the ``n`` in
             ``1..N`` that maximises expected tokens per second, ``E[T_n] / (n c + c_verify(n))``
-            (:func:`diversed_hf.theory.optimal_draft_length`), with ``E[T_n]`` from the row's running
-            per-position means of ``prod_{t<k} a_t(x_t) beta_k`` and the costs measured in this call:
-            ``c`` the median time of a draft step, ``c_verify(n) = a + b n`` fitted by least squares to
-            every timed verification pass (the warm-up times ``N`` and 1 draft). Warm-up: :data:`OPTIMAL_WARMUP`.
+            (:func:`diversed_hf.theory.optimal_draft_length`), with ``E[T_n]`` from the row's per-position
+            estimates of ``prod_{t<k} a_t(x_t) beta_k`` (its own rounds, shrunk toward a prior pooled from earlier
+            calls of the pair) and the costs ``assistant_costs`` or measured on the pair (cached across calls; only
+            a call that finds none warms up, :data:`OPTIMAL_WARMUP`). Details: :mod:`diversed_hf.policies`.
         confidence_threshold: transformers' ``assistant_confidence_threshold``: a row stops drafting
             after a token whose draft probability is below it (that token is still verified); ``None``
             or 0 turns it off. The batch drafts while any row does.
+        costs: ``"optimal"`` only: :class:`~diversed_hf.policies.DraftCosts` to use instead of measured ones.
+        target: ``"optimal"`` only: the target model, the other half of the key of the cross-call statistics.
+        setting: ``"optimal"`` only: the rest of the acceptance prior's key
+            (:func:`~diversed_hf.policies.acceptance_setting`).
     """
 
     def __init__(
@@ -141,19 +159,21 @@ class DiversedCandidateGenerator(CandidateGenerator):
         output_untempered_probs: bool = False,
         schedule: str = "constant",
         confidence_threshold: float | None = None,
+        costs: DraftCosts | None = None,
+        target=None,
+        setting=None,
     ):
         if isinstance(num_assistant_tokens, bool) or not isinstance(num_assistant_tokens, int) or num_assistant_tokens < 1:
             raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
         check_draft_length_policy(schedule, confidence_threshold)
+        check_draft_costs(costs, schedule)
         self.schedule = schedule
         self.confidence_threshold = confidence_threshold or None
         self.row_num_tokens: torch.Tensor | None = None  # (batch,) each row's current schedule value
-        # "optimal": per row, running sums and counts of prod_{t<k} a_t beta_k by position; measured costs
-        self.term_sums: torch.Tensor | None = None  # (batch, N) float64
-        self.term_counts: torch.Tensor | None = None  # (batch, N)
-        self.round_index = 0
-        self.draft_step_seconds: list[float] = []
-        self.verify_seconds: dict[int, list[float]] = {}
+        self.optimal = (  # "optimal": per-row estimates, costs, the cross-call statistics
+            OptimalSchedule(assistant_model, num_assistant_tokens, target=target, setting=setting, costs=costs)
+            if schedule == "optimal" else None
+        )
         self._finished_num_tokens: list[torch.Tensor] = []  # schedule values of rows that left the batch
         self.draft_model = assistant_model
         self.num_draft_tokens = num_assistant_tokens  # N
@@ -182,11 +202,10 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.cache = compat.new_cache()
         self.row_num_tokens = torch.full_like(remaining, self.num_draft_tokens)  # (batch,)
         self._finished_num_tokens = []
-        self.round_index = 0
-        self.draft_step_seconds, self.verify_seconds = [], {}
-        if self.schedule == "optimal":
-            self.term_sums = torch.zeros(remaining.shape[0], self.num_draft_tokens, dtype=torch.float64, device=remaining.device)
-            self.term_counts = torch.zeros_like(self.term_sums)
+        if self.optimal is not None:
+            first = self.optimal.start(remaining.shape[0], remaining.device)  # (batch,) or None
+            if first is not None:
+                self.row_num_tokens = first.to(remaining.dtype)
         self.draft_lengths = self.plan_draft_lengths(remaining)
 
     def plan_draft_lengths(
@@ -270,7 +289,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         remaining: torch.Tensor | None = None,  # (kept,) tokens each continuing row may still emit
         position_acceptance: torch.Tensor | None = None,  # (batch, N_r) beta_t of the round ("optimal")
         drafted_acceptance: torch.Tensor | None = None,  # (batch, N_r) a_t(x_t) of the round ("optimal")
-        seconds: tuple[float, float] | None = None,  # (drafting, verification) time of the round ("optimal")
+        seconds: tuple[float, float] | None = None,  # (drafting, rest of the round) time of the round ("optimal")
     ) -> None:
         """Bookkeeping after verification: realign the draft cache and plan the next draft lengths.
 
@@ -284,18 +303,22 @@ class DiversedCandidateGenerator(CandidateGenerator):
         ``scores`` nor ``num_matches``; an adaptive one would.
         """
         self.update_schedule(num_matches)
-        if self.schedule == "optimal":
-            self._observe(position_acceptance, drafted_acceptance, seconds)
+        if self.optimal is not None:
+            if position_acceptance is None or drafted_acceptance is None:
+                raise ValueError("the 'optimal' schedule needs the round's `position_acceptance` and `drafted_acceptance`.")
+            self.optimal.observe(position_acceptance, drafted_acceptance, self.draft_lengths, seconds)
         kept = realignment.kept if realignment is not None else None
         if kept is not None:
             gone = torch.ones_like(self.row_num_tokens, dtype=torch.bool)  # (batch,)
             gone[kept] = False
             self._finished_num_tokens.append(self.row_num_tokens[gone])
             self.row_num_tokens = self.row_num_tokens[kept]
-            if self.term_sums is not None:
-                self.term_sums, self.term_counts = self.term_sums[kept], self.term_counts[kept]
-        if self.schedule == "optimal":
-            self._choose_optimal()
+            if self.optimal is not None:
+                self.optimal.drop(kept)
+        if self.optimal is not None:
+            chosen = self.optimal.lengths()  # (kept,) or None: keep the current lengths
+            if chosen is not None:
+                self.row_num_tokens = chosen.to(self.row_num_tokens.dtype)
         if realignment is not None:
             compat.realign_cache(
                 self.cache, kept=kept, length=realignment.new_length - 2,
@@ -316,51 +339,16 @@ class DiversedCandidateGenerator(CandidateGenerator):
         all_kept = torch.as_tensor(num_matches, device=self.draft_lengths.device) >= self.draft_lengths  # (batch,)
         self.row_num_tokens = torch.where(all_kept, self.row_num_tokens + 2, (self.row_num_tokens - 1).clamp(min=1))
 
-    def _observe(self, position_acceptance, drafted_acceptance, seconds) -> None:
-        """Add the round's ``prod_{t<k} a_t(x_t) beta_k`` per row and position, and its timings."""
-        if position_acceptance is None or drafted_acceptance is None:
-            raise ValueError("the 'optimal' schedule needs the round's `position_acceptance` and `drafted_acceptance`.")
-        width = position_acceptance.shape[1]  # N_r
-        kept_before = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).cumprod(dim=-1)  # (batch, N_r)
-        reach = torch.cat([torch.ones_like(kept_before[:, :1]), kept_before[:, :-1]], dim=-1)  # (batch, N_r) prod_{t<k}
-        terms = reach * torch.nan_to_num(position_acceptance.double(), nan=0.0)  # (batch, N_r)
-        drafted = torch.arange(width, device=terms.device) < self.draft_lengths[:, None]  # (batch, N_r)
-        self.term_sums[:, :width] += torch.where(drafted, terms, torch.zeros_like(terms))
-        self.term_counts[:, :width] += drafted.double()
-        if seconds is not None and self.round_index >= 1 and width:  # round 0 also fed the prompt
-            drafting, verification = seconds
-            self.draft_step_seconds.append(drafting / width)
-            self.verify_seconds.setdefault(width, []).append(verification)
-        self.round_index += 1
-
-    def _choose_optimal(self) -> None:
-        """Warm-up lengths, then ``argmax_n E[T_n] / (n c + c_verify(n))`` per row."""
-        if self.round_index < len(OPTIMAL_WARMUP):
-            full = OPTIMAL_WARMUP[self.round_index] == "full"
-            self.row_num_tokens = torch.full_like(self.row_num_tokens, self.num_draft_tokens if full else 1)
-            return
-        if not self.draft_step_seconds or not self.verify_seconds:
-            return  # nothing timed (a very short call): keep the warm-up length
-        draft_seconds = sorted(self.draft_step_seconds)[len(self.draft_step_seconds) // 2]  # median
-        pairs = torch.tensor([(w, t) for w, times in self.verify_seconds.items() for t in times], dtype=torch.float64)
-        lengths = torch.arange(1, self.num_draft_tokens + 1, dtype=torch.float64)  # (N,)
-        if len(self.verify_seconds) >= 2:  # least squares: c_verify(n) = a + b n over every timed round
-            design = torch.stack([torch.ones_like(pairs[:, 0]), pairs[:, 0]], dim=1)  # (rounds, 2)
-            a, b = torch.linalg.lstsq(design, pairs[:, 1:]).solution[:, 0].tolist()
-            verify = (a + max(b, 0.0) * lengths).clamp(min=float(pairs[:, 1].min()))  # (N,)
-        else:
-            verify = torch.full_like(lengths, float(pairs[:, 1].median()))
-        means = self.term_sums / self.term_counts.clamp(min=1)  # (batch, N)
-        means = torch.where(self.term_counts > 0, means, torch.full_like(means, float("nan")))
-        self.row_num_tokens = theory.optimal_draft_length(means, draft_seconds, verify).to(self.row_num_tokens.dtype)
-
     def finish(
         self,
         num_matches: torch.Tensor | int,  # (batch,) accepted drafts of the last round
     ) -> None:
         """End of the call: the last round's schedule update and, for ``"heuristic"``, the value kept on the
-        assistant's ``generation_config`` (transformers' semantics at batch 1; the mean over rows in a batch)."""
+        assistant's ``generation_config`` (transformers' semantics at batch 1; the mean over rows in a batch);
+        ``"optimal"`` pools the call's acceptance into the pair's prior."""
         self.update_schedule(num_matches)
+        if self.optimal is not None:
+            self.optimal.finish()
         if self.schedule != "heuristic":
             return
         final = torch.cat([*self._finished_num_tokens, self.row_num_tokens]).double()  # (rows,)

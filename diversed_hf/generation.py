@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin
 
 from . import compat
-from .candidates import check_draft_length_policy
+from .candidates import check_draft_costs, check_draft_length_policy
 from .head import DiversedHead
 from .loop import speculative_decode
 from .outputs import DiversedGenerateDecoderOnlyOutput
@@ -80,6 +80,10 @@ def _draft_length_knobs(extra: dict, generation_config, assistant_model) -> dict
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {count!r}.")
     check_draft_length_policy(knobs["num_assistant_tokens_schedule"], knobs["assistant_confidence_threshold"])
+    knobs["assistant_costs"] = extra.pop("assistant_costs", None)  # a `generate` keyword only
+    check_draft_costs(knobs["assistant_costs"], knobs["num_assistant_tokens_schedule"])
+    if knobs["assistant_costs"] is not None:
+        knobs["assistant_costs"].verify_curve(count)  # checked before generating
     return knobs
 
 
@@ -120,9 +124,11 @@ class DiversedGenerationMixin:
     - ``diversed_head`` (:class:`DiversedHead`): DIVERSED verification, ``w_t`` from the head.
     - ``verifier`` (:class:`~diversed_hf.verifiers.Verifier`): any verification method.
     - ``num_assistant_tokens`` (int), ``num_assistant_tokens_schedule`` (``"constant"``, ``"heuristic"``,
-      ``"heuristic_transient"``), ``assistant_confidence_threshold`` (float): transformers' draft-length
-      knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
+      ``"heuristic_transient"``, ``"optimal"``), ``assistant_confidence_threshold`` (float): transformers'
+      draft-length knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
       (:func:`_draft_length_knobs`; semantics in :class:`~diversed_hf.candidates.DiversedCandidateGenerator`).
+    - ``assistant_costs`` (:class:`~diversed_hf.policies.DraftCosts`): the round costs the ``"optimal"`` schedule
+      uses instead of measuring them (:mod:`diversed_hf.policies`).
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
 
@@ -135,7 +141,9 @@ class DiversedGenerationMixin:
         output_target_weights = kwargs.pop("output_target_weights", None)
         generator = kwargs.pop("generator", None)
         if diversed_head is None and verifier is None:
-            for name, value in (("output_target_weights", output_target_weights), ("generator", generator)):
+            ours = {"output_target_weights": output_target_weights, "generator": generator,
+                    "assistant_costs": kwargs.get("assistant_costs")}
+            for name, value in ours.items():
                 if value is not None:
                     raise ValueError(
                         f"`{name}` only applies to relaxed speculative decoding: pass `assistant_model=draft` and "
@@ -216,6 +224,7 @@ class DiversedGenerationMixin:
                 vocab_size=vocab_size,
                 num_assistant_tokens_schedule=knobs["num_assistant_tokens_schedule"],
                 assistant_confidence_threshold=knobs["assistant_confidence_threshold"],
+                assistant_costs=knobs["assistant_costs"],
             )
             sequences = torch.cat([input_ids, new_tokens], dim=1)
             if generation_config.return_dict_in_generate:

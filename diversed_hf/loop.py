@@ -44,6 +44,7 @@ from .checks import check_finite_mass
 from .candidates import DiversedCandidateGenerator, Realignment, next_token_scores
 from .outputs import SpeculationStats
 from .pairs import text_vocab_size
+from .policies import DraftCosts, acceptance_setting
 from .verifiers import VerificationResult, Verifier
 
 logger = logging.getLogger(__name__)
@@ -153,13 +154,15 @@ def speculative_decode(
     vocab_size: int | None = None,
     num_assistant_tokens_schedule: str = "constant",
     assistant_confidence_threshold: float | None = None,
+    assistant_costs: DraftCosts | None = None,
 ) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
     """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
 
     Drafting runs through a :class:`~diversed_hf.candidates.DiversedCandidateGenerator`; verification
-    follows ``docs/method.md §2``.
+    follows ``docs/method.md §2``. ``assistant_costs`` (``"optimal"`` schedule only) replaces the measured round costs.
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
+    optimal = num_assistant_tokens_schedule == "optimal"
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -171,6 +174,9 @@ def speculative_decode(
         output_untempered_probs=verifier.requires_untempered_probs,
         schedule=num_assistant_tokens_schedule,
         confidence_threshold=assistant_confidence_threshold,
+        costs=assistant_costs,
+        target=target if optimal else None,
+        setting=acceptance_setting(verifier, do_sample, logits_processor) if optimal else None,
     )
     loop = _SpeculativeLoop(
         target, candidate_generator, verifier, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
@@ -203,6 +209,7 @@ class _SpeculativeLoop:
         self.vocab_size = vocab_size
         self.target_cache = compat.new_cache()
         self._aranges: dict[int, torch.Tensor] = {}
+        self.round_clock: tuple[float, float] | None = None  # (start, end of drafting) of the round, when timed
 
     def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights):
         device = input_ids.device
@@ -228,9 +235,8 @@ class _SpeculativeLoop:
         while self.active.numel() > 0:
             started = _clock(device) if timed else 0.0
             candidate_ids = self.draft()  # (B, L + N_r)
-            drafted = _clock(device) if timed else 0.0
+            self.round_clock = (started, _clock(device)) if timed else None  # realign reads the rest of the round
             result, target_probs = self.verify(candidate_ids)
-            self.round_seconds = (drafted - started, _clock(device) - drafted) if timed else None
             emitted, finished = self.commit(candidate_ids, result)
             if bool(finished.all()):
                 self.candidates.finish(result.num_accepted)  # the last round's schedule update, kept values
@@ -391,10 +397,14 @@ class _SpeculativeLoop:
         self.seq, self.mask = seq, mask
         realignment = Realignment(kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading)
         compat.realign_cache(self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading)
+        seconds = None
+        if self.round_clock is not None:  # (drafting, the rest of the round: verification, commit, realignment)
+            started, drafted = self.round_clock
+            seconds = (drafted - started, _clock(seq.device) - drafted)
         self.candidates.update_candidate_strategy(
             seq, target_probs, round_num_accepted, realignment=realignment, remaining=self.remaining,
             position_acceptance=result.position_acceptance, drafted_acceptance=result.drafted_acceptance,
-            seconds=self.round_seconds,
+            seconds=seconds,
         )
 
 

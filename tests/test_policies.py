@@ -1,0 +1,206 @@
+"""The "optimal" draft-length schedule: ``assistant_costs``, the cross-call cache, the estimator, validation."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from diversed_hf import ExactVerifier, enable_diversed, theory
+from diversed_hf.candidates import DraftCosts, LinearVerifyCost, clear_draft_statistics, measured_draft_costs
+from diversed_hf.policies import OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _STATISTICS, _CostSamples, _pair_statistics
+from tiny_models import PAD_TOKEN_ID, make_pair, prompt
+
+OPTIMAL = dict(num_assistant_tokens_schedule="optimal", return_dict_in_generate=True)
+
+
+@pytest.fixture
+def pair():
+    target, draft = make_pair("llama", noise=0.3)
+    return enable_diversed(target), draft
+
+
+def greedy(target, draft, input_ids, n=6, max_new_tokens=30, **kwargs):
+    return target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=max_new_tokens,
+        num_assistant_tokens=n, **OPTIMAL, **kwargs,
+    )
+
+
+def test_passed_costs_skip_the_warm_up_and_keep_the_output_exact(pair):
+    target, draft = pair
+    input_ids = prompt(5)
+    costly_drafts = DraftCosts(draft_step_seconds=1.0, verify_seconds=lambda n: 0.01 + 0.001 * n)
+    short = greedy(target, draft, input_ids, assistant_costs=costly_drafts)
+    assert torch.equal(short.sequences, target.generate(input_ids, do_sample=False, max_new_tokens=30))
+    # the first round drafts N (nothing is known about acceptance yet), then one draft is always best: no warm-up
+    assert short.speculation.draft_lengths[0][0] == 6 and bool((short.speculation.draft_lengths[0][1:] == 1).all())
+
+    clear_draft_statistics(draft)
+    free_drafts = DraftCosts(draft_step_seconds=1e-9, verify_seconds=[1.0] * 6)  # sampled: every position may accept
+    long = target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=True, max_new_tokens=30, num_assistant_tokens=6,
+        assistant_costs=free_drafts, generator=torch.Generator().manual_seed(0), **OPTIMAL,
+    )
+    assert long.speculation.draft_lengths[0][:3].tolist() == [6, 6, 6]  # no probe; 3 rounds emit < 29 tokens
+
+
+def _first_round_prior(speculation, num_draft_tokens):
+    """What the schedule pools about the rounds right after the prompt: the mean per-position term of the rows'
+    first rounds (NaN where fewer than OPTIMAL_MIN_POOLED_ROUNDS rows drafted the position)."""
+    betas = torch.stack([rounds[0] for rounds in speculation.position_acceptance]).double()[:, :num_draft_tokens]
+    kept = torch.stack([rounds[0] for rounds in speculation.drafted_acceptance]).double()[:, :num_draft_tokens]
+    reach = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].nan_to_num(0.0)], dim=1).cumprod(dim=1)
+    terms, counts = (reach * betas).nan_to_num(0.0), (~betas.isnan()).sum(0)
+    return torch.where(counts >= OPTIMAL_MIN_POOLED_ROUNDS, terms.sum(0) / counts, torch.nan)  # (N,)
+
+
+def test_a_call_with_cached_costs_and_prior_skips_the_warm_up_and_starts_from_them(pair):
+    target, draft = pair
+    input_ids = prompt(5)
+    assert measured_draft_costs(target, draft) is None
+    # 32 rows drafting 6 (cheap drafts passed): the priors cover every position; the rounds are timed all the same
+    rows = greedy(target, draft, input_ids.repeat(32, 1), assistant_costs=DraftCosts(1e-9, [1.0] * 6))
+    assert all(int(lengths[0]) == 6 for lengths in rows.speculation.draft_lengths)
+    costs = measured_draft_costs(target, draft)  # timed at batch 32 and below: the nearest batch size serves batch 1
+    assert isinstance(costs, DraftCosts) and costs.draft_step_seconds > 0
+    curve = costs.verify_curve(6)
+    assert bool((curve > 0).all()) and bool((curve[1:] >= curve[:-1]).all())
+    prior = _first_round_prior(rows.speculation, 6)
+    assert not bool(prior.isnan().any())
+    expected_first_length = int(theory.optimal_draft_length(prior[None], costs.draft_step_seconds, curve)[0])
+
+    second = greedy(target, draft, input_ids)
+    assert torch.equal(second.sequences, target.generate(input_ids, do_sample=False, max_new_tokens=30))
+    lengths = second.speculation.draft_lengths[0]
+    assert int(lengths[0]) == expected_first_length  # chosen in round 0 from the cache: no warm-up
+    assert int(lengths[1]) == 1  # a probe: the pair has fewer than OPTIMAL_PROBES short rounds timed at batch 1
+    assert int(lengths.max()) <= 6
+
+    # the first round's prior decides it: with costly drafts, one token (a pair without that prior drafts N); the
+    # second round may explore positions the later rounds' prior lacks, then one token again
+    third = greedy(target, draft, input_ids, assistant_costs=DraftCosts(1.0, lambda n: 0.01)).speculation.draft_lengths[0]
+    assert int(third[0]) == 1 and bool((third[2:] == 1).all())
+
+
+def test_cached_batched_calls_stay_exact():
+    target, draft = make_pair("qwen3", noise=0.3)
+    enable_diversed(target)
+    rows = [prompt(length, seed=i)[0] for i, length in enumerate([4, 9, 6])]
+    input_ids = torch.stack([torch.cat([torch.full((9 - len(row),), PAD_TOKEN_ID), row]) for row in rows])  # left-padded
+    attention_mask = (torch.arange(9) >= torch.tensor([9 - len(row) for row in rows])[:, None]).long()
+    for call in range(3):  # warm-up, probe, fully cached
+        output = greedy(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=20)
+        for b, row in enumerate(rows):
+            alone = target.generate(row[None], do_sample=False, max_new_tokens=20)
+            assert torch.equal(output.sequences[b, -20:], alone[0, -20:]), (call, b)
+    assert measured_draft_costs(target, draft, batch_size=3) is not None
+
+
+def test_the_cache_belongs_to_the_models_and_can_be_cleared():
+    target, draft = make_pair("llama", noise=0.3)
+    enable_diversed(target)
+    attributes = set(vars(draft))
+    greedy(target, draft, prompt(5), max_new_tokens=12)
+    assert measured_draft_costs(target, draft) is not None
+    assert set(vars(draft)) == attributes  # nothing stored on the model
+    other_target, _ = make_pair("llama", noise=0.3)
+    assert measured_draft_costs(other_target, draft) is None  # keyed by the pair
+    clear_draft_statistics(draft)
+    assert measured_draft_costs(target, draft) is None
+    assert greedy(target, draft, prompt(5), max_new_tokens=12).speculation.draft_lengths[0][:3].tolist() == [6, 6, 1]
+    reference = weakref.ref(draft)
+    del draft
+    gc.collect()
+    assert reference() is None  # the cache does not keep the draft alive; its entry went with it
+    assert all(key is not None for key in _STATISTICS.keys())
+
+
+def test_cost_fit_takes_the_shape_from_pairs_of_rounds_and_the_scale_from_recent_ones():
+    def round_seconds(n, load):  # drafting 1 ms per step + 0.5 ms; the rest 12 ms + 0.3 ms per draft; both times load
+        return load * (0.0005 + 0.001 * n), load * (0.012 + 0.0003 * n)
+
+    samples = _CostSamples()
+    samples.add(12, *round_seconds(12, 1.0))
+    one_length = samples.fit()  # one length timed: drafting proportional to n, the rest constant
+    assert one_length.draft_step_seconds == pytest.approx(0.0125 / 12) and one_length.verify_seconds(3) == pytest.approx(0.0156)
+    for load in (1.0, 1.5, 0.8):  # probes (1 draft, then 12) timed under loads that change between calls
+        samples.add(1, *round_seconds(1, load), previous=(12, *round_seconds(12, load)))
+        samples.add(12, *round_seconds(12, load), previous=(1, *round_seconds(1, load)))
+    for _ in range(80):  # then the machine runs twice as slow: the scale follows, the shape stays
+        samples.add(12, *round_seconds(12, 2.0), previous=(12, *round_seconds(12, 2.0)))
+    fitted = samples.fit()
+    assert isinstance(fitted.verify_seconds, LinearVerifyCost)
+    assert fitted.draft_step_seconds == pytest.approx(0.002)
+    for n in (1, 4, 12):
+        assert fitted.verify_seconds(n) == pytest.approx(2.0 * (0.0005 + 0.012 + 0.0003 * n))
+    assert samples.count_pairs(6) == 6
+
+
+def test_the_prior_is_shrunk_toward_the_rows_own_rounds():
+    from diversed_hf.policies import OptimalSchedule
+
+    draft = torch.nn.Linear(1, 1)
+    _pair_statistics(draft, None).pool("setting", torch.tensor([32.0, 0.0]), torch.tensor([32.0, 32.0]))  # prior 1, 0
+    schedule = OptimalSchedule(draft, 2, setting="setting", costs=DraftCosts(1e-3, [1.0, 1.0]))
+    schedule.start(1, torch.device("cpu"))
+    ones = torch.ones(1, 2)
+    for _ in range(9):  # the row accepts everything at position 2: 8 later rounds of its own against 8 of prior
+        schedule.observe(ones, ones, torch.tensor([2]), None)
+    own = 8.0 / (8 + OPTIMAL_PRIOR_ROUNDS)
+    assert schedule.estimates()[0].tolist() == pytest.approx([1.0, own])
+
+
+def test_the_first_round_has_its_own_prior():
+    from diversed_hf.policies import OptimalSchedule, _first_round
+
+    draft = torch.nn.Linear(1, 1)
+    statistics = _pair_statistics(draft, None)
+    statistics.pool(_first_round("setting"), torch.full((4,), 32.0), torch.full((4,), 32.0))  # right after the prompt: 1
+    statistics.pool("setting", torch.zeros(4), torch.full((4,), 32.0))  # later rounds: 0
+    schedule = OptimalSchedule(draft, 4, setting="setting", costs=DraftCosts(0.1, [1.0] * 4))
+    assert schedule.start(2, torch.device("cpu")).tolist() == [4, 4]  # every draft accepted: draft N
+    zeros = torch.zeros(2, 4)
+    schedule.observe(zeros, zeros, torch.tensor([4, 4]), None)  # the first round is not the rows' own data here
+    assert schedule.lengths().tolist() == [1, 1]
+    schedule.finish()
+    assert statistics.prior(_first_round("setting"), 4).tolist() == pytest.approx([32 / 34] * 4)  # (32 + 0) / (32 + 2)
+    assert statistics.prior("setting", 4).tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(assistant_costs=DraftCosts(1e-3, [0.01] * 6)), ValueError, "read only by `num_assistant_tokens_schedule=\"optimal\"`"),
+        (dict(assistant_costs={"draft_step_seconds": 1e-3}, **OPTIMAL), TypeError, "`assistant_costs` must be a"),
+        (dict(assistant_costs=DraftCosts(1e-3, [0.01] * 3), **OPTIMAL), ValueError, r"needs one entry per draft length"),
+        (dict(assistant_costs=DraftCosts(1e-3, lambda n: 0.01 - 0.003 * n), **OPTIMAL), ValueError, "finite and > 0"),
+        (dict(assistant_costs=DraftCosts(1e-3, lambda n: "fast"), **OPTIMAL), TypeError, "must return a number"),
+    ],
+)
+def test_bad_assistant_costs_are_refused_before_generating(pair, kwargs, error, match):
+    target, draft = pair
+    with pytest.raises(error, match=match):
+        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, num_assistant_tokens=6, **kwargs)
+    assert measured_draft_costs(target, draft) is None  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "fields, error, match",
+    [
+        (dict(draft_step_seconds=0.0, verify_seconds=[1.0]), ValueError, r"`DraftCosts.draft_step_seconds` must be a finite"),
+        (dict(draft_step_seconds=float("nan"), verify_seconds=[1.0]), ValueError, "draft_step_seconds"),
+        (dict(draft_step_seconds=True, verify_seconds=[1.0]), ValueError, "draft_step_seconds"),
+        (dict(draft_step_seconds=1e-3, verify_seconds="fast"), TypeError, r"`DraftCosts.verify_seconds` must be a callable"),
+        (dict(draft_step_seconds=1e-3, verify_seconds=[]), TypeError, "non-empty"),
+    ],
+)
+def test_draft_costs_check_their_fields(fields, error, match):
+    with pytest.raises(error, match=match):
+        DraftCosts(**fields)
+
+
+def test_assistant_costs_without_a_verifier_is_an_error(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="`assistant_costs` only applies to relaxed speculative decoding"):
+        target.generate(prompt(4), assistant_model=draft, max_new_tokens=4, assistant_costs=DraftCosts(1e-3, [0.01]))
