@@ -23,7 +23,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,6 +103,29 @@ def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     return "\n".join(lines)
 
 
+def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
+    """How each head was trained: the ``train_head.py`` command its recorded training configuration implies."""
+    lines = []
+    for name, (head, training) in heads.items():
+        if not training.get("lambda_acceptance"):
+            continue
+        flags = [f"--seed {training.get('seed', 0)}", f"--lambda_acceptance {training['lambda_acceptance']:g}",
+                 f"--head_architecture {head.config.architecture}"]
+        if head.config.features:
+            flags.append("--head_features " + " ".join(head.config.features))
+        else:  # the recipe's YAML may list features: this head read none
+            note_features = " with `head_features: []` in a copy of the YAML"
+        if not head.config.use_hidden_states:
+            flags.append("--head_use_hidden_states false")
+        offset = training.get("calibration_logit_offset") or 0.0
+        note = note_features if not head.config.features else ""
+        if offset:
+            note += f" (then a calibration offset of {offset:+g} on the output logit, training/calibrate_head.py)"
+        lines.append(f"- {name}: `python training/train_head.py --config training/configs/testbed_{task}.yaml "
+                     f"--threads 1 {' '.join(flags)} --output_dir runs/... --head_dir runs/.../head`{note}")
+    return "\n".join(lines)
+
+
 def _pct(value) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
@@ -118,26 +140,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output-dir", default=str(REPO / "results"))
+    parser.add_argument("--rows-from", default=None,
+                        help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    started = time.perf_counter()
     heads = {name: _load(path) for name, path in args.heads}
-    target, draft, tokenizer = testbed.load_pair()
-    task = load_task(args.task, args.num_prompts, seed=args.seed)
-    methods, _ = parse_methods(["target", "sd"])
-    methods += [Method(name, "diversed", HeadVerifier(head)) for name, (head, _) in heads.items()]
-    config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
-                         max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
-    result = run_bench(target, draft, tokenizer, task, methods, config, progress=True)
     output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    (output / f"ablation_{args.task}.json").write_text(json.dumps(result.rows, indent=2, default=str) + "\n")
-    command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    if args.rows_from:
+        rows = json.loads(Path(args.rows_from).read_text())
+    else:
+        target, draft, tokenizer = testbed.load_pair()
+        task = load_task(args.task, args.num_prompts, seed=args.seed)
+        methods, _ = parse_methods(["target", "sd"])
+        methods += [Method(name, "diversed", HeadVerifier(head)) for name, (head, _) in heads.items()]
+        config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
+                             max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
+        rows = run_bench(target, draft, tokenizer, task, methods, config, progress=True).rows
+        output.mkdir(parents=True, exist_ok=True)
+        (output / f"ablation_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    given = list(argv if argv is not None else sys.argv[1:])
+    if "--rows-from" in given:  # the command that decodes, not the one that re-rendered
+        index = given.index("--rows-from")
+        del given[index : index + 2]
+    command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
     text = (
         f"On `{args.task}`: {args.num_prompts} held-out prompts (seed {args.seed}) x {args.num_samples} samples, "
         f"temperature 1, N = 5, at most {args.max_new_tokens} new tokens; every head on the same prompts as "
-        f"target-only and SD ({(time.perf_counter() - started) / 60:.0f} min). Regenerate with:\n\n"
-        f"```bash\n{command}\n```\n\n{table(result.rows, heads)}\n"
+        f"target-only and SD. Training times are as recorded by `train_head.py` on this shared 2-core machine "
+        f"(other jobs ran alongside most of them). Regenerate with:\n\n"
+        f"```bash\n{command}\n```\n\n{table(rows, heads)}\n\nThe heads (`runs/` is not shipped; each line "
+        f"rebuilds one):\n\n{recipes(args.task, heads)}\n"
     )
     (output / f"ablation_{args.task}.md").write_text(text)
     print(text)
