@@ -1,6 +1,6 @@
 """Regenerate RESULTS.md and results/ on the shipped CPU testbed: every method on both tasks, one command.
 
-    python training/make_results.py                  # the results page (about 40 min on 2 CPU cores)
+    python training/make_results.py                  # the results page (27 min with the 2 processes below)
     python training/make_results.py --quick          # a few-minute smoke run into results_quick/
     accelerate launch --multi_gpu --num_processes 2 training/make_results.py   # data parallel, 2 processes
 
