@@ -2,6 +2,7 @@
 
 from . import verifiers
 from .candidates import DiversedCandidateGenerator
+from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
 from .compat import check_transformers_version
 from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
 from .head import DiversedHead, DiversedHeadConfig
@@ -22,6 +23,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DiversedCandidateGenerator",
+    "DraftCosts",
+    "clear_draft_statistics",
+    "measured_draft_costs",
     "DiversedGenerationMixin",
     "DiversedGenerateDecoderOnlyOutput",
     "DiversedHead",
