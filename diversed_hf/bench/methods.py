@@ -83,6 +83,12 @@ class Schedule:
         return kwargs
 
 
+def _check_unique(names: list[str], plural: str, singular: str) -> None:
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{plural} {duplicates} are listed twice; list each {singular} once.")
+
+
 def _parse_lengths(spec: str, values: str) -> list[int]:
     lengths = _parse_values(spec, values)
     if any(v != int(v) or v < 1 for v in lengths):
@@ -129,10 +135,7 @@ def parse_schedules(specs: Sequence[str]) -> list[Schedule]:
                 f"Unknown schedule spec {spec!r}. Use constant[:N,...], heuristic[:N0], heuristic_transient[:N0], "
                 "confidence:T,... or optimal[:N]."
             )
-    labels = [s.label for s in schedules]
-    duplicates = sorted({label for label in labels if labels.count(label) > 1})
-    if duplicates:
-        raise ValueError(f"Schedules {duplicates} are listed twice; list each schedule once.")
+    _check_unique([s.label for s in schedules], "Schedules", "schedule")
     if not schedules:
         raise ValueError("`schedules` is empty; pass at least one, e.g. ['constant'].")
     return schedules
@@ -233,8 +236,5 @@ def parse_methods(
                 f"Unknown method spec {spec!r}. Use target, sd, lossy:L,..., static:W,..., cascade[-RULE]:A,..., "
                 "typical:EPS,..., sd-ft, diversed or diversed@TASK."
             )
-    names = [m.name for m in methods]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"Methods {duplicates} are listed twice; list each method once.")
+    _check_unique([m.name for m in methods], "Methods", "method")
     return methods, notes
