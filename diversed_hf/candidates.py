@@ -131,12 +131,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
             ``"heuristic"`` (+2 after a round in which the row accepted every draft, -1 otherwise, never
             below 1; the value is written back to the assistant's ``generation_config`` at the end of the
             call, the mean over rows in a batch); ``"heuristic_transient"`` (the same, not written back).
-            ``"optimal"`` (this project's, not transformers'): each round, each row drafts the ``n`` in
-            ``1..N`` that maximises expected tokens per second, ``E[T_n] / (n c + c_verify(n))``
-            (:func:`diversed_hf.theory.optimal_draft_length`), with ``E[T_n]`` from the row's per-position
-            estimates of ``prod_{t<k} a_t(x_t) beta_k`` (its own rounds, shrunk toward a prior pooled from earlier
-            calls of the pair) and the costs ``assistant_costs`` or measured on the pair (cached across calls; only
-            a call that finds none warms up, :data:`OPTIMAL_WARMUP`). Details: :mod:`diversed_hf.policies`.
+            ``"optimal"`` (this project's, not transformers'): the most expected tokens per second. Once the pair
+            and setting have statistics, a row drafts again only while the next draft is worth its cost at the
+            pair's rate, judged from the draft's confidence in the tokens it drew (acceptance calibrated per
+            confidence bin on earlier rounds); until then each round each row drafts the ``n`` in ``1..N``
+            maximising ``E[T_n] / (n c + c_verify(n))`` from its per-position estimates. Costs are
+            ``assistant_costs`` or measured on the pair (cached across calls; only a call that finds none warms
+            up, :data:`OPTIMAL_WARMUP`). Details: :mod:`diversed_hf.policies`.
         confidence_threshold: transformers' ``assistant_confidence_threshold``: a row stops drafting
             after a token whose draft probability is below it (that token is still verified); ``None``
             or 0 turns it off. The batch drafts while any row does.
@@ -241,7 +242,12 @@ class DiversedCandidateGenerator(CandidateGenerator):
         scores, probs, hidden, untempered = [], [], [], []
         # What the cache lacks: the whole prompt in the first round, then the last two columns.
         chunk = input_ids[:, self.cache.get_seq_length() :]  # (batch, L - cached)
-        lengths = self.draft_lengths.clone()  # (batch,) shortened by the confidence threshold
+        lengths = self.draft_lengths.clone()  # (batch,) shortened by the confidence threshold or the stopping rule
+        rule = None if self.optimal is None else self.optimal.rule  # "optimal": stops rows within the round
+        # one row without a threshold: the rule on Python floats (no tensor operations per draft step)
+        scalar_rule = rule is not None and batch_size == 1 and self.confidence_threshold is None
+        row_length = int(lengths[0]) if scalar_rule else 0
+        reach = 1.0 if scalar_rule else torch.ones(batch_size, device=input_ids.device)  # the rule's P(all pass)
         for step in range(num_round_drafts):
             out = compat.forward_with_cache(
                 self.draft_model, draft_input_ids(self.draft_model, chunk, self.vocab_size), candidate_mask, self.cache,
@@ -261,9 +267,20 @@ class DiversedCandidateGenerator(CandidateGenerator):
             candidate_ids = torch.cat([candidate_ids, token[:, None]], dim=1)
             candidate_mask = torch.cat([candidate_mask, torch.ones_like(token[:, None])], dim=1)
             chunk = token[:, None]  # (batch, 1)
-            if self.confidence_threshold is not None:
+            if scalar_rule:
+                reach = rule.update_reach_scalar(reach, float(step_probs[0, token[0]]))
+                if step + 1 < row_length and not rule.keep_drafting_scalar(reach, step):
+                    lengths = torch.full_like(lengths, step + 1)
+                    break
+            elif self.confidence_threshold is not None or rule is not None:
                 confidence = step_probs.gather(1, token[:, None]).squeeze(1)  # (batch,) q_t(x_t)
-                unsure = (confidence < self.confidence_threshold) & (lengths > step + 1)  # (batch,)
+                unsure = torch.zeros_like(confidence, dtype=torch.bool)  # (batch,)
+                if self.confidence_threshold is not None:
+                    unsure |= confidence < self.confidence_threshold
+                if rule is not None:
+                    reach = rule.update_reach(reach, confidence)
+                    unsure |= ~rule.keep_drafting(reach, step)
+                unsure &= lengths > step + 1
                 lengths = torch.where(unsure, torch.full_like(lengths, step + 1), lengths)
                 if not bool((lengths > step + 1).any()):  # no row drafts further
                     break
@@ -275,6 +292,10 @@ class DiversedCandidateGenerator(CandidateGenerator):
         else:
             candidate_logits = torch.zeros(batch_size, 0, self.vocab_size, device=input_ids.device)
             self.draft_probs = candidate_logits
+        self.draft_confidence = None  # (batch, N_r) q_t(x_t) of the drafts: what the "optimal" schedule calibrates on
+        if self.optimal is not None and probs:
+            drafted = candidate_ids[:, candidate_ids.shape[1] - len(probs) :, None]  # (batch, N_r, 1)
+            self.draft_confidence = self.draft_probs.gather(2, drafted).squeeze(2)
         self.draft_hidden = torch.stack(hidden, dim=1) if hidden else None  # (batch, N_r, d_draft)
         self.untempered_draft_probs = torch.stack(untempered, dim=1) if untempered else None  # (batch, N_r, vocab)
         return candidate_ids, candidate_logits
@@ -306,7 +327,10 @@ class DiversedCandidateGenerator(CandidateGenerator):
         if self.optimal is not None:
             if position_acceptance is None or drafted_acceptance is None:
                 raise ValueError("the 'optimal' schedule needs the round's `position_acceptance` and `drafted_acceptance`.")
-            self.optimal.observe(position_acceptance, drafted_acceptance, self.draft_lengths, seconds)
+            self.optimal.observe(
+                position_acceptance, drafted_acceptance, self.draft_lengths, seconds,
+                confidence=self.draft_confidence, num_matches=num_matches,
+            )
         kept = realignment.kept if realignment is not None else None
         if kept is not None:
             gone = torch.ones_like(self.row_num_tokens, dtype=torch.bool)  # (batch,)

@@ -1,58 +1,66 @@
-"""State of the ``"optimal"`` draft-length schedule: round costs, the cross-call cache, the per-row estimator.
+"""State of the ``"optimal"`` draft-length schedule: the cross-call statistics, the per-row estimator, the stopping rule.
 
-:class:`~diversed_hf.candidates.DiversedCandidateGenerator` drives one :class:`OptimalSchedule` per call. Each
-round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
-``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.theory.optimal_draft_length`).
+:class:`~diversed_hf.candidates.DiversedCandidateGenerator` drives one :class:`OptimalSchedule` per call. The
+schedule maximises expected tokens per second. It has two modes:
 
-**Costs.** ``c`` is a draft step, ``c_verify(n)`` the rest of a round with ``n`` drafts (the target's pass,
-verification, bookkeeping). They are ``assistant_costs`` (:class:`DraftCosts`) when passed, else measured on the
-(target, draft) pair at the batch size (else the nearest one timed) and kept across calls: drafting is modelled as
-``s_d (delta + n)`` and the rest as ``s_r (1 + kappa n)``; the shapes ``delta``, ``kappa`` come from consecutive
-rounds of different lengths (timed under the same load), the scales ``s_d``, ``s_r`` from the last
-``_RECENT_ROUNDS`` rounds (``_CostSamples``), so ``c = s_d`` and ``c_verify(n) = s_d delta + s_r (1 + kappa n)``.
-A call that finds costs uses them throughout; only a call that finds none warms up (:data:`OPTIMAL_WARMUP`) and
-fits its own rounds as they come. The shapes rest on far-apart lengths: the calls after a warm-up draft one token
-in their second round until :data:`OPTIMAL_PROBES` such pairs are timed. Every call's timings refine the cache.
+1. **Stopping rule** (once the pair and setting have statistics, :meth:`OptimalSchedule.stopping_rule`). Every row
+   may draft up to ``N``; after its ``k``-th draft it drafts one more only if what that draft is expected to add,
+   ``r_k * abar``, is worth its cost at the pair's rate: ``r_k * abar >= R * (c + c_verify(k + 1) - c_verify(k))``.
+   ``r_k = prod_{t<=k} a_hat(q_t(x_t))`` estimates the chance that the round's ``k`` drafts are all accepted from
+   the draft's own confidence in the tokens it drew (a token's acceptance ``a_t(x_t)`` averaged over earlier
+   rounds, per confidence bin, :data:`OPTIMAL_CONFIDENCE_EDGES`, shrunk toward the mean ``abar`` with weight
+   :data:`OPTIMAL_CALIBRATION_PRIOR`); ``R`` is the tokens per second per row measured on the pair's recent timed
+   rounds (the last :data:`OPTIMAL_RATE_ROUNDS`). Comparing a marginal gain with ``R`` times its marginal cost is
+   the optimality condition of a rate (tokens per round over seconds per round, Dinkelbach): the gains fall with
+   ``k``, so stopping at the first ``k`` that fails it is the best stopping time given what the draft has shown.
+   The confidence is the draft's probability of its own token, so stopping does not depend on the target: the
+   law the verifier emits at each drafted position is unchanged (as with ``assistant_confidence_threshold``).
+2. **Per-row lengths** (until then: a call whose pair and setting have fewer than
+   :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` timed rounds pooled). Each
+   round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
+   ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.theory.optimal_draft_length`), ``E[T_n] = 1 + sum_{k<=n}
+   m_k`` with ``m_k`` the row's estimate of ``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of
+   :func:`diversed_hf.theory.expected_tokens_per_round`)::
 
-**Acceptance.** ``E[T_n] = 1 + sum_{k<=n} m_k``, with ``m_k`` the row's estimate of
-``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of :func:`diversed_hf.theory.expected_tokens_per_round`)::
+       m_k = (s_k + w * prior_k) / (c_k + w)        (prior_k unknown: m_k = s_k / c_k)
 
-    m_k = (s_k + w * prior_k) / (c_k + w)        (prior_k unknown: m_k = s_k / c_k)
+   ``s_k`` / ``c_k`` are the row's own sum and count of the terms at position ``k``, ``prior_k`` the mean pooled
+   from earlier calls with the same pair and setting (the last :data:`OPTIMAL_POOL_ROUNDS` rounds per position)
+   and ``w`` = :data:`OPTIMAL_PRIOR_ROUNDS`. A position pooled from fewer than :data:`OPTIMAL_MIN_POOLED_ROUNDS`
+   rounds has no prior; a row with no estimate at some position drafts ``N``, which observes every position. The
+   round right after the prompt accepts differently, so it is pooled apart.
 
-``s_k`` / ``c_k`` are the row's own sum and count of the terms at position ``k`` (its rounds that drafted ``k``),
-``prior_k`` the mean pooled from earlier calls with the same pair and setting (verifier, greedy or sampled, logits
-processors; the last :data:`OPTIMAL_POOL_ROUNDS` rounds per position, older ones fade) and
-``w`` = :data:`OPTIMAL_PRIOR_ROUNDS`: the prior weighs as much as that many of the row's rounds. A position pooled
-from fewer than :data:`OPTIMAL_MIN_POOLED_ROUNDS` rounds has no prior. A row with no estimate at some position
-(the first call, ``N`` above what earlier calls drafted) drafts ``N``, which observes every position; lengths stay
-in ``1..N`` (and within the row's length budget, :meth:`~diversed_hf.candidates.DiversedCandidateGenerator.plan_draft_lengths`).
+On the testbed's arith task the stopping rule is what beats every constant length: rounds whose drafts the draft
+itself doubts are cut short, confident ones run to ``N`` (docs/method.md §6 has the measurement).
 
-The round right after the prompt accepts differently (on the testbed's arith task the terms at positions 13-16
-are about 0.5-0.6 there and 0.3 in later rounds), so it is pooled apart: it drafts ``N`` until its own prior covers
-``1..N``, then the length that prior makes best; it counts as the row's own data only where no later-round prior is.
+**Costs** (:mod:`diversed_hf.costs`): ``assistant_costs`` when passed, else measured on the pair at the batch
+size (else the nearest one timed) and kept across calls. Only a call that finds none warms up
+(:data:`OPTIMAL_WARMUP`); the calls after a warm-up draft one token in their second round until
+:data:`OPTIMAL_PROBES` pairs of far-apart lengths are timed (the slope of ``c_verify`` rests on them).
 
-The cache lives in a module-level ``weakref.WeakKeyDictionary`` keyed by the draft model (then a weak reference to
-the target): nothing is written on the models, and it goes with them. :func:`measured_draft_costs` reads the
-costs; :func:`clear_draft_statistics` forgets everything for a draft.
+**Settings.** Acceptance statistics are kept per setting (:func:`acceptance_setting`: verifier or head, greedy or
+sampled, logits processors), the rate per setting and batch size. Everything lives in a module-level
+``weakref.WeakKeyDictionary`` keyed by the draft model (then a weak reference to the target): nothing is written
+on the models, and it goes with them. :func:`measured_draft_costs` reads the costs; :func:`clear_draft_statistics`
+forgets everything for a draft.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 import weakref
-from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable
 
 import torch
 
-from . import theory
+from .costs import CostSamples, DraftCosts, LinearVerifyCost, check_draft_costs
 
 __all__ = [
     "DraftCosts",
     "LinearVerifyCost",
     "OptimalSchedule",
+    "StoppingRule",
     "acceptance_setting",
     "check_draft_costs",
     "clear_draft_statistics",
@@ -73,98 +81,19 @@ OPTIMAL_PRIOR_ROUNDS = 8.0
 OPTIMAL_MIN_POOLED_ROUNDS = 32.0
 #: rounds per position the pooled prior keeps; beyond, older calls fade (their sums are scaled down)
 OPTIMAL_POOL_ROUNDS = 512.0
-_COST_SAMPLES = 256  # pairs of consecutive rounds of different lengths kept per (pair, device, batch size)
-_RECENT_ROUNDS = 64  # the last timed rounds the scale of the costs is the median over
-_REFIT_EVERY = 16  # the fit of the costs is refreshed once this many rounds were timed since
+#: upper edges of the draft-confidence bins the stopping rule calibrates acceptance in (the last bin ends at 1)
+OPTIMAL_CONFIDENCE_EDGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+#: weight, in drafted tokens, of the mean acceptance in each bin's estimate (bins seen rarely lean on the mean)
+OPTIMAL_CALIBRATION_PRIOR = 8.0
+#: drafted tokens the calibration needs pooled (per setting) before a call uses the stopping rule
+OPTIMAL_MIN_CALIBRATION = 256.0
+#: drafted tokens per bin the calibration keeps; beyond, older calls fade
+OPTIMAL_CALIBRATION_TOKENS = 4096.0
+#: timed rounds the rate needs pooled (per setting and batch size) before a call uses the stopping rule
+OPTIMAL_MIN_RATE_ROUNDS = 16.0
+#: timed rounds the rate keeps; beyond, older calls fade
+OPTIMAL_RATE_ROUNDS = 256.0
 _SETTINGS_PER_PAIR = 32  # acceptance priors kept per pair (verifier and sampling settings)
-
-
-@dataclass(frozen=True)
-class LinearVerifyCost:
-    """``c_verify(n) = max(intercept + slope n, floor)`` seconds: the fit :func:`measured_draft_costs` returns."""
-
-    intercept: float
-    slope: float
-    floor: float = 0.0
-
-    def __call__(self, n: int) -> float:
-        return max(self.intercept + self.slope * n, self.floor)
-
-
-@dataclass(frozen=True)
-class DraftCosts:
-    """What a round costs, for ``num_assistant_tokens_schedule="optimal"``: ``generate(..., assistant_costs=...)``.
-
-    A round of ``n`` drafts costs ``n * draft_step_seconds + verify_seconds(n)``; only ratios matter, so any unit
-    works if both fields use it. Passed costs replace the measured ones (the call then needs no warm-up).
-
-    Args:
-        draft_step_seconds: one draft step (one token for every row of the batch), > 0.
-        verify_seconds: the rest of a round with ``n`` drafts (the target's pass over ``n + 1`` positions,
-            verification, bookkeeping): a callable ``n -> seconds`` (e.g. :class:`LinearVerifyCost`), or a
-            sequence / 1-D tensor whose entry ``n - 1`` is for ``n`` drafts, with at least ``num_assistant_tokens``
-            entries. Values must be finite and > 0.
-    """
-
-    draft_step_seconds: float
-    verify_seconds: Callable[[int], float] | Sequence[float] | torch.Tensor
-
-    def __post_init__(self):
-        step = self.draft_step_seconds
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or step <= 0:
-            raise ValueError(
-                f"`DraftCosts.draft_step_seconds` must be a finite number of seconds > 0, got {step!r}. Time one draft "
-                "step of your pair (or read `measured_draft_costs(target, draft)` after a call)."
-            )
-        verify = self.verify_seconds
-        if not callable(verify) and (
-            isinstance(verify, (str, bytes)) or not isinstance(verify, (Sequence, torch.Tensor)) or len(verify) == 0
-        ):
-            raise TypeError(
-                f"`DraftCosts.verify_seconds` must be a callable n -> seconds or a non-empty sequence / 1-D tensor "
-                f"(entry n - 1 for n drafts), got {type(verify).__name__} {verify!r}. E.g. "
-                "`verify_seconds=lambda n: 0.012 + 0.0003 * n`."
-            )
-
-    def verify_curve(self, num_draft_tokens: int) -> torch.Tensor:  # (N,) float64 seconds for n = 1..N
-        """``verify_seconds`` at ``n = 1..num_draft_tokens``, checked."""
-        if callable(self.verify_seconds):
-            values = [self.verify_seconds(n) for n in range(1, num_draft_tokens + 1)]
-            if any(isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)) for v in values):
-                raise TypeError(f"`DraftCosts.verify_seconds(n)` must return a number of seconds, got {values!r}.")
-            curve = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        else:
-            try:
-                curve = torch.as_tensor(self.verify_seconds, dtype=torch.float64).cpu()
-            except (TypeError, ValueError, RuntimeError) as error:
-                raise TypeError(f"`DraftCosts.verify_seconds` must hold numbers of seconds: {error}") from None
-            if curve.dim() != 1 or curve.numel() < num_draft_tokens:
-                raise ValueError(
-                    f"`DraftCosts.verify_seconds` has shape {tuple(curve.shape)}; it needs one entry per draft length "
-                    f"n = 1..num_assistant_tokens = {num_draft_tokens}. Pass {num_draft_tokens} values or a callable."
-                )
-            curve = curve[:num_draft_tokens]
-        if not bool((curve.isfinite() & (curve > 0)).all()):
-            raise ValueError(
-                f"`DraftCosts.verify_seconds` must be finite and > 0 for n = 1..{num_draft_tokens}, got {curve.tolist()}."
-            )
-        return curve
-
-
-def check_draft_costs(costs, schedule: str) -> None:
-    """``assistant_costs``: a :class:`DraftCosts` or None, and only with the ``"optimal"`` schedule."""
-    if costs is None:
-        return
-    if not isinstance(costs, DraftCosts):
-        raise TypeError(
-            f"`assistant_costs` must be a diversed_hf.candidates.DraftCosts or None, got {type(costs).__name__}: "
-            "`assistant_costs=DraftCosts(draft_step_seconds=..., verify_seconds=...)`."
-        )
-    if schedule != "optimal":
-        raise ValueError(
-            f"`assistant_costs` is read only by `num_assistant_tokens_schedule=\"optimal\"`, got {schedule!r}: pass "
-            "`num_assistant_tokens_schedule=\"optimal\"` as well, or remove `assistant_costs`."
-        )
 
 
 # Statistics the "optimal" schedule keeps across calls ----------------------------------------------------------------
@@ -172,93 +101,14 @@ def check_draft_costs(costs, schedule: str) -> None:
 _STATISTICS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _weighted_median(values: list[tuple[float, float]]) -> float:
-    """The median of ``(value, weight)`` pairs, weighted."""
-    values = sorted(values)
-    half, total = sum(w for _, w in values) / 2, 0.0
-    for value, weight in values:
-        total += weight
-        if total >= half:
-            return value
-    return values[-1][0]
-
-
-class _CostSamples:
-    """Timed rounds of one (pair, device, batch size) and the costs fitted to them.
-
-    A round of ``n`` drafts is modelled as drafting ``s_d (delta + n)`` and the rest ``s_r (1 + kappa n)`` seconds.
-    The shapes ``delta`` and ``kappa`` come from pairs of consecutive rounds of one call with different lengths (a
-    probe and its neighbour): the two are timed under the same machine load, so their ratio does not depend on it;
-    each pair solves for the shape, and the fit takes the median weighted by the squared length gap. The scales
-    ``s_d`` and ``s_r`` are the medians over the last ``_RECENT_ROUNDS`` rounds, so they follow a machine that slows
-    down or speeds up (other processes, clocks) without confusing that with the slope.
-    """
-
-    def __init__(self):
-        self.recent: deque = deque(maxlen=_RECENT_ROUNDS)  # (n, drafting seconds, rest-of-round seconds)
-        self.pairs: deque = deque(maxlen=_COST_SAMPLES)  # (n_a, drafting_a, rest_a, n_b, drafting_b, rest_b)
-        self.added = 0  # rounds timed since the last fit
-        self._fitted: DraftCosts | None = None
-        self._curves: dict[tuple[int, str], tuple[float, torch.Tensor]] = {}  # (N, device) -> (c, n c + c_verify(n))
-
-    def add(self, width: int, drafting: float, rest: float, previous: tuple[int, float, float] | None = None) -> None:
-        """One timed round, and the timed round before it in the same call, if any."""
-        self.recent.append((width, drafting, rest))
-        self.added += 1
-        new_pair = previous is not None and previous[0] != width
-        if new_pair:
-            self.pairs.append((*previous, width, drafting, rest))
-        if self.added >= _REFIT_EVERY or new_pair or self._fitted is None:
-            self._fitted, self._curves, self.added = None, {}, 0
-
-    def round_seconds(self, num_draft_tokens: int, device: torch.device) -> tuple[float, torch.Tensor] | None:
-        """``(c, n c + c_verify(n) for n = 1..N)`` of the current fit (cached until it is refreshed)."""
-        key = (num_draft_tokens, str(device))
-        if key not in self._curves:
-            fitted = self.fit()
-            if fitted is None:
-                return None
-            lengths = torch.arange(1, num_draft_tokens + 1, dtype=torch.float64)  # (N,)
-            total = lengths * fitted.draft_step_seconds + fitted.verify_curve(num_draft_tokens)  # (N,)
-            self._curves[key] = fitted.draft_step_seconds, total.to(device)
-        return self._curves[key]
-
-    def count_pairs(self, min_gap: int) -> int:
-        """Pairs of consecutive rounds whose lengths differ by at least ``min_gap``."""
-        return sum(abs(p[0] - p[3]) >= min_gap for p in self.pairs)
-
-    def fit(self) -> DraftCosts | None:
-        """``c = s_d`` per draft step and ``c_verify(n) = s_d delta + s_r (1 + kappa n)`` (class docstring); while no
-        pair of lengths is timed, ``delta = kappa = 0``."""
-        if self._fitted is not None:
-            return self._fitted
-        if not self.recent:
-            return None
-        delta, kappa = [], []
-        for n_a, d_a, r_a, n_b, d_b, r_b in self.pairs:
-            weight = float((n_a - n_b) ** 2)
-            if d_a > 0 and d_b > 0 and d_a != d_b:  # d_a / d_b = (delta + n_a) / (delta + n_b)
-                ratio = d_a / d_b
-                delta.append((max(0.0, (n_a - ratio * n_b) / (ratio - 1.0)), weight))
-            if r_a > 0 and r_b > 0 and r_a * n_b != r_b * n_a:  # r_a / r_b = (1 + kappa n_a) / (1 + kappa n_b)
-                ratio = r_a / r_b
-                kappa.append((max(0.0, (1.0 - ratio) / (ratio * n_b - n_a)), weight))
-        delta = _weighted_median(delta) if delta else 0.0
-        kappa = _weighted_median(kappa) if kappa else 0.0
-        step = statistics.median(d / (delta + n) for n, d, _ in self.recent)  # s_d = c
-        rest = statistics.median(r / (1.0 + kappa * n) for n, _, r in self.recent)  # s_r
-        self._fitted = DraftCosts(
-            draft_step_seconds=max(step, 1e-12), verify_seconds=LinearVerifyCost(step * delta + rest, rest * kappa)
-        )
-        return self._fitted
-
-
 class _PairStatistics:
     def __init__(self):
-        self.costs: dict[tuple[str, int], _CostSamples] = {}  # (device, batch size) ->
+        self.costs: dict[tuple[str, int], CostSamples] = {}  # (device, batch size) ->
         self.acceptance: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}  # setting -> sums (K,), counts (K,)
+        self.calibration: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}  # setting -> per confidence bin
+        self.rates: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (setting, device, batch) -> per width
 
-    def nearest_samples(self, device: str, batch_size: int) -> _CostSamples | None:
+    def nearest_samples(self, device: str, batch_size: int) -> CostSamples | None:
         """The rounds timed at this batch size, else at the nearest timed one (on this device)."""
         sizes = sorted((abs(b - batch_size), -b) for (d, b), samples in list(self.costs.items()) if d == device and samples.recent)
         return self.costs[(device, -sizes[0][1])] if sizes else None
@@ -280,6 +130,30 @@ class _PairStatistics:
         self.acceptance[setting] = (sums * fade, counts * fade)
         while len(self.acceptance) > _SETTINGS_PER_PAIR:
             self.acceptance.pop(next(iter(self.acceptance)))
+
+    def pool_calibration(self, setting: Hashable, sums: torch.Tensor, counts: torch.Tensor) -> None:
+        """Add a call's acceptance sums and counts per confidence bin ``(K,)``; older calls fade."""
+        old_sums, old_counts = self.calibration.pop(setting, (torch.zeros_like(sums), torch.zeros_like(counts)))
+        sums, counts = old_sums + sums, old_counts + counts
+        fade = OPTIMAL_CALIBRATION_TOKENS / counts.clamp(min=OPTIMAL_CALIBRATION_TOKENS)  # (K,) <= 1
+        self.calibration[setting] = (sums * fade, counts * fade)
+        while len(self.calibration) > _SETTINGS_PER_PAIR:
+            self.calibration.pop(next(iter(self.calibration)))
+
+    def pool_rate(self, key: tuple, tokens: torch.Tensor, rounds: torch.Tensor) -> None:
+        """Add a call's rounds at a setting and batch size: tokens emitted per row (summed) and rounds, both ``(W,)``
+        by the round's draft length (index = length); older calls fade."""
+        old_tokens, old_rounds = self.rates.pop(key, (tokens.new_zeros(0), rounds.new_zeros(0)))
+        width = max(old_tokens.numel(), tokens.numel())
+
+        def padded(values):  # (width,)
+            return torch.nn.functional.pad(values, (0, width - values.numel()))
+
+        tokens, rounds = padded(old_tokens) + padded(tokens), padded(old_rounds) + padded(rounds)
+        fade = OPTIMAL_RATE_ROUNDS / max(float(rounds.sum()), OPTIMAL_RATE_ROUNDS)
+        self.rates[key] = (tokens * fade, rounds * fade)
+        while len(self.rates) > 4 * _SETTINGS_PER_PAIR:
+            self.rates.pop(next(iter(self.rates)))
 
     def prior(self, setting: Hashable, width: int) -> torch.Tensor | None:  # (width,) pooled means, NaN = unknown
         """The pooled means; NaN at positions pooled from fewer than ``OPTIMAL_MIN_POOLED_ROUNDS`` rounds (a row
@@ -347,6 +221,39 @@ def acceptance_setting(verifier, do_sample: bool, logits_processor=()) -> Hashab
     return token, bool(do_sample), processors
 
 
+class StoppingRule:
+    """The ``"optimal"`` schedule's stopping rule for one call (module docstring, mode 1).
+
+    After draft ``k`` a row's reach ``r_k = prod_{t<=k} acceptance[bin(q_t(x_t))]``; it drafts again while
+    ``r_k * mean_acceptance >= thresholds[k - 1]`` (tokens: the per-row rate times the next draft's cost). The
+    ``*_scalar`` methods do the same on Python floats, for one row (no tensor operation per draft step).
+    """
+
+    def __init__(self, edges: torch.Tensor, acceptance: torch.Tensor, mean_acceptance: float, thresholds: torch.Tensor):
+        self.edges = edges  # (K - 1,) upper edges of the confidence bins
+        self.acceptance = acceptance  # (K,) estimated a(x) per bin
+        self.mean_acceptance = mean_acceptance  # abar, the expected acceptance of the next draft
+        self.thresholds = thresholds  # (N - 1,) for k = 1..N-1
+        self._edges, self._acceptance = edges.tolist(), acceptance.tolist()
+        self._limits = [t / mean_acceptance if mean_acceptance > 0 else math.inf for t in thresholds.tolist()]
+
+    def keep_drafting(self, reach: torch.Tensor, step: int) -> torch.Tensor:  # (batch,) bool
+        """``reach`` (batch,) after ``step + 1`` drafts: which rows draft once more."""
+        if step >= self.thresholds.numel():
+            return torch.zeros_like(reach, dtype=torch.bool)
+        return reach * self.mean_acceptance >= self.thresholds[step]
+
+    def update_reach(self, reach: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:  # (batch,)
+        """``reach`` times the estimated acceptance of a draft of confidence ``confidence`` (batch,)."""
+        return reach * self.acceptance[torch.bucketize(confidence.to(self.edges.dtype), self.edges)]
+
+    def keep_drafting_scalar(self, reach: float, step: int) -> bool:
+        return step < len(self._limits) and reach >= self._limits[step]
+
+    def update_reach_scalar(self, reach: float, confidence: float) -> float:
+        return reach * self._acceptance[bisect.bisect_left(self._edges, confidence)]
+
+
 class OptimalSchedule:
     """One call of the ``"optimal"`` schedule (module docstring): per-row estimates, costs, warm-up, pooling.
 
@@ -395,7 +302,41 @@ class OptimalSchedule:
             and (timed_here is None or timed_here.count_pairs(max(1, width // 2)) < OPTIMAL_PROBES)
         )
         self._previous: tuple[int, int, float, float] | None = None  # (batch, n, drafting, rest) of the last timed round
+        self.rate_key = (self.setting, self.device_key, batch_size)
+        self.edges = torch.tensor(OPTIMAL_CONFIDENCE_EDGES, dtype=torch.float32, device=device)  # (K - 1,)
+        self.calibration_sums = torch.zeros(len(OPTIMAL_CONFIDENCE_EDGES) + 1, dtype=torch.float64, device=device)
+        self.calibration_counts = torch.zeros_like(self.calibration_sums)  # (K,)
+        # tokens emitted per row (summed) and rounds, by draft length, of the call's rounds after the first
+        self.rate_tokens = torch.zeros(width + 1, dtype=torch.float64)  # (N + 1,)
+        self.rate_rounds = torch.zeros(width + 1, dtype=torch.float64)  # (N + 1,)
+        self._full: torch.Tensor | None = None  # (batch,) N, the lengths under the stopping rule
+        self.rule = self.stopping_rule(batch_size)
         return self.lengths()
+
+    def stopping_rule(self, batch_size: int) -> StoppingRule | None:
+        """The call's :class:`StoppingRule`, or None while the pair and setting lack the statistics it needs
+        (then the per-row lengths decide, module docstring)."""
+        calibration = self.statistics.calibration.get(self.setting)
+        rate = self.statistics.rates.get(self.rate_key)
+        costs = None if self.warming_up else self._costs(batch_size)
+        if calibration is None or costs is None or rate is None:
+            return None
+        step_seconds, round_seconds = costs  # c, n c + c_verify(n) (N,)
+        tokens, rounds = (values[1 : self.num_draft_tokens + 1].to(round_seconds) for values in rate)  # (<= N,) n >= 1
+        if float(rounds.sum()) < OPTIMAL_MIN_RATE_ROUNDS:
+            return None
+        sums, counts = calibration  # (K,)
+        if float(counts.sum()) < OPTIMAL_MIN_CALIBRATION:
+            return None
+        mean = float(sums.sum() / counts.sum())
+        acceptance = (sums + OPTIMAL_CALIBRATION_PRIOR * mean) / (counts + OPTIMAL_CALIBRATION_PRIOR)  # (K,)
+        marginal = round_seconds.diff().clamp(min=step_seconds)  # (N - 1,) cost of draft k + 1 after k drafts
+        # tokens per row per second of the rounds pooled, each costed by the model: the unit of the costs, whatever it is
+        per_row_rate = float(tokens.sum() / (rounds * round_seconds[: rounds.numel()]).sum())
+        return StoppingRule(
+            edges=self.edges, acceptance=acceptance.float().to(self.device), mean_acceptance=mean,
+            thresholds=(per_row_rate * marginal).float().to(self.device),
+        )
 
     def observe(
         self,
@@ -403,34 +344,46 @@ class OptimalSchedule:
         drafted_acceptance: torch.Tensor,  # (batch, N_r) a_k(x_k) of the round
         draft_lengths: torch.Tensor,  # (batch,) N_b
         seconds: tuple[float, float] | None,  # (drafting, rest of the round)
+        confidence: torch.Tensor | None = None,  # (batch, N_r) q_k(x_k), the draft's probability of its tokens
+        num_matches: torch.Tensor | int | None = None,  # (batch,) accepted drafts
     ) -> None:
-        """Add the round's ``prod_{t<k} a_t(x_t) beta_k`` per row and drafted position, and its timings."""
+        """Add the round's ``prod_{t<k} a_t(x_t) beta_k`` per row and drafted position, its acceptance per
+        confidence bin, its timings and the tokens it emitted."""
         width = position_acceptance.shape[1]  # N_r
         if width:
             if width not in self._aranges:
                 self._aranges[width] = torch.arange(width, device=position_acceptance.device)
             drafted = self._aranges[width] < draft_lengths[:, None]  # (batch, N_r)
-            ones = drafted_acceptance.new_ones(drafted_acceptance.shape[0], 1)  # (batch, 1)
-            reach = torch.cat([ones, drafted_acceptance[:, :-1]], dim=-1).cumprod(dim=-1)  # (batch, N_r) prod_{t<k} a_t
-            # past a row's draft length a position may hold anything (NaN included): dropped; before it, all is finite
-            terms = torch.where(drafted, reach * position_acceptance, 0.0)  # (batch, N_r)
-            if self.round_index == 0:  # right after the prompt: pooled apart; the row's own only where no prior is
-                self.first_sums[:width] += terms.sum(dim=0)
-                self.first_counts[:width] += drafted.sum(dim=0)
-                if not self.complete:
-                    unknown = self.prior_counts[:width] == 0  # (N_r,)
-                    self.sums[:, :width] += terms * unknown
-                    self.counts[:, :width] += drafted & unknown
-            elif width == self.num_draft_tokens:
-                self.sums += terms
-                self.counts += drafted
-            else:
-                self.sums[:, :width] += terms
-                self.counts[:, :width] += drafted
+            if confidence is not None:
+                bins = torch.bucketize(confidence[drafted].float(), self.edges)  # (drafted,)
+                self.calibration_sums.index_add_(0, bins, drafted_acceptance[drafted].double())
+                self.calibration_counts.index_add_(0, bins, torch.ones_like(bins, dtype=torch.float64))
+            if self.rule is None:  # the per-row estimates decide lengths (mode 2); the rule does not read them
+                ones = drafted_acceptance.new_ones(drafted_acceptance.shape[0], 1)  # (batch, 1)
+                reach = torch.cat([ones, drafted_acceptance[:, :-1]], dim=-1).cumprod(dim=-1)  # (batch, N_r) prod_{t<k} a_t
+                # past a row's draft length a position may hold anything (NaN included): dropped; before it, all is finite
+                terms = torch.where(drafted, reach * position_acceptance, 0.0)  # (batch, N_r)
+                if self.round_index == 0:  # right after the prompt: pooled apart; the row's own only where no prior is
+                    self.first_sums[:width] += terms.sum(dim=0)
+                    self.first_counts[:width] += drafted.sum(dim=0)
+                    if not self.complete:
+                        unknown = self.prior_counts[:width] == 0  # (N_r,)
+                        self.sums[:, :width] += terms * unknown
+                        self.counts[:, :width] += drafted & unknown
+                elif width == self.num_draft_tokens:
+                    self.sums += terms
+                    self.counts += drafted
+                else:
+                    self.sums[:, :width] += terms
+                    self.counts[:, :width] += drafted
+        if num_matches is not None and self.round_index >= 1 and 0 < width <= self.num_draft_tokens:
+            # each row emits its accepted drafts and one more token; per row, on average (round 0 also fed the prompt)
+            self.rate_tokens[width] += float(torch.as_tensor(num_matches, dtype=torch.float64).mean()) + 1.0
+            self.rate_rounds[width] += 1.0
         if seconds is not None and self.round_index >= 1 and width:  # round 0 also fed the prompt
             batch_size = position_acceptance.shape[0]
             previous = self._previous[1:] if self._previous is not None and self._previous[0] == batch_size else None
-            self.statistics.costs.setdefault((self.device_key, batch_size), _CostSamples()).add(width, *seconds, previous)
+            self.statistics.costs.setdefault((self.device_key, batch_size), CostSamples()).add(width, *seconds, previous)
             self._previous = (batch_size, width, *seconds)
         self.round_index += 1
 
@@ -460,6 +413,10 @@ class OptimalSchedule:
         """The next round's draft length per row: a warm-up or probe length, else
         ``argmax_n E[T_n] / (n c + c_verify(n))`` (``N`` for a row that knows nothing about some position)."""
         batch_size = self.sums.shape[0]
+        if self.rule is not None:  # the stopping rule decides within the round (module docstring, mode 1)
+            if self._full is None or self._full.shape[0] != batch_size:
+                self._full = torch.full((batch_size,), self.num_draft_tokens, dtype=torch.long, device=self.device)
+            return self._full
         if self.warming_up and self.round_index < len(OPTIMAL_WARMUP):
             full = OPTIMAL_WARMUP[self.round_index] == "full"
             return torch.full((batch_size,), self.num_draft_tokens if full else 1, dtype=torch.long, device=self.device)
@@ -491,6 +448,10 @@ class OptimalSchedule:
         for key, key_sums, key_counts in ((self.setting, sums.cpu(), counts.cpu()), first):
             if bool((key_counts > 0.5).any()):
                 self.statistics.pool(key, key_sums, key_counts.round())
+        if float(self.calibration_counts.sum()) > 0:
+            self.statistics.pool_calibration(self.setting, self.calibration_sums.cpu(), self.calibration_counts.cpu())
+        if float(self.rate_rounds.sum()) > 0:
+            self.statistics.pool_rate(self.rate_key, self.rate_tokens, self.rate_rounds)
 
 
 def _best_lengths(

@@ -134,6 +134,11 @@ LAYERS = {
     },
     "diversed_hf.verifiers": {"diversed_hf.generation", "diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.head"},
     "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.tasks"},
+    # the draft-length schedule sits under drafting (candidates) and the loop; what a round costs under the schedule
+    "diversed_hf.policies": {"diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.costs": {
+        "diversed_hf.policies", "diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.theory",
+    },
     "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},
 }
 

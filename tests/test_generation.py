@@ -16,7 +16,7 @@ from diversed_hf import (
     StaticEnsembleVerifier,
     enable_diversed,
 )
-from tiny_models import ARCHITECTURES, EOS_TOKEN_ID, PAD_TOKEN_ID, VOCAB_SIZE, make_model, make_pair, prompt
+from tiny_models import ARCHITECTURES, EOS_TOKEN_ID, PAD_TOKEN_ID, VOCAB_SIZE, left_padded_batch, make_model, make_pair, prompt
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -31,17 +31,6 @@ def randomize(head, seed=0, scale=0.5):
         for parameter in head.parameters():
             parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
     return head
-
-
-def left_padded_batch(lengths, seed=0):
-    rows = [prompt(length, seed=seed + i)[0] for i, length in enumerate(lengths)]
-    width = max(lengths)
-    input_ids = torch.full((len(rows), width), PAD_TOKEN_ID)
-    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, width - len(row) :] = row
-        attention_mask[i, width - len(row) :] = 1
-    return rows, input_ids, attention_mask
 
 
 GREEDY = dict(do_sample=False, max_new_tokens=24, num_assistant_tokens=4)

@@ -8,8 +8,9 @@ import torch
 
 from diversed_hf import ExactVerifier, enable_diversed, theory
 from diversed_hf.candidates import DraftCosts, LinearVerifyCost, clear_draft_statistics, measured_draft_costs
-from diversed_hf.policies import OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _STATISTICS, _CostSamples, _pair_statistics
-from tiny_models import PAD_TOKEN_ID, make_pair, prompt
+from diversed_hf.costs import CostSamples
+from diversed_hf.policies import OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _STATISTICS, _pair_statistics
+from tiny_models import left_padded_batch, make_pair, prompt
 
 OPTIMAL = dict(num_assistant_tokens_schedule="optimal", return_dict_in_generate=True)
 
@@ -86,9 +87,7 @@ def test_a_call_with_cached_costs_and_prior_skips_the_warm_up_and_starts_from_th
 def test_cached_batched_calls_stay_exact():
     target, draft = make_pair("qwen3", noise=0.3)
     enable_diversed(target)
-    rows = [prompt(length, seed=i)[0] for i, length in enumerate([4, 9, 6])]
-    input_ids = torch.stack([torch.cat([torch.full((9 - len(row),), PAD_TOKEN_ID), row]) for row in rows])  # left-padded
-    attention_mask = (torch.arange(9) >= torch.tensor([9 - len(row) for row in rows])[:, None]).long()
+    rows, input_ids, attention_mask = left_padded_batch([4, 9, 6])
     for call in range(3):  # warm-up, probe, fully cached
         output = greedy(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=20)
         for b, row in enumerate(rows):
@@ -120,7 +119,7 @@ def test_cost_fit_takes_the_shape_from_pairs_of_rounds_and_the_scale_from_recent
     def round_seconds(n, load):  # drafting 1 ms per step + 0.5 ms; the rest 12 ms + 0.3 ms per draft; both times load
         return load * (0.0005 + 0.001 * n), load * (0.012 + 0.0003 * n)
 
-    samples = _CostSamples()
+    samples = CostSamples()
     samples.add(12, *round_seconds(12, 1.0))
     one_length = samples.fit()  # one length timed: drafting proportional to n, the rest constant
     assert one_length.draft_step_seconds == pytest.approx(0.0125 / 12) and one_length.verify_seconds(3) == pytest.approx(0.0156)
@@ -166,6 +165,101 @@ def test_the_first_round_has_its_own_prior():
     schedule.finish()
     assert statistics.prior(_first_round("setting"), 4).tolist() == pytest.approx([32 / 34] * 4)  # (32 + 0) / (32 + 2)
     assert statistics.prior("setting", 4).tolist() == [0.0] * 4
+
+
+def test_the_stopping_rule_charges_each_draft_at_the_pairs_rate():
+    from diversed_hf.policies import OPTIMAL_MIN_CALIBRATION, OptimalSchedule, StoppingRule
+
+    draft = torch.nn.Linear(1, 1)
+    statistics = _pair_statistics(draft, None)
+    costs = DraftCosts(1.0, [2.0, 2.5, 3.0, 3.5])  # a round of n drafts costs n + 2 + (n - 1) / 2: 3, 4.5, 6, 7.5
+    schedule = OptimalSchedule(draft, 4, setting="setting", costs=costs)
+    assert schedule.start(1, torch.device("cpu")).tolist() == [4] and schedule.rule is None  # nothing pooled yet
+
+    bins = len(schedule.edges) + 1
+    # drafts the draft is sure of (last bin) always pass, unsure ones (first bin) never: mean 0.5
+    sums, counts = torch.zeros(bins, dtype=torch.float64), torch.zeros(bins, dtype=torch.float64)
+    sums[-1], counts[-1], counts[0] = OPTIMAL_MIN_CALIBRATION, OPTIMAL_MIN_CALIBRATION, OPTIMAL_MIN_CALIBRATION
+    statistics.pool_calibration("setting", sums, counts)
+    # 20 rounds of 2 drafts emitting 3 tokens per row (cost 4.5 each): 2 / 3 token per unit of cost
+    statistics.pool_rate(("setting", "cpu", 1), torch.tensor([0.0, 0.0, 60.0]), torch.tensor([0.0, 0.0, 20.0]))
+    schedule = OptimalSchedule(draft, 4, setting="setting", costs=costs)
+    assert schedule.start(1, torch.device("cpu")).tolist() == [4]  # the rule stops rows within the round
+    rule = schedule.rule
+    assert isinstance(rule, StoppingRule) and rule.mean_acceptance == pytest.approx(0.5)
+    assert rule.thresholds.tolist() == pytest.approx([2 / 3 * 1.5] * 3)  # rate x (c + c_verify(k + 1) - c_verify(k))
+    reach = rule.update_reach(torch.ones(2), torch.tensor([0.999, 0.05]))  # sure, unsure
+    assert reach.tolist() == pytest.approx([(OPTIMAL_MIN_CALIBRATION + 4) / (OPTIMAL_MIN_CALIBRATION + 8), 4 / 264])
+    # a sure row's next draft adds about 0.5 token, less than the 1 token its cost is worth at this rate: both stop
+    assert rule.keep_drafting(reach, 0).tolist() == [False, False]
+    cheap = StoppingRule(rule.edges, rule.acceptance, 0.5, torch.full((3,), 0.25))  # drafts four times cheaper
+    assert cheap.keep_drafting(reach, 0).tolist() == [True, False]
+    assert cheap.keep_drafting(reach, 3).tolist() == [False, False]  # N drafts: the round is full
+    # one row: the same rule on Python floats (what drafting uses at batch 1)
+    for confidence, tensor_reach in zip((0.999, 0.05), reach.tolist()):
+        scalar_reach = cheap.update_reach_scalar(1.0, confidence)
+        assert scalar_reach == pytest.approx(tensor_reach)
+        assert [cheap.keep_drafting_scalar(scalar_reach, step) for step in (0, 3)] == [confidence > 0.5, False]
+
+
+def _scale_pooled_statistics(target, draft, factor):
+    """Multiply every pooled count (acceptance, calibration, rate) by ``factor``: the estimates stay, as if
+    ``factor`` times as many calls had been seen (so one warm-up call is enough to switch the rule on)."""
+    statistics = _pair_statistics(draft, target)
+    for table in (statistics.acceptance, statistics.calibration, statistics.rates):
+        for key, (values, counts) in list(table.items()):
+            table[key] = (values * factor, counts * factor)
+
+
+def test_under_the_stopping_rule_greedy_output_stays_exact_batched_and_alone(pair):
+    target, draft = pair
+    rows, input_ids, attention_mask = left_padded_batch([4, 9, 6])
+    costs = DraftCosts(0.5, [3.0] * 6)  # a draft costs 0.5 against 3 units of verification: worth it when likely accepted
+    # a batch (the rule on tensors), then one row (on Python floats); the rate is kept per batch size
+    for batch, mask in ((input_ids, attention_mask), (rows[1][None], None)):
+        greedy(target, draft, batch, attention_mask=mask, assistant_costs=costs)
+        _scale_pooled_statistics(target, draft, 64)
+        output = greedy(target, draft, batch, attention_mask=mask, assistant_costs=costs)
+        for b in range(batch.shape[0]):
+            row = rows[b] if batch.shape[0] > 1 else rows[1]
+            alone = target.generate(row[None], do_sample=False, max_new_tokens=30)
+            assert torch.equal(output.sequences[b, -30:], alone[0, -30:])
+        lengths = torch.cat([r[:-1] for r in output.speculation.draft_lengths])  # the last round may hit the budget
+        assert int(lengths.min()) < int(lengths.max())  # rows stop at lengths the confidence of their drafts decides
+
+
+def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
+    """The rule stops a row after one draft or lets it draft two, from the draft's confidence in its first token:
+    with ExactVerifier the third token still follows p."""
+    from diversed_hf import ops
+    from tiny_models import VOCAB_SIZE, empirical, tv_bound
+
+    target, draft = make_pair("llama", noise=0.5)
+    enable_diversed(target)
+    input_ids, num_rows = prompt(6, seed=5), 6000
+    costs = DraftCosts(0.6, [2.0, 2.0])  # a second draft costs 0.6 against a round of 2.6
+
+    def sample(seed):
+        return target.generate(
+            input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=ExactVerifier(), do_sample=True,
+            max_new_tokens=3, num_assistant_tokens=2, generator=torch.Generator().manual_seed(seed),
+            assistant_costs=costs, **OPTIMAL,
+        )
+
+    sample(0)
+    _scale_pooled_statistics(target, draft, 64)
+    output = sample(1)
+    first_round = torch.stack([lengths[0] for lengths in output.speculation.draft_lengths])  # (rows,)
+    assert 0.05 < float((first_round == 1).double().mean()) < 0.95  # the rule stopped some rows, not all
+    with torch.no_grad():
+        first = target(input_ids).logits[0, -1].softmax(-1).double()  # (V,) p(x1)
+        two = torch.cat([input_ids.repeat(VOCAB_SIZE, 1), torch.arange(VOCAB_SIZE)[:, None]], dim=1)  # (V, L + 1)
+        second = target(two).logits[:, -1].softmax(-1).double()  # (V, V) p(x2 | x1)
+        three = torch.cat([two.repeat_interleave(VOCAB_SIZE, 0), torch.arange(VOCAB_SIZE).repeat(VOCAB_SIZE)[:, None]], 1)
+        third = target(three).logits[:, -1].softmax(-1).double()  # (V * V, V) p(x3 | x1, x2)
+    declared = (first[:, None] * second).reshape(-1) @ third  # (V,) marginal law of the third token
+    observed = empirical(output.sequences[:, -1], VOCAB_SIZE)
+    assert float(ops.total_variation(observed, declared)) < tv_bound(declared, num_rows)
 
 
 @pytest.mark.parametrize(

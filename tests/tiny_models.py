@@ -90,3 +90,15 @@ def tv_bound(expected: torch.Tensor, num_samples: int, delta: float = 1e-6) -> f
 
 def empirical(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.bincount(tokens.flatten(), minlength=vocab_size).double() / tokens.numel()
+
+
+def left_padded_batch(lengths, seed=0):
+    """Rows of these lengths as ``prompt`` makes them, and the left-padded batch: ``(rows, input_ids, attention_mask)``."""
+    rows = [prompt(length, seed=seed + i)[0] for i, length in enumerate(lengths)]
+    width = max(lengths)
+    input_ids = torch.full((len(rows), width), PAD_TOKEN_ID)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = row
+        attention_mask[i, width - len(row) :] = 1
+    return rows, input_ids, attention_mask

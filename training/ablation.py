@@ -63,8 +63,12 @@ def _reads(head: DiversedHead) -> str:
     return " + ".join(parts)
 
 
+FINETUNED = " (fine-tuned draft)"  # suffix of the rows that draft with the task's fine-tuned draft (the transfer)
+
+
 def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     sd = next(r for r in rows if r["family"] == "sd")
+    sd_finetuned = next((r for r in rows if r["family"] == "sd-finetuned"), None)
     metric = metric_label(rows[0]["quality_metric"])
     lines = [
         f"| head | reads | architecture | parameters | acceptance | x SD | {metric} | vs target distribution [95 % CI] "
@@ -76,18 +80,20 @@ def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
             lines.append(f"| {row['method']} | – | – | – | {_pct(row['acceptance_rate'])} | – "
                          f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | – |")
             continue
-        head, training = heads[row["method"]]
+        transferred = row["method"].endswith(FINETUNED)  # a pair-agnostic head with another draft: vs SD with it
+        head, training = heads[row["method"].removesuffix(FINETUNED)]
+        baseline = sd_finetuned if transferred else sd
         seconds = training.get("train_seconds")
         threads = training.get("torch_threads")
         trained = "–" if seconds is None else f"{seconds / 60:.1f} min" + (f" ({threads} thread)" if threads else "")
         lines.append(
             f"| {row['method']} | {_reads(head)} | {head.config.architecture} | {sum(t.numel() for t in head.parameters())} "
-            f"| {_pct(row['acceptance_rate'])} | {row['acceptance_rate'] / sd['acceptance_rate']:.2f}x "
+            f"| {_pct(row['acceptance_rate'])} | {row['acceptance_rate'] / baseline['acceptance_rate']:.2f}x "
             f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | {trained} |"
         )
     groups: dict[str, list[dict]] = {}
     for row in rows:
-        if row["family"] == "diversed" and "#" in row["method"]:
+        if row["family"] == "diversed" and "#" in row["method"] and not row["method"].endswith(FINETUNED):
             groups.setdefault(row["method"].split("#")[0], []).append(row)
     for name, members in groups.items():
         if len(members) < 2:
@@ -140,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output-dir", default=str(REPO / "results"))
+    parser.add_argument("--finetuned-draft", action="store_true",
+                        help="also decode with the task's fine-tuned draft (testbed.load_finetuned_draft): SD, and every "
+                             "features-only head (pair-agnostic: trained with the testbed draft, used with another)")
     parser.add_argument("--rows-from", default=None,
                         help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding")
     args = parser.parse_args(argv)
@@ -153,20 +162,30 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(args.task, args.num_prompts, seed=args.seed)
         methods, _ = parse_methods(["target", "sd"])
         methods += [Method(name, "diversed", HeadVerifier(head)) for name, (head, _) in heads.items()]
+        finetuned = testbed.load_finetuned_draft(args.task) if args.finetuned_draft else None
+        if finetuned is not None:
+            methods += parse_methods(["sd-ft"], has_finetuned_draft=True)[0]
+            methods += [Method(name + FINETUNED, "diversed", HeadVerifier(head), draft="finetuned")
+                        for name, (head, _) in heads.items() if not head.config.use_hidden_states]
         config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
                              max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
-        rows = run_bench(target, draft, tokenizer, task, methods, config, progress=True).rows
+        rows = run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, progress=True).rows
         output.mkdir(parents=True, exist_ok=True)
         (output / f"ablation_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     given = list(argv if argv is not None else sys.argv[1:])
     if "--rows-from" in given:  # the command that decodes, not the one that re-rendered
         index = given.index("--rows-from")
         del given[index : index + 2]
+    transfer_note = (
+        "; rows marked *(fine-tuned draft)* decode with the task's fine-tuned draft instead (a features-only head "
+        "does not read the pair's hidden states, so it runs with any draft sharing the tokenizer; its x SD is "
+        "against SD with that draft)" if any(r["method"].endswith(FINETUNED) for r in rows) else ""
+    )
     command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
     text = (
         f"On `{args.task}`: {args.num_prompts} held-out prompts (seed {args.seed}) x {args.num_samples} samples, "
         f"temperature 1, N = 5, at most {args.max_new_tokens} new tokens; every head on the same prompts as "
-        f"target-only and SD. Training times are as recorded by `train_head.py` on this shared 2-core machine "
+        f"target-only and SD{transfer_note}. Training times are as recorded by `train_head.py` on this shared 2-core machine "
         f"(other jobs ran alongside most of them). Regenerate with:\n\n"
         f"```bash\n{command}\n```\n\n{table(rows, heads)}\n\nThe heads (`runs/` is not shipped; each line "
         f"rebuilds one):\n\n{recipes(args.task, heads)}\n"

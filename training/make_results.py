@@ -13,9 +13,9 @@ Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed 
    ``--num-prompts`` held-out prompts x 2 samples, so that DIVERSED's quality against the target
    distribution (paired over prompts, 95 % bootstrap interval) is tight; the other methods the first
    ``--num-baseline-prompts``. Speed: the first 10 prompts one at a time, median of 3 interleaved runs
-   after a warm-up, next to both speed models (c_verify = 1, and the measured c_verify).
-2. **Draft-length policies** (:data:`SCHEDULES`) for SD and DIVERSED, timed at batch 1 (10 prompts,
-   median of 5 interleaved runs) and
+   after an untimed warm-up run, next to both speed models (c_verify = 1, and the measured c_verify).
+2. **Draft-length policies** (:data:`SCHEDULES`) for SD and DIVERSED: acceptance and draft lengths from 32
+   prompts one at a time, timed at batch 1 (16 prompts, median of 5 interleaved runs) and
 3. at batch 8 (16 prompts); acceptance, mean draft length and tokens per round come from the batch-1 run.
 
 The page also carries the head ablation tables ``results/ablation_<task>.md`` when
@@ -43,24 +43,25 @@ from diversed_hf.bench.runner import process_state  # noqa: E402
 
 METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed",
            "diversed@arith", "diversed@summary"]
-SCHEDULES = ["constant:3,5,8,12", "heuristic", "confidence:0.4", "optimal:12"]
+SCHEDULES = ["constant:5,8,12,16", "heuristic", "confidence:0.4", "optimal:16"]
 COMMON = dict(max_new_tokens=100, batch_size=16)
 FULL = {
     "methods": dict(num_prompts=1000, num_baseline_prompts=160, num_samples=2, num_timing_prompts=10, repeats=3),
-    "policies": dict(num_prompts=64, num_timing_prompts=10, repeats=5),
+    "policies": dict(num_prompts=32, batch_size=1, num_timing_prompts=16, repeats=5),
     "policies_batch": dict(num_prompts=16, num_timing_prompts=16, timing_batch_size=8, repeats=3),
 }
 QUICK = {
     "methods": dict(num_prompts=24, num_baseline_prompts=8, num_samples=2, num_timing_prompts=2, repeats=1),
-    "policies": dict(num_prompts=4, num_timing_prompts=2, repeats=1),
+    "policies": dict(num_prompts=4, batch_size=1, num_timing_prompts=2, repeats=1),
     "policies_batch": dict(num_prompts=8, num_timing_prompts=8, timing_batch_size=8, repeats=1),
 }
 POLICY_NOTE = (
     "Each speculative method once per draft-length policy (`--schedules`): constant N, transformers' `heuristic` "
     "(its value kept from call to call, as transformers keeps it) and `assistant_confidence_threshold` 0.4 (with "
-    "N = 5), and this project's `optimal` (per row, the length in 1..12 with the most expected tokens per second, "
-    "docs/method.md). Acceptance, mean draft length and tokens per round from the batch-1 run's {prompts} prompts; "
-    "tokens/s at batch 1 ({timed} prompts one at a time, median of {repeats} interleaved runs) and at batch 8 "
+    "N = 5), and this project's `optimal` (N <= 16: a row drafts again while the next draft is worth its cost at the "
+    "pair's rate, judged from the draft's confidence in its tokens; docs/method.md §6). Acceptance, mean draft length "
+    "and tokens per round from {prompts} prompts decoded one at a time; tokens/s at batch 1 ({timed} prompts one at "
+    "a time, median of {repeats} interleaved runs after an untimed warm-up run) and at batch 8 "
     "({batch_timed} prompts in batches of 8). The fastest policy per method at batch 1 is in bold."
 )
 

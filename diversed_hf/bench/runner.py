@@ -3,7 +3,7 @@
 
 Per task: the cost ratio of the pair (:func:`measure_cost`), then the **quality pass** (every prompt,
 batched, untimed; ``num_samples`` seeded samples each) and the **timing pass** (the first
-``num_timing_prompts``, warm-up then ``repeats`` interleaved runs, median kept); rows come from
+``num_timing_prompts``, an untimed warm-up run then ``repeats`` interleaved runs, median kept); rows come from
 :func:`diversed_hf.bench.stats.method_row`. Under ``accelerate launch`` prompts are split between
 processes and the records gathered (accelerate is optional: without it, one process).
 """
@@ -270,29 +270,32 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         records[method.name] = sorted(_gather(state, mine), key=lambda r: (r["sample"], r["index"]))
     bar.close()
 
-    # 3. Timing: warm-up, then interleaved repeats; wall time of a run = the slowest process's.
+    # 3. Timing: a warm-up (one untimed run of the timing prompts per method: kernels, caches, and the state a
+    # draft-length policy keeps across calls), then interleaved repeats; wall time of a run = the slowest process's.
     timing_indices = _shard(state, list(range(config.num_timing_prompts)))
     timings: dict[str, list[float]] = {m.name: [] for m in methods}
     timed_tokens: dict[str, int] = {}
+
+    def timed_run(method: Method) -> tuple[float, int]:  # seconds, tokens of one run over this process's prompts
+        tokens = 0
+        start = time.perf_counter()
+        for batch_indices in _batches(timing_indices, config.timing_batch_size):
+            batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
+            _, lengths, _ = _run_batch(target, drafts, method, batch, config, tokenizer, config.seed + batch_indices[0],
+                                       heuristic_state=heuristic_state)
+            tokens += int(lengths.sum())
+        return time.perf_counter() - start, tokens
+
     if config.num_timing_prompts:
         bar = tqdm(total=len(methods) * (config.repeats + 1), desc=f"{task.name}: timing", disable=not show, unit="run")
-        warmup = _tokenize(tokenizer, [prompts[0]], target.device)
         for method in methods:
-            _run_batch(target, drafts, method, warmup, dataclasses.replace(config, max_new_tokens=8), tokenizer, config.seed,
-                       heuristic_state=heuristic_state)
+            timed_run(method)
             bar.update(1)
         for repeat in range(config.repeats):
             shift = repeat % len(methods)
             for method in methods[shift:] + methods[:shift]:
                 state.wait_for_everyone()
-                tokens = 0
-                start = time.perf_counter()
-                for batch_indices in _batches(timing_indices, config.timing_batch_size):
-                    batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
-                    _, lengths, _ = _run_batch(target, drafts, method, batch, config, tokenizer, config.seed + batch_indices[0],
-                                               heuristic_state=heuristic_state)
-                    tokens += int(lengths.sum())
-                seconds = time.perf_counter() - start
+                seconds, tokens = timed_run(method)
                 gathered = _gather(state, [(seconds, tokens)])
                 timings[method.name].append(max(s for s, _ in gathered))
                 timed_tokens[method.name] = sum(t for _, t in gathered)
