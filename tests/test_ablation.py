@@ -1,0 +1,32 @@
+"""training/ablation.py: the head ablation table, including heads moved to another draft (the transfer)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+from diversed_hf import DiversedHead  # noqa: E402
+from tiny_models import make_pair  # noqa: E402
+
+
+def _row(method, family, acceptance, quality=0.5):
+    return {"method": method, "family": family, "acceptance_rate": acceptance, "quality": quality,
+            "quality_metric": "exact_match", "quality_delta": None}
+
+
+def test_a_head_on_the_fine_tuned_draft_is_compared_with_sd_on_that_draft():
+    import ablation
+
+    target, draft = make_pair("llama")
+    head = DiversedHead.for_pair(target, draft, features=["tv", "draft_top1"], use_hidden_states=False)
+    rows = [
+        _row("target-only", "target-only", None), _row("SD", "sd", 0.5), _row("SD (fine-tuned draft)", "sd-finetuned", 0.8),
+        _row("features", "diversed", 0.75), _row("features" + ablation.FINETUNED, "diversed", 0.96),
+    ]
+    lines = ablation.table(rows, {"features": (head, {"train_seconds": 60.0})}).splitlines()
+    by_name = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
+    assert " 1.50x " in by_name["features"]  # 0.75 / SD's 0.5
+    assert " 1.20x " in by_name["features (fine-tuned draft)"]  # 0.96 / the fine-tuned draft's SD 0.8
+    assert "2 features" in by_name["features (fine-tuned draft)"] and "1.0 min" in by_name["features"]
