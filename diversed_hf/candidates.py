@@ -277,10 +277,11 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 unsure = torch.zeros_like(confidence, dtype=torch.bool)  # (batch,)
                 if self.confidence_threshold is not None:
                     unsure |= confidence < self.confidence_threshold
-                if rule is not None:
+                drafting = lengths > step + 1  # (batch,) rows whose length goes further
+                if rule is not None:  # the batch decides: the step is computed for every row, so all or none go on
                     reach = rule.update_reach(reach, confidence)
-                    unsure |= ~rule.keep_drafting(reach, step)
-                unsure &= lengths > step + 1
+                    unsure |= ~rule.keep_drafting_batch(reach, drafting, step)
+                unsure &= drafting
                 lengths = torch.where(unsure, torch.full_like(lengths, step + 1), lengths)
                 if not bool((lengths > step + 1).any()):  # no row drafts further
                     break

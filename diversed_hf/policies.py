@@ -14,7 +14,9 @@ schedule maximises expected tokens per second. It has two modes:
    the optimality condition of a rate (tokens per round over seconds per round, Dinkelbach): the gains fall with
    ``k``, so stopping at the first ``k`` that fails it is the best stopping time given what the draft has shown.
    The confidence is the draft's probability of its own token, so stopping does not depend on the target: the
-   law the verifier emits at each drafted position is unchanged (as with ``assistant_confidence_threshold``).
+   law the verifier emits at each drafted position is unchanged (as with ``assistant_confidence_threshold``). A
+   batch computes each draft step for every row, so it decides as one: it drafts again while the mean reach of the
+   rows still drafting passes the test, and then every such row drafts (and has its draft verified).
 2. **Per-row lengths** (until then: a call whose pair and setting have fewer than
    :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` timed rounds pooled). Each
    round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
@@ -225,8 +227,9 @@ class StoppingRule:
     """The ``"optimal"`` schedule's stopping rule for one call (module docstring, mode 1).
 
     After draft ``k`` a row's reach ``r_k = prod_{t<=k} acceptance[bin(q_t(x_t))]``; it drafts again while
-    ``r_k * mean_acceptance >= thresholds[k - 1]`` (tokens: the per-row rate times the next draft's cost). The
-    ``*_scalar`` methods do the same on Python floats, for one row (no tensor operation per draft step).
+    ``r_k * mean_acceptance >= thresholds[k - 1]`` (tokens: the per-row rate times the next draft's cost). A batch
+    drafts again while the mean of ``r_k`` over its rows still drafting passes the same test. The ``*_scalar``
+    methods do it on Python floats, for one row (no tensor operation per draft step).
     """
 
     def __init__(self, edges: torch.Tensor, acceptance: torch.Tensor, mean_acceptance: float, thresholds: torch.Tensor):
@@ -242,6 +245,14 @@ class StoppingRule:
         if step >= self.thresholds.numel():
             return torch.zeros_like(reach, dtype=torch.bool)
         return reach * self.mean_acceptance >= self.thresholds[step]
+
+    def keep_drafting_batch(self, reach: torch.Tensor, drafting: torch.Tensor, step: int) -> torch.Tensor:  # () bool
+        """Whether a batch drafts once more after ``step + 1`` drafts: the mean gain of the rows still ``drafting``
+        (batch,) against the per-row threshold (the step is computed for every row, so every row drafts it)."""
+        if step >= self.thresholds.numel():
+            return torch.zeros((), dtype=torch.bool, device=reach.device)
+        gain = (reach * drafting).sum() / drafting.sum().clamp(min=1) * self.mean_acceptance
+        return gain >= self.thresholds[step]
 
     def update_reach(self, reach: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:  # (batch,)
         """``reach`` times the estimated acceptance of a draft of confidence ``confidence`` (batch,)."""
