@@ -9,8 +9,8 @@ schedule maximises expected tokens per second. It has two modes:
    ``r_k = prod_{t<=k} a_hat(q_t(x_t))`` estimates the chance that the round's ``k`` drafts are all accepted from
    the draft's own confidence in the tokens it drew (a token's acceptance ``a_t(x_t)`` averaged over earlier
    rounds, per confidence bin, :data:`OPTIMAL_CONFIDENCE_EDGES`, shrunk toward the mean ``abar`` with weight
-   :data:`OPTIMAL_CALIBRATION_PRIOR`); ``R`` is the tokens per second per row measured on the pair's recent timed
-   rounds (the last :data:`OPTIMAL_RATE_ROUNDS`). Comparing a marginal gain with ``R`` times its marginal cost is
+   :data:`OPTIMAL_CALIBRATION_PRIOR`); ``R`` is the tokens per row per unit of cost on the pair's recent rounds
+   (the last :data:`OPTIMAL_RATE_ROUNDS`, each costed ``n c + c_verify(n)``: ``R`` is in the costs' unit). Comparing a marginal gain with ``R`` times its marginal cost is
    the optimality condition of a rate (tokens per round over seconds per round, Dinkelbach): the gains fall with
    ``k``, so stopping at the first ``k`` that fails it is the best stopping time given what the draft has shown.
    The confidence is the draft's probability of its own token, so stopping does not depend on the target: the
@@ -32,8 +32,8 @@ schedule maximises expected tokens per second. It has two modes:
    rounds has no prior; a row with no estimate at some position drafts ``N``, which observes every position. The
    round right after the prompt accepts differently, so it is pooled apart.
 
-On the testbed's arith task the stopping rule is what beats every constant length: rounds whose drafts the draft
-itself doubts are cut short, confident ones run to ``N`` (docs/method.md §6 has the measurement).
+Rounds whose drafts the draft itself doubts are cut short, confident ones run to ``N``; docs/method.md §6 explains
+why this, not a better per-round length, is what can beat a constant ``N``.
 
 **Costs** (:mod:`diversed_hf.costs`): ``assistant_costs`` when passed, else measured on the pair at the batch
 size (else the nearest one timed) and kept across calls. Only a call that finds none warms up
