@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import transformers
 from packaging import version
-from transformers import DynamicCache
+from transformers import DynamicCache, RepetitionPenaltyLogitsProcessor
 from transformers.cache_utils import DynamicLayer
 
 TESTED_TRANSFORMERS = (version.parse("5.24.0"), version.parse("5.25.0"))  # [low, high)
@@ -92,6 +92,27 @@ def realign_cache(
     if shifts is not None:
         shift_rows_right(cache, shifts)
     drop_leading_positions(cache, leading)
+
+
+def realign_logits_processors(
+    logits_processor,
+    *,
+    kept: torch.Tensor | None,  # (kept,) rows that continue; None keeps all
+    shifts: torch.Tensor | None,  # (kept,) non-negative; None: no row moves
+    leading: int,
+) -> None:
+    """The same edit for the processors that hold per-row positions: transformers'
+    ``RepetitionPenaltyLogitsProcessor.prompt_ignore_length`` (generate sets it to each row's left padding; a
+    user may set each row's prompt length): keep rows ``kept``, add ``shifts[b]``, subtract ``leading``."""
+    for processor in logits_processor:
+        ignored = getattr(processor, "prompt_ignore_length", None)
+        if not isinstance(processor, RepetitionPenaltyLogitsProcessor) or not isinstance(ignored, torch.Tensor):
+            continue
+        if kept is not None:
+            ignored = ignored.to(kept.device)[kept]
+        if shifts is not None:
+            ignored = ignored + shifts.to(ignored.device)
+        processor.prompt_ignore_length = (ignored - leading).clamp(min=0)
 
 
 def special_token_ids(

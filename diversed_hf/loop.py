@@ -45,6 +45,7 @@ from .candidates import DiversedCandidateGenerator, Realignment, next_token_scor
 from .outputs import SpeculationStats
 from .pairs import text_vocab_size
 from .policies import DraftCosts, acceptance_setting
+from .processors import per_row_length_processors, sync_row_lengths
 from .verifiers import VerificationResult, Verifier
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def speculative_decode(
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
+    logits_processor = per_row_length_processors(logits_processor)  # min_length / min_new_tokens count per row
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -230,6 +232,9 @@ class _SpeculativeLoop:
         self.mask = torch.cat([torch.zeros_like(pad_column), attention_mask.to(input_ids.dtype)], dim=1)  # (B, L)
         self.active = torch.arange(batch_size, device=device)  # (B,)
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
+        self.max_new_tokens = max_new_tokens
+        # what min_length counts as each row's prompt: the padded width, as transformers counts it in a batch
+        self.prompt_lengths = torch.full((batch_size,), input_ids.shape[1], dtype=torch.long, device=device)  # (B,)
         self.prefill()
         timed = self.candidates.schedule == "optimal"  # the schedule reads the measured round costs
         while self.active.numel() > 0:
@@ -259,6 +264,8 @@ class _SpeculativeLoop:
 
     def draft(self) -> torch.Tensor:  # (B, L + N_r)
         """Step 1: the candidate generator drafts ``N_r = max_b N_b`` tokens after ``seq``."""
+        generated = self.max_new_tokens - self.remaining  # (B,) tokens each active row emitted so far
+        sync_row_lengths(self.logits_processor, self.prompt_lengths[self.active], generated, self.seq.shape[1])
         candidate_ids, _ = self.candidates.get_candidates(self.seq, attention_mask=self.mask)
         return candidate_ids
 
@@ -397,6 +404,7 @@ class _SpeculativeLoop:
         self.seq, self.mask = seq, mask
         realignment = Realignment(kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading)
         compat.realign_cache(self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading)
+        compat.realign_logits_processors(self.logits_processor, kept=kept, shifts=realignment.shifts, leading=leading)
         seconds = None
         if self.round_clock is not None:  # (drafting, the rest of the round: verification, commit, realignment)
             started, drafted = self.round_clock

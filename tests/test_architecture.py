@@ -136,6 +136,7 @@ LAYERS = {
     "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.tasks"},
     # the draft-length schedule sits under drafting (candidates) and the loop; what a round costs under the schedule
     "diversed_hf.policies": {"diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.processors": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
     "diversed_hf.costs": {
         "diversed_hf.policies", "diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.theory",
     },

@@ -543,6 +543,42 @@ def test_non_finite_distributions_name_the_model(broken):
 # Draft-length knobs (transformers' semantics, per row) ----------------------------------------------
 
 
+@pytest.mark.parametrize("processors", [dict(repetition_penalty=1.3), dict(repetition_penalty=1.3, no_repeat_ngram_size=2)])
+def test_batched_rows_equal_single_runs_under_per_row_logits_processors(processors):
+    """transformers gives the repetition penalty each row's left padding (``prompt_ignore_length``); the loop drops
+    finished rows and realigns the rest, and the processor must follow (it used to fail on a batch size mismatch)."""
+    target, draft = make_pair("llama", noise=0.3)
+    enable_diversed(target)
+    rows, input_ids, attention_mask = left_padded_batch([4, 9, 6, 2])
+    batched = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
+                              do_sample=False, max_new_tokens=12, num_assistant_tokens=3, **processors)
+    for b, row in enumerate(rows):
+        alone = target.generate(row[None], do_sample=False, max_new_tokens=12, **processors)
+        assert torch.equal(batched[b, -12:], alone[0, -12:]), b
+
+
+def test_min_new_tokens_and_min_length_hold_per_row_in_a_batch():
+    """Rows accept different numbers of drafts, so each needs its own count: transformers' processors count the
+    batch's width (a row kept EOS suppressed past min_new_tokens)."""
+    target, draft = make_pair("llama", noise=0.3)
+    for model in (target, draft):  # EOS just above token 45 (a frequent one): rows end early unless held back
+        with torch.no_grad():
+            model.lm_head.weight[EOS_TOKEN_ID] = model.lm_head.weight[45] * 1.05
+    enable_diversed(target)
+    rows, input_ids, attention_mask = left_padded_batch([4, 9, 6, 2], seed=3)
+    common = dict(do_sample=False, max_new_tokens=16, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
+    held_back = 0
+    for lengths in (dict(min_new_tokens=8), dict(min_length=input_ids.shape[1] + 8)):
+        batched = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
+                                  num_assistant_tokens=3, **common, **lengths)
+        for b, row in enumerate(rows):
+            alone = target.generate(row[None], **common, min_new_tokens=8)[0, len(row) :]
+            assert torch.equal(batched[b, input_ids.shape[1] : input_ids.shape[1] + len(alone)], alone), (lengths, b)
+            free = target.generate(row[None], **common)[0, len(row) :]
+            held_back += int(len(free) < 8)
+    assert held_back, "pick a case where some row would end before 8 tokens"
+
+
 POLICIES = [
     dict(num_assistant_tokens_schedule="heuristic"),
     dict(num_assistant_tokens_schedule="heuristic_transient"),
