@@ -315,19 +315,23 @@ class OptimalSchedule:
         self._previous: tuple[int, int, float, float] | None = None  # (batch, n, drafting, rest) of the last timed round
         self.rate_key = (self.setting, self.device_key, batch_size)
         self.edges = torch.tensor(OPTIMAL_CONFIDENCE_EDGES, dtype=torch.float32, device=device)  # (K - 1,)
-        self.calibration_sums = torch.zeros(len(OPTIMAL_CONFIDENCE_EDGES) + 1, dtype=torch.float64, device=device)
-        self.calibration_counts = torch.zeros_like(self.calibration_sums)  # (K,)
+        # acceptance per confidence bin, (K,): [0] the round right after the prompt, [1] the later rounds
+        self.calibration_sums = torch.zeros(2, len(OPTIMAL_CONFIDENCE_EDGES) + 1, dtype=torch.float64, device=device)
+        self.calibration_counts = torch.zeros_like(self.calibration_sums)  # (2, K)
         # tokens emitted per row (summed) and rounds, by draft length, of the call's rounds after the first
         self.rate_tokens = torch.zeros(width + 1, dtype=torch.float64)  # (N + 1,)
         self.rate_rounds = torch.zeros(width + 1, dtype=torch.float64)  # (N + 1,)
         self._full: torch.Tensor | None = None  # (batch,) N, the lengths under the stopping rule
-        self.rule = self.stopping_rule(batch_size)
+        later = self.stopping_rule(batch_size)
+        first = self.stopping_rule(batch_size, _first_round(self.setting)) if later is not None else None
+        self.rules = (first or later, later)  # the first round's (its own calibration when pooled), the later rounds'
+        self.rule = self.rules[0]
         return self.lengths()
 
-    def stopping_rule(self, batch_size: int) -> StoppingRule | None:
+    def stopping_rule(self, batch_size: int, calibration_key: Hashable = None) -> StoppingRule | None:
         """The call's :class:`StoppingRule`, or None while the pair and setting lack the statistics it needs
         (then the per-row lengths decide, module docstring)."""
-        calibration = self.statistics.calibration.get(self.setting)
+        calibration = self.statistics.calibration.get(self.setting if calibration_key is None else calibration_key)
         rate = self.statistics.rates.get(self.rate_key)
         costs = None if self.warming_up else self._costs(batch_size)
         if calibration is None or costs is None or rate is None:
@@ -367,8 +371,9 @@ class OptimalSchedule:
             drafted = self._aranges[width] < draft_lengths[:, None]  # (batch, N_r)
             if confidence is not None:
                 bins = torch.bucketize(confidence[drafted].float(), self.edges)  # (drafted,)
-                self.calibration_sums.index_add_(0, bins, drafted_acceptance[drafted].double())
-                self.calibration_counts.index_add_(0, bins, torch.ones_like(bins, dtype=torch.float64))
+                which = min(self.round_index, 1)  # the round right after the prompt accepts differently
+                self.calibration_sums[which].index_add_(0, bins, drafted_acceptance[drafted].double())
+                self.calibration_counts[which].index_add_(0, bins, torch.ones_like(bins, dtype=torch.float64))
             if self.rule is None:  # the per-row estimates decide lengths (mode 2); the rule does not read them
                 ones = drafted_acceptance.new_ones(drafted_acceptance.shape[0], 1)  # (batch, 1)
                 reach = torch.cat([ones, drafted_acceptance[:, :-1]], dim=-1).cumprod(dim=-1)  # (batch, N_r) prod_{t<k} a_t
@@ -397,6 +402,7 @@ class OptimalSchedule:
             self.statistics.costs.setdefault((self.device_key, batch_size), CostSamples()).add(width, *seconds, previous)
             self._previous = (batch_size, width, *seconds)
         self.round_index += 1
+        self.rule = self.rules[1]
 
     def drop(self, kept: torch.Tensor) -> None:  # (kept,) rows that continue
         gone = torch.ones(self.sums.shape[0], dtype=torch.bool, device=self.sums.device)  # (batch,)
@@ -459,8 +465,9 @@ class OptimalSchedule:
         for key, key_sums, key_counts in ((self.setting, sums.cpu(), counts.cpu()), first):
             if bool((key_counts > 0.5).any()):
                 self.statistics.pool(key, key_sums, key_counts.round())
-        if float(self.calibration_counts.sum()) > 0:
-            self.statistics.pool_calibration(self.setting, self.calibration_sums.cpu(), self.calibration_counts.cpu())
+        for key, sums, counts in zip((_first_round(self.setting), self.setting), self.calibration_sums, self.calibration_counts):
+            if float(counts.sum()) > 0:
+                self.statistics.pool_calibration(key, sums.cpu(), counts.cpu())
         if float(self.rate_rounds.sum()) > 0:
             self.statistics.pool_rate(self.rate_key, self.rate_tokens, self.rate_rounds)
 
