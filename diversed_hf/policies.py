@@ -16,7 +16,9 @@ schedule maximises expected tokens per second. It has two modes:
    The confidence is the draft's probability of its own token, so stopping does not depend on the target: the
    law the verifier emits at each drafted position is unchanged (as with ``assistant_confidence_threshold``). A
    batch computes each draft step for every row, so it decides as one: it drafts again while the mean reach of the
-   rows still drafting passes the test, and then every such row drafts (and has its draft verified).
+   rows still drafting passes the test, and then every such row drafts (and has its draft verified). The round
+   right after the prompt accepts differently (on the testbed's arith task, more of the drafts the draft doubts), so
+   it has its own calibration once 256 of its drafts are pooled.
 2. **Per-row lengths** (until then: a call whose pair and setting have fewer than
    :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` timed rounds pooled). Each
    round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,

@@ -202,6 +202,27 @@ def test_the_stopping_rule_charges_each_draft_at_the_pairs_rate():
         assert [cheap.keep_drafting_scalar(scalar_reach, step) for step in (0, 3)] == [confidence > 0.5, False]
 
 
+def test_the_round_after_the_prompt_has_its_own_calibration():
+    from diversed_hf.policies import OPTIMAL_MIN_CALIBRATION, OptimalSchedule, _first_round
+
+    draft = torch.nn.Linear(1, 1)
+    statistics = _pair_statistics(draft, None)
+    bins = 12
+    statistics.pool_calibration("setting", torch.zeros(bins, dtype=torch.float64), torch.full((bins,), 32.0, dtype=torch.float64))
+    statistics.pool_calibration(_first_round("setting"), torch.full((bins,), OPTIMAL_MIN_CALIBRATION, dtype=torch.float64),
+                                torch.full((bins,), OPTIMAL_MIN_CALIBRATION, dtype=torch.float64))
+    statistics.pool_rate(("setting", "cpu", 1), torch.tensor([0.0, 0.0, 60.0]), torch.tensor([0.0, 0.0, 20.0]))
+    schedule = OptimalSchedule(draft, 4, setting="setting", costs=DraftCosts(1.0, [2.0] * 4))
+    schedule.start(1, torch.device("cpu"))
+    assert schedule.rule.mean_acceptance == 1.0  # right after the prompt every draft was accepted
+    ones = torch.ones(1, 4)
+    schedule.observe(ones, ones, torch.tensor([4]), None, confidence=torch.full((1, 4), 0.5), num_matches=torch.tensor([4]))
+    assert schedule.rule.mean_acceptance == 0.0  # later rounds: none was
+    schedule.finish()  # the round pooled into the first round's calibration, not the later rounds'
+    assert float(statistics.calibration["setting"][1].sum()) == 32.0 * bins
+    assert float(statistics.calibration[_first_round("setting")][1].sum()) == OPTIMAL_MIN_CALIBRATION * bins + 4
+
+
 def _scale_pooled_statistics(target, draft, factor):
     """Multiply every pooled count (acceptance, calibration, rate) by ``factor``: the estimates stay, as if
     ``factor`` times as many calls had been seen (so one warm-up call is enough to switch the rule on)."""
