@@ -24,7 +24,7 @@ _REFIT_EVERY = 16  # the fit of the costs is refreshed once this many rounds wer
 
 @dataclass(frozen=True)
 class LinearVerifyCost:
-    """``c_verify(n) = max(intercept + slope n, floor)`` seconds: the fit :func:`measured_draft_costs` returns."""
+    """``c_verify(n) = max(intercept + slope n, floor)`` seconds: the fit :func:`diversed_hf.policies.measured_draft_costs` returns."""
 
     intercept: float
     slope: float

@@ -10,9 +10,10 @@ schedule maximises expected tokens per second. It has two modes:
    the draft's own confidence in the tokens it drew (a token's acceptance ``a_t(x_t)`` averaged over earlier
    rounds, per confidence bin, :data:`OPTIMAL_CONFIDENCE_EDGES`, shrunk toward the mean ``abar`` with weight
    :data:`OPTIMAL_CALIBRATION_PRIOR`); ``R`` is the tokens per row per unit of cost on the pair's recent rounds
-   (the last :data:`OPTIMAL_RATE_ROUNDS`, each costed ``n c + c_verify(n)``: ``R`` is in the costs' unit). Comparing a marginal gain with ``R`` times its marginal cost is
-   the optimality condition of a rate (tokens per round over seconds per round, Dinkelbach): the gains fall with
-   ``k``, so stopping at the first ``k`` that fails it is the best stopping time given what the draft has shown.
+   (the last :data:`OPTIMAL_RATE_ROUNDS`, each costed ``n c + c_verify(n)``, so ``R`` is in the costs' unit).
+   Comparing a marginal gain with ``R`` times its marginal cost is the optimality condition of a rate (tokens per
+   round over cost per round, Dinkelbach): the gains fall with ``k``, so stopping at the first ``k`` that fails it
+   is the best stopping time given what the draft has shown.
    The confidence is the draft's probability of its own token, so stopping does not depend on the target: the
    law the verifier emits at each drafted position is unchanged (as with ``assistant_confidence_threshold``). A
    batch computes each draft step for every row, so it decides as one: it drafts again while the mean reach of the
@@ -20,7 +21,7 @@ schedule maximises expected tokens per second. It has two modes:
    right after the prompt accepts differently (on the testbed's arith task, more of the drafts the draft doubts), so
    it has its own calibration once 256 of its drafts are pooled.
 2. **Per-row lengths** (until then: a call whose pair and setting have fewer than
-   :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` timed rounds pooled). Each
+   :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` rounds pooled). Each
    round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
    ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.theory.optimal_draft_length`), ``E[T_n] = 1 + sum_{k<=n}
    m_k`` with ``m_k`` the row's estimate of ``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of
@@ -93,9 +94,9 @@ OPTIMAL_CALIBRATION_PRIOR = 8.0
 OPTIMAL_MIN_CALIBRATION = 256.0
 #: drafted tokens per bin the calibration keeps; beyond, older calls fade
 OPTIMAL_CALIBRATION_TOKENS = 4096.0
-#: timed rounds the rate needs pooled (per setting and batch size) before a call uses the stopping rule
+#: rounds (after each call's first) the rate needs pooled (per setting and batch size) before the stopping rule
 OPTIMAL_MIN_RATE_ROUNDS = 16.0
-#: timed rounds the rate keeps; beyond, older calls fade
+#: rounds the rate keeps; beyond, older calls fade
 OPTIMAL_RATE_ROUNDS = 256.0
 _SETTINGS_PER_PAIR = 32  # acceptance priors kept per pair (verifier and sampling settings)
 
@@ -467,7 +468,8 @@ class OptimalSchedule:
         for key, key_sums, key_counts in ((self.setting, sums.cpu(), counts.cpu()), first):
             if bool((key_counts > 0.5).any()):
                 self.statistics.pool(key, key_sums, key_counts.round())
-        for key, sums, counts in zip((_first_round(self.setting), self.setting), self.calibration_sums, self.calibration_counts):
+        keys = (_first_round(self.setting), self.setting)
+        for key, sums, counts in zip(keys, self.calibration_sums, self.calibration_counts):
             if float(counts.sum()) > 0:
                 self.statistics.pool_calibration(key, sums.cpu(), counts.cpu())
         if float(self.rate_rounds.sum()) > 0:
