@@ -164,7 +164,7 @@ def speculative_decode(
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
-    logits_processor = per_row_length_processors(logits_processor)  # min_length / min_new_tokens count per row
+    logits_processor = per_row_length_processors(logits_processor, input_ids.shape[1])  # min lengths count per row
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -233,8 +233,6 @@ class _SpeculativeLoop:
         self.active = torch.arange(batch_size, device=device)  # (B,)
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
-        # what min_length counts as each row's prompt: the padded width, as transformers counts it in a batch
-        self.prompt_lengths = torch.full((batch_size,), input_ids.shape[1], dtype=torch.long, device=device)  # (B,)
         self.prefill()
         timed = self.candidates.schedule == "optimal"  # the schedule reads the measured round costs
         while self.active.numel() > 0:
@@ -264,8 +262,7 @@ class _SpeculativeLoop:
 
     def draft(self) -> torch.Tensor:  # (B, L + N_r)
         """Step 1: the candidate generator drafts ``N_r = max_b N_b`` tokens after ``seq``."""
-        generated = self.max_new_tokens - self.remaining  # (B,) tokens each active row emitted so far
-        sync_row_lengths(self.logits_processor, self.prompt_lengths[self.active], generated, self.seq.shape[1])
+        sync_row_lengths(self.logits_processor, self.remaining, self.max_new_tokens, self.seq.shape[1])
         candidate_ids, _ = self.candidates.get_candidates(self.seq, attention_mask=self.mask)
         return candidate_ids
 

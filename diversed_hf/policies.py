@@ -243,12 +243,6 @@ class StoppingRule:
         self._edges, self._acceptance = edges.tolist(), acceptance.tolist()
         self._limits = [t / mean_acceptance if mean_acceptance > 0 else math.inf for t in thresholds.tolist()]
 
-    def keep_drafting(self, reach: torch.Tensor, step: int) -> torch.Tensor:  # (batch,) bool
-        """``reach`` (batch,) after ``step + 1`` drafts: which rows draft once more."""
-        if step >= self.thresholds.numel():
-            return torch.zeros_like(reach, dtype=torch.bool)
-        return reach * self.mean_acceptance >= self.thresholds[step]
-
     def keep_drafting_batch(self, reach: torch.Tensor, drafting: torch.Tensor, step: int) -> torch.Tensor:  # () bool
         """Whether a batch drafts once more after ``step + 1`` drafts: the mean gain of the rows still ``drafting``
         (batch,) against the per-row threshold (the step is computed for every row, so every row drafts it)."""

@@ -190,11 +190,17 @@ def test_the_stopping_rule_charges_each_draft_at_the_pairs_rate():
     assert rule.thresholds.tolist() == pytest.approx([2 / 3 * 1.5] * 3)  # rate x (c + c_verify(k + 1) - c_verify(k))
     reach = rule.update_reach(torch.ones(2), torch.tensor([0.999, 0.05]))  # sure, unsure
     assert reach.tolist() == pytest.approx([(OPTIMAL_MIN_CALIBRATION + 4) / (OPTIMAL_MIN_CALIBRATION + 8), 4 / 264])
+
+    def alone(rule, step):  # each row as a batch of its own
+        return [bool(rule.keep_drafting_batch(reach[b : b + 1], torch.ones(1, dtype=torch.bool), step)) for b in range(2)]
+
     # a sure row's next draft adds about 0.5 token, less than the 1 token its cost is worth at this rate: both stop
-    assert rule.keep_drafting(reach, 0).tolist() == [False, False]
+    assert alone(rule, 0) == [False, False]
     cheap = StoppingRule(rule.edges, rule.acceptance, 0.5, torch.full((3,), 0.25))  # drafts four times cheaper
-    assert cheap.keep_drafting(reach, 0).tolist() == [True, False]
-    assert cheap.keep_drafting(reach, 3).tolist() == [False, False]  # N drafts: the round is full
+    assert alone(cheap, 0) == [True, False]
+    assert alone(cheap, 3) == [False, False]  # N drafts: the round is full
+    # a batch decides on the rows still drafting: the unsure row, already stopped, does not hold the sure one back
+    assert bool(cheap.keep_drafting_batch(reach, torch.tensor([True, False]), 0))
     # one row: the same rule on Python floats (what drafting uses at batch 1)
     for confidence, tensor_reach in zip((0.999, 0.05), reach.tolist()):
         scalar_reach = cheap.update_reach_scalar(1.0, confidence)
