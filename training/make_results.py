@@ -18,8 +18,9 @@ Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed 
    prompts one at a time, timed at batch 1 (16 prompts, median of 5 interleaved runs) and
 3. at batch 8 (16 prompts); acceptance, mean draft length and tokens per round come from the batch-1 run.
 
-The page also carries the head ablation tables ``results/ablation_<task>.md`` when
-``training/ablation.py`` has written them (they need trained heads, so that command is separate). The full
+The page also carries the head ablation tables ``results/ablation_<task>.md`` and the headroom tables
+``results/headroom_<task>.md`` when ``training/ablation.py`` and ``training/headroom.py`` have written them
+(they need trained heads, so those commands are separate). The full
 run then copies each task's rows (``results/results_<task>.json``) next to the testbed's head
 for that task as its ``results.json`` and re-renders the heads' cards and ``model_cards/`` (skip with
 ``--no-cards``; ``--quick`` never touches them). Extra arguments go to every bench run (e.g.
@@ -122,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                                       repeats=sizes["policies"]["repeats"],
                                       batch_timed=sizes["policies_batch"]["num_timing_prompts"])
             sections.append(("Draft-length policies", note + "\n\n" + policy_table({1: at_one, 8: at_eight})))
-    for task in ("arith", "summary"):  # written by training/ablation.py, which trains nothing itself
-        ablation = output_dir / f"ablation_{task}.md"
-        if ablation.is_file() and not args.quick:
-            sections.append((f"Head ablation: {task}", ablation.read_text().strip()))
+    for task in ("arith", "summary"):  # written by training/ablation.py and training/headroom.py, which train nothing
+        for kind, title in (("ablation", "Head ablation"), ("headroom", "Headroom by token class")):
+            written = output_dir / f"{kind}_{task}.md"
+            if written.is_file() and not args.quick:
+                sections.append((f"{title}: {task}", written.read_text().strip()))
     if process_state().is_main_process:
         write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started,
                            sections=sections)

@@ -1,0 +1,58 @@
+"""training/headroom.py: the head's weight overridden by token class (content strict, wording lenient)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+from diversed_hf import DiversedHead  # noqa: E402
+
+
+def _round():
+    # vocab of 4: ids 0, 1 are content tokens. Position 0: both models put their mass on content; position 1:
+    # only on wording; position 2: the draft puts 0.1 on content (content at threshold 0.05).
+    draft_probs = torch.tensor([[[0.5, 0.4, 0.05, 0.05], [0.0, 0.0, 0.5, 0.5], [0.05, 0.05, 0.3, 0.6]]])
+    target_probs = torch.tensor([[[0.9, 0.1, 0.0, 0.0], [0.0, 0.0, 0.9, 0.1], [0.0, 0.0, 0.2, 0.8], [0.25] * 4]])
+    return draft_probs, target_probs
+
+
+def test_the_override_replaces_the_weight_on_its_class_only_and_never_reads_the_drafted_token():
+    import headroom
+
+    head = DiversedHead(features=["tv"], use_hidden_states=False, w_0=0.3)  # w = 0.3 everywhere before training
+    mask = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    draft_probs, target_probs = _round()
+
+    def weights(content_weight, wording_weight, draft_ids):
+        verifier = headroom.TokenClassOverride(head, content_mask=mask, content_weight=content_weight,
+                                               wording_weight=wording_weight)
+        result = verifier(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(0))
+        return result.target_weight[0]
+
+    for draft_ids in (torch.tensor([[0, 2, 3]]), torch.tensor([[3, 3, 0]])):  # the same weights for any drafted tokens
+        assert torch.allclose(weights(None, None, draft_ids), torch.tensor([0.3, 0.3, 0.3]))
+        assert torch.allclose(weights(1.0, None, draft_ids), torch.tensor([1.0, 0.3, 1.0]))
+        assert torch.allclose(weights(None, 0.0, draft_ids), torch.tensor([0.3, 0.0, 0.3]))
+        assert torch.allclose(weights(1.0, 0.0, draft_ids), torch.tensor([1.0, 0.0, 1.0]))
+
+
+def test_content_mask_marks_the_tokens_matching_the_pattern():
+    import headroom
+
+    class Tokenizer:
+        tokens = ["▁12", "▁Ben", "▁the", "=", "#"]
+
+        def __len__(self):
+            return len(self.tokens)
+
+        def convert_ids_to_tokens(self, ids):
+            return [self.tokens[i] for i in ids]
+
+    mask = headroom.content_mask(Tokenizer(), 6, headroom.CONTENT_PATTERNS["arith"])
+    assert mask.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]  # the model's extra (padding) id is not content
+    mask = headroom.content_mask(Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"])
+    assert mask.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]

@@ -1,0 +1,154 @@
+"""Where could a head's acceptance still come from? The head with its weight overridden by token class.
+
+    python training/headroom.py --task arith --head testbed:arith --num-prompts 300 --num-samples 2
+
+A head trades acceptance for quality position by position. To see how much room a better head would
+have, this decodes the same held-out prompts (as ``training/ablation.py`` does) with the head and with
+the head's weight replaced on one class of positions:
+
+* **content** positions -- where the target or the draft puts at least ``--threshold`` of its mass on a
+  *content token* (a token matching ``--content-pattern``: numbers, operators and ``#`` for ``arith``;
+  numbers and capitalised words, the facts, for ``summary``);
+* **wording** positions -- every other position (both models are sure the next token is wording).
+
+Rows: the head as trained; content forced strict (``w = 1``); wording forced lenient (``w = 0``); both
+(a hand-written head that knows the token classes, without the trained head). If forcing wording lenient
+adds little acceptance, the trained head already takes what the wording offers, and what is left is on
+content positions, where leniency changes the answer.
+
+The override depends on ``p_t`` and ``q_t`` only, never on the drafted token, so every row still samples
+exactly from its mixture ``nu_t = w_t p_t + (1 - w_t) q_t`` (docs/method.md §4). Writes
+``results/headroom_<task>.json`` and ``results/headroom_<task>.md``, which ``training/make_results.py``
+puts into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from diversed_hf import DiversedHead, testbed  # noqa: E402
+from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
+from diversed_hf.bench.report import _delta_cell  # noqa: E402
+from diversed_hf.tasks import metric_label  # noqa: E402
+from diversed_hf.verifiers import HeadVerifier  # noqa: E402
+
+#: content tokens of the testbed's tasks: what the reward checks (the answer's arithmetic; the summary's facts)
+CONTENT_PATTERNS = {"arith": r"[0-9+\-*=#]", "summary": r"[0-9A-Z]"}
+
+
+@dataclass(frozen=True)
+class TokenClassOverride(HeadVerifier):
+    """The head's ``w_t``, replaced by ``content_weight`` / ``wording_weight`` (when not ``None``) on that class.
+
+    A position is *content* when ``max(p_t(C), q_t(C)) >= threshold``, ``C`` the content tokens (``content_mask``,
+    1.0 per content token id).
+    """
+
+    content_mask: torch.Tensor = field(default=None)  # (vocab,)
+    content_weight: float | None = None
+    wording_weight: float | None = None
+    threshold: float = 0.05
+
+    def target_weights(self, draft_probs, target_probs, **context):
+        weight = super().target_weights(draft_probs, target_probs, **context)  # (batch, N)
+        mask = self.content_mask[: target_probs.shape[-1]].to(target_probs)  # (vocab,)
+        content = torch.maximum(target_probs @ mask, draft_probs @ mask) >= self.threshold  # (batch, N)
+        if self.content_weight is not None:
+            weight = torch.where(content, torch.full_like(weight, self.content_weight), weight)
+        if self.wording_weight is not None:
+            weight = torch.where(content, weight, torch.full_like(weight, self.wording_weight))
+        return weight
+
+
+def content_mask(tokenizer, vocab_size: int, pattern: str) -> torch.Tensor:
+    """1.0 for every token id whose token string matches ``pattern``, else 0.0; ``(vocab_size,)``."""
+    regex = re.compile(pattern)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    mask = torch.zeros(vocab_size)
+    for index, token in enumerate(tokens[:vocab_size]):
+        if token is not None and regex.search(token):
+            mask[index] = 1.0
+    return mask
+
+
+def table(rows: list[dict]) -> str:
+    sd = next(r for r in rows if r["family"] == "sd")
+    lines = [
+        f"| method | acceptance | x SD | mean w | {metric_label(rows[0]['quality_metric'])} "
+        "| vs target distribution [95 % CI] |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        accepted, weight = row.get("acceptance_rate"), row.get("mean_target_weight")
+        acceptance = "– | –" if accepted is None else f"{100 * accepted:.1f} % | {accepted / sd['acceptance_rate']:.2f}x"
+        mean_weight = "–" if weight is None else f"{weight:.2f}"
+        lines.append(f"| {row['method']} | {acceptance} | {mean_weight} | {100 * row['quality']:.1f} | {_delta_cell(row)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, choices=sorted(CONTENT_PATTERNS), help="a testbed task")
+    parser.add_argument("--head", required=True, help="a head directory, or testbed:TASK for a shipped head")
+    parser.add_argument("--num-prompts", type=int, default=300)
+    parser.add_argument("--num-samples", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--content-pattern", default=None, help="regular expression of content tokens (default: the task's)")
+    parser.add_argument("--threshold", type=float, default=0.05, help="content mass that makes a position a content position")
+    parser.add_argument("--output-dir", default=str(REPO / "results"))
+    args = parser.parse_args(argv)
+    if not 0 < args.threshold <= 1:
+        parser.error(f"--threshold is {args.threshold}; it must be in (0, 1].")
+    torch.set_num_threads(args.threads)
+    if args.head.startswith("testbed:"):
+        head = testbed.load_head(args.head.split(":", 1)[1])
+    else:
+        head = DiversedHead.from_pretrained(args.head)
+    pattern = args.content_pattern or CONTENT_PATTERNS[args.task]
+    target, draft, tokenizer = testbed.load_pair()
+    mask = content_mask(tokenizer, target.config.vocab_size, pattern)
+    variants = [
+        ("head", None, None),
+        ("head, content strict (w = 1)", 1.0, None),
+        ("head, wording lenient (w = 0)", None, 0.0),
+        ("token classes only: content w = 1, wording w = 0", 1.0, 0.0),
+    ]
+    methods, _ = parse_methods(["target", "sd"])
+    for name, content_weight, wording_weight in variants:
+        verifier = TokenClassOverride(head, content_mask=mask, content_weight=content_weight,
+                                      wording_weight=wording_weight, threshold=args.threshold)
+        methods.append(Method(name, "diversed", verifier))
+    config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
+                         max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
+    task = load_task(args.task, args.num_prompts, seed=args.seed)
+    rows = run_bench(target, draft, tokenizer, task, methods, config, progress=True).rows
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / f"headroom_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    command = "python training/headroom.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    text = (
+        f"On `{args.task}`: the head `{args.head}` with its weight overridden by token class, on {args.num_prompts} "
+        f"held-out prompts (seed {args.seed}) x {args.num_samples} samples, temperature 1, N = 5. Content positions: "
+        f"the target or the draft puts >= {args.threshold:g} of its mass on tokens matching `{pattern}`; every other "
+        f"position is wording. Regenerate with:\n\n```bash\n{command}\n```\n\n{table(rows)}\n"
+    )
+    (output / f"headroom_{args.task}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
