@@ -30,3 +30,17 @@ def test_a_head_on_the_fine_tuned_draft_is_compared_with_sd_on_that_draft():
     assert " 1.50x " in by_name["features"]  # 0.75 / SD's 0.5
     assert " 1.20x " in by_name["features (fine-tuned draft)"]  # 0.96 / the fine-tuned draft's SD 0.8
     assert "2 features" in by_name["features (fine-tuned draft)"] and "1.0 min" in by_name["features"]
+
+
+def test_a_recipe_line_spells_out_the_settings_that_differ_from_the_yaml():
+    import ablation
+    import yaml
+
+    defaults = yaml.safe_load((ablation.REPO / "training" / "configs" / "testbed_arith.yaml").read_text())
+    target, draft = make_pair("llama")
+    head = DiversedHead.for_pair(target, draft, features=["tv"])
+    training = {"lambda_acceptance": 0.3, "seed": 2, "max_steps": defaults["max_steps"] + 1,
+                "num_generations": defaults["num_generations"], "learning_rate": defaults["learning_rate"]}
+    line = ablation.recipes("arith", {"h": (head, training)})
+    assert f"--max_steps {defaults['max_steps'] + 1} " in line and "--seed 2 " in line and "--head_features tv " in line
+    assert "--num_generations" not in line and "--learning_rate" not in line  # as in the YAML: not repeated

@@ -52,7 +52,12 @@ def test_content_mask_marks_the_tokens_matching_the_pattern():
         def convert_ids_to_tokens(self, ids):
             return [self.tokens[i] for i in ids]
 
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [self.tokens.index("▁" + word) for word in text.split()]}
+
     mask = headroom.content_mask(Tokenizer(), 6, headroom.CONTENT_PATTERNS["arith"])
     assert mask.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]  # the model's extra (padding) id is not content
     mask = headroom.content_mask(Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"])
     assert mask.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    mask = headroom.content_mask(Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"], words=["the"])  # a lowercase fact
+    assert mask.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]

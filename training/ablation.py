@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from diversed_hf import DiversedHead, testbed  # noqa: E402
 from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
@@ -109,22 +110,28 @@ def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     return "\n".join(lines)
 
 
+#: training settings a recipe line spells out when a head was trained with another value than the task's YAML has
+RECIPE_SETTINGS = ("max_steps", "num_generations", "per_device_train_batch_size", "learning_rate")
+
+
 def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     """How each head was trained: the ``train_head.py`` command its recorded training configuration implies."""
+    recipe = REPO / "training" / "configs" / f"testbed_{task}.yaml"
+    defaults = yaml.safe_load(recipe.read_text()) if recipe.is_file() else {}
     lines = []
     for name, (head, training) in heads.items():
         if not training.get("lambda_acceptance"):
             continue
         flags = [f"--seed {training.get('seed', 0)}", f"--lambda_acceptance {training['lambda_acceptance']:g}",
                  f"--head_architecture {head.config.architecture}"]
+        flags += [f"--{key} {training[key]:g}" for key in RECIPE_SETTINGS
+                  if key in training and key in defaults and float(training[key]) != float(defaults[key])]
         if head.config.features:
             flags.append("--head_features " + " ".join(head.config.features))
-        else:  # the recipe's YAML may list features: this head read none
-            note_features = " with `head_features: []` in a copy of the YAML"
         if not head.config.use_hidden_states:
             flags.append("--head_use_hidden_states false")
         offset = training.get("calibration_logit_offset") or 0.0
-        note = note_features if not head.config.features else ""
+        note = "" if head.config.features else " with `head_features: []` in a copy of the YAML"  # it read none
         if offset:
             note += f" (then a calibration offset of {offset:+g} on the output logit, training/calibrate_head.py)"
         lines.append(f"- {name}: `python training/train_head.py --config training/configs/testbed_{task}.yaml "

@@ -8,7 +8,8 @@ the head's weight replaced on one class of positions:
 
 * **content** positions -- where the target or the draft puts at least ``--threshold`` of its mass on a
   *content token* (a token matching ``--content-pattern``: numbers, operators and ``#`` for ``arith``;
-  numbers and capitalised words, the facts, for ``summary``);
+  for ``summary`` the facts: numbers, capitalised words, and the tokens of the lowercase facts -- festival
+  kinds, products, research topics);
 * **wording** positions -- every other position (both models are sure the next token is wording).
 
 Rows: the head as trained; content forced strict (``w = 1``); wording forced lenient (``w = 0``); both
@@ -41,10 +42,13 @@ from diversed_hf import DiversedHead, testbed  # noqa: E402
 from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
 from diversed_hf.bench.report import _delta_cell  # noqa: E402
 from diversed_hf.tasks import metric_label  # noqa: E402
+from diversed_hf.testbed import tasks  # noqa: E402
 from diversed_hf.verifiers import HeadVerifier  # noqa: E402
 
 #: content tokens of the testbed's tasks: what the reward checks (the answer's arithmetic; the summary's facts)
 CONTENT_PATTERNS = {"arith": r"[0-9+\-*=#]", "summary": r"[0-9A-Z]"}
+#: the lowercase facts of ``summary`` (festival kinds, products, research topics): their tokens are content too
+CONTENT_WORDS = {"arith": (), "summary": (*tasks.FEST_THINGS, *tasks.PRODUCTS, *tasks.TOPICS)}
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,19 @@ class TokenClassOverride(HeadVerifier):
         return weight
 
 
-def content_mask(tokenizer, vocab_size: int, pattern: str) -> torch.Tensor:
-    """1.0 for every token id whose token string matches ``pattern``, else 0.0; ``(vocab_size,)``."""
+def content_mask(tokenizer, vocab_size: int, pattern: str, words=()) -> torch.Tensor:
+    """1.0 for every token id whose token string matches ``pattern`` or that spells one of ``words`` (after a
+    space, as in running text), else 0.0; ``(vocab_size,)``."""
     regex = re.compile(pattern)
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     mask = torch.zeros(vocab_size)
     for index, token in enumerate(tokens[:vocab_size]):
         if token is not None and regex.search(token):
             mask[index] = 1.0
+    for word in words:
+        for index in tokenizer(" " + word, add_special_tokens=False)["input_ids"]:
+            if index < vocab_size:
+                mask[index] = 1.0
     return mask
 
 
@@ -119,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         head = DiversedHead.from_pretrained(args.head)
     pattern = args.content_pattern or CONTENT_PATTERNS[args.task]
     target, draft, tokenizer = testbed.load_pair()
-    mask = content_mask(tokenizer, target.config.vocab_size, pattern)
+    words = CONTENT_WORDS[args.task] if not args.content_pattern else ()
+    mask = content_mask(tokenizer, target.config.vocab_size, pattern, words)
     variants = [
         ("head", None, None),
         ("head, content strict (w = 1)", 1.0, None),
@@ -139,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     (output / f"headroom_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     command = "python training/headroom.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    words_note = " or spelling a lowercase fact (festival kinds, products, research topics)" if words else ""
     text = (
         f"On `{args.task}`: the head `{args.head}` with its weight overridden by token class, on {args.num_prompts} "
         f"held-out prompts (seed {args.seed}) x {args.num_samples} samples, temperature 1, N = 5. Content positions: "
-        f"the target or the draft puts >= {args.threshold:g} of its mass on tokens matching `{pattern}`; every other "
-        f"position is wording. Regenerate with:\n\n```bash\n{command}\n```\n\n{table(rows)}\n"
+        f"the target or the draft puts >= {args.threshold:g} of its mass on tokens matching `{pattern}`{words_note}; "
+        f"every other position is wording. Regenerate with:\n\n```bash\n{command}\n```\n\n{table(rows)}\n"
     )
     (output / f"headroom_{args.task}.md").write_text(text)
     print(text)
