@@ -61,3 +61,20 @@ def test_content_mask_marks_the_tokens_matching_the_pattern():
     assert mask.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
     mask = headroom.content_mask(Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"], words=["the"])  # a lowercase fact
     assert mask.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_make_results_puts_new_head_tables_into_the_page_and_keeps_the_rest(tmp_path):
+    import make_results
+
+    page = tmp_path / "RESULTS.md"
+    page.write_text("# Benchmark results\n\n## arith\n\nbench\n\n## Head ablation: arith\n\nold table\n\n"
+                    "## Reading the tokens-per-round columns\n\nnotes\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "ablation_arith.md").write_text("new table\n")
+    (results / "headroom_summary.md").write_text("headroom\n")
+    make_results.refresh_head_sections(page, results)
+    text = page.read_text()
+    assert "old table" not in text and text.count("## Head ablation: arith") == 1
+    assert text.index("## arith") < text.index("new table") < text.index("## Headroom by token class: summary")
+    assert text.index("headroom") < text.index("## Reading") and text.endswith("notes\n")

@@ -20,7 +20,8 @@ Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed 
 
 The page also carries the head ablation tables ``results/ablation_<task>.md`` and the headroom tables
 ``results/headroom_<task>.md`` when ``training/ablation.py`` and ``training/headroom.py`` have written them
-(they need trained heads, so those commands are separate). The full
+(they need trained heads, so those commands are separate; ``--head-sections-only`` puts new ones into
+the existing RESULTS.md without running the bench). The full
 run then copies each task's rows (``results/results_<task>.json``) next to the testbed's head
 for that task as its ``results.json`` and re-renders the heads' cards and ``model_cards/`` (skip with
 ``--no-cards``; ``--quick`` never touches them). Extra arguments go to every bench run (e.g.
@@ -30,6 +31,7 @@ for that task as its ``results.json`` and re-renders the heads' cards and ``mode
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import time
@@ -95,13 +97,49 @@ def update_cards(results, output_dir: Path) -> list[Path]:
     return hub_cli.render_shipped_cards(REPO / "model_cards")
 
 
+#: sections of tables that need trained heads: written by training/ablation.py and training/headroom.py
+HEAD_SECTIONS = (("ablation", "Head ablation"), ("headroom", "Headroom by token class"))
+TASKS = ("arith", "summary")
+
+
+def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:
+    """``(title, Markdown)`` of every ablation / headroom table written into ``output_dir``."""
+    sections = []
+    for task in TASKS:
+        for kind, title in HEAD_SECTIONS:
+            written = output_dir / f"{kind}_{task}.md"
+            if written.is_file():
+                sections.append((f"{title}: {task}", written.read_text().strip()))
+    return sections
+
+
+def refresh_head_sections(page: Path, output_dir: Path) -> None:
+    """Put the current ablation / headroom tables into an existing results page, leaving the bench's sections as
+    they are (those tables come from separate commands: re-running the bench for them is not needed)."""
+    if not page.is_file():
+        raise FileNotFoundError(f"{page} does not exist: run `python training/make_results.py` once first.")
+    parts = re.split(r"(?m)^(?=## )", page.read_text())
+    titles = tuple(f"## {title}: " for _, title in HEAD_SECTIONS)
+    kept = [part for part in parts if not part.startswith(titles)]
+    new = [f"## {title}\n\n{body}\n\n" for title, body in trained_head_sections(output_dir)]
+    at = next((i for i, part in enumerate(kept) if part.startswith("## Reading")), len(kept))
+    page.write_text("".join(kept[:at] + new + kept[at:]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process.")
     parser.add_argument("--skip-policies", action="store_true", help="Only the methods run (no policy table).")
     parser.add_argument("--no-cards", action="store_true", help="Leave the shipped heads' results.json and cards alone.")
+    parser.add_argument("--head-sections-only", action="store_true",
+                        help="Only put the current ablation / headroom tables (results/ablation_*.md, headroom_*.md) "
+                             "into the existing RESULTS.md; runs no bench.")
     args, extra = parser.parse_known_args(argv)
+    if args.head_sections_only:
+        refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
+        print("Updated the trained-head sections of RESULTS.md.")
+        return 0
     started = time.perf_counter()
     sizes = QUICK if args.quick else FULL
     output_dir = REPO / ("results_quick" if args.quick else "results")
@@ -123,11 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                                       repeats=sizes["policies"]["repeats"],
                                       batch_timed=sizes["policies_batch"]["num_timing_prompts"])
             sections.append(("Draft-length policies", note + "\n\n" + policy_table({1: at_one, 8: at_eight})))
-    for task in ("arith", "summary"):  # written by training/ablation.py and training/headroom.py, which train nothing
-        for kind, title in (("ablation", "Head ablation"), ("headroom", "Headroom by token class")):
-            written = output_dir / f"{kind}_{task}.md"
-            if written.is_file() and not args.quick:
-                sections.append((f"{title}: {task}", written.read_text().strip()))
+    if not args.quick:
+        sections += trained_head_sections(output_dir)
     if process_state().is_main_process:
         write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started,
                            sections=sections)
