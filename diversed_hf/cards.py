@@ -273,6 +273,34 @@ def _format_rows(results: dict) -> list[dict]:
     return formatted
 
 
+def goal_text(training: dict | None, results: dict | None) -> str | None:
+    """Whether the head's own results meet the goal recorded with its training (``goal_acceptance_ratio``,
+    ``goal_max_quality_loss``), and by how much they miss it; ``None`` without a goal or without both rows."""
+    if not training or training.get("goal_acceptance_ratio") is None or not results:
+        return None
+    ratio, allowed = float(training["goal_acceptance_ratio"]), float(training.get("goal_max_quality_loss") or 0.0)
+    task = results["setting"].get("task")
+    # the bench's rows name their family; eval_head.py's rows are named "sd" / "diversed"
+    rows = {row.get("family") or row["method"]: row for row in results["rows"] if row.get("head_task") in (None, task)}
+    head, sd = rows.get("diversed"), rows.get("sd")
+    if head is None or sd is None or not sd.get("acceptance_rate") or head.get("quality_delta") is None:
+        return None
+    measured = head["acceptance_rate"] / sd["acceptance_rate"]
+    delta = 100 * head["quality_delta"]
+    interval = ""
+    if head.get("quality_delta_low") is not None and head.get("quality_delta_high") is not None:
+        interval = f" [{100 * head['quality_delta_low']:+.1f}, {100 * head['quality_delta_high']:+.1f}]"
+    short = []
+    if measured < ratio:
+        short.append(f"acceptance {ratio - measured:.2f}x short")
+    if delta < -100 * allowed:
+        short.append(f"quality {-100 * allowed - delta:.1f} points beyond the allowed loss")
+    verdict = "**met**" if not short else "**missed**: " + ", ".join(short)
+    return (f"Goal (recorded with the training configuration): acceptance at least {ratio:g}x lossless SD's with "
+            f"quality within {100 * allowed:g} point{'s' if allowed != 0.01 else ''} of the target distribution. "
+            f"Measured above: {measured:.2f}x at {delta:+.1f}{interval} points: {verdict}.")
+
+
 # Training configuration ----------------------------------------------------------------------------
 
 
@@ -504,6 +532,7 @@ def render_card(
         results_rows=_format_rows(results) if results else [],
         results_setting=", ".join(f"{key} = {value}" for key, value in results["setting"].items()) if results else "",
         quality_label=metric_label(metric),
+        goal=goal_text(training, results),
         usage=_usage(head, repo_id or head_source or "path/to/head", num_draft_tokens),
         citation=CITATION,
     )

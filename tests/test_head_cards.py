@@ -198,3 +198,30 @@ def test_card_refuses_results_of_another_task(tmp_path):
         cards.render_card(head.config, results=results)
     same = {"setting": {"task": "gsm8k"}, "rows": results["rows"]}
     assert "gsm8k" in cards.render_card(head.config, results=same).content
+
+
+def _with_delta(delta, low, high):
+    results = json.loads(json.dumps(RESULTS))
+    results["rows"][2].update(quality_delta=delta, quality_delta_low=low, quality_delta_high=high)
+    return results
+
+
+@pytest.mark.parametrize(
+    "goal, delta, verdict",
+    [
+        ((1.6, 0.01), -0.004, "1.63x at -0.4 [-1.0, +0.2] points: **met**."),
+        ((1.7, 0.01), -0.004, "**missed**: acceptance 0.07x short."),
+        ((1.6, 0.01), -0.025, "**missed**: quality 1.5 points beyond the allowed loss."),
+        ((1.7, 0.02), -0.025, "**missed**: acceptance 0.07x short, quality 0.5 points beyond the allowed loss."),
+    ],
+)
+def test_card_says_whether_the_results_meet_the_goal_recorded_with_training(goal, delta, verdict):
+    training = {"goal_acceptance_ratio": goal[0], "goal_max_quality_loss": goal[1]}
+    text = cards.render_card(make_head().config, results=_with_delta(delta, delta - 0.006, delta + 0.006),
+                             training_config=training).text
+    assert f"acceptance at least {goal[0]:g}x lossless SD's" in text and verdict in text  # 0.726 / 0.446 = 1.63x
+
+
+def test_card_without_a_goal_says_nothing_about_one():
+    text = cards.render_card(make_head().config, results=_with_delta(-0.004, -0.01, 0.002), training_config={"lr": 1}).text
+    assert "Goal" not in text and "\n\n\n" not in text

@@ -103,3 +103,26 @@ def test_calibrate_head_recipe_saves_the_shifted_head(tmp_path, tiny_pair_dirs):
     assert json.loads((out / "calibration.json").read_text())["chosen_offset"] == chosen
     with pytest.raises(SystemExit):
         calibrate_head.parse_args(["--task", "testbed_arith", "--head", "x", "--tolerance", "-1"])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--goal_acceptance_ratio", "1.6"], "a goal needs both"),
+        (["--goal_acceptance_ratio", "0", "--goal_max_quality_loss", "0.01"], "must be > 0"),
+        (["--goal_acceptance_ratio", "1.6", "--goal_max_quality_loss", "1"], "a fraction in \\[0, 1\\)"),
+    ],
+)
+def test_train_head_refuses_a_half_or_impossible_goal(flags, message):
+    import train_head
+
+    with pytest.raises(ValueError, match=message):
+        train_head.parse_arguments(["--task", "testbed_arith", *flags])
+
+
+def test_the_recipes_record_their_goal():
+    import train_head
+
+    config = str(Path(__file__).resolve().parents[1] / "training" / "configs" / "testbed_summary.yaml")
+    script, _ = train_head.parse_arguments(["--config", config])
+    assert (script.goal_acceptance_ratio, script.goal_max_quality_loss) == (1.4, 0.01)

@@ -72,6 +72,16 @@ class ScriptArguments:
     eval_batch_size: int = field(default=50, metadata={"help": "Prompts per generate call in the evaluation."})
     head_dir: str | None = field(default=None, metadata={"help": "Where the Hub-ready head goes (default <output_dir>/head)."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
+    goal_acceptance_ratio: float | None = field(
+        default=None,
+        metadata={"help": "The head's goal: acceptance at least this many times lossless SD's (recorded in "
+                  "training_config.json; the card says whether the measured results meet it)."},
+    )
+    goal_max_quality_loss: float | None = field(
+        default=None,
+        metadata={"help": "The head's goal: quality at most this far below the target distribution's (a fraction: "
+                  "0.01 = one point), with goal_acceptance_ratio."},
+    )
     calibration_logit_offset: float = field(
         default=0.0,
         metadata={
@@ -79,6 +89,19 @@ class ScriptArguments:
             "acceptance down). Choose it on training-split prompts, never on the held-out ones."
         },
     )
+
+
+    def __post_init__(self):
+        ratio, loss = self.goal_acceptance_ratio, self.goal_max_quality_loss
+        if (ratio is None) != (loss is None):
+            raise ValueError(
+                f"`goal_acceptance_ratio` is {ratio} and `goal_max_quality_loss` is {loss}: a goal needs both "
+                "(e.g. 1.6 and 0.01), or neither."
+            )
+        if ratio is not None and not ratio > 0:
+            raise ValueError(f"`goal_acceptance_ratio` is {ratio}; it must be > 0 (e.g. 1.6: 1.6x SD's acceptance).")
+        if loss is not None and not 0 <= loss < 1:
+            raise ValueError(f"`goal_max_quality_loss` is {loss}; it must be a fraction in [0, 1) (0.01: one point).")
 
 
 ScriptArguments._argument_group_name = "train_head.py options (what to train on)"  # HfArgumentParser's group title
@@ -205,6 +228,8 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         draft_model=script.draft_model,
         train_seconds=round(seconds, 1),
         calibration_logit_offset=script.calibration_logit_offset,
+        **{key: getattr(script, key) for key in ("goal_acceptance_ratio", "goal_max_quality_loss")
+           if getattr(script, key) is not None},
         global_steps=trainer.state.global_step,
         torch_threads=torch.get_num_threads(),
     )
