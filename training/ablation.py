@@ -131,7 +131,9 @@ def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
         if not head.config.use_hidden_states:
             flags.append("--head_use_hidden_states false")
         offset = training.get("calibration_logit_offset") or 0.0
-        note = "" if head.config.features else " with `head_features: []` in a copy of the YAML"  # it read none
+        note = ""
+        if defaults.get("head_features") and not head.config.features:  # the YAML lists features; this head read none
+            note = " with `head_features: []` in a copy of the YAML"
         if offset:
             note += f" (then a calibration offset of {offset:+g} on the output logit, training/calibrate_head.py)"
         lines.append(f"- {name}: `python training/train_head.py --config training/configs/testbed_{task}.yaml "

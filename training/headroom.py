@@ -8,8 +8,8 @@ the head's weight replaced on one class of positions:
 
 * **content** positions -- where the target or the draft puts at least ``--threshold`` of its mass on a
   *content token* (a token matching ``--content-pattern``: numbers, operators and ``#`` for ``arith``;
-  for ``summary`` the facts: numbers, capitalised words, and the tokens of the lowercase facts -- festival
-  kinds, products, research topics);
+  for ``summary`` the facts: numbers, capitalised words, and every token of a fact value of the task --
+  names, places, days, festival kinds, products, prizes, research topics);
 * **wording** positions -- every other position (both models are sure the next token is wording).
 
 Rows: the head as trained; content forced strict (``w = 1``); wording forced lenient (``w = 0``); both
@@ -47,8 +47,11 @@ from diversed_hf.verifiers import HeadVerifier  # noqa: E402
 
 #: content tokens of the testbed's tasks: what the reward checks (the answer's arithmetic; the summary's facts)
 CONTENT_PATTERNS = {"arith": r"[0-9+\-*=#]", "summary": r"[0-9A-Z]"}
-#: the lowercase facts of ``summary`` (festival kinds, products, research topics): their tokens are content too
-CONTENT_WORDS = {"arith": (), "summary": (*tasks.FEST_THINGS, *tasks.PRODUCTS, *tasks.TOPICS)}
+#: every fact value of ``summary`` (names, places, days, festival kinds, products, prizes, topics): all of their
+#: tokens are content, also a name's lowercase pieces after the first ("▁Pine", "crest") and the lowercase facts
+SUMMARY_FACTS = ("FIRST", "LAST", "TOWNS", "CITIES", "DAYS", "FEST_THINGS", "COMPANIES", "PRODUCTS", "TEAMS", "PRIZES",
+                 "TOPICS")
+CONTENT_WORDS = {"arith": (), "summary": tuple(value for name in SUMMARY_FACTS for value in getattr(tasks, name))}
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     (output / f"headroom_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     command = "python training/headroom.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    words_note = " or spelling a lowercase fact (festival kinds, products, research topics)" if words else ""
+    words_note = " or a token of one of the task's fact values (names, places, days, products, topics...)" if words else ""
     text = (
         f"On `{args.task}`: the head `{args.head}` with its weight overridden by token class, on {args.num_prompts} "
         f"held-out prompts (seed {args.seed}) x {args.num_samples} samples, temperature 1, N = 5. Content positions: "
