@@ -278,7 +278,14 @@ def goal_text(training: dict | None, results: dict | None) -> str | None:
     ``goal_max_quality_loss``), and by how much they miss it; ``None`` without a goal or without both rows."""
     if not training or training.get("goal_acceptance_ratio") is None or not results:
         return None
-    ratio, allowed = float(training["goal_acceptance_ratio"]), float(training.get("goal_max_quality_loss") or 0.0)
+    try:
+        ratio, allowed = float(training["goal_acceptance_ratio"]), float(training.get("goal_max_quality_loss") or 0.0)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"The training configuration's goal is not numeric: goal_acceptance_ratio="
+            f"{training['goal_acceptance_ratio']!r}, goal_max_quality_loss={training.get('goal_max_quality_loss')!r}. "
+            "Record numbers (e.g. 1.6 and 0.01) in training_config.json."
+        ) from None
     task = results["setting"].get("task")
     # the bench's rows name their family; eval_head.py's rows are named "sd" / "diversed"
     rows = {row.get("family") or row["method"]: row for row in results["rows"] if row.get("head_task") in (None, task)}

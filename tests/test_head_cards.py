@@ -225,3 +225,9 @@ def test_card_says_whether_the_results_meet_the_goal_recorded_with_training(goal
 def test_card_without_a_goal_says_nothing_about_one():
     text = cards.render_card(make_head().config, results=_with_delta(-0.004, -0.01, 0.002), training_config={"lr": 1}).text
     assert "Goal" not in text and "\n\n\n" not in text
+
+
+def test_card_refuses_a_goal_that_is_not_a_number():
+    with pytest.raises(ValueError, match="goal_acceptance_ratio='fast'"):
+        cards.render_card(make_head().config, results=_with_delta(-0.004, -0.01, 0.002),
+                          training_config={"goal_acceptance_ratio": "fast", "goal_max_quality_loss": 0.01})

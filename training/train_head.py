@@ -90,7 +90,6 @@ class ScriptArguments:
         },
     )
 
-
     def __post_init__(self):
         ratio, loss = self.goal_acceptance_ratio, self.goal_max_quality_loss
         if (ratio is None) != (loss is None):
