@@ -10,7 +10,10 @@ the head's weight replaced on one class of positions:
   *content token* (a token matching ``--content-pattern``: numbers, operators and ``#`` for ``arith``;
   for ``summary`` the facts: numbers, capitalised words, and every token of a fact value of the task --
   names, places, days, festival kinds, products, prizes, research topics);
-* **wording** positions -- every other position (both models are sure the next token is wording).
+* **wording** positions -- every other position (neither model puts that much mass on content tokens).
+
+The classes are coarse on purpose (a regular expression and the task's fact lists): a capitalised word that
+opens a sentence ("The", "About") counts as content on ``summary``.
 
 Rows: the head as trained; content forced strict (``w = 1``); wording forced lenient (``w = 0``); both
 (a hand-written head that knows the token classes, without the trained head). If forcing wording lenient
@@ -47,8 +50,8 @@ from diversed_hf.verifiers import HeadVerifier  # noqa: E402
 
 #: content tokens of the testbed's tasks: what the reward checks (the answer's arithmetic; the summary's facts)
 CONTENT_PATTERNS = {"arith": r"[0-9+\-*=#]", "summary": r"[0-9A-Z]"}
-#: every fact value of ``summary`` (names, places, days, festival kinds, products, prizes, topics): all of their
-#: tokens are content, also a name's lowercase pieces after the first ("▁Pine", "crest") and the lowercase facts
+#: every fact value of ``summary`` (names, places, days, festival kinds, products, prizes, topics): each of their
+#: tokens is content whatever its case (a lowercase fact, or a lowercase piece of a name)
 SUMMARY_FACTS = ("FIRST", "LAST", "TOWNS", "CITIES", "DAYS", "FEST_THINGS", "COMPANIES", "PRODUCTS", "TEAMS", "PRIZES",
                  "TOPICS")
 CONTENT_WORDS = {"arith": (), "summary": tuple(value for name in SUMMARY_FACTS for value in getattr(tasks, name))}
