@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                              "into the existing RESULTS.md; runs no bench.")
     args, extra = parser.parse_known_args(argv)
     if args.head_sections_only:
+        if extra:
+            parser.error(f"--head-sections-only runs no bench, so the bench arguments {extra} would be ignored; drop them.")
         refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
         print("Updated the trained-head sections of RESULTS.md.")
         return 0
