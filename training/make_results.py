@@ -47,6 +47,7 @@ from diversed_hf.bench.runner import process_state  # noqa: E402
 METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed",
            "diversed@arith", "diversed@summary"]
 SCHEDULES = ["constant:5,8,12,16", "heuristic", "confidence:0.4", "optimal:16"]
+TASKS = ("arith", "summary")  # the testbed's: every bench run and the trained-head sections
 COMMON = dict(max_new_tokens=100, batch_size=16)
 FULL = {
     "methods": dict(num_prompts=1000, num_baseline_prompts=160, num_samples=2, num_timing_prompts=10, repeats=3),
@@ -70,7 +71,7 @@ POLICY_NOTE = (
 
 
 def _bench_argv(sizes: dict, output_dir: Path, threads: int, extra: list[str], **options) -> list[str]:
-    argv = ["--task", "arith", "summary", "--threads", str(threads), "--output-dir", str(output_dir), "--no-progress"]
+    argv = ["--task", *TASKS, "--threads", str(threads), "--output-dir", str(output_dir), "--no-progress"]
     for key, value in {**COMMON, **sizes, **options}.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -99,7 +100,6 @@ def update_cards(results, output_dir: Path) -> list[Path]:
 
 #: sections of tables that need trained heads: written by training/ablation.py and training/headroom.py
 HEAD_SECTIONS = (("ablation", "Head ablation"), ("headroom", "Headroom by token class"))
-TASKS = ("arith", "summary")
 
 
 def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:
