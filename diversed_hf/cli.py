@@ -8,7 +8,10 @@ parsed namespace and returns an exit code (or ``None`` for 0).
 
 User errors -- a ``ValueError`` (bad argument or data), an ``OSError`` (missing or unwritable file) or an
 ``ImportError`` (a missing extra) -- end as one line ``diversed-hf <command>: <message>`` on stderr with
-exit status 2, as argparse's usage errors do; ``--verbose`` shows the traceback too.
+exit status 2, as argparse's usage errors do; ``--verbose`` shows the traceback too. A subcommand reports a
+usage error by raising one of them (never ``SystemExit`` with a message, whose status is 1). Output paths are
+checked before a command's run starts (:func:`diversed_hf.cli_utils.check_output_dir`). Long options take both
+spellings, ``--num-prompts`` and ``--num_prompts``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import argparse
 import importlib
 import logging
 import sys
+
+from .cli_utils import USAGE_ERROR, USER_ERRORS, ArgumentParser, error_line
 
 # Modules that add subcommands. Append yours; imports happen lazily at parse time.
 COMMAND_MODULES = [
@@ -28,15 +33,12 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diversed-hf", description="Relaxed speculative decoding for transformers.")
+    parser = ArgumentParser(prog="diversed-hf", description="Relaxed speculative decoding for transformers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="Log progress (INFO level) to stderr.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
-
-
-USER_ERRORS = (ValueError, OSError, ImportError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,9 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         if args.verbose:
             raise
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"diversed-hf {args.command}: {message}", file=sys.stderr)
-        return 2
+        print(error_line(f"diversed-hf {args.command}", error), file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

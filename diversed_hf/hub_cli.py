@@ -3,23 +3,24 @@
 Both print what they produced (the commit URL, the card paths) on stdout; the functions they call
 (:func:`push_directory`, :func:`render_shipped_cards`, :func:`diversed_hf.cards.write_card`) never print.
 This is the command layer: it may use the testbed (the heads shipped with it), which the library never imports.
+Errors are ``ValueError`` / ``OSError``, which ``diversed-hf`` shows as one line with exit status 2. ``card``
+checks every input and renders every card before it writes anything, and replaces each file atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from . import cards, hub
+from .cli_utils import check_output_dir, write_text_atomic
 from .head import DiversedHead, DiversedHeadConfig
 
 logger = logging.getLogger(__name__)
-
-# Errors a user can fix: shown as one line, without a traceback.
-_USER_ERRORS = (ValueError, TypeError, OSError)
-
 
 def register(subparsers) -> None:
     push = subparsers.add_parser(
@@ -124,8 +125,17 @@ def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[
     return written
 
 
-def _run_push(args) -> int:
+@contextlib.contextmanager
+def _type_errors_as_value_errors():
+    """A wrong type in a file the user gave (a config value, a result field) is a user error: one line, status 2."""
     try:
+        yield
+    except TypeError as error:
+        raise ValueError(str(error)) from error
+
+
+def _run_push(args) -> int:
+    with _type_errors_as_value_errors():
         url = push_directory(
             args.directory,
             args.repo_id,
@@ -136,32 +146,44 @@ def _run_push(args) -> int:
             create_pr=args.create_pr,
             keep_card=args.keep_card,
         )
-    except _USER_ERRORS as error:
-        raise SystemExit(f"diversed-hf push: {error}") from None
     print(url)
     return 0
 
 
 def _run_card(args) -> int:
+    """Check every input and render every card first; only then write, each file replaced atomically. A bad
+    results file, training config or head config leaves every directory as it was."""
     directories = [Path(d) for d in args.directories]
     if args.shipped:
         directories += shipped_head_dirs()
     if not directories:
-        raise SystemExit("diversed-hf card: give at least one head DIR, or --shipped.")
+        raise ValueError("give at least one head DIR, or --shipped.")
     if (args.results or args.training_config) and len(directories) != 1:
-        raise SystemExit("diversed-hf card: --results and --training-config need exactly one DIR.")
-    for directory in directories:
-        if not (directory / hub.CONFIG_NAME).is_file():
-            raise SystemExit(f"diversed-hf card: {directory} has no {hub.CONFIG_NAME}; is it a saved head directory?")
-        output = Path(args.output_dir) / f"{directory.name}.md" if args.output_dir else None
-        try:
-            if args.results:
-                cards.write_results(directory / hub.RESULTS_NAME, args.results)
-            if args.training_config:
-                cards.write_training_config(directory / hub.TRAINING_CONFIG_NAME, args.training_config)
+        raise ValueError(f"--results and --training-config need exactly one DIR, got {len(directories)}.")
+    if args.output_dir:
+        check_output_dir(args.output_dir)
+    staged = []  # (final path, text) of every file to write
+    with tempfile.TemporaryDirectory(prefix="diversed-card-") as scratch, _type_errors_as_value_errors():
+        for index, directory in enumerate(directories):
+            if not (directory / hub.CONFIG_NAME).is_file():
+                raise ValueError(f"{directory} has no {hub.CONFIG_NAME}; is it a saved head directory?")
             DiversedHeadConfig.from_json_file(directory / hub.CONFIG_NAME)  # every value checked, not just the file
-            path = cards.write_card(directory, repo_id=args.repo_id, output=output)
-        except _USER_ERRORS as error:
-            raise SystemExit(f"diversed-hf card: {error}") from None
-        print(path)
+            if args.results:
+                cards.load_results(args.results)  # checked before anything is written
+                staged.append((directory / hub.RESULTS_NAME, Path(args.results).read_text(encoding="utf-8")))
+            if args.training_config:
+                values = cards.load_training_config(args.training_config)
+                staged.append((directory / hub.TRAINING_CONFIG_NAME, json.dumps(values, indent=2, sort_keys=True, default=str) + "\n"))
+            rendered = cards.write_card(  # rendered with the new files, into scratch space
+                directory, repo_id=args.repo_id, results=args.results, training_config=args.training_config,
+                output=Path(scratch) / f"{index}.md",
+            )
+            output = Path(args.output_dir) / f"{directory.name}.md" if args.output_dir else directory / hub.CARD_NAME
+            staged.append((output, rendered.read_text(encoding="utf-8")))
+    for path, text in staged:
+        if path.suffix == ".json" and path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue  # --results DIR/results.json: already in place
+        write_text_atomic(path, text)
+        if path.suffix == ".md":
+            print(path)
     return 0

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from .cli_utils import check_output_file, write_text_atomic
 from .generation import enable_diversed
 from .verifiers import ExactVerifier, StaticEnsembleVerifier
 
@@ -70,6 +71,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-sizes {' '.join(map(str, args.batch_sizes))}: every batch size must be >= 1.")
     if args.threads < 0:
         raise ValueError(f"--threads is {args.threads}; use a positive count, or 0 for torch's default.")
+    if args.json:
+        check_output_file(args.json, "--json")  # before the run, not after it
     if args.threads:
         torch.set_num_threads(args.threads)
     target, draft, tokenizer = testbed.load_pair()
@@ -86,8 +89,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"| {row['batch_size']} | {row['tokens']} | {row['seconds']:.1f} | {row['tokens_per_second']:.1f} | "
               f"{row['tokens_per_second'] / base:.2f}x | {row['acceptance_rate']:.1%} |")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=2)
+        write_text_atomic(args.json, json.dumps(rows, indent=2) + "\n")
     return 0
 
 

@@ -128,7 +128,7 @@ def test_cli_card_rerenders_with_a_result_file(saved, tmp_path, capsys):
     text = (directory / "README.md").read_text()
     assert "72.6 %" in text and f'DiversedHead.from_pretrained("{REPO_ID}")' in text
     assert capsys.readouterr().out.strip() == str(directory / "README.md")
-    with pytest.raises(SystemExit, match="has no config.json"):
+    with pytest.raises(ValueError, match="has no config.json"):
         run_cli(["card", str(tmp_path)])
 
 

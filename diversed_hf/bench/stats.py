@@ -109,8 +109,15 @@ def add_paired_differences(rows: list[dict], rewards: dict[str, list[tuple[int, 
 
 
 def verify_cost(costs: dict, num_drafts: float) -> float:
-    """``c_verify(n)``: a verification pass over ``n + 1`` tokens in target-token units, interpolated
-    linearly (in ``n``) between the passes ``measure_cost`` timed (``verify_pass_seconds_<n + 1>``)."""
+    """``c_verify(n)``: a verification pass over ``n + 1`` tokens in target-token units, from the passes
+    ``measure_cost`` timed (``verify_pass_seconds_<n + 1>``).
+
+    Between two timed lengths it is interpolated linearly in ``n``; below the shortest it is the shortest's.
+    Past the longest it grows from the longest at the least-squares slope of every timed pass, clamped at
+    ``>= 0``: a pass over more tokens never costs less. (Extrapolating the last two points instead goes
+    negative when timing noise on a busy machine makes the longer pass the faster one.) The result is never
+    below the cheapest timed pass; NaN when nothing was timed.
+    """
     measured = sorted(
         (int(key.rsplit("_", 1)[1]) - 1, value / costs["target_token_seconds"])
         for key, value in costs.items() if key.startswith("verify_pass_seconds_")
@@ -122,8 +129,10 @@ def verify_cost(costs: dict, num_drafts: float) -> float:
     for (n0, c0), (n1, c1) in zip(measured, measured[1:]):
         if num_drafts <= n1:
             return c0 + (c1 - c0) * (num_drafts - n0) / (n1 - n0)
-    (n0, c0), (n1, c1) = measured[-2], measured[-1]  # beyond the longest measured pass: extrapolate
-    return c1 + (c1 - c0) * (num_drafts - n1) / (n1 - n0)
+    lengths, values = [n for n, _ in measured], [c for _, c in measured]  # past the longest timed pass
+    mean_n, mean_c = statistics.fmean(lengths), statistics.fmean(values)
+    slope = sum((n - mean_n) * (c - mean_c) for n, c in measured) / sum((n - mean_n) ** 2 for n in lengths)
+    return values[-1] + max(slope, 0.0) * (num_drafts - lengths[-1])
 
 
 def method_row(method: Method, records: list[dict], timings: list[float], timed_tokens: int | None, task: BenchTask,
