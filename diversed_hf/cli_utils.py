@@ -28,6 +28,7 @@ __all__ = [
     "USAGE_ERROR",
     "USER_ERRORS",
     "ArgumentParser",
+    "add_debug_flag",
     "check_output_dir",
     "check_output_file",
     "error_line",
@@ -68,6 +69,11 @@ def run_script(main: Callable[[list[str]], object], argv: Sequence[str] | None =
         print(error_line(prog, error), file=sys.stderr)
         return USAGE_ERROR
     return status if isinstance(status, int) and not isinstance(status, bool) else 0
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """List ``--debug`` in a script's ``--help`` (:func:`run_script` reads it; ``main`` may ignore it)."""
+    parser.add_argument("--debug", action="store_true", help="On an error, show its traceback (default: one line, exit status 2).")
 
 
 def other_spelling(option: str) -> str | None:

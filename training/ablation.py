@@ -12,8 +12,12 @@ distribution features), its architecture and size, acceptance and its ratio to S
 training time recorded in its ``training_config.json``. Heads named ``NAME#...`` (e.g. ``shipped#seed1``)
 are training seeds of one configuration: a line gives their mean and spread (standard deviation).
 
-Writes ``results/ablation_<task>.json`` (the bench's rows) and ``results/ablation_<task>.md`` (the table
-and the command), which ``training/make_results.py`` puts into RESULTS.md.
+Writes ``ablation_<task>.json`` (the bench's rows) and ``ablation_<task>.md`` (the table and the command) into
+``--output-dir`` (default ``runs/ablation``; checked before the run). ``training/make_results.py`` puts the tables of
+``results/`` into RESULTS.md, so pass ``--output-dir results`` to publish them.
+
+Options take both spellings (``--num-prompts``, ``--num_prompts``). A bad argument or file ends as one line
+with exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import yaml  # noqa: E402
 
 from diversed_hf import DiversedHead, testbed  # noqa: E402
 from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
-from diversed_hf.bench.report import _delta_cell  # noqa: E402
+from diversed_hf.bench.report import _cell, _delta_cell  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import metric_label  # noqa: E402
 from diversed_hf.verifiers import HeadVerifier  # noqa: E402
 
@@ -89,7 +94,7 @@ def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
         trained = "–" if seconds is None else f"{seconds / 60:.1f} min" + (f" ({threads} thread)" if threads else "")
         lines.append(
             f"| {row['method']} | {_reads(head)} | {head.config.architecture} | {sum(t.numel() for t in head.parameters())} "
-            f"| {_pct(row['acceptance_rate'])} | {row['acceptance_rate'] / baseline['acceptance_rate']:.2f}x "
+            f"| {_pct(row['acceptance_rate'])} | {_cell(_times(row['acceptance_rate'], baseline), '.2f', suffix='x')} "
             f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | {trained} |"
         )
     groups: dict[str, list[dict]] = {}
@@ -99,7 +104,9 @@ def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     for name, members in groups.items():
         if len(members) < 2:
             continue
-        ratios = [r["acceptance_rate"] / sd["acceptance_rate"] for r in members]
+        ratios = [_times(r["acceptance_rate"], sd) for r in members]
+        if None in ratios:
+            continue
         deltas = [100 * r["quality_delta"] for r in members]
         lines.append(
             f"| **{name}: {len(members)} seeds** | | | | {_pct(statistics.mean(r['acceptance_rate'] for r in members))} "
@@ -141,12 +148,20 @@ def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     return "\n".join(lines)
 
 
+def _times(acceptance, baseline: dict | None) -> float | None:
+    """``acceptance`` as a multiple of ``baseline``'s acceptance; ``None`` without one (no SD row, or it drafted
+    nothing)."""
+    if acceptance is None or baseline is None or not baseline.get("acceptance_rate"):
+        return None
+    return acceptance / baseline["acceptance_rate"]
+
+
 def _pct(value) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, help="arith or summary (the testbed's tasks)")
     parser.add_argument("--heads", required=True, nargs="+", type=_head_spec, help="NAME=DIR or NAME=testbed:TASK")
     parser.add_argument("--num-prompts", type=int, default=400)
@@ -154,16 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output-dir", default=str(REPO / "results"))
+    parser.add_argument("--output-dir", default=str(REPO / "runs" / "ablation"),
+                        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)")
     parser.add_argument("--finetuned-draft", action="store_true",
                         help="also decode with the task's fine-tuned draft (testbed.load_finetuned_draft): SD, and every "
                              "features-only head (pair-agnostic: trained with the testbed draft, used with another)")
     parser.add_argument("--rows-from", default=None,
                         help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
+    output = check_output_dir(args.output_dir)  # before the run, not after it
     torch.set_num_threads(args.threads)
     heads = {name: _load(path) for name, path in args.heads}
-    output = Path(args.output_dir)
     if args.rows_from:
         rows = json.loads(Path(args.rows_from).read_text())
     else:
@@ -182,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         output.mkdir(parents=True, exist_ok=True)
         (output / f"ablation_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     given = list(argv if argv is not None else sys.argv[1:])
-    if "--rows-from" in given:  # the command that decodes, not the one that re-rendered
-        index = given.index("--rows-from")
-        del given[index : index + 2]
+    for flag in ("--rows-from", "--rows_from"):  # the command that decodes, not the one that re-rendered
+        if flag in given:
+            index = given.index(flag)
+            del given[index : index + 2]
     transfer_note = (
         "; rows marked *(fine-tuned draft)* decode with the task's fine-tuned draft instead (a features-only head "
         "does not read the pair's hidden states, so it runs with any draft sharing the tokenizer; its x SD is "
@@ -199,10 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         f"```bash\n{command}\n```\n\n{table(rows, heads)}\n\nThe heads (`runs/` is not shipped; each line "
         f"rebuilds one):\n\n{recipes(args.task, heads)}\n"
     )
+    output.mkdir(parents=True, exist_ok=True)
     (output / f"ablation_{args.task}.md").write_text(text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

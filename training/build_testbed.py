@@ -1,7 +1,8 @@
 """Build the CPU testbed of ``diversed_hf.testbed`` from scratch: data, tokenizer, target, draft.
 
-    python training/build_testbed.py                      # everything, into the package assets
-    python training/build_testbed.py --output-dir /tmp/tb # somewhere else
+    python training/build_testbed.py                      # everything, into runs/testbed
+    python training/build_testbed.py --output-dir diversed_hf/testbed/assets   # replace the shipped testbed
+    python training/measure_testbed.py --assets-dir runs/testbed                 # measure a build
 
 Stages (each skipped when its output already exists, so rerunning resumes an interrupted build):
 
@@ -18,7 +19,9 @@ Stages (each skipped when its output already exists, so rerunning resumes an int
                  format (safetensors, bf16) to ``<output-dir>/<model>/``.
 
 Training is deterministic for a seed (fixed data order, no dropout) and uses ``--threads`` CPU
-threads (default 1).
+threads (default 1). The output directories are checked before the build starts. Options take both
+spellings (``--output-dir``, ``--output_dir``); a bad argument ends as one line with exit status 2
+(``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from diversed_hf.testbed import tasks  # noqa: E402
 
 logger = logging.getLogger("build_testbed")
@@ -89,8 +93,9 @@ class ModelSpec:
 @dataclass
 class BuildConfig:
     output_dir: str = field(
-        default=str(REPO / "diversed_hf" / "testbed" / "assets"),
-        metadata={"help": "Where the final tokenizer/, target/ and draft/ go."},
+        default=str(REPO / "runs" / "testbed"),
+        metadata={"help": "Where the final tokenizer/, target/ and draft/ go (diversed_hf/testbed/assets: replace the "
+                          "shipped testbed)."},
     )
     work_dir: str = field(
         default=str(REPO / "training" / ".testbed_work"),
@@ -453,7 +458,7 @@ def quick_eval(cfg: BuildConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> BuildConfig:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(BuildConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
@@ -461,12 +466,16 @@ def parse_args(argv: list[str] | None = None) -> BuildConfig:
         else:
             kind = {"int": int, "str": str, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"] + " (default: %(default)s)")
-    return BuildConfig(**vars(parser.parse_args(argv)))
+    add_debug_flag(parser)
+    values = vars(parser.parse_args(argv))
+    values.pop("debug")
+    return BuildConfig(**values)
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
-    work = Path(cfg.work_dir)
+    work = check_output_dir(cfg.work_dir, "--work-dir")  # before the build, not after it
+    check_output_dir(cfg.output_dir, "--output-dir")
     if cfg.fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -495,4 +504,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -1,7 +1,8 @@
 """Choose a head's calibration logit offset on training-split prompts, and save the calibrated head.
 
-    python training/calibrate_head.py --task testbed_arith --head runs/testbed_arith/head_raw \\
-        --output-dir diversed_hf/testbed/assets/heads/arith
+    python training/train_head.py --config training/configs/testbed_arith.yaml      # writes runs/testbed_arith/head
+    python training/calibrate_head.py --task testbed_arith --head runs/testbed_arith/head \\
+        --output-dir runs/testbed_arith/head_cal
 
 A head trained with a small acceptance bonus can still be too lenient on the tokens that matter. Adding
 an offset ``b`` to its output logit, ``w = sigmoid(logit + b)``, moves every ``w`` toward the target:
@@ -14,7 +15,10 @@ head with the offset folded into its bias. The head directory's ``training_confi
 ``train_log.jsonl`` are carried over, with the choice recorded (the full table goes to
 ``calibration.json``); measure the saved head on held-out
 prompts with ``training/eval_head.py --output <output-dir>/results.json``, then re-render its card
-(``diversed-hf card <output-dir>``).
+(``diversed-hf card <output-dir>``). ``--output-dir`` is checked before the measurement starts.
+
+Options take both spellings (``--num-examples``, ``--num_examples``). A bad argument or file ends as one line
+with exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch  # noqa: E402
 
 from eval_head import evaluate, load_any_head, load_models, task_argument, task_help  # noqa: E402
 
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import load_task_dataset  # noqa: E402
 
 logger = logging.getLogger("calibrate_head")
@@ -59,7 +64,7 @@ def choose_offset(target_quality: float, rows: list[dict], tolerance: float) -> 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, type=task_argument, help=task_help())
     parser.add_argument("--head", required=True, help="testbed:<task>, a head directory or a Hub repo id")
     parser.add_argument("--target", default="testbed", help="target model id/path, or 'testbed'")
@@ -77,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--output-dir", default=None, help="save the calibrated head here")
+    parser.add_argument("--output-dir", default=None, help="save the calibrated head here (e.g. runs/<task>/head_cal)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.tolerance < 0:
         parser.error(f"--tolerance is {args.tolerance}; it must be >= 0 (a fraction, e.g. 0.01 for one point).")
@@ -88,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.output_dir:
+        check_output_dir(args.output_dir)  # before the measurement, not after it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -154,4 +162,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -14,6 +14,8 @@ Each repeat runs every prompt through all four methods, alternating which side g
 one warm-up pass. Per method the time is the median over repeats of the summed time over prompts.
 The outputs of each pairing must be token-identical (exit status 1 otherwise); the table shows
 ``ours / transformers``. ``--clock cpu`` times this process's CPU time, steadier on a shared machine.
+Options take both spellings (``--num-prompts``, ``--num_prompts``); a bad argument ends as one line with exit
+status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import torch  # noqa: E402
 
 import diversed_hf.testbed as testbed  # noqa: E402
 from diversed_hf import ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, run_script  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-prompts", type=int, default=12, help="test prompts of the `arith` task (default 12)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
@@ -44,7 +47,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--weight", type=float, default=0.5, help="target weight of the ensemble pairing (default 0.5)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: time.perf_counter (default); cpu: this process's CPU time, steadier on a shared machine")
-    return parser.parse_args(argv)
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    for name in ("num_prompts", "repeats", "threads", "num_assistant_tokens", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 1.")
+    return args
 
 
 def main(argv=None) -> int:
@@ -102,4 +110,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_script(main))

@@ -1,7 +1,7 @@
 """Evaluate a trained head against target-only decoding and lossless SD on held-out prompts (docs/method.md §7).
 
     python training/eval_head.py --task testbed_arith --head testbed:arith      # the shipped testbed head
-    python training/eval_head.py --task testbed_summary --head runs/summary/head --num-examples 200
+    python training/eval_head.py --task testbed_summary --head runs/testbed_summary/head --num-examples 200
     python training/eval_head.py --task gsm8k --target meta-llama/Llama-3.1-8B-Instruct \\
         --draft meta-llama/Llama-3.2-1B-Instruct --head org/head-gsm8k --num-shots 4
 
@@ -18,6 +18,10 @@ rounds), ``tokens_per_round``, ``quality`` (the task's metric from :mod:`diverse
 ROUGE-2 F1 or pass@1, as a fraction) and wall-clock ``seconds_per_sample``; plus the ratio of DIVERSED's
 acceptance to SD's. ``--task`` is any task of the registry (:func:`diversed_hf.tasks.get_task`), the
 testbed's ``arith`` / ``summary`` (also ``testbed_arith`` / ``testbed_summary``) included.
+
+Options take both spellings (``--num-examples``, ``--num_examples``). ``--output`` is checked before the
+evaluation and written atomically. A bad argument or file ends as one line with exit status 2 (``--debug``:
+the traceback).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ import torch  # noqa: E402
 import diversed_hf.testbed  # noqa: E402,F401 - registers the testbed's tasks (arith, summary)
 from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
 from diversed_hf.bench.stats import add_paired_differences  # noqa: E402
+from diversed_hf.cli_utils import (  # noqa: E402
+    ArgumentParser, add_debug_flag, check_output_file, run_script, write_text_atomic,
+)
 from diversed_hf.tasks import get_task, load_task_dataset, task_names  # noqa: E402
 
 logger = logging.getLogger("eval_head")
@@ -226,7 +233,7 @@ def evaluate(
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", required=True, type=task_argument, help=task_help())
     parser.add_argument("--head", required=True, help="testbed:<task>, a head directory or a Hub repo id")
     parser.add_argument("--target", default="testbed", help="target model id/path, or 'testbed'")
@@ -246,7 +253,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, help="write the results (model-card format) to this JSON file")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
+    if args.output:
+        check_output_file(args.output)  # before the evaluation, not after it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -264,10 +274,9 @@ def main(argv=None) -> dict:
     )  # fmt: skip
     logger.info("results:\n%s", json.dumps(results, indent=2))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+        write_text_atomic(args.output, json.dumps(results, indent=2) + "\n")
     return results
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

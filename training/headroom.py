@@ -22,8 +22,12 @@ content positions, where leniency changes the answer.
 
 The override depends on ``p_t`` and ``q_t`` only, never on the drafted token, so every row still samples
 exactly from its mixture ``nu_t = w_t p_t + (1 - w_t) q_t`` (docs/method.md §4). Writes
-``results/headroom_<task>.json`` and ``results/headroom_<task>.md``, which ``training/make_results.py``
-puts into RESULTS.md.
+``headroom_<task>.json`` and ``headroom_<task>.md`` into ``--output-dir`` (default ``runs/headroom``; checked
+before the run). ``training/make_results.py`` puts the tables of ``results/`` into RESULTS.md, so pass
+``--output-dir results`` to publish them.
+
+Options take both spellings (``--num-prompts``, ``--num_prompts``). A bad argument or file ends as one line
+with exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ import torch  # noqa: E402
 
 from diversed_hf import DiversedHead, testbed  # noqa: E402
 from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
-from diversed_hf.bench.report import _delta_cell  # noqa: E402
+from diversed_hf.bench.report import _cell, _delta_cell  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import metric_label  # noqa: E402
 from diversed_hf.testbed import tasks  # noqa: E402
 from diversed_hf.verifiers import HeadVerifier  # noqa: E402
@@ -106,14 +111,15 @@ def table(rows: list[dict]) -> str:
     ]
     for row in rows:
         accepted, weight = row.get("acceptance_rate"), row.get("mean_target_weight")
-        acceptance = "– | –" if accepted is None else f"{100 * accepted:.1f} % | {accepted / sd['acceptance_rate']:.2f}x"
+        ratio = None if accepted is None or not sd["acceptance_rate"] else accepted / sd["acceptance_rate"]
+        acceptance = f"{_cell(accepted, '.1f', 100, ' %')} | {_cell(ratio, '.2f', suffix='x')}"
         mean_weight = "–" if weight is None else f"{weight:.2f}"
         lines.append(f"| {row['method']} | {acceptance} | {mean_weight} | {100 * row['quality']:.1f} | {_delta_cell(row)} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, choices=sorted(CONTENT_PATTERNS), help="a testbed task")
     parser.add_argument("--head", required=True, help="a head directory, or testbed:TASK for a shipped head")
     parser.add_argument("--num-prompts", type=int, default=300)
@@ -123,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--content-pattern", default=None, help="regular expression of content tokens (default: the task's)")
     parser.add_argument("--threshold", type=float, default=0.05, help="content mass that makes a position a content position")
-    parser.add_argument("--output-dir", default=str(REPO / "results"))
+    parser.add_argument("--output-dir", default=str(REPO / "runs" / "headroom"),
+                        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     if not 0 < args.threshold <= 1:
         parser.error(f"--threshold is {args.threshold}; it must be in (0, 1].")
+    check_output_dir(args.output_dir)  # before the run, not after it
     torch.set_num_threads(args.threads)
     if args.head.startswith("testbed:"):
         head = testbed.load_head(args.head.split(":", 1)[1])
@@ -168,4 +177,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -25,7 +25,11 @@ the existing RESULTS.md without running the bench). The full
 run then copies each task's rows (``results/results_<task>.json``) next to the testbed's head
 for that task as its ``results.json`` and re-renders the heads' cards and ``model_cards/`` (skip with
 ``--no-cards``; ``--quick`` never touches them). Extra arguments go to every bench run (e.g.
-``--temperature 0.1``).
+``--temperature 0.1``). This is the one script that writes into the repository by default: RESULTS.md and
+``results/`` are what it is for (the training recipes and the other scripts write to ``runs/``).
+
+Options take both spellings (``--no-cards``, ``--no_cards``). A bad argument ends as one line with exit status 2
+(``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ sys.path.insert(0, str(REPO))
 from diversed_hf.bench import cli as bench_cli  # noqa: E402
 from diversed_hf.bench import policy_table, write_results, write_results_page  # noqa: E402
 from diversed_hf.bench.runner import process_state  # noqa: E402
+from diversed_hf.cli_utils import (  # noqa: E402
+    ArgumentParser, add_debug_flag, check_output_dir, check_output_file, run_script,
+)
 
 METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed",
            "diversed@arith", "diversed@summary"]
@@ -127,7 +134,7 @@ def refresh_head_sections(page: Path, output_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process.")
     parser.add_argument("--skip-policies", action="store_true", help="Only the methods run (no policy table).")
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-sections-only", action="store_true",
                         help="Only put the current ablation / headroom tables (results/ablation_*.md, headroom_*.md) "
                              "into the existing RESULTS.md; runs no bench.")
+    add_debug_flag(parser)
     args, extra = parser.parse_known_args(argv)
     if args.head_sections_only:
         if extra:
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     output_dir = REPO / ("results_quick" if args.quick else "results")
     page = REPO / ("RESULTS_quick.md" if args.quick else "RESULTS.md")
     command = " ".join(["python training/make_results.py"] + (["--quick"] if args.quick else []) + extra)
+    check_output_dir(output_dir, "results directory")  # before the runs, not after them
+    check_output_file(page, "results page")
 
     _, results = _run(_bench_argv(sizes["methods"], output_dir, args.threads, extra, methods=METHODS))
     sections = []
@@ -177,4 +187,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

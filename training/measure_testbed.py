@@ -12,6 +12,9 @@ Prints, for held-out test problems (``load_task(..., split="test", seed=--seed)`
 * standard speculative decoding acceptance (lossless, temperature 1, N drafted tokens per round):
   acceptance rate = accepted drafted tokens / drafted tokens, and the mean per-position
   acceptance probability ``beta = sum_x min(p(x), q(x))`` along the drafted prefixes.
+
+``--json`` is checked before the measurement. Options take both spellings (``--num-examples``,
+``--num_examples``). A bad argument or file ends as one line with exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import diversed_hf.testbed as testbed  # noqa: E402
+from diversed_hf.cli_utils import (  # noqa: E402
+    ArgumentParser, add_debug_flag, check_output_file, run_script, write_text_atomic,
+)
 
 
 def greedy_completions(model, tokenizer, prompts: list[str], batch_size: int, max_new_tokens: int) -> list[str]:
@@ -125,8 +131,8 @@ def speculative_acceptance(target, draft, tokenizer, prompts, num_draft_tokens, 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-examples", type=int, default=200, help="held-out problems for accuracy / ROUGE")
     parser.add_argument("--sd-prompts", type=int, default=40, help="prompts for the SD acceptance loop")
     parser.add_argument("--num-draft-tokens", type=int, default=5)
@@ -135,7 +141,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="50 problems, 10 SD prompts")
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     parser.add_argument("--assets-dir", type=str, default=None, help="measure models other than the shipped ones")
-    args = parser.parse_args()
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    for name in ("num_examples", "sd_prompts", "num_draft_tokens", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 1.")
+    if args.json:
+        check_output_file(args.json, "--json")  # before the measurement, not after it
     if args.assets_dir:
         testbed.ASSETS_DIR = Path(args.assets_dir)
     if args.quick:
@@ -182,8 +194,9 @@ def main() -> None:
               f"tokens/round {sd['mean_tokens_per_round']:.2f}, per position "
               f"{[round(a, 3) for a in sd['per_position_acceptance']]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(results, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -15,6 +15,10 @@ defaults DIVERSED changes, and last the hundreds of inherited GRPO/Trainer flags
 * ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card, a copy of ``train_log.jsonl``,
   ``training_config.json`` and ``results.json`` from a held-out evaluation (target-only, SD and the
   head, same prompts and temperature; skip with ``--eval_num_examples 0``).
+
+Both directories are checked before the models load. The testbed recipes write to ``runs/``; a shipped head is
+replaced only when asked, e.g. ``--head_dir diversed_hf/testbed/assets/heads/arith``. A bad argument or config
+ends as one line with exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch  # noqa: E402
 from trl import GRPOConfig, TrlParser  # noqa: E402
 
 from diversed_hf import DiversedHead  # noqa: E402
+from diversed_hf.cli_utils import check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import get_task, reward_for_task  # noqa: E402
 from diversed_hf.training import DiversedConfig, DiversedTrainer  # noqa: E402
 
@@ -240,6 +245,9 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
 
 def main(argv=None):
     script, config = parse_arguments(argv)
+    head_dir = Path(script.head_dir or os.path.join(config.output_dir, "head"))
+    check_output_dir(config.output_dir, "--output_dir")  # before the models load, not after training
+    check_output_dir(head_dir, "--head_dir")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
@@ -249,7 +257,6 @@ def main(argv=None):
     device = script.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, draft, tokenizer = load_models(script.target_model, script.draft_model, script.dtype, device)
     train = load_data(script, script.train_split, script.num_train_examples, config.seed, script.train_data_files)
-    head_dir = Path(script.head_dir or os.path.join(config.output_dir, "head"))
     log_path = Path(config.output_dir) / "train_log.jsonl"
     head = DiversedHead.for_pair(
         target, draft, architecture=config.head_architecture, w_0=config.head_w_0,
@@ -298,4 +305,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))
