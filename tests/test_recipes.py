@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "training"))
 
 from test_training import tiny_tokenizer  # noqa: E402
 from tiny_models import make_pair  # noqa: E402
@@ -35,11 +39,11 @@ def test_train_head_recipe_writes_a_hub_ready_head(tmp_path, tiny_pair_dirs):
 
     target, draft = tiny_pair_dirs
     out = tmp_path / "run"
-    train_head.main([
-        "--config", str(Path(__file__).resolve().parents[1] / "training" / "configs" / "testbed_arith.yaml"),
-        "--target_model", target, "--draft_model", draft, "--output_dir", str(out), "--head_dir", str(out / "head"),
-        "--num_train_examples", "16", "--max_steps", "2", "--save_steps", "1", "--max_completion_length", "6",
-        "--eval_num_examples", "4", "--eval_max_new_tokens", "6", "--threads", "1", "--disable_tqdm", "true", "--logging_steps", "1",
+    train_head.main([  # the head goes to <output_dir>/head: the recipe's own default
+        "--config", str(REPO / "training" / "configs" / "testbed_arith.yaml"),
+        "--target_model", target, "--draft_model", draft, "--output_dir", str(out),
+        "--num_train_examples", "16", "--max-steps", "2", "--save_steps", "1", "--max_completion_length", "6",
+        "--eval_num_examples", "4", "--eval-max-new-tokens", "6", "--threads", "1", "--disable_tqdm", "true", "--logging_steps", "1",
     ])  # fmt: skip
     head_files = {p.name for p in (out / "head").iterdir()}
     assert {"config.json", "model.safetensors", "training_config.json", "results.json"} <= head_files
@@ -49,6 +53,14 @@ def test_train_head_recipe_writes_a_hub_ready_head(tmp_path, tiny_pair_dirs):
     from diversed_hf.training import load_head
 
     assert load_head(out / "head").config.task == "arith"
+
+    import calibrate_head  # the README's next command reads the head where the recipe wrote it
+
+    summary = calibrate_head.main([
+        "--task", "testbed_arith", "--head", str(out / "head"), "--target", target, "--draft", draft,
+        "--offsets", "0", "1", "--num_examples", "2", "--max-new-tokens", "4", "--output-dir", str(out / "head_cal"),
+    ])  # fmt: skip
+    assert load_head(out / "head_cal").config.task == "arith" and summary["chosen_offset"] in (0.0, 1.0)
 
 
 def test_distill_draft_recipe_saves_a_merged_draft(tmp_path, tiny_pair_dirs):
@@ -126,3 +138,72 @@ def test_the_recipes_record_their_goal():
     config = str(Path(__file__).resolve().parents[1] / "training" / "configs" / "testbed_summary.yaml")
     script, _ = train_head.parse_arguments(["--config", config])
     assert (script.goal_acceptance_ratio, script.goal_max_quality_loss) == (1.4, 0.01)
+
+
+# Where the recipes write, and how the scripts fail -------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", sorted((REPO / "training" / "configs").glob("*.yaml")), ids=lambda path: path.name)
+def test_recipes_write_to_runs_and_never_into_the_package(config):
+    values = yaml.safe_load(config.read_text())
+    assert str(values["output_dir"]).startswith("runs/")
+    assert str(values.get("head_dir") or "runs/").startswith("runs/")
+    assert not [key for key, value in values.items() if "diversed_hf/" in str(value)]
+
+
+def test_the_readme_recipe_commands_chain_and_write_to_runs():
+    readme = (REPO / "README.md").read_text()
+    commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+                for line in block.replace("\\\n", " ").splitlines()]
+    assert not [c for c in commands if "diversed_hf/testbed/assets" in c], "a README command writes into the package"
+
+    def flag(command, name):
+        return re.search(rf"{name} (\S+)", command).group(1)
+
+    train = next(c for c in commands if "train_head.py --config training/configs/testbed_arith.yaml" in c)
+    written = yaml.safe_load((REPO / flag(train, "--config")).read_text())["output_dir"] + "/head"
+    calibrate = next(c for c in commands if c.startswith("python training/calibrate_head.py"))
+    evaluate = next(c for c in commands if c.startswith("python training/eval_head.py"))
+    assert flag(calibrate, "--head") == written  # the head the recipe wrote
+    assert flag(evaluate, "--head") == flag(calibrate, "--output-dir")
+
+
+def test_train_head_checks_where_it_writes_before_loading_the_models(tmp_path, monkeypatch):
+    import eval_head
+    import train_head
+
+    monkeypatch.setattr(eval_head, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"`--head_dir` .*file is a file, not a directory"):
+        train_head.main(["--task", "testbed_arith", "--output_dir", str(tmp_path / "run"), "--head_dir",
+                         str(tmp_path / "file"), "--report_to", "none"])
+
+
+def test_script_options_take_both_spellings():
+    import calibrate_head
+    import train_head
+
+    script, config = train_head.parse_arguments(["--task", "testbed_arith", "--max-steps", "3", "--eval_num_examples",
+                                                 "0", "--eval-seed", "2", "--lambda-acceptance", "0.5"])
+    assert (config.max_steps, script.eval_num_examples, script.eval_seed, config.lambda_acceptance) == (3, 0, 2, 0.5)
+    args = calibrate_head.parse_args(["--task", "testbed_arith", "--head", "h", "--num_examples", "3",
+                                      "--max_new_tokens", "4", "--output_dir", "out"])
+    assert (args.num_examples, args.max_new_tokens, args.output_dir) == (3, 4, "out")
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "training" / name), *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+
+
+def test_a_script_reports_a_bad_argument_in_one_line_with_status_2(tmp_path):
+    done = _script("train_head.py", "--task", "testbed_arith", "--goal_acceptance_ratio", "1.6")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("train_head.py: `goal_acceptance_ratio` is 1.6 and ")
+    done = _script("eval_head.py", "--task", "testbed_arith", "--head", "testbed:arith", "--output", str(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"eval_head.py: `--output` {tmp_path} is a directory; pass a file " \
+        f"path, e.g. {tmp_path / 'results.json'}."
+    done = _script("eval_head.py", "--task", "testbed_arith", "--head", "testbed:arith", "--output", str(tmp_path),
+                   "--debug")
+    assert done.returncode == 1 and "Traceback" in done.stderr

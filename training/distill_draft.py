@@ -1,7 +1,8 @@
 """The "SD with fine-tuned draft" baseline (docs/method.md §7): distil the draft toward the target with LoRA and TRL's SFT.
 
     python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith --bf16 false \\
-        --merged_dir diversed_hf/testbed/assets/drafts_ft/arith --save_dtype bfloat16   # the shipped one; CPU, ~3 min
+        --save_dtype bfloat16   # as the shipped one, into runs/distill_arith/merged; CPU, ~3 min
+                                # (--merged_dir diversed_hf/testbed/assets/drafts_ft/arith replaces the shipped one)
     python training/distill_draft.py --task gsm8k --target_model meta-llama/Llama-3.1-8B-Instruct \\
         --draft_model meta-llama/Llama-3.2-1B-Instruct --dtype bfloat16 --num_shots 4 --output_dir runs/distill_gsm8k
 
@@ -14,7 +15,9 @@
    tokenizer, to ``merged_dir`` (default ``<output_dir>/merged``): a plain ``from_pretrained``
    model to use as ``assistant_model`` with ``ExactVerifier`` (lossless SD) or with a head.
 
-Arguments: :class:`DistillArguments` plus every field of ``trl.SFTConfig`` (``--config`` YAML works too).
+Arguments: :class:`DistillArguments` plus every field of ``trl.SFTConfig`` (``--config`` YAML works too), in
+either spelling (``--max_steps``, ``--max-steps``). Both output directories are checked before the models load.
+A bad argument or config ends as one line with exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from trl import SFTConfig, SFTTrainer, TrlParser  # noqa: E402
 
+from diversed_hf.cli_utils import check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import get_task  # noqa: E402
 
 logger = logging.getLogger("distill_draft")
@@ -82,6 +86,9 @@ def teacher_completions(target, tokenizer, prompts: list[str], args: DistillArgu
 def main(argv=None):
     parser = TrlParser((DistillArguments, SFTConfig))
     args, sft_config = parser.parse_args_and_config(args=argv)
+    merged_dir = Path(args.merged_dir or Path(sft_config.output_dir) / "merged")
+    check_output_dir(sft_config.output_dir, "--output_dir")  # before the models load, not after training
+    check_output_dir(merged_dir, "--merged_dir")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,8 +98,7 @@ def main(argv=None):
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, draft, tokenizer = load_models(args.target_model, args.draft_model, args.dtype, device)
-    merged_dir = Path(args.merged_dir or Path(sft_config.output_dir) / "merged")
-    merged_dir.mkdir(parents=True, exist_ok=True)  # fail before the expensive part if it cannot be written
+    merged_dir.mkdir(parents=True, exist_ok=True)
 
     data = load_task_data(
         args.task, "train", args.num_train_examples, sft_config.seed, num_shots=args.num_shots,
@@ -139,4 +145,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))
