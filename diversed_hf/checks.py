@@ -5,9 +5,21 @@ Every check raises a ``ValueError`` / ``TypeError`` that names the argument, wha
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-__all__ = ["check_finite_mass", "check_round_inputs"]
+__all__ = ["check_finite_mass", "check_round_inputs", "check_verification_output", "is_integer", "is_real"]
+
+
+def is_real(value) -> bool:
+    """A real number as an argument: a Python or numpy int or float (``np.float32(0.5)``), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_integer(value) -> bool:
+    """An integer as an argument: a Python or numpy int (``np.int64(5)``), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _probability_tolerance(probs: torch.Tensor) -> float:
@@ -121,3 +133,59 @@ def check_finite_mass(
             f"{first_position + position} of the round: its logits are NaN or infinite, or the logits processors "
             "removed every token. Check the model's weights and dtype (fp16 overflows), and the sampling arguments."
         )
+
+
+def check_verification_output(
+    verifier: str,
+    output,
+    shape: tuple[int, int, int],  # (batch, N, vocab)
+) -> None:
+    """``verifier``'s :meth:`~diversed_hf.verifiers.Verifier.verification_probs` must return ``(pi, w)``: ``pi``
+    ``(batch, N, vocab)`` distributions (finite, non-negative, summing to 1), ``w`` ``(batch, N)`` or None.
+
+    Cheap on the happy path: one sum, one minimum and one host sync; the diagnosis runs only on failure.
+    """
+    where = f"`{verifier}.verification_probs`"
+    if not isinstance(output, tuple) or len(output) != 2:
+        got = f"a tuple of {len(output)}" if isinstance(output, tuple) else type(output).__name__
+        raise TypeError(
+            f"{where} must return a pair `(verify_probs, target_weight)` (`target_weight` may be None), got {got}."
+        )
+    verify_probs, target_weight = output
+    if not isinstance(verify_probs, torch.Tensor) or tuple(verify_probs.shape) != tuple(shape):
+        got = tuple(verify_probs.shape) if isinstance(verify_probs, torch.Tensor) else type(verify_probs).__name__
+        raise ValueError(
+            f"{where} must return `verify_probs` of shape (batch, N, vocab) = {tuple(shape)}, the shape of `draft_probs`, "
+            f"got {got}."
+        )
+    if not verify_probs.is_floating_point():
+        raise TypeError(f"{where} returned `verify_probs` of dtype {verify_probs.dtype}; return floating-point probabilities.")
+    if target_weight is not None and (
+        not isinstance(target_weight, torch.Tensor) or tuple(target_weight.shape) != tuple(shape[:2])
+    ):
+        got = tuple(target_weight.shape) if isinstance(target_weight, torch.Tensor) else type(target_weight).__name__
+        raise ValueError(f"{where} must return `target_weight` of shape (batch, N) = {tuple(shape[:2])} or None, got {got}.")
+    if not verify_probs.numel():
+        return
+    tolerance = _probability_tolerance(verify_probs)
+    sums = verify_probs.sum(dim=-1)  # (batch, N)
+    if bool(((sums - 1).abs().amax() <= tolerance) & (verify_probs.amin() >= 0)):  # False for NaN too
+        return
+    finite = torch.isfinite(verify_probs).all(dim=-1)  # (batch, N)
+    negative = (verify_probs < 0).any(dim=-1)  # (batch, N)
+    if not bool(finite.all()):
+        row, position = (~finite).nonzero()[0].tolist()
+        what = "NaN or infinite values"
+    elif bool(negative.any()):
+        row, position = negative.nonzero()[0].tolist()
+        what = f"negative values (down to {float(verify_probs[row, position].min()):.3g})"
+    else:
+        row, position = ((sums - 1).abs() > tolerance).nonzero()[0].tolist()
+        what = f"values summing to {float(sums[row, position]):.6g}, not 1"
+    raise ValueError(
+        f"{where} returned {what} at row {row}, drafted position {position}: a verifier must return, at every drafted "
+        "position, a distribution over the vocabulary (finite, non-negative, summing to 1) to verify the drafts "
+        f"against. Fix {verifier} (e.g. build "
+        "`verify_probs` as a mixture of `draft_probs` and `target_probs` with weights in [0, 1], or normalise it: "
+        "`probs / probs.sum(-1, keepdim=True)`)."
+    )

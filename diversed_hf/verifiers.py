@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from . import ops
-from .checks import check_round_inputs
+from .checks import check_round_inputs, check_verification_output, is_real
 from .features import distribution_features
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ class Verifier:
         if self.requires_hidden_states and (draft_hidden is None or target_hidden is None):
             raise ValueError(f"{type(self).__name__} needs `draft_hidden` and `target_hidden`.")
         drafted_target_probs = target_probs[:, :num_draft_tokens]  # (batch, N, vocab)
-        verify_probs, target_weight = self.verification_probs(
+        output = self.verification_probs(
             draft_probs,
             drafted_target_probs,
             draft_hidden=draft_hidden,
@@ -225,6 +225,9 @@ class Verifier:
                 None if untempered_target_probs is None else untempered_target_probs[:, :num_draft_tokens]
             ),
         )
+        if type(self).__module__ != __name__:  # a rule written elsewhere: its pi is checked, the library's are not
+            check_verification_output(type(self).__qualname__, output, tuple(draft_probs.shape))
+        verify_probs, target_weight = output  # (batch, N, vocab), (batch, N) or None
         acceptance = self.token_acceptance(draft_probs, drafted_target_probs, verify_probs)  # (batch, N, vocab) a(x)
         position_acceptance = (draft_probs * acceptance).sum(dim=-1)  # (batch, N) beta_t
         counts = torch.arange(num_draft_tokens, device=draft_ids.device) < draft_lengths[:, None]  # (batch, N)
@@ -253,13 +256,16 @@ class Verifier:
         return VerificationResult(num_accepted, next_tokens, position_acceptance, target_weight, drafted_acceptance)
 
 
-def _check_unit_interval(name: str, value: float, *, open_low: bool = False, fix: str = "") -> None:
+def _unit_interval(verifier, name: str, *, open_low: bool = False, fix: str = "") -> None:
+    """Check ``verifier.<name>`` is a number in [0, 1] (or (0, 1]) and store it as a Python float (numpy scalars too)."""
+    value = getattr(verifier, name)
     interval = "(0, 1]" if open_low else "[0, 1]"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_real(value):
         raise TypeError(f"`{name}` must be a number in {interval}, got {type(value).__name__} {value!r}. {fix}".rstrip())
     low_ok = value > 0 if open_low else value >= 0
     if math.isnan(value) or not (low_ok and value <= 1):
         raise ValueError(f"`{name}` must be a number in {interval}, got {value!r}. {fix}".rstrip())
+    object.__setattr__(verifier, name, float(value))  # frozen dataclasses: prints, compares and hashes as a float
 
 
 def _check_mixing(mixing: str) -> None:
@@ -314,7 +320,7 @@ class StaticEnsembleVerifier(_MixtureVerifier):
     mixing: str = "probs"
 
     def __post_init__(self):
-        _check_unit_interval("target_weight", self.target_weight, fix="Use 1.0 for lossless SD, 0.0 to accept every draft.")
+        _unit_interval(self, "target_weight", fix="Use 1.0 for lossless SD, 0.0 to accept every draft.")
         _check_mixing(self.mixing)
 
     def target_weights(self, draft_probs, target_probs, **context):
@@ -341,7 +347,7 @@ class LenientVerifier(Verifier):
     lenience: float = 1.0
 
     def __post_init__(self):
-        _check_unit_interval("lenience", self.lenience, open_low=True, fix="Use 1.0 for lossless SD; smaller accepts more.")
+        _unit_interval(self, "lenience", open_low=True, fix="Use 1.0 for lossless SD; smaller accepts more.")
 
     def token_acceptance(self, draft_probs, target_probs, verify_probs):
         return ops.ratio_acceptance(draft_probs, target_probs / self.lenience)
@@ -384,7 +390,7 @@ class SpecCascadeVerifier(Verifier):
     def __post_init__(self):
         if self.rule not in CASCADE_RULES:
             raise ValueError(f"`rule` must be one of {CASCADE_RULES}, got {self.rule!r}.")
-        _check_unit_interval("alpha", self.alpha, fix="`alpha` is the cascade's lenience: 0 always defers to the target.")
+        _unit_interval(self, "alpha", fix="`alpha` is the cascade's lenience: 0 always defers to the target.")
 
     def verification_probs(
         self,
@@ -442,8 +448,8 @@ class TypicalAcceptanceVerifier(Verifier):
     posterior_alpha: float = 0.3
 
     def __post_init__(self):
-        _check_unit_interval("posterior_threshold", self.posterior_threshold, open_low=True, fix="Medusa uses 0.09.")
-        _check_unit_interval("posterior_alpha", self.posterior_alpha, open_low=True, fix="Medusa uses 0.3.")
+        _unit_interval(self, "posterior_threshold", open_low=True, fix="Medusa uses 0.09.")
+        _unit_interval(self, "posterior_alpha", open_low=True, fix="Medusa uses 0.3.")
 
     def token_acceptance(self, draft_probs, target_probs, verify_probs):
         logs = torch.where(target_probs > 0, target_probs.log(), torch.zeros_like(target_probs))  # (..., vocab)

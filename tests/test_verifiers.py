@@ -249,6 +249,52 @@ def test_constructors_check_types_before_ranges():
         SpecCascadeVerifier("opt", "0.1")
 
 
+def test_numpy_scalars_are_numbers():
+    """`np.float32(0.5)` used to be refused as "not a number"; the field is stored as a Python float."""
+    np = pytest.importorskip("numpy")
+    verifier = StaticEnsembleVerifier(np.float32(0.5))
+    assert verifier == StaticEnsembleVerifier(0.5) and type(verifier.target_weight) is float
+    assert LenientVerifier(np.float64(0.3)).lenience == 0.3
+    assert SpecCascadeVerifier("opt", np.float32(0.25)).alpha == 0.25
+    with pytest.raises(TypeError, match="`target_weight` must be a number"):
+        StaticEnsembleVerifier(np.bool_(True))
+
+
+class _CustomVerifier(ExactVerifier):
+    """A rule written outside the library: ``verification_probs`` returns what ``make`` builds from ``p``."""
+
+    def __init__(self, make):
+        object.__setattr__(self, "make", make)
+
+    def verification_probs(self, draft_probs, target_probs, **context):
+        return self.make(draft_probs, target_probs)
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda q, p: (p.masked_fill(p > 0.2, float("nan")), None), ValueError, "NaN or infinite values"),
+        (lambda q, p: (5 * p, None), ValueError, r"values summing to 5, not 1"),
+        (lambda q, p: (p + torch.tensor([-0.5, 0.5, 0.0, 0.0, 0.0]), None), ValueError, "negative values"),
+        (lambda q, p: (p[:, :1], None), ValueError, r"`verify_probs` of shape \(batch, N, vocab\) = \(2, 3, 5\)"),
+        (lambda q, p: (p, p[..., 0, None]), ValueError, r"`target_weight` of shape \(batch, N\) = \(2, 3\)"),
+        (lambda q, p: p, TypeError, r"must return a pair `\(verify_probs, target_weight\)`"),
+    ],
+    ids=["nan", "unnormalised", "negative", "shape", "weight-shape", "not-a-pair"],
+)
+@pytest.mark.parametrize("do_sample", [True, False], ids=["sampled", "greedy"])
+def test_a_custom_verifiers_bad_output_is_blamed_on_the_verifier(make, error, match, do_sample):
+    """NaN used to give pad ids under greedy decoding and `5 * p` to raise acceptance silently; the error names the
+    verifier's class (not the logits), whether or not the round's inputs are validated."""
+    draft_ids, draft_probs, target_probs = _round()
+    verifier = _CustomVerifier(make)
+    for validate in (True, False):
+        with pytest.raises(error, match=rf"_CustomVerifier\.verification_probs`.*{match}|{match}.*_CustomVerifier"):
+            verifier(draft_ids, draft_probs, target_probs, do_sample=do_sample, validate=validate)
+    ok = _CustomVerifier(lambda q, p: (0.5 * p + 0.5 * q, None))  # a mixture passes
+    assert ok(draft_ids, draft_probs, target_probs, do_sample=do_sample).num_accepted.shape == (2,)
+
+
 def test_sample_refuses_rows_without_mass_and_never_returns_an_out_of_range_id():
     with pytest.raises(ValueError, match=r"rows \[1\] .* no finite positive mass"):
         ops.sample(torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
