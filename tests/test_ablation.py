@@ -44,3 +44,15 @@ def test_a_recipe_line_spells_out_the_settings_that_differ_from_the_yaml():
     line = ablation.recipes("arith", {"h": (head, training)})
     assert f"--max_steps {defaults['max_steps'] + 1} " in line and "--seed 2 " in line and "--head_features tv " in line
     assert "--num_generations" not in line and "--learning_rate" not in line  # as in the YAML: not repeated
+
+
+def test_a_baseline_that_accepted_nothing_gives_no_ratio_instead_of_a_crash():
+    import ablation
+    import headroom
+
+    target, draft = make_pair("llama")
+    head = DiversedHead.for_pair(target, draft)
+    rows = [_row("SD", "sd", 0.0), _row("h#seed0", "diversed", 0.5), _row("h#seed1", "diversed", 0.6)]
+    lines = ablation.table(rows, {"h#seed0": (head, {}), "h#seed1": (head, {})}).splitlines()
+    assert " 50.0 % | – | " in lines[3] and len(lines) == 5  # no ratio, and no seed summary built on ratios
+    assert "| h#seed0 | 50.0 % | – |" in headroom.table([dict(r, mean_target_weight=None) for r in rows])
