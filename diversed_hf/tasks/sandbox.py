@@ -1,134 +1,175 @@
 """Run untrusted generated code (MBPP-style pass@1) in a separate, contained process.
 
-What a program run by :func:`run_program` gets, on Linux:
+:func:`run_program` runs a program and its tests and says whether they passed. What it enforces
+depends on the mode this machine allows (:func:`sandbox_mode`, the strongest one that works here;
+:func:`available_modes` lists them all): ``namespaces`` (root: PID, network, mount and IPC
+namespaces, a private size-limited ``/tmp``, its own uid), ``user-namespace`` (the same namespaces
+through an unprivileged user namespace, the caller's uid), ``own-uid`` (root without namespaces: its
+own uid) and ``plain`` (neither). Landlock and a seccomp filter are added where the kernel has them.
+**The guarantees of each mode, and what none of them covers, are written in one place:
+docs/sandbox.md.**
 
-============================ ==================================================================
-passes only when             it prints a per-run random sentinel that the harness writes **after the
-                             last test line**: exiting early (``sys.exit(0)``, ``os._exit(0)``, an
-                             ``atexit`` exit) or swallowing the tests' failure by exiting scores 0
-time                         a wall-clock limit (``timeout``) on the whole process tree, plus a CPU limit
-output                       stdout and stderr are drained continuously; only the last 8 KiB of each is
-                             kept, so an endless stream costs no memory
-process tree                 its own session and process group, killed as a whole at exit and at
-                             timeout; in a PID namespace (when available) every process it started,
-                             ``setsid`` ones included, dies with it; ``RLIMIT_NPROC`` when it runs under
-                             its own uid
-files                        a fresh temporary directory as cwd, ``HOME`` and ``TMPDIR``; when this
-                             process is root the program runs as its own unprivileged uid, so it cannot
-                             write where the caller can, nor read root-only files
-environment                  a minimal one (``PATH``, ``LANG``, ``HOME``, ``TMPDIR``); the caller's
-                             environment (tokens) is out of reach through ``/proc`` in a PID namespace
-                             or under a separate uid
-network                      an empty network namespace when available; in every mode an audit hook,
-                             installed first, refuses socket creation, connection and name lookup
-limits                       address space (``memory_mb``), file size 16 MiB, 64 open files, no core dump
-============================ ==================================================================
+How a run works: ``sandbox_setup`` (stage 1) contains the process and execs ``sandbox_harness``
+(stage 2), which reads a per-run nonce and the program from stdin, runs the program and its tests in
+its own interpreter, and writes the nonce to a private pipe only when they ran to their end. A run
+passes when that nonce arrives and the process exits 0, within the wall-clock ``timeout``.
 
-:func:`sandbox_mode` says which protections this machine gives: ``unshare`` with root (PID, network
-and mount namespaces, own uid) is the full set; an unprivileged user namespace gives the namespaces
-without the own uid; with neither, the program runs with the caller's uid, can read its environment
-through ``/proc`` and reach the network through anything the audit hook does not see (``ctypes``), and
-a warning says so at first use.
-
-**What it is not.** A guard against accidents and shortcuts of generated code, not a security boundary
-against code written to escape: a program can read its own source or stdin (and so the sentinel),
-exhaust CPU and memory up to the limits, and use kernel interfaces the namespaces do not cover. Run
-hostile code in a container or a VM.
+This is a guard against the accidents and shortcuts of generated code, not a security boundary
+against code written to escape it: run hostile code in a container or a VM.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
+import json
 import logging
 import os
-import resource
+import platform
 import secrets
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .sandbox_files import remove_workdir, sweep_uid
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SandboxMode", "run_program", "sandbox_mode", "sandbox_network_mode"]
+__all__ = ["SandboxMode", "available_modes", "run_program", "sandbox_mode", "sandbox_network_mode"]
 
-OUTPUT_TAIL_BYTES = 8 * 1024
-MAX_PROCESSES = 32  # RLIMIT_NPROC under the sandbox's own uid
-FILE_SIZE_LIMIT = 16 * 1024 * 1024
+OUTPUT_TAIL_BYTES = 8 * 1024  # of stdout and of stderr: only the reason for a failure is read from them
+MAX_PROCESSES = 8  # RLIMIT_NPROC: tasks (threads included) of a run; memory in all <= MAX_PROCESSES * memory_mb
+FILE_SIZE_LIMIT = 16 * 1024 * 1024  # RLIMIT_FSIZE, per file
+TMP_SIZE_LIMIT = 64 * 1024 * 1024  # the private /tmp (a tmpfs: RAM) of the namespace modes, all files together
+OPEN_FILES = 64
+MODE_NAMES = ("namespaces", "user-namespace", "own-uid", "plain")  # strongest first
+SETUP_FAILED = 125  # the exit status of sandbox_setup when it could not contain the process
+_EXIT_GRACE = 1.0  # seconds to drain pipes still held open after the run's process exited
 _UIDS = itertools.cycle(range(61000, 61256))  # one uid per concurrent run: RLIMIT_NPROC counts per uid
 _UID_LOCK = threading.Lock()
-
-# Installed first in every sandboxed program; audit hooks cannot be removed once added (PEP 578).
-_NETWORK_GUARD = textwrap.dedent(
-    """
-    import sys as _sys
-    def _diversed_no_network(event, args):
-        if event.startswith("socket.") and event != "socket.sethostname":
-            raise PermissionError("network access is disabled in the diversed_hf sandbox")
-    _sys.addaudithook(_diversed_no_network)
-    del _sys, _diversed_no_network
-    """
-)
-# Appended after the program and its tests: echo the sentinel read from stdin, bypassing `print`.
-_SENTINEL_ECHO = textwrap.dedent(
-    """
-    import os as _diversed_os, sys as _diversed_sys
-    for _diversed_stream in (_diversed_sys.stdout, _diversed_sys.stderr):
-        try:
-            _diversed_stream.flush()
-        except Exception:
-            pass
-    _diversed_os.write(1, b"\\n" + _diversed_sys.stdin.buffer.readline())
-    """
-)
+_HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
 class SandboxMode:
-    """Which protections :func:`run_program` has on this machine."""
+    """Which protections :func:`run_program` has; docs/sandbox.md says what each one enforces."""
 
-    pid_namespace: bool
-    network_namespace: bool
-    own_uid: bool
-    prefix: tuple[str, ...]  # command prefix that enters the namespaces (``{uid}`` filled per run)
+    name: str  # one of MODE_NAMES
+    namespaces: bool  # PID, network, mount, IPC and UTS namespaces; a private tmpfs on /tmp
+    own_uid: bool  # runs under a uid of its own (61000-61255), not the caller's
+    landlock: int  # the Landlock ABI applied (0: none)
+    seccomp: bool  # the seccomp filter of sandbox_setup
+    prefix: tuple[str, ...] = ()  # the command that enters the namespaces
+    python: str = sys.executable  # the interpreter that runs the programs
+
+    @property
+    def pid_namespace(self) -> bool:
+        return self.namespaces
+
+    @property
+    def network_namespace(self) -> bool:
+        return self.namespaces
+
+    @property
+    def user_namespace(self) -> bool:
+        return self.name == "user-namespace"
 
     def describe(self) -> str:
-        parts = [name for name, on in (("pid-ns", self.pid_namespace), ("net-ns", self.network_namespace),
-                                       ("own-uid", self.own_uid)) if on]  # fmt: skip
-        return "+".join(parts + ["audit"])
+        parts = ["pid-ns", "net-ns", "mount-ns", "ipc-ns"] if self.namespaces else []
+        parts += ["userns"] if self.user_namespace else []
+        parts += ["own-uid"] if self.own_uid else []
+        parts += [f"landlock-v{self.landlock}"] if self.landlock else []
+        parts += ["seccomp"] if self.seccomp else []
+        return f"{self.name} (" + "+".join(parts + ["audit"]) + ")"
 
 
-def _probe(prefix: list[str]) -> bool:
-    command = [part.format(uid=61000) for part in prefix] + [sys.executable, "-I", "-c", "pass"]
+# ------------------------------------------------------------------------------------------------
+# What this machine allows
+
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 without Landlock (or off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0
     try:
-        done = subprocess.run(command, capture_output=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        version = libc.syscall(ctypes.c_long(444), None, ctypes.c_long(0), ctypes.c_long(1))  # ..._VERSION flag
+    except (OSError, AttributeError):
+        return 0
+    return max(0, int(version))
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        found = tuple(int(part) for part in platform.release().split("-")[0].split(".")[:2])
+    except ValueError:
         return False
-    return done.returncode == 0
+    return found >= (major, minor)
+
+
+def _candidate(name: str) -> SandboxMode | None:
+    """``name``'s mode with every layer this machine may have, or None when it clearly cannot work."""
+    linux = sys.platform.startswith("linux")
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    unshare = shutil.which("unshare") if linux else None
+    layers = dict(landlock=_landlock_abi(), seccomp=linux and platform.machine() in ("x86_64", "aarch64"))
+    namespaces = ("--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc")
+    if name == "namespaces" and root and unshare:
+        return SandboxMode(name, True, True, prefix=(unshare, *namespaces), **layers)
+    if name == "user-namespace" and unshare:
+        return SandboxMode(name, True, False, prefix=(unshare, "--user", "--map-root-user", *namespaces), **layers)
+    if name == "own-uid" and root:
+        return SandboxMode(name, False, True, **layers)
+    if name == "plain":
+        return SandboxMode(name, False, False, **layers)
+    if name not in MODE_NAMES:
+        raise ValueError(f"Unknown sandbox mode {name!r}; the modes are {', '.join(MODE_NAMES)}.")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _working_mode(name: str) -> SandboxMode | None:
+    """``name``'s mode if a trivial program passes in it (with all layers, else without Landlock and seccomp)."""
+    mode = _candidate(name)
+    if mode is None:
+        return None
+    first_reason = ""
+    for attempt in (mode, replace(mode, landlock=0, seccomp=False)):
+        try:
+            passed, reason = _run(b"pass", timeout=30, memory_mb=256, mode=attempt, probing=True)
+        except Exception as error:  # noqa: BLE001 - a mode that cannot start is a mode this machine lacks
+            passed, reason = False, repr(error)
+        if passed:
+            if attempt is not mode:
+                logger.warning("The %s sandbox works here only without Landlock and seccomp (%s).", name, first_reason)
+            return attempt
+        first_reason = reason
+    logger.info("The %s sandbox does not work on this machine: %s", name, first_reason)
+    return None
+
+
+def available_modes() -> dict[str, SandboxMode]:
+    """Every mode that works on this machine, strongest first (each probed once per process)."""
+    return {name: mode for name in MODE_NAMES if (mode := _working_mode(name)) is not None}
 
 
 @functools.lru_cache(maxsize=None)
 def sandbox_mode() -> SandboxMode:
-    """The strongest containment this machine supports (probed once per process)."""
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    if sys.platform.startswith("linux") and unshare:
-        namespaces = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
-        candidates = []
-        if os.geteuid() == 0 and setpriv:
-            own_uid = [setpriv, "--reuid={uid}", "--regid={uid}", "--clear-groups", "--inh-caps=-all"]
-            candidates.append(SandboxMode(True, True, True, tuple(namespaces + own_uid)))
-        candidates.append(SandboxMode(True, True, False, tuple([unshare, "--user", "--map-root-user"] + namespaces[1:])))
-        candidates.append(SandboxMode(False, True, False, (unshare, "--user", "--map-root-user", "--net")))
-        candidates.append(SandboxMode(False, True, False, (unshare, "--net")))
-        for mode in candidates:
-            if _probe(list(mode.prefix)):
-                return mode
-    return SandboxMode(False, False, False, ())
+    """The strongest mode that works on this machine (probed once per process)."""
+    for name in MODE_NAMES:
+        mode = _working_mode(name)
+        if mode is not None:
+            return mode
+    return replace(_candidate("plain"), landlock=0, seccomp=False)
 
 
 def sandbox_network_mode() -> str:
@@ -139,107 +180,213 @@ def sandbox_network_mode() -> str:
 @functools.lru_cache(maxsize=None)
 def _warn_once(description: str) -> None:
     logger.warning(
-        "The code sandbox runs with %s only: without a PID namespace and its own uid, a program can read this "
-        "process's environment through /proc and leave processes behind; without a network namespace, code that "
-        "bypasses Python's audit hooks (ctypes) can reach the network. Run untrusted code in a container.",
+        "The code sandbox runs in mode %s: without namespaces a program shares this machine's process table, "
+        "network and /tmp with the caller (docs/sandbox.md lists what is still enforced). Run untrusted code in a "
+        "container.",
         description,
     )
 
 
-def _limits(memory_mb: int, cpu_seconds: int, max_processes: int | None):
-    def apply() -> None:  # runs in the child between fork and exec, inherited by everything it starts
-        memory = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if max_processes is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
-
-    return apply
+@functools.lru_cache(maxsize=None)
+def _stage_source(name: str) -> str:
+    return (_HERE / f"{name}.py").read_text(encoding="utf-8")
 
 
-def _drain(stream, keep: bytearray) -> None:
-    """Read ``stream`` to its end, keeping only its last ``OUTPUT_TAIL_BYTES`` in ``keep``."""
-    while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-        if not chunk:
-            break
-        keep.extend(chunk)
-        if len(keep) > OUTPUT_TAIL_BYTES:
-            del keep[: len(keep) - OUTPUT_TAIL_BYTES]
-    stream.close()
+# ------------------------------------------------------------------------------------------------
+# One run
 
 
-def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL the run's process group (and with it the PID namespace's init, which takes the rest)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def run_program(source: str, *, timeout: float = 10.0, memory_mb: int = 1024, mode: SandboxMode | None = None) -> tuple[bool, str]:
+    """Run ``source`` (a program followed by its tests) in the sandbox; ``(passed, reason)``.
 
-
-def run_program(source: str, *, timeout: float = 10.0, memory_mb: int = 1024) -> tuple[bool, str]:
-    """Run ``source`` in the sandbox; ``(passed, reason)``.
-
-    ``passed`` means the program ran to its end (the sentinel written after its last line appeared
-    on stdout) and exited with status 0 within ``timeout`` wall-clock seconds. ``reason`` is
-    ``"passed"``, ``"timeout"``, ``"exited before the end"`` or the last line of the program's stderr.
+    ``passed`` means the program and its tests ran to their end without an exception and the process
+    exited with status 0 within ``timeout`` wall-clock seconds. ``reason`` is ``"passed"``,
+    ``"timeout"``, the last line of the program's stderr (an exception), or says what else ended it.
+    ``memory_mb`` limits each process's address space (see docs/sandbox.md for the total); ``mode``
+    forces one of :func:`available_modes` (default :func:`sandbox_mode`). Never raises because of what
+    the program did: a program that tampers with its work directory scores ``False``.
     """
+    if not isinstance(source, str):
+        raise TypeError(f"`source` must be a str (a Python program), got {type(source).__name__}.")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"`timeout` must be positive seconds, got {timeout!r}.")
     if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
         raise ValueError(f"`memory_mb` must be an integer of at least 64 (the interpreter needs it), got {memory_mb!r}.")
-    mode = sandbox_mode()
-    if not (mode.pid_namespace and (mode.own_uid or mode.network_namespace)):
-        _warn_once(mode.describe())
-    with _UID_LOCK:
-        uid = next(_UIDS)
-    sentinel = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="diversed_sandbox_") as workdir:
-        path = os.path.join(workdir, "program.py")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(_NETWORK_GUARD + "\n" + source + "\n" + _SENTINEL_ECHO)
-        if mode.own_uid:
-            os.chown(workdir, uid, uid)
-            os.chown(path, uid, uid)
-        command = [part.format(uid=uid) for part in mode.prefix] + [sys.executable, "-I", "-B", path]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-        process = subprocess.Popen(
-            command,
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_limits(memory_mb, max(1, int(timeout) + 1), MAX_PROCESSES if mode.own_uid else None),
-        )
-        stdout, stderr = bytearray(), bytearray()
-        readers = [threading.Thread(target=_drain, args=(s, b), daemon=True) for s, b in ((process.stdout, stdout), (process.stderr, stderr))]
-        for reader in readers:
-            reader.start()
+    if mode is None:
+        mode = sandbox_mode()
+        if not mode.namespaces:
+            _warn_once(mode.describe())
+    elif not isinstance(mode, SandboxMode):
+        raise TypeError(f"`mode` must be a SandboxMode from `available_modes()`, got {mode!r}.")
+    # Lone surrogates cannot be compiled; as escapes they keep their value inside string literals.
+    return _run(source.encode("utf-8", "backslashreplace"), timeout=timeout, memory_mb=memory_mb, mode=mode)
+
+
+def _run(program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, probing: bool = False) -> tuple[bool, str]:
+    uid = None
+    if mode.own_uid:
+        with _UID_LOCK:
+            uid = next(_UIDS)
+    nonce = secrets.token_hex(32).encode()
+    workdir = workdir_fd = result_read = None
+    intact = True
+    try:
         try:
-            process.stdin.write(sentinel.encode() + b"\n")
-            process.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+            if not mode.namespaces:  # the program's cwd, HOME and TMPDIR on this machine's /tmp
+                workdir = tempfile.mkdtemp(prefix="diversed_sandbox_")
+                workdir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                if uid is not None:
+                    os.chown(workdir, uid, uid)
+            result_read, result_write = os.pipe()
+        except OSError as error:
+            logger.error("The code sandbox could not prepare a run: %s", error)
+            return False, f"the sandbox could not start: {error}"
+        config = {
+            "namespaces": mode.namespaces, "workdir": workdir, "uid": uid, "memory": memory_mb * 1024 * 1024,
+            "cpu_seconds": max(1, int(timeout) + 1), "file_size": FILE_SIZE_LIMIT, "open_files": OPEN_FILES,
+            "processes": MAX_PROCESSES, "tmp_size": TMP_SIZE_LIMIT,
+            # RLIMIT_NPROC counts every task of a uid; per user namespace only since Linux 5.14
+            "processes_relative": mode.name == "plain" or (mode.user_namespace and not _kernel_at_least(5, 14)),
+            "landlock": mode.landlock, "seccomp": mode.seccomp,
+            # without a PID namespace, an own uid or Landlock's signal scope, only seccomp keeps signals in the run
+            "signal_self_only": not mode.namespaces and not mode.own_uid and mode.landlock < 6,
+            "result_fd": result_write, "harness": _stage_source("sandbox_harness"),
+            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                    "MKL_NUM_THREADS": "1"},
+        }  # fmt: skip
+        command = [*mode.prefix, mode.python, "-I", "-B", "-c", _stage_source("sandbox_setup"), json.dumps(config)]
         try:
-            process.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        _kill_tree(process)  # at exit too: nothing the program started outlives the run
-        process.wait()
-        for reader in readers:
-            reader.join(timeout=5)
+            process = subprocess.Popen(
+                command,
+                cwd=workdir or "/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(result_write,),
+                start_new_session=True,
+            )
+        except OSError as error:
+            logger.error("The code sandbox could not start a process: %s", error)
+            return False, f"the sandbox could not start: {error}"
+        finally:
+            os.close(result_write)
+        outcome = _communicate(process, nonce + b"\n" + program, result_read, nonce, timeout, mode, uid)
+    finally:
+        if result_read is not None:
+            os.close(result_read)
+        if workdir_fd is not None:
+            intact = remove_workdir(workdir, workdir_fd)
+        if uid is not None and not mode.namespaces:
+            sweep_uid(uid)
+    timed_out, finished, stderr = outcome
     if timed_out:
         return False, "timeout"
-    finished = sentinel.encode() in stdout
-    if process.returncode == 0 and finished:
+    if not intact:
+        return False, "the program replaced or moved its work directory"
+    if finished and process.returncode == 0:
         return True, "passed"
     lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    if process.returncode == SETUP_FAILED and lines and lines[-1].startswith("diversed_hf sandbox setup failed") and not probing:
+        logger.error("The code sandbox (%s) failed before running the program: %s", mode.describe(), lines[-1])
     if lines:
         return False, lines[-1]
-    return False, "exited before the end" if process.returncode == 0 else f"exit status {process.returncode}"
+    if process.returncode == 0:
+        return False, "exited before the end"
+    if process.returncode is None or process.returncode < 0:
+        return False, f"killed by signal {-(process.returncode or -9)}"
+    return False, f"exit status {process.returncode}"
+
+
+def _communicate(process, payload: bytes, result_fd: int, nonce: bytes, timeout: float, mode, uid):
+    """Feed stdin, drain stdout / stderr into tails and the result pipe into a nonce search, until the end.
+
+    Returns ``(timed_out, nonce_seen, stderr_tail)``. The whole process tree is killed as soon as the
+    run's process exits or the deadline passes; pipes still open after that are drained for at most
+    ``_EXIT_GRACE`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    stdin, stdout, stderr = process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno()
+    tails = {stdout: bytearray(), stderr: bytearray()}
+    scanned = bytearray()
+    seen = timed_out = False
+    ended_at = None
+    os.set_blocking(stdin, False)
+    selector = selectors.DefaultSelector()
+    for fd in (stdout, stderr, result_fd):
+        selector.register(fd, selectors.EVENT_READ)
+    selector.register(stdin, selectors.EVENT_WRITE)
+    sent = 0
+    try:
+        while selector.get_map():
+            now = time.monotonic()
+            if ended_at is None and now >= deadline:
+                timed_out, ended_at = True, now
+                _kill(process, mode, uid)
+            if ended_at is not None and now - ended_at > _EXIT_GRACE:
+                break
+            for key, _ in selector.select(timeout=0.05):
+                fd = key.fd
+                if fd == stdin:
+                    try:
+                        sent += os.write(stdin, payload[sent : sent + 65536])
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the program ended or closed it: nothing more to feed
+                        sent = len(payload)
+                    if sent >= len(payload):
+                        selector.unregister(stdin)
+                        process.stdin.close()
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    selector.unregister(fd)
+                elif fd == result_fd:
+                    scanned += chunk
+                    seen = seen or nonce in scanned
+                    del scanned[: max(0, len(scanned) - len(nonce))]
+                else:
+                    tail = tails[fd]
+                    tail += chunk
+                    del tail[: max(0, len(tail) - OUTPUT_TAIL_BYTES)]
+            if ended_at is None and _has_exited(process):
+                ended_at = time.monotonic()
+                _kill(process, mode, uid)  # at exit too: nothing the program started outlives the run
+    finally:
+        selector.close()
+        if ended_at is None:
+            _kill(process, mode, uid)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("A sandboxed process (pid %d) did not end after SIGKILL.", process.pid)
+    return timed_out, seen, bytes(tails[stderr])
+
+
+def _has_exited(process) -> bool:
+    """Whether the run's process has exited, without reaping it (its pid, and so its group, stays reserved)."""
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _kill(process, mode: SandboxMode, uid: int | None) -> None:
+    """SIGKILL the run's process group (in a PID namespace its init, which takes every process with it);
+    under an own uid without namespaces, also every process of that uid (``setsid`` ones included)."""
+    if process.returncode is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if uid is not None and not mode.namespaces:
+        try:
+            subprocess.run(["/bin/sh", "-c", "kill -9 -1 2>/dev/null"], user=uid, group=uid, extra_groups=[], cwd="/",
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as error:
+            logger.warning("Could not kill the processes of sandbox uid %d: %s", uid, error)
