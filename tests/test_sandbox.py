@@ -208,7 +208,8 @@ REEXEC_TRICKS = {
 def test_rerunning_itself_without_its_asserts_scores_zero(runner):
     programs = [trick + WRONG_ADD + FAILING_TEST for trick in REEXEC_TRICKS.values()]
     # control: running another interpreter (not replacing this one) is fine
-    programs.append("import subprocess, sys\nsubprocess.run([sys.executable, '-O', '-c', 'pass'], check=True)\n" + RIGHT_ADD + FAILING_TEST)
+    subprocess_run = "import subprocess, sys\nsubprocess.run([sys.executable, '-O', '-c', 'pass'], check=True)\n"
+    programs.append(subprocess_run + RIGHT_ADD + FAILING_TEST)
     results = runner.run(programs)
     assert [passed for passed, _ in results] == [False] * len(REEXEC_TRICKS) + [True], results
 
@@ -307,7 +308,7 @@ def test_temporary_space_is_limited_in_total(runner):
 TAMPERING = {
     "symlink": "import os, shutil\nhere = os.getcwd()\nos.chdir('/')\nshutil.rmtree(here)\nos.symlink({victim!r}, here)\n",
     "moved": "import os\nhere = os.getcwd()\nos.rename(here, here + '-moved')\nos.mkdir(here)\n",
-    "deep tree": "import os\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf', 'w').write('x')\n",  # noqa: E501
+    "deep tree": "import os\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf', 'w').write('x')\n",
     "unreadable": "import os\nos.makedirs('a/b/c')\nos.chmod('a/b', 0)\nos.chmod('a', 0)\n",
 }
 
@@ -318,7 +319,8 @@ def test_tampering_with_the_work_directory_never_raises_and_leaves_nothing(runne
     victim.mkdir()
     (victim / "keep.txt").write_text("the caller's file")
     tricks = [t.format(victim=str(victim)) for t in TAMPERING.values()]
-    results = runner.run([t + WRONG_ADD + FAILING_TEST for t in tricks] + [t + RIGHT_ADD + FAILING_TEST for t in tricks], tmpdir=shared_tmp)
+    programs = [t + WRONG_ADD + FAILING_TEST for t in tricks] + [t + RIGHT_ADD + FAILING_TEST for t in tricks]
+    results = runner.run(programs, tmpdir=shared_tmp)
     assert [p for p, _ in results[: len(tricks)]] == [False] * len(tricks), results
     if runner.name in ("namespaces", "user-namespace"):  # inside the private /tmp: harmless, scored on the tests
         assert all(p for p, _ in results[len(tricks) :]), results

@@ -11,8 +11,8 @@
 The testbed's ``arith`` / ``summary`` tasks are scored by these same functions, so the testbed and
 GSM8K / XSum share one number extraction and one ROUGE scorer.
 
-Programs of :func:`pass_at_1` run in the sandbox of :mod:`diversed_hf.tasks.sandbox` (what it
-contains and what it does not is written there and in the README).
+Programs of :func:`pass_at_1` run in the sandbox of :mod:`diversed_hf.tasks.sandbox`; what it
+enforces in each mode, and what it does not, is written in docs/sandbox.md.
 
 :func:`diversed_hf.tasks.reward_for_task` wraps a task's reward in TRL's reward-function convention
 ``f(prompts=..., completions=..., **dataset_columns) -> list[float]``.
@@ -140,11 +140,12 @@ def pass_at_1(
     memory_mb: int = 1024,
     max_workers: int | None = None,
 ) -> list[float]:
-    """1.0 where ``extract_code(completion) + "\\n" + tests`` exits cleanly in the sandbox within ``timeout`` s.
+    """1.0 where ``extract_code(completion) + "\\n" + tests`` runs to its end in the sandbox within ``timeout`` s.
 
     ``tests`` holds one test program per completion (MBPP: setup code and the ``assert`` lines of
     ``test_list``; HumanEval: the ``check`` function and a call to it). Programs run in parallel
-    separate processes (``max_workers``, default the CPU count), never in this process.
+    separate processes (``max_workers``, default the CPU count), never in this process; what a program
+    does there (exit early, re-run itself, tamper with its directory) scores 0 and never raises here.
     """
     _check(completions, tests, "tests")
     programs = [extract_code(c) + "\n\n" + t for c, t in zip(completions, tests)]

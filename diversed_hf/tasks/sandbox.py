@@ -53,7 +53,9 @@ OPEN_FILES = 64
 MODE_NAMES = ("namespaces", "user-namespace", "own-uid", "plain")  # strongest first
 SETUP_FAILED = 125  # the exit status of sandbox_setup when it could not contain the process
 _EXIT_GRACE = 1.0  # seconds to drain pipes still held open after the run's process exited
-_UIDS = itertools.cycle(range(61000, 61256))  # one uid per concurrent run: RLIMIT_NPROC counts per uid
+# One uid per concurrent run (RLIMIT_NPROC counts per uid), from a per-process offset so that two
+# processes running sandboxes rarely share one.
+_UIDS = itertools.islice(itertools.cycle(range(61000, 61256)), os.getpid() % 256, None)
 _UID_LOCK = threading.Lock()
 _HERE = Path(__file__).resolve().parent
 
@@ -196,7 +198,9 @@ def _stage_source(name: str) -> str:
 # One run
 
 
-def run_program(source: str, *, timeout: float = 10.0, memory_mb: int = 1024, mode: SandboxMode | None = None) -> tuple[bool, str]:
+def run_program(
+    source: str, *, timeout: float = 10.0, memory_mb: int = 1024, mode: SandboxMode | None = None
+) -> tuple[bool, str]:
     """Run ``source`` (a program followed by its tests) in the sandbox; ``(passed, reason)``.
 
     ``passed`` means the program and its tests ran to their end without an exception and the process
@@ -240,6 +244,8 @@ def _run(program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, p
             result_read, result_write = os.pipe()
         except OSError as error:
             logger.error("The code sandbox could not prepare a run: %s", error)
+            if workdir is not None and workdir_fd is None:
+                os.rmdir(workdir)
             return False, f"the sandbox could not start: {error}"
         config = {
             "namespaces": mode.namespaces, "workdir": workdir, "uid": uid, "memory": memory_mb * 1024 * 1024,
@@ -287,7 +293,8 @@ def _run(program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, p
     if finished and process.returncode == 0:
         return True, "passed"
     lines = stderr.decode("utf-8", "replace").strip().splitlines()
-    if process.returncode == SETUP_FAILED and lines and lines[-1].startswith("diversed_hf sandbox setup failed") and not probing:
+    setup_failed = process.returncode == SETUP_FAILED and lines and lines[-1].startswith("diversed_hf sandbox setup failed")
+    if setup_failed and not probing:
         logger.error("The code sandbox (%s) failed before running the program: %s", mode.describe(), lines[-1])
     if lines:
         return False, lines[-1]
@@ -386,7 +393,7 @@ def _kill(process, mode: SandboxMode, uid: int | None) -> None:
             pass
     if uid is not None and not mode.namespaces:
         try:
-            subprocess.run(["/bin/sh", "-c", "kill -9 -1 2>/dev/null"], user=uid, group=uid, extra_groups=[], cwd="/",
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)  # fmt: skip
+            quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(["/bin/sh", "-c", "kill -9 -1"], user=uid, group=uid, extra_groups=[], cwd="/", timeout=10, **quiet)
         except (OSError, subprocess.SubprocessError) as error:
             logger.warning("Could not kill the processes of sandbox uid %d: %s", uid, error)

@@ -236,7 +236,8 @@ def landlock(abi: int, writable: list, hide_proc: bool) -> None:
         rules += [(os.path.join("/", name), read) for name in os.listdir("/") if name != "proc"]
     else:
         rules.append(("/", read))
-    rules += [(path, handled & ~LL_MAKE_DEVICES) for path in writable] + [(os.devnull, handled & (LL_READ_FILE | LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV))]
+    rules += [(path, handled & ~LL_MAKE_DEVICES) for path in writable]
+    rules.append((os.devnull, handled & (LL_READ_FILE | LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV)))
     for path, rights in rules:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
