@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -58,9 +57,9 @@ logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("linear", "mlp")
 
-# The official DIVERSED release (docs/method.md §4, "Files").
 #: keyword arguments ``from_pretrained`` takes besides huggingface_hub's download arguments
 LOAD_OPTIONS = ("strict", "device", "dtype")
+MAX_SIZE = 1 << 17  #: bound on a config's sizes: above every LLM's hidden size (larger: a damaged config.json)
 
 
 @dataclass
@@ -108,6 +107,11 @@ class DiversedHeadConfig:
                 continue  # recorded when known; a head without hidden states never reads them
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+            if value > MAX_SIZE:
+                raise ValueError(
+                    f"`{name}` is {value}, above {MAX_SIZE}: no model's hidden states are that wide, and the head would "
+                    "not fit in memory. Use the sizes of the models' last layers (and a small `mlp_hidden_size`)."
+                )
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"`architecture` must be one of {ARCHITECTURES}, got {self.architecture!r}.")
         if self.mixing not in MIXING_SPACES:
@@ -305,9 +309,10 @@ class DiversedHead(
         Args:
             results: benchmark metrics for the card: a path to a results file or its content (a list
                 of rows, or ``{"setting": ..., "rows": [...]}``; format in :mod:`diversed_hf.cards`).
-                Written as ``results.json``. Without it, a ``results.json`` already in the directory is used.
-            training_config: how the head was trained (a dict, a dataclass such as the trainer's config,
-                or a path to a JSON file); written as ``training_config.json`` and shown on the card.
+                Written as ``results.json``. Without it, a ``results.json`` already in the directory is kept
+                when the directory holds this very head (same config and weights), and removed otherwise.
+            training_config: how the head was trained (a dict, a dataclass such as the trainer's config, or a
+                path to a JSON file); written as ``training_config.json``, shown on the card; kept as ``results``.
             repo_id: the Hub repo the card's usage snippet names (default: the local directory).
             push_to_hub: also upload the directory to ``repo_id`` (default: the directory's name);
                 ``push_to_hub_kwargs`` go to :meth:`push_to_hub`.
@@ -329,12 +334,16 @@ class DiversedHead(
         results = card_kwargs.pop("results", None) if results is None else results
         training_config = card_kwargs.pop("training_config", None) if training_config is None else training_config
         directory = Path(save_directory)
+        hub.check_finite(self.state_dict(), "The head's weights", f"it is not saved to {directory}. A trained head goes "
+                         "NaN when training diverged: lower the learning rate and check the rewards, then re-train.")  # fmt: skip
         if push_to_hub and repo_id is None:
             repo_id = directory.name
+        # Results in the directory describe the head saved there: kept only when that is this very head.
+        same_head = hub.holds_head(directory, self.config.to_dict(), self.state_dict())
         # Every file is written into a sibling staging directory, then moved into place: a failure while writing
-        # (disk full, file-size limit, an exception) leaves the previous head as it was.
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.saving-", dir=directory.parent))
+        # (disk full, file-size limit, an exception) leaves the previous head as it was; a killed save's staging
+        # directory is removed by the next save.
+        staging, stale = hub.new_staging_dir(directory), []
         try:
             if results is not None:
                 cards.write_results(staging / hub.RESULTS_NAME, results)
@@ -344,12 +353,17 @@ class DiversedHead(
             card_kwargs["head_source"] = str(directory)
             for name, filename in (("results", hub.RESULTS_NAME), ("training_config", hub.TRAINING_CONFIG_NAME)):
                 staged, kept = staging / filename, directory / filename
-                card_kwargs[name] = staged if staged.is_file() else kept if kept.is_file() else None
+                card_kwargs[name] = staged if staged.is_file() else kept if kept.is_file() and same_head else None
+                stale += [filename] if not staged.is_file() and kept.is_file() and not same_head else []
             super().save_pretrained(staging, repo_id=repo_id, push_to_hub=False, model_card_kwargs=card_kwargs)
-            hub.move_into_place(staging, directory)
+            hub.move_into_place(staging, directory, remove=stale)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        if stale:
+            logger.warning("removed %s from %s: it described the head saved there before, not this one", stale, directory)
+        for name, filename in (("results", hub.RESULTS_NAME), ("training_config", hub.TRAINING_CONFIG_NAME)):
+            card_kwargs[name] = card_kwargs[name] and directory / filename  # the staged file has moved there
         logger.info("saved DiversedHead to %s", directory)
         if push_to_hub:
             return self.push_to_hub(repo_id, model_card_kwargs=card_kwargs, **push_to_hub_kwargs)
@@ -435,13 +449,12 @@ class DiversedHead(
         config_path = hub.resolve_file(model_id, hub.CONFIG_NAME, **locate)
         config = DiversedHeadConfig.from_json_file(config_path)
         weights_path = hub.resolve_file(model_id, hub.WEIGHTS_NAME, **locate)
+        with torch.device("meta"):  # the head config.json describes, checked against the file before it is allocated
+            shapes = {name: tuple(tensor.shape) for name, tensor in cls(config).state_dict().items()}
+        hub.check_weight_shapes(shapes, hub.weight_shapes(weights_path), str(weights_path), f"{config.architecture!r}")
         state_dict = hub.load_weights(weights_path)
-        for name, tensor in state_dict.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise ValueError(
-                    f"The weights in {weights_path} hold NaN or infinite values (`{name}`): the head would verify against "
-                    "garbage. Re-download it with `force_download=True` or re-train it."
-                )
+        hub.check_finite(state_dict, f"The weights in {weights_path}", "the head would verify against garbage. "
+                         "Re-download it with `force_download=True` or re-train it.")  # fmt: skip
         head = cls._built_without_rng(config)
         stored_dtypes = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
         if dtype is None and len(stored_dtypes) == 1:
@@ -466,16 +479,8 @@ class DiversedHead(
         expected = self.state_dict()
         missing = sorted(set(expected) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(expected))
-        wrong_shapes = [
-            f"{name}: saved {tuple(state_dict[name].shape)}, expected {tuple(expected[name].shape)}"
-            for name in sorted(set(expected) & set(state_dict))
-            if state_dict[name].shape != expected[name].shape
-        ]
-        if wrong_shapes:
-            raise ValueError(
-                f"The weights in {source} do not fit the head its config describes ({self.extra_repr()}): "
-                f"{wrong_shapes}. config.json and model.safetensors belong to different heads; re-save the head."
-            )
+        hub.check_weight_shapes({name: tuple(tensor.shape) for name, tensor in expected.items()},
+                                {name: tuple(tensor.shape) for name, tensor in state_dict.items()}, source, self.extra_repr())
         if missing or unexpected:
             message = (
                 f"The weights in {source} do not match a {self.config.architecture!r} head: missing {missing}, "

@@ -22,6 +22,7 @@ bottom of the head's import chain (``hub`` <- ``cards`` <- ``head``): it imports
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import logging
@@ -277,13 +278,104 @@ def check_same_save(config_path: Path, weights_path: Path) -> None:
         )
 
 
-def move_into_place(staging: Path, directory: Path) -> None:
+def check_finite(state_dict: dict[str, torch.Tensor], what: str, fix: str) -> None:
+    """Raise ``ValueError("<what> hold NaN or infinite values (`<tensor>`): <fix>")`` for the first such tensor."""
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{what} hold NaN or infinite values (`{name}`): {fix}")
+
+
+def check_weight_shapes(expected: dict[str, tuple], saved: dict[str, tuple], source: str, head: str) -> None:
+    """Raise when a tensor both hold has another shape in ``saved`` (the file ``source``) than in ``expected`` (the
+    ``head`` its config describes)."""
+    wrong = [f"{name}: saved {saved[name]}, expected {expected[name]}" for name in sorted(expected.keys() & saved.keys())
+             if saved[name] != expected[name]]  # fmt: skip
+    if wrong:
+        raise ValueError(
+            f"The weights in {source} do not fit the head its config describes ({head}): {wrong}. config.json and "
+            "model.safetensors belong to different heads; re-save the head."
+        )
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes a ``model.safetensors`` file holds, read from its header (nothing is loaded)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except Exception as error:  # noqa: BLE001 - safetensors raises several types for a damaged header
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}): it is truncated or corrupted. Re-save the head "
+            "with `head.save_pretrained(dir)`, or re-download it with `force_download=True`."
+        ) from None
+
+
+def holds_head(directory: Path, config: dict, state_dict: dict[str, torch.Tensor]) -> bool:
+    """Whether ``directory`` already holds a head with exactly this config and these weights (dtype included):
+    the head its ``results.json`` / ``training_config.json`` describe, when it holds them."""
+    config_path, weights_path = Path(directory) / CONFIG_NAME, Path(directory) / WEIGHTS_NAME
+    if not config_path.is_file() or not weights_path.is_file():
+        return False
+    try:
+        saved_config, saved = read_json(config_path, "Head config"), load_weights(weights_path)
+    except (OSError, ValueError):
+        return False
+    if saved_config != json.loads(json.dumps(config, default=str)) or saved.keys() != state_dict.keys():
+        return False
+    return all(
+        saved[name].dtype == tensor.dtype and torch.equal(saved[name], tensor.detach().cpu())
+        for name, tensor in state_dict.items()
+    )
+
+
+#: ``.<name>.saving-<pid>-<random>``: the sibling directory a save into ``<name>`` writes its files to first
+STAGING_INFIX = ".saving-"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: the process exists, under another user
+        return True
+    return True
+
+
+def remove_stale_staging(directory: Path) -> list[Path]:
+    """Remove the staging directories that saves into ``directory`` left behind when they were killed (their
+    process is gone; a name without a process id is from an older release); returns them. Saves in progress stay."""
+    prefix = f".{directory.name}{STAGING_INFIX}"
+    removed = []
+    for path in Path(directory).parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name[len(prefix) :].partition("-")[0]
+        if path.is_dir() and not (pid.isdigit() and _process_alive(int(pid))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed the staging directories of interrupted saves: %s", [str(path) for path in removed])
+    return removed
+
+
+def new_staging_dir(directory: Path) -> Path:
+    """A fresh sibling directory to write a save into ``directory`` (same filesystem: :func:`move_into_place` then
+    moves atomically), after removing what killed saves left (:func:`remove_stale_staging`)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(directory)
+    return Path(tempfile.mkdtemp(prefix=f".{directory.name}{STAGING_INFIX}{os.getpid()}-", dir=directory.parent))
+
+
+def move_into_place(staging: Path, directory: Path, remove: Iterable[str] = ()) -> None:
     """Move every file of a complete ``staging`` directory into ``directory`` (created if needed), then remove it.
 
-    Each move is an atomic ``os.replace`` on one filesystem; ``model.safetensors`` goes last, so an interruption
-    leaves a config whose digest the old weights do not match (an error at load, never a silent mix).
+    The files named in ``remove`` (results of another head) are deleted from ``directory`` first. Each move is an
+    atomic ``os.replace`` on one filesystem; ``model.safetensors`` goes last, so an interruption leaves a config
+    whose digest the old weights do not match (an error at load, never a silent mix).
     """
     directory.mkdir(parents=True, exist_ok=True)
+    for name in remove:
+        (directory / name).unlink(missing_ok=True)
     for name in sorted((entry.name for entry in staging.iterdir()), key=lambda name: (name == WEIGHTS_NAME, name)):
         os.replace(staging / name, directory / name)
     staging.rmdir()

@@ -6,12 +6,14 @@ file of ``checkpoint-2`` is written; the parent then resumes with ``resume_from_
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("trl")
 
@@ -78,7 +80,7 @@ def test_a_kill_at_each_stage_of_a_save_resumes_exactly(tmp_path, uninterrupted,
             trainer_for(tmp_path, **COMMON).train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
 
     resumed = trainer_for(tmp_path, **COMMON)
-    with caplog.at_level("WARNING", logger="diversed_hf.training.trainer"):
+    with caplog.at_level("WARNING", logger="diversed_hf.training.checkpoint"):
         resumed.train(resume_from_checkpoint=True)
     if resumes_from == "checkpoint-1":
         assert "Skipping incomplete checkpoints" in caplog.text and "checkpoint-2" in caplog.text
@@ -91,3 +93,51 @@ def test_resume_true_without_a_complete_checkpoint_is_an_error(tmp_path):
     (tmp_path / "out" / "checkpoint-5").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"holds no complete checkpoint \(incomplete: .*checkpoint-5"):
         trainer_for(tmp_path, **COMMON).train(resume_from_checkpoint=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# One run's checkpoints: a checkpoint resumes only into the run that wrote it
+
+
+@pytest.fixture(scope="module")
+def one_checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    trainer_for(root, max_steps=1, save_strategy="steps", save_steps=1).train()
+    return root / "out" / "checkpoint-1"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(num_generations=2), "num_generations: checkpoint 4, now 2"),
+        (dict(max_completion_length=6), "max_completion_length: checkpoint 8, now 6"),
+        (dict(steps_per_generation=2, per_device_train_batch_size=4), "steps_per_generation: checkpoint 1, now 2"),
+        (dict(lambda_acceptance=2.0), "lambda_acceptance: checkpoint 1.0, now 2.0"),
+    ],
+)
+def test_resuming_with_other_rollout_settings_is_refused(tmp_path, one_checkpoint, change, message):
+    """The checkpoint's rollout buffer was made with the old settings: it used to be replayed silently."""
+    trainer = trainer_for(tmp_path, max_steps=2, **change)
+    with pytest.raises(ValueError, match=rf"checkpoint-1 belongs to another run: .*{message}.*Resume with the settings"):
+        trainer.train(resume_from_checkpoint=str(one_checkpoint))
+
+
+def test_resume_true_takes_only_this_runs_checkpoints_in_a_reused_output_dir(tmp_path, caplog):
+    """Run A left checkpoint-3 in output_dir; run B (other lambda) wrote checkpoint-1 there and was killed."""
+    trainer_for(tmp_path, max_steps=3, save_strategy="steps", save_steps=3).train()  # run A: checkpoint-3
+    run_b = dict(lambda_acceptance=3.0, max_steps=2)
+    trainer_for(tmp_path, **run_b, save_strategy="steps", save_steps=1).train()
+    shutil.rmtree(tmp_path / "out" / "checkpoint-2")  # B was killed before its checkpoint-2
+    straight = trainer_for(tmp_path / "straight", **run_b)
+    straight.train()
+
+    resumed = trainer_for(tmp_path, **run_b)
+    with caplog.at_level("WARNING", logger="diversed_hf.training.checkpoint"):
+        resumed.train(resume_from_checkpoint=True)
+    assert "Skipping newer checkpoints of another run" in caplog.text and "checkpoint-3 (lambda_acceptance" in caplog.text
+    for key, value in head_params(straight.model).items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+
+    with pytest.raises(ValueError, match=r"no checkpoint in .* belongs to this run: the newest, checkpoint-3, differs in "
+                       r"lambda_acceptance: checkpoint 1.0, now 5.0"):  # fmt: skip
+        trainer_for(tmp_path, lambda_acceptance=5.0).train(resume_from_checkpoint=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from diversed_hf import DiversedHead, hub
+from diversed_hf import DiversedHead, DiversedHeadConfig, hub
 from diversed_hf.verifiers import HeadVerifier
 from test_hub import hidden, make_head, randomize
 
@@ -65,15 +67,64 @@ def test_files_from_two_saves_are_refused(tmp_path):
         DiversedHead.from_pretrained(first)
 
 
-def test_heads_with_non_finite_weights_are_refused(tmp_path):
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_heads_with_non_finite_weights_are_neither_saved_nor_loaded(tmp_path, value):
     head = make_head("linear")
     with torch.no_grad():
-        head.net[0].weight[0, 3] = float("inf")
-    head.save_pretrained(tmp_path / "bad")
+        head.net[0].weight[0, 3] = value
+    with pytest.raises(ValueError, match=r"weights hold NaN or infinite values \(`net.0.weight`\): it is not saved"):
+        head.save_pretrained(tmp_path / "bad")
+    assert list(tmp_path.iterdir()) == []  # no head, no card, no staging directory
+    make_head("linear").save_pretrained(tmp_path / "bad")  # a file damaged afterwards is refused at load
+    config_digest = hub.file_digest(tmp_path / "bad" / hub.CONFIG_NAME)
+    hub.save_weights(head.state_dict(), tmp_path / "bad" / hub.WEIGHTS_NAME, config_sha256=config_digest)
     with pytest.raises(ValueError, match=r"NaN or infinite values \(`net.0.weight`\)"):
         DiversedHead.from_pretrained(tmp_path / "bad")
     with pytest.raises(ValueError, match="NaN or infinite values in its parameter"):
         HeadVerifier(head)
+
+
+def test_a_killed_save_leaves_no_staging_directory_after_the_next_save(tmp_path):
+    """A process killed while writing the weights leaves its staging directory; the next save removes it."""
+    directory = tmp_path / "head"
+    script = textwrap.dedent(
+        f"""
+        import os
+        from diversed_hf import DiversedHead, DiversedHeadConfig, hub
+        def killed(*args, **kwargs):
+            os._exit(137)
+        hub.save_weights = killed
+        DiversedHead(draft_hidden_size=8, target_hidden_size=12).save_pretrained({str(directory)!r})
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 137, done.stderr
+    (left,) = [path for path in tmp_path.iterdir() if path.name.startswith(".head.saving-")]
+    older = tmp_path / ".head.saving-k2j4x9_q"  # an older release's name (no process id)
+    older.mkdir()
+    in_progress = tmp_path / f".head.saving-{os.getpid()}-abc"  # a live process's save: left alone
+    in_progress.mkdir()
+    other = tmp_path / ".heads.saving-1-abc"  # another directory's staging
+    other.mkdir()
+    make_head("linear").save_pretrained(directory)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["head", in_progress.name, other.name])
+
+
+def test_an_oversized_head_config_is_refused_before_anything_is_allocated(tmp_path, monkeypatch):
+    make_head("mlp").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / hub.CONFIG_NAME).read_text())
+
+    def allocates(*args, **kwargs):
+        raise AssertionError("the head was built before its config was checked against the weights file")
+
+    monkeypatch.setattr(DiversedHead, "_built_without_rng", classmethod(allocates))
+    for size, message in ((10**12, r"`mlp_hidden_size` is 1000000000000, above 131072"),
+                          (100_000, r"do not fit.*net.1.weight: saved \(4, 20\), expected \(100000, 20\)")):
+        (tmp_path / hub.CONFIG_NAME).write_text(json.dumps({**config, "mlp_hidden_size": size}))
+        with pytest.raises(ValueError, match=message):
+            DiversedHead.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="`target_hidden_size` is 200000, above 131072"):
+        DiversedHeadConfig(draft_hidden_size=8, target_hidden_size=200_000)
 
 
 def test_official_checkpoints_with_non_finite_weights_are_refused(tmp_path):

@@ -226,9 +226,22 @@ def test_saving_again_rewrites_the_card(tmp_path):
     assert "No benchmark results" in (tmp_path / "README.md").read_text()
     make_head().save_pretrained(tmp_path, results=RESULTS)
     assert "72.6 %" in (tmp_path / "README.md").read_text()
-    make_head(w_0=0.7).save_pretrained(tmp_path)  # keeps the results.json already there
+    make_head().save_pretrained(tmp_path)  # the same head again: keeps the results.json already there
+    assert "72.6 %" in (tmp_path / "README.md").read_text() and (tmp_path / "results.json").is_file()
+
+
+@pytest.mark.parametrize("other", [dict(w_0=0.7), dict(seed=5)], ids=["other config", "other weights"])
+def test_saving_another_head_drops_the_results_of_the_previous_one(tmp_path, other, caplog):
+    make_head().save_pretrained(tmp_path, results=RESULTS, training_config={"learning_rate": 0.1})
+    seed = other.pop("seed", 0)
+    with caplog.at_level("WARNING", logger="diversed_hf.head"):
+        randomize(make_head(**other), seed=seed).save_pretrained(tmp_path)
     text = (tmp_path / "README.md").read_text()
-    assert "72.6 %" in text and "| initial weight on the target `w_0` | 0.7 |" in text
+    assert "72.6 %" not in text and "No benchmark results" in text and "learning_rate" not in text
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "training_config.json").exists()
+    assert "removed ['results.json', 'training_config.json']" in caplog.text
+    if "w_0" in other:
+        assert "| initial weight on the target `w_0` | 0.7 |" in text
 
 
 # Import graph -------------------------------------------------------------------------------------------

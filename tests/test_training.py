@@ -322,11 +322,69 @@ def test_reward_of_wrong_length_is_an_error(tmp_path):
         trainer.train()
 
 
-@pytest.mark.parametrize("bad", [float("nan"), None, "high"])
+@pytest.mark.parametrize("bad", [float("nan"), None])
 def test_nan_reward_is_an_error(tmp_path, bad):
     trainer = trainer_for(tmp_path, reward=lambda completions, **k: [bad] + [0.0] * (len(completions) - 1), max_steps=1)
     with pytest.raises(ValueError, match="rewards must be finite floats"):
         trainer.train()
+
+
+@pytest.mark.parametrize("bad", ["42", "high", {"a": 1.0}, [1.0], 1 + 0j, torch.ones(1), b"1"], ids=repr)
+def test_a_reward_that_is_not_a_real_number_is_refused_naming_the_function(tmp_path, bad):
+    """A string "42" used to train as 42.0 (``float()``); a value must be a real number."""
+    def shouting(completions, **kwargs):
+        return [bad] + [0.0] * (len(completions) - 1)
+
+    trainer = trainer_for(tmp_path, reward=shouting, max_steps=1)
+    with pytest.raises(TypeError, match=rf"reward function 'shouting' returned .* for completion 0 .*a real number"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("returned", [{i: 1.0 for i in range(8)}, "t5" * 4, 3.0], ids=["dict", "str", "float"])
+def test_a_reward_function_returning_no_list_is_refused(returned):
+    """A dict of 8 would have been scored by its keys (0..7), a string of 8 by its characters."""
+    from diversed_hf.training.scoring import score_completions
+
+    rows = [{"prompt": "t4"}] * 8
+    with pytest.raises(TypeError, match=r"reward function 'f' returned a (dict|str|float) .*a list of 8 floats"):
+        score_completions([lambda **k: returned], ["f"], rows, ["t4"] * 8, ["t5"] * 8, [[5]] * 8, None)
+
+
+def test_rewards_accept_real_numbers_of_every_kind_and_none_as_not_scored():
+    import fractions
+
+    import numpy as np
+
+    from diversed_hf.training.scoring import score_completions, weighted_rewards
+
+    values = [1, True, 0.5, np.float32(0.25), np.int64(3), np.bool_(True), np.array(2.0), torch.tensor(-1.5),
+              fractions.Fraction(1, 4), torch.tensor(True)]  # fmt: skip
+    n = len(values)
+    rows = [{"prompt": "t4", "reference": "t5"}] * n
+
+    def everything(completions, reference, **kwargs):  # dataset columns arrive as keyword arguments
+        assert reference == ["t5"] * n
+        return values
+
+    def first_half(completions, **kwargs):  # TRL's None: this function does not score the completion
+        return [10.0] * (n // 2) + [None] * (n - n // 2)
+
+    rewards = score_completions([everything, first_half], ["everything", "first_half"], rows, ["t4"] * n, ["t5"] * n, [[5]] * n, None)
+    expected = [1.0, 1.0, 0.5, 0.25, 3.0, 1.0, 2.0, -1.5, 0.25, 1.0]
+    assert rewards[:, 0].tolist() == expected
+    assert rewards[: n // 2, 1].tolist() == [10.0] * (n // 2) and rewards[n // 2 :, 1].isnan().all()
+    weighted = weighted_rewards(rewards, torch.tensor([1.0, 0.5]))  # None leaves the function out of the sum
+    assert weighted.tolist() == [r + 5.0 for r in expected[: n // 2]] + expected[n // 2 :]
+
+
+def test_training_with_a_function_that_scores_some_completions(tmp_path):
+    def some(completions, **kwargs):
+        return [1.0 if i % 2 else None for i in range(len(completions))]
+
+    trainer = trainer_for(tmp_path, reward=[zero_reward, some], max_steps=1, logging_steps=1)
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["rewards/some/mean"] == 1.0 and logged["reward"] == 0.5  # mean over what it scored; the sum over both
 
 
 @pytest.mark.parametrize("huge", [1e39, -3e20])
@@ -342,6 +400,45 @@ def test_rewards_beyond_float32_are_an_error_naming_the_function(tmp_path, huge)
 def test_dataset_without_prompt_column_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"lacks the columns \['prompt'\]"):
         trainer_for(tmp_path, dataset=Dataset.from_dict({"question": ["t4 t5"]}))
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_dataset_too_small_for_one_rollout_batch_is_refused(tmp_path, rows):
+    """0 rows (or fewer than one rollout batch's prompts) used to train 0 of max_steps steps without a word."""
+    with pytest.raises(ValueError, match=rf"`train_dataset` has {rows} rows, but one rollout batch takes 2 prompts"):
+        trainer_for(tmp_path, dataset=prompts_dataset(rows))
+    with pytest.raises(ValueError, match=r"`eval_dataset` has no rows"):
+        DiversedTrainer(*make_pair(), reward_funcs=zero_reward, args=config(tmp_path), train_dataset=prompts_dataset(),
+                        eval_dataset=prompts_dataset(0), processing_class=tiny_tokenizer())  # fmt: skip
+
+
+def test_models_in_float64_train_a_float32_head(tmp_path):
+    target, draft = make_pair(noise=0.5)
+    trainer = trainer_for(tmp_path, target.double(), draft.double(), max_steps=2)
+    before = head_params(trainer.model)
+    trainer.train()
+    after = head_params(trainer.model)
+    assert all(value.dtype == torch.float32 and value.isfinite().all() for value in after.values())
+    assert any(not torch.equal(before[key], after[key]) for key in before)
+
+
+def test_a_non_finite_loss_stops_training_and_a_nan_head_is_never_saved(tmp_path):
+    trainer = trainer_for(tmp_path, max_steps=1)
+    b, t, d = 2, 3, 32
+    inputs = {
+        "completion_mask": torch.ones(b, t), "target_token_probs": torch.full((b, t), 0.5),
+        "draft_token_probs": torch.full((b, t), 0.5), "total_variation": torch.full((b, t), float("nan")),
+        "draft_hidden": torch.zeros(b, t, d), "target_hidden": torch.zeros(b, t, d), "features": torch.zeros(b, t, 0),
+        "old_logprobs": torch.zeros(b, t), "ref_logprobs": torch.zeros(b, t), "advantages": torch.zeros(b, t),
+    }  # fmt: skip
+    assert trainer.compute_head_loss(trainer.model, {**inputs, "total_variation": torch.zeros(b, t)}).isfinite()
+    with pytest.raises(FloatingPointError, match=r"The loss is not finite at step 0 .*the head would become NaN"):
+        trainer.compute_head_loss(trainer.model, inputs)
+    with torch.no_grad():
+        trainer.model.net[0].bias.fill_(float("nan"))
+    with pytest.raises(ValueError, match=r"NaN or infinite values \(`net.0.bias`\): it is not saved"):
+        trainer.save_model(str(tmp_path / "head"))
+    assert not (tmp_path / "head" / "model.safetensors").exists()
 
 
 def test_vocabulary_mismatch_is_an_error(tmp_path):
@@ -370,6 +467,37 @@ def test_config_validation():
         DiversedConfig(output_dir="x", lambda_acceptance=-1.0, report_to="none")
     with pytest.raises(ValueError, match="kl_estimator"):
         DiversedConfig(output_dir="x", kl_estimator="k2", report_to="none")
+    for name in ("epsilon", "epsilon_high"):
+        with pytest.raises(ValueError, match=rf"`{name}` \(the PPO clip\) is -0.1; it must be >= 0"):
+            DiversedConfig(output_dir="x", report_to="none", **{name: -0.1})
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("lambda_acceptance", NAN), ("beta", NAN), ("epsilon", NAN), ("epsilon_high", INF), ("temperature", NAN),
+     ("learning_rate", NAN), ("top_p", NAN), ("lambda_acceptance", INF), ("reward_weights", [1.0, NAN])],
+)  # fmt: skip
+def test_config_refuses_non_finite_floats(name, value):
+    """NaN passes every `< 0` check: lambda_acceptance=NaN used to train, and save, a NaN head."""
+    with pytest.raises(ValueError, match=rf"`{name}` is .*(nan|inf).* must be a finite number"):
+        DiversedConfig(output_dir="x", report_to="none", **{name: value})
+
+
+def test_yaml_no_is_a_strategy_not_false(tmp_path):
+    """YAML 1.1 reads `save_strategy: no` as False; it means the strategy "no"."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    import train_head
+
+    path = tmp_path / "run.yaml"
+    path.write_text("task: testbed_arith\nsave_strategy: no\neval_strategy: no\nlogging_strategy: no\nreport_to: none\n")
+    _, parsed = train_head.parse_arguments(["--config", str(path), "--output_dir", str(tmp_path / "out")])
+    assert (parsed.save_strategy, parsed.eval_strategy, parsed.logging_strategy) == ("no", "no", "no")
+    assert DiversedConfig(output_dir="x", report_to="none", save_strategy=False).save_strategy == "no"
+    with pytest.raises(ValueError, match=r"`save_strategy` is True .*'no', 'steps' or 'epoch'"):
+        DiversedConfig(output_dir="x", report_to="none", save_strategy=True)
 
 
 def test_import_diversed_hf_does_not_import_trl():
@@ -401,7 +529,7 @@ def test_log_completions_writes_the_completions_table(tmp_path):
 # TRL's surface: the tested version range, and no TRL / transformers private outside diversed_hf.compat
 
 #: The trainer's own private names; anything else starting with "_" would be a TRL / transformers member.
-OWN_PRIVATES = {"_rollout_generator", "_prompt_texts", "_score", "_global_advantages", "_model_device"}
+OWN_PRIVATES = {"_rollout_generator", "_prompt_texts", "_global_advantages", "_model_device"}
 
 
 def test_trainer_source_names_no_private_trl_or_transformers_member():

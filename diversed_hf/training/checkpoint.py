@@ -7,8 +7,15 @@ A head in a checkpoint is saved and loaded exactly as any head is, with ``Divers
 shared vocabulary size and a fingerprint of each model's output embeddings (rounded to bf16, so the
 dtype a model was loaded in does not change it). Resuming with another pair is refused.
 
+**One run's checkpoints.** ``diversed_run.json`` records what makes the run (:func:`run_record`): the pair, the
+head's config, the fields of :data:`RUN_FIELDS` (the rollout batch's layout and sampling, which a checkpoint's
+rollout buffer was made with, the objective, the optimisation and the seed), the reward functions' names and the
+number of training rows. A run resumes only from its own checkpoints: ``resume_from_checkpoint=True`` takes the
+newest complete one whose record matches (a reused ``output_dir`` may hold another run's, skipped with a warning),
+and a checkpoint passed by path with another record is refused, naming each field with both values.
+
 **Complete checkpoints.** A ``checkpoint-<step>`` directory counts only when complete. The trainer writes
-its own files first (``initial_head/``, ``diversed_trainer_state.pt``), then ``transformers.Trainer``
+its own files first (``initial_head/``, ``diversed_run.json``, ``diversed_trainer_state.pt``), then ``transformers.Trainer``
 writes the head, the optimizer, scheduler and RNG states and, last, ``trainer_state.json`` -- and only
 after that rotates older checkpoints away. So a checkpoint holding every file of
 :data:`CHECKPOINT_FILES` is complete, and a kill at any point leaves either an incomplete newest
@@ -18,7 +25,10 @@ explicitly) beside the previous complete one, or a complete one.
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -28,20 +38,30 @@ import torch
 from ..head import DiversedHead, DiversedHeadConfig
 from ..pairs import hidden_size_of, model_id_of
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "CHECKPOINT_FILES",
     "PAIR_FILE",
+    "RUN_FIELDS",
+    "RUN_FILE",
     "check_pair",
+    "check_run",
     "complete_checkpoints",
     "load_head",
     "load_head_state",
     "missing_checkpoint_files",
     "model_fingerprint",
+    "newest_own_checkpoint",
     "pair_record",
+    "read_run",
+    "run_differences",
+    "run_record",
     "save_head",
 ]
 
 PAIR_FILE = "diversed_pair.json"
+RUN_FILE = "diversed_run.json"
 TRAINER_EXTRA_STATE = "diversed_trainer_state.pt"
 REF_HEAD_DIR = "initial_head"
 TRAINER_STATE_FILE = "trainer_state.json"  # transformers writes it last
@@ -49,6 +69,7 @@ TRAINER_STATE_FILE = "trainer_state.json"  # transformers writes it last
 CHECKPOINT_FILES = (
     f"{REF_HEAD_DIR}/config.json",
     f"{REF_HEAD_DIR}/model.safetensors",
+    RUN_FILE,
     TRAINER_EXTRA_STATE,
     "config.json",
     "model.safetensors",
@@ -56,6 +77,16 @@ CHECKPOINT_FILES = (
     TRAINER_STATE_FILE,
 )
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+#: DiversedConfig fields a run is made of; a checkpoint resumes only into a run with the same values. First the
+#: rollout batch (its layout and how it was sampled: a checkpoint's buffer is replayed), then the objective, the
+#: optimisation and the seed. Not in it: how long to train, logging, saving, evaluation, output and hardware.
+RUN_FIELDS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
+    "num_iterations", "max_completion_length", "temperature", "top_k", "top_p", "shuffle_dataset",
+    "lambda_acceptance", "use_group_baseline", "beta", "kl_estimator", "epsilon", "epsilon_high", "reward_weights",
+    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "optim", "max_grad_norm", "seed",
+)  # fmt: skip
+_MOVING_IDS = ("target_model_id", "draft_model_id")  # paths or Hub ids that move; models compare by fingerprint
 
 
 def missing_checkpoint_files(checkpoint_dir: str | os.PathLike) -> list[str]:
@@ -99,7 +130,7 @@ def check_pair(recorded: dict, current: dict, where: str) -> None:
     differences = []
     for key, now in current.items():
         then = recorded.get(key)
-        if key.endswith("_model_id"):
+        if key in _MOVING_IDS:
             continue  # ids are paths or Hub ids that move; the models themselves are compared by fingerprint
         if then != now:
             differences.append(f"{key}: checkpoint {then!r}, now {now!r}")
@@ -108,6 +139,92 @@ def check_pair(recorded: dict, current: dict, where: str) -> None:
             f"The checkpoint {where} was trained for another (target, draft) pair: " + "; ".join(differences)
             + ". Resume with the models it was trained with, or start a new run in another `output_dir`."
         )
+
+
+def run_record(args, pair: dict, head_config: dict, reward_names: list[str], train_rows: int | None) -> dict:
+    """What makes a run (see the module docstring), as it reads back from :data:`RUN_FILE`."""
+    config = {name: getattr(args, name) for name in RUN_FIELDS}
+    record = {
+        "config": {name: value.value if isinstance(value, enum.Enum) else value for name, value in config.items()},
+        "head": {key: value for key, value in head_config.items() if key not in _MOVING_IDS},
+        "pair": pair,
+        "reward_funcs": list(reward_names),
+        "train_rows": train_rows,
+    }
+    return json.loads(json.dumps(record, default=str))
+
+
+def read_run(checkpoint_dir: str | os.PathLike) -> dict | None:
+    """The run record of a checkpoint, or None when it has none (not a complete DiversedTrainer checkpoint)."""
+    path = Path(checkpoint_dir, RUN_FILE)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_differences(recorded: dict, current: dict) -> list[str]:
+    """``"<field>: checkpoint <then>, now <now>"`` for every field in which two run records differ (config fields by
+    their name, the others as ``head.<key>``, ``pair.<key>``, ``reward_funcs``, ``train_rows``)."""
+    differences = []
+    for section in ("config", "head", "pair", "reward_funcs", "train_rows"):
+        then, now = recorded.get(section), current.get(section)
+        if not isinstance(now, dict):
+            if then != now:
+                differences.append(f"{section}: checkpoint {then!r}, now {now!r}")
+            continue
+        then = then if isinstance(then, dict) else {}
+        for key in sorted(now.keys() | then.keys()):
+            if key not in _MOVING_IDS and then.get(key) != now.get(key):
+                name = key if section == "config" else f"{section}.{key}"
+                differences.append(f"{name}: checkpoint {then.get(key)!r}, now {now.get(key)!r}")
+    return differences
+
+
+def check_run(recorded: dict | None, current: dict, where: str) -> None:
+    """Raise unless the checkpoint ``where`` (run record ``recorded``) belongs to the run ``current`` describes."""
+    if recorded is None:
+        raise ValueError(
+            f"The checkpoint {where} has no {RUN_FILE}: it is not a complete DiversedTrainer checkpoint. Pass a "
+            "checkpoint-<step> directory written by DiversedTrainer."
+        )
+    check_pair(recorded.get("pair") or {}, current["pair"], where)
+    differences = run_differences(recorded, current)
+    if differences:
+        raise ValueError(
+            f"The checkpoint {where} belongs to another run: " + "; ".join(differences) + ". Its rollout buffer, "
+            "optimizer and step belong to that run. Resume with the settings it was written with, or start a new run "
+            "in another `output_dir` (a new run may start from its head: `DiversedHead.from_pretrained(checkpoint)`)."
+        )
+
+
+def newest_own_checkpoint(output_dir: str | os.PathLike, run: dict) -> str:
+    """The newest complete checkpoint of ``output_dir`` written by the run ``run`` describes (``resume_from_checkpoint=
+    True``); newer incomplete ones and other runs' are skipped with a warning, none at all is an error."""
+    complete, incomplete = complete_checkpoints(output_dir)
+    newest = int(complete[-1].name.rpartition("-")[2]) if complete else -1
+    skipped = [str(path) for path in incomplete if int(path.name.rpartition("-")[2]) > newest]
+    if skipped:
+        logger.warning("Skipping incomplete checkpoints (the run was interrupted while saving them): %s", skipped)
+    if not complete:
+        raise ValueError(
+            f"`resume_from_checkpoint=True` but {str(output_dir)!r} holds no complete checkpoint"
+            + (f" (incomplete: {skipped})" if skipped else "")
+            + ". Start without `resume_from_checkpoint`, or pass a checkpoint directory."
+        )
+    others = []
+    for path in reversed(complete):
+        differences = run_differences(read_run(path) or {}, run)
+        if not differences:
+            if others:
+                logger.warning(
+                    "Skipping newer checkpoints of another run in %s: %s", output_dir,
+                    "; ".join(f"{name} ({', '.join(diff[:3])})" for name, diff in others),
+                )  # fmt: skip
+            return str(path)
+        others.append((path.name, differences))
+    raise ValueError(
+        f"`resume_from_checkpoint=True` but no checkpoint in {str(output_dir)!r} belongs to this run: the newest, "
+        f"{complete[-1].name}, differs in " + "; ".join(others[0][1]) + ". Resume with the settings it was written "
+        "with, or start this run in another `output_dir`."
+    )
 
 
 def save_head(head: DiversedHead, directory: str | os.PathLike) -> None:

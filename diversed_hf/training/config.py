@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
@@ -10,6 +11,8 @@ from ..features import FEATURE_NAMES, check_feature_names
 from ..head import ARCHITECTURES
 
 KL_ESTIMATORS = ("k1", "k3")
+#: fields that take "no": YAML 1.1 (PyYAML, which TRL's ``--config`` loader uses) reads a bare `no` as False
+STRATEGY_FIELDS = ("save_strategy", "eval_strategy", "logging_strategy")
 
 
 @dataclass
@@ -74,6 +77,16 @@ class DiversedConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        for name in STRATEGY_FIELDS:
+            value = getattr(self, name)
+            if value is False:
+                setattr(self, name, "no")  # `save_strategy: no` in a YAML file
+            elif value is True:
+                raise ValueError(
+                    f"`{name}` is True (YAML reads a bare `yes` / `on` / `true` as True); give the strategy by name: "
+                    f"'no', 'steps' or 'epoch' (quote it in YAML: `{name}: \"steps\"`)."
+                )
+        self._check_finite()
         super().__post_init__()
         if self.lambda_acceptance < 0:
             raise ValueError(
@@ -84,6 +97,13 @@ class DiversedConfig(GRPOConfig):
             raise ValueError(f"`kl_estimator` is {self.kl_estimator!r}; use one of {KL_ESTIMATORS}.")
         if self.beta < 0:
             raise ValueError(f"`beta` (KL coefficient) is {self.beta}; it must be >= 0.")
+        for name in ("epsilon", "epsilon_high"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(
+                    f"`{name}` (the PPO clip) is {value}; it must be >= 0: the ratio is clipped to [1 - epsilon, "
+                    "1 + epsilon_high] (0.2 is usual)."
+                )
         if self.head_architecture not in ARCHITECTURES:
             raise ValueError(f"`head_architecture` is {self.head_architecture!r}; use one of {ARCHITECTURES}.")
         if not 0.0 < self.head_w_0 < 1.0:
@@ -113,3 +133,16 @@ class DiversedConfig(GRPOConfig):
                 "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head trains "
                 "and the models run without gradients. Set it to False."
             )
+
+    def _check_finite(self) -> None:
+        """Every float field (and each float of a list field, such as ``reward_weights``) must be a finite number:
+        NaN passes every ``<`` / ``>`` check and would train, and save, a NaN head."""
+        for spec in fields(self):
+            value = getattr(self, spec.name, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+            if bad:
+                raise ValueError(
+                    f"`{spec.name}` is {value!r}; {'each entry' if value is not bad[0] else 'it'} must be a finite number "
+                    "(NaN passes every range check, and NaN or infinity would train and save a NaN head). Give a number."
+                )

@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -47,16 +46,20 @@ from ..head import DiversedHead
 from ..pairs import check_head_matches, verification_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
 from ..tasks import check_columns
-from . import objective
+from . import objective, scoring
 from .checkpoint import (
     PAIR_FILE,
     REF_HEAD_DIR,
+    RUN_FILE,
     TRAINER_EXTRA_STATE,
     check_pair,
-    complete_checkpoints,
+    check_run,
     load_head_state,
     missing_checkpoint_files,
+    newest_own_checkpoint,
     pair_record,
+    read_run,
+    run_record,
     save_head,
 )
 from .config import DiversedConfig
@@ -65,8 +68,6 @@ logger = logging.getLogger(__name__)
 
 
 RewardFunc = Callable[..., list]
-# Advantages are whitened in float32: squares of rewards must stay finite there.
-_FLOAT32_LIMIT = float(torch.finfo(torch.float32).max) ** 0.5 / 1e3
 
 
 def _check_writable(directory: str) -> None:
@@ -99,8 +100,8 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             ``args.head_architecture`` / ``args.head_w_0`` / ``args.head_features`` / ``args.head_use_hidden_states``.
         reward_funcs: one or more TRL-style reward functions
             ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns) -> list[float]``
-            (e.g. :func:`diversed_hf.tasks.reward_for_task`). Pass ``lambda completions, **_:
-            [0.0] * len(completions)`` to train on acceptance alone.
+            (e.g. :func:`diversed_hf.tasks.reward_for_task`; what a reward may be: :mod:`.scoring`). Pass
+            ``lambda completions, **_: [0.0] * len(completions)`` to train on acceptance alone.
         args: a :class:`DiversedConfig`.
         train_dataset / eval_dataset: ``datasets.Dataset`` with a ``prompt`` column (plain text or
             chat messages) and whatever columns the reward functions read.
@@ -204,9 +205,21 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: a datasets.Dataset with a 'prompt' column.")
         check_columns(train_dataset, ["prompt"], "`train_dataset`")
+        train_rows = len(train_dataset) if hasattr(train_dataset, "__len__") else None
+        prompts_per_batch = args.generation_batch_size // args.num_generations
+        if train_rows is not None and train_rows < prompts_per_batch:
+            raise ValueError(
+                f"`train_dataset` has {train_rows} rows, but one rollout batch takes {prompts_per_batch} prompts "
+                f"(generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}): GRPO's "
+                f"sampler would yield no batch, and the run would train 0 of its steps. Give at least {prompts_per_batch} "
+                "prompts, or lower `per_device_train_batch_size` / `steps_per_generation`."
+            )
         if eval_dataset is not None:
             for name, dataset in (eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]):
-                check_columns(dataset, ["prompt"], f"`eval_dataset`{'[' + repr(name) + ']' if name else ''}")
+                where = f"`eval_dataset`{'[' + repr(name) + ']' if name else ''}"
+                check_columns(dataset, ["prompt"], where)
+                if hasattr(dataset, "__len__") and len(dataset) == 0:
+                    raise ValueError(f"{where} has no rows: evaluation would measure nothing. Give it prompts, or pass None.")
 
         # Rollout and loss settings (GRPO's public names) ---------------------------------------------
         self.max_completion_length = args.max_completion_length
@@ -226,6 +239,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             optimizers=optimizers,
         )
         self.ref_head.to(self.accelerator.device)
+        self.run = run_record(args, self.pair, head.config.to_dict(), self.reward_func_names, train_rows)
         seed = args.seed + self.accelerator.process_index
         self._rollout_generator = torch.Generator(device=self._model_device(target)).manual_seed(seed)
 
@@ -247,41 +261,6 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             f"every `prompt` must be a string, or a list of chat messages ({{'role': ..., 'content': ...}}); this batch "
             f"has prompts of types {kinds}. Make the dataset's 'prompt' column all text or all conversations."
         )
-
-    def _score(self, inputs: list[dict], prompts: list, completions: list[str], completion_ids: list[list[int]]):
-        """(B, num_funcs) rewards; a wrong length or a NaN / None / non-number reward is an error."""
-        columns = {key: [row[key] for row in inputs] for key in inputs[0] if key not in ("prompt", "completion")}
-        columns["trainer_state"] = self.state
-        rewards = torch.zeros(len(prompts), len(self.reward_funcs))
-        for i, (func, name) in enumerate(zip(self.reward_funcs, self.reward_func_names)):
-            values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            try:
-                got = len(values)
-            except TypeError:
-                got = type(values).__name__
-            if got != len(prompts):
-                raise ValueError(
-                    f"The reward function {name!r} returned {got} rewards for {len(prompts)} completions; it must return "
-                    "one float per completion, in order."
-                )
-            for j, value in enumerate(values):
-                try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    number = math.nan
-                if not math.isfinite(number):
-                    raise ValueError(
-                        f"The reward function {name!r} returned {value!r} for completion {j} ({completions[j][:80]!r}); "
-                        "rewards must be finite floats. Give failed or unscorable completions a low reward instead."
-                    )
-                if abs(number) > _FLOAT32_LIMIT:
-                    raise ValueError(
-                        f"The reward function {name!r} returned {value!r} for completion {j}: beyond float32's range "
-                        f"(|r| <= {_FLOAT32_LIMIT:.3g}), where the advantages are computed. Scale the reward down "
-                        "(rewards in [0, 1] or a few units work best)."
-                    )
-                rewards[j, i] = number
-        return rewards
 
     def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, token_kl: torch.Tensor | None):
         """REINFORCE++ advantages whitened over the whole batch: every process's rollouts, not just this one's."""
@@ -347,16 +326,20 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         lengths = rollout.completion_mask.sum(dim=1).tolist()
         completion_ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)]
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        rewards_per_func = self._score(inputs, prompts, completions, completion_ids)  # (B, F)
-        rewards = (rewards_per_func * self.reward_weights[None]).sum(dim=1).to(head_device)  # (B,)
+        rewards_per_func = scoring.score_completions(
+            self.reward_funcs, self.reward_func_names, inputs, prompts, completions, completion_ids, self.state
+        )  # (B, F), NaN where a function did not score a completion
+        rewards = scoring.weighted_rewards(rewards_per_func, self.reward_weights).to(head_device)  # (B,)
 
         target_token_probs = rollout.target_token_probs.to(head_device)
         draft_token_probs = rollout.draft_token_probs.to(head_device)
         old_logprobs = rollout.logprobs.to(head_device)
-        draft_hidden, target_hidden = rollout.draft_hidden.to(head_device), rollout.target_hidden.to(head_device)
-        features = rollout.features.to(head_device)  # (B, T, F): the head's inputs as generation computes them
+        # The head trains in float32, whatever dtype the models run in (bfloat16, float64).
+        draft_hidden = rollout.draft_hidden.to(head_device, torch.float32)  # (B, T, d_draft)
+        target_hidden = rollout.target_hidden.to(head_device, torch.float32)  # (B, T, d_target)
+        features = rollout.features.to(head_device, torch.float32)  # (B, T, F): the head's inputs as generation computes them
         with torch.no_grad():
-            ref_w = self.ref_head(draft_hidden.float(), target_hidden.float(), features.float())  # (B, T)
+            ref_w = self.ref_head(draft_hidden, target_hidden, features)  # (B, T)
             ref_logprobs = mixture_logprobs(ref_w, target_token_probs, draft_token_probs)  # (B, T)
         token_kl = objective.kl_k1(old_logprobs, ref_logprobs) if self.beta else None
         advantages = self._global_advantages(rewards, mask, token_kl)  # (B, T)
@@ -367,7 +350,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         metrics = compat.grpo_metrics(self, mode)
         gathered = self.accelerator.gather(rewards_per_func.to(head_device))
         for i, name in enumerate(self.reward_func_names):
-            metrics[f"rewards/{name}/mean"].append(gathered[:, i].mean().item())
+            metrics[f"rewards/{name}/mean"].append(gathered[:, i].nanmean().item())  # over the completions it scored
         all_rewards = self.accelerator.gather(rewards)
         metrics["reward"].append(all_rewards.mean().item())
         metrics["reward_std"].append(all_rewards.std().item() if all_rewards.numel() > 1 else 0.0)
@@ -433,9 +416,17 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
 
         metrics = compat.grpo_metrics(self, mode)
         with torch.no_grad():
+            terms = torch.stack([policy_term, acceptance_term, (kl * mask).sum() / num_sequences]).detach()
             sums = self.accelerator.reduce(
-                torch.stack([mask.sum(), (clipped.float() * mask).sum(), (kl * mask).sum()]), reduction="sum"
-            )
+                torch.stack([mask.sum(), (clipped.float() * mask).sum(), (kl * mask).sum(), (~terms.isfinite()).sum()]),
+                reduction="sum",
+            )  # every process sees a non-finite loss anywhere, and stops with the others
+            if sums[3] > 0:
+                raise FloatingPointError(
+                    f"The loss is not finite at step {self.state.global_step} (this process's policy, acceptance and KL "
+                    f"terms: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, check the rewards, "
+                    "and check that the models' hidden states are finite in their dtype (bfloat16 overflows sooner)."
+                )
             count = sums[0].clamp(min=1)
             metrics["clip_fraction"].append((sums[1] / count).item())
             metrics["kl"].append((sums[2] / count).item())
@@ -456,23 +447,13 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """``Trainer.train``, resuming only from complete checkpoints (see :mod:`.checkpoint`).
 
-        ``resume_from_checkpoint=True`` takes the newest complete ``checkpoint-<step>`` of ``output_dir`` and
-        skips newer incomplete ones (a run killed while saving) with a warning naming them; an explicit
-        checkpoint that is incomplete is refused with an error naming the missing file.
+        ``resume_from_checkpoint=True`` takes the newest complete ``checkpoint-<step>`` of ``output_dir`` written by
+        this run, and skips newer incomplete ones (a run killed while saving) and other runs' with a warning naming
+        them; an explicit checkpoint that is incomplete, or another run's, is refused with an error naming the
+        missing file or the fields that differ.
         """
         if resume_from_checkpoint is True:
-            complete, incomplete = complete_checkpoints(self.args.output_dir)
-            newest = int(complete[-1].name.rpartition("-")[2]) if complete else -1
-            skipped = [str(path) for path in incomplete if int(path.name.rpartition("-")[2]) > newest]
-            if skipped:
-                logger.warning("Skipping incomplete checkpoints (the run was interrupted while saving them): %s", skipped)
-            if not complete:
-                raise ValueError(
-                    f"`resume_from_checkpoint=True` but {self.args.output_dir!r} holds no complete checkpoint"
-                    + (f" (incomplete: {skipped})" if skipped else "")
-                    + ". Start without `resume_from_checkpoint`, or pass a checkpoint directory."
-                )
-            resume_from_checkpoint = str(complete[-1])
+            resume_from_checkpoint = newest_own_checkpoint(self.args.output_dir, self.run)
         elif resume_from_checkpoint not in (None, False) and Path(resume_from_checkpoint).is_dir():
             missing = missing_checkpoint_files(resume_from_checkpoint)
             if missing:
@@ -481,6 +462,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
                     "run was interrupted while saving it). Resume from an earlier checkpoint, or pass "
                     "`resume_from_checkpoint=True` to take the newest complete one."
                 )
+            check_run(read_run(resume_from_checkpoint), self.run, str(resume_from_checkpoint))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def save_checkpoint_extras(self, checkpoint_dir: str) -> None:
@@ -493,6 +475,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         index = self.accelerator.process_index
         if self.args.should_save:
             save_head(self.ref_head, os.path.join(checkpoint_dir, REF_HEAD_DIR))
+            Path(checkpoint_dir, RUN_FILE).write_text(json.dumps(self.run, indent=2) + "\n")
         elif index == 0:
             return
         torch.save(
