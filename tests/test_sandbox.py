@@ -373,6 +373,29 @@ def test_removing_a_deep_and_unreadable_tree(shared_tmp):
     assert os.listdir(shared_tmp) == []
 
 
+@modes(ModeRunner("namespaces"), ModeRunner("user-namespace"))
+def test_an_interpreter_under_tmp_runs_behind_the_private_tmp_read_only(runner):
+    base = _python_for(UNPRIVILEGED_UID) if ROOT else sys.executable
+    if base is None:
+        pytest.skip(f"no Python interpreter that uid {UNPRIVILEGED_UID} may run")
+    home = tempfile.mkdtemp(prefix="diversed-sandbox-venv-")
+    try:
+        os.chmod(home, 0o755)
+        subprocess.run([base, "-m", "venv", "--without-pip", os.path.join(home, "venv")], check=True, timeout=120)
+        if ROOT:
+            subprocess.run(["chown", "-R", f"{UNPRIVILEGED_UID}:{UNPRIVILEGED_UID}", home], check=True)
+        program = (
+            "import os, sys\nassert sys.prefix.startswith('/tmp/'), sys.prefix\n"
+            "open(os.path.join(sys.prefix, 'written-by-the-program'), 'w')\n"
+        )
+        runner = dataclasses.replace(runner, changes=(("python", os.path.join(home, "venv", "bin", "python")),))
+        [(passed, reason)] = runner.run([program])
+        assert not passed and ("Read-only file system" in reason or "PermissionError" in reason), reason
+        assert not os.path.exists(os.path.join(home, "venv", "written-by-the-program"))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------------
 # Processes: a process limit in every mode, the caller survives, nothing is left running
 

@@ -39,7 +39,9 @@ PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x2, 0x4, 0x1000, 0x4000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_RELATIME = 0x400, 0x800, 0x1000, 0x4000, 0x200000
+ST_RELATIME = 0x1000  # statvfs's f_flag for relatime (the other flags share their MS_ values)
 
 # Landlock: filesystem rights (bit i = ABI that introduced it), network rights (ABI 4), scopes (ABI 6).
 LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -105,10 +107,33 @@ def _prctl(option: int, *args) -> int:
 # 1. a private /tmp
 
 
+def interpreter_paths() -> list:
+    """The directories this interpreter needs (its own directory, its prefixes), outermost ones only."""
+    needed = {os.path.realpath(p) for p in (os.path.dirname(os.path.realpath(sys.executable)), sys.prefix,
+                                             sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix) if p}  # fmt: skip
+    return [p for p in sorted(needed) if not any(p.startswith(q + "/") for q in needed)]
+
+
+def _mask(directory: str, keep: list, options: bytes) -> None:
+    """Mount a tmpfs over ``directory`` and bind the directories ``keep`` (beneath it) back in, read-only."""
+    fds = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in keep}
+    _check(_libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mounting a tmpfs on {directory}")
+    for path, fd in fds.items():
+        os.makedirs(path, 0o755, exist_ok=True)
+        _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}")
+        os.close(fd)
+        # keep the flags a user namespace may not clear (nosuid, nodev, noexec, atime) and add read-only
+        flags = os.statvfs(path).f_flag
+        kept = (flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)) | (MS_RELATIME if flags & ST_RELATIME else 0)
+        _check(_libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None), f"{path} read-only")
+
+
 def private_tmp(size: int, uid: int) -> str:
-    """Mount a tmpfs of ``size`` bytes over /tmp (this mount namespace only), bind /var/tmp, /dev/shm, /run/lock to it."""
-    options = f"size={size},mode=1777".encode()
-    _check(_libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mounting a tmpfs on /tmp")
+    """Mount a tmpfs of ``size`` bytes over /tmp (this mount namespace only), bind /var/tmp, /dev/shm, /run/lock to it.
+
+    An interpreter that lives under /tmp (a venv made there) is bound back in, read-only.
+    """
+    _mask("/tmp", [p for p in interpreter_paths() if p.startswith("/tmp/")], f"size={size},mode=1777".encode())
     for target, inside in (("/var/tmp", "/tmp/.var-tmp"), ("/dev/shm", "/tmp/.shm"), ("/run/lock", "/tmp/.run-lock")):
         if os.path.isdir(target) and not os.path.islink(target):
             os.mkdir(inside)
@@ -131,27 +156,18 @@ def expose_interpreter(uid: int) -> None:
 
     An interpreter under a private directory (``/root/.pyenv``, a ``0750`` home) cannot be executed by
     another uid. Each such outermost private ancestor gets an empty tmpfs (``0755``) mounted over it,
-    with only the interpreter's directories bound back in: the rest of it stays hidden.
+    with only the interpreter's directories bound back in, read-only: the rest of it stays hidden.
     """
-    needed = {os.path.realpath(p) for p in (os.path.dirname(os.path.realpath(sys.executable)), sys.prefix,
-                                             sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix) if p}  # fmt: skip
     blocked: dict = {}  # outermost private ancestor -> the needed directories beneath it
-    for path in sorted(needed):
+    for path in interpreter_paths():
         parts = path.strip("/").split("/")
         for depth in range(1, len(parts)):
             ancestor = "/" + "/".join(parts[:depth])
             if not _searchable_by(ancestor, uid):
-                blocked.setdefault(ancestor, set()).add(path)
+                blocked.setdefault(ancestor, []).append(path)
                 break
     for ancestor, paths in blocked.items():
-        paths = [p for p in sorted(paths) if not any(p.startswith(q + "/") for q in paths)]
-        fds = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in paths}
-        _check(_libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
-               f"mounting a tmpfs on {ancestor}")  # fmt: skip
-        for path, fd in fds.items():
-            os.makedirs(path, 0o755, exist_ok=True)
-            _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}")
-            os.close(fd)
+        _mask(ancestor, paths, b"size=1m,mode=0755")
 
 
 # ------------------------------------------------------------------------------------------------
