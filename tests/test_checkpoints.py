@@ -141,3 +141,11 @@ def test_resume_true_takes_only_this_runs_checkpoints_in_a_reused_output_dir(tmp
     with pytest.raises(ValueError, match=r"no checkpoint in .* belongs to this run: the newest, checkpoint-3, differs in "
                        r"lambda_acceptance: checkpoint 1.0, now 5.0"):  # fmt: skip
         trainer_for(tmp_path, lambda_acceptance=5.0).train(resume_from_checkpoint=True)
+
+
+def test_a_checkpoint_without_a_run_record_is_refused_by_name(tmp_path, one_checkpoint):
+    old = tmp_path / "checkpoint-1"
+    shutil.copytree(one_checkpoint, old)
+    (old / "diversed_run.json").unlink()  # as an older release wrote it
+    with pytest.raises(ValueError, match=r"has no diversed_run.json: it was written by an older diversed_hf"):
+        trainer_for(tmp_path, max_steps=2).train(resume_from_checkpoint=str(old))

@@ -412,9 +412,11 @@ def test_a_dataset_too_small_for_one_rollout_batch_is_refused(tmp_path, rows):
                         eval_dataset=prompts_dataset(0), processing_class=tiny_tokenizer())  # fmt: skip
 
 
-def test_models_in_float64_train_a_float32_head(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_models_in_another_dtype_train_a_float32_head(tmp_path, dtype):
+    """The rollout's hidden states come in the models' dtype; the head trains in float32 (both used to fail)."""
     target, draft = make_pair(noise=0.5)
-    trainer = trainer_for(tmp_path, target.double(), draft.double(), max_steps=2)
+    trainer = trainer_for(tmp_path, target.to(dtype), draft.to(dtype), max_steps=2)
     before = head_params(trainer.model)
     trainer.train()
     after = head_params(trainer.model)

@@ -456,6 +456,12 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             resume_from_checkpoint = newest_own_checkpoint(self.args.output_dir, self.run)
         elif resume_from_checkpoint not in (None, False) and Path(resume_from_checkpoint).is_dir():
             missing = missing_checkpoint_files(resume_from_checkpoint)
+            if missing == [RUN_FILE]:
+                raise ValueError(
+                    f"`resume_from_checkpoint` {str(resume_from_checkpoint)!r} has no {RUN_FILE}: it was written by an "
+                    "older diversed_hf, which did not record its run. Start a new run from its head "
+                    "(`DiversedHead.from_pretrained(checkpoint)`), or resume with the release that wrote it."
+                )
             if missing:
                 raise ValueError(
                     f"`resume_from_checkpoint` {str(resume_from_checkpoint)!r} is incomplete: `{missing[0]}` is missing (the "
