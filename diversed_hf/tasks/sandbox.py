@@ -138,9 +138,19 @@ def _candidate(name: str) -> SandboxMode | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+_PROBES: dict[str, SandboxMode | None] = {}
+_PROBE_LOCK = threading.Lock()  # pass_at_1's threads all start with sandbox_mode(): probe once
+
+
 def _working_mode(name: str) -> SandboxMode | None:
     """``name``'s mode if a trivial program passes in it (with all layers, else without Landlock and seccomp)."""
+    with _PROBE_LOCK:
+        if name not in _PROBES:
+            _PROBES[name] = _probe(name)
+        return _PROBES[name]
+
+
+def _probe(name: str) -> SandboxMode | None:
     mode = _candidate(name)
     if mode is None:
         return None
@@ -164,7 +174,6 @@ def available_modes() -> dict[str, SandboxMode]:
     return {name: mode for name in MODE_NAMES if (mode := _working_mode(name)) is not None}
 
 
-@functools.lru_cache(maxsize=None)
 def sandbox_mode() -> SandboxMode:
     """The strongest mode that works on this machine (probed once per process)."""
     for name in MODE_NAMES:
