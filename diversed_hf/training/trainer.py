@@ -416,15 +416,15 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
 
         metrics = compat.grpo_metrics(self, mode)
         with torch.no_grad():
-            terms = torch.stack([policy_term, acceptance_term, (kl * mask).sum() / num_sequences]).detach()
+            terms = torch.stack([policy_term, acceptance_term, loss]).detach()
             sums = self.accelerator.reduce(
                 torch.stack([mask.sum(), (clipped.float() * mask).sum(), (kl * mask).sum(), (~terms.isfinite()).sum()]),
                 reduction="sum",
             )  # every process sees a non-finite loss anywhere, and stops with the others
             if sums[3] > 0:
                 raise FloatingPointError(
-                    f"The loss is not finite at step {self.state.global_step} (this process's policy, acceptance and KL "
-                    f"terms: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, check the rewards, "
+                    f"The loss is not finite at step {self.state.global_step} (this process's policy term, acceptance "
+                    f"term and loss: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, check the rewards, "
                     "and check that the models' hidden states are finite in their dtype (bfloat16 overflows sooner)."
                 )
             count = sums[0].clamp(min=1)
