@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +33,6 @@ UNPRIVILEGED_UID = 60500  # the caller of the unprivileged modes when this proce
 TASKS_DIR = Path(sandbox.__file__).resolve().parent
 needs_pid_namespace = pytest.mark.skipif(not MODE.pid_namespace, reason="no PID namespace on this machine")
 needs_own_uid = pytest.mark.skipif(not MODE.own_uid, reason="the sandbox has no uid of its own here (not root)")
-needs_net_namespace = pytest.mark.skipif(not MODE.network_namespace, reason="no network namespace on this machine")
 
 FAILING_TEST = "assert add(2, 3) == 5"
 WRONG_ADD = "def add(a, b):\n    return a - b\n"
