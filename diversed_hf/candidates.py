@@ -23,7 +23,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from . import compat, ops
-from .checks import check_finite_mass
+from .checks import check_finite_mass, is_integer, is_real
 from .pairs import draft_input_ids
 from .policies import (  # noqa: F401 - re-exported
     OPTIMAL_WARMUP,
@@ -72,7 +72,7 @@ def check_draft_length_policy(schedule: str, confidence_threshold: float | None)
             "`generation_config` or pass it to `generate`.)"
         )
     if confidence_threshold is not None:
-        if isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, (int, float)):
+        if not is_real(confidence_threshold):
             raise TypeError(
                 f"`assistant_confidence_threshold` must be a number in [0, 1) or None, got {type(confidence_threshold).__name__} "
                 f"{confidence_threshold!r}."
@@ -164,9 +164,11 @@ class DiversedCandidateGenerator(CandidateGenerator):
         target=None,
         setting=None,
     ):
-        if isinstance(num_assistant_tokens, bool) or not isinstance(num_assistant_tokens, int) or num_assistant_tokens < 1:
+        if not is_integer(num_assistant_tokens) or num_assistant_tokens < 1:
             raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
+        num_assistant_tokens = int(num_assistant_tokens)  # a numpy integer too
         check_draft_length_policy(schedule, confidence_threshold)
+        confidence_threshold = None if confidence_threshold is None else float(confidence_threshold)
         check_draft_costs(costs, schedule)
         self.schedule = schedule
         self.confidence_threshold = confidence_threshold or None

@@ -14,10 +14,11 @@ import inspect
 import logging
 
 import torch
-from transformers import GenerationConfig, GenerationMixin
+from transformers import GenerationConfig, GenerationMixin, StopStringCriteria, StoppingCriteriaList
 
 from . import compat
 from .candidates import check_draft_costs, check_draft_length_policy
+from .checks import is_integer
 from .head import DiversedHead
 from .loop import speculative_decode
 from .outputs import DiversedGenerateDecoderOnlyOutput
@@ -53,6 +54,14 @@ def _check_generation_config(generation_config: GenerationConfig) -> None:
                 f"`{name}={value!r}` cannot be combined with `diversed_head`/`verifier`: relaxed speculative decoding "
                 f"runs one greedy or sampled sequence per row. Remove `{name}` (or set it to {neutral!r})."
             )
+    guidance_scale = getattr(generation_config, "guidance_scale", None)
+    if guidance_scale is not None and guidance_scale != 1:
+        raise ValueError(
+            f"`guidance_scale={guidance_scale!r}` (classifier-free guidance) cannot be combined with `diversed_head`/"
+            "`verifier`: transformers applies it by running the model again on the unconditional prompt, one token per "
+            "call on a cache of its own, which a speculative round (several positions scored at once, rejected drafts "
+            "rolled back) cannot follow. Remove `guidance_scale` (or set it to 1)."
+        )
     if generation_config.num_return_sequences not in (None, 1):
         raise ValueError(
             f"`num_return_sequences={generation_config.num_return_sequences}` cannot be combined with `diversed_head`/"
@@ -77,9 +86,12 @@ def _draft_length_knobs(extra: dict, generation_config, assistant_model) -> dict
                 value = getattr(config, name, None)
         knobs[name] = default if value is None else value
     count = knobs["num_assistant_tokens"]
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+    if not is_integer(count) or count < 1:
         raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {count!r}.")
+    knobs["num_assistant_tokens"] = count = int(count)  # a numpy integer too
     check_draft_length_policy(knobs["num_assistant_tokens_schedule"], knobs["assistant_confidence_threshold"])
+    if knobs["assistant_confidence_threshold"] is not None:
+        knobs["assistant_confidence_threshold"] = float(knobs["assistant_confidence_threshold"])
     knobs["assistant_costs"] = extra.pop("assistant_costs", None)  # a `generate` keyword only
     check_draft_costs(knobs["assistant_costs"], knobs["num_assistant_tokens_schedule"])
     if knobs["assistant_costs"] is not None:
@@ -94,6 +106,20 @@ def _check_batch(
 ) -> None:
     if input_ids.shape[0] == 0:
         raise ValueError("`input_ids` holds no prompt (batch size 0); pass at least one row.")
+    if input_ids.shape[1] == 0:
+        raise ValueError(
+            f"`input_ids` has shape {tuple(input_ids.shape)}: the prompt is empty, and relaxed speculative decoding "
+            "continues a prompt. Pass at least one token, e.g. the tokenizer's BOS token "
+            "(`tokenizer(text, add_special_tokens=True)`)."
+        )
+    empty = None if attention_mask is None else ~attention_mask.bool().any(dim=1)  # (B,)
+    if empty is not None and bool(empty.any()):
+        row = int(empty.nonzero()[0])
+        raise ValueError(
+            f"Row {row} of the batch is empty (its `attention_mask` is all zeros; an empty-string prompt): the models "
+            "would attend to nothing. Give every prompt at least one token, e.g. tokenize with `add_special_tokens=True` "
+            "so it starts with BOS, or leave the empty prompts out of the batch."
+        )
     right_padded = None if attention_mask is None else (attention_mask[:, :-1] > attention_mask[:, 1:]).any(dim=1)  # (B,)
     if right_padded is not None and bool(right_padded.any()):
         row = int(right_padded.nonzero()[0])
@@ -110,6 +136,29 @@ def _check_batch(
                 f"`generator` is on {generator.device} but the prompt and the models are on {input_ids.device}: random "
                 "numbers are drawn where the models run. Use `torch.Generator(device=model.device)`."
             )
+
+
+def _stop_strings_with_tokenizer(arguments: dict, extra: dict, tokenizer, model_config: GenerationConfig) -> None:
+    """``stop_strings`` with ``tokenizer=``: build transformers' ``StopStringCriteria`` here, as a stopping criterion.
+
+    transformers (5.24) does not hand ``tokenizer`` on to a ``custom_generate`` function's preparation, so it would
+    report that no tokenizer was given. ``stop_strings`` is read where transformers reads it (a ``generate`` keyword,
+    else the ``generation_config`` passed, else the model's) and cleared for transformers.
+    """
+    if tokenizer is None:
+        return
+    if "stop_strings" in extra:
+        stop_strings = extra["stop_strings"]
+    else:
+        given = arguments.get("generation_config")
+        stop_strings = None if given is None else given.stop_strings
+        stop_strings = model_config.stop_strings if stop_strings is None else stop_strings
+    if stop_strings is None:
+        return
+    criteria = StoppingCriteriaList(arguments.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    arguments["stopping_criteria"] = criteria
+    extra["stop_strings"] = None
 
 
 class DiversedGenerationMixin:
@@ -192,9 +241,9 @@ class DiversedGenerationMixin:
             )
         if isinstance(verifier, HeadVerifier):
             check_head_matches(verifier.head, self, assistant_model)
-        vocab_size = verification_vocab_size(
-            self, assistant_model, extra.pop("tokenizer", None), extra.pop("assistant_tokenizer", None)
-        )
+        tokenizer = extra.pop("tokenizer", None)
+        vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
+        _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
         knobs = _draft_length_knobs(extra, arguments.get("generation_config"), assistant_model)
         num_draft_tokens = knobs["num_assistant_tokens"]
         streamer = arguments.pop("streamer", None)

@@ -45,7 +45,7 @@ from .candidates import DiversedCandidateGenerator, Realignment, next_token_scor
 from .outputs import SpeculationStats
 from .pairs import text_vocab_size
 from .policies import DraftCosts, acceptance_setting
-from .processors import per_row_length_processors, sync_row_lengths
+from .processors import per_row_processors, sync_row_lengths
 from .verifiers import VerificationResult, Verifier
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def speculative_decode(
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
-    logits_processor = per_row_length_processors(logits_processor, input_ids.shape[1])  # min lengths count per row
+    logits_processor = per_row_processors(logits_processor, input_ids.shape[1])  # lengths count per row
     candidate_generator = DiversedCandidateGenerator(
         draft,
         num_assistant_tokens=num_draft_tokens,
@@ -226,10 +226,11 @@ class _SpeculativeLoop:
         )
         if max_new_tokens <= 0:
             return self.state.tokens[:, :0], _stats(self.state, num_draft)
-        # One extra padding column in front: the draft always has two tokens to feed.
-        pad_column = torch.full((batch_size, 1), pad_token_id, dtype=input_ids.dtype, device=device)  # (B, 1)
-        self.seq = torch.cat([pad_column, input_ids], dim=1)  # (B, L)
-        self.mask = torch.cat([torch.zeros_like(pad_column), attention_mask.to(input_ids.dtype)], dim=1)  # (B, L)
+        if input_ids.shape[1] == 0:
+            raise ValueError(f"`input_ids` has shape {tuple(input_ids.shape)}: pass a prompt of at least one token (e.g. BOS).")
+        # The prompt as it is: logits processors and stopping criteria see transformers' widths in the first round.
+        self.seq = input_ids  # (B, L)
+        self.mask = attention_mask.to(input_ids.dtype)  # (B, L)
         self.active = torch.arange(batch_size, device=device)  # (B,)
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens

@@ -38,7 +38,8 @@ and target distributions of the drafted positions to the distribution ``pi`` to 
             return verify_probs, (~unsure).to(target_probs.dtype)  # pi, and the target's weight
 
 The base class does the rest (acceptance ``min(1, pi/q)``, residual, bonus, greedy, batching,
-per-row draft lengths). Rules that are not "SD against ``pi``" also override
+per-row draft lengths), and checks what a rule written outside this module returns: ``pi`` of the drafts'
+shape, finite, non-negative and summing to 1 (an error names the rule's class). Rules that are not "SD against ``pi``" also override
 :meth:`Verifier.token_acceptance` and :meth:`Verifier.residual_probs` (see :class:`LenientVerifier`).
 
 Acceptance has three names here, for three quantities:

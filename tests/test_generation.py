@@ -631,7 +631,8 @@ def test_heuristic_schedule_persists_like_transformers():
 
 @pytest.mark.parametrize("policy", [POLICIES[0], POLICIES[2]], ids=["heuristic", "confidence"])
 def test_sampled_two_token_law_is_the_targets_under_a_policy(policy):
-    """Stopping early or drafting longer never changes the law: with ExactVerifier both tokens follow p."""
+    """With ExactVerifier, stopping early or drafting longer never changes the law: both tokens follow p (a relaxed
+    verifier's law does move with where rounds end: its bonus tokens come from p)."""
     from diversed_hf import ops
     from tiny_models import empirical, tv_bound
 
@@ -700,3 +701,136 @@ def test_optimal_schedule_is_exact_and_chooses_by_acceptance_and_cost():
         assert torch.equal(output.sequences[b, -30:], target.generate(row[None], do_sample=False, max_new_tokens=30)[0, -30:])
     for lengths in output.speculation.draft_lengths:
         assert int(lengths.max()) <= 6 and lengths[2] <= 1  # the third round is the one-draft warm-up probe
+
+
+# Logits processors that read the sequence width --------------------------------------------------------
+
+
+def _ours(target, draft, input_ids, **kwargs):
+    kwargs = dict(do_sample=False, num_assistant_tokens=3) | kwargs
+    return target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), **kwargs)
+
+
+@pytest.mark.parametrize("prompt_length", [1, 5])
+def test_width_reading_processors_keep_greedy_parity_with_the_target(prompt_length):
+    """transformers reads a row's length as the width of `input_ids`. The loop's first round used to see one extra
+    (padding) column: `forced_eos_token_id` ended a token early, `begin_suppress_tokens` never applied,
+    `forced_bos_token_id` never fired, and the repetition penalty counted the pad id as a prompt token."""
+    target, draft = make_pair("llama")
+    enable_diversed(target)
+    input_ids = prompt(prompt_length, seed=2)
+    first = int(target.generate(input_ids, do_sample=False, max_new_tokens=1)[0, -1])
+    cases = [
+        dict(forced_eos_token_id=7, max_new_tokens=2),
+        dict(forced_eos_token_id=7, max_new_tokens=3),
+        dict(begin_suppress_tokens=[first], max_new_tokens=6),
+        dict(forced_bos_token_id=9, max_new_tokens=4),  # fires at width 1: a one-token prompt
+        dict(repetition_penalty=3.0, pad_token_id=first, max_new_tokens=6),  # the extra column held the pad id
+        dict(exponential_decay_length_penalty=(1, 3.0), eos_token_id=45, max_new_tokens=6),
+    ]
+    for case in cases:
+        assert torch.equal(_ours(target, draft, input_ids, **case), target.generate(input_ids, do_sample=False, **case)), case
+
+
+def test_width_reading_processors_count_each_row_like_transformers_in_a_batch():
+    """In a batch transformers gives every row the padded prompt's width plus its new tokens; the loop's rows are
+    right-aligned and accept different numbers of drafts, so each row needs its own width."""
+    target, draft = make_pair("llama", noise=0.3)
+    for model in (target, draft):  # EOS a little below token 45 (a frequent one): the decay penalty can end rows
+        with torch.no_grad():
+            model.lm_head.weight[EOS_TOKEN_ID] = model.lm_head.weight[45] * 0.9
+    enable_diversed(target)
+    _, input_ids, attention_mask = left_padded_batch([4, 9, 6, 2], seed=3)
+    common = dict(attention_mask=attention_mask, max_new_tokens=12, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
+    plain = target.generate(input_ids, do_sample=False, **common)
+    for case in (
+        dict(forced_eos_token_id=7),
+        dict(begin_suppress_tokens=plain[:, input_ids.shape[1]].tolist()),
+        dict(exponential_decay_length_penalty=(3, 1.5)),
+    ):
+        expected = target.generate(input_ids, do_sample=False, **common, **case)
+        assert not torch.equal(expected, plain), f"pick a case where {case} changes the output"
+        assert torch.equal(_ours(target, draft, input_ids, **common, **case), expected), case
+
+
+def test_classifier_free_guidance_is_refused(pair):
+    """transformers runs the model again per token on a cache of its own; a speculative round cannot follow it."""
+    from transformers import LogitsProcessorList, UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"`guidance_scale=1.5` \(classifier-free guidance\) cannot be combined.*Remove"):
+        _ours(target, draft, prompt(4), max_new_tokens=4, guidance_scale=1.5)
+    guidance = LogitsProcessorList([UnbatchedClassifierFreeGuidanceLogitsProcessor(1.5, target)])
+    with pytest.raises(ValueError, match="`UnbatchedClassifierFreeGuidanceLogitsProcessor` .* cannot be combined"):
+        _ours(target, draft, prompt(4), max_new_tokens=4, logits_processor=guidance)
+    assert torch.equal(  # guidance_scale=1 is off
+        _ours(target, draft, prompt(4), max_new_tokens=4, guidance_scale=1.0), target.generate(prompt(4), do_sample=False, max_new_tokens=4)
+    )
+
+
+def test_empty_prompts_are_refused_early(pair):
+    """An empty prompt used to return tokens (transformers fails on it); an empty-string row of a padded batch
+    failed deep in the model."""
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"`input_ids` has shape \(1, 0\): the prompt is empty.*BOS"):
+        _ours(target, draft, prompt(4)[:, :0], max_new_tokens=4)
+    _, input_ids, attention_mask = left_padded_batch([4, 3])
+    attention_mask[1] = 0
+    with pytest.raises(ValueError, match=r"Row 1 of the batch is empty \(its `attention_mask` is all zeros"):
+        _ours(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=4)
+
+
+def test_a_custom_verifiers_bad_output_is_blamed_on_the_verifier_in_generate():
+    class NaNVerifier(ExactVerifier):
+        def verification_probs(self, draft_probs, target_probs, **context):
+            return target_probs.index_fill(-1, torch.tensor([5]), float("nan")), None
+
+    class Unnormalised(ExactVerifier):
+        def verification_probs(self, draft_probs, target_probs, **context):
+            return 5 * target_probs, None
+
+    target, draft = make_pair("llama")
+    enable_diversed(target)
+    for verifier in (NaNVerifier(), Unnormalised()):
+        for do_sample in (False, True):  # greedy NaN used to emit pad ids; 5 * p raised acceptance silently
+            with pytest.raises(ValueError, match=rf"`{type(verifier).__qualname__}.verification_probs` returned"):
+                target.generate(prompt(4), assistant_model=draft, verifier=verifier, do_sample=do_sample, max_new_tokens=6)
+
+
+def test_numpy_scalars_are_numbers_in_generate_kwargs():
+    np = pytest.importorskip("numpy")
+    target, draft = make_pair("llama")
+    enable_diversed(target)
+    expected = target.generate(prompt(5), do_sample=False, max_new_tokens=8)
+    output = target.generate(
+        prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(np.float32(1.0)), do_sample=False, max_new_tokens=8,
+        num_assistant_tokens=np.int64(3), assistant_confidence_threshold=np.float32(0.2), return_dict_in_generate=True,
+    )
+    assert torch.equal(output.sequences, expected) and output.speculation.num_draft_tokens == 3
+
+
+def _word_tokenizer():
+    """A tokenizer for the tiny models' 64 ids (``w0`` .. ``w63``), built in memory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(VOCAB_SIZE)}
+    vocab["abcdef"] = vocab.pop("w3")  # StopStringCriteria tokenizes "abcdef" to clean the vocabulary
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="abcdef"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="w0", eos_token="w1", bos_token="w2")
+
+
+def test_stop_strings_with_a_tokenizer():
+    """transformers does not hand `tokenizer` on to a `custom_generate` function: it used to say none was given."""
+    target, draft = make_pair("llama")
+    enable_diversed(target)
+    tokenizer = _word_tokenizer()
+    input_ids = prompt(5, seed=2)
+    plain = target.generate(input_ids, do_sample=False, max_new_tokens=12)
+    stop = tokenizer.decode(plain[0, 5 + 4])
+    expected = target.generate(input_ids, do_sample=False, max_new_tokens=12, stop_strings=stop, tokenizer=tokenizer)
+    assert expected.shape[1] < plain.shape[1], "pick a stop string that stops generation"
+    assert torch.equal(_ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop, tokenizer=tokenizer), expected)
+    with pytest.raises(ValueError, match="tokenizer"):  # without one, transformers' own error
+        _ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop)
