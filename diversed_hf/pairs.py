@@ -62,8 +62,10 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
     """Size of the vocabulary range both models score; raises if they cannot share a tokenizer.
 
     Padded embedding matrices of the same tokenizer are allowed (Qwen-style 151936 vs 152064;
-    verification then runs over the target's range, :func:`verification_vocab_size`). Different
-    tokenizers are not: verification compares probabilities of the same token ids.
+    verification then runs over the target's range, :func:`verification_vocab_size`), and so is a draft
+    whose LM head scores only the first ids while its input embeddings read all of the target's (a
+    pruned draft head, as the real pair's self-draft). Different tokenizers are not: verification
+    compares probabilities of the same token ids.
     """
     target_size, draft_size = text_vocab_size(target), text_vocab_size(draft)
     if tokenizer is not None and assistant_tokenizer is not None:
@@ -81,6 +83,9 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
                 "tokenizer, and verification needs the same token ids. Use a draft from the target's model family."
             )
     smaller, larger = sorted((target_size, draft_size))
+    if draft_size < target_size and _embeds_every_id(draft, target_size):
+        # A draft head pruned to the first ids (FR-Spec style): it reads every id and proposes frequent ones only.
+        return smaller
     if larger - smaller > max(256, 0.01 * larger):
         raise ValueError(
             f"The target scores {target_size} tokens and the draft {draft_size}: too different to be padded embedding "
@@ -88,6 +93,12 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
             "tokenizer."
         )
     return smaller
+
+
+def _embeds_every_id(draft, vocab_size: int) -> bool:
+    """Whether ``draft``'s input embeddings cover ids ``0 .. vocab_size - 1`` (a draft with a pruned LM head does)."""
+    embeddings = draft.get_input_embeddings()
+    return getattr(embeddings, "num_embeddings", 0) >= vocab_size
 
 
 def check_head_matches(head: "DiversedHead", target, draft) -> None:

@@ -79,11 +79,14 @@ def load_task_data(task: str, split: str, num_examples: int | None, seed: int, *
 
 
 def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", device: str = "cpu"):
-    """(target, draft, tokenizer); ``target_id == "testbed"`` loads the shipped CPU testbed pair."""
-    if target_id == "testbed":
+    """(target, draft, tokenizer); ``target_id`` ``"testbed"`` / ``"smollm2"`` loads that shipped pair
+    (``testbed.load_pair``), with its own draft."""
+    if target_id in ("testbed", "smollm2"):
         import diversed_hf.testbed as testbed
 
-        target, draft, tokenizer = testbed.load_pair(torch_dtype=getattr(torch, dtype), device=device)
+        if draft_id is not None:
+            raise ValueError(f"`--draft {draft_id}` with `--target {target_id}`: the shipped pair brings its own draft; drop --draft.")
+        target, draft, tokenizer = testbed.load_pair(target_id, torch_dtype=getattr(torch, dtype), device=device)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

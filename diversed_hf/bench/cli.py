@@ -38,7 +38,12 @@ __all__ = ["BenchArguments", "build_parser", "load_finetuned_draft", "load_head"
 class BenchArguments:
     """The command's own arguments: models, tasks, heads, output. How to decode and time is :class:`BenchConfig`."""
 
-    target: str | None = field(default=None, metadata={"help": "Target model path or Hub id (default: the testbed pair)."})
+    pair: Literal["testbed", "smollm2"] = field(
+        default="testbed",
+        metadata={"help": "Shipped pair to run without --target/--draft: the 9M testbed pair, or smollm2 (the real pair: "
+                  "SmolLM2-135M-Instruct and its self-draft, with its shipped heads)."},
+    )
+    target: str | None = field(default=None, metadata={"help": "Target model path or Hub id (default: the --pair pair)."})
     draft: str | None = field(default=None, metadata={"help": "Draft model path or Hub id (with --target)."})
     finetuned_draft: str | None = field(
         default=None,
@@ -77,6 +82,8 @@ class BenchArguments:
                 raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}.")
         if self.data_files and len(self.task) != 1:
             raise ValueError(f"`--data-files` gives the data of one task, but --task lists {self.task}; pass one task.")
+        if self.target is not None and self.pair != "testbed":
+            raise ValueError(f"`--pair {self.pair}` and `--target {self.target}` both name the models; pass one of them.")
         if (self.target is None) != (self.draft is None):
             raise ValueError(
                 f"`--target` is {self.target!r} but `--draft` is {self.draft!r}; pass both (paths or Hub ids), or "
@@ -89,15 +96,15 @@ class BenchArguments:
 
 
 def load_models(target: str | None = None, draft: str | None = None, dtype: torch.dtype = torch.float32,
-                device: str = "cpu"):
-    """``(target, draft, tokenizer)``: the testbed pair by default, else local paths or Hub ids
-    (:func:`diversed_hf.bench.models.load_models`)."""
+                device: str = "cpu", pair: str = "testbed"):
+    """``(target, draft, tokenizer)``: a shipped pair (``testbed.load_pair(pair)``) by default, else local paths or
+    Hub ids (:func:`diversed_hf.bench.models.load_models`)."""
     if (target is None) != (draft is None):
-        raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for the testbed pair.")
+        raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for a shipped pair.")
     if target is None:
         from .. import testbed
 
-        return testbed.load_pair(torch_dtype=dtype, device=device)
+        return testbed.load_pair(pair, torch_dtype=dtype, device=device)
     return models.load_models(target, draft, dtype, device)
 
 
@@ -117,15 +124,15 @@ def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch
         return None
 
 
-def load_head(spec: str | None, task: str, testbed_default: bool = True):
+def load_head(spec: str | None, task: str, testbed_default: bool = True, pair: str = "testbed"):
     """The DIVERSED head for ``task``: from ``spec`` (a directory, or ``task=dir,task=dir``), else (with
-    ``testbed_default``, for the testbed pair) the testbed's ``load_head(task)``; ``None`` when there is none."""
+    ``testbed_default``, for a shipped pair) ``testbed.load_head(task, pair)``; ``None`` when there is none."""
     if spec or not testbed_default:
         return models.load_head(spec, task)
     from .. import testbed
 
     try:
-        return testbed.load_head(task)
+        return testbed.load_head(task, pair=pair)
     except (FileNotFoundError, KeyError, ValueError) as error:
         logger.info("no testbed head for %s: %s", task, error)
         return None
@@ -179,15 +186,17 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
         load_task(name, config.num_prompts, config.seed, arguments.split, arguments.num_shots, arguments.data_files)
         for name in arguments.task
     ]
-    target, draft, tokenizer = load_models(arguments.target, arguments.draft, dtype, state.device)
+    target, draft, tokenizer = load_models(arguments.target, arguments.draft, dtype, state.device, arguments.pair)
     results = []
-    on_testbed = arguments.target is None  # the testbed's heads and drafts only fit the testbed pair
+    shipped = arguments.target is None  # a shipped pair's heads and drafts only fit that pair
+    pair = arguments.pair
     # Heads of other tasks, for the transfer specs `diversed@TASK`.
     head_tasks = {spec.strip().partition("@")[2] for spec in config.methods if spec.strip().lower().startswith("diversed@")}
-    other_heads = {name: load_head(arguments.head, name, testbed_default=on_testbed) for name in sorted(head_tasks)}
+    other_heads = {name: load_head(arguments.head, name, testbed_default=shipped, pair=pair) for name in sorted(head_tasks)}
     for task in tasks:
-        head = load_head(arguments.head, task.name, testbed_default=on_testbed)
-        finetuned = load_finetuned_draft(arguments.finetuned_draft, task.name, dtype, state.device, testbed_default=on_testbed)
+        head = load_head(arguments.head, task.name, testbed_default=shipped, pair=pair)
+        finetuned = load_finetuned_draft(arguments.finetuned_draft, task.name, dtype, state.device,
+                                         testbed_default=shipped and pair == "testbed")
         methods, notes = parse_methods(
             [spec for spec in config.methods if spec.strip().lower() != f"diversed@{task.name}"],  # its own head: `diversed`
             head=head, has_finetuned_draft=finetuned is not None, other_heads=other_heads,

