@@ -35,6 +35,20 @@ rendered from the files in the head's directory:
           "head_task": "arith"           # DIVERSED rows: the task the head was trained for
         }
 
+    An optional ``selection`` object says why this head was chosen among heads trained with several values of a
+    setting (``training/ablation.py --front`` writes it for a ``lambda_acceptance`` sweep); the card shows it
+    under "Operating point"::
+
+        "selection": {
+          "rule": "the head with the highest acceptance whose ...",   # required: the rule, in words
+          "chosen": "lambda 0.1",                                      # required: a method of `front`
+          "lambda_acceptance": 0.1,                                    # the chosen head's value
+          "front": [{"method": "lambda 0.1", "lambda_acceptance": 0.1, "acceptance_rate": 0.83,
+                     "acceptance_ratio_vs_sd": 1.45, "quality": 0.79, "quality_delta": 0.0,
+                     "quality_delta_low": -0.03, "quality_delta_high": 0.03}, ...],
+          "command": "python training/ablation.py ..."                 # what measured the front
+        }
+
     Every field but ``method`` may be omitted or ``null`` (shown as "-"). Missing speedups are
     computed from ``seconds_per_sample`` when an ``"autoregressive"`` / ``"target-only"`` or an
     ``"sd"`` row (by ``method``, or by ``family`` as ``diversed-hf bench`` writes it) has it. Other
@@ -183,7 +197,85 @@ def load_results(source: Any) -> dict:
     if not rows:
         raise ValueError(f"{where} has no result rows.")
     _derive_speedups(rows)
-    return {"setting": setting, "rows": rows}
+    loaded = {"setting": setting, "rows": rows}
+    if isinstance(source, dict) and source.get("selection") is not None:
+        loaded["selection"] = _check_selection(source["selection"], where)
+    return loaded
+
+
+#: numeric fields of an entry of ``selection["front"]`` (valid range low, high)
+FRONT_FIELDS: dict[str, tuple[float, float | None]] = {
+    "lambda_acceptance": (0.0, None),
+    "acceptance_rate": (0.0, 1.0),
+    "acceptance_ratio_vs_sd": (0.0, None),
+    "quality": (0.0, 1.0),
+    "quality_delta": (-1.0, 1.0),
+    "quality_delta_low": (-1.0, 1.0),
+    "quality_delta_high": (-1.0, 1.0),
+}
+
+
+def _check_selection(selection: Any, where: str) -> dict:
+    """A results file's ``selection`` (why this head among a sweep's), checked field by field."""
+    if not isinstance(selection, dict):
+        raise ValueError(f"{where}: `selection` must be a JSON object, got {type(selection).__name__}.")
+    for key in ("rule", "chosen"):
+        if not isinstance(selection.get(key), str) or not selection[key]:
+            raise ValueError(f"{where}: `selection.{key}` must be a non-empty string, got {selection.get(key)!r}.")
+    front = selection.get("front")
+    if not isinstance(front, list) or not front:
+        raise ValueError(f"{where}: `selection.front` must be a non-empty list of the sweep's heads, got {front!r}.")
+    entries = []
+    for index, raw in enumerate(front):
+        if not isinstance(raw, dict) or not isinstance(raw.get("method"), str):
+            raise ValueError(f"{where}: `selection.front[{index}]` must be an object with a string `method`, got {raw!r}.")
+        entry = {"method": raw["method"]}
+        for name, (low, high) in FRONT_FIELDS.items():
+            value = raw.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+                                      or value < low or (high is not None and value > high)):
+                raise ValueError(f"{where}: `selection.front[{index}].{name}` = {value!r} must be a number in "
+                                 f"[{low}, {high if high is not None else 'inf'}] or null (fractions: 72.6 % is 0.726).")
+            entry[name] = None if value is None else float(value)
+        entries.append(entry)
+    if selection["chosen"] not in {entry["method"] for entry in entries}:
+        raise ValueError(f"{where}: `selection.chosen` {selection['chosen']!r} is not a `method` of `selection.front`.")
+    command = selection.get("command")
+    if command is not None and not isinstance(command, str):
+        raise ValueError(f"{where}: `selection.command` must be a string, got {command!r}.")
+    lam = selection.get("lambda_acceptance")
+    if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))):
+        raise ValueError(f"{where}: `selection.lambda_acceptance` must be a number, got {lam!r}.")
+    return {"rule": selection["rule"], "chosen": selection["chosen"], "lambda_acceptance": lam, "front": entries,
+            "command": command}
+
+
+def _format_selection(selection: dict | None) -> dict | None:
+    """The card's "Operating point" section: the rule, the chosen head and the front's rows, formatted."""
+    if not selection:
+        return None
+
+    def fmt(value, pattern, scale=1.0):
+        return "-" if value is None else pattern.format(scale * value)
+
+    rows = []
+    for entry in selection["front"]:
+        delta = fmt(entry["quality_delta"], "{:+.1f}", 100)
+        if entry["quality_delta"] is not None and None not in (entry["quality_delta_low"], entry["quality_delta_high"]):
+            delta += f" [{100 * entry['quality_delta_low']:+.1f}, {100 * entry['quality_delta_high']:+.1f}]"
+        chosen = entry["method"] == selection["chosen"]
+        cells = {
+            "lambda_acceptance": fmt(entry["lambda_acceptance"], "{:g}"),
+            "method": entry["method"],
+            "acceptance_rate": fmt(entry["acceptance_rate"], "{:.1f} %", 100),
+            "acceptance_ratio_vs_sd": fmt(entry["acceptance_ratio_vs_sd"], "{:.2f}x"),
+            "quality": fmt(entry["quality"], "{:.2f}", 100),
+            "quality_delta": delta,
+        }
+        rows.append({key: f"**{value}**" for key, value in cells.items()} if chosen else cells)
+    lam = selection["lambda_acceptance"]
+    return {"rule": selection["rule"], "chosen": selection["chosen"], "rows": rows, "command": selection["command"],
+            "lambda_acceptance": None if lam is None else f"{lam:g}"}
 
 
 def _derive_speedups(rows: list[dict]) -> None:
@@ -540,6 +632,7 @@ def render_card(
         results_setting=", ".join(f"{key} = {value}" for key, value in results["setting"].items()) if results else "",
         quality_label=metric_label(metric),
         goal=goal_text(training, results),
+        selection=_format_selection(results.get("selection")) if results else None,
         usage=_usage(head, repo_id or head_source or "path/to/head", num_draft_tokens),
         citation=CITATION,
     )

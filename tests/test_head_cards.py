@@ -231,3 +231,23 @@ def test_card_refuses_a_goal_that_is_not_a_number():
     with pytest.raises(ValueError, match="goal_acceptance_ratio='fast'"):
         cards.render_card(make_head().config, results=_with_delta(-0.004, -0.01, 0.002),
                           training_config={"goal_acceptance_ratio": "fast", "goal_max_quality_loss": 0.01})
+
+
+@pytest.mark.parametrize(
+    "selection, message",
+    [
+        ("lambda 0.1", r"`selection` must be a JSON object"),
+        ({"rule": "r", "front": [{"method": "a"}]}, r"`selection.chosen` must be a non-empty string"),
+        ({"rule": "r", "chosen": "b", "front": [{"method": "a"}]}, r"'b' is not a `method` of `selection.front`"),
+        ({"rule": "r", "chosen": "a", "front": [{"method": "a", "acceptance_rate": 83.0}]}, r"front\[0\].acceptance_rate"),
+        ({"rule": "r", "chosen": "a", "front": []}, r"non-empty list"),
+    ],
+)
+def test_bad_selections_are_refused(selection, message):
+    with pytest.raises(ValueError, match=message):
+        cards.load_results({"rows": [{"method": "sd"}], "selection": selection})
+
+
+def test_card_without_a_selection_has_no_operating_point_section():
+    text = make_head(task="arith").generate_model_card(results={"rows": [{"method": "sd", "acceptance_rate": 0.5}]}).text
+    assert "Operating point" not in text

@@ -72,9 +72,28 @@ def test_make_results_puts_new_head_tables_into_the_page_and_keeps_the_rest(tmp_
     results = tmp_path / "results"
     results.mkdir()
     (results / "ablation_arith.md").write_text("new table\n")
+    (results / "front_arith.md").write_text("the front\n")
     (results / "headroom_summary.md").write_text("headroom\n")
     make_results.refresh_head_sections(page, results)
     text = page.read_text()
     assert "old table" not in text and text.count("## Head ablation: arith") == 1
     assert text.index("## arith") < text.index("new table") < text.index("## Headroom by token class: summary")
+    assert text.index("## Acceptance-quality front: arith\n\nthe front") < text.index("new table")
     assert text.index("headroom") < text.index("## Reading") and text.endswith("notes\n")
+
+
+def test_make_results_keeps_a_heads_selection_when_the_bench_replaces_its_results(tmp_path):
+    import json
+
+    import make_results
+
+    current, new = tmp_path / "results.json", tmp_path / "results_arith.json"
+    current.write_text(json.dumps({"setting": {"task": "arith"}, "rows": [{"method": "old"}],
+                                   "selection": {"rule": "r", "chosen": "a", "front": [{"method": "a"}]}}))
+    new.write_text(json.dumps({"setting": {"task": "arith"}, "rows": [{"method": "new"}]}))
+    make_results._replace_results(new, current)
+    written = json.loads(current.read_text())
+    assert written["rows"] == [{"method": "new"}] and written["selection"]["chosen"] == "a"
+    (tmp_path / "bare.json").write_text(json.dumps({"rows": [{"method": "x"}]}))
+    make_results._replace_results(new, tmp_path / "bare.json")
+    assert "selection" not in json.loads((tmp_path / "bare.json").read_text())

@@ -16,6 +16,14 @@ Writes ``ablation_<task>.json`` (the bench's rows) and ``ablation_<task>.md`` (t
 ``--output-dir`` (default ``runs/ablation``; checked before the run). ``training/make_results.py`` puts the tables of
 ``results/`` into RESULTS.md, so pass ``--output-dir results`` to publish them.
 
+``--front``: the heads are one recipe trained with several ``lambda_acceptance`` (the acceptance bonus; read from
+each head's ``training_config.json``), and the table is their acceptance-quality front, by lambda. The operating
+point to ship (:func:`operating_point`) is the head with the highest acceptance whose paired interval against the
+target distribution reaches 0 (upper end >= 0: no measured loss at this sample size). The files are then
+``front_<task>.json`` / ``front_<task>.md`` and ``front_<task>_results.json``: target-only, SD and the chosen head
+in the model-card results format, with the front and the rule under ``selection`` (the card shows them); put it
+next to the head with ``diversed-hf card DIR --results front_<task>_results.json``.
+
 Options take both spellings (``--num-prompts``, ``--num_prompts``). A bad argument or file ends as one line
 with exit status 2 (``--debug``: the traceback).
 """
@@ -37,6 +45,7 @@ import yaml  # noqa: E402
 
 from diversed_hf import DiversedHead, testbed  # noqa: E402
 from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
+from diversed_hf.bench.schema import task_setting  # noqa: E402
 from diversed_hf.bench.report import _cell, _delta_cell  # noqa: E402
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import metric_label  # noqa: E402
@@ -148,6 +157,86 @@ def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     return "\n".join(lines)
 
 
+#: the shipping rule of a lambda sweep (--front), as the card and RESULTS.md state it
+SELECTION_RULE = ("the head with the highest acceptance whose paired 95 % interval against the target distribution "
+                  "reaches 0 (upper end >= 0)")
+
+
+def operating_point(rows: list[dict]) -> dict | None:
+    """The head row :data:`SELECTION_RULE` picks among the heads' rows (decoded with the pair's own draft), or
+    ``None`` when no head's interval reaches 0."""
+    eligible = [row for row in rows if row["family"] == "diversed" and not row["method"].endswith(FINETUNED)
+                and row.get("acceptance_rate") is not None and row.get("quality_delta_high") is not None
+                and row["quality_delta_high"] >= 0]
+    return max(eligible, key=lambda row: row["acceptance_rate"], default=None)
+
+
+def _lambda(training: dict) -> float | None:
+    value = training.get("lambda_acceptance")
+    return None if value is None else float(value)
+
+
+def front_entries(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> list[dict]:
+    """One entry per head (own draft), by lambda: what the front table and the card's ``selection`` show."""
+    sd = next(r for r in rows if r["family"] == "sd")
+    entries = []
+    for row in rows:
+        if row["family"] != "diversed" or row["method"].endswith(FINETUNED):
+            continue
+        entries.append({
+            "method": row["method"], "lambda_acceptance": _lambda(heads[row["method"]][1]),
+            "acceptance_rate": row["acceptance_rate"], "acceptance_ratio_vs_sd": _times(row["acceptance_rate"], sd),
+            "quality": row["quality"], "quality_delta": row.get("quality_delta"),
+            "quality_delta_low": row.get("quality_delta_low"), "quality_delta_high": row.get("quality_delta_high"),
+        })
+    return sorted(entries, key=lambda e: (e["lambda_acceptance"] is None, e["lambda_acceptance"] or 0.0))
+
+
+def front_table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
+    """The acceptance-quality front of a lambda sweep, by lambda, with the operating point the rule picks."""
+    metric = metric_label(rows[0]["quality_metric"])
+    chosen = operating_point(rows)
+    lines = [
+        f"| lambda | head | acceptance | x SD | {metric} | vs target distribution [95 % CI] | interval reaches 0 |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        if row["family"] in ("target-only", "sd"):
+            lines.append(f"| – | {row['method']} | {_pct(row['acceptance_rate'])} | – | {100 * row['quality']:.1f} "
+                         f"| {_delta_cell(row)} | – |")
+    by_name = {row["method"]: row for row in rows}
+    for entry in front_entries(rows, heads):
+        row = by_name[entry["method"]]
+        reaches = "–" if entry["quality_delta_high"] is None else ("yes" if entry["quality_delta_high"] >= 0 else "no")
+        name = f"**{entry['method']}** (chosen)" if chosen is not None and row is chosen else entry["method"]
+        lam = "–" if entry["lambda_acceptance"] is None else f"{entry['lambda_acceptance']:g}"
+        lines.append(f"| {lam} | {name} | {_pct(entry['acceptance_rate'])} "
+                     f"| {_cell(entry['acceptance_ratio_vs_sd'], '.2f', suffix='x')} | {100 * row['quality']:.1f} "
+                     f"| {_delta_cell(row)} | {reaches} |")
+    if chosen is None:
+        verdict = "No head's interval reaches 0: none of these heads meets the rule."
+    else:
+        lam = _lambda(heads[chosen["method"]][1])
+        verdict = (f"By this rule the head to ship is **{chosen['method']}**"
+                   + (f" (lambda = {lam:g})" if lam is not None else "") + ".")
+    return "\n".join(lines) + "\n\n" + verdict
+
+
+def front_results(result, heads: dict[str, tuple[DiversedHead, dict]], command: str) -> dict | None:
+    """The chosen head's ``results.json`` (model-card format): target-only, SD and its row (as ``DIVERSED``),
+    with the front and the rule under ``selection``; ``None`` when no head meets the rule."""
+    rows = result.rows
+    chosen = operating_point(rows)
+    if chosen is None:
+        return None
+    own = [dict(row) for row in rows if row["family"] in ("target-only", "sd")]
+    own.append(dict(chosen, method="DIVERSED", head_task=result.task))
+    lam = _lambda(heads[chosen["method"]][1])
+    selection = {"rule": SELECTION_RULE, "chosen": chosen["method"], "lambda_acceptance": lam,
+                 "front": front_entries(rows, heads), "command": command}
+    return {"setting": task_setting(result), "rows": own, "selection": selection}
+
+
 def _times(acceptance, baseline: dict | None) -> float | None:
     """``acceptance`` as a multiple of ``baseline``'s acceptance; ``None`` without one (no SD row, or it drafted
     nothing)."""
@@ -174,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finetuned-draft", action="store_true",
                         help="also decode with the task's fine-tuned draft (testbed.load_finetuned_draft): SD, and every "
                              "features-only head (pair-agnostic: trained with the testbed draft, used with another)")
+    parser.add_argument("--front", action="store_true",
+                        help="the heads are a lambda sweep of one recipe: write the acceptance-quality front by lambda and "
+                             "the chosen head's results (front_<task>.md/.json, front_<task>_results.json)")
     parser.add_argument("--rows-from", default=None,
                         help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding")
     add_debug_flag(parser)
@@ -181,8 +273,20 @@ def main(argv: list[str] | None = None) -> int:
     output = check_output_dir(args.output_dir)  # before the run, not after it
     torch.set_num_threads(args.threads)
     heads = {name: _load(path) for name, path in args.heads}
+    stem = f"front_{args.task}" if args.front else f"ablation_{args.task}"
+    if args.front:
+        unknown = [name for name, (_, training) in heads.items() if _lambda(training) is None]
+        if unknown:
+            raise ValueError(f"--front: the heads {unknown} record no lambda_acceptance in their training_config.json; "
+                             "a front is a lambda sweep of heads train_head.py saved.")
+    result = None
     if args.rows_from:
-        rows = json.loads(Path(args.rows_from).read_text())
+        saved = json.loads(Path(args.rows_from).read_text())
+        rows = saved["rows"] if isinstance(saved, dict) else saved
+        if args.front:
+            from diversed_hf.bench.schema import BenchResult
+
+            result = BenchResult(task=args.task, rows=rows, examples={}, notes=[], meta=saved["meta"])
     else:
         target, draft, tokenizer = testbed.load_pair()
         task = load_task(args.task, args.num_prompts, seed=args.seed)
@@ -195,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
                         for name, (head, _) in heads.items() if not head.config.use_hidden_states]
         config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
                              max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
-        rows = run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, progress=True).rows
+        result = run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, progress=True)
+        rows = result.rows
         output.mkdir(parents=True, exist_ok=True)
-        (output / f"ablation_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+        saved = {"rows": rows, "meta": result.meta} if args.front else rows  # the front re-renders with its setting
+        (output / f"{stem}.json").write_text(json.dumps(saved, indent=2, default=str) + "\n")
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--rows-from", "--rows_from"):  # the command that decodes, not the one that re-rendered
         if flag in given:
@@ -209,6 +315,22 @@ def main(argv: list[str] | None = None) -> int:
         "against SD with that draft)" if any(r["method"].endswith(FINETUNED) for r in rows) else ""
     )
     command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
+    if args.front:
+        text = (
+            f"On `{args.task}`: one recipe (`training/configs/testbed_{args.task}.yaml`) trained with several values of "
+            f"`lambda_acceptance`, the weight of the acceptance bonus; {args.num_prompts} held-out prompts (seed "
+            f"{args.seed}) x {args.num_samples} samples, temperature 1, N = 5, at most {args.max_new_tokens} new tokens, "
+            f"every head on the same prompts as target-only and SD. The shipped head is {SELECTION_RULE}. "
+            f"Regenerate with:\n\n```bash\n{command}\n```\n\n{front_table(rows, heads)}\n\nThe heads (`runs/` is "
+            f"not shipped; each line rebuilds one):\n\n{recipes(args.task, heads)}\n"
+        )
+        card_results = front_results(result, heads, command)
+        output.mkdir(parents=True, exist_ok=True)
+        (output / f"{stem}.md").write_text(text)
+        if card_results is not None:
+            (output / f"{stem}_results.json").write_text(json.dumps(card_results, indent=2, default=str) + "\n")
+        print(text)
+        return 0
     text = (
         f"On `{args.task}`: {args.num_prompts} held-out prompts (seed {args.seed}) x {args.num_samples} samples, "
         f"temperature 1, N = 5, at most {args.max_new_tokens} new tokens; every head on the same prompts as "
@@ -218,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         f"rebuilds one):\n\n{recipes(args.task, heads)}\n"
     )
     output.mkdir(parents=True, exist_ok=True)
-    (output / f"ablation_{args.task}.md").write_text(text)
+    (output / f"{stem}.md").write_text(text)
     print(text)
     return 0
 

@@ -18,8 +18,10 @@ Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed 
    prompts one at a time, timed at batch 1 (16 prompts, median of 5 interleaved runs) and
 3. at batch 8 (16 prompts); acceptance, mean draft length and tokens per round come from the batch-1 run.
 
-The page also carries the head ablation tables ``results/ablation_<task>.md`` and the headroom tables
-``results/headroom_<task>.md`` when ``training/ablation.py`` and ``training/headroom.py`` have written them
+The page also carries the lambda sweeps ``results/front_<task>.md`` (``training/ablation.py --front``: the
+acceptance-quality front and the operating point shipped), the head ablation tables ``results/ablation_<task>.md``
+and the headroom tables ``results/headroom_<task>.md`` when ``training/ablation.py`` and ``training/headroom.py`` have
+written them
 (they need trained heads, so those commands are separate; ``--head-sections-only`` puts new ones into
 the existing RESULTS.md without running the bench). The full
 run then copies each task's rows (``results/results_<task>.json``) next to the testbed's head
@@ -35,8 +37,8 @@ Options take both spellings (``--no-cards``, ``--no_cards``). A bad argument end
 from __future__ import annotations
 
 import argparse
+import json
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -101,12 +103,24 @@ def update_cards(results, output_dir: Path) -> list[Path]:
     for result in results:
         head_dir = testbed.ASSETS_DIR / "heads" / result.task
         if (head_dir / "config.json").is_file():
-            shutil.copyfile(output_dir / f"results_{result.task}.json", head_dir / "results.json")
+            _replace_results(output_dir / f"results_{result.task}.json", head_dir / "results.json")
     return hub_cli.render_shipped_cards(REPO / "model_cards")
 
 
+def _replace_results(new: Path, current: Path) -> None:
+    """``new`` becomes ``current``, keeping the ``selection`` of ``current`` (why the head was chosen: the lambda
+    sweep of ``training/ablation.py --front``), which a bench run does not measure."""
+    content = json.loads(new.read_text())
+    if current.is_file():
+        selection = json.loads(current.read_text()).get("selection")
+        if selection is not None:
+            content["selection"] = selection
+    current.write_text(json.dumps(content, indent=2) + "\n")
+
+
 #: sections of tables that need trained heads: written by training/ablation.py and training/headroom.py
-HEAD_SECTIONS = (("ablation", "Head ablation"), ("headroom", "Headroom by token class"))
+HEAD_SECTIONS = (("front", "Acceptance-quality front"), ("ablation", "Head ablation"),
+                 ("headroom", "Headroom by token class"))
 
 
 def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:
