@@ -22,7 +22,6 @@ Seeded (corpus sampling, split, initialisation, batch order). Every argument has
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -35,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script  # noqa: E402
 from diversed_hf.testbed import smollm2  # noqa: E402  (also registers the testbed's tasks)
 from diversed_hf.tasks import load_task_dataset  # noqa: E402
 
@@ -42,8 +42,36 @@ logger = logging.getLogger("distill_self_draft")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+CARD = """---
+library_name: peft
+base_model: HuggingFaceTB/SmolLM2-135M-Instruct
+tags: [speculative-decoding, diversed_hf, self-draft]
+---
+
+# Self-draft for SmolLM2-135M-Instruct
+
+A LoRA adapter for a draft built from SmolLM2-135M-Instruct itself: its first {num_layers} layers, its embeddings
+and final norm, and an LM head over its first {draft_vocab_size} token ids. Made for speculative decoding with
+`diversed_hf` (docs/real_pair.md):
+
+```python
+from diversed_hf import testbed
+target, draft, tokenizer = testbed.load_pair("smollm2")   # rebuilds this draft from the target in seconds
+```
+
+Distilled from the target (forward KL to its top-k distributions at temperature 0.7) on its own answers to
+{corpus_answers} training prompts of `arith_chat` and `humaneval`. Lossless SD acceptance estimated on held-out
+answers (sum of min(p, q) over the target's top-k): {held_out_acceptance_before} before, {held_out_acceptance_after}
+after. Rebuild with:
+
+```bash
+{recipe}
+```
+"""
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     options = [
         ("output_dir", str, "runs/self_draft", "work directory (corpus, logs)"),
         ("save_to", str, None, "where the adapter and self_draft.json go (default <output_dir>/draft)"),
@@ -51,22 +79,25 @@ def parse_args(argv=None) -> argparse.Namespace:
         ("draft_vocab_size", int, 8192, "ids the draft's head scores (the first ones)"),
         ("lora_r", int, 32, "LoRA rank"),
         ("lora_alpha", int, 64, "LoRA alpha"),
-        ("num_arith", int, 800, "arith_chat training problems answered by the target"),
-        ("code_samples", int, 4, "target answers per HumanEval training problem"),
+        ("num_arith", int, 256, "arith_chat training problems answered by the target"),
+        ("code_samples", int, 1, "target answers per HumanEval training problem"),
+        ("arith_max_new_tokens", int, 96, "length limit of the target's arith_chat answers"),
+        ("code_max_new_tokens", int, 160, "length limit of its HumanEval answers (a prefix is enough to distil on)"),
         ("temperature", float, 0.7, "sampling temperature of the corpus and of the distilled distributions"),
         ("top_k", int, 64, "target log-probabilities kept per position"),
-        ("generation_batch_size", int, 16, "prompts per target generate call"),
+        ("generation_batch_size", int, 32, "prompts per target generate call"),
         ("epochs", int, 3, "passes over the corpus"),
         ("batch_size", int, 8, "sequences per step"),
-        ("learning_rate", float, 1e-3, "AdamW learning rate (cosine decay, 5 % warm-up)"),
+        ("learning_rate", float, 1e-3, "AdamW learning rate (cosine decay after a warm-up of 1/20 of the steps)"),
         ("held_out", float, 0.1, "fraction of the corpus kept out of training to measure acceptance"),
         ("seed", int, 0, "seed of the corpus sampling, the split and the training"),
         ("threads", int, None, "torch CPU threads"),
     ]
     for name, kind, default, help_text in options:
-        parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, type=kind, default=default, help=help_text)
+        parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)
     args = parser.parse_args(argv)
-    for name in ("num_layers", "draft_vocab_size", "lora_r", "epochs", "batch_size", "top_k", "generation_batch_size"):
+    for name in ("num_layers", "draft_vocab_size", "lora_r", "epochs", "batch_size", "top_k", "generation_batch_size",
+                 "arith_max_new_tokens", "code_max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
@@ -80,7 +111,8 @@ def build_corpus(target, tokenizer, args) -> list[dict]:
     """The target's answers to the training prompts, with its top-k log-probabilities at each answer position."""
     arith = load_task_dataset("arith_chat", split="train", num_examples=args.num_arith, seed=args.seed)
     code = load_task_dataset("humaneval", split="train")
-    jobs = [(p, 96) for p in arith["prompt"]] + [(p, 256) for p in code["prompt"] for _ in range(args.code_samples)]
+    jobs = [(p, args.arith_max_new_tokens) for p in arith["prompt"]]
+    jobs += [(p, args.code_max_new_tokens) for p in code["prompt"] for _ in range(args.code_samples)]
     tokenizer.padding_side = "left"
     torch.manual_seed(args.seed)
     corpus = []
@@ -153,14 +185,14 @@ def main(argv=None) -> Path:
         torch.set_num_threads(args.threads)
     output_dir = Path(args.output_dir)
     save_to = Path(args.save_to or output_dir / "draft")
-    for path in (output_dir, save_to):
-        if path.exists() and not path.is_dir():
-            raise SystemExit(f"error: {path} is a file; pass a directory")
+    check_output_dir(output_dir, "--output_dir")  # before the model loads, not after the corpus
+    check_output_dir(save_to, "--save_to")
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     target, tokenizer = smollm2.load_smollm2_target()
 
-    corpus_settings = {k: getattr(args, k) for k in ("num_arith", "code_samples", "temperature", "top_k", "seed", "generation_batch_size")}
+    corpus_settings = {k: getattr(args, k) for k in ("num_arith", "code_samples", "arith_max_new_tokens", "code_max_new_tokens",
+                                                     "temperature", "top_k", "seed", "generation_batch_size")}
     corpus_file = output_dir / "corpus.pt"
     saved = torch.load(corpus_file) if corpus_file.is_file() else None
     if saved is not None and saved["settings"] == corpus_settings:
@@ -218,7 +250,8 @@ def main(argv=None) -> Path:
     logger.info("held-out acceptance after distillation: %.3f (before %.3f)", acceptance_after, acceptance_before)
 
     save_to.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(save_to))
+    # Only the LoRA weights: the pruned head's base rows are the target's and are rebuilt from it.
+    model.save_pretrained(str(save_to), save_embedding_layers=False)
     settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "save_to", "threads")}
     (save_to / "self_draft.json").write_text(
         json.dumps(
@@ -240,9 +273,10 @@ def main(argv=None) -> Path:
         )
         + "\n"
     )
+    (save_to / "README.md").write_text(CARD.format(**json.loads((save_to / "self_draft.json").read_text())))
     logger.info("saved the adapter and self_draft.json to %s", save_to)
     return save_to
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

