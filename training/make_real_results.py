@@ -7,8 +7,9 @@ Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat`` and ``humaneval``
 temperature 0.7 (the temperature the self-draft and the heads were trained at; at 1.0 the 135M model
 solves almost no problem):
 
-1. **Methods** (:data:`METHODS`): target-only, lossless SD, the static-ensemble front (w = 0 .. 0.75; SD
-   is w = 1), SpecCascade, typical acceptance and DIVERSED with the task's shipped head; quality with
+1. **Methods** (:data:`METHODS`, N = 3 drafts per round): target-only, lossless SD, the static-ensemble
+   front (w = 0 .. 0.75; SD is w = 1), SpecCascade (its ``opt`` rule), typical acceptance and DIVERSED
+   with the task's shipped head; quality with
    the paired 95 % interval against the target distribution, acceptance, tokens per round, and
    tokens/s at batch 1 on one thread with the measured against predicted speed-up.
 2. **Speed at batch 1 and 8, one thread and two** for target-only, SD and DIVERSED (:data:`SPEED_METHODS`).
@@ -35,22 +36,22 @@ from diversed_hf.bench import cli as bench_cli  # noqa: E402
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 
 TASKS = ("arith_chat", "humaneval")
-METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade:0.2", "typical:0.05,0.09", "diversed"]
+METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical:0.09", "diversed"]
 SPEED_METHODS = ["target", "sd", "diversed"]
-COMMON = dict(temperature=0.7, num_draft_tokens=5)
+COMMON = dict(temperature=0.7, num_draft_tokens=3)  # N = 3: at the self-draft's acceptance longer drafts cost more than they bring
 FULL = {
-    "arith_chat": dict(num_prompts=200, num_baseline_prompts=60, num_samples=2, num_timing_prompts=6, repeats=2,
+    "arith_chat": dict(num_prompts=120, num_baseline_prompts=40, num_samples=2, num_timing_prompts=6, repeats=2,
                        max_new_tokens=96, batch_size=16),
-    "humaneval": dict(num_prompts=60, num_baseline_prompts=20, num_samples=2, num_timing_prompts=3, repeats=2,
-                      max_new_tokens=256, batch_size=12),
-    "speed": dict(num_prompts=8, num_timing_prompts=8, repeats=2),
+    "humaneval": dict(num_prompts=40, num_baseline_prompts=12, num_samples=2, num_timing_prompts=2, repeats=2,
+                      max_new_tokens=192, batch_size=10),
+    "speed": dict(num_prompts=4, num_timing_prompts=4, repeats=2, max_new_tokens={"arith_chat": 96, "humaneval": 128}),
 }
 QUICK = {
     "arith_chat": dict(num_prompts=4, num_baseline_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1,
                        max_new_tokens=24, batch_size=4),
     "humaneval": dict(num_prompts=2, num_baseline_prompts=1, num_samples=1, num_timing_prompts=1, repeats=1,
                       max_new_tokens=24, batch_size=2),
-    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1),
+    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1, max_new_tokens={"arith_chat": 16, "humaneval": 16}),
 }
 SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
 
@@ -97,47 +98,57 @@ def speed_table(runs: dict[tuple[int, int], list]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/smollm2/.")
-    parser.add_argument("--skip-speed", action="store_true", help="Only the methods runs (no batch / thread table).")
+    phases = parser.add_mutually_exclusive_group()
+    phases.add_argument("--skip-speed", action="store_true", help="Only the methods runs (no batch / thread table).")
+    phases.add_argument("--speed-only", action="store_true",
+                        help="Only the batch / thread runs; the methods tables of the last full run are kept.")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
     sizes = QUICK if args.quick else FULL
     root = REPO / ("results_quick" if args.quick else "results")
     output_dir = root / "smollm2"
+    page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
+    if args.speed_only and not page.is_file():
+        raise FileNotFoundError(f"--speed-only keeps the methods tables of {page}, which does not exist: run without it once.")
 
-    results = []
-    for task in TASKS:
-        results += _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
-    page = output_dir / "RESULTS_smollm2.md"
-    command = "python training/make_real_results.py" + (" --quick" if args.quick else "")
-    write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started)
+    if not args.speed_only:
+        results = []
+        for task in TASKS:
+            results += _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
+        command = "python training/make_real_results.py --skip-speed" + (" --quick" if args.quick else "")
+        write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started)
 
-    speed = {}
     if not args.skip_speed:
+        speed = {}
         for batch in (1, 8):
             for threads in (1, 2):
                 speed[(batch, threads)] = []
                 for task in TASKS:
-                    limits = dict(sizes["speed"], max_new_tokens=sizes[task]["max_new_tokens"], timing_batch_size=batch,
-                                  batch_size=8, num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
+                    limits = dict(sizes["speed"], max_new_tokens=sizes["speed"]["max_new_tokens"][task],
+                                  timing_batch_size=batch, batch_size=8,
+                                  num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
                                   num_prompts=max(batch, sizes["speed"]["num_prompts"]))  # fmt: skip
                     run_dir = output_dir / "speed" / f"batch{batch}_threads{threads}" / task
                     outcome = _run(_argv(task, limits, run_dir, threads, methods=SPEED_METHODS, no_plots=True))
                     write_results(outcome, run_dir, plots=False)
                     speed[(batch, threads)] += outcome
+        speed_page.write_text(
+            "### Speed by batch size and threads\n\n"
+            "Regenerate with `python training/make_real_results.py --speed-only" + (" --quick" if args.quick else "")
+            + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
+            f"(8 at batch 8; at most {sizes['speed']['max_new_tokens']} new tokens), median of "
+            f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two:\n\n"
+            + speed_table(speed) + "\n"
+        )
 
     body = page.read_text().split("\n", 1)[1]  # the page without its title
     body = body.replace("\n## ", "\n### ")  # its task sections become subsections of this one
     prefix = output_dir.relative_to(root.parent).as_posix() + "/"  # links now resolve from RESULTS.md's folder
     body = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix, body)
-    if speed:
-        body += (
-            "\n### Speed by batch size and threads\n\n"
-            f"Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task (at batch 8, the "
-            "timed prompts in batches of 8), median of the interleaved timed runs after a warm-up:\n\n"
-            + speed_table(speed) + "\n"
-        )
+    if speed_page.is_file():
+        body += "\n\n" + speed_page.read_text()
     section = root / "real_pair.md"
     section.write_text(body.strip() + "\n")
     if not args.quick:
