@@ -89,6 +89,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+def _finite_or_symbol(value: float, pattern: str) -> str:
+    """``pattern`` filled with ``value``; infinity as ``∞`` and NaN as ``–`` (never ``infx``), as the bench's tables."""
+    if isinstance(value, float) and math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    if isinstance(value, float) and math.isnan(value):
+        return "–"
+    return pattern.format(value)
+
+
 __all__ = [
     "RESULT_FIELDS",
     "TESTBED_MODEL_ID_PREFIX",
@@ -256,7 +266,7 @@ def _format_selection(selection: dict | None) -> dict | None:
         return None
 
     def fmt(value, pattern, scale=1.0):
-        return "-" if value is None else pattern.format(scale * value)
+        return "-" if value is None else _finite_or_symbol(scale * value, pattern)
 
     rows = []
     for entry in selection["front"]:
@@ -334,7 +344,7 @@ def _quality_metric(results: dict, task: str | None) -> str | None:
 
 def _format_rows(results: dict) -> list[dict]:
     def fmt(value, pattern):
-        return "-" if value is None else pattern.format(value)
+        return "-" if value is None else _finite_or_symbol(value, pattern)
 
     def delta(row):  # x 100 with its interval: "-0.4 [-1.3, +0.5]"
         if row["quality_delta"] is None:

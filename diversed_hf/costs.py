@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import is_real
+
 __all__ = ["CostSamples", "DraftCosts", "LinearVerifyCost", "check_draft_costs"]
 
 _COST_SAMPLES = 256  # pairs of consecutive rounds of different lengths kept per (pair, device, batch size)
@@ -54,7 +56,7 @@ class DraftCosts:
 
     def __post_init__(self):
         step = self.draft_step_seconds
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or step <= 0:
+        if not is_real(step) or not math.isfinite(step) or step <= 0:
             raise ValueError(
                 f"`DraftCosts.draft_step_seconds` must be a finite number of seconds > 0, got {step!r}. Time one draft "
                 "step of your pair (or read `measured_draft_costs(target, draft)` after a call)."

@@ -61,7 +61,7 @@ class BenchArguments:
     split: str = field(default="test", metadata={"help": "Split of the task to evaluate on."})
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Model weights dtype."})
     threads: int = field(default=0, metadata={"help": "torch threads per process (0: torch's default)."})
-    output_dir: str = field(default="bench_results", metadata={"help": "Where results.json, tables and plots go."})
+    output_dir: str = field(default="runs/bench", metadata={"help": "Where results.json, tables and plots go."})
     results_page: str | None = field(
         default=None, metadata={"help": "Also write a Markdown results page here (e.g. RESULTS.md)."}
     )

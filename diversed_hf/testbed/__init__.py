@@ -72,7 +72,8 @@ def asset_path(name: str) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(
             f"testbed asset {name!r} not found at {path}; rebuild the testbed with "
-            "`python training/build_testbed.py` (or reinstall the package with its data files)."
+            "`python training/build_testbed.py --output-dir diversed_hf/testbed/assets` (or reinstall the package with "
+            "its data files)."
         )
     return path
 
