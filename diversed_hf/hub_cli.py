@@ -100,7 +100,7 @@ def shipped_head_dirs() -> list[Path]:
     from . import testbed  # the command layer only: the library never imports the testbed
 
     heads = []
-    folders = (testbed.ASSETS_DIR, testbed.ASSETS_DIR / "heads")
+    folders = (testbed.ASSETS_DIR, testbed.ASSETS_DIR / "heads", testbed.ASSETS_DIR / "smollm2" / "heads")
     candidates = [path for folder in folders if folder.is_dir() for path in sorted(folder.iterdir())]
     for candidate in candidates:
         config_path = candidate / hub.CONFIG_NAME
@@ -119,7 +119,8 @@ def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[
     written = []
     for directory in shipped_head_dirs():
         cards.write_card(directory)
-        written.append(cards.write_card(directory, output=Path(output_dir) / f"{directory.name}.md"))
+        pair = "smollm2_" if directory.parent.parent.name == "smollm2" else ""  # the real pair's: model_cards/smollm2_<task>.md
+        written.append(cards.write_card(directory, output=Path(output_dir) / f"{pair}{directory.name}.md"))
     if not written:
         logger.warning("no shipped heads found in the testbed assets; nothing rendered")
     return written

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from diversed_hf.bench import cli as bench_cli  # noqa: E402
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 
 TASKS = ("arith_chat", "humaneval")
-METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical:0.09", "diversed"]
+METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical:0.09", "diversed", "diversed@arith_chat"]
 SPEED_METHODS = ["target", "sd", "diversed"]
 COMMON = dict(temperature=0.7, num_draft_tokens=3)  # N = 3: at the self-draft's acceptance longer drafts cost more than they bring
 FULL = {
@@ -95,6 +96,18 @@ def speed_table(runs: dict[tuple[int, int], list]) -> str:
     return "\n".join(lines)
 
 
+def update_cards(results, output_dir: Path) -> list[Path]:
+    """Each task's rows become the results.json of the real pair's shipped head for that task; then every shipped
+    head's card is rendered again (``model_cards/smollm2_<task>.md`` for these)."""
+    from diversed_hf import hub_cli, testbed
+
+    for result in results:
+        head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
+        if (head_dir / "config.json").is_file():
+            shutil.copyfile(output_dir / f"results_{result.task}.json", head_dir / "results.json")
+    return hub_cli.render_shipped_cards(REPO / "model_cards")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/smollm2/.")
@@ -119,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             results += _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
         command = "python training/make_real_results.py --skip-speed" + (" --quick" if args.quick else "")
         write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started)
+        if not args.quick:
+            for path in update_cards(results, output_dir):
+                print(f"Wrote {path.relative_to(REPO)}")
 
     if not args.skip_speed:
         speed = {}
