@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 import diversed_hf.testbed as testbed
 from diversed_hf.features import FEATURE_NAMES
 from diversed_hf.pairs import hidden_size_of
 
+REPO = Path(__file__).resolve().parents[1]
 
-# Recorded by training/make_results.py (1,000 held-out prompts x 2 samples, T = 1, N = 5): the head's acceptance
-# over SD's, and its quality minus the target distribution's (paired, with its 95 % interval). summary has less
-# room than arith (the draft gets facts wrong, so w must stay high on them).
-# Measured (RESULTS.md): arith 85.7 % vs 57.0 % (1.50x) at -3.4 [-5.4, -1.3] points of exact match; summary 60.9 %
-# vs 48.6 % (1.25x) at -1.1 [-1.5, -0.6] points of ROUGE-2. These bounds guard against a worse head shipping; the
-# goals (1.6x / 1.4x within 1 point) are not met yet.
-MIN_ACCEPTANCE_RATIO = {"arith": 1.4, "summary": 1.2}
+
+# Each shipped head is its recipe's operating point (README, "Operating point"): of the heads the task's recipe trains
+# with different lambda_acceptance, the one with the highest acceptance whose paired 95 % interval against the
+# target distribution reaches 0, as measured by `training/ablation.py --front` (RESULTS.md, "Acceptance-quality
+# front"). Its results.json holds that measurement (target-only, SD, the head) and the front under `selection`;
+# training/make_results.py may replace the rows with its own comparison (1,000 prompts x 2) and keeps the front.
+# These bounds guard against a worse head shipping; the goals (1.6x / 1.4x within 1 point) are not met.
+MIN_ACCEPTANCE_RATIO = {"arith": 1.4, "summary": 1.1}
 MAX_QUALITY_LOSS = {"arith": 0.04, "summary": 0.02}  # a fraction: 4 points of exact match, 2 of ROUGE-2
 
 
@@ -36,11 +40,29 @@ def test_shipped_head_loads_for_the_testbed_pair(name):
     assert diversed["acceptance_rate"] >= MIN_ACCEPTANCE_RATIO[name] * sd["acceptance_rate"]
     assert diversed["quality_delta_low"] <= diversed["quality_delta"] <= diversed["quality_delta_high"]
     assert diversed["quality_delta"] >= -MAX_QUALITY_LOSS[name]
-    assert diversed["num_prompts"] >= 1000
+    assert diversed["num_prompts"] >= 600 and diversed["num_samples"] >= 2  # the issue's standard: 600 prompts x 2
+
+
+@pytest.mark.parametrize("name", ["arith", "summary"])
+def test_shipped_head_is_the_operating_point_of_its_lambda_sweep(name):
+    """The front recorded with the head: it is the most accepting head whose interval reaches 0, its lambda is the
+    one its training recorded and the one the task's recipe trains with."""
+    directory = testbed.ASSETS_DIR / "heads" / name
+    selection = json.loads((directory / "results.json").read_text())["selection"]
+    front = {entry["method"]: entry for entry in selection["front"]}
+    chosen = front[selection["chosen"]]
+    assert chosen["quality_delta_high"] >= 0
+    assert all(entry["quality_delta_high"] < 0 for entry in front.values()
+               if entry["acceptance_rate"] > chosen["acceptance_rate"])
+    assert len({entry["lambda_acceptance"] for entry in front.values()}) >= 3  # a sweep, not one point
+    training = json.loads((directory / "training_config.json").read_text())
+    recipe = yaml.safe_load((REPO / "training" / "configs" / f"testbed_{name}.yaml").read_text())
+    assert training["lambda_acceptance"] == selection["lambda_acceptance"] == chosen["lambda_acceptance"] \
+        == recipe["lambda_acceptance"]
 
 
 def test_unknown_head_is_an_error():
-    with pytest.raises(ValueError, match="shipped heads exist for"):
+    with pytest.raises(ValueError, match="shipped heads .*exist for"):
         testbed.load_head("translation")
 
 
