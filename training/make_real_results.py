@@ -8,8 +8,8 @@ temperature 0.7 (the temperature the self-draft and the heads were trained at; a
 solves almost no problem):
 
 1. **Methods** (:data:`METHODS`, N = 3 drafts per round): target-only, lossless SD, the static-ensemble
-   front (w = 0 .. 0.75; SD is w = 1), SpecCascade (its ``opt`` rule), typical acceptance and DIVERSED
-   with the task's shipped head; quality with
+   front (w = 0 .. 0.75; SD is w = 1), SpecCascade (its ``opt`` rule), typical acceptance, DIVERSED
+   with the task's shipped head and, on ``humaneval``, with the ``arith_chat`` head; quality with
    the paired 95 % interval against the target distribution, acceptance, tokens per round, and
    tokens/s at batch 1 on one thread with the measured against predicted speed-up.
 2. **Speed at batch 1 and 8, one thread and two** for target-only, SD and DIVERSED (:data:`SPEED_METHODS`).
@@ -41,11 +41,11 @@ METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical
 SPEED_METHODS = ["target", "sd", "diversed"]
 COMMON = dict(temperature=0.7, num_draft_tokens=3)  # N = 3: at the self-draft's acceptance longer drafts cost more than they bring
 FULL = {
-    "arith_chat": dict(num_prompts=120, num_baseline_prompts=40, num_samples=2, num_timing_prompts=6, repeats=2,
+    "arith_chat": dict(num_prompts=80, num_baseline_prompts=24, num_samples=2, num_timing_prompts=4, repeats=1,
                        max_new_tokens=96, batch_size=16),
-    "humaneval": dict(num_prompts=40, num_baseline_prompts=12, num_samples=2, num_timing_prompts=2, repeats=2,
-                      max_new_tokens=192, batch_size=10),
-    "speed": dict(num_prompts=4, num_timing_prompts=4, repeats=2, max_new_tokens={"arith_chat": 96, "humaneval": 128}),
+    "humaneval": dict(num_prompts=20, num_baseline_prompts=8, num_samples=2, num_timing_prompts=2, repeats=1,
+                      max_new_tokens=160, batch_size=10),
+    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1, max_new_tokens={"arith_chat": 64, "humaneval": 96}),
 }
 QUICK = {
     "arith_chat": dict(num_prompts=4, num_baseline_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1,
