@@ -129,3 +129,11 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
     text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "arith_chat")))
     assert 'testbed.load_pair("smollm2")' in text and 'testbed.load_head("arith_chat", pair="smollm2")' in text
     assert "SmolLM2-135M-Instruct (" in text and str(ASSETS_DIR) not in text
+
+
+def test_bench_pair_and_models_are_exclusive():
+    from diversed_hf.bench.cli import BenchArguments
+
+    assert BenchArguments(pair="smollm2").pair == "smollm2"
+    with pytest.raises(ValueError, match="--pair smollm2"):
+        BenchArguments(pair="smollm2", target="x", draft="y")
