@@ -22,6 +22,7 @@ Options take both spellings; a bad argument ends as one line with exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     phases = parser.add_mutually_exclusive_group()
     phases.add_argument("--skip-speed", action="store_true", help="Only the methods runs (no batch / thread table).")
     phases.add_argument("--speed-only", action="store_true",
-                        help="Only the batch / thread runs; the methods tables of the last full run are kept.")
+                        help="Only the batch / thread runs; the methods tables of the last run are kept.")
+    phases.add_argument("--section-only", action="store_true",
+                        help="Run nothing: rebuild the RESULTS.md section from the last runs' tables.")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -122,11 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     root = REPO / ("results_quick" if args.quick else "results")
     output_dir = root / "smollm2"
     page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
+    load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
-    if args.speed_only and not page.is_file():
-        raise FileNotFoundError(f"--speed-only keeps the methods tables of {page}, which does not exist: run without it once.")
 
-    if not args.speed_only:
+    if not (args.speed_only or args.section_only):
         results = []
         for task in TASKS:
             results += _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
 
-    if not args.skip_speed:
+    if not (args.skip_speed or args.section_only):
         speed = {}
         for batch in (1, 8):
             for threads in (1, 2):
@@ -155,10 +157,14 @@ def main(argv: list[str] | None = None) -> int:
             "Regenerate with `python training/make_real_results.py --speed-only" + (" --quick" if args.quick else "")
             + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
             f"(8 at batch 8; at most {sizes['speed']['max_new_tokens']} new tokens), median of "
-            f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two:\n\n"
+            f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two "
+            f"(load average {load:.1f} on {os.cpu_count()} cores when the runs started):\n\n"
             + speed_table(speed) + "\n"
         )
 
+    if not page.is_file():  # --speed-only before any methods run: the section waits for it
+        print(f"Wrote {speed_page.relative_to(REPO)}; the section needs the methods run (without --speed-only).")
+        return 0
     body = page.read_text().split("\n", 1)[1]  # the page without its title
     body = body.replace("\n## ", "\n### ")  # its task sections become subsections of this one
     prefix = output_dir.relative_to(root.parent).as_posix() + "/"  # links now resolve from RESULTS.md's folder
