@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             "### Speed by batch size and threads\n\n"
             "Regenerate with `python training/make_real_results.py --speed-only" + (" --quick" if args.quick else "")
             + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
-            f"(8 at batch 8; at most {sizes['speed']['max_new_tokens']} new tokens), median of "
+            "(8 at batch 8; at most " + ", ".join(f"{n} new tokens on {t}" for t, n in sizes["speed"]["max_new_tokens"].items())
+            + "), median of "
             f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two "
             f"(load average {load:.1f} on {os.cpu_count()} cores when the runs started):\n\n"
             + speed_table(speed) + "\n"
