@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "training"))
 
 from diversed_hf.bench import write_results, write_results_page  # noqa: E402
-from diversed_hf.bench import cli as bench_cli  # noqa: E402
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
+from make_results import bench_flags, refresh_head_sections, run_bench_argv  # noqa: E402
 
 TASKS = ("arith_chat", "humaneval")
 METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical:0.09", "diversed", "diversed@arith_chat"]
@@ -61,18 +61,11 @@ SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
 def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
     argv = ["--pair", "smollm2", "--task", task, "--split", "test", "--threads", str(threads),
             "--output-dir", str(output_dir), "--no-progress"]  # fmt: skip
-    for key, value in {**COMMON, **sizes, **options}.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        else:
-            argv += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
-    return argv
+    return argv + bench_flags({**COMMON, **sizes, **options})
 
 
 def _run(argv: list[str]):
-    arguments, config = bench_cli.build_parser().parse_args_into_dataclasses(argv)
-    return bench_cli.run(arguments, config)
+    return run_bench_argv(argv)[1]
 
 
 def speed_table(runs: dict[tuple[int, int], list]) -> str:
@@ -175,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     section = root / "real_pair.md"
     section.write_text(body.strip() + "\n")
     if not args.quick:
-        from make_results import refresh_head_sections
-
         refresh_head_sections(REPO / "RESULTS.md", root)
     print(f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
           f"{(time.perf_counter() - started) / 60:.1f} min.")

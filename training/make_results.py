@@ -79,18 +79,25 @@ POLICY_NOTE = (
 )
 
 
-def _bench_argv(sizes: dict, output_dir: Path, threads: int, extra: list[str], **options) -> list[str]:
-    argv = ["--task", *TASKS, "--threads", str(threads), "--output-dir", str(output_dir), "--no-progress"]
-    for key, value in {**COMMON, **sizes, **options}.items():
+def bench_flags(options: dict) -> list[str]:
+    """``diversed-hf bench`` flags for ``options`` (``{"num_prompts": 8, "no_plots": True, "methods": [...]}``)."""
+    argv = []
+    for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
         else:
             argv += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
-    return argv + extra
+    return argv
 
 
-def _run(argv: list[str]):
+def _bench_argv(sizes: dict, output_dir: Path, threads: int, extra: list[str], **options) -> list[str]:
+    argv = ["--task", *TASKS, "--threads", str(threads), "--output-dir", str(output_dir), "--no-progress"]
+    return argv + bench_flags({**COMMON, **sizes, **options}) + extra
+
+
+def run_bench_argv(argv: list[str]):
+    """``(arguments, results)`` of one ``diversed-hf bench`` run with command line ``argv``, in this process."""
     arguments, config = bench_cli.build_parser().parse_args_into_dataclasses(argv)
     return arguments, bench_cli.run(arguments, config)
 
@@ -180,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
     check_output_file(page, "results page")
 
-    _, results = _run(_bench_argv(sizes["methods"], output_dir, args.threads, extra, methods=METHODS))
+    _, results = run_bench_argv(_bench_argv(sizes["methods"], output_dir, args.threads, extra, methods=METHODS))
     sections = []
     if not args.skip_policies:
         policy_dir = output_dir / "policies"
-        _, at_one = _run(_bench_argv(sizes["policies"], policy_dir / "batch1", args.threads, extra,
+        _, at_one = run_bench_argv(_bench_argv(sizes["policies"], policy_dir / "batch1", args.threads, extra,
                                      methods=["sd", "diversed"], schedules=SCHEDULES, no_plots=True))
-        _, at_eight = _run(_bench_argv(sizes["policies_batch"], policy_dir / "batch8", args.threads, extra,
+        _, at_eight = run_bench_argv(_bench_argv(sizes["policies_batch"], policy_dir / "batch8", args.threads, extra,
                                        methods=["sd", "diversed"], schedules=SCHEDULES, no_plots=True))
         if process_state().is_main_process:
             write_results(at_one, policy_dir / "batch1", plots=False)
