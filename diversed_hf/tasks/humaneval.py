@@ -17,20 +17,17 @@ following the problem's prompt. The problem's imports, the program, the problem'
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import json
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
 from .chat import chat_prompt
 from .registry import TaskSpec, register_task
-from .rewards import extract_code
-from .sandbox import run_program
+from .rewards import _check, extract_code, run_programs
 
 __all__ = ["HUMANEVAL", "humaneval_pass_at_1", "humaneval_program", "load_humaneval", "split_of"]
 
@@ -67,7 +64,12 @@ def _data_path() -> Path:
 
 
 def _read_rows(data_files) -> list[dict]:
-    paths = [Path(p) for p in ([data_files] if isinstance(data_files, (str, os.PathLike)) else data_files)] if data_files else [_data_path()]
+    if not data_files:
+        paths = [_data_path()]
+    elif isinstance(data_files, (str, os.PathLike)):
+        paths = [Path(data_files)]
+    else:
+        paths = [Path(p) for p in data_files]
     rows = []
     for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
@@ -94,16 +96,9 @@ def humaneval_pass_at_1(
     max_workers: int | None = None,
 ) -> list[float]:  # fmt: skip
     """1.0 where a completion passes its problem's tests; ``references`` are the rows as JSON (the ``reference`` column)."""
-    if isinstance(completions, str) or isinstance(references, str):
-        raise TypeError("`completions` and `references` must be lists of strings, not a single string.")
-    if len(completions) != len(references):
-        raise ValueError(f"`completions` has {len(completions)} entries but `references` has {len(references)}; pass one per completion.")
+    _check(completions, references)
     programs = [humaneval_program(c, json.loads(r)) for c, r in zip(completions, references)]
-    if not programs:
-        return []
-    run = functools.partial(run_program, timeout=timeout, memory_mb=memory_mb)
-    with ThreadPoolExecutor(max_workers=max_workers or min(len(programs), os.cpu_count() or 1)) as pool:
-        return [float(passed) for passed, _ in pool.map(run, programs)]
+    return run_programs(programs, timeout=timeout, memory_mb=memory_mb, max_workers=max_workers)
 
 
 def load_humaneval(split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2", data_files=None):

@@ -33,6 +33,7 @@ __all__ = [
     "exact_match",
     "rouge2",
     "pass_at_1",
+    "run_programs",
     "extract_code",
     "extract_final_number",
     "run_program",
@@ -149,6 +150,13 @@ def pass_at_1(
     """
     _check(completions, tests, "tests")
     programs = [extract_code(c) + "\n\n" + t for c, t in zip(completions, tests)]
+    return run_programs(programs, timeout=timeout, memory_mb=memory_mb, max_workers=max_workers)
+
+
+def run_programs(
+    programs: Sequence[str], *, timeout: float = 10.0, memory_mb: int = 1024, max_workers: int | None = None
+) -> list[float]:
+    """1.0 for each program that runs to its end in the sandbox (:func:`run_program`), in parallel processes."""
     workers = max_workers or min(len(programs), os.cpu_count() or 1) or 1
     run = functools.partial(run_program, timeout=timeout, memory_mb=memory_mb)
     with ThreadPoolExecutor(max_workers=workers) as pool:
