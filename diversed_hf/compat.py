@@ -14,7 +14,7 @@ from packaging import version
 from transformers import DynamicCache, RepetitionPenaltyLogitsProcessor
 from transformers.cache_utils import DynamicLayer
 
-TESTED_TRANSFORMERS = (version.parse("5.24.0"), version.parse("5.25.0"))  # [low, high)
+TESTED_TRANSFORMERS = (version.parse("5.19.0"), version.parse("5.25.0"))  # [low, high)
 
 
 def _check_tested(package: str, installed: str, tested: tuple, what: str) -> None:
@@ -127,6 +127,12 @@ def special_token_ids(
     return pad_token_id, None if eos is None else eos.flatten().to(device)
 
 
+#: The forward keyword that takes the KV cache. transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old
+#: name still works there, with a deprecation warning); before 5.24 a model takes ``cache=`` into ``**kwargs``,
+#: ignores it and builds a fresh cache, so every call would silently run without the past.
+CACHE_KWARG = "cache" if version.parse(transformers.__version__) >= version.parse("5.24.0") else "past_key_values"
+
+
 def forward_with_cache(
     model,
     input_ids: torch.Tensor,  # (batch, chunk)
@@ -138,15 +144,22 @@ def forward_with_cache(
 ):
     """One forward pass of ``chunk`` new tokens on top of ``cache``; positions follow the attention mask."""
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]  # (batch, chunk)
-    return model(
+    cached = cache.get_seq_length()
+    out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        cache=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
         output_hidden_states=output_hidden_states,
+        **{CACHE_KWARG: cache},
     )
+    # A model that does not know the keyword takes it into **kwargs and runs on a fresh cache of its own.
+    assert cache.get_seq_length() == cached + input_ids.shape[1], (
+        f"{type(model).__name__} did not extend the cache passed as `{CACHE_KWARG}=` ({cached} + {input_ids.shape[1]} "
+        f"positions expected, {cache.get_seq_length()} found)"
+    )
+    return out
 
 
 def split_stopping_criteria(criteria):
