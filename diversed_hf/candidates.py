@@ -1,17 +1,24 @@
 """Drafting as a transformers :class:`~transformers.generation.candidate_generator.CandidateGenerator`.
 
-:class:`DiversedCandidateGenerator` is the draft side of the batched loop in :mod:`diversed_hf.generation`
-(read its module docstring for the left-padded, right-aligned layout). Every round the loop calls
+:class:`DiversedCandidateGenerator` is the draft side of the batched loop in :mod:`diversed_hf.loop` (read its
+module docstring for the left-padded, right-aligned layout). It keeps transformers' contract, so transformers'
+own ``_assisted_decoding`` can drive it too (at batch 1; ``tests/test_candidate_contract.py``):
 
-1. :meth:`~DiversedCandidateGenerator.get_candidates` with its sequence ``(batch, L)``: the draft model
-   proposes ``N_r`` tokens per row and the generator keeps what verification needs (draft probabilities,
-   last-layer hidden states, temperature-1 probabilities);
-2. :meth:`~DiversedCandidateGenerator.update_candidate_strategy` after verification, with the per-row
-   number of accepted drafts: the draft cache is cropped and realigned like the sequence, finished rows
-   leave, and the draft-length policy picks each row's draft length for the next round.
-
-As in transformers, ``get_candidates`` returns ``(candidate_ids, candidate_logits)``: the input sequence
-extended by the drafts ``(batch, L + N_r)`` and the draft's processed scores ``(batch, N_r, vocab)``.
+1. it is built with the arguments transformers passes to ``AssistedCandidateGenerator`` (``input_ids,
+   assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor``), plus keywords of its
+   own with defaults; the first round needs nothing else (the cache starts empty and the first
+   :meth:`~DiversedCandidateGenerator.get_candidates` feeds it the whole prompt);
+2. :meth:`~DiversedCandidateGenerator.get_candidates` returns ``(candidate_ids, candidate_logits)``: the input
+   sequence extended by the drafts ``(batch, L + N_r)`` and the draft's processed scores ``(batch, N_r, vocab)``
+   (``q_t = softmax(candidate_logits[:, t])``). The returned pair is a :class:`DraftCandidates`, a 2-tuple that
+   also carries what the batched loop's verifier reads besides (per-row draft lengths, the candidates' mask, the
+   draft's hidden states and temperature-1 probabilities);
+3. :meth:`~DiversedCandidateGenerator.update_candidate_strategy` ``(input_ids, scores, num_matches)`` after
+   verification: the schedule learns from ``num_matches`` (accepted drafts, one int or one per row), each row's
+   budget shrinks by the ``num_matches + 1`` tokens it emitted, and the draft cache is cropped to ``input_ids``
+   (minus the two tokens it lags), as transformers' generator crops its own. The batched loop also passes
+   ``realignment=`` (finished rows, per-row shifts) and, for the ``"optimal"`` schedule, the round's acceptance
+   and timings.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from . import compat, ops
 from .checks import check_finite_mass, is_integer, is_real
-from .pairs import draft_input_ids
+from .pairs import draft_input_ids, text_vocab_size
 from .policies import (  # noqa: F401 - re-exported
     OPTIMAL_WARMUP,
     DraftCosts,
@@ -38,7 +45,9 @@ from .policies import (  # noqa: F401 - re-exported
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DRAFT_LENGTH_DEFAULTS",
     "DiversedCandidateGenerator",
+    "DraftCandidates",
     "DraftCosts",
     "LinearVerifyCost",
     "Realignment",
@@ -46,6 +55,9 @@ __all__ = [
     "measured_draft_costs",
     "next_token_scores",
 ]
+
+#: transformers' draft-length knobs and the values used when neither ``generate`` nor a generation config sets them
+DRAFT_LENGTH_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": None}
 
 
 def next_token_scores(
@@ -86,7 +98,7 @@ def check_draft_length_policy(schedule: str, confidence_threshold: float | None)
 
 @dataclass(frozen=True)
 class Realignment:
-    """How one round moves the rows of the batched layout (:mod:`diversed_hf.generation`, step 4).
+    """How one round moves the rows of the batched layout (:mod:`diversed_hf.loop`, step 4).
 
     With ``A = max_b n_b`` accepted drafts the sequence grows from ``L`` to ``new_length = L + A + 1``
     columns; row ``b`` rolls right by ``shifts[b] = A - n_b``; then ``leading`` columns that are padding
@@ -100,47 +112,87 @@ class Realignment:
     leading: int  # all-padding columns dropped after the shift
 
 
+class DraftCandidates(tuple):
+    """What :meth:`DiversedCandidateGenerator.get_candidates` returns: transformers' pair
+    ``(candidate_ids, candidate_logits)`` (it unpacks like one), with what the batched loop reads besides.
+
+    - ``candidate_ids`` ``(batch, L + N_r)``: the input sequence followed by ``N_r = max_b N_b`` drafts;
+    - ``candidate_logits`` ``(batch, N_r, vocab)``: the draft's processed scores, ``q_t = softmax(scores_t)``;
+    - ``draft_lengths`` ``(batch,)``: drafts that count per row (``N_b <= N_r``; later columns are filler);
+    - ``attention_mask`` ``(batch, L + N_r)``: the mask of ``candidate_ids``;
+    - ``draft_hidden`` ``(batch, N_r, d_draft)``: the draft's last-layer hidden state that produced ``q_t`` (when
+      the generator was built with ``output_hidden_states=True``; else ``None``);
+    - ``untempered_draft_probs`` ``(batch, N_r, vocab)``: ``softmax(raw logits)`` (``output_untempered_probs``).
+    """
+
+    def __new__(cls, candidate_ids, candidate_logits, *, draft_lengths, attention_mask, draft_hidden=None,
+                untempered_draft_probs=None):
+        candidates = super().__new__(cls, (candidate_ids, candidate_logits))
+        candidates.draft_lengths = draft_lengths  # (batch,)
+        candidates.attention_mask = attention_mask  # (batch, L + N_r)
+        candidates.draft_hidden = draft_hidden  # (batch, N_r, d_draft) or None
+        candidates.untempered_draft_probs = untempered_draft_probs  # (batch, N_r, vocab) or None
+        return candidates
+
+    @property
+    def candidate_ids(self) -> torch.Tensor:  # (batch, L + N_r)
+        return self[0]
+
+    @property
+    def candidate_logits(self) -> torch.Tensor:  # (batch, N_r, vocab)
+        return self[1]
+
+
+def _knob(value, name: str, assistant_model):
+    """A draft-length knob: the keyword, else the assistant's ``generation_config`` (where transformers' own
+    generator reads it), else :data:`DRAFT_LENGTH_DEFAULTS`."""
+    if value is None:
+        value = getattr(assistant_model.generation_config, name, None)
+    return DRAFT_LENGTH_DEFAULTS[name] if value is None else value
+
+
 class DiversedCandidateGenerator(CandidateGenerator):
     """Drafts ``N_b`` tokens per row with ``assistant_model`` on a left-padded, right-aligned batch.
 
     Between rounds the draft cache holds every column of the sequence but the last two (so it never
     needs a catch-up pass): a round feeds what the cache lacks (the whole prompt in the first round,
-    then ``seq[:, -2:]``) and then each drafted token, ``N_r = max_b N_b`` calls.
+    then ``seq[:, -2:]``) and then each drafted token, ``N_r = max_b N_b`` calls. Row ``b`` drafts
+    ``N_b = min(n_b, remaining_b - 1)``: ``n_b`` its schedule value, ``remaining_b`` the tokens it may still emit
+    (``max_new_tokens`` at the start, less ``num_matches_b + 1`` after each round).
 
-    After :meth:`get_candidates`, the object holds for that round:
-
-    - ``draft_probs`` ``(batch, N_r, vocab)``: ``q_t = softmax(processed scores)``;
-    - ``draft_hidden`` ``(batch, N_r, d_draft)``: the draft's last-layer hidden state that produced
-      ``q_t`` (when ``output_hidden_states``; else ``None``);
-    - ``untempered_draft_probs`` ``(batch, N_r, vocab)``: ``softmax(raw logits)`` (when
-      ``output_untempered_probs``; else ``None``);
-    - ``draft_lengths`` ``(batch,)``: drafts that count per row (``N_b <= N_r``);
-    - ``candidate_attention_mask`` ``(batch, L + N_r)``: the mask of ``candidate_ids``.
-
-    Args:
+    Args (transformers' ``AssistedCandidateGenerator`` arguments first):
+        input_ids: ``(batch, L)`` the prompt (left-padded); fixes the batch size and, with
+            ``generation_config.max_length``, each row's budget.
         assistant_model: the draft model (shares the target's tokenizer).
-        num_assistant_tokens: drafts per round ``N``.
-        vocab_size: the target's vocabulary size: the draft's logits are fitted to it
-            (:func:`diversed_hf.ops.fit_vocabulary`).
-        logits_processor: transformers' prepared logits processors (same as the target's).
-        do_sample: sample the drafts (else greedy).
+        generation_config: the call's prepared generation config: ``max_length`` and ``do_sample`` are read from
+            it when the keywords below are not given.
+        model_kwargs: the target's model keywords; their ``attention_mask`` ``(batch, L)`` is the prompt's mask
+            (all ones when absent). Nothing else is read.
+        inputs_tensor: unused (encoder-decoder drafts are not supported); accepted for the contract.
+        logits_processor: the prepared logits processors (the target's): drafts are scored as the target's tokens.
+
+    Keywords (the batched loop passes them; each has a default):
+        num_assistant_tokens, schedule, confidence_threshold: transformers' ``num_assistant_tokens``,
+            ``num_assistant_tokens_schedule`` and ``assistant_confidence_threshold``, per row; when not given, read
+            from the assistant's ``generation_config`` as transformers does, else :data:`DRAFT_LENGTH_DEFAULTS`.
+            ``schedule``: ``"constant"``; ``"heuristic"`` (+2 after a round in which the row accepted every draft,
+            -1 otherwise, never below 1; the value is written to the assistant's ``generation_config`` after every
+            round, the mean over the call's rows in a batch, so it persists across calls as in transformers);
+            ``"heuristic_transient"`` (the same, not written back). ``"optimal"`` (this project's, batched loop
+            only: it reads the verifier's acceptance): the most expected tokens per second. Once the pair and
+            setting have statistics, a row drafts again only while the next draft is worth its cost at the pair's
+            rate, judged from the draft's confidence in the tokens it drew; until then each round each row drafts
+            the ``n`` in ``1..N`` maximising ``E[T_n] / (n c + c_verify(n))`` from its per-position estimates
+            (:mod:`diversed_hf.policies`). ``confidence_threshold``: a row stops drafting after a token whose draft
+            probability is below it (that token is still verified); ``None`` or 0 turns it off. The batch drafts
+            while any row does.
+        vocab_size: the vocabulary verification runs over (the target's): the draft's logits are fitted to it
+            (:func:`diversed_hf.ops.fit_vocabulary`). Default: the draft's own logit width.
+        do_sample: sample the drafts (else greedy). Default: ``generation_config.do_sample``.
+        max_new_tokens: tokens each row may emit. Default: ``generation_config.max_length - L``.
         generator: random source for sampling.
-        output_hidden_states: keep ``draft_hidden`` (the verifier reads hidden states).
-        output_untempered_probs: keep ``untempered_draft_probs``.
-        schedule: transformers' ``num_assistant_tokens_schedule``, per row: ``"constant"``;
-            ``"heuristic"`` (+2 after a round in which the row accepted every draft, -1 otherwise, never
-            below 1; the value is written back to the assistant's ``generation_config`` at the end of the
-            call, the mean over rows in a batch); ``"heuristic_transient"`` (the same, not written back).
-            ``"optimal"`` (this project's, not transformers'): the most expected tokens per second. Once the pair
-            and setting have statistics, a row drafts again only while the next draft is worth its cost at the
-            pair's rate, judged from the draft's confidence in the tokens it drew (acceptance calibrated per
-            confidence bin on earlier rounds); until then each round each row drafts the ``n`` in ``1..N``
-            maximising ``E[T_n] / (n c + c_verify(n))`` from its per-position estimates. Costs are
-            ``assistant_costs`` or measured on the pair (cached across calls; only a call that finds none warms
-            up, :data:`OPTIMAL_WARMUP`). Details: :mod:`diversed_hf.policies`.
-        confidence_threshold: transformers' ``assistant_confidence_threshold``: a row stops drafting
-            after a token whose draft probability is below it (that token is still verified); ``None``
-            or 0 turns it off. The batch drafts while any row does.
+        output_hidden_states: return ``draft_hidden`` with the candidates (the verifier reads hidden states).
+        output_untempered_probs: return ``untempered_draft_probs`` with the candidates.
         costs: ``"optimal"`` only: :class:`~diversed_hf.policies.DraftCosts` to use instead of measured ones.
         target: ``"optimal"`` only: the target model, the other half of the key of the cross-call statistics.
         setting: ``"optimal"`` only: the rest of the acceptance prior's key
@@ -149,68 +201,80 @@ class DiversedCandidateGenerator(CandidateGenerator):
 
     def __init__(
         self,
+        input_ids: torch.Tensor,  # (batch, L)
         assistant_model,
+        generation_config=None,
+        model_kwargs: dict | None = None,
+        inputs_tensor: torch.Tensor | None = None,
+        logits_processor=None,
         *,
-        num_assistant_tokens: int,
-        vocab_size: int,
-        logits_processor=(),
-        do_sample: bool = True,
+        num_assistant_tokens: int | None = None,
+        schedule: str | None = None,
+        confidence_threshold: float | None = None,
+        vocab_size: int | None = None,
+        do_sample: bool | None = None,
+        max_new_tokens: int | None = None,
         generator: torch.Generator | None = None,
         output_hidden_states: bool = False,
         output_untempered_probs: bool = False,
-        schedule: str = "constant",
-        confidence_threshold: float | None = None,
         costs: DraftCosts | None = None,
         target=None,
         setting=None,
     ):
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise TypeError(
+                "`input_ids` must be the prompt as a (batch, length) tensor, the first argument as transformers passes "
+                f"it; got {type(input_ids).__name__}{'' if not isinstance(input_ids, torch.Tensor) else tuple(input_ids.shape)}."
+            )
+        num_assistant_tokens = _knob(num_assistant_tokens, "num_assistant_tokens", assistant_model)
+        schedule = _knob(schedule, "num_assistant_tokens_schedule", assistant_model)
+        if confidence_threshold is None:
+            confidence_threshold = _knob(None, "assistant_confidence_threshold", assistant_model)
         if not is_integer(num_assistant_tokens) or num_assistant_tokens < 1:
             raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
         num_assistant_tokens = int(num_assistant_tokens)  # a numpy integer too
         check_draft_length_policy(schedule, confidence_threshold)
         confidence_threshold = None if confidence_threshold is None else float(confidence_threshold)
         check_draft_costs(costs, schedule)
+        if max_new_tokens is None:
+            max_length = getattr(generation_config, "max_length", None)
+            if max_length is None:
+                raise ValueError(
+                    "`DiversedCandidateGenerator` needs each row's token budget: pass `max_new_tokens=` or a "
+                    "`generation_config` whose `max_length` is set."
+                )
+            max_new_tokens = max_length - input_ids.shape[1]
+        if do_sample is None:
+            do_sample = bool(getattr(generation_config, "do_sample", False))
+        batch_size, device = input_ids.shape[0], input_ids.device
         self.schedule = schedule
         self.confidence_threshold = confidence_threshold or None
-        self.row_num_tokens: torch.Tensor | None = None  # (batch,) each row's current schedule value
-        self.optimal = (  # "optimal": per-row estimates, costs, the cross-call statistics
-            OptimalSchedule(assistant_model, num_assistant_tokens, target=target, setting=setting, costs=costs)
-            if schedule == "optimal" else None
-        )
-        self._finished_num_tokens: list[torch.Tensor] = []  # schedule values of rows that left the batch
         self.draft_model = assistant_model
         self.num_draft_tokens = num_assistant_tokens  # N
-        self.vocab_size = vocab_size
-        self.logits_processor = logits_processor
+        self.vocab_size = vocab_size or text_vocab_size(assistant_model)
+        self.logits_processor = logits_processor if logits_processor is not None else ()
         self.do_sample = do_sample
         self.generator = generator
         self.output_hidden_states = output_hidden_states
         self.output_untempered_probs = output_untempered_probs
-        self.cache = compat.new_cache()
-        self.draft_lengths: torch.Tensor | None = None  # (batch,)
-        self.draft_probs: torch.Tensor | None = None  # (batch, N_r, vocab)
-        self.draft_hidden: torch.Tensor | None = None  # (batch, N_r, d_draft)
-        self.untempered_draft_probs: torch.Tensor | None = None  # (batch, N_r, vocab)
-        self.candidate_attention_mask: torch.Tensor | None = None  # (batch, L + N_r)
+        prompt_mask = (model_kwargs or {}).get("attention_mask")
+        self.prompt_mask = None if prompt_mask is None else prompt_mask.to(device)  # (batch, L) or None: all ones
+        self.cache = compat.new_cache()  # empty: the first get_candidates feeds the whole prompt, as transformers does
+        self.remaining = torch.full((batch_size,), int(max_new_tokens), dtype=torch.long, device=device)  # (batch,)
+        self.row_num_tokens = torch.full_like(self.remaining, num_assistant_tokens)  # (batch,) schedule values
+        self._finished_num_tokens: list[torch.Tensor] = []  # schedule values of rows that left the batch
+        self.optimal = (  # "optimal": per-row estimates, costs, the cross-call statistics
+            OptimalSchedule(assistant_model, num_assistant_tokens, target=target, setting=setting, costs=costs)
+            if schedule == "optimal" else None
+        )
+        if self.optimal is not None:
+            first = self.optimal.start(batch_size, device)  # (batch,) or None
+            if first is not None:
+                self.row_num_tokens = first.to(self.remaining.dtype)
+        self.draft_lengths = self.plan_draft_lengths(self.remaining)  # (batch,) N_b of the next round
+        self.draft_confidence: torch.Tensor | None = None  # (batch, N_r) q_t(x_t) of the round ("optimal")
 
     # Batched layout -----------------------------------------------------------------------------
-    def prefill(
-        self,
-        input_ids: torch.Tensor,  # (batch, L) left-padded, right-aligned
-        attention_mask: torch.Tensor,  # (batch, L)
-        remaining: torch.Tensor,  # (batch,) tokens each row may still emit
-    ) -> None:
-        """Start a generation: an empty cache (the first :meth:`get_candidates` feeds the whole prompt with its
-        first draft step, as transformers does) and the first round's draft lengths."""
-        self.cache = compat.new_cache()
-        self.row_num_tokens = torch.full_like(remaining, self.num_draft_tokens)  # (batch,)
-        self._finished_num_tokens = []
-        if self.optimal is not None:
-            first = self.optimal.start(remaining.shape[0], remaining.device)  # (batch,) or None
-            if first is not None:
-                self.row_num_tokens = first.to(remaining.dtype)
-        self.draft_lengths = self.plan_draft_lengths(remaining)
-
     def plan_draft_lengths(
         self,
         remaining: torch.Tensor,  # (batch,)
@@ -222,22 +286,33 @@ class DiversedCandidateGenerator(CandidateGenerator):
         """
         return torch.minimum(self.row_num_tokens, remaining - 1).clamp(min=0)
 
+    def _prompt_mask_to(self, input_ids: torch.Tensor) -> torch.Tensor:  # (batch, L)
+        """Without a mask from the caller (transformers' loop): the prompt's mask, then ones for every token after it."""
+        if self.prompt_mask is None:
+            return torch.ones_like(input_ids)
+        extra = input_ids.shape[1] - self.prompt_mask.shape[1]
+        return torch.nn.functional.pad(self.prompt_mask, (0, extra), value=1) if extra > 0 else self.prompt_mask
+
     # CandidateGenerator -------------------------------------------------------------------------
     def get_candidates(
         self,
-        input_ids: torch.Tensor,  # (batch, L) our left-padded sequence
-        attention_mask: torch.Tensor | None = None,  # (batch, L)
+        input_ids: torch.Tensor,  # (batch, L) the left-padded sequence
+        attention_mask: torch.Tensor | None = None,  # (batch, L); default: the prompt's mask, ones after it
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # (batch, L + N_r), (batch, N_r, vocab)
-        """Draft ``N_r = max_b N_b`` tokens per row; returns ``(candidate_ids, candidate_logits)``.
+    ) -> DraftCandidates:  # unpacks as (candidate_ids (batch, L + N_r), candidate_logits (batch, N_r, vocab))
+        """Draft ``N_r = max_b N_b`` tokens per row; returns ``(candidate_ids, candidate_logits)`` as a
+        :class:`DraftCandidates`.
 
         ``candidate_ids`` is ``input_ids`` followed by the drafts and ``candidate_logits`` the draft's
         processed scores; row ``b`` counts only its first ``draft_lengths[b]`` drafts.
         """
-        if self.draft_lengths is None:
-            raise ValueError("Call `prefill(input_ids, attention_mask, remaining)` before `get_candidates`.")
+        if input_ids.shape[0] != self.draft_lengths.shape[0]:
+            raise ValueError(
+                f"`input_ids` has {input_ids.shape[0]} rows but the generator drafts for {self.draft_lengths.shape[0]}: "
+                "rows leave the batch only through `update_candidate_strategy(..., realignment=Realignment(kept=...))`."
+            )
         if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+            attention_mask = self._prompt_mask_to(input_ids)
         batch_size = input_ids.shape[0]
         num_round_drafts = int(self.draft_lengths.max()) if batch_size else 0  # N_r
         candidate_ids, candidate_mask = input_ids, attention_mask  # grow to (batch, L + N_r)
@@ -288,60 +363,80 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 if not bool((lengths > step + 1).any()):  # no row drafts further
                     break
         self.draft_lengths = lengths
-        self.candidate_attention_mask = candidate_mask
-        if num_round_drafts:
+        if scores:
             candidate_logits = torch.stack(scores, dim=1)  # (batch, N_r, vocab)
-            self.draft_probs = torch.stack(probs, dim=1)  # (batch, N_r, vocab)
         else:
             candidate_logits = torch.zeros(batch_size, 0, self.vocab_size, device=input_ids.device)
-            self.draft_probs = candidate_logits
         self.draft_confidence = None  # (batch, N_r) q_t(x_t) of the drafts: what the "optimal" schedule calibrates on
         if self.optimal is not None and probs:
             drafted = candidate_ids[:, candidate_ids.shape[1] - len(probs) :, None]  # (batch, N_r, 1)
-            self.draft_confidence = self.draft_probs.gather(2, drafted).squeeze(2)
-        self.draft_hidden = torch.stack(hidden, dim=1) if hidden else None  # (batch, N_r, d_draft)
-        self.untempered_draft_probs = torch.stack(untempered, dim=1) if untempered else None  # (batch, N_r, vocab)
-        return candidate_ids, candidate_logits
+            self.draft_confidence = torch.stack(probs, dim=1).gather(2, drafted).squeeze(2)
+        return DraftCandidates(
+            candidate_ids, candidate_logits, draft_lengths=lengths, attention_mask=candidate_mask,
+            draft_hidden=torch.stack(hidden, dim=1) if hidden else None,  # (batch, N_r, d_draft)
+            untempered_draft_probs=torch.stack(untempered, dim=1) if untempered else None,  # (batch, N_r, vocab)
+        )
 
     def update_candidate_strategy(
         self,
-        input_ids: torch.Tensor,  # (kept, L') the realigned sequence
-        scores: torch.Tensor | None,  # (batch, N_r + 1, vocab) the target's processed distributions
+        input_ids: torch.Tensor,  # (kept, L') the sequence after the round
+        scores: torch.Tensor | None,  # (batch, N_r + 1, vocab) the target's scores of the round (unread here)
         num_matches: torch.Tensor | int,  # (batch,) accepted drafts per row; an int applies to every row
         *,
         realignment: Realignment | None = None,
-        remaining: torch.Tensor | None = None,  # (kept,) tokens each continuing row may still emit
         position_acceptance: torch.Tensor | None = None,  # (batch, N_r) beta_t of the round ("optimal")
         drafted_acceptance: torch.Tensor | None = None,  # (batch, N_r) a_t(x_t) of the round ("optimal")
         seconds: tuple[float, float] | None = None,  # (drafting, rest of the round) time of the round ("optimal")
     ) -> None:
-        """Bookkeeping after verification: realign the draft cache and plan the next draft lengths.
+        """Bookkeeping after verification: the schedule, each row's budget, the draft cache, the next draft lengths.
 
-        ``scores`` and ``num_matches`` describe the round just verified, one row per row of its batch:
-        in the batched loop ``num_matches`` is a per-row tensor ``(batch,)`` of accepted drafts ``n_b``
-        (transformers passes one int for its single row). The loop turns them into ``realignment``
-        (continuing rows, shifts ``A - n_b``, dropped leading columns), the same edit it applies to the
-        target cache; the draft cache, which lags two tokens, keeps ``realignment.new_length - 2``
-        columns before the shift. ``remaining`` (continuing rows) feeds :meth:`plan_draft_lengths`;
-        without it the continuing rows keep their lengths. The constant policy reads neither
-        ``scores`` nor ``num_matches``; an adaptive one would.
+        ``scores`` and ``num_matches`` describe the round just verified, one row per row of its batch (transformers
+        passes the target's processed logits and one int for its single row; the batched loop the target's
+        probabilities and a tensor ``(batch,)`` of accepted drafts ``n_b``). Each continuing row emitted
+        ``n_b + 1`` tokens, so its budget shrinks by that much.
+
+        Without ``realignment`` (transformers' loop) the rows stay and ``input_ids`` extends each row's sequence:
+        the draft cache, which lags two tokens, is cropped to ``input_ids.shape[1] - 2`` columns. The batched loop
+        passes ``realignment`` (continuing rows, shifts ``A - n_b``, dropped leading columns), the edit it applies
+        to the target cache; the draft cache keeps ``realignment.new_length - 2`` columns before the shift. When no
+        row continues the call is over (the ``"optimal"`` schedule pools its statistics). ``position_acceptance``,
+        ``drafted_acceptance`` and ``seconds`` feed the ``"optimal"`` schedule, which needs them.
         """
+        num_matches = torch.as_tensor(num_matches, device=self.remaining.device)  # (batch,) or ()
+        kept = realignment.kept if realignment is not None else None
         self.update_schedule(num_matches)
-        if self.optimal is not None:
+        if self.optimal is not None and (kept is None or kept.numel() > 0):  # a call's last round is not observed
             if position_acceptance is None or drafted_acceptance is None:
-                raise ValueError("the 'optimal' schedule needs the round's `position_acceptance` and `drafted_acceptance`.")
+                raise ValueError(
+                    "the 'optimal' schedule needs the round's `position_acceptance` and `drafted_acceptance` (the "
+                    "verifier's): it runs in diversed_hf's loop (`generate(..., verifier=...)`), not in transformers' "
+                    "`_assisted_decoding`. Use another `num_assistant_tokens_schedule` there."
+                )
             self.optimal.observe(
                 position_acceptance, drafted_acceptance, self.draft_lengths, seconds,
                 confidence=self.draft_confidence, num_matches=num_matches,
             )
-        kept = realignment.kept if realignment is not None else None
+        self.remaining = self.remaining - (num_matches + 1)  # (batch,) what each row may still emit
+        if kept is None and input_ids.shape[0] != self.remaining.shape[0]:
+            raise ValueError(
+                f"`input_ids` has {input_ids.shape[0]} rows after a round of {self.remaining.shape[0]}: pass "
+                "`realignment=Realignment(kept=...)` to say which rows continue."
+            )
         if kept is not None:
             gone = torch.ones_like(self.row_num_tokens, dtype=torch.bool)  # (batch,)
             gone[kept] = False
             self._finished_num_tokens.append(self.row_num_tokens[gone])
-            self.row_num_tokens = self.row_num_tokens[kept]
+            self.row_num_tokens, self.remaining = self.row_num_tokens[kept], self.remaining[kept]
             if self.optimal is not None:
                 self.optimal.drop(kept)
+        if self.schedule == "heuristic":  # transformers keeps the value on the assistant; the mean over rows here
+            final = torch.cat([*self._finished_num_tokens, self.row_num_tokens]).double()  # (rows,)
+            self.draft_model.generation_config.num_assistant_tokens = max(1, int(round(float(final.mean()))))
+        if self.remaining.numel() == 0:  # every row finished: the call is over
+            if self.optimal is not None:
+                self.optimal.finish()
+            self.draft_lengths = self.remaining
+            return
         if self.optimal is not None:
             chosen = self.optimal.lengths()  # (kept,) or None: keep the current lengths
             if chosen is not None:
@@ -351,33 +446,16 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 self.cache, kept=kept, length=realignment.new_length - 2,
                 shifts=realignment.shifts, leading=realignment.leading,
             )
-        if remaining is not None:
-            self.draft_lengths = self.plan_draft_lengths(remaining)
-        elif kept is not None:
-            self.draft_lengths = self.draft_lengths[kept]
+        else:
+            compat.crop_cache(self.cache, input_ids.shape[1] - 2)
+        self.draft_lengths = self.plan_draft_lengths(self.remaining)
 
     def update_schedule(
         self,
-        num_matches: torch.Tensor | int,  # (batch,) accepted drafts of the round just verified
+        num_matches: torch.Tensor,  # (batch,) or () accepted drafts of the round just verified
     ) -> None:
         """transformers' heuristic, per row: +2 after a round that kept every draft, else -1 (at least 1)."""
         if self.schedule not in ("heuristic", "heuristic_transient"):
             return
-        all_kept = torch.as_tensor(num_matches, device=self.draft_lengths.device) >= self.draft_lengths  # (batch,)
+        all_kept = num_matches >= self.draft_lengths  # (batch,)
         self.row_num_tokens = torch.where(all_kept, self.row_num_tokens + 2, (self.row_num_tokens - 1).clamp(min=1))
-
-    def finish(
-        self,
-        num_matches: torch.Tensor | int,  # (batch,) accepted drafts of the last round
-    ) -> None:
-        """End of the call: the last round's schedule update and, for ``"heuristic"``, the value kept on the
-        assistant's ``generation_config`` (transformers' semantics at batch 1; the mean over rows in a batch);
-        ``"optimal"`` pools the call's acceptance into the pair's prior."""
-        self.update_schedule(num_matches)
-        if self.optimal is not None:
-            self.optimal.finish()
-        if self.schedule != "heuristic":
-            return
-        final = torch.cat([*self._finished_num_tokens, self.row_num_tokens]).double()  # (rows,)
-        if final.numel():
-            self.draft_model.generation_config.num_assistant_tokens = max(1, int(round(float(final.mean()))))

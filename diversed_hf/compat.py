@@ -8,6 +8,8 @@ edits it per row: crop, shift rows right, drop leading columns, select rows.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import transformers
 from packaging import version
@@ -168,6 +170,31 @@ def split_stopping_criteria(criteria):
 
     rest = StoppingCriteriaList([c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
     return rest
+
+
+@contextlib.contextmanager
+def assisted_decoding_candidates(model, build):
+    """Within the block, transformers' own assisted decoding on ``model`` (``model.generate(..., assistant_model=...)``,
+    which runs ``GenerationMixin._assisted_decoding``) drafts with the candidate generator that ``build(**arguments)``
+    returns; ``arguments`` are those transformers passes to its ``AssistedCandidateGenerator`` (``input_ids,
+    assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor``).
+
+    Why a private: transformers (5.24) offers no public way to choose the candidate generator of its assisted loop;
+    it builds one in ``GenerationMixin._get_candidate_generator``, which is shadowed on the instance for the block.
+    ``tests/test_candidate_contract.py`` uses it to drive :class:`~diversed_hf.candidates.DiversedCandidateGenerator`
+    through transformers' loop.
+    """
+
+    def get_candidate_generator(*, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+        return build(input_ids=input_ids, assistant_model=assistant_model, generation_config=generation_config,
+                     model_kwargs=model_kwargs, inputs_tensor=inputs_tensor, logits_processor=logits_processor)
+
+    model._get_candidate_generator = get_candidate_generator
+    try:
+        yield model
+    finally:
+        del model._get_candidate_generator
 
 
 # =================================================================================================

@@ -17,11 +17,13 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, StopStringCriteria, StoppingCriteriaList
 
 from . import compat
-from .candidates import check_draft_costs, check_draft_length_policy
+from .candidates import DRAFT_LENGTH_DEFAULTS, check_draft_costs, check_draft_length_policy
 from .checks import is_integer
 from .head import DiversedHead
 from .loop import speculative_decode
+from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
+from .padding import left_align, needs_left_align
 from .pairs import check_head_matches, shared_vocab_size, verification_vocab_size  # noqa: F401 - re-exported
 from .verifiers import HeadVerifier, Verifier
 
@@ -38,8 +40,6 @@ _UNSUPPORTED_CONFIG = {
     "prompt_lookup_num_tokens": None,
     "assistant_early_exit": None,
     "assistant_ensemble_weight": None,
-    "output_scores": False,
-    "output_logits": False,
     "output_attentions": False,
     "output_hidden_states": False,
     "use_mtp": None,
@@ -62,15 +62,24 @@ def _check_generation_config(generation_config: GenerationConfig) -> None:
             "call on a cache of its own, which a speculative round (several positions scored at once, rejected drafts "
             "rolled back) cannot follow. Remove `guidance_scale` (or set it to 1)."
         )
-    if generation_config.num_return_sequences not in (None, 1):
+    _check_cache_options(generation_config.cache_implementation, generation_config.use_cache)
+
+
+def _check_cache_options(cache_implementation, use_cache) -> None:
+    """The loop keeps one ``DynamicCache`` per model and edits it per row (crop, shift, drop rows); other caches are
+    refused, as is decoding without one (transformers' assisted decoding needs a cache too)."""
+    if cache_implementation not in (None, "dynamic"):
         raise ValueError(
-            f"`num_return_sequences={generation_config.num_return_sequences}` cannot be combined with `diversed_head`/"
-            "`verifier`. Repeat the prompt in the batch instead: `input_ids.repeat_interleave(k, dim=0)`."
+            f"`cache_implementation={cache_implementation!r}` cannot be combined with `diversed_head`/`verifier`: the "
+            "speculative loop keeps a dynamic cache for each model and edits it per row after every round (rejected "
+            "drafts cropped, rows shifted and dropped), which a fixed-size, paged, offloaded or quantized cache does not "
+            "allow. Remove `cache_implementation` (or set it to \"dynamic\")."
         )
-
-
-#: transformers' draft-length knobs and the values used when neither ``generate`` nor a generation config sets them
-DRAFT_LENGTH_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": None}
+    if use_cache is False:
+        raise ValueError(
+            "`use_cache=False` cannot be combined with `diversed_head`/`verifier`: speculative decoding verifies each "
+            "round's drafts on top of the target's cache and rolls rejected ones back. Remove `use_cache=False`."
+        )
 
 
 def _draft_length_knobs(extra: dict, generation_config, assistant_model) -> dict:
@@ -119,14 +128,6 @@ def _check_batch(
             f"Row {row} of the batch is empty (its `attention_mask` is all zeros; an empty-string prompt): the models "
             "would attend to nothing. Give every prompt at least one token, e.g. tokenize with `add_special_tokens=True` "
             "so it starts with BOS, or leave the empty prompts out of the batch."
-        )
-    right_padded = None if attention_mask is None else (attention_mask[:, :-1] > attention_mask[:, 1:]).any(dim=1)  # (B,)
-    if right_padded is not None and bool(right_padded.any()):
-        row = int(right_padded.nonzero()[0])
-        raise ValueError(
-            f"Row {row} of the batch is right-padded (its `attention_mask` has zeros after ones): relaxed speculative "
-            "decoding appends each row's tokens after its last real token. Pad on the left: "
-            "`tokenizer.padding_side = \"left\"`."
         )
     if generator is not None:
         if not isinstance(generator, torch.Generator):
@@ -247,19 +248,31 @@ class DiversedGenerationMixin:
         knobs = _draft_length_knobs(extra, arguments.get("generation_config"), assistant_model)
         num_draft_tokens = knobs["num_assistant_tokens"]
         streamer = arguments.pop("streamer", None)
+        for name in ("cache", "past_key_values"):
+            if extra.get(name) is not None:
+                raise ValueError(
+                    f"`{name}=` cannot be combined with `diversed_head`/`verifier`: the speculative loop builds and edits "
+                    f"its own cache for each model. Remove `{name}`."
+                )
+        _check_cache_options(extra.get("cache_implementation"), extra.get("use_cache"))  # before transformers acts on them
 
         def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
             _check_generation_config(generation_config)
-            _check_batch(input_ids, model_kwargs.get("attention_mask"), generator)
+            attention_mask = model_kwargs.get("attention_mask")  # (B, L) or None (all ones)
+            _check_batch(input_ids, attention_mask, generator)
             if streamer is not None and input_ids.shape[0] > 1:
                 raise ValueError(f"`streamer` supports batch size 1 only; got a batch of {input_ids.shape[0]} prompts.")
             pad_token_id, eos_token_id = compat.special_token_ids(generation_config, input_ids.device)
+            # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.padding)
+            loop_ids, loop_mask = left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
+            wants = dict(scores=bool(generation_config.output_scores), logits=bool(generation_config.output_logits))
+            recorder = TargetScoreRecorder(**wants) if generation_config.return_dict_in_generate and any(wants.values()) else None
             new_tokens, stats = speculative_decode(
                 model,
                 assistant_model,
                 verifier,
-                input_ids,
-                model_kwargs.get("attention_mask"),
+                loop_ids,
+                loop_mask,
                 num_draft_tokens=num_draft_tokens,
                 max_new_tokens=generation_config.max_length - input_ids.shape[1],
                 logits_processor=logits_processor,
@@ -274,16 +287,18 @@ class DiversedGenerationMixin:
                 num_assistant_tokens_schedule=knobs["num_assistant_tokens_schedule"],
                 assistant_confidence_threshold=knobs["assistant_confidence_threshold"],
                 assistant_costs=knobs["assistant_costs"],
+                score_recorder=recorder,
             )
             sequences = torch.cat([input_ids, new_tokens], dim=1)
             if generation_config.return_dict_in_generate:
-                return DiversedGenerateDecoderOnlyOutput(sequences=sequences, speculation=stats)
+                scores, logits = recorder.assemble(*new_tokens.shape) if recorder is not None else (None, None)
+                return DiversedGenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculation=stats)
             return sequences
 
-        # transformers' assisted path puts the prompt on the streamer; so do we.
-        return super().generate(
-            **arguments, assistant_model=assistant_model, streamer=streamer, custom_generate=decode, **extra
-        )
+        # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
+        # holds it, and transformers' checks for its own assisted decoding (one sequence per prompt) do not apply, so
+        # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).
+        return super().generate(**arguments, streamer=streamer, custom_generate=decode, **extra)
 
 
 _ENABLED_CLASSES: dict[type, type] = {}

@@ -41,7 +41,8 @@ import torch
 
 from . import compat
 from .checks import check_finite_mass
-from .candidates import DiversedCandidateGenerator, Realignment, next_token_scores
+from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment, next_token_scores
+from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
 from .pairs import text_vocab_size
 from .policies import DraftCosts, acceptance_setting
@@ -66,6 +67,7 @@ class _RunState:
     drafted_per_position: torch.Tensor  # (batch, N'), N' the longest draft so far
     accepted_per_position: torch.Tensor  # (batch, N')
     rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r), N_b (active,))
+    recorder: TargetScoreRecorder | None = None  # the target's scores per emitted token (output_scores/logits)
 
     @classmethod
     def empty(cls, batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, token_dtype, device) -> _RunState:
@@ -92,6 +94,7 @@ class _RunState:
         result: VerificationResult,
         draft_lengths: torch.Tensor,  # (B,) N_b
         columns: torch.Tensor,  # (N_r + 1,) arange
+        target_scores: tuple | None = None,  # (B, N_r + 1, V) processed, (B, N_r + 1, V') raw: when recorded
     ) -> None:
         """Write one round's emitted tokens and statistics."""
         num_round_drafts = emitted.shape[1] - 1  # N_r
@@ -100,6 +103,8 @@ class _RunState:
         out_columns = self.num_generated[active][:, None] + columns  # (B, N_r + 1)
         out_rows = active[:, None].expand_as(out_columns)  # (B, N_r + 1)
         self.tokens[out_rows[keep], out_columns[keep]] = emitted[keep]
+        if self.recorder is not None:
+            self.recorder.record(out_rows[keep], out_columns[keep], target_scores[0][keep], target_scores[1][keep])
         if self.target_weights is not None and result.target_weight is not None:
             weights = torch.cat(
                 [result.target_weight.float(), torch.full((active.numel(), 1), float("nan"), device=emitted.device)], dim=1
@@ -156,26 +161,32 @@ def speculative_decode(
     num_assistant_tokens_schedule: str = "constant",
     assistant_confidence_threshold: float | None = None,
     assistant_costs: DraftCosts | None = None,
+    score_recorder: TargetScoreRecorder | None = None,
 ) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
     """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
 
     Drafting runs through a :class:`~diversed_hf.candidates.DiversedCandidateGenerator`; verification
     follows ``docs/method.md §2``. ``assistant_costs`` (``"optimal"`` schedule only) replaces the measured round costs.
+    ``score_recorder`` (:class:`~diversed_hf.output_scores.TargetScoreRecorder`) receives the target's scores of
+    every emitted token (``output_scores`` / ``output_logits``).
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
     logits_processor = per_row_processors(logits_processor, input_ids.shape[1])  # lengths count per row
     candidate_generator = DiversedCandidateGenerator(
+        input_ids,
         draft,
-        num_assistant_tokens=num_draft_tokens,
-        vocab_size=vocab_size,
+        model_kwargs={"attention_mask": attention_mask},
         logits_processor=logits_processor,
+        num_assistant_tokens=num_draft_tokens,
+        schedule=num_assistant_tokens_schedule,
+        confidence_threshold=assistant_confidence_threshold or 0.0,  # None here is off, not "the assistant's"
+        vocab_size=vocab_size,
         do_sample=do_sample,
+        max_new_tokens=max_new_tokens,
         generator=generator,
         output_hidden_states=verifier.requires_hidden_states,
         output_untempered_probs=verifier.requires_untempered_probs,
-        schedule=num_assistant_tokens_schedule,
-        confidence_threshold=assistant_confidence_threshold,
         costs=assistant_costs,
         target=target if optimal else None,
         setting=acceptance_setting(verifier, do_sample, logits_processor) if optimal else None,
@@ -186,7 +197,7 @@ def speculative_decode(
     )
     return loop.run(
         input_ids, attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
-        output_target_weights=output_target_weights,
+        output_target_weights=output_target_weights, score_recorder=score_recorder,
     )
 
 
@@ -213,7 +224,7 @@ class _SpeculativeLoop:
         self._aranges: dict[int, torch.Tensor] = {}
         self.round_clock: tuple[float, float] | None = None  # (start, end of drafting) of the round, when timed
 
-    def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights):
+    def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights, score_recorder=None):
         device = input_ids.device
         batch_size = input_ids.shape[0]
         # A row drafts at most remaining - 1 <= max_new_tokens - 1 tokens a round: per-position buffers start at
@@ -224,6 +235,7 @@ class _SpeculativeLoop:
         self.state = _RunState.empty(
             batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, input_ids.dtype, device
         )
+        self.state.recorder = score_recorder
         if max_new_tokens <= 0:
             return self.state.tokens[:, :0], _stats(self.state, num_draft)
         if input_ids.shape[1] == 0:
@@ -234,18 +246,15 @@ class _SpeculativeLoop:
         self.active = torch.arange(batch_size, device=device)  # (B,)
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
-        self.prefill()
+        self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
         timed = self.candidates.schedule == "optimal"  # the schedule reads the measured round costs
         while self.active.numel() > 0:
             started = _clock(device) if timed else 0.0
-            candidate_ids = self.draft()  # (B, L + N_r)
+            candidates = self.draft()  # (candidate_ids (B, L + N_r), candidate_logits (B, N_r, V)) and extras
             self.round_clock = (started, _clock(device)) if timed else None  # realign reads the rest of the round
-            result, target_probs = self.verify(candidate_ids)
-            emitted, finished = self.commit(candidate_ids, result)
-            if bool(finished.all()):
-                self.candidates.finish(result.num_accepted)  # the last round's schedule update, kept values
-                break
-            self.realign(candidate_ids, emitted, finished, result, target_probs)
+            result, target_probs, target_scores = self.verify(candidates)
+            emitted, finished = self.commit(candidates, result, target_scores)
+            self.realign(candidates, emitted, finished, result, target_probs)
         if self.streamer is not None:
             self.streamer.end()
         num_new = int(self.state.num_generated.max()) if batch_size else 0
@@ -256,84 +265,90 @@ class _SpeculativeLoop:
             self._aranges[width] = torch.arange(width, device=self.seq.device)
         return self._aranges[width]
 
-    def prefill(self) -> None:
-        """Empty caches and the first draft lengths: the first round feeds each model the whole prompt."""
-        self.target_cache = compat.new_cache()
-        self.candidates.prefill(self.seq, self.mask, self.remaining)
-
-    def draft(self) -> torch.Tensor:  # (B, L + N_r)
+    def draft(self) -> DraftCandidates:
         """Step 1: the candidate generator drafts ``N_r = max_b N_b`` tokens after ``seq``."""
         sync_row_lengths(self.logits_processor, self.remaining, self.max_new_tokens, self.seq.shape[1])
-        candidate_ids, _ = self.candidates.get_candidates(self.seq, attention_mask=self.mask)
-        return candidate_ids
+        return self.candidates.get_candidates(self.seq, attention_mask=self.mask)
 
-    def verify(self, candidate_ids: torch.Tensor) -> tuple[VerificationResult, torch.Tensor]:  # result, (B, N_r + 1, V)
+    def verify(
+        self, candidates: DraftCandidates,
+    ) -> tuple[VerificationResult, torch.Tensor, tuple | None]:  # result, (B, N_r + 1, V), scores when recorded
         """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
         prompt and the drafts in the first round), then the verifier (``docs/method.md §2``).
 
+        ``q_t = softmax(candidate_logits_t)`` (the draft's processed scores, as ``get_candidates`` returns them) and
         ``p_i = softmax(processed target logits)`` at each of the ``N_r + 1`` positions.
         """
+        candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
         length = self.seq.shape[1]  # L
         num_round_drafts = candidate_ids.shape[1] - length  # N_r
         needs_hidden = self.verifier.requires_hidden_states
         out = compat.forward_with_cache(
             self.target,
             candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
-            self.candidates.candidate_attention_mask,  # (B, L + N_r)
+            candidates.attention_mask,  # (B, L + N_r)
             self.target_cache,
             logits_to_keep=num_round_drafts + 1,
             output_hidden_states=needs_hidden,
         )
-        target_probs, target_untempered = self._target_distributions(candidate_ids, out.logits, length)
+        target_probs, target_untempered, processed = self._target_distributions(candidate_ids, out.logits, length)
         check_finite_mass(target_probs, "target")
         result = self.verifier(
             candidate_ids[:, length:],  # (B, N_r)
-            self.candidates.draft_probs,  # (B, N_r, V)
+            candidate_logits.softmax(dim=-1),  # (B, N_r, V) q_t
             target_probs,
-            draft_hidden=self.candidates.draft_hidden,  # (B, N_r, d_draft) or None
+            draft_hidden=candidates.draft_hidden,  # (B, N_r, d_draft) or None
             target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :] if needs_hidden else None,  # (B, N_r + 1, d)
-            untempered_draft_probs=self.candidates.untempered_draft_probs,  # (B, N_r, V) or None
+            untempered_draft_probs=candidates.untempered_draft_probs,  # (B, N_r, V) or None
             untempered_target_probs=target_untempered,  # (B, N_r + 1, V) or None
-            draft_lengths=self.candidates.draft_lengths,  # (B,)
+            draft_lengths=candidates.draft_lengths,  # (B,)
             do_sample=self.do_sample,
             generator=self.generator,
             validate=False,  # the loop builds well-formed inputs; the checks cost ~2% of a round on CPU
         )
-        return result, target_probs
+        target_scores = None if processed is None else (processed, out.logits[:, -(num_round_drafts + 1) :].float())
+        return result, target_probs, target_scores
 
     def _target_distributions(
         self,
         candidate_ids: torch.Tensor,  # (B, L + N_r)
         logits: torch.Tensor,  # (B, N_r + 1, model_vocab)
         length: int,  # L
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, N_r + 1, V), (B, N_r + 1, V) or None
-        """``p_i = softmax(processed logits_i)`` and, if the verifier reads them, ``softmax(logits_i)``.
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # (B, N_r + 1, V) each; the last two optional
+        """``p_i = softmax(processed logits_i)``; if the verifier reads them, ``softmax(logits_i)``; if scores are
+        recorded (``output_scores`` / ``output_logits``), the processed logits themselves.
 
         Without logits processors both are one softmax over all positions (the same numbers as per position).
         """
         needs_untempered = self.verifier.requires_untempered_probs
+        needs_scores = self.state.recorder is not None
         if not len(self.logits_processor):
-            target_probs = logits[:, :, : self.vocab_size].float().softmax(dim=-1)  # (B, N_r + 1, V)
-            return target_probs, target_probs if needs_untempered else None
-        target_probs, target_untempered = [], []
+            fitted = logits[:, :, : self.vocab_size].float()  # (B, N_r + 1, V)
+            target_probs = fitted.softmax(dim=-1)  # (B, N_r + 1, V)
+            return target_probs, target_probs if needs_untempered else None, fitted if needs_scores else None
+        target_probs, target_untempered, processed = [], [], []
         for i in range(logits.shape[1]):
             scores, raw = next_token_scores(self.logits_processor, candidate_ids[:, : length + i], logits[:, i], self.vocab_size)
             target_probs.append(scores.softmax(dim=-1))  # (B, V)
             if needs_untempered:
                 target_untempered.append(raw.softmax(dim=-1))  # (B, V)
+            if needs_scores:
+                processed.append(scores)  # (B, V)
         untempered = torch.stack(target_untempered, dim=1) if needs_untempered else None  # (B, N_r + 1, V)
-        return torch.stack(target_probs, dim=1), untempered
+        return torch.stack(target_probs, dim=1), untempered, torch.stack(processed, dim=1) if needs_scores else None
 
-    def commit(self, candidate_ids: torch.Tensor, result: VerificationResult) -> tuple[torch.Tensor, torch.Tensor]:
+    def commit(
+        self, candidates: DraftCandidates, result: VerificationResult, target_scores: tuple | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, N_r + 1), (B,)
         """Commit: emit ``n_b`` drafts and the recovered/bonus token, truncate, record; (B, N_r + 1), (B,)."""
         length = self.seq.shape[1]  # L
-        draft_ids = candidate_ids[:, length:]  # (B, N_r)
+        draft_ids = candidates.candidate_ids[:, length:]  # (B, N_r)
         num_accepted = result.num_accepted  # (B,)
         columns = self._columns(draft_ids.shape[1] + 1)  # (N_r + 1,)
         emitted = torch.cat([draft_ids, draft_ids.new_zeros(draft_ids.shape[0], 1)], dim=1)  # (B, N_r + 1)
         emitted.scatter_(1, num_accepted[:, None], result.next_tokens[:, None])
         count, finished = self._truncate(emitted, num_accepted, columns)
-        self.state.record(self.active, emitted, count, result, self.candidates.draft_lengths, columns)
+        self.state.record(self.active, emitted, count, result, candidates.draft_lengths, columns, target_scores)
         if self.streamer is not None:
             self.streamer.put(emitted[:, : int(count[0])].cpu())
         self.remaining = self.remaining - count
@@ -366,18 +381,24 @@ class _SpeculativeLoop:
 
     def realign(
         self,
-        candidate_ids: torch.Tensor,  # (B, L + N_r)
+        candidates: DraftCandidates,
         emitted: torch.Tensor,  # (B, N_r + 1)
         finished: torch.Tensor,  # (B,)
         result: VerificationResult,
         target_probs: torch.Tensor,  # (B, N_r + 1, V)
     ) -> None:
-        """Step 4: drop finished rows, append each row's tokens right-aligned, edit both caches to match."""
+        """Step 4: drop finished rows, append each row's tokens right-aligned, edit both caches to match; then the
+        candidate generator's ``update_candidate_strategy`` (also after the last round, when no row continues)."""
         num_accepted = result.num_accepted  # (B,)
         length = self.seq.shape[1]  # L
-        candidate_mask = self.candidates.candidate_attention_mask  # (B, L + N_r)
+        candidate_ids, candidate_mask = candidates.candidate_ids, candidates.attention_mask  # (B, L + N_r) each
         round_num_accepted = num_accepted
         kept = None
+        if bool(finished.all()):  # the call is over: the generator's last schedule update
+            self.active = self.active[:0]
+            done = Realignment(kept=self.active, shifts=None, new_length=0, leading=0)
+            self.candidates.update_candidate_strategy(candidate_ids[:0], target_probs, num_accepted, realignment=done)
+            return
         if bool(finished.any()):
             kept = (~finished).nonzero().squeeze(1)  # (kept,)
             self.active, self.remaining, num_accepted = self.active[kept], self.remaining[kept], num_accepted[kept]
@@ -408,7 +429,7 @@ class _SpeculativeLoop:
             started, drafted = self.round_clock
             seconds = (drafted - started, _clock(seq.device) - drafted)
         self.candidates.update_candidate_strategy(
-            seq, target_probs, round_num_accepted, realignment=realignment, remaining=self.remaining,
+            seq, target_probs, round_num_accepted, realignment=realignment,
             position_acceptance=result.position_acceptance, drafted_acceptance=result.drafted_acceptance,
             seconds=seconds,
         )

@@ -141,6 +141,9 @@ LAYERS = {
         "diversed_hf.policies", "diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.theory",
     },
     "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},
+    # the loop's helpers: re-laying a batch, recording the target's scores
+    "diversed_hf.padding": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.output_scores": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
 }
 
 

@@ -351,7 +351,10 @@ def test_different_vocabularies_are_rejected():
     [
         (dict(num_beams=2), "num_beams"),
         (dict(assistant_ensemble_weight=0.5), "assistant_ensemble_weight"),
-        (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
+        (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions"),
+        (dict(cache_implementation="static"), r"`cache_implementation='static'` cannot be combined.*Remove `cache_implementation`"),
+        (dict(cache_implementation="paged"), r"`cache_implementation='paged'` cannot be combined"),
+        (dict(use_cache=False), r"`use_cache=False` cannot be combined.*Remove `use_cache=False`"),
         (dict(num_assistant_tokens=0), "num_assistant_tokens"),
         (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
     ],
@@ -414,77 +417,6 @@ def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(m
     assert tv < tv_bound(declared[0, 0], num_rows), tv
 
 
-# The candidate generator ---------------------------------------------------------------------------
-
-
-def test_candidate_generator_is_a_transformers_candidate_generator_and_drives_the_loop(monkeypatch):
-    from transformers.generation.candidate_generator import CandidateGenerator
-
-    from diversed_hf import loop
-    from diversed_hf.candidates import DiversedCandidateGenerator
-
-    assert issubclass(DiversedCandidateGenerator, CandidateGenerator)
-    calls = {"get_candidates": 0, "update_candidate_strategy": 0}
-
-    class Counting(DiversedCandidateGenerator):
-        def get_candidates(self, input_ids, **kwargs):
-            calls["get_candidates"] += 1
-            return super().get_candidates(input_ids, **kwargs)
-
-        def update_candidate_strategy(self, input_ids, scores, num_matches, **kwargs):
-            calls["update_candidate_strategy"] += 1
-            assert num_matches.shape == (input_ids.shape[0],) or kwargs["realignment"].kept is not None
-            return super().update_candidate_strategy(input_ids, scores, num_matches, **kwargs)
-
-    target, draft = make_pair("llama")
-    enable_diversed(target)
-    expected = target.generate(prompt(6), assistant_model=draft, verifier=ExactVerifier(), **GREEDY)
-    monkeypatch.setattr(loop, "DiversedCandidateGenerator", Counting)
-    output = target.generate(prompt(6), assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True, **GREEDY)
-    assert torch.equal(output.sequences, expected)
-    rounds = int(output.speculation.num_rounds[0])
-    assert calls == {"get_candidates": rounds, "update_candidate_strategy": rounds - 1}
-
-
-def test_get_candidates_shapes_and_update_candidate_strategy():
-    from diversed_hf.candidates import DiversedCandidateGenerator, Realignment
-
-    target, draft = make_pair("qwen3")
-    _, input_ids, attention_mask = left_padded_batch([3, 7, 5])
-    batch_size, length = input_ids.shape
-    candidate_generator = DiversedCandidateGenerator(
-        draft, num_assistant_tokens=4, vocab_size=VOCAB_SIZE, do_sample=False,
-        output_hidden_states=True, output_untempered_probs=True,
-    )
-    candidate_generator.prefill(input_ids, attention_mask, remaining=torch.tensor([10, 3, 1]))
-    assert candidate_generator.draft_lengths.tolist() == [4, 2, 0]  # min(N, remaining - 1)
-    assert candidate_generator.cache.get_seq_length() == 0  # the first draft step feeds the whole prompt
-    candidate_ids, candidate_logits = candidate_generator.get_candidates(input_ids, attention_mask=attention_mask)
-    assert candidate_ids.shape == (batch_size, length + 4) and torch.equal(candidate_ids[:, :length], input_ids)
-    assert candidate_logits.shape == (batch_size, 4, VOCAB_SIZE)
-    assert torch.equal(candidate_logits.argmax(-1), candidate_ids[:, length:])  # greedy drafts
-    assert candidate_generator.draft_probs.shape == (batch_size, 4, VOCAB_SIZE)
-    torch.testing.assert_close(candidate_generator.draft_probs.sum(-1), torch.ones(batch_size, 4))
-    assert candidate_generator.untempered_draft_probs.shape == (batch_size, 4, VOCAB_SIZE)
-    assert candidate_generator.draft_hidden.shape == (batch_size, 4, draft.config.hidden_size)
-    assert candidate_generator.candidate_attention_mask.shape == (batch_size, length + 4)
-    assert candidate_generator.cache.get_seq_length() == length + 4 - 1
-
-    # Row 1 finishes; rows 0 and 2 continue with one accepted draft each: crop to L + 2 - 2 columns.
-    realignment = Realignment(kept=torch.tensor([0, 2]), shifts=None, new_length=length + 2, leading=0)
-    seq = candidate_ids[[0, 2], : length + 2]  # the accepted draft stands in for the recovered token
-    mask = torch.cat([attention_mask[[0, 2]], torch.ones(2, 2, dtype=torch.long)], dim=1)
-    candidate_generator.update_candidate_strategy(
-        seq, None, torch.tensor([1, 4, 1]), realignment=realignment, remaining=torch.tensor([8, 2])
-    )
-    assert candidate_generator.draft_lengths.tolist() == [4, 1]
-    assert candidate_generator.cache.get_seq_length() == length
-    candidate_ids, candidate_logits = candidate_generator.get_candidates(seq, attention_mask=mask)
-    length += 2
-    assert candidate_ids.shape == (2, length + 4) and candidate_logits.shape == (2, 4, VOCAB_SIZE)
-    assert candidate_generator.draft_hidden.shape == (2, 4, draft.config.hidden_size)
-
-
 def test_crop_cache_uses_transformers_crop_and_ignores_shorter_caches():
     from diversed_hf import compat
 
@@ -510,10 +442,6 @@ def test_generate_refuses_unusable_inputs_with_the_fix(pair):
         target.generate(inputs_embeds=embeds, assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4)
     with pytest.raises(ValueError, match="batch size 0"):
         target.generate(prompt(4)[:0], assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4)
-    input_ids = prompt(5, batch=2)
-    right_padded = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    with pytest.raises(ValueError, match=r"Row 1 .* right-padded.*padding_side = \"left\""):
-        target.generate(input_ids, attention_mask=right_padded, assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4)
     with pytest.raises(TypeError, match="`generator` must be a torch.Generator"):
         target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, generator=0)
 
