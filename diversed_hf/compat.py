@@ -96,6 +96,22 @@ def realign_cache(
     drop_leading_positions(cache, leading)
 
 
+#: transformers 5.23 made ``RepetitionPenaltyLogitsProcessor.prompt_ignore_length`` a count per row (a ``(batch,)``
+#: tensor; ``generate`` passes each row's left padding when it keeps an attention mask); before, one int or None.
+ROW_PROMPT_IGNORE_LENGTH = version.parse(transformers.__version__) >= version.parse("5.23.0")
+
+
+class _RowRepetitionPenalty(RepetitionPenaltyLogitsProcessor):
+    """transformers 5.23's per-row ``prompt_ignore_length`` for 5.19-5.22: ignored columns become id ``vocab``,
+    which the processor's 2-D path (the one the loop calls) clamps into a spare slot and drops."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:  # (batch, L), (batch, vocab)
+        ignored = self.prompt_ignore_length.to(input_ids.device)  # (batch,)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (L,)
+        input_ids = input_ids.masked_fill(positions[None, :] < ignored[:, None], scores.shape[-1])  # (batch, L)
+        return RepetitionPenaltyLogitsProcessor(self.penalty)(input_ids, scores)
+
+
 def realign_logits_processors(
     logits_processor,
     *,
@@ -105,12 +121,24 @@ def realign_logits_processors(
 ) -> None:
     """The same edit for the processors that hold per-row positions: transformers'
     ``RepetitionPenaltyLogitsProcessor.prompt_ignore_length`` (generate sets it to each row's left padding; a
-    user may set each row's prompt length): keep rows ``kept``, add ``shifts[b]``, subtract ``leading``."""
-    for processor in logits_processor:
-        ignored = getattr(processor, "prompt_ignore_length", None)
-        if not isinstance(processor, RepetitionPenaltyLogitsProcessor) or not isinstance(ignored, torch.Tensor):
+    user may set each row's prompt length): keep rows ``kept``, add ``shifts[b]``, subtract ``leading``.
+
+    An int or None (transformers before 5.23; 5.23+ when ``generate`` dropped an all-ones attention mask) becomes a
+    count per row once rows move: the columns a shift brings in hold rejected drafts, which must not be penalised.
+    Before 5.23 the processor is replaced, in ``logits_processor``, by one that reads such a count."""
+    for i, processor in enumerate(logits_processor):
+        if not isinstance(processor, RepetitionPenaltyLogitsProcessor):
             continue
-        if kept is not None:
+        ignored = processor.prompt_ignore_length  # (batch,), an int for every row, or None
+        if not isinstance(ignored, torch.Tensor):
+            if shifts is None:  # every row moves alike
+                if ignored is not None:
+                    processor.prompt_ignore_length = max(int(ignored) - leading, 0)
+                continue
+            ignored = torch.full_like(shifts, int(ignored or 0))  # (kept,) already the continuing rows
+            if not ROW_PROMPT_IGNORE_LENGTH:
+                processor = logits_processor[i] = _RowRepetitionPenalty(processor.penalty)
+        elif kept is not None:
             ignored = ignored.to(kept.device)[kept]
         if shifts is not None:
             ignored = ignored + shifts.to(ignored.device)

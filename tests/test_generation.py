@@ -485,6 +485,20 @@ def test_batched_rows_equal_single_runs_under_per_row_logits_processors(processo
         assert torch.equal(batched[b, -12:], alone[0, -12:]), b
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_repetition_penalty_ignores_the_columns_a_realignment_brings_in(seed):
+    """Rows without padding: transformers (5.23+) drops the all-ones mask and gives the penalty no per-row count, and
+    before 5.23 it never does. The columns a shift brings in hold rejected drafts; the penalty must not count them."""
+    target, draft = make_pair("llama", noise=0.3)
+    enable_diversed(target)
+    rows, input_ids, attention_mask = left_padded_batch([6, 6, 6, 6], seed=seed)  # no padding
+    kwargs = dict(do_sample=False, max_new_tokens=16, repetition_penalty=1.3)
+    out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
+                          num_assistant_tokens=4, return_dict_in_generate=True, **kwargs)  # fmt: skip
+    assert out.speculation.total_accepted > 0, "rows must accept different numbers of drafts, or nothing shifts"
+    assert torch.equal(out.sequences, target.generate(input_ids, attention_mask=attention_mask, **kwargs))
+
+
 def test_min_new_tokens_and_min_length_hold_per_row_in_a_batch():
     """Rows accept different numbers of drafts, so each needs its own count: transformers' processors count the
     batch's width (a row kept EOS suppressed past min_new_tokens)."""
