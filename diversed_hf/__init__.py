@@ -8,6 +8,7 @@ from .generation import DiversedGenerationMixin, enable_diversed, speculative_de
 from .head import DiversedHead, DiversedHeadConfig
 from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
 from .verifiers import (
+    BlockVerifier,
     ExactVerifier,
     HeadVerifier,
     LenientVerifier,
@@ -22,6 +23,7 @@ check_transformers_version()
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockVerifier",
     "DiversedCandidateGenerator",
     "DraftCosts",
     "clear_draft_statistics",

@@ -25,11 +25,11 @@ from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
 from .pairs import check_head_matches, shared_vocab_size, verification_vocab_size  # noqa: F401 - re-exported
-from .verifiers import HeadVerifier, Verifier
+from .verifiers import BlockVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
 
-_OUR_KWARGS = ("diversed_head", "verifier", "output_target_weights", "generator")
+_OUR_KWARGS = ("diversed_head", "verifier", "block_verification", "output_target_weights", "generator")
 # generation-config flags our loop cannot honour, with the value that disables them
 _UNSUPPORTED_CONFIG = {
     "num_beams": 1,
@@ -173,6 +173,8 @@ class DiversedGenerationMixin:
 
     - ``diversed_head`` (:class:`DiversedHead`): DIVERSED verification, ``w_t`` from the head.
     - ``verifier`` (:class:`~diversed_hf.verifiers.Verifier`): any verification method.
+    - ``block_verification`` (bool): judge each drafted block as a whole against the verifier's (or head's)
+      distribution, :class:`~diversed_hf.verifiers.BlockVerifier`: same law, at least as many accepted drafts.
     - ``num_assistant_tokens`` (int), ``num_assistant_tokens_schedule`` (``"constant"``, ``"heuristic"``,
       ``"heuristic_transient"``, ``"optimal"``), ``assistant_confidence_threshold`` (float): transformers'
       draft-length knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
@@ -188,11 +190,17 @@ class DiversedGenerationMixin:
     def generate(self, *args, **kwargs):
         diversed_head = kwargs.pop("diversed_head", None)
         verifier = kwargs.pop("verifier", None)
+        block_verification = kwargs.pop("block_verification", None)
         output_target_weights = kwargs.pop("output_target_weights", None)
         generator = kwargs.pop("generator", None)
+        if block_verification is not None and not isinstance(block_verification, bool):
+            raise TypeError(
+                f"`block_verification` must be True or False, got {block_verification!r}: True verifies each drafted "
+                "block as a whole (BlockVerifier)."
+            )
         if diversed_head is None and verifier is None:
             ours = {"output_target_weights": output_target_weights, "generator": generator,
-                    "assistant_costs": kwargs.get("assistant_costs")}
+                    "block_verification": block_verification or None, "assistant_costs": kwargs.get("assistant_costs")}
             for name, value in ours.items():
                 if value is not None:
                     raise ValueError(
@@ -201,10 +209,11 @@ class DiversedGenerationMixin:
                     )
             return super().generate(*args, **kwargs)
         return self._diversed_generate(
-            args, kwargs, diversed_head, verifier, bool(output_target_weights), generator
+            args, kwargs, diversed_head, verifier, bool(output_target_weights), generator, bool(block_verification)
         )
 
-    def _diversed_generate(self, args, kwargs, diversed_head, verifier, output_target_weights, generator):
+    def _diversed_generate(self, args, kwargs, diversed_head, verifier, output_target_weights, generator,
+                           block_verification=False):
         bound = inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")
@@ -240,8 +249,11 @@ class DiversedGenerationMixin:
             raise TypeError(
                 f"`verifier` must be a diversed_hf.verifiers.Verifier (e.g. ExactVerifier()), got {type(verifier).__name__}."
             )
-        if isinstance(verifier, HeadVerifier):
-            check_head_matches(verifier.head, self, assistant_model)
+        if block_verification and not isinstance(verifier, BlockVerifier):
+            verifier = BlockVerifier(verifier)
+        checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
+        if isinstance(checked, HeadVerifier):
+            check_head_matches(checked.head, self, assistant_model)
         tokenizer = extra.pop("tokenizer", None)
         vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
         _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)

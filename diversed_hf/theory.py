@@ -54,6 +54,7 @@ from . import ops
 __all__ = [
     "Tradeoff",
     "beta_product_tokens_per_round",
+    "block_tokens_per_round",
     "optimal_draft_length",
     "expected_tokens_per_round",
     "iid_tokens_per_round",
@@ -94,6 +95,10 @@ def expected_tokens_per_round(
     reaching position ``k`` given the drafted tokens, times the probability that it accepts. Its mean
     over rounds is unbiased for ``E[T_N]`` whatever the models are.
 
+    For block verification (:class:`~diversed_hf.verifiers.BlockVerifier`) ``a_t(x_t)`` is the factor
+    ``rho_t / rho_{t-1}`` of the running weight and ``beta_k`` the acceptance of position ``k`` given the prefix
+    before it, so each round contributes ``1 + sum_k E[rho_k | x_1..x_{k-1}]``: unbiased too (:mod:`diversed_hf.block`).
+
     A NaN marks a position the round did not draft (a round cut short by the length budget or the
     draft-length policy): the sum stops there, as the round's count of accepted drafts does. Returns
     NaN for zero rounds.
@@ -111,8 +116,9 @@ def expected_tokens_per_round(
             f"{tuple(position_acceptance.shape)}; pass both per round and position."
         )
     betas = torch.nan_to_num(position_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
-    kept = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
-    before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1)  # (rounds, N) prod_{t<k}
+    kept = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).clamp(min=0.0)  # (rounds, N)
+    # Block verification reports factors rho_t / rho_{t-1} that may exceed 1; their products (a reach) never do.
+    before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1).clamp(max=1.0)  # (rounds, N)
     return _mean_or_nan(1.0 + (before * betas).sum(dim=-1), per_round)  # (rounds,) -> ()
 
 
@@ -129,6 +135,48 @@ def beta_product_tokens_per_round(
     _check_rounds("position_acceptance", position_acceptance)
     betas = torch.nan_to_num(position_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
     return _mean_or_nan(1.0 + betas.cumprod(dim=-1).sum(dim=-1), per_round)  # (rounds,) -> ()
+
+
+def block_tokens_per_round(
+    draft_probs: torch.Tensor,  # (N, vocab) q_t, the same whatever was drafted before t
+    verify_probs: torch.Tensor,  # (N, vocab) pi_t
+    *,
+    max_states: int = 1_000_000,
+) -> float:
+    """Exact ``E[T_N]`` of block verification when the distributions depend on the position only (docs/method.md §6).
+
+    ``E[T_N] = 1 + sum_{k=1..N} P(tau >= k) = 1 + sum_k E[rho_k]`` with the running weight
+    ``rho_k = min(1, rho_{k-1} pi_k(x_k) / q_k(x_k))``, ``x_k ~ q_k`` (:mod:`diversed_hf.block`), computed by carrying
+    the law of ``rho_k`` (its distinct values and their mass) from position to position. Token-wise verification of
+    the same distributions gives ``1 + sum_k prod_{t<=k} beta_t`` (:func:`beta_product_tokens_per_round` of one
+    round); block is never below it. ``max_states`` bounds the distinct values kept (they can grow as ``vocab^N``).
+    """
+    if not (isinstance(draft_probs, torch.Tensor) and isinstance(verify_probs, torch.Tensor)) or draft_probs.dim() != 2 \
+            or draft_probs.shape != verify_probs.shape:
+        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in (draft_probs, verify_probs)]
+        raise ValueError(
+            f"`draft_probs` and `verify_probs` must be tensors of one shape (num_draft_tokens, vocab), got {shapes[0]} "
+            f"and {shapes[1]}. For distributions that depend on the drafted context, average "
+            "`expected_tokens_per_round` over simulated rounds instead."
+        )
+    values = torch.ones(1, dtype=torch.float64)  # (S,) distinct rho_{k-1}
+    mass = torch.ones(1, dtype=torch.float64)  # (S,) their probabilities
+    expected = 1.0
+    for draft_row, verify_row in zip(draft_probs.double(), verify_probs.double()):
+        drafted = draft_row > 0  # (vocab,) tokens the draft can propose
+        kept = values[:, None] * verify_row[drafted]  # (S, V') rho_{k-1} pi_k(x)
+        weights = torch.where(kept > 0, (kept / draft_row[drafted]).clamp(max=1.0), torch.zeros_like(kept))  # (S, V')
+        weights_mass = mass[:, None] * draft_row[drafted]  # (S, V')
+        expected += float((weights * weights_mass).sum())
+        values, inverse = torch.unique(weights.flatten(), return_inverse=True)  # (S',)
+        mass = torch.zeros_like(values).index_add_(0, inverse, weights_mass.flatten())
+        if values.numel() > max_states:
+            raise ValueError(
+                f"the running weight takes more than `max_states`={max_states} values after {len(draft_probs)} positions "
+                f"of {draft_probs.shape[1]} tokens; raise `max_states`, use fewer positions, or estimate from simulated "
+                "rounds with `expected_tokens_per_round`."
+            )
+    return expected
 
 
 def iid_tokens_per_round(alpha, num_draft_tokens: int):

@@ -21,6 +21,7 @@ so each token emitted at a drafted position follows ``pi_t`` exactly:
 ``SpecCascadeVerifier``     ``pi = q`` or ``p`` by a deferral rule, or a token-level blend
 ``LenientVerifier``         accept with ``min(1, p / (l q))``, residual ``norm(max(0, p - q))``
 ``TypicalAcceptanceVerifier`` accept ``x`` when ``p(x) > min(eps, alpha exp(-H(p)))``; recover ``argmax p``
+``BlockVerifier(base)``     the whole block against ``base``'s ``pi`` (Sun et al. 2024): same law, more kept
 =========================== ==========================================================
 
 **Writing a new rule.** Like a transformers ``LogitsProcessor``, a verifier is one small method:
@@ -64,7 +65,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from . import ops
+from . import block, ops
 from .checks import check_round_inputs, check_verification_output, is_real
 from .features import distribution_features
 
@@ -80,6 +81,7 @@ __all__ = [
     "SpecCascadeVerifier",
     "HeadVerifier",
     "TypicalAcceptanceVerifier",
+    "BlockVerifier",
     "CASCADE_RULES",
     "MIXING_SPACES",
     "check_round_inputs",
@@ -213,22 +215,11 @@ class Verifier:
             empty = draft_probs.new_zeros(batch_size, 0)  # (batch, 0)
             return VerificationResult(rows.new_zeros(batch_size), next_tokens, empty, None, empty)
 
-        if self.requires_hidden_states and (draft_hidden is None or target_hidden is None):
-            raise ValueError(f"{type(self).__name__} needs `draft_hidden` and `target_hidden`.")
         drafted_target_probs = target_probs[:, :num_draft_tokens]  # (batch, N, vocab)
-        output = self.verification_probs(
-            draft_probs,
-            drafted_target_probs,
-            draft_hidden=draft_hidden,
-            target_hidden=None if target_hidden is None else target_hidden[:, :num_draft_tokens],
-            untempered_draft_probs=untempered_draft_probs,
-            untempered_target_probs=(
-                None if untempered_target_probs is None else untempered_target_probs[:, :num_draft_tokens]
-            ),
-        )
-        if type(self).__module__ != __name__:  # a rule written elsewhere: its pi is checked, the library's are not
-            check_verification_output(type(self).__qualname__, output, tuple(draft_probs.shape))
-        verify_probs, target_weight = output  # (batch, N, vocab), (batch, N) or None
+        verify_probs, target_weight = self._round_verification_probs(
+            draft_probs, target_probs, draft_hidden=draft_hidden, target_hidden=target_hidden,
+            untempered_draft_probs=untempered_draft_probs, untempered_target_probs=untempered_target_probs,
+        )  # (batch, N, vocab), (batch, N) or None
         acceptance = self.token_acceptance(draft_probs, drafted_target_probs, verify_probs)  # (batch, N, vocab) a(x)
         position_acceptance = (draft_probs * acceptance).sum(dim=-1)  # (batch, N) beta_t
         counts = torch.arange(num_draft_tokens, device=draft_ids.device) < draft_lengths[:, None]  # (batch, N)
@@ -255,6 +246,34 @@ class Verifier:
             choice.scatter_(-1, draft_lengths[:, None], bonus_probs.argmax(dim=-1, keepdim=True))
             next_tokens = choice.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)  # (batch,)
         return VerificationResult(num_accepted, next_tokens, position_acceptance, target_weight, drafted_acceptance)
+
+    def _round_verification_probs(
+        self,
+        draft_probs: torch.Tensor,  # (batch, N, vocab)
+        target_probs: torch.Tensor,  # (batch, N + 1, vocab)
+        *,
+        draft_hidden: torch.Tensor | None = None,  # (batch, N, d_draft)
+        target_hidden: torch.Tensor | None = None,  # (batch, N + 1, d_target)
+        untempered_draft_probs: torch.Tensor | None = None,  # (batch, N, vocab)
+        untempered_target_probs: torch.Tensor | None = None,  # (batch, N + 1, vocab)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (batch, N, vocab), (batch, N) or None
+        """``verification_probs`` at the ``N`` drafted positions of a round; a rule written outside this module is checked."""
+        num_draft_tokens = draft_probs.shape[1]
+        if self.requires_hidden_states and (draft_hidden is None or target_hidden is None):
+            raise ValueError(f"{type(self).__name__} needs `draft_hidden` and `target_hidden`.")
+        output = self.verification_probs(
+            draft_probs,
+            target_probs[:, :num_draft_tokens],
+            draft_hidden=draft_hidden,
+            target_hidden=None if target_hidden is None else target_hidden[:, :num_draft_tokens],
+            untempered_draft_probs=untempered_draft_probs,
+            untempered_target_probs=(
+                None if untempered_target_probs is None else untempered_target_probs[:, :num_draft_tokens]
+            ),
+        )
+        if type(self).__module__ != __name__:  # a rule written elsewhere: its pi is checked, the library's are not
+            check_verification_output(type(self).__qualname__, output, tuple(draft_probs.shape))
+        return output
 
 
 def _unit_interval(verifier, name: str, *, open_low: bool = False, fix: str = "") -> None:
@@ -512,3 +531,60 @@ class HeadVerifier(_MixtureVerifier):
                 "its inputs are not finite. Check the head (`torch.isfinite(p).all()` for each parameter) and the models."
             )
         return target_weight.to(device=target_probs.device, dtype=target_probs.dtype)
+
+
+@dataclass(frozen=True)
+class BlockVerifier(Verifier):
+    """Block verification (Sun et al. 2024, arXiv 2403.10444) of the drafts against ``base``'s ``pi``.
+
+    The drafted block is judged as a whole: a running weight ``rho_t = min(1, rho_{t-1} pi_t(x_t) / q_t(x_t))``
+    lets a later draft rescue an earlier one, the longest prefix whose test passes is kept, and the recovered
+    token comes from ``norm(max(0, rho_tau pi_{tau+1} - q_{tau+1}))`` (:mod:`diversed_hf.block`; docs/method.md
+    §2). The emitted law is ``pi``'s at drafted positions and ``p``'s at the bonus, as token by token, and at least
+    as many drafts are kept in expectation. ``pi`` must depend on the prefix only, never on the drafted token (true
+    of every verifier here). For lossy SD and typical acceptance ``pi`` is what their ``verification_probs``
+    declares, the law they emit at a drafted position. Greedy (``do_sample=False``): ``rho`` is 1 up to the first
+    ``x_t != argmax pi_t``, so block and token-wise verification coincide and this calls ``base``.
+    """
+
+    base: Verifier = field(default=None)
+
+    def __post_init__(self):
+        if not isinstance(self.base, Verifier) or isinstance(self.base, BlockVerifier):
+            raise TypeError(
+                f"`base` must be a token-wise Verifier such as ExactVerifier() or HeadVerifier(head), got "
+                f"{type(self.base).__name__}. Use `BlockVerifier(ExactVerifier())` for lossless block verification."
+            )
+
+    @property
+    def requires_hidden_states(self) -> bool:
+        return self.base.requires_hidden_states
+
+    @property
+    def requires_untempered_probs(self) -> bool:
+        return self.base.requires_untempered_probs
+
+    @property
+    def head(self) -> "DiversedHead | None":  # base's, for a head verifier (generate checks it against the pair)
+        return getattr(self.base, "head", None)
+
+    def verification_probs(self, draft_probs, target_probs, **context):
+        return self.base.verification_probs(draft_probs, target_probs, **context)
+
+    def __call__(self, draft_ids, draft_probs, target_probs, *, draft_lengths=None, do_sample=True, generator=None,
+                 validate=True, **context) -> VerificationResult:
+        """One round, arguments as :meth:`Verifier.__call__`; ``drafted_acceptance`` holds ``rho_t / rho_{t-1}``."""
+        if validate:
+            check_round_inputs(draft_ids, draft_probs, target_probs, draft_lengths, **context)
+        if not do_sample or draft_ids.shape[1] == 0:
+            return self.base(draft_ids, draft_probs, target_probs, draft_lengths=draft_lengths, do_sample=do_sample,
+                             generator=generator, validate=False, **context)
+        batch_size, num_draft_tokens = draft_ids.shape
+        if draft_lengths is None:
+            draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)
+        verify_probs, target_weight = self.base._round_verification_probs(draft_probs, target_probs, **context)
+        bonus_probs = target_probs[torch.arange(batch_size, device=draft_ids.device), draft_lengths]  # (batch, vocab)
+        num_accepted, next_tokens, position_acceptance, drafted_factor = block.block_round(
+            draft_ids, draft_probs, verify_probs, bonus_probs, draft_lengths, generator
+        )  # (batch,), (batch,), (batch, N), (batch, N)
+        return VerificationResult(num_accepted, next_tokens, position_acceptance, target_weight, drafted_factor)
