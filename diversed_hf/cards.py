@@ -106,6 +106,7 @@ __all__ = [
     "load_results",
     "load_training_config",
     "render_card",
+    "stage_result_files",
     "write_card",
     "write_results",
     "write_training_config",
@@ -154,6 +155,30 @@ def write_training_config(path: Path, training_config: Any) -> None:
     if isinstance(training_config, (str, os.PathLike)) and Path(training_config).resolve() == Path(path).resolve():
         return
     hub.write_json(path, values)
+
+
+def stage_result_files(
+    staging: Path, directory: Path, results: Any, training_config: Any, same_head: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """The result files of a save into ``directory``, written first into its ``staging`` directory.
+
+    ``results.json`` / ``training_config.json`` are written from ``results`` / ``training_config`` when given; else
+    the file already in ``directory`` is kept when it describes this very head (``same_head``) and removed
+    otherwise. Returns the card's inputs (``{"results": ..., "training_config": ...}``, content or None) and the
+    names of the files to remove from ``directory``.
+    """
+    card_inputs, stale = {}, []
+    for name, filename, value, write in (
+        ("results", hub.RESULTS_NAME, results, write_results),
+        ("training_config", hub.TRAINING_CONFIG_NAME, training_config, write_training_config),
+    ):
+        staged, kept = Path(staging) / filename, Path(directory) / filename
+        if value is not None:
+            write(staged, value)
+        source = staged if staged.is_file() else kept if kept.is_file() and same_head else None
+        card_inputs[name] = hub.read_json(source, name.replace("_", " ").capitalize()) if source else None
+        stale += [filename] if source is None and kept.is_file() else []
+    return card_inputs, stale
 
 
 def _flatten(values: dict, prefix: str = "") -> list[tuple[str, str]]:
@@ -272,8 +297,8 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> 
 
 def _head_fields(config: "DiversedHeadConfig | Mapping[str, Any]") -> SimpleNamespace:
     """The fields of a head config (a ``DiversedHeadConfig`` or the object in its ``config.json``) for rendering."""
-    if hasattr(config, "to_dict"):
-        values = config.to_dict()
+    if is_dataclass(config) and not isinstance(config, type):
+        values = asdict(config)
     elif isinstance(config, Mapping):
         values = dict(config)
     else:

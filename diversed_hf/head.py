@@ -21,10 +21,14 @@ A head is shared like an adapter, through ``huggingface_hub.ModelHubMixin``::
     head = DiversedHead.from_pretrained("org/head-gsm8k")   # a local directory or a Hub repo id
     head.push_to_hub("org/head-gsm8k")
 
-The mixin's public methods do the work; the head fills its hooks: ``_save_pretrained`` (config and
-weights), ``_from_pretrained`` (strict loading, dtype and device) and ``generate_model_card`` (the card,
-rendered by :mod:`diversed_hf.cards`). Loading is strict (missing or unexpected weights are an error)
-and nothing is printed. Checkpoints of the official DIVERSED code import with
+The mixin does the work: it writes the config dataclass (``head.config``) as ``config.json`` and parses it
+back once per load. The head fills its hooks: ``_save_pretrained`` (the weights), ``_from_pretrained`` (the
+config checked as a whole, strict loading, dtype and device) and ``generate_model_card`` (the card, rendered
+by :mod:`diversed_hf.cards`). It overrides the three public methods only where the mixin has no hook, each
+saying why in a comment (docs/architecture.md lists them): ``save_pretrained`` stages the save so that it is
+atomic, ``from_pretrained`` checks the name and offline mode before the mixin fetches config.json, and
+``push_to_hub`` checks the token before the mixin creates the repo. Loading is strict (missing or unexpected
+weights are an error) and nothing is printed. Checkpoints of the official DIVERSED code import with
 :meth:`DiversedHead.from_official_checkpoint`.
 
 Imports point one way: :mod:`~diversed_hf.hub` (files) <- :mod:`~diversed_hf.cards` (cards and
@@ -46,11 +50,9 @@ from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
 from . import cards, hub, official
-from .features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names  # noqa: F401 - re-exported
-from .official import OFFICIAL_CONFIG_NAME, OFFICIAL_WEIGHTS_NAME  # noqa: F401 - re-exported
-from .cards import PAPER_URL  # noqa: F401 - re-exported
-from .hub import HEAD_FORMAT_VERSION, REQUIRED_FILE_FIELDS  # noqa: F401 - re-exported
-from .pairs import hidden_size_of, model_id_of  # noqa: F401 - re-exported
+from .features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
+from .hub import HEAD_FORMAT_VERSION
+from .pairs import hidden_size_of, model_id_of
 from .verifiers import MIXING_SPACES
 
 logger = logging.getLogger(__name__)
@@ -128,33 +130,10 @@ class DiversedHeadConfig:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"`{name}` must be a string or None, got {type(value).__name__} {value!r}.")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "DiversedHeadConfig":
-        if not isinstance(values, dict):
-            raise TypeError(f"A DiversedHeadConfig is built from a dict, got {type(values).__name__}.")
-        # The version first: a newer format may add fields this release does not know.
-        hub.check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown DiversedHeadConfig fields {unknown}; known fields are {sorted(known)}.")
-        required = ("draft_hidden_size", "target_hidden_size") if values.get("use_hidden_states", True) else ()
-        missing = sorted(name for name in required if name not in values)
-        if missing:
-            raise ValueError(f"DiversedHeadConfig is missing the required fields {missing}.")
-        return cls(**values)
-
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "DiversedHeadConfig":
-        """Read a saved ``config.json``: every field in :data:`REQUIRED_FILE_FIELDS` must be present."""
-        values = hub.read_head_config(path)
-        try:
-            return cls.from_dict(values)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"Invalid head config {path}: {error}") from None
+        """Read a saved ``config.json``: every field in :data:`~diversed_hf.hub.REQUIRED_FILE_FIELDS` must be present."""
+        return _config_from_file(hub.read_json(Path(path), "Head config"), str(path))
 
     @property
     def num_parameters(self) -> int:
@@ -163,6 +142,31 @@ class DiversedHeadConfig:
         # training loop must not change the run's random stream).
         with torch.device("meta"):
             return sum(parameter.numel() for parameter in DiversedHead(self).parameters())
+
+
+def _config_from_file(values: Any, where: str) -> DiversedHeadConfig:
+    """The config of the parsed ``config.json`` at ``where``, checked as a file and as a whole (errors name it)."""
+    hub.check_head_config(values, where)  # first: a newer format may add fields this release does not know
+    unknown = sorted(set(values) - {item.name for item in fields(DiversedHeadConfig)})
+    if unknown:
+        raise ValueError(
+            f"Invalid head config {where}: Unknown DiversedHeadConfig fields {unknown}; known fields are "
+            f"{sorted(item.name for item in fields(DiversedHeadConfig))}."
+        )
+    try:
+        return DiversedHeadConfig(**values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"Invalid head config {where}: {error}") from None
+
+
+def _check_own_config(head: "DiversedHead", config: Any, method: str) -> None:
+    """Refuse ``config``, ``ModelHubMixin``'s argument to write another config.json than the head's own."""
+    if config is not None and config != head.config and config != asdict(head.config):
+        raise TypeError(
+            f"{method} got `config={config!r}`, but a head always saves its own config (`head.config`, "
+            f"{head.extra_repr()}): a config.json describing another head would not load. Build a head with that "
+            "config (`DiversedHead(config)`) and save it instead."
+        )
 
 
 class DiversedHead(
@@ -193,7 +197,7 @@ class DiversedHead(
             raise TypeError(f"Pass either a `config` or keyword arguments, not both (got {sorted(kwargs)}).")
         if not isinstance(config, DiversedHeadConfig):
             raise TypeError(f"`config` must be a DiversedHeadConfig, got {type(config).__name__}.")
-        self.config = config
+        self._hub_mixin_config = config  # what ModelHubMixin writes as config.json (as `dataclasses.asdict`)
         hidden_size = config.draft_hidden_size + config.target_hidden_size if config.use_hidden_states else 0
         input_size = hidden_size + len(config.features)  # [h^q; h^p; f]
         if config.architecture == "linear":
@@ -206,6 +210,11 @@ class DiversedHead(
                 nn.Linear(config.mlp_hidden_size, 1),
             )
         self.reset_output_layer()
+
+    @property
+    def config(self) -> DiversedHeadConfig:
+        """The head's configuration: the dataclass ``ModelHubMixin`` saves as ``config.json``."""
+        return self._hub_mixin_config
 
     def reset_output_layer(self) -> None:
         """Zero the output layer and set its bias to ``logit(w_0)``: the head then outputs ``w_0`` everywhere."""
@@ -288,10 +297,10 @@ class DiversedHead(
 
     # Hub: save / load / push -----------------------------------------------------------------------
     #
-    # huggingface_hub.ModelHubMixin does the work: the hooks below write and read the files, and
-    # `generate_model_card` renders the card. The three public methods are overridden only where the
-    # installed mixin (huggingface_hub 2.x) has no hook for something we need; each override checks or
-    # adds its arguments and forwards to the mixin's method.
+    # huggingface_hub.ModelHubMixin does the work: it writes `config` (the dataclass, as `_hub_mixin_config`) to
+    # config.json and reads it back; `_save_pretrained` / `_from_pretrained` write and read the weights and
+    # `generate_model_card` renders the card. The public methods are overridden only for what the mixin has no hook
+    # for, each saying what; every override checks or adds its arguments and calls the mixin's method.
 
     def save_pretrained(
         self,
@@ -299,6 +308,7 @@ class DiversedHead(
         *,
         results: Any = None,
         training_config: Any = None,
+        config: Any = None,
         repo_id: str | None = None,
         push_to_hub: bool = False,
         model_card_kwargs: dict[str, Any] | None = None,
@@ -313,6 +323,7 @@ class DiversedHead(
                 when the directory holds this very head (same config and weights), and removed otherwise.
             training_config: how the head was trained (a dict, a dataclass such as the trainer's config, or a
                 path to a JSON file); written as ``training_config.json``, shown on the card; kept as ``results``.
+            config: the mixin's argument; the head always writes its own ``head.config`` (any other is refused).
             repo_id: the Hub repo the card's usage snippet names (default: the local directory).
             push_to_hub: also upload the directory to ``repo_id`` (default: the directory's name);
                 ``push_to_hub_kwargs`` go to :meth:`push_to_hub`.
@@ -322,13 +333,15 @@ class DiversedHead(
         Returns:
             The commit URL when pushing, else ``None``.
         """
-        # Override, then the mixin's save_pretrained: the mixin hands `_save_pretrained` nothing but the directory
-        # and keeps a README.md already there, so the result files are written and a stale card removed here.
-        if not push_to_hub and set(push_to_hub_kwargs) - {"config"}:
+        # Override: ModelHubMixin.save_pretrained deletes config.json from `save_directory` and then writes into it,
+        # with no hook before, so a failed save would leave neither head; it also keeps a README.md already there and
+        # hands `_save_pretrained` only the directory. So the mixin saves into a staging directory, with the result
+        # files written there first, and the staging directory moves into place once complete.
+        _check_own_config(self, config, "save_pretrained")
+        if push_to_hub_kwargs and not push_to_hub:
             raise TypeError(
-                f"save_pretrained got unexpected arguments {sorted(set(push_to_hub_kwargs) - {'config'})}; it takes results, "
-                "training_config, repo_id, push_to_hub and model_card_kwargs (arguments of push_to_hub only with "
-                "push_to_hub=True)."
+                f"save_pretrained got unexpected arguments {sorted(push_to_hub_kwargs)}; it takes results, training_config, "
+                "repo_id, push_to_hub and model_card_kwargs (arguments of push_to_hub only with push_to_hub=True)."
             )
         card_kwargs = dict(model_card_kwargs or {})
         results = card_kwargs.pop("results", None) if results is None else results
@@ -336,44 +349,29 @@ class DiversedHead(
         directory = Path(save_directory)
         hub.check_finite(self.state_dict(), "The head's weights", f"it is not saved to {directory}. A trained head goes "
                          "NaN when training diverged: lower the learning rate and check the rewards, then re-train.")  # fmt: skip
-        if push_to_hub and repo_id is None:
-            repo_id = directory.name
-        # Results in the directory describe the head saved there: kept only when that is this very head.
-        same_head = hub.holds_head(directory, self.config.to_dict(), self.state_dict())
-        # Every file is written into a sibling staging directory, then moved into place: a failure while writing
-        # (disk full, file-size limit, an exception) leaves the previous head as it was; a killed save's staging
-        # directory is removed by the next save.
-        staging, stale = hub.new_staging_dir(directory), []
+        repo_id = repo_id or card_kwargs.pop("repo_id", None) or (directory.name if push_to_hub else None)
+        same_head = hub.holds_head(directory, asdict(self.config), self.state_dict())  # its results.json stays valid
+        # A killed save's staging directory is removed by the next save (hub.new_staging_dir).
+        staging = hub.new_staging_dir(directory)
         try:
-            if results is not None:
-                cards.write_results(staging / hub.RESULTS_NAME, results)
-            if training_config is not None:
-                cards.write_training_config(staging / hub.TRAINING_CONFIG_NAME, training_config)
-            card_kwargs.setdefault("repo_id", repo_id)
-            card_kwargs["head_source"] = str(directory)
-            for name, filename in (("results", hub.RESULTS_NAME), ("training_config", hub.TRAINING_CONFIG_NAME)):
-                staged, kept = staging / filename, directory / filename
-                card_kwargs[name] = staged if staged.is_file() else kept if kept.is_file() and same_head else None
-                stale += [filename] if not staged.is_file() and kept.is_file() and not same_head else []
-            super().save_pretrained(staging, repo_id=repo_id, push_to_hub=False, model_card_kwargs=card_kwargs)
+            card_inputs, stale = cards.stage_result_files(staging, directory, results, training_config, same_head)
+            card_kwargs.update(card_inputs, repo_id=repo_id, head_source=str(directory))
+            super().save_pretrained(staging, model_card_kwargs=card_kwargs)
             hub.move_into_place(staging, directory, remove=stale)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         if stale:
             logger.warning("removed %s from %s: it described the head saved there before, not this one", stale, directory)
-        for name, filename in (("results", hub.RESULTS_NAME), ("training_config", hub.TRAINING_CONFIG_NAME)):
-            card_kwargs[name] = card_kwargs[name] and directory / filename  # the staged file has moved there
         logger.info("saved DiversedHead to %s", directory)
         if push_to_hub:
             return self.push_to_hub(repo_id, model_card_kwargs=card_kwargs, **push_to_hub_kwargs)
         return None
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """``config.json`` and ``model.safetensors`` recording the config's digest (the ``ModelHubMixin`` hook)."""
-        config_path = Path(save_directory) / hub.CONFIG_NAME
-        hub.write_json(config_path, self.config.to_dict())
-        hub.save_weights(self.state_dict(), Path(save_directory) / hub.WEIGHTS_NAME, config_sha256=hub.file_digest(config_path))
+        """``model.safetensors``, recording the digest of the config the mixin writes beside it (the mixin hook)."""
+        digest = hub.config_digest(asdict(self.config))
+        hub.save_weights(self.state_dict(), Path(save_directory) / hub.WEIGHTS_NAME, config_sha256=digest)
 
     @classmethod
     def from_pretrained(
@@ -392,8 +390,9 @@ class DiversedHead(
         Args:
             pretrained_model_name_or_path: a directory written by :meth:`save_pretrained`, or a repo id.
             revision, cache_dir, token, force_download, local_files_only: as in
-                ``huggingface_hub.hf_hub_download``. With ``HF_HUB_OFFLINE=1`` (even when set after
-                ``huggingface_hub`` was imported) the files come from the cache only, without a network attempt.
+                ``huggingface_hub.hf_hub_download`` (``revision`` only for a repo id). With ``HF_HUB_OFFLINE=1`` (even
+                when set after ``huggingface_hub`` was imported) the files come from the cache only, without a
+                network attempt.
             strict: missing or unexpected weights are an error (default). With ``strict=False`` they are
                 logged as a warning; shape mismatches are always an error.
             device: where to put the head (default CPU).
@@ -402,25 +401,19 @@ class DiversedHead(
         Check it against the models it will run with: ``generate`` errors on other hidden sizes (if it reads them) and
         warns when the models' ids differ from ``config.target_model_id`` / ``config.draft_model_id``.
         """
-        # Override, then the mixin's from_pretrained, which loads through `_from_pretrained`. The mixin first
-        # fetches and parses config.json itself, with no hook in front: a bad name, a missing or invalid
-        # config.json, or HF_HUB_OFFLINE set after huggingface_hub was imported (its offline flag is read at
-        # import, so it would try the network) would fail there with huggingface_hub's raw errors. So the
-        # config is located and checked here first, and offline mode is passed on as `local_files_only`.
-        unexpected = sorted(set(load_options) - set(LOAD_OPTIONS))
-        if unexpected:
-            raise TypeError(
-                f"DiversedHead.from_pretrained got unexpected arguments {unexpected}; it takes {list(LOAD_OPTIONS)} "
-                "besides the download arguments. The architecture comes from the saved config.json: to change it, "
-                "build a new head with `DiversedHead.for_pair`."
-            )
-        locate = dict(
-            revision=revision, cache_dir=cache_dir, token=token, force_download=force_download, local_files_only=local_files_only
+        # Override: ModelHubMixin.from_pretrained fetches and parses config.json before it calls `_from_pretrained`,
+        # with no hook before, and reads HF_HUB_OFFLINE only when huggingface_hub is imported. So the name is checked
+        # here (no file is read), offline mode is passed on as `local_files_only`, and that fetch's failures get
+        # errors that say what to do. config.json is then fetched and parsed once, by the mixin.
+        source, _ = hub.check_source(
+            pretrained_model_name_or_path, revision=revision, force_download=force_download, local_files_only=local_files_only
         )
-        DiversedHeadConfig.from_json_file(hub.resolve_file(pretrained_model_name_or_path, hub.CONFIG_NAME, **locate))
-        source = Path(pretrained_model_name_or_path).expanduser()
-        locate["local_files_only"] = local_files_only or hub.is_offline()
-        return super().from_pretrained(str(source) if source.is_dir() else pretrained_model_name_or_path, **locate, **load_options)
+        offline = local_files_only or hub.is_offline()
+        with hub.config_fetch_errors(source, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only):
+            return super().from_pretrained(
+                source, force_download=force_download, token=token, cache_dir=cache_dir, local_files_only=offline,
+                revision=revision, **load_options,
+            )  # fmt: skip
 
     @classmethod
     def _from_pretrained(
@@ -432,22 +425,32 @@ class DiversedHead(
         force_download: bool,
         local_files_only: bool,
         token: str | bool | None,
+        config: dict | None = None,
         strict: bool = True,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        **from_config: Any,
+        **config_fields: Any,
     ) -> "DiversedHead":
-        """Build the head from ``config.json`` and load ``model.safetensors`` strictly (the ``ModelHubMixin`` hook).
+        """The head ``config`` (config.json, parsed by the mixin) describes, with ``model.safetensors`` loaded strictly
+        (the ``ModelHubMixin`` hook).
 
-        ``from_config`` is what the mixin copies out of config.json into the call (the parsed config and its
-        fields, since ``__init__`` takes ``**kwargs``); the config is read again from the file and validated
-        as a whole, so that errors name the file.
+        ``config_fields`` are config.json's fields again: the mixin passes them as keyword arguments because
+        ``__init__`` takes ``**kwargs``. Any other keyword argument, or another value for one of them, is refused.
         """
         locate = dict(
             revision=revision, cache_dir=cache_dir, token=token, force_download=force_download, local_files_only=local_files_only
         )
-        config_path = hub.resolve_file(model_id, hub.CONFIG_NAME, **locate)
-        config = DiversedHeadConfig.from_json_file(config_path)
+        where = f"{model_id}/{hub.CONFIG_NAME}" + (f" (revision {revision})" if revision else "")
+        if config is None:  # the mixin could not fetch config.json (it logs and goes on): fetched here for the error
+            config = hub.read_json(hub.resolve_file(model_id, hub.CONFIG_NAME, **locate), "Head config")
+        values, config = config, _config_from_file(config, where)
+        unexpected = sorted(name for name, value in config_fields.items() if name not in values or values[name] != value)
+        if unexpected:
+            raise TypeError(
+                f"DiversedHead.from_pretrained got unexpected arguments {unexpected}; it takes {list(LOAD_OPTIONS)} "
+                "besides the download arguments. The architecture comes from the saved config.json: to change it, "
+                "build a new head with `DiversedHead.for_pair`."
+            )
         weights_path = hub.resolve_file(model_id, hub.WEIGHTS_NAME, **locate)
         with torch.device("meta"):  # the head config.json describes, checked against the file before it is allocated
             shapes = {name: tuple(tensor.shape) for name, tensor in cls(config).state_dict().items()}
@@ -455,18 +458,21 @@ class DiversedHead(
         state_dict = hub.load_weights(weights_path)
         hub.check_finite(state_dict, f"The weights in {weights_path}", "the head would verify against garbage. "
                          "Re-download it with `force_download=True` or re-train it.")  # fmt: skip
+        hub.check_same_save(values, where, weights_path)
         head = cls._built_without_rng(config)
         stored_dtypes = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
-        if dtype is None and len(stored_dtypes) == 1:
-            dtype = stored_dtypes.pop()
-        if dtype is not None:
-            head.to(dtype=dtype)
-        head.load_state_dict_checked(state_dict, strict=strict, source=str(weights_path))
-        hub.check_same_save(config_path, weights_path)  # after the shape check, whose error says more
-        if device is not None:
-            head.to(device)
+        head.to(dtype=dtype or (stored_dtypes.pop() if len(stored_dtypes) == 1 else None))
+        missing, unexpected = head.load_state_dict(state_dict, strict=False)
+        if missing or unexpected:
+            message = (
+                f"The weights in {weights_path} do not match a {config.architecture!r} head: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}."
+            )
+            if strict:
+                raise ValueError(message + " Re-save the head, or pass strict=False to load what matches.")
+            logger.warning("%s Loading the rest (strict=False).", message)
         logger.info("loaded DiversedHead from %s (%s)", model_id, head.extra_repr())
-        return head.eval()
+        return head.to(device).eval()
 
     @classmethod
     def _built_without_rng(cls, config: DiversedHeadConfig) -> "DiversedHead":
@@ -474,57 +480,36 @@ class DiversedHead(
         with torch.random.fork_rng(devices=[]):
             return cls(config)
 
-    def load_state_dict_checked(self, state_dict: dict[str, torch.Tensor], strict: bool = True, source: str = "state dict"):
-        """``load_state_dict`` with errors that name the offending keys and shapes."""
-        expected = self.state_dict()
-        missing = sorted(set(expected) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(expected))
-        hub.check_weight_shapes({name: tuple(tensor.shape) for name, tensor in expected.items()},
-                                {name: tuple(tensor.shape) for name, tensor in state_dict.items()}, source, self.extra_repr())
-        if missing or unexpected:
-            message = (
-                f"The weights in {source} do not match a {self.config.architecture!r} head: missing {missing}, "
-                f"unexpected {unexpected}."
-            )
-            if strict:
-                raise ValueError(message + " Re-save the head, or pass strict=False to load what matches.")
-            logger.warning("%s Loading the rest (strict=False).", message)
-        self.load_state_dict(state_dict, strict=False)
-        return self
-
     def push_to_hub(
         self,
         repo_id: str,
         *,
         results: Any = None,
         training_config: Any = None,
+        config: Any = None,
         token: str | None = None,
-        commit_message: str | None = None,
+        commit_message: str = hub.DEFAULT_COMMIT_MESSAGE,
         model_card_kwargs: dict[str, Any] | None = None,
         **push_kwargs,
     ) -> str:
         """Save the head (with its card) and upload it to the Hub repo ``repo_id``; returns the commit URL.
 
         Needs a write token (``token``, ``HF_TOKEN`` or ``hf auth login``): without one, or offline, it
-        fails before any network call. ``results`` / ``training_config`` as in :meth:`save_pretrained`;
+        fails before any network call. ``results`` / ``training_config`` / ``config`` as in :meth:`save_pretrained`;
         ``private``, ``branch``, ``create_pr`` and the pattern arguments as in ``ModelHubMixin.push_to_hub``.
         To push a saved directory as it is (with its ``results.json``), use ``diversed-hf push DIR``.
         """
-        # Override, then the mixin's push_to_hub: the mixin creates the repo before anything else, with no hook in
-        # front, so the checks that need no network (repo id, token, offline mode) run here; connection and
-        # permission failures become errors that say what to do; the card inputs travel as `model_card_kwargs`.
+        # Override: ModelHubMixin.push_to_hub creates the repo before anything else, with no hook before, so what needs
+        # no network (repo id, token, offline mode) is checked here, and connection and permission failures get errors
+        # that say what to do. The card inputs travel to save_pretrained as `model_card_kwargs`, the mixin's route.
+        _check_own_config(self, config, "push_to_hub")
         token = hub.check_push(repo_id, token)
         card_kwargs = {**(model_card_kwargs or {}), "repo_id": repo_id}
-        for name, value in (("results", results), ("training_config", training_config)):
-            if value is not None:
-                card_kwargs[name] = value
+        card_kwargs.update((name, value) for name, value in (("results", results), ("training_config", training_config))
+                           if value is not None)  # fmt: skip
         with hub.push_errors(repo_id):
             commit = super().push_to_hub(
-                repo_id,
-                token=token,
-                commit_message=commit_message or hub.DEFAULT_COMMIT_MESSAGE,
-                model_card_kwargs=card_kwargs,
-                **push_kwargs,
+                repo_id, token=token, commit_message=commit_message, model_card_kwargs=card_kwargs, **push_kwargs
             )
         logger.info("pushed DiversedHead to %s", commit)
         return str(commit)

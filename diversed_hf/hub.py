@@ -88,6 +88,43 @@ def _network_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def check_source(
+    name_or_path: str | os.PathLike,
+    filename: str = CONFIG_NAME,
+    *,
+    revision: str | None = None,
+    force_download: bool = False,
+    local_files_only: bool = False,
+) -> tuple[str, bool]:
+    """``(source, is_local)``: where a head's ``filename`` comes from, checked without reading any file.
+
+    A local directory (``~`` expanded) must hold ``filename`` and takes no ``revision``; anything else must be a
+    valid Hub repo id, and ``force_download`` needs the network. Raises ``FileNotFoundError`` / ``ValueError``.
+    """
+    source = str(name_or_path)
+    local = Path(source).expanduser()
+    if local.is_dir():
+        if revision is not None:
+            raise ValueError(
+                f"`revision={revision!r}` picks a version of a Hub repo, but {source!r} is a local directory: check "
+                "that version out there, or pass the repo id."
+            )
+        if not (local / filename).is_file():
+            raise FileNotFoundError(f"`{filename}` not found in the head directory {local.resolve()}. {_save_hint(filename)}")
+        return str(local), True
+    if local.exists():
+        raise ValueError(
+            f"{source!r} is a file; pass the head's directory (the folder holding {CONFIG_NAME} and {WEIGHTS_NAME})."
+        )
+    try:
+        huggingface_hub.utils.validate_repo_id(source)
+    except HFValidationError as error:
+        raise ValueError(f"{source!r} is neither an existing directory nor a valid Hub repo id ('org/name'): {error}") from None
+    if force_download and (local_files_only or is_offline()):
+        raise ValueError("`force_download=True` needs network access, but offline mode is on (HF_HUB_OFFLINE=1 or local_files_only=True).")
+    return source, False
+
+
 def resolve_file(
     name_or_path: str | os.PathLike,
     filename: str,
@@ -103,23 +140,13 @@ def resolve_file(
     Raises ``FileNotFoundError`` when the file is missing (or not cached while offline), ``ValueError``
     for a name that is neither a directory nor a repo id, ``ConnectionError`` when the Hub is unreachable.
     """
-    source = str(name_or_path)
-    local = Path(source).expanduser()
-    if local.is_dir():
-        path = local / filename
-        if path.is_file():
-            return path
-        raise FileNotFoundError(f"`{filename}` not found in the head directory {local.resolve()}. {_save_hint(filename)}")
-    if local.exists():
-        raise ValueError(
-            f"{source!r} is a file; pass the head's directory (the folder holding {CONFIG_NAME} and {WEIGHTS_NAME})."
-        )
-
+    source, local = check_source(
+        name_or_path, filename, revision=revision, force_download=force_download, local_files_only=local_files_only
+    )
+    if local:
+        return Path(source) / filename
     offline = local_files_only or is_offline()
-    if offline and force_download:
-        raise ValueError("`force_download=True` needs network access, but offline mode is on (HF_HUB_OFFLINE=1 or local_files_only=True).")
-    where = f"{source!r}" + (f" at revision {revision!r}" if revision else "")
-    try:
+    with download_errors(source, filename, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only):
         return Path(
             huggingface_hub.hf_hub_download(
                 repo_id=source,
@@ -131,13 +158,20 @@ def resolve_file(
                 local_files_only=offline,
             )
         )
-    except HFValidationError as error:
-        raise ValueError(
-            f"{source!r} is neither an existing directory nor a valid Hub repo id ('org/name'): {error}"
-        ) from None
+
+
+@contextlib.contextmanager
+def download_errors(
+    source: str, filename: str, *, revision: str | None, cache_dir: str | os.PathLike | None, local_files_only: bool
+) -> Iterator[None]:
+    """Turn huggingface_hub's failures to fetch ``filename`` of the head repo ``source`` into errors that say what to do
+    (``local_files_only``: as the caller passed it; offline mode is read here)."""
+    where = f"{source!r}" + (f" at revision {revision!r}" if revision else "")
+    try:
+        yield
     except LocalEntryNotFoundError:
         cache = Path(cache_dir or constants.HF_HUB_CACHE)
-        if offline:
+        if local_files_only or is_offline():
             if is_offline():
                 reason = "offline mode is on (HF_HUB_OFFLINE=1" + ("; `local_files_only=True`)" if local_files_only else ")")
             else:
@@ -197,32 +231,54 @@ def check_format_version(version) -> None:
         )
 
 
-def read_head_config(path: str | os.PathLike) -> dict:
-    """The JSON object of a head's ``config.json``, checked as a file: JSON, a head's (not a model's) config,
-    a format version this release reads, every field of :data:`REQUIRED_FILE_FIELDS` present.
+def check_head_config(values: Any, where: str) -> dict:
+    """``values``, the parsed ``config.json`` at ``where``, checked as a file: a JSON object, a head's (not a model's)
+    config, a format version this release reads, every field of :data:`REQUIRED_FILE_FIELDS` present.
 
     The values themselves are checked by ``DiversedHeadConfig``; this is what reading the file needs.
     """
-    values = read_json(Path(path), "Head config")
     if not isinstance(values, dict):
-        raise ValueError(f"Head config {path} must hold a JSON object, got {type(values).__name__}.")
+        raise ValueError(f"Head config {where} must hold a JSON object, got {type(values).__name__}.")
     if "draft_hidden_size" not in values and ("model_type" in values or "architectures" in values):
         raise ValueError(
-            f"{path} is a transformers model config (model_type={values.get('model_type')!r}), not a DiversedHead "
+            f"{where} is a transformers model config (model_type={values.get('model_type')!r}), not a DiversedHead "
             "config: pass the directory (or repo) of a head saved with `head.save_pretrained`, not a model's."
         )
     try:
         check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
     except ValueError as error:
-        raise ValueError(f"Head config {path}: {error}") from None
+        raise ValueError(f"Head config {where}: {error}") from None
     required = REQUIRED_FILE_FIELDS + (("mlp_hidden_size",) if values.get("architecture") == "mlp" else ())
     missing = [name for name in required if name not in values]
     if missing:
         raise ValueError(
-            f"Head config {path} is missing the fields {missing}; it was not written by "
+            f"Head config {where} is missing the fields {missing}; it was not written by "
             "`DiversedHead.save_pretrained` or was edited. Re-save the head."
         )
     return values
+
+
+def read_head_config(path: str | os.PathLike) -> dict:
+    """The JSON object of the head ``config.json`` at ``path``, checked by :func:`check_head_config`."""
+    return check_head_config(read_json(Path(path), "Head config"), str(path))
+
+
+@contextlib.contextmanager
+def config_fetch_errors(
+    source: str, *, revision: str | None, cache_dir: str | os.PathLike | None, local_files_only: bool
+) -> Iterator[None]:
+    """Clear errors for the failures of ``ModelHubMixin.from_pretrained``'s own fetch of ``config.json``: not in the
+    cache (offline, or the Hub unreachable), or not JSON. Only types that ``_from_pretrained`` never lets out are
+    caught, so its own errors pass unchanged."""
+    try:
+        yield
+    except LocalEntryNotFoundError as error:
+        with download_errors(source, CONFIG_NAME, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only):
+            raise error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"Head config {source}/{CONFIG_NAME} is not valid JSON ({error}); re-save the head or fix the file."
+        ) from None
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -244,14 +300,18 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes (hex)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def config_digest(values: dict) -> str:
+    """sha256 (hex) of a head config's canonical JSON text, ``json.dumps(values, indent=2, sort_keys=True) + "\\n"``.
+
+    It depends on the values only, not on how config.json is formatted (``ModelHubMixin`` writes it without the
+    final newline; the shipped heads' files hold exactly this text, and their recorded digests match either way).
+    """
+    return hashlib.sha256((json.dumps(values, indent=2, sort_keys=True) + "\n").encode("utf-8")).hexdigest()
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: Path, *, config_sha256: str | None = None) -> None:
-    """Write ``model.safetensors``; ``config_sha256`` (the digest of the ``config.json`` saved with it) goes in its
-    metadata, so that a directory mixing the files of two saves is detected at load (:func:`check_same_save`)."""
+    """Write ``model.safetensors``; ``config_sha256`` (the :func:`config_digest` of the config saved with it) goes in
+    its metadata, so that a directory mixing the files of two saves is detected at load (:func:`check_same_save`)."""
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state_dict.items()}
@@ -259,10 +319,10 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: Path, *, config_sha2
     save_file(tensors, str(path), metadata=metadata)
 
 
-def check_same_save(config_path: Path, weights_path: Path) -> None:
-    """Raise if ``model.safetensors`` records the digest of another ``config.json`` than the one beside it.
+def check_same_save(config: dict, where: str, weights_path: Path) -> None:
+    """Raise if ``model.safetensors`` records the digest of another config than ``config`` (read from ``where``).
 
-    Heads saved before the digest was recorded carry none and are not checked.
+    Weights saved without a digest carry none and are not checked.
     """
     from safetensors import safe_open
 
@@ -271,9 +331,9 @@ def check_same_save(config_path: Path, weights_path: Path) -> None:
             recorded = (weights.metadata() or {}).get(CONFIG_DIGEST_KEY)
     except Exception:  # noqa: BLE001 - a damaged file is reported by load_weights with its own message
         return
-    if recorded is not None and recorded != file_digest(config_path):
+    if recorded is not None and recorded != config_digest(config):
         raise ValueError(
-            f"{config_path} and {weights_path} come from different saves (an interrupted or mixed save): the weights "
+            f"{where} and {weights_path} come from different saves (an interrupted or mixed save): the weights "
             "were written with another config.json. Re-save the head, or re-download it with `force_download=True`."
         )
 

@@ -1,6 +1,7 @@
 """Model cards of heads: rendered from result files and training configs, task facts from the task registry,
 Hub metadata, the testbed's usage snippet, and the card and shipped-cards commands."""
 
+import dataclasses
 import json
 
 import pytest
@@ -186,7 +187,7 @@ def test_render_card_takes_a_config_or_its_json(saved):
     with pytest.raises(TypeError, match="`config` must be a DiversedHeadConfig"):
         cards.render_card(["not", "a", "config"])
     with pytest.raises(ValueError, match=r"lacks the head fields \['mixing'\]"):
-        cards.render_card({k: v for k, v in head.config.to_dict().items() if k != "mixing"})
+        cards.render_card({k: v for k, v in dataclasses.asdict(head.config).items() if k != "mixing"})
 
 
 def test_card_refuses_results_of_another_task(tmp_path):

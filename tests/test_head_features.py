@@ -14,7 +14,7 @@ from torch import nn
 
 from diversed_hf import DiversedHead, DiversedHeadConfig, HeadVerifier, StaticEnsembleVerifier, compat, enable_diversed, ops
 from diversed_hf.features import FEATURE_NAMES, MARGIN_CAP, distribution_features
-from diversed_hf.head import HEAD_FORMAT_VERSION
+from diversed_hf.hub import HEAD_FORMAT_VERSION
 from diversed_hf.rollout import build_logits_warpers, sample_from_mixture
 from tiny_models import VOCAB_SIZE, empirical, make_model, make_pair, prompt, tv_bound
 
@@ -97,7 +97,7 @@ def test_a_head_must_read_something_and_hidden_sizes_only_when_it_reads_hidden_s
         DiversedHeadConfig(features=["tv"])
     with pytest.raises(TypeError, match=r"`use_hidden_states` must be True or False, got 'no'"):
         DiversedHeadConfig(features=["tv"], use_hidden_states="no")
-    config = DiversedHeadConfig.from_dict({"features": ["tv"], "use_hidden_states": False})
+    config = DiversedHeadConfig(features=["tv"], use_hidden_states=False)
     assert config.draft_hidden_size is None and config.format_version == HEAD_FORMAT_VERSION == 2
 
 
@@ -152,7 +152,7 @@ def test_a_format_1_head_loads_unchanged(tmp_path, architecture):
     state = {f"net.{name}": tensor for name, tensor in network.state_dict().items()}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
-    config = DiversedHeadConfig.from_dict(old_config)
+    config = DiversedHeadConfig(**old_config)
     assert config.features == [] and config.use_hidden_states is True and config.format_version == HEAD_FORMAT_VERSION
     head = DiversedHead.from_pretrained(directory)
     assert head.config == config

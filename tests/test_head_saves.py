@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
+import io
 import json
 import os
 import shutil
@@ -9,12 +12,14 @@ import subprocess
 import sys
 import textwrap
 
+import huggingface_hub
 import pytest
 import torch
+from huggingface_hub import ModelHubMixin
 
 from diversed_hf import DiversedHead, DiversedHeadConfig, hub
 from diversed_hf.verifiers import HeadVerifier
-from test_hub import hidden, make_head, randomize
+from test_hub import REPO_ID, hidden, make_head, offline, populate_cache, randomize  # noqa: F401 - offline is a fixture
 
 
 def test_a_failed_save_leaves_the_previous_head_intact(tmp_path, monkeypatch):
@@ -28,7 +33,7 @@ def test_a_failed_save_leaves_the_previous_head_intact(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(hub, "save_weights", disk_full)  # the failure comes after config.json is written
+    monkeypatch.setattr(hub, "save_weights", disk_full)  # the failure comes after the staging directory is made
     with pytest.raises(OSError, match="No space left"):
         new.save_pretrained(directory)
     assert {path.name: path.read_bytes() for path in directory.iterdir()} == before
@@ -76,7 +81,7 @@ def test_heads_with_non_finite_weights_are_neither_saved_nor_loaded(tmp_path, va
         head.save_pretrained(tmp_path / "bad")
     assert list(tmp_path.iterdir()) == []  # no head, no card, no staging directory
     make_head("linear").save_pretrained(tmp_path / "bad")  # a file damaged afterwards is refused at load
-    config_digest = hub.file_digest(tmp_path / "bad" / hub.CONFIG_NAME)
+    config_digest = hub.config_digest(json.loads((tmp_path / "bad" / hub.CONFIG_NAME).read_text()))
     hub.save_weights(head.state_dict(), tmp_path / "bad" / hub.WEIGHTS_NAME, config_sha256=config_digest)
     with pytest.raises(ValueError, match=r"NaN or infinite values \(`net.0.weight`\)"):
         DiversedHead.from_pretrained(tmp_path / "bad")
@@ -136,3 +141,52 @@ def test_official_checkpoints_with_non_finite_weights_are_refused(tmp_path):
     torch.save({"summary.weight": weight, "summary.bias": torch.zeros(2, dtype=torch.bfloat16)}, tmp_path / "ensemble_head.bin")
     with pytest.raises(ValueError, match="NaN or infinite values"):
         DiversedHead.from_official_checkpoint(tmp_path)
+
+
+def test_a_load_fetches_and_reads_config_json_once(tmp_path, monkeypatch, offline):
+    """ModelHubMixin fetches and parses config.json; nothing else resolves or opens it again (local dir and repo id)."""
+    make_head("mlp").save_pretrained(tmp_path / "head")
+    populate_cache(tmp_path / "cache", REPO_ID, tmp_path / "head")
+    opened, downloaded = [], []
+    real_open = io.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith(hub.CONFIG_NAME):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    for module in (huggingface_hub, huggingface_hub.hub_mixin):
+        real_download = module.hf_hub_download
+        monkeypatch.setattr(module, "hf_hub_download", lambda *args, _real=real_download, **kwargs: downloaded.append(
+            kwargs["filename"]) or _real(*args, **kwargs))  # fmt: skip
+    DiversedHead.from_pretrained(tmp_path / "head")
+    assert (len(opened), downloaded) == (1, [])
+    opened.clear()
+    DiversedHead.from_pretrained(REPO_ID, cache_dir=tmp_path / "cache")
+    assert (len(opened), downloaded) == (1, [hub.CONFIG_NAME, hub.WEIGHTS_NAME])
+
+
+def test_the_mixin_writes_the_dataclass_config_and_the_hook_the_weights(tmp_path):
+    head = make_head("linear")
+    head._save_pretrained(tmp_path)
+    assert [path.name for path in tmp_path.iterdir()] == [hub.WEIGHTS_NAME]
+    head.save_pretrained(tmp_path / "head")
+    assert json.loads((tmp_path / "head" / hub.CONFIG_NAME).read_text()) == dataclasses.asdict(head.config)
+
+
+def test_options_a_head_cannot_honour_are_refused(tmp_path):
+    head = make_head("linear")
+    head.save_pretrained(tmp_path / "head")
+    other = {**dataclasses.asdict(head.config), "w_0": 0.9}
+    with pytest.raises(TypeError, match=r"save_pretrained got `config=.*always saves its own config"):
+        head.save_pretrained(tmp_path / "other", config=other)
+    with pytest.raises(TypeError, match=r"push_to_hub got `config=.*always saves its own config"):
+        head.push_to_hub(REPO_ID, config=DiversedHeadConfig(**other), token="hf_fake")
+    head.save_pretrained(tmp_path / "same", config=head.config)  # its own config: nothing ignored
+    with pytest.raises(ValueError, match=r"`revision='v1'` picks a version of a Hub repo, but .* is a local directory"):
+        DiversedHead.from_pretrained(tmp_path / "head", revision="v1")
+    mixin_from_pretrained = ModelHubMixin.from_pretrained.__func__  # the hook refuses what the mixin passes on
+    with pytest.raises(TypeError, match=r"unexpected arguments \['architecture', 'scale'\]"):
+        mixin_from_pretrained(DiversedHead, str(tmp_path / "head"), architecture="mlp", scale=2)

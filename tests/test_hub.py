@@ -2,6 +2,7 @@
 model cards from result files, import of official DIVERSED checkpoints, pushing, and every bad input."""
 
 import ast
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,7 +21,7 @@ from safetensors.torch import load_file, save_file
 import diversed_hf
 from diversed_hf import DiversedHead, DiversedHeadConfig, enable_diversed
 from diversed_hf import cards, hub
-from diversed_hf.head import HEAD_FORMAT_VERSION
+from diversed_hf.hub import HEAD_FORMAT_VERSION
 from diversed_hf.verifiers import HeadVerifier
 from tiny_models import make_pair, prompt
 
@@ -122,7 +123,7 @@ def test_round_trip_gives_identical_outputs(tmp_path, architecture):
 def test_config_json_records_the_pair_and_task(saved):
     head, directory = saved
     config = json.loads((directory / "config.json").read_text())
-    assert config == head.config.to_dict()
+    assert config == dataclasses.asdict(head.config)
     for key, value in dict(
         architecture="mlp", draft_hidden_size=8, target_hidden_size=12, mixing="probs", w_0=0.3,
         target_model_id=TARGET_ID, draft_model_id=DRAFT_ID, task="gsm8k", format_version=HEAD_FORMAT_VERSION,

@@ -342,7 +342,7 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         "verify_cost_ratio": costs["verify_pass_seconds"] / costs["target_token_seconds"],
         "config": dataclasses.asdict(config),
         "head": next(
-            (m.verifier.head.config.to_dict() for m in methods if m.own_head and isinstance(m.verifier, HeadVerifier)),
+            (dataclasses.asdict(m.verifier.head.config) for m in methods if m.own_head and isinstance(m.verifier, HeadVerifier)),
             None
         ),
     }
