@@ -20,8 +20,6 @@ Nothing here draws random numbers except :func:`sample`, which takes an optional
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 
@@ -81,16 +79,6 @@ def geometric_pool_probs(
     pooled = (target_term + draft_term).softmax(dim=-1)  # (..., vocab)
     undefined = pooled.isnan().any(dim=-1, keepdim=True)  # (..., 1)
     return torch.where(undefined, target_probs, pooled)
-
-
-def mix_logprobs(draft_probs, target_probs, target_weight):
-    """Deprecated name of :func:`geometric_pool_probs` (it returns probabilities); removed in the next release."""
-    warnings.warn(
-        "`ops.mix_logprobs` is deprecated: it returns probabilities, so it is now `ops.geometric_pool_probs`.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return geometric_pool_probs(draft_probs, target_probs, target_weight)
 
 
 def ratio_acceptance(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -35,20 +34,6 @@ class SpeculationStats:
     target_weights: list[torch.Tensor] | None = None  # per row: (num_generated,) w per emitted token; NaN for bonus
     drafted_acceptance: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
     draft_lengths: list[torch.Tensor] | None = None  # per row: (num_rounds,) drafts each round counted (N_b)
-
-    @property
-    def acceptance_probs(self) -> list[torch.Tensor]:
-        """Deprecated name of :attr:`position_acceptance` (``beta_t``); removed in the next release."""
-        warnings.warn("`SpeculationStats.acceptance_probs` is deprecated; use `position_acceptance`.", DeprecationWarning, stacklevel=2)
-        return self.position_acceptance
-
-    @property
-    def drafted_acceptance_probs(self) -> list[torch.Tensor] | None:
-        """Deprecated name of :attr:`drafted_acceptance` (``a_t(x_t)``); removed in the next release."""
-        warnings.warn(
-            "`SpeculationStats.drafted_acceptance_probs` is deprecated; use `drafted_acceptance`.", DeprecationWarning, stacklevel=2
-        )
-        return self.drafted_acceptance
 
     @property
     def acceptance_rate(self) -> torch.Tensor:  # (batch,)

@@ -59,7 +59,6 @@ kept while ``x_t == argmax pi_t``; the first mismatch emits ``argmax pi_t`` and 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -101,16 +100,6 @@ class VerificationResult:
     target_weight: torch.Tensor | None = None  # (batch, N) w_t used at each drafted position, if defined
     drafted_acceptance: torch.Tensor | None = None  # (batch, N) a_t(x_t): probability each drafted token is kept
 
-    @property
-    def acceptance_probs(self) -> torch.Tensor:  # (batch, N)
-        """Deprecated name of :attr:`position_acceptance` (``beta_t``); removed in the next release."""
-        warnings.warn(
-            "`VerificationResult.acceptance_probs` is deprecated; use `position_acceptance` (beta_t).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.position_acceptance
-
 
 class Verifier:
     """Base class: subclasses define the verification distribution ``pi`` (and may override the rule).
@@ -119,18 +108,6 @@ class Verifier:
     also override :meth:`token_acceptance` and :meth:`residual_probs`. Calling the verifier runs one
     round for a batch.
     """
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # A rule written against the previous release overrides `acceptance`: keep honouring it.
-        if "acceptance" in cls.__dict__ and "token_acceptance" not in cls.__dict__:
-            warnings.warn(
-                f"{cls.__name__} overrides `Verifier.acceptance`, which is now `token_acceptance`; rename the method "
-                "(the old name is honoured for one release).",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            cls.token_acceptance = cls.__dict__["acceptance"]
 
     #: the verifier reads last-layer hidden states of both models (the generation loop then asks for them)
     requires_hidden_states: ClassVar[bool] = False
@@ -158,11 +135,6 @@ class Verifier:
     ) -> torch.Tensor:  # (batch, N, vocab)
         """``a(x)``: probability of keeping each token ``x`` if it were drafted, ``min(1, pi(x) / q(x))``."""
         return ops.ratio_acceptance(draft_probs, verify_probs)
-
-    def acceptance(self, draft_probs, target_probs, verify_probs):  # (batch, N, vocab)
-        """Deprecated name of :meth:`token_acceptance`; removed in the next release."""
-        warnings.warn("`Verifier.acceptance` is deprecated; call `token_acceptance`.", DeprecationWarning, stacklevel=2)
-        return self.token_acceptance(draft_probs, target_probs, verify_probs)
 
     def residual_probs(
         self,

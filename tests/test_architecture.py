@@ -24,8 +24,6 @@ COMMAND_MODULES = {
     "diversed_hf.hub_cli",
     "diversed_hf.bench.cli",
 }
-# Deprecated aliases of moved modules, kept for one release.
-SHIM_MODULES = {"diversed_hf.data", "diversed_hf.rewards", "diversed_hf.plots"}
 
 
 def module_name(path: Path) -> str:
@@ -113,7 +111,7 @@ def _library_modules():
     return [
         name
         for name in MODULES
-        if name not in COMMAND_MODULES and name not in SHIM_MODULES and not name.startswith("diversed_hf.testbed")
+        if name not in COMMAND_MODULES and not name.startswith("diversed_hf.testbed")
     ]
 
 

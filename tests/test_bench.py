@@ -266,8 +266,7 @@ def test_testbed_heads_are_the_default_only_for_the_testbed_pair():
 
 
 def test_hub_tasks_load_from_local_files(tmp_path):
-    """GSM8K through diversed_hf.data / diversed_hf.rewards, from a local file in the Hub schema (no download)."""
-    pytest.importorskip("diversed_hf.data")
+    """GSM8K through the task registry (diversed_hf.tasks), from a local file in the Hub schema (no download)."""
     path = tmp_path / "gsm8k.jsonl"
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

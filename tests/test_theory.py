@@ -269,33 +269,3 @@ def test_single_position_inputs():
     tradeoff = theory.single_step_tradeoff(ExactVerifier(), draft_probs, target_probs)
     assert float(tradeoff.rejection) == pytest.approx(0.5) and float(tradeoff.bias) == pytest.approx(0.0)
     assert tradeoff.output_probs.shape == (3,)
-
-
-def test_renamed_names_keep_deprecated_aliases():
-    """Renames of this release keep the old name for one release, with a DeprecationWarning."""
-    from diversed_hf import ops
-    from diversed_hf.outputs import SpeculationStats
-    from diversed_hf.verifiers import VerificationResult
-
-    probs = torch.tensor([[0.5, 0.5]])
-    with pytest.warns(DeprecationWarning, match="geometric_pool_probs"):
-        assert torch.equal(ops.mix_logprobs(probs, probs, torch.tensor([0.5])), ops.geometric_pool_probs(probs, probs, torch.tensor([0.5])))
-    result = VerificationResult(torch.zeros(1), torch.zeros(1), torch.ones(1, 2))
-    with pytest.warns(DeprecationWarning, match="position_acceptance"):
-        assert result.acceptance_probs is result.position_acceptance
-    zeros = torch.zeros(1, dtype=torch.long)
-    stats = SpeculationStats(2, zeros, zeros, zeros, zeros, zeros[:, None], zeros[:, None], [torch.ones(1, 2)], None, [torch.ones(1, 2)])
-    with pytest.warns(DeprecationWarning):
-        assert stats.acceptance_probs is stats.position_acceptance
-    with pytest.warns(DeprecationWarning):
-        assert stats.drafted_acceptance_probs is stats.drafted_acceptance
-    assert float(stats.expected_tokens_per_round[0]) == pytest.approx(3.0)
-    with pytest.warns(DeprecationWarning, match="token_acceptance"):
-        assert torch.equal(ExactVerifier().acceptance(probs, probs, probs), ExactVerifier().token_acceptance(probs, probs, probs))
-    with pytest.warns(DeprecationWarning, match="overrides `Verifier.acceptance`"):
-
-        class OldStyle(ExactVerifier):
-            def acceptance(self, draft_probs, target_probs, verify_probs):
-                return torch.zeros_like(draft_probs)
-
-    assert torch.equal(OldStyle().token_acceptance(probs, probs, probs), torch.zeros_like(probs))

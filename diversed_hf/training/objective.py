@@ -23,7 +23,6 @@ All per-token tensors are ``(batch, T)`` with a 0/1 ``mask`` of valid completion
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 
@@ -110,12 +109,6 @@ def expected_acceptance(
 ) -> torch.Tensor:  # (B, T)
     """Expected acceptance of each position, ``beta_t = 1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (docs/method.md §2)."""
     return 1.0 - target_weight * total_variation.to(target_weight.dtype)
-
-
-def acceptance(target_weight, total_variation):  # (B, T)
-    """Deprecated name of :func:`expected_acceptance`; removed in the next release."""
-    warnings.warn("`objective.acceptance` is deprecated; use `objective.expected_acceptance`.", DeprecationWarning, stacklevel=2)
-    return expected_acceptance(target_weight, total_variation)
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:  # (B, T)
