@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, StopStringCriteria, StoppingCriteriaList
@@ -28,6 +29,11 @@ from .pairs import check_head_matches, shared_vocab_size, verification_vocab_siz
 from .verifiers import BlockVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
+
+#: the Hub repository folder of the ``custom_generate`` method (``README.md``, ``custom_generate/generate.py``), shipped
+#: as package data: ``model.generate(..., custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=True, ...)`` runs it
+#: from this local path; ``diversed-hf push --custom-generate --repo-id ORG/NAME`` publishes it
+CUSTOM_GENERATE_REPO = str(Path(__file__).resolve().parent / "hub_repo")
 
 _OUR_KWARGS = ("diversed_head", "verifier", "block_verification", "output_target_weights", "generator")
 # generation-config flags our loop cannot honour, with the value that disables them
@@ -188,129 +194,153 @@ class DiversedGenerationMixin:
     """
 
     def generate(self, *args, **kwargs):
-        diversed_head = kwargs.pop("diversed_head", None)
-        verifier = kwargs.pop("verifier", None)
-        block_verification = kwargs.pop("block_verification", None)
-        output_target_weights = kwargs.pop("output_target_weights", None)
-        generator = kwargs.pop("generator", None)
-        if block_verification is not None and not isinstance(block_verification, bool):
-            raise TypeError(
-                f"`block_verification` must be True or False, got {block_verification!r}: True verifies each drafted "
-                "block as a whole (BlockVerifier)."
-            )
-        if diversed_head is None and verifier is None:
-            ours = {"output_target_weights": output_target_weights, "generator": generator,
-                    "block_verification": block_verification or None, "assistant_costs": kwargs.get("assistant_costs")}
-            for name, value in ours.items():
-                if value is not None:
-                    raise ValueError(
-                        f"`{name}` only applies to relaxed speculative decoding: pass `assistant_model=draft` and "
-                        "`diversed_head=head` or `verifier=...` as well, or remove it."
-                    )
-            return super().generate(*args, **kwargs)
-        return self._diversed_generate(
-            args, kwargs, diversed_head, verifier, bool(output_target_weights), generator, bool(block_verification)
+        return _generate(self, super().generate, args, kwargs)
+
+
+def diversed_generate(model, *args, **kwargs):
+    """``model.generate(*args, **kwargs)`` with ``diversed_head=`` / ``verifier=`` on any transformers model, left
+    unmodified (no :func:`enable_diversed`): what the Hub ``custom_generate`` folder calls
+    (``diversed_hf/hub_repo/custom_generate/generate.py``). Arguments as :class:`DiversedGenerationMixin`'s
+    ``generate``; without a head or verifier it is the model's own ``generate``.
+    """
+    if isinstance(model, DiversedGenerationMixin):
+        return _generate(model, super(DiversedGenerationMixin, model).generate, args, kwargs)
+    if not isinstance(model, GenerationMixin):
+        raise TypeError(f"`model` must be a transformers model with `generate`, got {type(model).__name__}.")
+    # the class's method: `from_pretrained(..., trust_remote_code=True)` may have put a custom one on the instance
+    return _generate(model, type(model).generate.__get__(model, type(model)), args, kwargs)
+
+
+def _generate(model, base_generate, args: tuple, kwargs: dict):
+    """``generate`` on ``model``: the loop with a head or verifier, else ``base_generate`` (transformers' own, bound
+    to ``model``) unchanged."""
+    diversed_head = kwargs.pop("diversed_head", None)
+    verifier = kwargs.pop("verifier", None)
+    block_verification = kwargs.pop("block_verification", None)
+    output_target_weights = kwargs.pop("output_target_weights", None)
+    generator = kwargs.pop("generator", None)
+    if block_verification is not None and not isinstance(block_verification, bool):
+        raise TypeError(
+            f"`block_verification` must be True or False, got {block_verification!r}: True verifies each drafted "
+            "block as a whole (BlockVerifier)."
         )
-
-    def _diversed_generate(self, args, kwargs, diversed_head, verifier, output_target_weights, generator,
-                           block_verification=False):
-        bound = inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs)
-        arguments = dict(bound.arguments)
-        arguments.pop("self")
-        extra = arguments.pop("kwargs", {})
-        assistant_model = arguments.pop("assistant_model", None)
-        which = "diversed_head" if diversed_head is not None else "verifier"
-        if assistant_model is None:
-            raise ValueError(
-                f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."
-            )
-        if not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config"):
-            raise TypeError(
-                f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
-                f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
-            )
-        if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
-            raise ValueError(
-                f"`{which}` needs `input_ids`: the draft and the target verify token ids, so `inputs_embeds` alone cannot "
-                "be used. Pass the prompt's `input_ids` instead."
-            )
-        if diversed_head is not None and verifier is not None:
-            raise ValueError(
-                "Pass either `diversed_head` or `verifier`, not both: `diversed_head=head` is shorthand for "
-                "`verifier=HeadVerifier(head)`."
-            )
-        if arguments.get("custom_generate") is not None:
-            raise ValueError("`custom_generate` cannot be combined with `diversed_head`/`verifier`; remove one of them.")
-        if diversed_head is not None:
-            if not isinstance(diversed_head, DiversedHead):
-                raise TypeError(f"`diversed_head` must be a DiversedHead, got {type(diversed_head).__name__}.")
-            verifier = HeadVerifier(diversed_head)
-        if not isinstance(verifier, Verifier):
-            raise TypeError(
-                f"`verifier` must be a diversed_hf.verifiers.Verifier (e.g. ExactVerifier()), got {type(verifier).__name__}."
-            )
-        if block_verification and not isinstance(verifier, BlockVerifier):
-            verifier = BlockVerifier(verifier)
-        checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
-        if isinstance(checked, HeadVerifier):
-            check_head_matches(checked.head, self, assistant_model)
-        tokenizer = extra.pop("tokenizer", None)
-        vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
-        _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
-        knobs = _draft_length_knobs(extra, arguments.get("generation_config"), assistant_model)
-        num_draft_tokens = knobs["num_assistant_tokens"]
-        streamer = arguments.pop("streamer", None)
-        for name in ("cache", "past_key_values"):
-            if extra.get(name) is not None:
+    if diversed_head is None and verifier is None:
+        ours = {"output_target_weights": output_target_weights, "generator": generator,
+                "block_verification": block_verification or None, "assistant_costs": kwargs.get("assistant_costs")}
+        for name, value in ours.items():
+            if value is not None:
                 raise ValueError(
-                    f"`{name}=` cannot be combined with `diversed_head`/`verifier`: the speculative loop builds and edits "
-                    f"its own cache for each model. Remove `{name}`."
+                    f"`{name}` only applies to relaxed speculative decoding: pass `assistant_model=draft` and "
+                    "`diversed_head=head` or `verifier=...` as well, or remove it."
                 )
-        _check_cache_options(extra.get("cache_implementation"), extra.get("use_cache"))  # before transformers acts on them
+        return base_generate(*args, **kwargs)
+    return _diversed_generate(
+        model, base_generate, args, kwargs, diversed_head, verifier, bool(output_target_weights), generator,
+        bool(block_verification),
+    )
 
-        def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
-            _check_generation_config(generation_config)
-            attention_mask = model_kwargs.get("attention_mask")  # (B, L) or None (all ones)
-            _check_batch(input_ids, attention_mask, generator)
-            if streamer is not None and input_ids.shape[0] > 1:
-                raise ValueError(f"`streamer` supports batch size 1 only; got a batch of {input_ids.shape[0]} prompts.")
-            pad_token_id, eos_token_id = compat.special_token_ids(generation_config, input_ids.device)
-            # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.padding)
-            loop_ids, loop_mask = left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
-            wants = dict(scores=bool(generation_config.output_scores), logits=bool(generation_config.output_logits))
-            recorder = TargetScoreRecorder(**wants) if generation_config.return_dict_in_generate and any(wants.values()) else None
-            new_tokens, stats = speculative_decode(
-                model,
-                assistant_model,
-                verifier,
-                loop_ids,
-                loop_mask,
-                num_draft_tokens=num_draft_tokens,
-                max_new_tokens=generation_config.max_length - input_ids.shape[1],
-                logits_processor=logits_processor,
-                stopping_criteria=compat.split_stopping_criteria(stopping_criteria),
-                eos_token_id=eos_token_id,
-                pad_token_id=pad_token_id,
-                do_sample=bool(generation_config.do_sample),
-                generator=generator,
-                streamer=streamer,
-                output_target_weights=output_target_weights,
-                vocab_size=vocab_size,
-                num_assistant_tokens_schedule=knobs["num_assistant_tokens_schedule"],
-                assistant_confidence_threshold=knobs["assistant_confidence_threshold"],
-                assistant_costs=knobs["assistant_costs"],
-                score_recorder=recorder,
+
+def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifier, output_target_weights, generator,
+                       block_verification=False):
+    """``generate`` with a head or verifier on ``self`` (the target); ``base_generate`` prepares the call and runs
+    the loop as its ``custom_generate``."""
+    bound = inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    arguments.pop("self")
+    extra = arguments.pop("kwargs", {})
+    assistant_model = arguments.pop("assistant_model", None)
+    which = "diversed_head" if diversed_head is not None else "verifier"
+    if assistant_model is None:
+        raise ValueError(
+            f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."
+        )
+    if not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config"):
+        raise TypeError(
+            f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
+            f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
+        )
+    if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
+        raise ValueError(
+            f"`{which}` needs `input_ids`: the draft and the target verify token ids, so `inputs_embeds` alone cannot "
+            "be used. Pass the prompt's `input_ids` instead."
+        )
+    if diversed_head is not None and verifier is not None:
+        raise ValueError(
+            "Pass either `diversed_head` or `verifier`, not both: `diversed_head=head` is shorthand for "
+            "`verifier=HeadVerifier(head)`."
+        )
+    if arguments.get("custom_generate") is not None:
+        raise ValueError("`custom_generate` cannot be combined with `diversed_head`/`verifier`; remove one of them.")
+    if diversed_head is not None:
+        if not isinstance(diversed_head, DiversedHead):
+            raise TypeError(f"`diversed_head` must be a DiversedHead, got {type(diversed_head).__name__}.")
+        verifier = HeadVerifier(diversed_head)
+    if not isinstance(verifier, Verifier):
+        raise TypeError(
+            f"`verifier` must be a diversed_hf.verifiers.Verifier (e.g. ExactVerifier()), got {type(verifier).__name__}."
+        )
+    if block_verification and not isinstance(verifier, BlockVerifier):
+        verifier = BlockVerifier(verifier)
+    checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
+    if isinstance(checked, HeadVerifier):
+        check_head_matches(checked.head, self, assistant_model)
+    tokenizer = extra.pop("tokenizer", None)
+    vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
+    _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
+    knobs = _draft_length_knobs(extra, arguments.get("generation_config"), assistant_model)
+    num_draft_tokens = knobs["num_assistant_tokens"]
+    streamer = arguments.pop("streamer", None)
+    for name in ("cache", "past_key_values"):
+        if extra.get(name) is not None:
+            raise ValueError(
+                f"`{name}=` cannot be combined with `diversed_head`/`verifier`: the speculative loop builds and edits "
+                f"its own cache for each model. Remove `{name}`."
             )
-            sequences = torch.cat([input_ids, new_tokens], dim=1)
-            if generation_config.return_dict_in_generate:
-                scores, logits = recorder.assemble(*new_tokens.shape) if recorder is not None else (None, None)
-                return DiversedGenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculation=stats)
-            return sequences
+    _check_cache_options(extra.get("cache_implementation"), extra.get("use_cache"))  # before transformers acts on them
 
-        # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
-        # holds it, and transformers' checks for its own assisted decoding (one sequence per prompt) do not apply, so
-        # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).
-        return super().generate(**arguments, streamer=streamer, custom_generate=decode, **extra)
+    def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        _check_generation_config(generation_config)
+        attention_mask = model_kwargs.get("attention_mask")  # (B, L) or None (all ones)
+        _check_batch(input_ids, attention_mask, generator)
+        if streamer is not None and input_ids.shape[0] > 1:
+            raise ValueError(f"`streamer` supports batch size 1 only; got a batch of {input_ids.shape[0]} prompts.")
+        pad_token_id, eos_token_id = compat.special_token_ids(generation_config, input_ids.device)
+        # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.padding)
+        loop_ids, loop_mask = left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
+        wants = dict(scores=bool(generation_config.output_scores), logits=bool(generation_config.output_logits))
+        recorder = TargetScoreRecorder(**wants) if generation_config.return_dict_in_generate and any(wants.values()) else None
+        new_tokens, stats = speculative_decode(
+            model,
+            assistant_model,
+            verifier,
+            loop_ids,
+            loop_mask,
+            num_draft_tokens=num_draft_tokens,
+            max_new_tokens=generation_config.max_length - input_ids.shape[1],
+            logits_processor=logits_processor,
+            stopping_criteria=compat.split_stopping_criteria(stopping_criteria),
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            do_sample=bool(generation_config.do_sample),
+            generator=generator,
+            streamer=streamer,
+            output_target_weights=output_target_weights,
+            vocab_size=vocab_size,
+            num_assistant_tokens_schedule=knobs["num_assistant_tokens_schedule"],
+            assistant_confidence_threshold=knobs["assistant_confidence_threshold"],
+            assistant_costs=knobs["assistant_costs"],
+            score_recorder=recorder,
+        )
+        sequences = torch.cat([input_ids, new_tokens], dim=1)
+        if generation_config.return_dict_in_generate:
+            scores, logits = recorder.assemble(*new_tokens.shape) if recorder is not None else (None, None)
+            return DiversedGenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculation=stats)
+        return sequences
+
+    # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
+    # holds it, and transformers' checks for its own assisted decoding (one sequence per prompt) do not apply, so
+    # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).
+    return base_generate(**arguments, streamer=streamer, custom_generate=decode, **extra)
 
 
 _ENABLED_CLASSES: dict[type, type] = {}

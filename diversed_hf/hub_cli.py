@@ -1,4 +1,6 @@
-"""``diversed-hf push DIR --repo-id ORG/NAME`` and ``diversed-hf card DIR``: share heads from the command line.
+"""``diversed-hf push DIR --repo-id ORG/NAME`` and ``diversed-hf card DIR``: share heads from the command line;
+``diversed-hf push --custom-generate --repo-id ORG/NAME`` publishes the ``custom_generate`` method (the package's
+``hub_repo`` folder, :data:`diversed_hf.generation.CUSTOM_GENERATE_REPO`).
 
 Both print what they produced (the commit URL, the card paths) on stdout; the functions they call
 (:func:`push_directory`, :func:`render_shipped_cards`, :func:`diversed_hf.cards.write_card`) never print.
@@ -18,19 +20,27 @@ from pathlib import Path
 
 from . import cards, hub
 from .cli_utils import check_output_dir, write_text_atomic
+from .generation import CUSTOM_GENERATE_REPO
 from .head import DiversedHead, DiversedHeadConfig
 
 logger = logging.getLogger(__name__)
 
+#: the files of the ``custom_generate`` repository, relative to it (transformers' documented layout)
+CUSTOM_GENERATE_FILES = ("README.md", "custom_generate/generate.py", "custom_generate/requirements.txt")
+
 def register(subparsers) -> None:
     push = subparsers.add_parser(
         "push",
-        help="Upload a saved head directory to the Hugging Face Hub.",
+        help="Upload a saved head directory, or the custom_generate method, to the Hugging Face Hub.",
         description="Load the head in DIR strictly, re-render its card for the repo, and upload config.json, "
-        "model.safetensors, README.md, results.json and training_config.json in one commit. Needs a write token "
-        "(hf auth login, HF_TOKEN or --token).",
+        "model.safetensors, README.md, results.json and training_config.json in one commit; or, with "
+        "--custom-generate, upload the DIVERSED custom_generate repository (README.md, custom_generate/generate.py, "
+        "custom_generate/requirements.txt) that `model.generate(..., custom_generate=ORG/NAME, "
+        "trust_remote_code=True)` runs. Needs a write token (hf auth login, HF_TOKEN or --token).",
     )
-    push.add_argument("directory", metavar="DIR", help="Directory written by DiversedHead.save_pretrained.")
+    push.add_argument("directory", metavar="DIR", nargs="?", help="Directory written by DiversedHead.save_pretrained.")
+    push.add_argument("--custom-generate", "--custom_generate", action="store_true",
+                      help="Push the custom_generate method shipped with diversed_hf instead of a head DIR.")
     push.add_argument("--repo-id", required=True, metavar="ORG/NAME", help="Hub repo to push to (created if missing).")
     push.add_argument("--token", default=None, help="Hub write token (default: HF_TOKEN or the stored login).")
     push.add_argument("--private", action="store_true", default=None, help="Create the repo as private.")
@@ -95,6 +105,38 @@ def push_directory(
         staging.cleanup()
 
 
+def custom_generate_files() -> list[Path]:
+    """The files of the ``custom_generate`` repository shipped with the package (:data:`CUSTOM_GENERATE_FILES`)."""
+    files = [Path(CUSTOM_GENERATE_REPO) / name for name in CUSTOM_GENERATE_FILES]
+    missing = [str(path) for path in files if not path.is_file()]
+    if missing:
+        raise OSError(f"the installed diversed_hf lacks {missing}: reinstall it (`pip install --force-reinstall diversed_hf`).")
+    return files
+
+
+def push_custom_generate(
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
+    branch: str | None = None,
+    create_pr: bool | None = None,
+) -> str:
+    """Push the ``custom_generate`` repository (:data:`CUSTOM_GENERATE_FILES`) to ``repo_id``; returns the commit URL."""
+    custom_generate_files()  # every file present, before the network
+    return hub.push_folder(
+        CUSTOM_GENERATE_REPO,
+        repo_id,
+        token=token,
+        private=private,
+        commit_message=commit_message or "Upload the DIVERSED custom_generate method",
+        branch=branch,
+        create_pr=create_pr,
+        allow_patterns=CUSTOM_GENERATE_FILES,
+    )
+
+
 def shipped_head_dirs() -> list[Path]:
     """Directories of the heads shipped in the testbed's assets (folders whose config.json is a head's)."""
     from . import testbed  # the command layer only: the library never imports the testbed
@@ -136,17 +178,18 @@ def _type_errors_as_value_errors():
 
 
 def _run_push(args) -> int:
-    with _type_errors_as_value_errors():
-        url = push_directory(
-            args.directory,
-            args.repo_id,
-            token=args.token,
-            private=args.private,
-            commit_message=args.commit_message,
-            branch=args.branch,
-            create_pr=args.create_pr,
-            keep_card=args.keep_card,
+    if (args.directory is None) == (not args.custom_generate):
+        raise ValueError(
+            "give a head DIR or --custom-generate" + (", not both." if args.custom_generate else
+                                                      " (e.g. `diversed-hf push runs/head --repo-id ORG/NAME`).")
         )
+    options = dict(token=args.token, private=args.private, commit_message=args.commit_message, branch=args.branch,
+                   create_pr=args.create_pr)
+    if args.custom_generate:
+        print(push_custom_generate(args.repo_id, **options))
+        return 0
+    with _type_errors_as_value_errors():
+        url = push_directory(args.directory, args.repo_id, keep_card=args.keep_card, **options)
     print(url)
     return 0
 
