@@ -200,6 +200,17 @@ def split_stopping_criteria(criteria):
     return rest
 
 
+#: transformers 5.23 renamed ``TrainingArguments.gradient_checkpointing`` to ``activation_checkpointing`` (the old name
+#: became a deprecated alias of it); before 5.23 only ``gradient_checkpointing`` exists.
+_ACTIVATION_CHECKPOINTING = version.parse(transformers.__version__) >= version.parse("5.23.0")
+
+
+def activation_checkpointing(args) -> bool:
+    """Whether ``args`` (``TrainingArguments``) ask for activation (gradient) checkpointing, under either name."""
+    name = "activation_checkpointing" if _ACTIVATION_CHECKPOINTING else "gradient_checkpointing"
+    return bool(getattr(args, name))
+
+
 @contextlib.contextmanager
 def assisted_decoding_candidates(model, build):
     """Within the block, transformers' own assisted decoding on ``model`` (``model.generate(..., assistant_model=...)``,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
+from .. import compat
 from ..features import FEATURE_NAMES, check_feature_names
 from ..head import ARCHITECTURES
 
@@ -128,7 +129,7 @@ class DiversedConfig(GRPOConfig):
                 f"`log_completions_hub_repo` is {self.log_completions_hub_repo!r}, but DiversedTrainer does not upload "
                 "completion logs; `log_completions=True` still writes them under `<output_dir>/completions`. Unset it."
             )
-        if self.activation_checkpointing:
+        if compat.activation_checkpointing(self):
             raise ValueError(
                 "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head trains "
                 "and the models run without gradients. Set it to False."
