@@ -42,6 +42,8 @@ Methods are given as short specs (:func:`parse_methods`)::
     sd-ft                   SD with the fine-tuned draft (skipped when there is none)
     diversed                DIVERSED with the task's head (skipped when there is none)
     diversed@summary        DIVERSED with the head trained for another task (the transfer experiment)
+    block:sd                block verification (Sun et al. 2024) of any speculative spec above (block:static:0.5,
+                            block:diversed): family "block", compared with its token-wise method paired over prompts
 
 Every speculative method runs once per draft-length policy of ``--schedules`` (default ``constant``,
 N = ``--num-draft-tokens``; :func:`parse_schedules`)::
@@ -75,6 +77,7 @@ from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, load_task
 from .methods import DEFAULT_METHODS, FAMILIES, Method, Schedule, parse_methods, parse_schedules, with_schedules
 from .models import load_finetuned_draft, load_head, load_models
 from .report import (
+    block_table,
     markdown_table,
     policy_table,
     quality_label,
@@ -86,7 +89,14 @@ from .report import (
 )
 from .runner import measure_cost, run_bench
 from .schema import BenchResult, read_results
-from .stats import add_paired_differences, add_relative_speedups, front_comparison, method_row, paired_difference
+from .stats import (
+    add_block_differences,
+    add_paired_differences,
+    add_relative_speedups,
+    front_comparison,
+    method_row,
+    paired_difference,
+)
 
 __all__ = [
     "BenchConfig",
@@ -97,8 +107,10 @@ __all__ = [
     "Method",
     "SAMPLE_SEED_STRIDE",
     "Schedule",
+    "add_block_differences",
     "add_paired_differences",
     "add_relative_speedups",
+    "block_table",
     "front_comparison",
     "load_finetuned_draft",
     "load_head",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..verifiers import (
     CASCADE_RULES,
+    BlockVerifier,
     ExactVerifier,
     HeadVerifier,
     LenientVerifier,
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_METHODS", "FAMILIES", "Method", "Schedule", "parse_methods", "parse_schedules", "with_schedules"]
 
-FAMILIES = ("target-only", "sd", "lossy-sd", "static-ensemble", "speccascade", "typical", "sd-finetuned", "diversed")
+FAMILIES = (
+    "target-only", "sd", "lossy-sd", "static-ensemble", "speccascade", "typical", "sd-finetuned", "diversed", "block",
+)
 DEFAULT_METHODS = (
     "target",
     "sd",
@@ -48,11 +51,13 @@ class Method:
     draft: str = "draft"  # "draft" or "finetuned"
     head_task: str | None = None  # DIVERSED: the task its head was trained for (None: the evaluated task's own)
     schedule: Schedule | None = None  # the draft-length policy (None: constant, `num_draft_tokens` per round)
+    paired_with: str | None = None  # family "block": the token-wise method it is compared with ("SD")
+    base_family: str | None = None  # family "block": that method's family ("sd")
 
     @property
     def own_head(self) -> bool:
-        """DIVERSED with the evaluated task's own head (not a head trained for another task)."""
-        return self.family == "diversed" and self.head_task is None
+        """DIVERSED with the evaluated task's own head (not a head trained for another task), block-verified or not."""
+        return (self.base_family or self.family) == "diversed" and self.head_task is None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -154,7 +159,9 @@ def with_schedules(methods: Sequence[Method], schedules: Sequence[Schedule]) -> 
             expanded.append(method)
             continue
         for schedule in schedules:
-            expanded.append(replace(method, name=f"{method.name} @ {schedule.label}", schedule=schedule))
+            paired_with = method.paired_with and f"{method.paired_with} @ {schedule.label}"
+            expanded.append(replace(method, name=f"{method.name} @ {schedule.label}", schedule=schedule,
+                                    paired_with=paired_with))
     return expanded
 
 
@@ -226,6 +233,17 @@ def parse_methods(
                 methods.append(Method(f"DIVERSED ({head_task} head)", "diversed", HeadVerifier(other), head_task=head_task))
             else:
                 notes.append(f"DIVERSED with the {head_task} head: skipped, no head was given or found for {head_task!r}.")
+        elif kind == "block":
+            if not values:
+                raise ValueError(f"Method spec {spec!r}: name the method to block-verify, e.g. 'block:sd' or 'block:static:0.5'.")
+            inner, inner_notes = parse_methods([values], head, has_finetuned_draft, other_heads)
+            notes += [f"block verification: {note}" for note in inner_notes]
+            for method in inner:
+                if method.verifier is None:
+                    raise ValueError(f"Method spec {spec!r}: target-only decoding drafts nothing to block-verify.")
+                methods.append(replace(method, name=f"block {method.name}", family="block",
+                                       verifier=BlockVerifier(method.verifier), paired_with=method.name,
+                                       base_family=method.family))
         elif kind == "diversed":
             if head is not None:
                 methods.append(Method("DIVERSED", "diversed", HeadVerifier(head)))
@@ -234,7 +252,7 @@ def parse_methods(
         else:
             raise ValueError(
                 f"Unknown method spec {spec!r}. Use target, sd, lossy:L,..., static:W,..., cascade[-RULE]:A,..., "
-                "typical:EPS,..., sd-ft, diversed or diversed@TASK."
+                "typical:EPS,..., sd-ft, diversed, diversed@TASK, or block:<one of these> (block verification)."
             )
     _check_unique([m.name for m in methods], "Methods", "method")
     return methods, notes

@@ -30,6 +30,7 @@ _MARKERS = {
     "typical": "D",
     "sd-finetuned": "P",
     "diversed": "*",
+    "block": "X",
 }
 # tab10 without its red (DIVERSED's) and grey (the static front's)
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",

@@ -15,6 +15,7 @@ from .stats import front_comparison
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "block_table",
     "markdown_table",
     "policy_table",
     "quality_label",
@@ -141,6 +142,42 @@ def policy_table(results_by_batch: dict[int, Sequence[BenchResult]]) -> str:
                 f"| {_cell(row['tokens_per_round'], '.2f')} | " + " | ".join(cells) + " |"
             )
     return "\n".join(lines)
+
+
+def _interval(row: dict, what: str, scale: float, spec: str) -> str:
+    if row.get(f"block_{what}_delta") is None:
+        return "–"
+    low, delta, high = (row[f"block_{what}_{key}"] * scale for key in ("low", "delta", "high"))
+    return f"{delta:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def block_table(results: Sequence[BenchResult]) -> str | None:
+    """Block verification against token-wise, per task and method: acceptance, tokens per round and its estimator,
+    tokens/s and quality, each ``token-wise → block``, with block minus token-wise paired over prompts (95 %
+    bootstrap intervals; ``stats.add_block_differences``). ``None`` without a block-verified row."""
+    lines = [
+        "| task | method | acceptance | tokens/round | Δ tokens/round [95 % CI] | Δ E[T] estimator [95 % CI] "
+        "| tokens/s | quality | Δ quality [95 % CI] | prompts x samples |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        rows = {row["method"]: row for row in result.rows}
+        for row in result.rows:
+            base = rows.get(row.get("paired_with"))
+            if base is None:
+                continue
+
+            def pair(key, spec, scale=1.0, suffix=""):
+                return f"{_cell(base.get(key), spec, scale, suffix)} → {_cell(row.get(key), spec, scale, suffix)}"
+
+            lines.append(
+                f"| {result.task} | {base['method']} | {pair('acceptance_rate', '.1f', 100, ' %')} "
+                f"| {pair('tokens_per_round', '.3f')} | {_interval(row, 'tokens_per_round', 1.0, '+.3f')} "
+                f"| {_interval(row, 'expected_tokens', 1.0, '+.3f')} | {pair('tokens_per_second', '.1f')} "
+                f"| {pair('quality', '.1f', 100)} | {_interval(row, 'quality', 100.0, '+.1f')} "
+                f"| {row.get('num_prompts', '–')} x {row.get('num_samples', '–')} |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else None
 
 
 def transfer_table(results: Sequence[BenchResult]) -> str | None:

@@ -26,7 +26,7 @@ from ..verifiers import HeadVerifier
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask
 from .methods import Method, parse_schedules, with_schedules
 from .schema import BenchResult
-from .stats import add_paired_differences, add_relative_speedups, method_row
+from .stats import add_block_differences, add_paired_differences, add_relative_speedups, method_row
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,8 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
     #    Target-only, SD and the task's DIVERSED get every prompt (the paired quality comparison needs them),
     #    the other methods the first `num_baseline_prompts`.
     def scored(method: Method) -> int:
-        return len(prompts) if method.family in ("target-only", "sd") or method.own_head else config.num_baseline_prompts
+        every = (method.base_family or method.family) in ("target-only", "sd") or method.own_head  # block: as its pair
+        return len(prompts) if every else config.num_baseline_prompts
 
     shards = {count: _shard(state, list(range(count))) for count in {scored(m) for m in methods}}
     records: dict[str, list[dict]] = {}
@@ -314,10 +315,9 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         for method in methods
     ]
     add_relative_speedups(rows)
-    add_paired_differences(
-        rows, {m.name: [(r["index"], reward) for r, reward in zip(records[m.name], rewards[m.name])] for m in methods},
-        num_resamples=config.num_bootstrap, seed=config.seed,
-    )
+    paired_rewards = {m.name: [(r["index"], reward) for r, reward in zip(records[m.name], rewards[m.name])] for m in methods}
+    add_paired_differences(rows, paired_rewards, num_resamples=config.num_bootstrap, seed=config.seed)
+    add_block_differences(rows, paired_rewards, records, num_resamples=config.num_bootstrap, seed=config.seed)
     examples = {
         method.name: [r for r in records[method.name] if "tokens" in r]
         for method in methods

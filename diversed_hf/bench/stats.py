@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .methods import Method
 
 __all__ = [
+    "add_block_differences",
     "add_paired_differences",
     "add_relative_speedups",
     "front_comparison",
@@ -108,6 +109,39 @@ def add_paired_differences(rows: list[dict], rewards: dict[str, list[tuple[int, 
         row["quality_delta_prompts"] = None if result is None else result["num_prompts"]
 
 
+def add_block_differences(rows: list[dict], rewards: dict[str, list[tuple[int, float]]], records: dict[str, list[dict]],
+                          num_resamples: int = 2000, seed: int = 0) -> None:
+    """For each block-verified row (``paired_with`` set): block minus its token-wise method, paired over prompts
+    (:func:`paired_difference`, 95 % bootstrap interval), as ``block_<what>_delta`` / ``_low`` / ``_high``:
+
+    - ``quality``: the task's quality (block verification keeps the law, so this must not move);
+    - ``tokens_per_round``: measured ``(accepted + rounds) / rounds`` per sample;
+    - ``expected_tokens``: the unbiased estimator of ``E[T_N]`` per sample (:func:`theory.expected_tokens_per_round`:
+      the uniform draws of verification averaged out, so its interval is the tighter one).
+    """
+    def per_sample(name: str) -> dict[str, list[tuple[int, float]]]:
+        measured, estimated = [], []
+        for record in records[name]:
+            if not record.get("num_rounds"):
+                continue
+            measured.append((record["index"], (record["num_accepted"] + record["num_rounds"]) / record["num_rounds"]))
+            if record.get("drafted_acceptance") is not None:
+                value = theory.expected_tokens_per_round(record["position_acceptance"], record["drafted_acceptance"])
+                estimated.append((record["index"], float(value)))
+        return {"quality": rewards[name], "tokens_per_round": measured, "expected_tokens": estimated}
+
+    names = {row["method"] for row in rows}
+    for row in rows:
+        partner = row.get("paired_with")
+        if partner is None or partner not in names or row["method"] not in records or partner not in records:
+            continue
+        ours, theirs = per_sample(row["method"]), per_sample(partner)
+        for what in ours:
+            result = paired_difference(ours[what], theirs[what], num_resamples, seed) if ours[what] and theirs[what] else None
+            for key in ("delta", "low", "high"):
+                row[f"block_{what}_{key}"] = None if result is None else result[key]
+
+
 def verify_cost(costs: dict, num_drafts: float) -> float:
     """``c_verify(n)``: a verification pass over ``n + 1`` tokens in target-token units, from the passes
     ``measure_cost`` timed (``verify_pass_seconds_<n + 1>``).
@@ -167,6 +201,8 @@ def method_row(method: Method, records: list[dict], timings: list[float], timed_
         "head_task": (method.head_task or task.name) if method.family == "diversed" else None,
         "temperature": config.temperature,
     }
+    if method.paired_with is not None:
+        row["paired_with"] = method.paired_with  # block verification: its token-wise method
     if method.verifier is None:
         row.update(acceptance_rate=None, tokens_per_round=1.0, emitted_tokens_per_round=1.0, expected_tokens_per_round=1.0,
                    iid_tokens_per_round=1.0, mean_beta=None, estimator=None, position_acceptance=[], position_reach=[],
