@@ -453,3 +453,35 @@ def test_bench_runs_policies_pairs_quality_and_transfers_heads(pair_dir, tmp_pat
     page = bench.write_results_page([result], tmp_path / "out", tmp_path / "PAGE.md", sections=[("Policies", policy)])
     text = page.read_text()
     assert "## Heads on another task" in text and "## Policies" in text and "vs target distribution [95 % CI]" in text
+
+
+def test_block_specs_pair_with_their_token_wise_method(pair_dir):
+    """``block:<spec>`` wraps any speculative method in BlockVerifier; its row compares with the token-wise one,
+    paired over the same prompts (quality, tokens per round and the E[T] estimator), under every schedule."""
+    from diversed_hf.verifiers import BlockVerifier
+
+    head = DiversedHead(draft_hidden_size=32, target_hidden_size=32)
+    methods, notes = bench.parse_methods(["sd", "block:sd", "block:static:0.25,0.5", "block:diversed", "block:sd-ft"],
+                                         head=head)
+    assert [m.name for m in methods] == ["SD", "block SD", "block static w=0.25", "block static w=0.5", "block DIVERSED"]
+    assert methods[1].verifier == BlockVerifier(ExactVerifier()) and methods[1].paired_with == "SD"
+    assert methods[3].base_family == "static-ensemble" and methods[4].own_head and methods[4].family == "block"
+    assert len(notes) == 1 and notes[0].startswith("block verification: SD with a fine-tuned draft: skipped")
+    for specs, message in ((["block"], "name the method"), (["block:target"], "target-only"), (["block:nope"], "Unknown")):
+        with pytest.raises(ValueError, match=message):
+            bench.parse_methods(specs)
+    target, draft, tokenizer = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
+    config = small_config(num_prompts=4, num_baseline_prompts=2, num_bootstrap=50, schedules=["constant:2", "heuristic"])
+    result = bench.run_bench(target, draft, tokenizer, bench.load_task("arith", 4), methods[:3], config)
+    rows = {r["method"]: r for r in result.rows}
+    for schedule in ("constant N=2", "heuristic"):
+        block, token_wise = rows[f"block SD @ {schedule}"], rows[f"SD @ {schedule}"]
+        assert block["family"] == "block" and block["paired_with"] == f"SD @ {schedule}"
+        assert block["num_prompts"] == token_wise["num_prompts"] == 4  # block SD is scored like SD: every prompt
+        for what in ("quality", "tokens_per_round", "expected_tokens"):
+            assert block[f"block_{what}_low"] <= block[f"block_{what}_delta"] <= block[f"block_{what}_high"]
+        assert rows[f"block static w=0.25 @ {schedule}"]["num_prompts"] == 2  # a baseline, as static w=0.25 would be
+    assert all(r["quality_reference"] == "SD @ constant N=2 + SD @ heuristic" for r in result.rows if r["family"] == "block")
+    table = bench.block_table([result])
+    assert table.count("\n") == 1 + 2 and "| arith | SD @ heuristic |" in table and " → " in table
+    assert bench.block_table([bench.BenchResult("arith", [rows["SD @ heuristic"]], {}, [], {})]) is None
