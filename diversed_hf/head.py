@@ -61,6 +61,7 @@ ARCHITECTURES = ("linear", "mlp")
 
 #: keyword arguments ``from_pretrained`` takes besides huggingface_hub's download arguments
 LOAD_OPTIONS = ("strict", "device", "dtype")
+MLP_HIDDEN_SIZE = 256  #: default width of the 'mlp' head's hidden layer (a 'linear' head records it, unused)
 MAX_SIZE = 1 << 17  #: bound on a config's sizes: above every LLM's hidden size (larger: a damaged config.json)
 
 
@@ -82,7 +83,9 @@ class DiversedHeadConfig:
         default="probs",
         metadata={"help": "'probs': nu = w p + (1-w) q (the paper). 'logits': softmax(w z_p + (1-w) z_q) (official code)."},
     )
-    mlp_hidden_size: int = field(default=256, metadata={"help": "Width of the hidden layer of the 'mlp' architecture."})
+    mlp_hidden_size: int = field(
+        default=MLP_HIDDEN_SIZE, metadata={"help": "Width of the hidden layer of the 'mlp' architecture (not for 'linear')."}
+    )
     target_model_id: str | None = field(default=None, metadata={"help": "Hub id or path of the target model."})
     draft_model_id: str | None = field(default=None, metadata={"help": "Hub id or path of the draft model."})
     task: str | None = field(default=None, metadata={"help": "Task the head was trained for (e.g. 'gsm8k')."})
@@ -116,6 +119,11 @@ class DiversedHeadConfig:
                 )
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"`architecture` must be one of {ARCHITECTURES}, got {self.architecture!r}.")
+        if self.architecture == "linear" and self.mlp_hidden_size != MLP_HIDDEN_SIZE:
+            raise ValueError(
+                f"`mlp_hidden_size` is {self.mlp_hidden_size}, but it sizes the hidden layer of the 'mlp' architecture "
+                "and this head is 'linear' (no hidden layer): drop `mlp_hidden_size`, or use `architecture='mlp'`."
+            )
         if self.mixing not in MIXING_SPACES:
             raise ValueError(f"`mixing` must be one of {MIXING_SPACES}, got {self.mixing!r}.")
         if isinstance(self.w_0, bool) or not isinstance(self.w_0, (int, float)) or not 0.0 < self.w_0 < 1.0:

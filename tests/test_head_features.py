@@ -142,8 +142,8 @@ def _old_network(architecture, input_size, width=8):
 def test_a_format_1_head_loads_unchanged(tmp_path, architecture):
     old_config = {
         "architecture": architecture, "draft_hidden_size": 4, "target_hidden_size": 6, "draft_model_id": "org/draft",
-        "format_version": 1, "mixing": "probs", "mlp_hidden_size": 8, "target_model_id": "org/target", "task": "gsm8k",
-        "w_0": 0.5,
+        "format_version": 1, "mixing": "probs", "mlp_hidden_size": 8 if architecture == "mlp" else 256,
+        "target_model_id": "org/target", "task": "gsm8k", "w_0": 0.5,
     }  # fmt: skip
     network = randomize(_old_network(architecture, 10))
     directory = tmp_path / "old"
@@ -169,8 +169,9 @@ def test_a_format_1_head_loads_unchanged(tmp_path, architecture):
 @pytest.mark.parametrize("use_hidden_states", [True, False])
 def test_features_head_round_trip(tmp_path, architecture, use_hidden_states):
     head = randomize(
-        DiversedHead(draft_hidden_size=4, target_hidden_size=6, architecture=architecture, mlp_hidden_size=8,
-                     features=SOME_FEATURES, use_hidden_states=use_hidden_states, w_0=0.3)
+        DiversedHead(draft_hidden_size=4, target_hidden_size=6, architecture=architecture,
+                     mlp_hidden_size=8 if architecture == "mlp" else 256, features=SOME_FEATURES,
+                     use_hidden_states=use_hidden_states, w_0=0.3)
     )  # fmt: skip
     head.save_pretrained(tmp_path / "head")
     written = json.loads((tmp_path / "head" / "config.json").read_text())

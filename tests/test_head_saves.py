@@ -19,6 +19,7 @@ from huggingface_hub import ModelHubMixin
 
 from diversed_hf import DiversedHead, DiversedHeadConfig, hub
 from diversed_hf.verifiers import HeadVerifier
+from tiny_models import make_pair
 from test_hub import REPO_ID, hidden, make_head, offline, populate_cache, randomize  # noqa: F401 - offline is a fixture
 
 
@@ -185,6 +186,8 @@ def test_options_a_head_cannot_honour_are_refused(tmp_path):
     with pytest.raises(TypeError, match=r"push_to_hub got `config=.*always saves its own config"):
         head.push_to_hub(REPO_ID, config=DiversedHeadConfig(**other), token="hf_fake")
     head.save_pretrained(tmp_path / "same", config=head.config)  # its own config: nothing ignored
+    with pytest.raises(ValueError, match=r"`mlp_hidden_size` is 64, but .* this head is 'linear'"):
+        DiversedHead.for_pair(*make_pair("llama"), architecture="linear", mlp_hidden_size=64)
     with pytest.raises(ValueError, match=r"`revision='v1'` picks a version of a Hub repo, but .* is a local directory"):
         DiversedHead.from_pretrained(tmp_path / "head", revision="v1")
     mixin_from_pretrained = ModelHubMixin.from_pretrained.__func__  # the hook refuses what the mixin passes on

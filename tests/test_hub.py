@@ -51,6 +51,8 @@ def make_head(architecture="mlp", **kwargs):
         task="gsm8k",
     )
     config.update(kwargs)
+    if architecture == "linear":
+        config.pop("mlp_hidden_size")  # only the 'mlp' architecture has a hidden layer
     return randomize(DiversedHead(**config))
 
 

@@ -472,6 +472,8 @@ def test_config_validation():
     for name in ("epsilon", "epsilon_high"):
         with pytest.raises(ValueError, match=rf"`{name}` \(the PPO clip\) is -0.1; it must be >= 0"):
             DiversedConfig(output_dir="x", report_to="none", **{name: -0.1})
+    with pytest.raises(ValueError, match=r"`head_mlp_hidden_size` is 64, but .* `head_architecture` is 'linear'"):
+        DiversedConfig(output_dir="x", report_to="none", head_mlp_hidden_size=64)
 
 
 NAN, INF = float("nan"), float("inf")

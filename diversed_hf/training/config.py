@@ -9,7 +9,7 @@ from trl import GRPOConfig
 
 from .. import compat
 from ..features import FEATURE_NAMES, check_feature_names
-from ..head import ARCHITECTURES
+from ..head import ARCHITECTURES, MLP_HIDDEN_SIZE
 
 KL_ESTIMATORS = ("k1", "k3")
 #: fields that take "no": YAML 1.1 (PyYAML, which TRL's ``--config`` loader uses) reads a bare `no` as False
@@ -51,7 +51,9 @@ class DiversedConfig(GRPOConfig):
         default="linear", metadata={"help": f"Architecture of a head the trainer builds itself: one of {ARCHITECTURES}."}
     )
     head_w_0: float = field(default=0.5, metadata={"help": "Initial weight on the target of a head the trainer builds."})
-    head_mlp_hidden_size: int = field(default=256, metadata={"help": "Hidden width of an 'mlp' head the trainer builds."})
+    head_mlp_hidden_size: int = field(
+        default=MLP_HIDDEN_SIZE, metadata={"help": "Hidden width of an 'mlp' head the trainer builds (not for 'linear')."}
+    )
     head_features: list[str] = field(
         default_factory=list,
         metadata={"help": f"Distribution features of p_t and q_t a head the trainer builds reads, from {FEATURE_NAMES}."},
@@ -107,6 +109,11 @@ class DiversedConfig(GRPOConfig):
                 )
         if self.head_architecture not in ARCHITECTURES:
             raise ValueError(f"`head_architecture` is {self.head_architecture!r}; use one of {ARCHITECTURES}.")
+        if self.head_architecture == "linear" and self.head_mlp_hidden_size != MLP_HIDDEN_SIZE:
+            raise ValueError(
+                f"`head_mlp_hidden_size` is {self.head_mlp_hidden_size}, but it sizes the hidden layer of an 'mlp' head "
+                "and `head_architecture` is 'linear': drop it, or set `head_architecture='mlp'`."
+            )
         if not 0.0 < self.head_w_0 < 1.0:
             raise ValueError(f"`head_w_0` is {self.head_w_0}; it must be in the open interval (0, 1).")
         self.head_features = check_feature_names(self.head_features or [], argument="head_features")
