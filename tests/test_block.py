@@ -25,7 +25,10 @@ def markov_tables(num_draft, vocab, seed, scale=2.0):
 
 
 def mixture(verifier, draft, target):
-    """pi written out here (not through the library): p for SD, w p + (1 - w) q for a static ensemble."""
+    """pi written out here (not through the library): p for SD, w p + (1 - w) q for a static ensemble; lossy SD's
+    declared distribution ``q a + (1 - beta) r`` from the library (what block verification of it verifies against)."""
+    if isinstance(verifier, LenientVerifier):
+        return verifier.verification_probs(draft, target)[0]
     weight = getattr(verifier, "target_weight", 1.0)
     return weight * target + (1 - weight) * draft
 
@@ -102,16 +105,16 @@ def completed_law_tv(verifier, draft, target, law):
     return tv
 
 
-@pytest.mark.parametrize("verifier", VERIFIERS, ids=repr)
+@pytest.mark.parametrize("verifier", VERIFIERS + [LenientVerifier(0.5)], ids=repr)
 @pytest.mark.parametrize("num_draft, vocab, seed", [(2, 3, 0), (3, 3, 1), (3, 4, 2)])
 def test_the_emitted_law_is_pis_exactly_by_enumeration(verifier, num_draft, vocab, seed):
     draft, target = markov_tables(num_draft, vocab, seed)
     law = round_law(verifier, draft, target, num_draft, vocab)
     assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
     assert completed_law_tv(verifier, draft, target, law) < 1e-12
-    # The test has teeth: token-wise SD's residual at the stop gives another law (exact numbers: any gap shows).
-    wrong = round_law(verifier, draft, target, num_draft, vocab, naive_residual=True)
-    assert completed_law_tv(verifier, draft, target, wrong) > 1e-4
+    if verifier in VERIFIERS:  # the test has teeth: token-wise SD's residual at the stop gives another law
+        wrong = round_law(verifier, draft, target, num_draft, vocab, naive_residual=True)
+        assert completed_law_tv(verifier, draft, target, wrong) > 1e-4
 
 
 def test_the_implementation_matches_the_reference_rule():
