@@ -228,8 +228,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             )
         num_assistant_tokens = _knob(num_assistant_tokens, "num_assistant_tokens", assistant_model)
         schedule = _knob(schedule, "num_assistant_tokens_schedule", assistant_model)
-        if confidence_threshold is None:
-            confidence_threshold = _knob(None, "assistant_confidence_threshold", assistant_model)
+        confidence_threshold = _knob(confidence_threshold, "assistant_confidence_threshold", assistant_model)
         if not is_integer(num_assistant_tokens) or num_assistant_tokens < 1:
             raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
         num_assistant_tokens = int(num_assistant_tokens)  # a numpy integer too

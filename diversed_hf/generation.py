@@ -49,6 +49,8 @@ _UNSUPPORTED_CONFIG = {
     "output_attentions": False,
     "output_hidden_states": False,
     "use_mtp": None,
+    "speculation_type": None,
+    "dola_layers": None,
 }
 
 
@@ -297,6 +299,12 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
                 f"its own cache for each model. Remove `{name}`."
             )
     _check_cache_options(extra.get("cache_implementation"), extra.get("use_cache"))  # before transformers acts on them
+    if arguments.get("synced_gpus"):
+        raise ValueError(
+            "`synced_gpus=True` cannot be combined with `diversed_head`/`verifier`: the speculative loop does not keep "
+            "processes in step (rows end after different numbers of rounds). Remove `synced_gpus`, and generate with a "
+            "full copy of both models in each process."
+        )
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         _check_generation_config(generation_config)

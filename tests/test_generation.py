@@ -355,6 +355,8 @@ def test_different_vocabularies_are_rejected():
         (dict(cache_implementation="static"), r"`cache_implementation='static'` cannot be combined.*Remove `cache_implementation`"),
         (dict(cache_implementation="paged"), r"`cache_implementation='paged'` cannot be combined"),
         (dict(use_cache=False), r"`use_cache=False` cannot be combined.*Remove `use_cache=False`"),
+        (dict(dola_layers="high"), "dola_layers"),
+        (dict(synced_gpus=True), r"`synced_gpus=True` cannot be combined.*Remove `synced_gpus`"),
         (dict(num_assistant_tokens=0), "num_assistant_tokens"),
         (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
     ],
