@@ -54,7 +54,7 @@ def reference_round(block_ids, draft_rows, verify_rows, bonus_row, *, naive_resi
             stop.append(rho[t])
         else:
             e = sum(max(0.0, rho[t] * verify_rows[t][x] - draft_rows[t][x]) for x in range(vocab))
-            stop.append(1.0 if t == 0 else (e / (e + 1.0 - rho[t]) if e > 0 else 0.0))
+            stop.append(1.0 if t == 0 else (e / (e + (1.0 - rho[t])) if e > 0 else 0.0))
     law, survive = {}, 1.0
     for t in range(length, -1, -1):
         here, survive = survive * stop[t], survive * (1.0 - stop[t])
@@ -62,6 +62,9 @@ def reference_round(block_ids, draft_rows, verify_rows, bonus_row, *, naive_resi
             continue
         after = list(bonus_row) if t == length else excess(t)
         total = sum(after)
+        if total == 0:  # pi = q from here on: the round stops here only by float rounding
+            assert here < 1e-9, (t, here)
+            continue
         for y in range(vocab):
             law[(t, y)] = law.get((t, y), 0.0) + here * after[y] / total
     return law
