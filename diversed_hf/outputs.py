@@ -19,7 +19,8 @@ class SpeculationStats:
     ``position_acceptance`` holds, per round, ``beta_t = sum_x min(q_t(x), pi_t(x))`` for each drafted
     position: the probability that the position accepts, before its token is drawn.
     ``drafted_acceptance`` holds ``a_t(x_t)``, the probability that the token actually drafted
-    was kept (1/0 in greedy mode). Together they give the unbiased estimator of the expected tokens
+    was kept (1/0 in greedy mode; for block verification the factor ``rho_t / rho_{t-1}`` of its running weight and
+    ``beta_t`` given the kept prefix, docs/method.md §2). Together they give the unbiased estimator of the expected tokens
     per round, ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` (:attr:`expected_tokens_per_round`, docs/method.md §6).
     """
 
