@@ -314,6 +314,9 @@ def test_generate_keyword_and_its_errors():
         target.generate(prompt(5), verifier=ExactVerifier(), block_verification="yes", **common)
     with pytest.raises(ValueError, match="`block_verification`.*only applies"):
         target.generate(prompt(5), block_verification=True, max_new_tokens=2)
+    wrong = DiversedHead(draft_hidden_size=17, target_hidden_size=23)  # the pair is checked through the wrapper too
+    with pytest.raises(ValueError, match=r"draft 17, target 23.*draft 32, target 32"):
+        target.generate(prompt(4), assistant_model=draft, verifier=BlockVerifier(HeadVerifier(wrong)))
     with pytest.raises(TypeError, match="`base` must be a token-wise Verifier"):
         BlockVerifier(BlockVerifier(ExactVerifier()))
     with pytest.raises(TypeError, match="`base` must be a token-wise Verifier"):
