@@ -237,193 +237,20 @@ def assisted_decoding_candidates(model, build):
 
 
 # =================================================================================================
-# TRL (the ``train`` extra): every TRL / transformers.Trainer private that DiversedTrainer sets,
-# reads or overrides lives below. Nothing here imports TRL at module level: ``import diversed_hf``
-# (which imports this module) never imports TRL. Tested with TRL 1.16.
-#
-# Why DiversedTrainer does not run ``GRPOTrainer.__init__`` (TRL 1.16). That constructor is written
-# for one trainable causal-LM policy, and on the way it
-#   * reads ``model.config.get_text_config()`` / ``model.generation_config`` to mirror the pad token and
-#     collect EOS ids, and ``model.config.get_text_config().router_aux_loss_coef`` (MoE options);
-#   * with ``beta != 0`` builds a reference model with
-#     ``create_model_from_path(get_config_model_id(model.config), ...)``: a second copy of the policy;
-#   * patches the policy with ``add_fused_lm_head`` (a fused log-prob / entropy LM head) and, optionally,
-#     casts its ``lm_head`` to fp32;
-#   * builds a generation backend for it (vLLM, continuous batching or a ``GenerationConfig``) and
-#     calls ``model.add_model_tags``.
-# Our policy is the mixture ``nu_theta = w_theta p + (1 - w_theta) q`` over two *frozen* causal LMs,
-# and the trained module is the small head (a ``DiversedHead``: an ``nn.Module`` without a
-# transformers config, generation config or LM head). None of the above applies to it; passing the
-# target as ``model`` instead would make ``transformers.Trainer`` optimise the target.
-#
-# Why not TRL's ``_BaseTrainer.__init__`` either. It is ``transformers.Trainer.__init__`` plus (a) a
-# shim for transformers < 5.19 (we require 5.24, where ``Trainer`` honours ``loss_is_scaled_for_ga``
-# itself) and (b) ``_send_telemetry()``, which reads ``self.model.config.model_type``, the policy's
-# transformers architecture, which a head config does not have. So :func:`init_grpo_trainer` runs
-# ``transformers.Trainer.__init__`` with the head as the model, after setting the state that the
-# GRPOTrainer methods DiversedTrainer reuses read (listed, method by method, in
-# :func:`init_grpo_state`). :func:`check_trl_version` pins the TRL versions this was checked against.
+# TRL (the ``train`` extra). DiversedTrainer is a ``transformers.Trainer`` built on its public hooks
+# only, configured by TRL's public ``GRPOConfig`` (docs/architecture.md, "Why DiversedTrainer is a
+# transformers Trainer"): no TRL or transformers private is set, read or overridden, and no module of
+# the package imports a TRL name that ``trl`` does not export (tests/test_architecture.py checks both).
+# What remains here is the range of TRL releases the training suite passes with, at both ends
+# (.ci/constraints-lowest.txt holds the lower end). Nothing here imports TRL at module level:
+# ``import diversed_hf`` (which imports this module) never imports TRL.
 # =================================================================================================
 
-TESTED_TRL = (version.parse("1.16.0"), version.parse("1.17.0"))  # [low, high)
-
-#: GRPOTrainer / Trainer methods DiversedTrainer inherits unchanged, and the hooks it overrides (through
-#: :class:`GRPOHooks`). Re-check both lists, and :func:`init_grpo_state`, when widening :data:`TESTED_TRL`.
-GRPO_REUSED_METHODS = (
-    "get_train_dataloader", "_get_train_sampler", "get_eval_dataloader", "_get_eval_sampler",
-    "_set_signature_columns_if_needed", "training_step", "_prepare_inputs", "compute_loss", "prediction_step", "log",
-    "_save_checkpoint", "_load_optimizer_and_scheduler",
-)  # fmt: skip
-GRPO_OVERRIDDEN_HOOKS = (
-    "_generate_and_score_completions", "_compute_loss", "_save", "_save_checkpoint", "_load_from_checkpoint",
-    "_load_optimizer_and_scheduler",
-)  # fmt: skip
+TESTED_TRL = (version.parse("1.0.0"), version.parse("1.17.0"))  # [low, high)
 
 
 def check_trl_version() -> None:
     """Raise an ImportError unless the installed TRL is in :data:`TESTED_TRL` (``diversed_hf.training`` calls it)."""
     import trl
 
-    _check_tested("trl", trl.__version__, TESTED_TRL, "diversed_hf.training (it reuses GRPOTrainer internals)")
-
-
-def init_grpo_state(trainer, args) -> None:
-    """Set the attributes that the GRPOTrainer methods DiversedTrainer reuses read (``GRPOTrainer.__init__`` sets them).
-
-    Each line names the TRL 1.16 methods that read the attribute.
-    """
-    from collections import defaultdict, deque
-
-    size = args.generation_batch_size
-    # RepeatSampler arguments: `_get_train_sampler`, `get_train_dataloader`; `_prepare_inputs` (num_iterations)
-    trainer.num_generations = args.num_generations
-    trainer.num_iterations = args.num_iterations
-    trainer.shuffle_dataset = args.shuffle_dataset
-    trainer.num_generations_eval = args.num_generations_eval or args.num_generations  # `_get_eval_sampler`, `get_eval_dataloader`
-    trainer._step = 0  # `_prepare_inputs` (when to generate, which buffered slice), `training_step` (counts micro-steps)
-    trainer._buffered_inputs = None  # `_prepare_inputs`: the rollout batch split into `steps_per_generation` slices
-    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}  # `log` averages them; `training_step`
-    trainer._current_train_step_time = 0.0  # `training_step` (the `step_time` metric)
-    trainer.use_adaptive_entropy = False  # `_save_checkpoint`, `_load_optimizer_and_scheduler` (entropy controller off)
-    # `log`: the completions table (printed with rich, written as parquet, sent to wandb / trackio)
-    trainer.log_completions = args.log_completions
-    trainer.log_unique_prompts = args.log_unique_prompts
-    trainer.num_completions_to_print = args.num_completions_to_print
-    trainer._logs = {
-        "images": deque(maxlen=size),
-        "prompt": deque(maxlen=size),
-        "completion": deque(maxlen=size),
-        "rewards": defaultdict(lambda: deque(maxlen=size)),
-        "advantages": deque(maxlen=size),
-        "extra": defaultdict(lambda: deque(maxlen=size)),
-    }
-
-
-def init_grpo_trainer(trainer, *, model, args, train_dataset, eval_dataset, callbacks, optimizers) -> None:
-    """``transformers.Trainer.__init__`` with ``model`` (the head) as the trained module, after :func:`init_grpo_state`.
-
-    Rows reach the rollout hook as a list of dicts (no collation), as in GRPOTrainer; checkpoints hold the head
-    only (no ``processing_class``).
-    """
-    import os
-
-    from transformers import Trainer
-
-    init_grpo_state(trainer, args)
-    Trainer.__init__(
-        trainer,
-        model=model,
-        args=args,
-        data_collator=_identity_collator,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=None,
-        callbacks=callbacks,
-        optimizers=optimizers,
-    )
-    if trainer.log_completions and trainer.accelerator.is_main_process:
-        os.makedirs(os.path.join(args.output_dir, "completions"), exist_ok=True)  # `log` writes parquet files there
-
-
-def _identity_collator(features: list) -> list:
-    return features
-
-
-def grpo_metrics(trainer, mode: str) -> dict:
-    """The ``{name: [values]}`` lists of ``mode`` ("train" / "eval") that GRPOTrainer's ``log`` averages and clears.
-
-    Append one value per rollout batch or loss call; a name whose list holds one running total is logged as it is.
-    """
-    return trainer._metrics[mode]
-
-
-def record_completions(trainer, prompts: list, completions: list, rewards: dict, advantages: list) -> None:
-    """Feed the completions table GRPOTrainer's ``log`` shows when ``log_completions=True`` (this process's rows)."""
-    logs = trainer._logs
-    logs["prompt"].extend(prompts)
-    logs["completion"].extend(completions)
-    for name, values in rewards.items():
-        logs["rewards"][name].extend(values)
-    logs["advantages"].extend(advantages)
-
-
-def grpo_loop_state(trainer) -> dict:
-    """GRPO's rollout-loop state, for a checkpoint: the micro-step counter and the buffered rollout batch."""
-    return {"step": trainer._step, "buffered_inputs": trainer._buffered_inputs}
-
-
-def restore_grpo_loop_state(trainer, state: dict) -> None:
-    """Inverse of :func:`grpo_loop_state` (tensors of the buffered batch already on the right device)."""
-    trainer._step = state["step"]
-    trainer._buffered_inputs = state["buffered_inputs"]
-
-
-def checkpoint_dir(trainer, trial) -> str:
-    """The ``checkpoint-<global step>`` directory ``Trainer._save_checkpoint`` writes for ``trial``."""
-    import os
-
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-    return os.path.join(trainer._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
-
-
-class GRPOHooks:
-    """The GRPOTrainer / ``transformers.Trainer`` hooks DiversedTrainer overrides, as delegations to public methods.
-
-    Put it before ``GRPOTrainer`` in the bases. The subclass provides:
-
-    * ``generate_and_score(inputs) -> dict``: the rollout batch (GRPOTrainer's ``_prepare_inputs`` buffers and
-      splits it);
-    * ``compute_head_loss(model, inputs) -> Tensor``: the loss of one micro-batch (GRPOTrainer's ``compute_loss``
-      and ``prediction_step`` call it);
-    * ``save_head_files(output_dir)``: what ``Trainer.save_model`` writes (also inside every checkpoint);
-    * ``save_checkpoint_extras(checkpoint_dir)`` / ``load_checkpoint_extras(checkpoint_dir)``: extra state
-      written before ``Trainer``'s own checkpoint files and restored after the optimizer and scheduler;
-    * ``load_head_checkpoint(checkpoint_dir, model)``: restore the trained module instead of
-      ``Trainer``'s model loading.
-    """
-
-    def _generate_and_score_completions(self, inputs):  # read by GRPOTrainer._prepare_inputs
-        return self.generate_and_score(inputs)
-
-    def _compute_loss(self, model, inputs):  # read by GRPOTrainer.compute_loss
-        return self.compute_head_loss(model, inputs)
-
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:  # Trainer.save_model
-        if self.args.should_save:
-            self.save_head_files(output_dir if output_dir is not None else self.args.output_dir)
-
-    def _save_checkpoint(self, model, trial) -> None:  # Trainer's training loop
-        # Our files first: Trainer's end with trainer_state.json, then rotate older checkpoints away, so a
-        # checkpoint with trainer_state.json is complete (DiversedTrainer.train skips or refuses others).
-        # Every process: each has its own rollout buffer and sampling RNG (the main one also writes the shared files).
-        self.save_checkpoint_extras(checkpoint_dir(self, trial))
-        super()._save_checkpoint(model, trial)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:  # Trainer.train(resume_from_...)
-        self.load_head_checkpoint(resume_from_checkpoint, model)
-
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:  # Trainer's training loop
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            self.load_checkpoint_extras(checkpoint)
+    _check_tested("trl", trl.__version__, TESTED_TRL, "diversed_hf.training (its DiversedConfig is a GRPOConfig)")

@@ -23,14 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # diversed_hf
 
 from test_training import head_params, trainer_for  # noqa: E402
 
-from diversed_hf import compat  # noqa: E402
-
 
 def rollout_state(trainer) -> dict:
     """This process's buffered rollout batch and sampling RNG, as comparable fingerprints."""
-    buffered = compat.grpo_loop_state(trainer)["buffered_inputs"]
+    buffered = trainer.rollouts.batches
     return {
-        "step": compat.grpo_loop_state(trainer)["step"],
+        "step": trainer.rollouts.step,
         "buffer": None if buffered is None else [float(batch["draft_hidden"].double().sum()) for batch in buffered],
         "generator": trainer._rollout_generator.get_state().tolist(),
     }

@@ -177,3 +177,39 @@ def test_import_diversed_hf_loads_neither_trl_nor_the_testbed():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _trl_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of every TRL name a module imports or reads: ``import trl.x``, ``from trl.x import y``,
+    ``trl.y`` (lazy imports included)."""
+    found = []
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "trl"]
+        elif node.module and not node.level and node.module.split(".")[0] == "trl":
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trl":
+            found.append((node.lineno, f"trl.{node.attr}"))
+    return found
+
+
+def test_no_module_uses_a_private_trl_name():
+    """Only what ``trl`` itself exports (its documented API), never ``trl.trainer.utils`` and the like, nor ``_x``."""
+    try:
+        import trl
+
+        exported = set(trl.__all__)
+    except ImportError:  # without the train extra: the names' form is still checked
+        exported = None
+    bad = {}
+    for name, path in MODULES.items():
+        for line, dotted in _trl_names(ast.parse(path.read_text(), filename=str(path))):
+            parts = dotted.split(".")
+            dunder = len(parts) == 2 and parts[1].startswith("__") and parts[1].endswith("__")  # trl.__version__
+            public = dotted == "trl" or (
+                len(parts) == 2 and not parts[1].startswith("_") and (exported is None or parts[1] in exported)
+            )
+            if not (public or dunder):
+                bad.setdefault(name, []).append(f"line {line}: {dotted}")
+    assert not bad, f"modules using TRL names that `trl` does not export: {bad}"

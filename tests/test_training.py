@@ -530,7 +530,126 @@ def test_log_completions_writes_the_completions_table(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# TRL's surface: the tested version range, and no TRL / transformers private outside diversed_hf.compat
+# Reward functions as TRL calls them: async ones, log_metric and log_extra
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c) % 5) for c in completions]
+
+
+async def async_length_reward(completions, **kwargs):
+    import asyncio
+
+    await asyncio.sleep(0)
+    return length_reward(completions)
+
+
+class AsyncLengthReward:
+    async def __call__(self, completions, **kwargs):
+        return length_reward(completions)
+
+
+@pytest.mark.parametrize("reward", [async_length_reward, AsyncLengthReward()], ids=["function", "callable object"])
+def test_an_async_reward_function_trains_exactly_as_its_synchronous_twin(tmp_path, reward):
+    sync = trainer_for(tmp_path / "sync", reward=length_reward, max_steps=2)
+    sync.train()
+    trainer = trainer_for(tmp_path / "async", reward=[reward, zero_reward], max_steps=2)
+    trainer.train()
+    for key, value in head_params(sync.model).items():
+        assert torch.equal(value, trainer.model.state_dict()[key]), key
+    name = "async_length_reward" if reward is async_length_reward else "AsyncLengthReward"
+    rewards = [h[f"rewards/{name}/mean"] for h in trainer.state.log_history if f"rewards/{name}/mean" in h]
+    assert rewards == [h["reward"] for h in sync.state.log_history if "reward" in h]
+
+
+def test_an_async_reward_function_errors_name_it(tmp_path):
+    async def short(completions, **kwargs):
+        return [0.0]
+
+    with pytest.raises(ValueError, match=r"The reward function 'short' returned 1 rewards for 8 completions"):
+        trainer_for(tmp_path, reward=short, max_steps=1).train()
+
+
+def test_reward_functions_log_metrics_and_completion_columns(tmp_path):
+    """``log_metric`` values reach the logs (averaged per logging step, eval-prefixed in evaluation); ``log_extra``
+    columns reach the completions table, row by row."""
+
+    def logging_reward(completions, completion_ids, log_metric, log_extra, **kwargs):
+        lengths = [len(ids) for ids in completion_ids]
+        log_metric("mean_tokens", sum(lengths) / len(lengths))
+        log_extra("tokens", lengths)
+        return [0.0] * len(completions)
+
+    trainer = trainer_for(tmp_path, reward=logging_reward, max_steps=2, log_completions=True)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "mean_tokens" in h]
+    assert len(logged) == 2
+    for entry in logged:
+        assert entry["mean_tokens"] == pytest.approx(entry["completions/mean_length"])
+    import pandas as pd
+
+    tables = sorted((tmp_path / "out" / "completions").iterdir())
+    frame = pd.read_parquet(tables[-1])
+    assert {"tokens", "logging_reward", "advantage"} <= set(frame.columns) and len(frame) == 8
+    assert frame["tokens"].mean() == pytest.approx(logged[-1]["mean_tokens"])  # the last batch's rows, in order
+
+    trainer.eval_dataset = prompts_dataset(4, seed=5)
+    assert "eval_mean_tokens" in trainer.evaluate()
+
+
+def test_log_extra_with_one_value_too_few_is_refused_naming_the_column(tmp_path):
+    def bad(completions, log_extra, **kwargs):
+        log_extra("score", [1] * (len(completions) - 1))
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"logged 7 values in the column 'score' for a batch of 8 completions"):
+        trainer_for(tmp_path, reward=bad, max_steps=1).train()
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching: prompts grouped G at a time, one rollout batch per `steps_per_generation` micro-steps
+
+
+def test_grouped_sampler_draws_groups_and_repeats_each_draw():
+    from diversed_hf.training.batches import GroupedSampler
+
+    sampler = GroupedSampler(range(7), group_size=2, prompts_per_batch=3, repeat_count=2, shuffle=False)
+    assert list(sampler) == [0, 0, 1, 1, 2, 2] * 2 + [3, 3, 4, 4, 5, 5] * 2  # prompt 6 is a partial draw: dropped
+    assert len(sampler) == 24
+    order = torch.randperm(7, generator=torch.Generator().manual_seed(3)).tolist()
+    shuffled = list(GroupedSampler(range(7), group_size=2, prompts_per_batch=3, repeat_count=1, seed=3))
+    assert shuffled == [i for i in order[:6] for _ in range(2)]
+    try:  # TRL's own (internal) sampler, where this TRL still has it: the same order, epoch after epoch
+        from trl.trainer.utils import RepeatSampler
+    except ImportError:
+        return
+    ours = GroupedSampler(range(10), group_size=4, prompts_per_batch=2, repeat_count=3, seed=7)
+    trls = RepeatSampler(range(10), mini_repeat_count=4, batch_size=2, repeat_count=3, seed=7)
+    assert [list(ours) for _ in range(3)] == [list(trls) for _ in range(3)]
+
+
+def test_rollout_buffer_generates_once_per_cycle_and_serves_every_row_once_per_pass():
+    from diversed_hf.training.batches import RolloutBuffer
+
+    calls = []
+
+    def generate(rows):
+        calls.append(rows)
+        return {"row": torch.tensor(rows), "scalar": torch.tensor(1.0)}
+
+    buffer = RolloutBuffer(steps_per_generation=2, num_iterations=3)
+    served = []
+    for step in range(12):
+        served.append(buffer.micro_batch(list(range(10 * len(calls), 10 * len(calls) + 4)), generate)["row"].tolist())
+        buffer.step += 1
+    assert len(calls) == 2  # every steps_per_generation * num_iterations = 6 micro-steps
+    for cycle in range(2):
+        passes = [sorted(served[6 * cycle + 2 * i] + served[6 * cycle + 2 * i + 1]) for i in range(3)]
+        assert passes == [calls[cycle]] * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL's surface: the tested version range; the trainer on transformers' and TRL's public API only
 
 #: The trainer's own private names; anything else starting with "_" would be a TRL / transformers member.
 OWN_PRIVATES = {"_rollout_generator", "_prompt_texts", "_global_advantages", "_model_device"}
@@ -539,7 +658,7 @@ OWN_PRIVATES = {"_rollout_generator", "_prompt_texts", "_global_advantages", "_m
 def test_trainer_source_names_no_private_trl_or_transformers_member():
     import ast
 
-    from trl import GRPOTrainer
+    from transformers import Trainer
 
     import diversed_hf.training.trainer as trainer_module
 
@@ -557,9 +676,23 @@ def test_trainer_source_names_no_private_trl_or_transformers_member():
         for name in names:
             if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and name not in OWN_PRIVATES:
                 found.setdefault(name, node.lineno)
-    assert not found, f"trainer.py names TRL / transformers privates (move them to diversed_hf.compat): {found}"
-    shadowed = sorted(name for name in OWN_PRIVATES if hasattr(GRPOTrainer, name))
-    assert not shadowed, f"the trainer's own privates shadow GRPOTrainer members: {shadowed}"
+    assert not found, f"trainer.py names TRL / transformers privates: {found}"
+    shadowed = sorted(name for name in OWN_PRIVATES if hasattr(Trainer, name))
+    assert not shadowed, f"the trainer's own privates shadow transformers.Trainer members: {shadowed}"
+
+
+def test_the_trainer_sets_no_attribute_a_plain_trainer_has_and_overrides_only_public_methods(tmp_path):
+    """Every attribute DiversedTrainer adds is its own (a plain Trainer has none of them), and every Trainer method it
+    overrides is a public one."""
+    from transformers import Trainer
+
+    trainer = trainer_for(tmp_path)
+    plain = Trainer(model=torch.nn.Linear(2, 2), args=config(tmp_path / "plain"))
+    added = set(vars(trainer)) - set(vars(plain))
+    assert added and not {name for name in added if hasattr(plain, name)}
+    assert not {name for name in added if name.startswith("_") and name not in OWN_PRIVATES}, added
+    overridden = {name for name in vars(DiversedTrainer) if hasattr(Trainer, name) and not name.startswith("__")}
+    assert "training_step" in overridden and not {name for name in overridden if name.startswith("_")}, overridden
 
 
 def test_check_trl_version(monkeypatch):
@@ -569,7 +702,8 @@ def test_check_trl_version(monkeypatch):
 
     low, high = compat.TESTED_TRL
     compat.check_trl_version()  # the installed version is a tested one
-    for outside in ("1.15.2", str(high), "2.0.0"):
+    below = f"{low.major - 1}.99.0" if low.major else f"0.{max(low.minor - 1, 0)}.0"
+    for outside in (below, str(high), f"{high.major + 1}.0.0"):
         monkeypatch.setattr(trl, "__version__", outside)
         with pytest.raises(ImportError, match=rf"trl >={low},<{high}; found {outside}.*pip install 'trl>={low},<{high}'"):
             compat.check_trl_version()
@@ -577,12 +711,19 @@ def test_check_trl_version(monkeypatch):
     compat.check_trl_version()
 
 
-def test_grpo_methods_the_trainer_relies_on_exist():
-    """The GRPOTrainer / Trainer members compat reuses or overrides: a TRL upgrade that renames one fails here."""
-    from trl import GRPOTrainer
+def test_the_package_admits_the_tested_trl_range_and_ci_tests_its_lower_end():
+    """pyproject's `train` extra, compat.TESTED_TRL and .ci/constraints-lowest.txt name the same range."""
+    import re
+
+    from packaging.specifiers import SpecifierSet
 
     from diversed_hf import compat
 
-    missing = [name for name in (*compat.GRPO_REUSED_METHODS, *compat.GRPO_OVERRIDDEN_HOOKS) if not hasattr(GRPOTrainer, name)]
-    assert not missing, missing
-    assert DiversedTrainer.log is GRPOTrainer.log  # TRL's own metric averaging, not a copy
+    root = Path(__file__).resolve().parents[1]
+    low, high = compat.TESTED_TRL
+    (spec,) = re.findall(r'"trl([<>=!~][^"]*)"', (root / "pyproject.toml").read_text())
+    admitted = SpecifierSet(spec)
+    assert admitted.contains(str(low)) and not admitted.contains(f"{low}.dev0", prereleases=True), (spec, low)
+    assert not admitted.contains(str(high)), (spec, high)
+    constraints = (root / ".ci" / "constraints-lowest.txt").read_text().splitlines()
+    assert f"trl=={low}" in constraints, constraints

@@ -224,7 +224,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
     values["lr_scheduler_type"] = str(values["lr_scheduler_type"]).split(".")[-1].lower()
     values.update(
         algorithm="REINFORCE++ (group baseline, batch-whitened advantages, PPO clip) + lambda * sum_t (1 - w_t TV_t)",
-        trainer="diversed_hf.training.DiversedTrainer (trl.GRPOTrainer subclass)",
+        trainer="diversed_hf.training.DiversedTrainer (transformers.Trainer with GRPO's batching, trl.GRPOConfig)",
         task=script.task,
         num_train_examples=script.num_train_examples,
         num_shots=script.num_shots,

@@ -1,4 +1,4 @@
-"""Training DIVERSED heads (docs/method.md §5): ``DiversedConfig`` / ``DiversedTrainer``, a TRL ``GRPOTrainer`` subclass.
+"""Training DIVERSED heads (docs/method.md §5): ``DiversedConfig`` (a TRL ``GRPOConfig``) / ``DiversedTrainer``.
 
 Needs the ``train`` extra (TRL, in the tested range ``diversed_hf.compat.TESTED_TRL``, checked on import):
 ``pip install "diversed_hf[train]"``. ``import diversed_hf`` never imports this package.

@@ -31,6 +31,8 @@ import json
 import logging
 import os
 import re
+import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -47,14 +49,19 @@ __all__ = [
     "RUN_FILE",
     "check_pair",
     "check_run",
+    "check_writable",
     "complete_checkpoints",
     "load_head",
+    "load_checkpoint_heads",
     "load_head_state",
+    "loop_state_path",
     "missing_checkpoint_files",
     "model_fingerprint",
     "newest_own_checkpoint",
     "pair_record",
+    "read_loop_state",
     "read_run",
+    "resolve_resume",
     "run_differences",
     "run_record",
     "save_head",
@@ -243,3 +250,106 @@ def load_head_state(directory: str | os.PathLike) -> tuple[DiversedHeadConfig, d
 def load_head(directory: str | os.PathLike) -> DiversedHead:
     """``DiversedHead.from_pretrained(directory)``: the head of a checkpoint (strict, in eval mode)."""
     return DiversedHead.from_pretrained(directory)
+
+
+def check_writable(directory: str) -> None:
+    """Fail before training when ``directory`` (``output_dir``) cannot be created or written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"`output_dir` {directory!r} is not writable ({error.strerror or error}); checkpoints and the trained head go "
+            "there. Pass a directory you can write to."
+        ) from error
+
+
+def resolve_resume(resume_from_checkpoint: str | bool | None, output_dir: str, run: dict) -> str | None:
+    """The checkpoint ``Trainer.train(resume_from_checkpoint=...)`` resumes from, checked, or None for a fresh start.
+
+    ``True`` takes the newest complete checkpoint of ``output_dir`` written by ``run`` (:func:`newest_own_checkpoint`);
+    an explicit checkpoint that is incomplete, or another run's, is refused naming the missing file or the fields that
+    differ.
+    """
+    if resume_from_checkpoint in (None, False):
+        return None
+    if resume_from_checkpoint is True:
+        return newest_own_checkpoint(output_dir, run)
+    where = str(resume_from_checkpoint)
+    if Path(where).is_dir():
+        missing = missing_checkpoint_files(where)
+        if missing == [RUN_FILE]:
+            raise ValueError(
+                f"`resume_from_checkpoint` {where!r} has no {RUN_FILE}: it was written by an older diversed_hf, which did "
+                "not record its run. Start a new run from its head (`DiversedHead.from_pretrained(checkpoint)`), or "
+                "resume with the release that wrote it."
+            )
+        if missing:
+            raise ValueError(
+                f"`resume_from_checkpoint` {where!r} is incomplete: `{missing[0]}` is missing (the run was interrupted "
+                "while saving it). Resume from an earlier checkpoint, or pass `resume_from_checkpoint=True` to take the "
+                "newest complete one."
+            )
+        check_run(read_run(where), run, where)
+    return where
+
+
+def load_checkpoint_heads(checkpoint_dir: str, pair: dict, head: DiversedHead, ref_head: DiversedHead) -> None:
+    """Load a checkpoint's head into ``head`` and its initial head into ``ref_head`` (strictly), refusing a checkpoint
+    of another pair or of a head with another config."""
+    pair_path = Path(checkpoint_dir, PAIR_FILE)
+    if not pair_path.is_file():
+        raise ValueError(
+            f"`resume_from_checkpoint` {str(checkpoint_dir)!r} has no {PAIR_FILE}: it is not a DiversedTrainer "
+            "checkpoint. Pass a checkpoint-<step> directory written by DiversedTrainer."
+        )
+    check_pair(json.loads(pair_path.read_text()), pair, str(checkpoint_dir))
+    config, state = load_head_state(checkpoint_dir)
+    ignored = ("target_model_id", "draft_model_id")
+    saved = {k: v for k, v in asdict(config).items() if k not in ignored}
+    if saved != {k: v for k, v in asdict(head.config).items() if k not in ignored}:
+        raise ValueError(
+            f"The head in {checkpoint_dir} has config {asdict(config)}, but the head being trained has "
+            f"{asdict(head.config)}. Resume with the same head architecture and options."
+        )
+    head.load_state_dict(state, strict=True)
+    ref_dir = Path(checkpoint_dir, REF_HEAD_DIR)
+    if ref_dir.is_dir():
+        _, ref_state = load_head_state(ref_dir)
+        ref_head.load_state_dict(ref_state, strict=True)
+
+
+def loop_state_path(checkpoint_dir: str, process_index: int) -> str:
+    """Process 0's loop state is ``TRAINER_EXTRA_STATE``; process ``i > 0`` of several writes its own file."""
+    if process_index == 0:
+        return os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE)
+    stem, suffix = os.path.splitext(TRAINER_EXTRA_STATE)
+    return os.path.join(checkpoint_dir, f"{stem}_{process_index}{suffix}")
+
+
+def read_loop_state(checkpoint_dir: str, process_index: int, num_processes: int) -> dict | None:
+    """This process's rollout-loop state in a checkpoint (``step``, ``buffered_inputs``, ``rollout_generator``,
+    ``total_train_tokens``), on the CPU; None without one; only ``total_train_tokens`` when another number of
+    processes wrote it (every process decides alike, from process 0's file, and all generate afresh together)."""
+    path = os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE)
+    if not os.path.isfile(path):
+        return None
+    extra = torch.load(path, weights_only=False, map_location="cpu")
+    saved_processes = extra.get("num_processes", 1)
+    if saved_processes != num_processes:
+        logger.warning(
+            "The checkpoint %s was written by %d process(es), this run has %d: its rollout buffer and sampling RNG "
+            "are dropped (a fresh rollout batch is generated); the head, optimizer, scheduler and global step are restored.",
+            checkpoint_dir, saved_processes, num_processes,
+        )  # fmt: skip
+        return {"total_train_tokens": extra["total_train_tokens"]}
+    if process_index > 0:
+        own = loop_state_path(checkpoint_dir, process_index)
+        if not os.path.isfile(own):
+            raise ValueError(
+                f"`resume_from_checkpoint` {str(checkpoint_dir)!r} lacks {os.path.basename(own)}, the rollout state of "
+                f"process {process_index} (the run was interrupted while saving it). Resume from an earlier checkpoint."
+            )
+        extra = {**torch.load(own, weights_only=False, map_location="cpu"), "total_train_tokens": extra["total_train_tokens"]}
+    return extra

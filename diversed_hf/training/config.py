@@ -126,8 +126,9 @@ class DiversedConfig(GRPOConfig):
             raise ValueError(f"`num_draft_tokens` is {self.num_draft_tokens}; it must be >= 1.")
         if self.max_completion_length is None or self.max_completion_length < 1:
             raise ValueError(f"`max_completion_length` is {self.max_completion_length}; it must be >= 1.")
-        for name in ("use_vllm", "use_transformers_continuous_batching"):
-            if getattr(self, name):
+        # GRPO's generation backends; `use_transformers_paged` is TRL < 1.8's name of continuous batching.
+        for name in ("use_vllm", "use_transformers_continuous_batching", "use_transformers_paged"):
+            if getattr(self, name, False):
                 raise ValueError(
                     f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta. Set it to False."
                 )

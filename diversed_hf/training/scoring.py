@@ -13,18 +13,32 @@ one value per completion, in order. A value is
 Anything else is refused with the function, the completion and the value named: a string (``"42"`` is not
 42), a container, a complex number, NaN (return ``None`` for "not scored"), an infinity, or a number beyond
 float32's range, where the advantages are computed.
+
+As in TRL, a reward function also receives ``log_metric(name, value)`` and ``log_extra(column, values)`` (see
+:mod:`.logs`), and may be ``async`` (an ``async def`` function, a ``functools.partial`` of one, or an object with
+an ``async def __call__``): the synchronous functions run first, in order, then the async ones concurrently, on one
+event loop kept in a daemon thread for the whole run (so clients an async function opens may be reused, and a
+caller already inside an event loop, a notebook say, is not disturbed).
+
+TRL's reward computation itself (``GRPOTrainer``'s) is a private method of a trainer this package does not run
+(docs/architecture.md, "Why DiversedTrainer is a transformers Trainer"); this module follows its calling convention.
+Reward *models* (a model id or an ``nn.Module``) are not supported: wrap one in a function.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import math
 import numbers
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["FLOAT32_LIMIT", "reward_value", "score_completions", "weighted_rewards"]
+__all__ = ["FLOAT32_LIMIT", "is_async_reward", "reward_value", "score_completions", "weighted_rewards"]
 
 # Advantages are whitened in float32: squares of rewards must stay finite there.
 FLOAT32_LIMIT = float(torch.finfo(torch.float32).max) ** 0.5 / 1e3
@@ -61,6 +75,37 @@ def reward_value(value, name: str, index: int, completion: str) -> float | None:
     return number
 
 
+def is_async_reward(func: Callable) -> bool:
+    """Whether calling ``func`` returns a coroutine: an ``async def`` function (through ``functools.partial``) or an
+    object whose ``__call__`` is ``async def``."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+
+
+_event_loop: asyncio.AbstractEventLoop | None = None
+_event_loop_lock = threading.Lock()
+
+
+def reward_event_loop() -> asyncio.AbstractEventLoop:
+    """The event loop async reward functions run on: started once, in a daemon thread, on first use."""
+    global _event_loop
+    with _event_loop_lock:
+        if _event_loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                ready.set()
+                loop.run_forever()
+
+            threading.Thread(target=run, name="diversed-hf-rewards", daemon=True).start()
+            ready.wait()
+            _event_loop = loop
+    return _event_loop
+
+
 def score_completions(
     reward_funcs: Sequence[Callable],
     names: Sequence[str],
@@ -69,13 +114,30 @@ def score_completions(
     completions: list[str],
     completion_ids: list[list[int]],
     trainer_state,
+    *,
+    log_metric: Callable[[str, float], None] | None = None,
+    log_extra: Callable[[str, list], None] | None = None,
 ) -> torch.Tensor:  # (B, num_funcs), NaN where a function returned None
     """Call every reward function on the batch and check what it returns (see the module docstring)."""
     columns = {key: [row[key] for row in inputs] for key in inputs[0] if key not in ("prompt", "completion")}
     columns["trainer_state"] = trainer_state
+    if log_metric is not None:
+        columns["log_metric"] = log_metric
+    if log_extra is not None:
+        columns["log_extra"] = log_extra
+    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    outputs = {i: func(**kwargs) for i, func in enumerate(reward_funcs) if not is_async_reward(func)}
+    waiting = {i: func for i, func in enumerate(reward_funcs) if is_async_reward(func)}
+    if waiting:
+
+        async def run_all() -> list:
+            return await asyncio.gather(*(func(**kwargs) for func in waiting.values()))
+
+        results = asyncio.run_coroutine_threadsafe(run_all(), reward_event_loop()).result()
+        outputs.update(zip(waiting, results))
     rewards = torch.full((len(prompts), len(reward_funcs)), math.nan)  # (B, F)
-    for i, (func, name) in enumerate(zip(reward_funcs, names)):
-        values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    for i, name in enumerate(names):
+        values = outputs[i]
         try:
             got = len(values) if not isinstance(values, (str, bytes, dict)) else None
         except TypeError:

@@ -1,24 +1,20 @@
 """``DiversedTrainer``: trains a DIVERSED head with REINFORCE++ and the acceptance regulariser (docs/method.md §5).
 
-Why a ``GRPOTrainer`` subclass. GRPO is TRL's trainer for exactly this loop -- sample ``G``
-completions per prompt, score them with reward functions, reuse one rollout batch for
-``num_iterations`` clipped-ratio updates -- and its machinery carries over unchanged: the
-``RepeatSampler`` that groups the ``G`` samples of a prompt (also across processes), the
-rollout buffer that splits one generation batch over ``steps_per_generation`` optimizer steps and
-reuses it for the inner epochs, the metric averaging in ``log``, the reward-function convention
-(``f(prompts, completions, completion_ids, **columns)``) and the config. What differs is the
-policy: not one causal LM but the mixture ``nu_theta = w_theta p + (1 - w_theta) q`` over a frozen
-target and a frozen draft, where only the head trains. So this class does not run
-``GRPOTrainer.__init__`` (which builds a trainable causal LM, a reference model, fused LM heads and
-generation backends for it; :mod:`diversed_hf.compat` says precisely why neither it nor TRL's base
-constructor applies): :func:`diversed_hf.compat.init_grpo_trainer` initialises ``transformers.Trainer``
-with the **head** as the model and sets the state GRPO's reused methods read. The three places where
-the policy appears are public methods here, which :class:`diversed_hf.compat.GRPOHooks` plugs into
-GRPO's hooks: :meth:`generate_and_score` (rollouts from ``nu_theta``, see :mod:`diversed_hf.rollout`),
-:meth:`compute_head_loss` (REINFORCE++ plus the acceptance term, see :mod:`.objective`) and
-checkpointing (head-only, pair-checked). Every TRL / transformers private this needs is touched in
-:mod:`diversed_hf.compat` only. RLOO's trainer shares GRPO's structure but bakes in its leave-one-out
-baseline; GRPO's is the more general base.
+A ``transformers.Trainer`` whose model is the **head**, configured by :class:`DiversedConfig` (TRL's public
+``GRPOConfig`` with DIVERSED's fields). The loop is GRPO's -- sample ``G`` completions per prompt, score them with
+TRL-style reward functions, reuse one rollout batch for ``num_iterations`` clipped-ratio updates over
+``steps_per_generation`` micro-steps -- but the policy is the mixture ``nu_theta = w_theta p + (1 - w_theta) q``
+over a frozen target and a frozen draft, of which only the head trains. ``GRPOTrainer.__init__`` cannot take that
+policy (it builds a trainable causal LM, a reference copy of it, a fused LM head and a generation backend), and its
+rollout, reward and advantage steps are private methods; so this class is built on ``Trainer``'s public hooks only
+(docs/architecture.md, "Why DiversedTrainer is a transformers Trainer"):
+
+* ``get_train_dataloader`` / ``get_eval_dataloader``: prompts grouped ``G`` at a time (:mod:`.batches`);
+* ``training_step``: the rollout buffer (:class:`~.batches.RolloutBuffer`) serves this step's micro-batch, making a
+  rollout batch with :meth:`generate_and_score` when one is due; ``compute_loss`` is :meth:`compute_head_loss`;
+* ``prediction_step``: a fresh rollout and the loss, for ``evaluate``;
+* ``log``: the metrics of :mod:`.logs` and the completions table;
+* ``save_model`` / ``train``: head-only checkpoints, pair- and run-checked (:mod:`.checkpoint`).
 
 Because both models are frozen, a rollout fixes ``p_t(x_t)``, ``q_t(x_t)``, ``TV(p_t, q_t)``,
 both hidden states and the head's distribution features; the loss recomputes only
@@ -31,67 +27,54 @@ import copy
 import json
 import logging
 import os
-import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
-from trl import GRPOTrainer
-from trl.trainer.utils import get_callable_name
+from torch.utils.data import DataLoader
+from transformers import PreTrainedTokenizerBase, Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .. import compat
 from ..head import DiversedHead
 from ..pairs import check_head_matches, verification_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
 from ..tasks import check_columns
 from . import objective, scoring
+from .batches import GroupedSampler, RolloutBuffer, callable_name, rows_collator
 from .checkpoint import (
     PAIR_FILE,
     REF_HEAD_DIR,
     RUN_FILE,
-    TRAINER_EXTRA_STATE,
-    check_pair,
-    check_run,
-    load_head_state,
-    missing_checkpoint_files,
-    newest_own_checkpoint,
+    check_writable,
+    load_checkpoint_heads,
+    loop_state_path,
     pair_record,
-    read_run,
+    read_loop_state,
+    resolve_resume,
     run_record,
     save_head,
 )
 from .config import DiversedConfig
+from .logs import CompletionLog, MetricLog
 
 logger = logging.getLogger(__name__)
-
 
 RewardFunc = Callable[..., list]
 
 
-def _check_writable(directory: str) -> None:
-    """Fail before training when ``directory`` cannot be created or written."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_"):
-            pass
-    except OSError as error:
-        raise ValueError(
-            f"`output_dir` {directory!r} is not writable ({error.strerror or error}); checkpoints and the trained head go "
-            "there. Pass a directory you can write to."
-        ) from error
+def _named_datasets(dataset) -> list[tuple[str, Any]]:
+    """``[(argument name, dataset)]`` of an eval dataset: none, one, or a dict of named ones."""
+    if dataset is None:
+        return []
+    if isinstance(dataset, dict):
+        return [(f"eval_dataset[{name!r}]", value) for name, value in dataset.items()]
+    return [("eval_dataset", dataset)]
 
 
-def _extra_state_path(checkpoint_dir: str, process_index: int) -> str:
-    """Process 0's loop state is ``TRAINER_EXTRA_STATE``; process ``i > 0`` of several writes its own file."""
-    if process_index == 0:
-        return os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE)
-    stem, suffix = os.path.splitext(TRAINER_EXTRA_STATE)
-    return os.path.join(checkpoint_dir, f"{stem}_{process_index}{suffix}")
-
-
-class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
+class DiversedTrainer(Trainer):
     """Train a :class:`~diversed_hf.DiversedHead` for a frozen (target, draft) pair.
 
     Args:
@@ -110,8 +93,10 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
     Logged metrics (train and eval): ``reward`` (and per function), ``mean_w``, ``acceptance_proxy``
     (mean ``1 - w_t TV_t`` over rollout tokens: the expected acceptance rate of speculative decoding
     with this head), ``acceptance_exact_sd`` (mean ``1 - TV_t``: that of lossless SD on the same
-    tokens), ``kl`` (k3 estimate of KL to the initial head), ``clip_fraction``, completion lengths. TRL's
-    ``GRPOTrainer.log`` averages and reports them (``eval_``-prefixed in evaluation).
+    tokens), ``kl`` (k3 estimate of KL to the initial head), ``clip_fraction``, completion lengths, and what reward
+    functions log with ``log_metric``; :meth:`log` averages them over each logging step (``eval_``-prefixed in
+    evaluation). Reward functions may be ``async`` and may add columns to the completions table with ``log_extra``
+    (:mod:`.scoring`, :mod:`.logs`).
     """
 
     loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean; Trainer divides by GA steps
@@ -136,7 +121,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
                 f"`args` must be a DiversedConfig, got {type(args).__name__}. Build it with "
                 "`diversed_hf.training.DiversedConfig(output_dir=...)` (it takes every GRPOConfig field)."
             )
-        _check_writable(args.output_dir)
+        check_writable(args.output_dir)
 
         # Models and head ------------------------------------------------------------------------
         self.vocab_size = verification_vocab_size(target, draft)  # raises on a vocabulary mismatch
@@ -193,7 +178,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
                 raise TypeError(
                     f"reward functions must be Python callables returning one float per completion, got {func!r}."
                 )
-        self.reward_func_names = [get_callable_name(f) for f in self.reward_funcs]
+        self.reward_func_names = [callable_name(f) for f in self.reward_funcs]
         if args.reward_weights is not None and len(args.reward_weights) != len(self.reward_funcs):
             raise ValueError(
                 f"`reward_weights` has {len(args.reward_weights)} entries ({args.reward_weights}) for "
@@ -205,7 +190,14 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: a datasets.Dataset with a 'prompt' column.")
         check_columns(train_dataset, ["prompt"], "`train_dataset`")
-        train_rows = len(train_dataset) if hasattr(train_dataset, "__len__") else None
+        for name, dataset in [("train_dataset", train_dataset), *_named_datasets(eval_dataset)]:
+            if not hasattr(dataset, "__len__"):
+                raise TypeError(
+                    f"`{name}` is a {type(dataset).__name__} without a length (an iterable dataset); prompts are drawn in "
+                    "seeded groups of `num_generations` by index. Pass a map-style datasets.Dataset (for a streamed one, "
+                    "`Dataset.from_list(list(dataset.take(n)))`)."
+                )
+        train_rows = len(train_dataset)
         prompts_per_batch = args.generation_batch_size // args.num_generations
         if train_rows is not None and train_rows < prompts_per_batch:
             raise ValueError(
@@ -214,32 +206,43 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
                 f"sampler would yield no batch, and the run would train 0 of its steps. Give at least {prompts_per_batch} "
                 "prompts, or lower `per_device_train_batch_size` / `steps_per_generation`."
             )
-        if eval_dataset is not None:
-            for name, dataset in (eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]):
-                where = f"`eval_dataset`{'[' + repr(name) + ']' if name else ''}"
-                check_columns(dataset, ["prompt"], where)
-                if hasattr(dataset, "__len__") and len(dataset) == 0:
-                    raise ValueError(f"{where} has no rows: evaluation would measure nothing. Give it prompts, or pass None.")
+        for where, dataset in _named_datasets(eval_dataset):
+            check_columns(dataset, ["prompt"], f"`{where}`")
+            if hasattr(dataset, "__len__") and len(dataset) == 0:
+                raise ValueError(f"`{where}` has no rows: evaluation would measure nothing. Give it prompts, or pass None.")
 
-        # Rollout and loss settings (GRPO's public names) ---------------------------------------------
+        # Rollout and loss settings (GRPO's names) -----------------------------------------------------
+        self.num_generations = args.num_generations
+        self.num_generations_eval = args.num_generations_eval or args.num_generations
         self.max_completion_length = args.max_completion_length
         self.temperature, self.top_k, self.top_p = args.temperature, args.top_k, args.top_p
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
         self.beta = args.beta
         self.total_train_tokens = 0  # completion tokens trained on so far (the `num_tokens` metric)
+        self.rollouts = RolloutBuffer(args.steps_per_generation, args.num_iterations)
+        self.step_metrics = MetricLog()
+        self.completion_log = CompletionLog(args.generation_batch_size)
+        self.step_seconds = 0.0  # time of this optimizer step's micro-steps so far (the `step_time` metric)
 
-        compat.init_grpo_trainer(
-            self,
+        super().__init__(
             model=head,
             args=args,
+            data_collator=rows_collator,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
+            processing_class=None,  # checkpoints hold the head only
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if args.n_gpu > 1:
+            raise ValueError(
+                f"{args.n_gpu} GPUs are visible to one process, so `Trainer` would wrap the head in nn.DataParallel, which "
+                "the rollout does not support. Launch with `accelerate launch` or `torchrun`, or make one GPU visible "
+                "with CUDA_VISIBLE_DEVICES."
+            )
         self.ref_head.to(self.accelerator.device)
-        self.run = run_record(args, self.pair, head.config.to_dict(), self.reward_func_names, train_rows)
+        self.run = run_record(args, self.pair, asdict(head.config), self.reward_func_names, train_rows)
         seed = args.seed + self.accelerator.process_index
         self._rollout_generator = torch.Generator(device=self._model_device(target)).manual_seed(seed)
 
@@ -262,17 +265,17 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             f"has prompts of types {kinds}. Make the dataset's 'prompt' column all text or all conversations."
         )
 
-    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, token_kl: torch.Tensor | None):
+    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, token_kl: torch.Tensor | None, group_size: int):
         """REINFORCE++ advantages whitened over the whole batch: every process's rollouts, not just this one's."""
         if self.accelerator.num_processes == 1:
             return objective.reinforce_pp_advantages(
-                rewards, mask, group_size=self.num_generations_for_mode, use_group_baseline=self.args.use_group_baseline,
+                rewards, mask, group_size=group_size, use_group_baseline=self.args.use_group_baseline,
                 token_kl=token_kl, kl_coef=self.beta if self.args.kl_estimator == "k1" else 0.0,
             )  # fmt: skip
         # Group baselines need all rewards of a group (groups may span processes); whitening needs global moments.
         all_rewards = self.accelerator.gather(rewards)
         if self.args.use_group_baseline:
-            all_rewards = objective.group_baseline(all_rewards, self.num_generations_for_mode)
+            all_rewards = objective.group_baseline(all_rewards, group_size)
         start = self.accelerator.process_index * rewards.numel()
         returns = all_rewards[start : start + rewards.numel()][:, None] * mask
         if token_kl is not None and self.args.kl_estimator == "k1" and self.beta:
@@ -283,18 +286,14 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         std = (squares / count.clamp(min=1) - mean**2).clamp(min=0).sqrt()
         return (returns - mean) / (std + 1e-8) * mask
 
-    @property
-    def num_generations_for_mode(self) -> int:
-        return self.num_generations if self.model.training else self.num_generations_eval
-
-    def generate_and_score(self, inputs: list[dict]) -> dict[str, torch.Tensor]:
+    def generate_and_score(self, inputs: list[dict], mode: str = "train") -> dict[str, torch.Tensor]:
         """Sample completions of ``inputs`` (dataset rows) from ``nu_theta``, score them, and return the rollout batch.
 
         The batch holds what :meth:`compute_head_loss` needs, per token: mask, ``p_t(x_t)``, ``q_t(x_t)``, TV, both
-        hidden states, old / reference log-probabilities and REINFORCE++ advantages. GRPO's ``_prepare_inputs``
-        buffers it and splits it over ``steps_per_generation`` micro-steps.
+        hidden states, old / reference log-probabilities and REINFORCE++ advantages. In training, the rollout
+        buffer splits it over ``steps_per_generation`` micro-steps; ``mode`` ("train" / "eval") says where its metrics go
+        and which group size (``num_generations`` / ``num_generations_eval``) the advantages' baseline uses.
         """
-        mode = "train" if self.model.training else "eval"
         prompts = [row["prompt"] for row in inputs]
         texts, plain = self._prompt_texts(prompts)
         device = self._model_device(self.target)
@@ -327,8 +326,9 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         completion_ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)]
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         rewards_per_func = scoring.score_completions(
-            self.reward_funcs, self.reward_func_names, inputs, prompts, completions, completion_ids, self.state
-        )  # (B, F), NaN where a function did not score a completion
+            self.reward_funcs, self.reward_func_names, inputs, prompts, completions, completion_ids, self.state,
+            log_metric=self.step_metrics.log_metric, log_extra=self.completion_log.log_extra,
+        )  # (B, F), NaN where a function did not score a completion; fmt: skip
         rewards = scoring.weighted_rewards(rewards_per_func, self.reward_weights).to(head_device)  # (B,)
 
         target_token_probs = rollout.target_token_probs.to(head_device)
@@ -342,12 +342,13 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             ref_w = self.ref_head(draft_hidden, target_hidden, features)  # (B, T)
             ref_logprobs = mixture_logprobs(ref_w, target_token_probs, draft_token_probs)  # (B, T)
         token_kl = objective.kl_k1(old_logprobs, ref_logprobs) if self.beta else None
-        advantages = self._global_advantages(rewards, mask, token_kl)  # (B, T)
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = self._global_advantages(rewards, mask, token_kl, group_size)  # (B, T)
 
         # Metrics ---------------------------------------------------------------------------------
         w = rollout.target_weight.to(head_device)
         tv = rollout.total_variation.to(head_device)
-        metrics = compat.grpo_metrics(self, mode)
+        metrics = self.step_metrics[mode]
         gathered = self.accelerator.gather(rewards_per_func.to(head_device))
         for i, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"].append(gathered[:, i].nanmean().item())  # over the completions it scored
@@ -369,8 +370,8 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         if mode == "train":
             self.total_train_tokens += int(self.accelerator.gather(mask.sum()).sum().item())
             metrics["num_tokens"] = [self.total_train_tokens]
-        compat.record_completions(
-            self,
+        self.step_metrics.flush_pending(self.accelerator, mode)  # what reward functions logged, over every process
+        self.completion_log.record(
             texts,
             completions,
             {name: rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)},
@@ -389,6 +390,90 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             "ref_logprobs": ref_logprobs,
             "advantages": advantages,
         }
+
+    # ---------------------------------------------------------------------------------------------
+    # Trainer's public hooks: batches, steps, evaluation, logs
+
+    def get_train_dataloader(self) -> DataLoader:
+        """Rows of ``steps_per_generation`` micro-batches per step, each prompt ``num_generations`` times in a row
+        (:class:`~.batches.GroupedSampler`), the same draw repeated for each of the ``num_iterations`` passes."""
+        args = self.args
+        sampler = GroupedSampler(
+            self.train_dataset,
+            group_size=self.num_generations,
+            prompts_per_batch=args.generation_batch_size // self.num_generations,
+            repeat_count=args.num_iterations * args.steps_per_generation,
+            shuffle=args.shuffle_dataset,
+            seed=args.seed,
+        )
+        return self.rows_loader(self.train_dataset, sampler, args.train_batch_size * args.steps_per_generation)
+
+    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        """Each prompt ``num_generations_eval`` times in a row, in a seeded order (the same at every evaluation)."""
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("Evaluation needs an `eval_dataset`: pass one to DiversedTrainer or to `evaluate`.")
+        sampler = GroupedSampler(dataset, group_size=self.num_generations_eval, seed=self.args.seed)
+        return self.rows_loader(dataset, sampler, self.args.eval_batch_size)
+
+    def rows_loader(self, dataset, sampler: GroupedSampler, batch_size: int) -> DataLoader:
+        """A loader of dataset rows (uncollated), sharded over processes by accelerate as ``Trainer``'s are."""
+        args = self.args
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=rows_collator,
+            drop_last=args.dataloader_drop_last,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor,
+        )
+        return self.accelerator.prepare(loader)
+
+    def training_step(self, model: nn.Module, inputs: list[dict], num_items_in_batch=None) -> torch.Tensor:
+        """One micro-step on this step's slice of the buffered rollout batch (a new rollout when one is due)."""
+        start = time.perf_counter()
+        batch = self.rollouts.micro_batch(inputs, self.generate_and_score)
+        loss = super().training_step(model, batch, num_items_in_batch)
+        self.rollouts.step += 1
+        self.step_seconds += time.perf_counter() - start
+        if self.rollouts.step % self.current_gradient_accumulation_steps == 0:
+            self.step_metrics["train"]["step_time"].append(self.step_seconds)
+            self.step_seconds = 0.0
+        return loss
+
+    def compute_loss(self, model: nn.Module, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+        if return_outputs:  # the loss is :meth:`compute_head_loss`'s; there are no model outputs
+            raise ValueError("DiversedTrainer.compute_loss has no model outputs to return; call it with return_outputs=False.")
+        return self.compute_head_loss(model, inputs)
+
+    def prediction_step(self, model: nn.Module, inputs: list[dict], prediction_loss_only: bool, ignore_keys=None):
+        """Evaluation: a fresh rollout of ``inputs`` from the current head, and its loss (no predictions)."""
+        batch = self.generate_and_score(inputs, mode="eval")
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, batch)
+        return loss.mean().detach(), None, None
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log`` with the metrics averaged since the last log (:mod:`.logs`), then the completions table."""
+        mode = "train" if self.model.training else "eval"
+        metrics = self.step_metrics.averages(mode)
+        if mode == "eval":
+            metrics = {f"eval_{key}": value for key, value in metrics.items()}
+        logs.update(metrics)  # in place: `evaluate` returns the dict it logs
+        super().log(logs, start_time)
+        if self.args.log_completions and self.accelerator.is_main_process:
+            self.completion_log.write(
+                self.args.output_dir,
+                self.state.global_step,
+                num_to_print=self.args.num_completions_to_print,
+                report_to=self.args.report_to,
+                unique_prompts=self.args.log_unique_prompts,
+            )
 
     # ---------------------------------------------------------------------------------------------
     # Loss
@@ -414,7 +499,7 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         if self.beta and self.args.kl_estimator == "k3":
             loss = loss + self.beta * (kl * mask).sum() / num_sequences
 
-        metrics = compat.grpo_metrics(self, mode)
+        metrics = self.step_metrics[mode]
         with torch.no_grad():
             terms = torch.stack([policy_term, acceptance_term, loss]).detach()
             sums = self.accelerator.reduce(
@@ -437,6 +522,19 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
     # ---------------------------------------------------------------------------------------------
     # Checkpoints: the head (and the pair it belongs to), optimizer, scheduler, RNG, rollout buffer
 
+    def save_model(self, output_dir: str | None = None, **kwargs) -> None:
+        """Save the head (Hub-ready), the pair record and the training arguments to ``output_dir``.
+
+        ``Trainer`` calls it first when it writes ``checkpoint-<step>``: the trainer's own checkpoint files
+        (:meth:`save_checkpoint_extras`) go there before the head, and ``Trainer``'s files, which end with
+        ``trainer_state.json``, after it -- so a checkpoint holding every file is complete (see :mod:`.checkpoint`).
+        """
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}":
+            self.save_checkpoint_extras(output_dir)  # every process: each has its own rollout buffer and sampling RNG
+        if self.args.should_save:
+            self.save_head_files(output_dir)
+
     def save_head_files(self, output_dir: str) -> None:
         """Write the head (Hub-ready), the pair record and the training arguments to ``output_dir``."""
         head = self.accelerator.unwrap_model(self.model)
@@ -445,34 +543,18 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """``Trainer.train``, resuming only from complete checkpoints (see :mod:`.checkpoint`).
-
-        ``resume_from_checkpoint=True`` takes the newest complete ``checkpoint-<step>`` of ``output_dir`` written by
-        this run, and skips newer incomplete ones (a run killed while saving) and other runs' with a warning naming
-        them; an explicit checkpoint that is incomplete, or another run's, is refused with an error naming the
-        missing file or the fields that differ.
-        """
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = newest_own_checkpoint(self.args.output_dir, self.run)
-        elif resume_from_checkpoint not in (None, False) and Path(resume_from_checkpoint).is_dir():
-            missing = missing_checkpoint_files(resume_from_checkpoint)
-            if missing == [RUN_FILE]:
-                raise ValueError(
-                    f"`resume_from_checkpoint` {str(resume_from_checkpoint)!r} has no {RUN_FILE}: it was written by an "
-                    "older diversed_hf, which did not record its run. Start a new run from its head "
-                    "(`DiversedHead.from_pretrained(checkpoint)`), or resume with the release that wrote it."
-                )
-            if missing:
-                raise ValueError(
-                    f"`resume_from_checkpoint` {str(resume_from_checkpoint)!r} is incomplete: `{missing[0]}` is missing (the "
-                    "run was interrupted while saving it). Resume from an earlier checkpoint, or pass "
-                    "`resume_from_checkpoint=True` to take the newest complete one."
-                )
-            check_run(read_run(resume_from_checkpoint), self.run, str(resume_from_checkpoint))
+        """``Trainer.train``, resuming only from complete checkpoints of this run (:func:`.checkpoint.resolve_resume`:
+        ``True`` takes the newest, skipping incomplete ones and other runs' with a warning). The head (strictly, after
+        checking its pair and config) and the rollout loop's state are restored here; ``Trainer`` restores the
+        optimizer, scheduler, RNG and global step (and reloads the same head weights)."""
+        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir, self.run)
+        if resume_from_checkpoint is not None:
+            self.load_head_checkpoint(resume_from_checkpoint)
+            self.load_checkpoint_extras(resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def save_checkpoint_extras(self, checkpoint_dir: str) -> None:
-        """Before ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and the loop's state.
+        """Before the head and ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and the loop's state.
 
         Called on every process: the main one writes the initial head and its loop state, every other process its
         own loop state (its rollout buffer and sampling RNG differ from the main one's).
@@ -486,71 +568,32 @@ class DiversedTrainer(compat.GRPOHooks, GRPOTrainer):
             return
         torch.save(
             {
-                **compat.grpo_loop_state(self),  # step, buffered_inputs
+                **self.rollouts.state(),  # step, buffered_inputs
                 "rollout_generator": self._rollout_generator.get_state(),
                 "total_train_tokens": self.total_train_tokens,
                 "num_processes": self.accelerator.num_processes,
             },
-            _extra_state_path(checkpoint_dir, index),
+            loop_state_path(checkpoint_dir, index),
         )
 
-    def load_head_checkpoint(self, checkpoint_dir: str, model: nn.Module | None = None) -> None:
+    def load_head_checkpoint(self, checkpoint_dir: str) -> None:
         """Load the head (and the initial head) of a checkpoint, refusing one trained for another pair or head."""
-        pair_path = Path(checkpoint_dir, PAIR_FILE)
-        if not pair_path.is_file():
-            raise ValueError(
-                f"`resume_from_checkpoint` {str(checkpoint_dir)!r} has no {PAIR_FILE}: it is not a DiversedTrainer "
-                "checkpoint. Pass a checkpoint-<step> directory written by DiversedTrainer."
-            )
-        check_pair(json.loads(pair_path.read_text()), self.pair, str(checkpoint_dir))
-        config, state = load_head_state(checkpoint_dir)
-        head = self.accelerator.unwrap_model(self.model if model is None else model)
-        ignored = ("target_model_id", "draft_model_id")
-        if {k: v for k, v in config.to_dict().items() if k not in ignored} != {
-            k: v for k, v in head.config.to_dict().items() if k not in ignored
-        }:
-            raise ValueError(
-                f"The head in {checkpoint_dir} has config {config.to_dict()}, but the head being trained has "
-                f"{head.config.to_dict()}. Resume with the same head architecture and options."
-            )
-        head.load_state_dict(state, strict=True)
-        ref_dir = Path(checkpoint_dir, REF_HEAD_DIR)
-        if ref_dir.is_dir():
-            _, ref_state = load_head_state(ref_dir)
-            self.ref_head.load_state_dict(ref_state, strict=True)
+        load_checkpoint_heads(checkpoint_dir, self.pair, self.accelerator.unwrap_model(self.model), self.ref_head)
 
     def load_checkpoint_extras(self, checkpoint_dir: str) -> None:
         """Restore what :meth:`save_checkpoint_extras` wrote: the rollout buffer, step, sampling RNG, token count."""
-        path = os.path.join(checkpoint_dir, TRAINER_EXTRA_STATE)
-        if not os.path.isfile(path):
-            return  # a checkpoint without a rollout buffer: GRPO generates a fresh batch
-        extra: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
-        saved_processes = extra.get("num_processes", 1)
-        if saved_processes != self.accelerator.num_processes:
-            # Every process decides alike (from process 0's file): all drop the buffer and generate afresh together.
-            logger.warning(
-                "The checkpoint %s was written by %d process(es), this run has %d: its rollout buffer and sampling RNG "
-                "are dropped (a fresh rollout batch is generated); the head, optimizer, scheduler and global step are restored.",
-                checkpoint_dir, saved_processes, self.accelerator.num_processes,
-            )  # fmt: skip
-            self.total_train_tokens = extra["total_train_tokens"]
-            return
-        if self.accelerator.process_index > 0:
-            own = _extra_state_path(checkpoint_dir, self.accelerator.process_index)
-            if not os.path.isfile(own):
-                raise ValueError(
-                    f"`resume_from_checkpoint` {str(checkpoint_dir)!r} lacks {os.path.basename(own)}, the rollout state of "
-                    f"process {self.accelerator.process_index} (the run was interrupted while saving it). Resume from an "
-                    "earlier checkpoint."
-                )
-            extra = {**torch.load(own, weights_only=False, map_location="cpu"), "total_train_tokens": extra["total_train_tokens"]}
+        extra = read_loop_state(checkpoint_dir, self.accelerator.process_index, self.accelerator.num_processes)
+        if extra is None:
+            return  # a checkpoint without a rollout buffer: a fresh rollout batch is generated
+        self.total_train_tokens = extra["total_train_tokens"]
+        if "step" not in extra:
+            return  # written by another number of processes: only the token count carries over
         buffered = extra["buffered_inputs"]
         if buffered is not None:
             device = self.accelerator.device
             buffered = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in buffered]
-        compat.restore_grpo_loop_state(self, {"step": extra["step"], "buffered_inputs": buffered})
+        self.rollouts.load_state({"step": extra["step"], "buffered_inputs": buffered})
         self._rollout_generator.set_state(extra["rollout_generator"])
-        self.total_train_tokens = extra["total_train_tokens"]
 
     def create_model_card(self, *args, **kwargs) -> None:
         """No TRL causal-LM card: a head's card comes from ``DiversedHead.save_pretrained`` (see training/train_head.py)."""
