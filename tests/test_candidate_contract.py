@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from diversed_hf import ExactVerifier, StaticEnsembleVerifier, compat, enable_diversed
+from diversed_hf import StaticEnsembleVerifier, compat, enable_diversed
 from diversed_hf.candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
 from tiny_models import ARCHITECTURES, VOCAB_SIZE, left_padded_batch, make_pair, prompt
 

@@ -5,7 +5,6 @@ it (HfApi stubbed: nothing leaves the machine)."""
 import argparse
 import fnmatch
 import sys
-import tomllib
 from pathlib import Path
 
 import huggingface_hub
@@ -18,6 +17,11 @@ from transformers import LlamaForCausalLM, dynamic_module_utils
 from diversed_hf import DiversedGenerationMixin, DiversedHead, ExactVerifier, enable_diversed, hub_cli
 from diversed_hf.generation import CUSTOM_GENERATE_REPO, diversed_generate
 from tiny_models import left_padded_batch, make_pair, prompt
+
+try:  # Python 3.11+; before, pytest's own dependency
+    import tomllib
+except ImportError:  # pragma: no cover
+    import tomli as tomllib
 
 REPO = Path(CUSTOM_GENERATE_REPO)
 REPO_ID = "someone/diversed-custom-generate"
