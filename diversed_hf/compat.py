@@ -1,4 +1,8 @@
-"""Every use of transformers internals lives here. Tested with transformers 5.24.
+"""Every use of transformers internals lives here. Tested with transformers 5.19 to 5.24 (:data:`TESTED_TRANSFORMERS`).
+
+The differences between those releases are absorbed here too, each gated on the installed version with its reason
+(:data:`CACHE_KWARG`, :data:`ROW_PROMPT_IGNORE_LENGTH`, :func:`activation_checkpointing`); no other module checks
+the transformers version.
 
 The speculative loop keeps each model's KV cache as a plain :class:`~transformers.DynamicCache`
 (full layers, also for sliding-window models: the sliding window is applied by the attention mask,
