@@ -474,6 +474,14 @@ def test_config_validation():
             DiversedConfig(output_dir="x", report_to="none", **{name: -0.1})
     with pytest.raises(ValueError, match=r"`head_mlp_hidden_size` is 64, but .* `head_architecture` is 'linear'"):
         DiversedConfig(output_dir="x", report_to="none", head_mlp_hidden_size=64)
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(DiversedConfig)}
+    backends = [n for n in ("use_vllm", "use_transformers_continuous_batching", "use_transformers_paged") if n in fields]
+    assert "use_vllm" in backends and len(backends) >= 2  # and continuous batching, `use_transformers_paged` before TRL 1.8
+    for name in backends:
+        with pytest.raises(ValueError, match=r"`use_\w+=True` is not supported: rollouts sample from the two-model mixture"):
+            DiversedConfig(output_dir="x", report_to="none", **{name: True})
 
 
 NAN, INF = float("nan"), float("inf")
