@@ -19,9 +19,9 @@ import functools
 from typing import Callable, Sized
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
-__all__ = ["GroupedSampler", "RolloutBuffer", "callable_name", "rows_collator"]
+__all__ = ["GroupedSampler", "RolloutBuffer", "callable_name", "rows_collator", "rows_loader"]
 
 
 def callable_name(func: Callable) -> str:
@@ -35,6 +35,23 @@ def callable_name(func: Callable) -> str:
 def rows_collator(rows: list[dict]) -> list[dict]:
     """Dataset rows reach the rollout as they are (a list of dicts): prompts are tokenized there."""
     return rows
+
+
+def rows_loader(dataset, sampler: Sampler, batch_size: int, args, accelerator) -> DataLoader:
+    """A loader of dataset rows (uncollated) with ``args``' dataloader options (a ``TrainingArguments``), sharded over
+    processes by ``accelerator`` as ``Trainer``'s loaders are: each process gets its contiguous slice of each batch."""
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=rows_collator,
+        drop_last=args.dataloader_drop_last,
+        num_workers=args.dataloader_num_workers,
+        pin_memory=args.dataloader_pin_memory,
+        persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
+        prefetch_factor=args.dataloader_prefetch_factor,
+    )
+    return accelerator.prepare(loader)
 
 
 class GroupedSampler(Sampler):

@@ -43,7 +43,7 @@ from ..pairs import check_head_matches, verification_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
 from ..tasks import check_columns
 from . import objective, scoring
-from .batches import GroupedSampler, RolloutBuffer, callable_name, rows_collator
+from .batches import GroupedSampler, RolloutBuffer, callable_name, rows_collator, rows_loader
 from .checkpoint import (
     PAIR_FILE,
     REF_HEAD_DIR,
@@ -406,7 +406,8 @@ class DiversedTrainer(Trainer):
             shuffle=args.shuffle_dataset,
             seed=args.seed,
         )
-        return self.rows_loader(self.train_dataset, sampler, args.train_batch_size * args.steps_per_generation)
+        batch_size = args.train_batch_size * args.steps_per_generation  # one rollout batch's rows, on this process
+        return rows_loader(self.train_dataset, sampler, batch_size, args, self.accelerator)
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
         """Each prompt ``num_generations_eval`` times in a row, in a seeded order (the same at every evaluation)."""
@@ -416,23 +417,7 @@ class DiversedTrainer(Trainer):
         if dataset is None:
             raise ValueError("Evaluation needs an `eval_dataset`: pass one to DiversedTrainer or to `evaluate`.")
         sampler = GroupedSampler(dataset, group_size=self.num_generations_eval, seed=self.args.seed)
-        return self.rows_loader(dataset, sampler, self.args.eval_batch_size)
-
-    def rows_loader(self, dataset, sampler: GroupedSampler, batch_size: int) -> DataLoader:
-        """A loader of dataset rows (uncollated), sharded over processes by accelerate as ``Trainer``'s are."""
-        args = self.args
-        loader = DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            collate_fn=rows_collator,
-            drop_last=args.dataloader_drop_last,
-            num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory,
-            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
-            prefetch_factor=args.dataloader_prefetch_factor,
-        )
-        return self.accelerator.prepare(loader)
+        return rows_loader(dataset, sampler, self.args.eval_batch_size, self.args, self.accelerator)
 
     def training_step(self, model: nn.Module, inputs: list[dict], num_items_in_batch=None) -> torch.Tensor:
         """One micro-step on this step's slice of the buffered rollout batch (a new rollout when one is due)."""
