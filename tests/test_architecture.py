@@ -172,6 +172,17 @@ def test_library_generation_path_has_no_bench_or_training():
     assert not {t for t in reachable if t.startswith(("diversed_hf.bench", "diversed_hf.training"))}
 
 
+def test_nothing_outside_the_vllm_plugin_imports_it():
+    """The vLLM plugin (diversed_hf/vllm_plugin) is loaded by vLLM alone; the library never imports it."""
+    plugin = "diversed_hf.vllm_plugin"
+    bad = {
+        name: sorted(t for t in GRAPH[name] if t == plugin or t.startswith(plugin + "."))
+        for name in GRAPH
+        if not (name == plugin or name.startswith(plugin + "."))
+    }
+    assert not {name: targets for name, targets in bad.items() if targets}
+
+
 def test_import_diversed_hf_loads_neither_trl_nor_the_testbed():
     code = "import sys, diversed_hf; print(sorted(m for m in ('trl', 'diversed_hf.testbed') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

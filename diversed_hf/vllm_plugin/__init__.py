@@ -1,0 +1,37 @@
+"""DIVERSED inside vLLM: a ``vllm.general_plugins`` plugin (``pip install "diversed_hf[vllm]"``).
+
+With the plugin installed, a vLLM engine with a draft model verifies drafts against the mixture
+``nu_t = w_t p_t + (1 - w_t) q_t`` of target ``p`` and draft ``q`` instead of ``p`` when its ``additional_config``
+asks for it (README, "Serving with vLLM")::
+
+    llm = LLM(model=target, dtype="float32",
+              speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
+                                  "draft_sample_method": "probabilistic"},
+              additional_config={"diversed": {"head": "path/or/repo-id"}})  # or {"target_weight": 0.5}
+
+    vllm serve TARGET --speculative-config '{...}' --additional-config '{"diversed": {"target_weight": 0.5}}'
+
+``w_t`` is a static weight (:class:`~diversed_hf.verifiers.StaticEnsembleVerifier`) or comes from a
+:class:`~diversed_hf.head.DiversedHead` that reads distribution features only (``use_hidden_states=False``); heads
+that read hidden states are refused with an error saying so. Sampled output follows ``nu_t`` at drafted positions and
+``p`` at bonus positions; greedy output is ``generate(..., verifier=...)``'s (docs/method.md §2). Acceptance shows in
+vLLM's own spec-decoding metrics (``vllm:spec_decode_num_accepted_tokens`` and friends).
+
+Modules: :mod:`.settings` (the ``additional_config["diversed"]`` keys, checked), :mod:`.mixture` (``log nu_t`` from
+vLLM's tensors, via the project's verifiers), :mod:`.patches` (every vLLM internal touched, with the vLLM release it
+was written for). Nothing else in ``diversed_hf`` imports this package.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register"]
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: vLLM calls it in every process it starts, before building an engine.
+
+    Refuses (``RuntimeError``) a vLLM release the plugin was not written for, naming the fix.
+    """
+    from .patches import install
+
+    install()

@@ -1,0 +1,173 @@
+"""Helpers of the vLLM plugin's tests. The tests run in vLLM's own environment (.ci/vllm); elsewhere they skip.
+
+Engines run the shipped testbed pair (a 9M Llama target, a 1-layer draft, 2436 ids) on the CPU, one engine per test
+module (module-scoped fixtures), with 1 thread and a 1 GiB KV cache. What an engine emits is compared with what the
+project's own code says it must: ``nu_t`` from the project's verifiers on the testbed models under transformers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_models' tv_bound, the project's standard
+
+import torch  # noqa: E402
+
+from diversed_hf import testbed  # noqa: E402
+
+NUM_DRAFT_TOKENS = 3
+ASSETS = testbed.ASSETS_DIR
+
+
+def engine(additional_config: dict | None, **overrides):
+    """A vLLM engine on the testbed pair drafting ``NUM_DRAFT_TOKENS`` tokens by probabilistic draft sampling."""
+    from vllm import LLM
+
+    speculative_config = {
+        "method": "draft_model", "model": str(ASSETS / "draft"), "num_speculative_tokens": NUM_DRAFT_TOKENS,
+        "draft_sample_method": "probabilistic",
+    }
+    options = dict(
+        model=str(ASSETS / "target"), tokenizer=str(ASSETS / "tokenizer"), dtype="float32", max_model_len=256,
+        enforce_eager=True, max_num_seqs=128, seed=0, disable_log_stats=False, speculative_config=speculative_config,
+        additional_config=additional_config or {},
+    )
+    options.update(overrides)
+    return LLM(**options)
+
+
+def shutdown(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+
+
+def spec_metrics(llm) -> dict[str, object]:
+    """vLLM's spec-decoding counters: ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``..._per_pos``."""
+    found = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode_"):
+            name = metric.name.removeprefix("vllm:spec_decode_")
+            found[name] = list(metric.values) if hasattr(metric, "values") else metric.value
+    return found
+
+
+def pair():
+    """The testbed's (target, draft, tokenizer) under transformers, float32, the target's ``generate`` the project's."""
+    from diversed_hf import enable_diversed
+
+    target, draft, tokenizer = testbed.load_pair()
+    return enable_diversed(target), draft, tokenizer
+
+
+def prompt_ids(tokenizer, num_prompts: int, task: str = "arith") -> list[list[int]]:
+    data = testbed.load_task(task, split="test", num_examples=num_prompts, seed=0)
+    return [tokenizer(text)["input_ids"] for text in data["prompt"]]
+
+
+def law_candidates(tokenizer, num_examples: int = 3) -> list[list[int]]:
+    """Arithmetic prompts followed by every prefix of their worked solution: contexts mid-solution, where the draft
+    (weak on numbers) and the target disagree."""
+    data = testbed.load_task("arith", split="test", num_examples=num_examples, seed=0)
+    candidates = []
+    for prompt, completion in zip(data["prompt"], data["completion"]):
+        prompt_length, ids = len(tokenizer(prompt)["input_ids"]), tokenizer(prompt + completion)["input_ids"]
+        candidates += [ids[:cut] for cut in range(prompt_length, len(ids) - 2)]
+    return candidates
+
+
+@torch.no_grad()
+def next_probs(model, ids: list[int]) -> torch.Tensor:  # (vocab,) float64, temperature 1
+    return model(torch.tensor([ids])).logits[0, -1].double().softmax(-1)
+
+
+def vllm_prompts(ids_list: list[list[int]]) -> list[dict]:
+    return [{"prompt_token_ids": list(ids)} for ids in ids_list]
+
+
+def mixture_at(verifier, target, draft, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(nu, p, q)`` at the position after ``ids``, by the project's verifier on the transformers models."""
+    target_probs, draft_probs = next_probs(target, ids), next_probs(draft, ids)  # (vocab,), (vocab,)
+    verify_probs, _ = verifier.verification_probs(draft_probs[None, None], target_probs[None, None])  # (1, 1, vocab)
+    return verify_probs[0, 0], target_probs, draft_probs
+
+
+def law_prompt(verifier, target, draft, candidates: list[list[int]], min_gap: float = 0.15):
+    """A prompt whose first token is nearly fixed (vLLM samples it from the target at prefill) and after which
+    ``nu`` is far from ``p`` (so the test tells the two apart): ``(prompt, first token)``."""
+    for ids in candidates:
+        first_probs = next_probs(target, ids)
+        first = int(first_probs.argmax())
+        if float(first_probs[first]) < 0.99:
+            continue
+        verify_probs, target_probs, _ = mixture_at(verifier, target, draft, ids + [first])
+        if 0.5 * float((verify_probs - target_probs).abs().sum()) > min_gap:
+            return ids, first
+    raise AssertionError("no candidate prompt has a nearly fixed first token and nu far from p after it")
+
+
+def check_law_and_acceptance(llm, verifier, target, draft, candidates, num_requests: int = 3000) -> None:
+    """The token at the first drafted position follows ``nu`` (not ``p``), and vLLM's acceptance counters match
+    ``beta = sum_x min(q(x), nu(x))`` along the sampled prefixes.
+
+    vLLM samples the first token from the target at prefill; the next one is the first drafted position. With
+    ``max_tokens=2`` each request has exactly one verification round, so vLLM's per-position counter at position 1
+    divided by its number of drafts is the empirical acceptance of the first draft.
+    """
+    from vllm import SamplingParams
+
+    from diversed_hf import ops
+    from tiny_models import empirical, tv_bound
+
+    prompt, first = law_prompt(verifier, target, draft, candidates)
+    before = spec_metrics(llm)
+    outputs = llm.generate(vllm_prompts([prompt] * num_requests), SamplingParams(temperature=1.0, max_tokens=2),
+                           use_tqdm=False)
+    after = spec_metrics(llm)
+    tokens = torch.tensor([list(output.outputs[0].token_ids)[:2] for output in outputs])  # (requests, 2)
+    assert tokens.shape == (num_requests, 2), "every request must emit its two tokens"
+    num_drafts = after["num_drafts"] - before["num_drafts"]
+    assert num_drafts == num_requests, f"each request must verify one drafted round, got {num_drafts} rounds"
+
+    kept = tokens[tokens[:, 0] == first, 1]  # (m,) second tokens after the usual first token
+    verify_probs, target_probs, _ = mixture_at(verifier, target, draft, prompt + [first])
+    bound = tv_bound(verify_probs, kept.numel())
+    observed = empirical(kept, verify_probs.numel())
+    assert float(ops.total_variation(target_probs, verify_probs)) > 2 * bound, "the test must tell nu from p"
+    assert float(ops.total_variation(observed, verify_probs)) < bound
+
+    accepted = after["num_accepted_tokens_per_pos"][0] - before["num_accepted_tokens_per_pos"][0]
+    expected, lossless = 0.0, 0.0
+    for token, count in zip(*tokens[:, 0].unique(return_counts=True)):
+        verify_probs, target_probs, draft_probs = mixture_at(verifier, target, draft, prompt + [int(token)])
+        expected += int(count) * float(torch.minimum(draft_probs, verify_probs).sum())
+        lossless += int(count) * float(torch.minimum(draft_probs, target_probs).sum())
+    expected, lossless = expected / num_requests, lossless / num_requests
+    hoeffding = (math.log(2 / 1e-6) / (2 * num_requests)) ** 0.5
+    assert abs(expected - lossless) > 2 * hoeffding, "the test must tell DIVERSED's acceptance from lossless SD's"
+    assert abs(accepted / num_drafts - expected) < hoeffding, (accepted / num_drafts, expected, lossless)
+
+
+def check_greedy_parity(llm, verifier, target, draft, prompts: list[list[int]], max_tokens: int = 40) -> None:
+    """Greedy output equals the project's ``generate(..., verifier=...)`` after vLLM's first token.
+
+    vLLM emits the first token at prefill from the target alone (``argmax p``); the project's ``generate`` drafts
+    it. So the comparison is: vLLM's first token is the target's argmax, and the rest is what ``generate`` makes
+    from the prompt followed by that token, drafting ``NUM_DRAFT_TOKENS`` per round.
+    """
+    from vllm import SamplingParams
+
+    outputs = llm.generate(vllm_prompts(prompts), SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    for ids, output in zip(prompts, outputs):
+        emitted = list(output.outputs[0].token_ids)
+        assert emitted[0] == int(next_probs(target, ids).argmax())
+        context = torch.tensor([ids + emitted[:1]])
+        expected = target.generate(
+            context, attention_mask=torch.ones_like(context), assistant_model=draft, verifier=verifier,
+            do_sample=False, max_new_tokens=max_tokens - 1, num_assistant_tokens=NUM_DRAFT_TOKENS,
+            num_assistant_tokens_schedule="constant",
+        )[0, context.shape[1]:].tolist()
+        assert emitted[1:] == expected, f"prompt {ids}: vLLM {emitted[1:]} vs generate {expected}"
