@@ -507,18 +507,22 @@ class DiversedTrainer(Trainer):
     # ---------------------------------------------------------------------------------------------
     # Checkpoints: the head (and the pair it belongs to), optimizer, scheduler, RNG, rollout buffer
 
-    def save_model(self, output_dir: str | None = None, **kwargs) -> None:
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the head (Hub-ready), the pair record and the training arguments to ``output_dir``.
 
         ``Trainer`` calls it first when it writes ``checkpoint-<step>``: the trainer's own checkpoint files
         (:meth:`save_checkpoint_extras`) go there before the head, and ``Trainer``'s files, which end with
         ``trainer_state.json``, after it -- so a checkpoint holding every file is complete (see :mod:`.checkpoint`).
+        As ``Trainer.save_model`` (whose signature this keeps), a call of the user's pushes ``output_dir`` to the Hub
+        when ``push_to_hub=True``; ``Trainer``'s own calls (``_internal_call=True``) do not.
         """
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}":
             self.save_checkpoint_extras(output_dir)  # every process: each has its own rollout buffer and sampling RNG
         if self.args.should_save:
             self.save_head_files(output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def save_head_files(self, output_dir: str) -> None:
         """Write the head (Hub-ready), the pair record and the training arguments to ``output_dir``."""
