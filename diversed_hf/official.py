@@ -78,15 +78,11 @@ def read_official_checkpoint(
     def recorded(key: str) -> str | None:
         value = official_config.get(key)
         return value if isinstance(value, str) and value and value != "unknown" else None
+
     if not bool(torch.isfinite(weight).all()) or not bool(torch.isfinite(bias).all()):
         raise ValueError(
             f"{directory / OFFICIAL_WEIGHTS_NAME} holds NaN or infinite values: the head would verify against garbage. "
             "Re-download the checkpoint."
         )
-
-    def recorded(key: str) -> str | None:
-        value = official_config.get(key)
-        return value if isinstance(value, str) and value and value != "unknown" else None
-
     ids = {"target": recorded("target_model_path"), "draft": recorded("draft_model_path")}
     return directory, sizes, ids, weight, bias
