@@ -134,19 +134,23 @@ HEAD_SECTIONS = (("front", "Acceptance-quality front"), ("ablation", "Head ablat
 REAL_PAIR_SECTION = ("real_pair", "Real pair: SmolLM2-135M-Instruct and its self-draft")
 #: block against token-wise verification, written by training/block_results.py
 BLOCK_SECTION = ("block", "Block verification")
+#: vLLM against the project's generate, written by training/vllm_results.py (run in the vLLM environment)
+VLLM_SECTION = ("vllm", "Serving with vLLM")
+#: sections written by their own commands, carried over as they are
+CARRIED_SECTIONS = (REAL_PAIR_SECTION, BLOCK_SECTION, VLLM_SECTION)
 
 
 def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:
     """``(title, Markdown)`` of every ablation / headroom table written into ``output_dir``, and of the real
-    pair's and the block-verification sections when ``training/make_real_results.py`` and
-    ``training/block_results.py`` have written them."""
+    pair's, the block-verification and the vLLM sections when ``training/make_real_results.py``,
+    ``training/block_results.py`` and ``training/vllm_results.py`` have written them."""
     sections = []
     for task in TASKS:
         for kind, title in HEAD_SECTIONS:
             written = output_dir / f"{kind}_{task}.md"
             if written.is_file():
                 sections.append((f"{title}: {task}", written.read_text().strip()))
-    for name, title in (REAL_PAIR_SECTION, BLOCK_SECTION):
+    for name, title in CARRIED_SECTIONS:
         written = output_dir / f"{name}.md"
         if written.is_file():
             sections.append((title, written.read_text().strip()))
@@ -159,7 +163,7 @@ def refresh_head_sections(page: Path, output_dir: Path) -> None:
     if not page.is_file():
         raise FileNotFoundError(f"{page} does not exist: run `python training/make_results.py` once first.")
     parts = re.split(r"(?m)^(?=## )", page.read_text())
-    titles = tuple(f"## {title}: " for _, title in HEAD_SECTIONS) + (f"## {REAL_PAIR_SECTION[1]}", f"## {BLOCK_SECTION[1]}")
+    titles = tuple(f"## {title}: " for _, title in HEAD_SECTIONS) + tuple(f"## {title}" for _, title in CARRIED_SECTIONS)
     kept = [part for part in parts if not part.startswith(titles)]
     new = [f"## {title}\n\n{body}\n\n" for title, body in trained_head_sections(output_dir)]
     at = next((i for i, part in enumerate(kept) if part.startswith("## Reading")), len(kept))
