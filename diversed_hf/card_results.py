@@ -182,6 +182,43 @@ def _format_selection(selection: dict | None) -> dict | None:
             "lambda_acceptance": None if lam is None else f"{lam:g}"}
 
 
+def _format_calibration(calibration: Any, where: str, metric: str | None) -> dict | None:
+    """The card's calibration section from ``calibration.json`` (written by ``training/calibrate_head.py``): the
+    offset folded into the head's output logit, the rule that chose it and the table it was chosen on."""
+    if calibration is None:
+        return None
+    if isinstance(calibration, (str, os.PathLike)):
+        calibration = hub.read_json(Path(calibration), "Calibration")
+    if not isinstance(calibration, dict) or not isinstance(calibration.get("rows"), list) or not calibration["rows"]:
+        raise ValueError(f"{where}: a calibration must be an object with non-empty `rows` (training/calibrate_head.py "
+                         f"writes it), got {calibration!r:.200}.")
+    settings = calibration.get("settings") or {}
+    scale, unit = (100, " %") if canonical_metric(metric or "") in ("exact_match", "pass@1") else (1, "")
+    try:
+        target, chosen = float(calibration["target_quality"]), float(calibration["chosen_offset"])
+        tolerance = float(settings.get("tolerance") or 0.0)
+        rows = [(float(row["offset"]), float(row["quality"]), float(row["acceptance_rate"])) for row in calibration["rows"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{where}: a calibration needs `target_quality`, `chosen_offset` and rows with `offset`, "
+                         f"`quality` and `acceptance_rate` (numbers): {error}") from None
+    if chosen not in [offset for offset, _, _ in rows]:
+        raise ValueError(f"{where}: `chosen_offset` {chosen:g} is not an `offset` of the rows.")
+    points = "" if not unit else " point" if scale * tolerance == 1 else " points"
+    bar = f"{scale * target:.1f}{unit}" + (f" minus {scale * tolerance:g}{points}" if tolerance else "")
+    quality_of = dict((offset, quality) for offset, quality, _ in rows)
+    rule = (f"the highest acceptance whose quality is at least target-only decoding's ({bar})"
+            if quality_of[chosen] >= target - tolerance - 1e-12 else f"no offset reached target-only decoding's {bar}, so "
+            "the best quality")
+    table = []
+    for offset, quality, acceptance in rows:
+        cells = [f"{offset:g}", f"{scale * quality:.2f}", f"{100 * acceptance:.1f} %"]
+        table.append([f"**{cell}**" for cell in cells] if offset == chosen else cells)
+    return {"offset": f"{chosen:g}", "rule": rule, "rows": table, "target_quality": f"{scale * target:.1f}{unit}",
+            "split": settings.get("split", "train"), "num_prompts": settings.get("num_examples", "?"),
+            "num_samples": settings.get("num_sampling_seeds", 1), "temperature": settings.get("temperature", "?"),
+            "num_draft_tokens": settings.get("num_draft_tokens", "?")}
+
+
 def _derive_speedups(rows: list[dict]) -> None:
     def base_time(names):
         for row in rows:

@@ -82,6 +82,7 @@ from huggingface_hub.utils import validate_repo_id
 from . import hub
 from .card_results import (  # noqa: F401  (re-exported: the results schema is part of the cards' API)
     RESULT_FIELDS,
+    _format_calibration,
     _format_rows,
     _format_selection,
     _quality_metric,
@@ -91,6 +92,9 @@ from .card_results import (  # noqa: F401  (re-exported: the results schema is p
     write_results,
 )
 from .tasks import metric_label
+
+#: written next to a head by training/calibrate_head.py; the card shows it as the head's operating point
+CALIBRATION_NAME = "calibration.json"
 
 if TYPE_CHECKING:
     from .head import DiversedHeadConfig
@@ -367,8 +371,10 @@ def render_card(
     training_config: Any = None,
     head_source: str | None = None,
     num_parameters: int | None = None,
+    calibration: Any = None,
 ) -> ModelCard:
-    """Render the card of a head with ``config`` (``results`` / ``training_config``: content or paths).
+    """Render the card of a head with ``config`` (``results`` / ``training_config`` / ``calibration``: content or
+    paths; ``calibration`` is the ``calibration.json`` of ``training/calibrate_head.py``).
 
     ``config`` is ``head.config`` or the dict of a saved ``config.json``. ``repo_id`` (or else
     ``head_source``, a local path) is what the usage snippet loads. ``num_parameters`` defaults to
@@ -417,6 +423,7 @@ def render_card(
         quality_label=metric_label(metric),
         goal=goal_text(training, results),
         selection=_format_selection(results.get("selection")) if results else None,
+        calibration=_format_calibration(calibration, "calibration", metric or (spec.metric if spec else None)),
         usage=_usage(head, repo_id or head_source or "path/to/head", num_draft_tokens),
         citation=CITATION,
     )
@@ -443,6 +450,7 @@ def write_card(
         results = directory / hub.RESULTS_NAME
     if training_config is None and (directory / hub.TRAINING_CONFIG_NAME).is_file():
         training_config = directory / hub.TRAINING_CONFIG_NAME
+    calibration = directory / CALIBRATION_NAME if (directory / CALIBRATION_NAME).is_file() else None
     card = render_card(
         config,
         repo_id=repo_id,
@@ -450,6 +458,7 @@ def write_card(
         training_config=training_config,
         head_source=str(directory),
         num_parameters=num_parameters,
+        calibration=calibration,
     )
     path = Path(output) if output is not None else directory / hub.CARD_NAME
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ head with the offset folded into its bias. The head directory's ``training_confi
 ``calibration.json``); measure the saved head on held-out
 prompts with ``training/eval_head.py --output <output-dir>/results.json``, then re-render its card
 (``diversed-hf card <output-dir>``). ``--output-dir`` is checked before the measurement starts.
+``--reuse DIR/calibration.json`` takes the target-only quality and the offsets an earlier run measured with the
+same head, prompts and settings (to extend its ``--offsets``).
 
 Options take both spellings (``--num-examples``, ``--num_examples``). A bad argument or file ends as one line
 with exit status 2 (``--debug``: the traceback).
@@ -63,6 +65,24 @@ def choose_offset(target_quality: float, rows: list[dict], tolerance: float) -> 
     return max(rows, key=lambda row: (row["quality"], -row["offset"]))
 
 
+#: settings that must match for --reuse: what selects the prompts and how they are decoded
+REUSE_KEYS = ("task", "split", "num_examples", "seed", "num_sampling_seeds", "temperature", "num_draft_tokens",
+              "max_new_tokens", "batch_size", "dtype", "target", "draft")
+
+
+def reused_measurements(path: str, args: argparse.Namespace) -> tuple[float, dict[float, dict]]:
+    """(target-only quality, rows by offset) of an earlier ``calibration.json`` measured like this run."""
+    earlier = json.loads(Path(path).read_text())
+    settings = earlier.get("settings", {})
+    differ = [key for key in REUSE_KEYS if settings.get(key) != getattr(args, key)]
+    if Path(settings.get("head", "")).resolve() != Path(args.head).resolve() and settings.get("head") != args.head:
+        differ.append("head")
+    if differ:
+        raise ValueError(f"--reuse {path}: it was measured with other settings ({', '.join(differ)}: "
+                         + ", ".join(f"{key}={settings.get(key)!r}" for key in differ) + "); measure everything again.")
+    return float(earlier["target_quality"]), {float(row["offset"]): row for row in earlier["rows"]}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, type=task_argument, help=task_help())
@@ -83,6 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--output-dir", default=None, help="save the calibrated head here (e.g. runs/<task>/head_cal)")
+    parser.add_argument("--reuse", default=None,
+                        help="calibration.json of an earlier run with the same head, prompts and settings: its target-only "
+                             "quality and the offsets it measured are taken from it, only the other --offsets are run")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.tolerance < 0:
@@ -94,6 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.reuse and not Path(args.reuse).is_file():
+        raise FileNotFoundError(f"--reuse {args.reuse}: no such file (the calibration.json an earlier run wrote).")
     if args.output_dir:
         check_output_dir(args.output_dir)  # before the measurement, not after it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -107,11 +132,17 @@ def main(argv=None) -> dict:
         temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size, seed=args.seed, num_sampling_seeds=args.num_sampling_seeds,
     )  # fmt: skip
-    target_quality = evaluate(
-        args.task, target, draft, tokenizer, None, prompts, references, methods=("autoregressive",), **common
-    )["rows"][0]["quality"]
+    target_quality, earlier = reused_measurements(args.reuse, args) if args.reuse else (None, {})
+    if target_quality is None:
+        target_quality = evaluate(
+            args.task, target, draft, tokenizer, None, prompts, references, methods=("autoregressive",), **common
+        )["rows"][0]["quality"]
     rows = []
     for offset in args.offsets:
+        if offset in earlier:
+            logger.info("offset %g: from %s", offset, args.reuse)
+            rows.append(earlier[offset])
+            continue
         row = evaluate(
             args.task, target, draft, tokenizer, with_offset(head, offset), prompts, references, methods=("diversed",),
             **common,

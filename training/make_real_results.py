@@ -2,6 +2,7 @@
 
     python training/make_real_results.py                 # results/smollm2/ and the section in RESULTS.md
     python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2/
+    python training/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
 
 Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat`` and ``humaneval`` (held-out splits) at
 temperature 0.7 (the temperature the self-draft and the heads were trained at; at 1.0 the 135M model
@@ -14,6 +15,9 @@ solves almost no problem):
    tokens/s at batch 1 on one thread with the measured against predicted speed-up.
 2. **Speed at batch 1 and 8, one thread and two** for target-only, SD and DIVERSED (:data:`SPEED_METHODS`).
 
+``--task`` runs the methods of one task again (after its shipped head changed, say) and takes the other tasks'
+results from the last run's ``bench.json``; the page says which task was measured when.
+
 The section lands in RESULTS.md under its own heading (``results/real_pair.md``, which
 ``training/make_results.py`` also carries); the full page of run 1 is ``results/smollm2/RESULTS_smollm2.md``.
 Options take both spellings; a bad argument ends as one line with exit status 2.
@@ -22,6 +26,7 @@ Options take both spellings; a bad argument ends as one line with exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -33,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "training"))
 
-from diversed_hf.bench import write_results, write_results_page  # noqa: E402
+from diversed_hf.bench import read_results, write_results, write_results_page  # noqa: E402
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from make_results import bench_flags, refresh_head_sections, run_bench_argv  # noqa: E402
 
@@ -56,6 +61,7 @@ QUICK = {
     "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1, max_new_tokens={"arith_chat": 16, "humaneval": 16}),
 }
 SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
+GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance, quality within 1 point of the target
 
 
 def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
@@ -66,6 +72,95 @@ def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> 
 
 def _run(argv: list[str]):
     return run_bench_argv(argv)[1]
+
+
+def earlier_results(bench_json: Path, task: str) -> dict:
+    """The results of every task but ``task`` from the last methods run (its ``bench.json``), by task."""
+    if not bench_json.is_file():
+        raise FileNotFoundError(f"--task {task} keeps the other tasks' results from {bench_json}, which does not exist: "
+                                "run without --task once first.")
+    kept = {result.task: result for result in read_results(bench_json) if result.task != task}
+    missing = sorted(set(TASKS) - {task} - set(kept))
+    if missing:
+        raise ValueError(f"{bench_json} has no results for {', '.join(missing)}: run without --task to measure every task.")
+    for result in kept.values():  # rows of the re-measured task's head stay as that earlier run measured them
+        stale = [row["method"] for row in result.rows if row.get("head_task") == task]
+        note = (f"{', '.join(stale)}: measured by an earlier run with the {task} head shipped then; a later run with "
+                f"`--task {task}` measured only {task} again.")
+        if stale and note not in result.notes:
+            result.notes.append(note)
+    return kept
+
+
+def head_summary(result, head_dir: Path) -> str:
+    """One paragraph on the task's shipped head against the goal (at least GOAL_RATIO x SD's acceptance, the paired
+    interval against the target reaching 0 and the point estimate at most GOAL_POINTS below it), from ``result``;
+    README.md and docs/real_pair.md carry it between ``<!-- real-pair:<task> -->`` markers."""
+    rows = {row.get("family"): row for row in result.rows if row.get("head_task") in (None, result.task)}
+    target, sd, head = rows.get("target-only"), rows.get("sd"), rows.get("diversed")
+    if not (target and sd and head) or head.get("quality_delta_high") is None:
+        return f"`{result.task}`: the last run has no target-only, SD and DIVERSED rows with a paired interval."
+    training = json.loads((head_dir / "training_config.json").read_text()) if (head_dir / "training_config.json").is_file() else {}
+    offset = float(training.get("calibration_logit_offset") or 0.0)
+    calibrated = (f", calibrated with the offset b = {offset:g} on its output logit (chosen on the training split by "
+                  "`training/calibrate_head.py`)") if offset else ""
+    ratio = head["acceptance_rate"] / max(sd["acceptance_rate"], 1e-12)
+    speed = head["tokens_per_second"] / target["tokens_per_second"] if target.get("tokens_per_second") else None
+    delta, low, high = (100 * head[key] for key in ("quality_delta", "quality_delta_low", "quality_delta_high"))
+    metric = result.meta.get("quality_metric", "quality").replace("_", " ")
+    text = (f"**DIVERSED** with the shipped `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
+            f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
+            + (f", {speed:.2f}x the target's tokens/s" if speed else "")
+            + f") at {metric} {100 * head['quality']:.1f} % against the target's {100 * target['quality']:.1f} %: "
+            f"{delta:+.1f} [{low:+.1f}, {high:+.1f}] points against the target distribution ({result.rows[0].get('num_prompts')} "
+            f"held-out prompts x {result.meta['config'].get('num_samples', 1)} samples). ")
+    misses = []
+    if ratio < GOAL_RATIO:
+        misses.append(f"acceptance {GOAL_RATIO - ratio:.2f}x short of {GOAL_RATIO:g}x SD's")
+    if high < 0:
+        misses.append(f"the interval lies below 0 (significantly below the target; its upper end {-high:.1f} points short)")
+    if delta < -GOAL_POINTS:
+        misses.append(f"the point estimate {-delta - GOAL_POINTS:.1f} points beyond the allowed {GOAL_POINTS:g}")
+    return text + ("Goal met." if not misses else "Goal missed: " + "; ".join(misses) + ".")
+
+
+def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
+    """The training-split table of ``training/calibrate_head.py`` for the task's head: the shipped head's own
+    ``calibration.json`` when it is calibrated, else ``<output_dir>/calibration_<task>.json`` (measured, not shipped)."""
+    from diversed_hf.card_results import _format_calibration
+
+    shipped = (head_dir / "calibration.json").is_file()
+    path = head_dir / "calibration.json" if shipped else output_dir / f"calibration_{task}.json"
+    if not path.is_file():
+        return ""
+    shown = _format_calibration(path, str(path), "exact_match" if task == "arith_chat" else "pass@1")
+    measured = (f"on {shown['num_prompts']} {shown['split']}-split prompts x {shown['num_samples']} samples (temperature "
+                f"{shown['temperature']}, N = {shown['num_draft_tokens']}; not the held-out prompts above), where "
+                f"target-only decoding scored {shown['target_quality']}")
+    if shipped:
+        text = (f"The shipped `{task}` head is its recipe's head with the offset b = {shown['offset']} added to its output "
+                f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target), chosen by "
+                f"`training/calibrate_head.py` {measured}: {shown['rule']}. The DIVERSED rows above measure this head.")
+    else:
+        text = (f"`training/calibrate_head.py` measured the shipped `{task}` head with offsets b added to its output "
+                f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target) {measured}. Its rule "
+                f"gives {shown['rule']} (b = {shown['offset']}); no offset reached the target's quality, so the "
+                f"shipped head is left as trained (`{path.relative_to(REPO) if path.is_relative_to(REPO) else path}`).")
+    lines = [f"### Calibration of the `{task}` head", "", text, "",
+             "| offset b | quality (%) | acceptance |", "|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {' | '.join(row)} |" for row in shown["rows"]]
+    return "\n".join(lines)
+
+
+def update_marked(path: Path, key: str, text: str) -> bool:
+    """Replace what stands between ``<!-- real-pair:key -->`` and ``<!-- /real-pair:key -->`` in ``path``."""
+    begin, end = f"<!-- real-pair:{key} -->", f"<!-- /real-pair:{key} -->"
+    content = path.read_text() if path.is_file() else ""
+    if begin not in content or end not in content:
+        return False
+    head, rest = content.split(begin, 1)
+    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    return True
 
 
 def speed_table(runs: dict[tuple[int, int], list]) -> str:
@@ -111,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="Only the batch / thread runs; the methods tables of the last run are kept.")
     phases.add_argument("--section-only", action="store_true",
                         help="Run nothing: rebuild the RESULTS.md section from the last runs' tables.")
+    parser.add_argument("--task", choices=TASKS, default=None,
+                        help="Run only this task's methods again; the other tasks' results come from the last run's "
+                             "bench.json (the speed runs, unless skipped, cover every task).")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
+    if args.task and (args.speed_only or args.section_only):
+        parser.error("--task selects which methods runs to repeat; --speed-only and --section-only run none.")
     started = time.perf_counter()
     sizes = QUICK if args.quick else FULL
     root = REPO / ("results_quick" if args.quick else "results")
@@ -122,11 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
 
     if not (args.speed_only or args.section_only):
+        kept = earlier_results(output_dir / "bench.json", args.task) if args.task else {}
         results = []
         for task in TASKS:
-            results += _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
+            results += [kept[task]] if task in kept else _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
         command = "python training/make_real_results.py --skip-speed" + (" --quick" if args.quick else "")
-        write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started)
+        if args.task:
+            command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
+        write_results_page(results, output_dir, page, command=command,
+                           seconds=None if args.task else time.perf_counter() - started)
         if not args.quick:
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
@@ -163,12 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     body = body.replace("\n## ", "\n### ")  # its task sections become subsections of this one
     prefix = output_dir.relative_to(root.parent).as_posix() + "/"  # links now resolve from RESULTS.md's folder
     body = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix, body)
+    from diversed_hf import testbed
+
+    summaries = {}
+    for result in read_results(output_dir / "bench.json"):
+        head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
+        summaries[result.task] = head_summary(result, head_dir)
+        extra = calibration_table(head_dir, output_dir, result.task)
+        body = body.replace(f"\n### {result.task}\n", f"\n### {result.task}\n\n{summaries[result.task]}\n", 1)
+        if extra:
+            body += "\n\n" + extra
     if speed_page.is_file():
         body += "\n\n" + speed_page.read_text()
     section = root / "real_pair.md"
     section.write_text(body.strip() + "\n")
     if not args.quick:
         refresh_head_sections(REPO / "RESULTS.md", root)
+        for task, text in summaries.items():
+            for doc in (REPO / "README.md", REPO / "docs" / "real_pair.md"):
+                if update_marked(doc, task, text):
+                    print(f"Updated the {task} summary in {doc.relative_to(REPO)}")
     print(f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
           f"{(time.perf_counter() - started) / 60:.1f} min.")
     return 0

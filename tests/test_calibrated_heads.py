@@ -1,0 +1,102 @@
+"""A head calibrated by training/calibrate_head.py states its operating point on its card (the offset, the rule
+and the training-split table, from calibration.json), and make_real_results can measure one task's head again
+while keeping the other task's results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+from diversed_hf import cards
+from diversed_hf.bench.schema import BenchResult, write_json_results
+from test_hub import make_head
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+CALIBRATION = {
+    "target_quality": 0.1,
+    "rows": [{"offset": 0.0, "quality": 0.02, "acceptance_rate": 0.9},
+             {"offset": 2.0, "quality": 0.095, "acceptance_rate": 0.5},
+             {"offset": 4.0, "quality": 0.11, "acceptance_rate": 0.25}],
+    "chosen_offset": 2.0,
+    "settings": {"split": "train", "num_examples": 120, "num_sampling_seeds": 2, "tolerance": 0.01,
+                 "temperature": 0.7, "num_draft_tokens": 3},
+}
+RESULTS = {"setting": {"task": "arith"}, "rows": [{"method": "sd", "family": "sd", "acceptance_rate": 0.2},
+                                                 {"method": "DIVERSED", "family": "diversed", "acceptance_rate": 0.5}]}
+
+
+def test_card_of_a_calibrated_head_states_its_offset_rule_and_table(tmp_path):
+    make_head(task="arith").save_pretrained(tmp_path, results=RESULTS)
+    assert "calibration offset" not in (tmp_path / "README.md").read_text()  # no calibration.json: no section
+    (tmp_path / "calibration.json").write_text(json.dumps(CALIBRATION))
+    text = ModelCard.load(cards.write_card(tmp_path)).text
+    assert "### Operating point: calibration offset" in text and "**`b = 2`**" in text
+    assert "120 train-split prompts x\n2 samples" in text
+    assert "the highest acceptance whose quality is at least target-only decoding's (10.0 % minus 1 point)" in text
+    assert "| offset `b` | exact match (%) | acceptance |" in text
+    assert "| **2** | **9.50** | **50.0 %** |" in text and "| 4 | 11.00 | 25.0 %" in text
+
+
+def test_card_says_when_no_offset_reached_the_target():
+    missed = dict(CALIBRATION, chosen_offset=4.0, settings=dict(CALIBRATION["settings"], tolerance=0.0))
+    config = make_head(task="arith").config
+    text = cards.render_card(config, results=RESULTS, calibration=dict(missed, target_quality=0.2)).text
+    assert "no offset reached target-only decoding's 20.0 %, so the best quality" in text
+
+
+@pytest.mark.parametrize("calibration, message", [
+    ({"rows": []}, "non-empty `rows`"),
+    (dict(CALIBRATION, chosen_offset=3.0), "`chosen_offset` 3 is not an `offset`"),
+    (dict(CALIBRATION, target_quality=None), "needs `target_quality`"),
+])
+def test_bad_calibrations_are_refused(calibration, message):
+    with pytest.raises(ValueError, match=message):
+        cards.render_card(make_head(task="arith").config, results=RESULTS, calibration=calibration)
+
+
+def _result(task: str, rows: list[dict]) -> BenchResult:
+    meta = {"config": {"temperature": 0.7, "num_draft_tokens": 3, "max_new_tokens": 8}, "quality_metric": "exact_match",
+            "target": "t", "draft": "d"}
+    return BenchResult(task, [dict(row, num_prompts=2) for row in rows], {}, [], meta)
+
+
+def test_make_real_results_task_keeps_the_other_tasks_results(tmp_path):
+    from make_real_results import earlier_results, main
+
+    with pytest.raises(FileNotFoundError, match="run without --task once first"):
+        earlier_results(tmp_path / "bench.json", "arith_chat")
+    write_json_results([_result("arith_chat", [{"method": "SD"}])], tmp_path)
+    with pytest.raises(ValueError, match="no results for humaneval"):
+        earlier_results(tmp_path / "bench.json", "arith_chat")
+    humaneval = _result("humaneval", [{"method": "SD"}, {"method": "DIVERSED (arith_chat head)", "head_task": "arith_chat"}])
+    write_json_results([_result("arith_chat", [{"method": "SD"}]), humaneval], tmp_path)
+    kept = earlier_results(tmp_path / "bench.json", "arith_chat")
+    assert list(kept) == ["humaneval"] and kept["humaneval"].rows[1]["method"] == "DIVERSED (arith_chat head)"
+    assert kept["humaneval"].notes == ["DIVERSED (arith_chat head): measured by an earlier run with the arith_chat head "
+                                       "shipped then; a later run with `--task arith_chat` measured only arith_chat again."]
+    write_json_results(list(kept.values()), tmp_path)  # kept again by a later run: the note is not repeated
+    assert len(earlier_results(tmp_path / "bench.json", "arith_chat")["humaneval"].notes) == 1
+    with pytest.raises(ValueError, match="no results for arith_chat"):  # that file now holds humaneval only
+        earlier_results(tmp_path / "bench.json", "humaneval")
+    with pytest.raises(SystemExit):
+        main(["--task", "arith_chat", "--section-only"])
+
+
+def test_calibrate_head_reuses_only_a_calibration_measured_alike(tmp_path):
+    from calibrate_head import parse_args, reused_measurements
+
+    argv = ["--task", "arith_chat", "--target", "smollm2", "--head", str(tmp_path), "--num-examples", "120",
+            "--num-sampling-seeds", "2", "--temperature", "0.7", "--num-draft-tokens", "3", "--max-new-tokens", "96"]
+    args = parse_args(argv + ["--offsets", "0", "2", "5"])
+    earlier = tmp_path / "calibration.json"
+    earlier.write_text(json.dumps(dict(CALIBRATION, settings=vars(parse_args(argv + ["--offsets", "0", "2"])))))
+    target, rows = reused_measurements(str(earlier), args)
+    assert target == 0.1 and sorted(rows) == [0.0, 2.0, 4.0] and rows[2.0]["acceptance_rate"] == 0.5
+    with pytest.raises(ValueError, match=r"other settings \(temperature: temperature=0.7\)"):
+        reused_measurements(str(earlier), parse_args(argv[:-6] + ["--temperature", "1.0", "--num-draft-tokens", "3",
+                                                                  "--max-new-tokens", "96"]))
