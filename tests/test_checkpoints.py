@@ -32,6 +32,7 @@ CHILD = textwrap.dedent(
     import torch, transformers.trainer_callback as callback
     from test_training import trainer_for
 
+    torch.set_num_threads({threads})  # the parent's: another count may round a step differently
     KILL_AFTER = {kill_after!r}
     def dies_after(function, name_of):
         def wrapper(*args, **kwargs):
@@ -49,7 +50,9 @@ CHILD = textwrap.dedent(
 
 
 def run_and_kill(root: Path, kill_after: str) -> None:
-    script = CHILD.format(tests=str(TESTS_DIR), kill_after=kill_after, root=str(root), common=COMMON)
+    script = CHILD.format(
+        tests=str(TESTS_DIR), kill_after=kill_after, root=str(root), common=COMMON, threads=torch.get_num_threads()
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 137, done.stderr[-3000:]
 
