@@ -27,7 +27,7 @@ from . import models
 from .config import BenchConfig, load_task
 from .methods import parse_methods
 from .report import markdown_table, write_results, write_results_page
-from .runner import process_state, run_bench
+from .runner import end_processes, process_state, run_bench
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +213,15 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     arguments, config = build_parser().parse_dict(vars(args), allow_extra_keys=True)
     results = run(arguments, config)
-    if not process_state().is_main_process:
-        return 0
+    state = process_state()
+    if state.is_main_process:
+        _report(results, arguments, started)
+    end_processes(state)
+    return 0
+
+
+def _report(results: list, arguments, started: float) -> None:
+    """The main process writes the results (JSON, tables, plots or the results page) and prints the tables."""
     seconds = time.perf_counter() - started
     if arguments.results_page:
         command = arguments.page_command or "diversed-hf " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -229,4 +236,3 @@ def main(args: argparse.Namespace) -> int:
         print()
     print(f"Wrote {arguments.output_dir}/results.json" + (f" and {arguments.results_page}" if arguments.results_page else "")
           + f" in {seconds:.0f} s.")
-    return 0

@@ -30,7 +30,7 @@ from .stats import add_block_differences, add_paired_differences, add_relative_s
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["measure_cost", "process_state", "run_bench"]
+__all__ = ["end_processes", "measure_cost", "process_state", "run_bench"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -53,6 +53,18 @@ def process_state():
         return _SingleProcess()
     # Without a GPU, processes started by `accelerate launch --multi_gpu` / `torchrun` talk over gloo.
     return PartialState(cpu=not torch.cuda.is_available())
+
+
+def end_processes(state) -> None:
+    """Under ``accelerate launch``: wait for every process, then close the process group.
+
+    A process that exits with the group still open can abort at interpreter shutdown ("terminate called without an
+    active exception": gloo's threads are still running), which fails the whole launch after the work is done.
+    """
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def _shard(state, items: list) -> list:
