@@ -9,7 +9,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 import vllm_results  # noqa: E402
-from vllm_results import ARMS, Arm, check_sizes, parse_concurrency, replace_section, results_table, summarize  # noqa: E402
+from make_results import VLLM_SECTION, refresh_head_sections  # noqa: E402
+from vllm_results import ARMS, Arm, check_sizes, parse_concurrency, results_table, summarize  # noqa: E402
 
 TARGET = Arm("vLLM target-only", "vllm", "target", (0.0,))
 SD = Arm("vLLM SD (its own sampler)", "vllm", "sd", (0.0,))
@@ -72,7 +73,15 @@ def test_every_arm_is_a_known_backend_and_rule_and_the_broken_one_is_marked():
     assert invalid and all(arm.backend == "vllm" and arm.rule == "sd" and min(arm.temperatures) > 0 for arm in invalid)
 
 
-def test_replace_section_replaces_only_its_own_section_before_reading():
+def test_the_section_replaces_only_its_own_section_before_reading(tmp_path):
+    # vllm_results writes results/vllm.md, then make_results' refresh puts it into RESULTS.md
+    def replace_section(text: str, title: str, body: str) -> str:
+        assert title == VLLM_SECTION[1]
+        (tmp_path / f"{VLLM_SECTION[0]}.md").write_text(body)
+        (tmp_path / "RESULTS.md").write_text(text)
+        refresh_head_sections(tmp_path / "RESULTS.md", tmp_path)
+        return (tmp_path / "RESULTS.md").read_text()
+
     page = "# Results\n\n## A\n\na\n\n## Serving with vLLM\n\nold\n\n## Reading the columns\n\nr\n"
     new = replace_section(page, "Serving with vLLM", "new table")
     assert "old" not in new and "## A\n\na" in new

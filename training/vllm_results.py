@@ -40,10 +40,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "training"))
 
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
+from make_results import VLLM_SECTION, refresh_head_sections  # noqa: E402
 
-SECTION_TITLE = "Serving with vLLM"
 NUM_DRAFT_TOKENS = 3
 SAMPLING_TEMPERATURE = 0.7  # the temperature the self-draft and heads were trained at (RESULTS.md, "Real pair")
 STATIC_WEIGHT = 0.5
@@ -189,15 +190,6 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
     for name, sample in samples.items():
         text += f"\nFirst completion of {name} at T = {SAMPLING_TEMPERATURE:g}, c = 1:\n\n```text\n{sample!r}\n```\n"
     return text
-
-
-def replace_section(page: str, title: str, body: str) -> str:
-    """``page`` with its ``## title`` section replaced by ``body`` (inserted before "## Reading ..." or at the end)."""
-    parts = re.split(r"(?m)^(?=## )", page)
-    new = f"## {title}\n\n{body.strip()}\n\n"
-    kept = [part for part in parts if not part.startswith(f"## {title}\n")]
-    at = next((i for i, part in enumerate(kept) if part.startswith("## Reading")), len(kept))
-    return "".join(kept[:at] + [new] + kept[at:])
 
 
 # ---------------------------------------------------------------------------------------------------- the runs
@@ -359,12 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows, meta, samples = _run_all(args, sizes, output_dir)
         runs_file.write_text(json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=2) + "\n")
-    body = section_text(rows, meta, samples)
-    (root / "vllm.md").write_text(body)
-    if not args.quick:
-        page = REPO / "RESULTS.md"
-        page.write_text(replace_section(page.read_text(), SECTION_TITLE, body))
-    written = ([] if args.section_only else [runs_file.relative_to(REPO)]) + [(root / "vllm.md").relative_to(REPO)]
+    section_file = root / f"{VLLM_SECTION[0]}.md"
+    section_file.write_text(section_text(rows, meta, samples))
+    if not args.quick:  # RESULTS.md's carried sections, this one included, from their files (make_results' mechanism)
+        refresh_head_sections(REPO / "RESULTS.md", root)
+    written = ([] if args.section_only else [runs_file.relative_to(REPO)]) + [section_file.relative_to(REPO)]
     print("Wrote " + ", ".join(map(str, written)) + ("" if args.quick else " and RESULTS.md's section") + ".")
     return 0
 
