@@ -4,6 +4,8 @@ from . import verifiers
 from .candidates import DiversedCandidateGenerator
 from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
 from .compat import check_transformers_version
+from .eagle import EagleDraft, EagleDraftConfig
+from .feature_candidates import FeatureCandidateGenerator
 from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
 from .head import DiversedHead, DiversedHeadConfig
 from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
@@ -26,6 +28,9 @@ __all__ = [
     "BlockVerifier",
     "DiversedCandidateGenerator",
     "DraftCosts",
+    "EagleDraft",
+    "EagleDraftConfig",
+    "FeatureCandidateGenerator",
     "clear_draft_statistics",
     "measured_draft_costs",
     "DiversedGenerationMixin",

@@ -273,6 +273,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.draft_lengths = self.plan_draft_lengths(self.remaining)  # (batch,) N_b of the next round
         self.draft_confidence: torch.Tensor | None = None  # (batch, N_r) q_t(x_t) of the round ("optimal")
 
+    #: whether the draft reads the target's hidden states (:mod:`diversed_hf.feature_candidates`): the loop then
+    #: prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
+    reads_target_features = False
+
+    def observe_target_features(self, target_hidden, num_matches, realignment) -> None:
+        """The target's features of a round; a token-only draft reads none."""
+
     # Batched layout -----------------------------------------------------------------------------
     def plan_draft_lengths(
         self,
@@ -291,6 +298,30 @@ class DiversedCandidateGenerator(CandidateGenerator):
             return torch.ones_like(input_ids)
         extra = input_ids.shape[1] - self.prompt_mask.shape[1]
         return torch.nn.functional.pad(self.prompt_mask, (0, extra), value=1) if extra > 0 else self.prompt_mask
+
+    def draft_forward(
+        self,
+        chunk: torch.Tensor,  # (batch, chunk) what the draft cache lacks
+        attention_mask: torch.Tensor,  # (batch, cached + chunk)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (batch, V') logits of the next token, (batch, d_draft) or None
+        """One draft pass over ``chunk`` on top of the draft cache: the last column's logits and, when the verifier
+        reads them, its last hidden state."""
+        out = compat.forward_with_cache(
+            self.draft_model, draft_input_ids(self.draft_model, chunk, self.vocab_size), attention_mask, self.cache,
+            logits_to_keep=1, output_hidden_states=self.output_hidden_states,
+        )
+        return out.logits[:, -1], out.hidden_states[-1][:, -1] if self.output_hidden_states else None
+
+    def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
+        """The draft cache after a round: it keeps every column but the last two of the new sequence (before the
+        realignment's shift), or of ``input_ids`` in transformers' loop."""
+        if realignment is not None:
+            compat.realign_cache(
+                self.cache, kept=realignment.kept, length=realignment.new_length - 2,
+                shifts=realignment.shifts, leading=realignment.leading,
+            )
+        else:
+            compat.crop_cache(self.cache, input_ids.shape[1] - 2)
 
     # CandidateGenerator -------------------------------------------------------------------------
     def get_candidates(
@@ -325,11 +356,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         row_length = int(lengths[0]) if scalar_rule else 0
         reach = 1.0 if scalar_rule else torch.ones(batch_size, device=input_ids.device)  # the rule's P(all pass)
         for step in range(num_round_drafts):
-            out = compat.forward_with_cache(
-                self.draft_model, draft_input_ids(self.draft_model, chunk, self.vocab_size), candidate_mask, self.cache,
-                logits_to_keep=1, output_hidden_states=self.output_hidden_states,
-            )
-            step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, out.logits[:, -1], self.vocab_size)
+            step_logits, step_hidden = self.draft_forward(chunk, candidate_mask)  # (batch, V'), (batch, d_draft) or None
+            step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, step_logits, self.vocab_size)
             step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
             check_finite_mass(step_probs, "draft", first_position=len(probs))
             # (batch,); the mass was checked just above
@@ -339,7 +367,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             if self.output_untempered_probs:  # without logits processors the scores are the raw logits
                 untempered.append(raw.softmax(dim=-1) if len(self.logits_processor) else step_probs)
             if self.output_hidden_states:
-                hidden.append(out.hidden_states[-1][:, -1])  # (batch, d_draft)
+                hidden.append(step_hidden)  # (batch, d_draft)
             candidate_ids = torch.cat([candidate_ids, token[:, None]], dim=1)
             candidate_mask = torch.cat([candidate_mask, torch.ones_like(token[:, None])], dim=1)
             chunk = token[:, None]  # (batch, 1)
@@ -386,6 +414,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         position_acceptance: torch.Tensor | None = None,  # (batch, N_r) beta_t of the round ("optimal")
         drafted_acceptance: torch.Tensor | None = None,  # (batch, N_r) a_t(x_t) of the round ("optimal")
         seconds: tuple[float, float] | None = None,  # (drafting, rest of the round) time of the round ("optimal")
+        target_hidden: torch.Tensor | None = None,  # (batch, N_r + 1, d) the target's features of the round
     ) -> None:
         """Bookkeeping after verification: the schedule, each row's budget, the draft cache, the next draft lengths.
 
@@ -399,8 +428,11 @@ class DiversedCandidateGenerator(CandidateGenerator):
         passes ``realignment`` (continuing rows, shifts ``A - n_b``, dropped leading columns), the edit it applies
         to the target cache; the draft cache keeps ``realignment.new_length - 2`` columns before the shift. When no
         row continues the call is over (the ``"optimal"`` schedule pools its statistics). ``position_acceptance``,
-        ``drafted_acceptance`` and ``seconds`` feed the ``"optimal"`` schedule, which needs them.
+        ``drafted_acceptance`` and ``seconds`` feed the ``"optimal"`` schedule, which needs them. ``target_hidden``
+        (the target's last hidden states at the round's ``N_r + 1`` verified columns) is read only by generators whose
+        draft reads the target's features (:attr:`reads_target_features`).
         """
+        self.observe_target_features(target_hidden, num_matches, realignment)
         num_matches = torch.as_tensor(num_matches, device=self.remaining.device)  # (batch,) or ()
         kept = realignment.kept if realignment is not None else None
         self.update_schedule(num_matches)
@@ -440,13 +472,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             chosen = self.optimal.lengths()  # (kept,) or None: keep the current lengths
             if chosen is not None:
                 self.row_num_tokens = chosen.to(self.row_num_tokens.dtype)
-        if realignment is not None:
-            compat.realign_cache(
-                self.cache, kept=kept, length=realignment.new_length - 2,
-                shifts=realignment.shifts, leading=realignment.leading,
-            )
-        else:
-            compat.crop_cache(self.cache, input_ids.shape[1] - 2)
+        self.edit_cache(input_ids, realignment)
         self.draft_lengths = self.plan_draft_lengths(self.remaining)
 
     def update_schedule(

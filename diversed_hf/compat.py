@@ -175,8 +175,10 @@ def forward_with_cache(
     *,
     logits_to_keep: int,
     output_hidden_states: bool,
+    **model_inputs,
 ):
-    """One forward pass of ``chunk`` new tokens on top of ``cache``; positions follow the attention mask."""
+    """One forward pass of ``chunk`` new tokens on top of ``cache``; positions follow the attention mask.
+    ``model_inputs`` go to the model as they are (an EagleDraft's ``target_hidden``)."""
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]  # (batch, chunk)
     cached = cache.get_seq_length()
     out = model(
@@ -187,6 +189,7 @@ def forward_with_cache(
         logits_to_keep=logits_to_keep,
         output_hidden_states=output_hidden_states,
         **{CACHE_KWARG: cache},
+        **model_inputs,
     )
     # A model that does not know the keyword takes it into **kwargs and runs on a fresh cache of its own.
     assert cache.get_seq_length() == cached + input_ids.shape[1], (

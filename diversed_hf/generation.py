@@ -26,7 +26,7 @@ from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
 from .pairs import check_head_matches, shared_vocab_size, verification_vocab_size  # noqa: F401 - re-exported
-from .verifiers import BlockVerifier, HeadVerifier, Verifier
+from .verifiers import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +226,8 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
             f"`block_verification` must be True or False, got {block_verification!r}: True verifies each drafted "
             "block as a whole (BlockVerifier)."
         )
+    if diversed_head is None and verifier is None and getattr(kwargs.get("assistant_model"), "reads_target_features", False):
+        verifier = ExactVerifier()  # a feature draft (EagleDraft) drafts only in this loop: lossless SD by default
     if diversed_head is None and verifier is None:
         ours = {"output_target_weights": output_target_weights, "generator": generator,
                 "block_verification": block_verification or None, "assistant_costs": kwargs.get("assistant_costs")}

@@ -42,6 +42,7 @@ import torch
 from . import compat
 from .checks import check_finite_mass
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment, next_token_scores
+from .feature_candidates import FeatureCandidateGenerator
 from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
 from .pairs import text_vocab_size
@@ -173,7 +174,11 @@ def speculative_decode(
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
     logits_processor = per_row_processors(logits_processor, input_ids.shape[1])  # lengths count per row
-    candidate_generator = DiversedCandidateGenerator(
+    reads_features = getattr(draft, "reads_target_features", False)  # an EagleDraft: the target's features too
+    if reads_features and not draft.is_attached_to(target):
+        draft.attach_target(target)  # its embeddings and LM head are the target's
+    generator_class = FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
+    candidate_generator = generator_class(
         input_ids,
         draft,
         model_kwargs={"attention_mask": attention_mask},
@@ -223,6 +228,7 @@ class _SpeculativeLoop:
         self.target_cache = compat.new_cache()
         self._aranges: dict[int, torch.Tensor] = {}
         self.round_clock: tuple[float, float] | None = None  # (start, end of drafting) of the round, when timed
+        self.round_target_hidden: torch.Tensor | None = None  # (B, N_r + 1, d) for a draft reading the target's features
 
     def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights, score_recorder=None):
         device = input_ids.device
@@ -247,6 +253,8 @@ class _SpeculativeLoop:
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
         self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
+        if self.candidates.reads_target_features:
+            self.prefill()
         timed = self.candidates.schedule == "optimal"  # the schedule reads the measured round costs
         while self.active.numel() > 0:
             started = _clock(device) if timed else 0.0
@@ -259,6 +267,22 @@ class _SpeculativeLoop:
             self.streamer.end()
         num_new = int(self.state.num_generated.max()) if batch_size else 0
         return self.state.tokens[:, :num_new], _stats(self.state, num_draft)
+
+    def prefill(self) -> None:
+        """For a draft that reads the target's features (an EagleDraft): the target reads the prompt but its last
+        token, and hands the draft its hidden states there; the first verification then feeds ``[last token,
+        drafts]`` as every later one does."""
+        hidden = None
+        if self.seq.shape[1] > 1:
+            out = compat.forward_with_cache(
+                self.target, self.seq[:, :-1], self.mask[:, :-1], self.target_cache, logits_to_keep=1,
+                output_hidden_states=True,
+            )
+            hidden = out.hidden_states[-1]  # (B, L - 1, d)
+        else:
+            size = self.candidates.draft_model.config.hidden_size
+            hidden = torch.zeros(self.seq.shape[0], 0, size, device=self.seq.device)
+        self.candidates.set_target_features(hidden, self.mask)
 
     def _columns(self, width: int) -> torch.Tensor:  # (width,)
         if width not in self._aranges:
@@ -282,7 +306,7 @@ class _SpeculativeLoop:
         candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
         length = self.seq.shape[1]  # L
         num_round_drafts = candidate_ids.shape[1] - length  # N_r
-        needs_hidden = self.verifier.requires_hidden_states
+        needs_hidden = self.verifier.requires_hidden_states or self.candidates.reads_target_features
         out = compat.forward_with_cache(
             self.target,
             candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
@@ -307,6 +331,8 @@ class _SpeculativeLoop:
             validate=False,  # the loop builds well-formed inputs; the checks cost ~2% of a round on CPU
         )
         target_scores = None if processed is None else (processed, out.logits[:, -(num_round_drafts + 1) :].float())
+        if self.candidates.reads_target_features:  # the draft's features for the next round
+            self.round_target_hidden = out.hidden_states[-1][:, -(num_round_drafts + 1) :]  # (B, N_r + 1, d)
         return result, target_probs, target_scores
 
     def _target_distributions(
@@ -397,7 +423,9 @@ class _SpeculativeLoop:
         if bool(finished.all()):  # the call is over: the generator's last schedule update
             self.active = self.active[:0]
             done = Realignment(kept=self.active, shifts=None, new_length=0, leading=0)
-            self.candidates.update_candidate_strategy(candidate_ids[:0], target_probs, num_accepted, realignment=done)
+            self.candidates.update_candidate_strategy(
+                candidate_ids[:0], target_probs, num_accepted, realignment=done, target_hidden=self.round_target_hidden,
+            )
             return
         if bool(finished.any()):
             kept = (~finished).nonzero().squeeze(1)  # (kept,)
@@ -431,7 +459,7 @@ class _SpeculativeLoop:
         self.candidates.update_candidate_strategy(
             seq, target_probs, round_num_accepted, realignment=realignment,
             position_acceptance=result.position_acceptance, drafted_acceptance=result.drafted_acceptance,
-            seconds=seconds,
+            seconds=seconds, target_hidden=self.round_target_hidden,
         )
 
 

@@ -1,0 +1,317 @@
+"""``EagleDraft``: an EAGLE-style feature draft (Li et al., 2024) for any causal LM, as a transformers model.
+
+The draft reads the target's own features. At column ``j`` of a sequence it takes the target's last hidden state at
+column ``j - 1`` (``h_{j-1}``: after the final norm, what the target's LM head reads; zeros at the first token) and
+the embedding of token ``j``, maps their concatenation to the hidden size (``fc``), runs ``num_layers`` decoder layers
+of the **target's own architecture** (built from its config: attention, rotary embedding, sliding windows as the target
+has them) and a final norm, and so predicts the feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
+at ``j + 1``. While drafting, later columns read the draft's own predicted features instead of the target's
+(:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator`; ``docs/eagle.md``).
+
+What is the target's and what is the draft's:
+
+- the token embeddings and the LM head are the target's, frozen and **not saved** with the draft: they are attached
+  by :meth:`EagleDraft.attach_target` (``generate`` attaches the target it runs with; :meth:`EagleDraft.for_target`
+  at construction);
+- the LM head may be restricted to a subset of ids (``draft_vocab_ids``, FR-Spec-style pruning: the most frequent ids
+  of the training data), saved with the draft; the draft's logits are ``-inf`` outside it, so ``q`` gives those ids
+  probability 0 and lossless verification stays exact;
+- ``fc``, the decoder layers and the final norm are the draft's trained weights (``model.safetensors``).
+
+Saved in the Hub format (``config.json`` with ``model_type: "diversed_eagle"`` and the target's config,
+``model.safetensors``, ``generation_config.json``, a card ``README.md``); ``AutoConfig`` / ``AutoModel`` know the type
+once :mod:`diversed_hf` is imported.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from . import compat
+
+__all__ = ["EagleDraft", "EagleDraftConfig", "EagleDraftOutput"]
+
+
+class EagleDraftConfig(PretrainedConfig):
+    """Configuration of an :class:`EagleDraft`.
+
+    Args:
+        target_config: the target's (text) config as a dict (``config.to_dict()``): the draft's layers follow it.
+        num_layers: decoder layers of the draft (EAGLE uses 1).
+        draft_vocab_size: size of the id subset the draft scores; ``None``: the target's whole vocabulary.
+        target_model_id: the Hub id or path of the target the draft was trained for (informational, as in cards).
+    """
+
+    model_type = "diversed_eagle"
+
+    def __init__(self, target_config: dict | None = None, num_layers: int = 1, draft_vocab_size: int | None = None,
+                 target_model_id: str | None = None, **kwargs):
+        target_config = dict(target_config or {})
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if name not in kwargs and target_config.get(name) is not None:
+                kwargs[name] = target_config[name]
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"`num_layers` must be a positive integer, got {num_layers!r}.")
+        if draft_vocab_size is not None and (not isinstance(draft_vocab_size, int) or draft_vocab_size < 1):
+            raise ValueError(f"`draft_vocab_size` must be a positive integer or None (all ids), got {draft_vocab_size!r}.")
+        self.target_config = target_config
+        self.num_layers = num_layers
+        self.draft_vocab_size = draft_vocab_size
+        self.target_model_id = target_model_id
+        # what the pair checks read (diversed_hf.pairs): the draft's features live in the target's hidden space and its
+        # logits span the target's vocabulary
+        self.hidden_size = target_config.get("hidden_size")
+        self.vocab_size = target_config.get("vocab_size")
+
+    def layers_config(self) -> PretrainedConfig:
+        """The target's config cut to the draft's layers, as the config of its base model (without embeddings)."""
+        if not self.target_config.get("model_type"):
+            raise ValueError(
+                "This EagleDraftConfig has no `target_config`: build drafts with `EagleDraft.for_target(target)` or load "
+                "a saved one with `EagleDraft.from_pretrained(path)`."
+            )
+        values = copy.deepcopy(self.target_config)
+        model_type = values.pop("model_type")
+        values["num_hidden_layers"] = self.num_layers
+        if isinstance(values.get("layer_types"), list):  # per-layer attention kinds (sliding windows): the first ones
+            values["layer_types"] = values["layer_types"][: self.num_layers]
+        values["vocab_size"] = 1  # the base model's own embedding is dropped: the target's is attached
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # ids of a vocabulary the layers do not embed
+            values[name] = None
+        values.pop("architectures", None)
+        return AutoConfig.for_model(model_type, **values)
+
+
+@dataclass
+class EagleDraftOutput(ModelOutput):
+    """``logits`` ``(batch, kept, vocab)`` over the target's vocabulary (``-inf`` outside the draft's ids), or
+    ``None``; ``last_hidden_state`` ``(batch, chunk, d)``: the predicted features ``f``; ``hidden_states``: a 1-tuple
+    holding them (what the loop reads as the draft's last hidden state); ``cache``: the draft's KV cache."""
+
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple | None = None
+    cache: object | None = None
+
+
+class EagleDraft(PreTrainedModel):
+    """An EAGLE-style draft: ``fc([embed(x_j), h_{j-1}])`` -> ``num_layers`` decoder layers of the target's
+    architecture -> norm -> predicted feature ``f_j`` -> the target's LM head (module docstring).
+
+    Build one for a target with :meth:`for_target`; load a trained one with ``from_pretrained`` (then
+    :meth:`attach_target`, or let ``generate`` attach it). Use it as a plain ``assistant_model``::
+
+        draft = EagleDraft.from_pretrained("path/or/repo")
+        target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier())   # or diversed_head=head
+    """
+
+    config_class = EagleDraftConfig
+    base_model_prefix = "eagle"
+    main_input_name = "input_ids"
+    _no_split_modules = []
+    #: the loop feeds this draft the target's features (diversed_hf.feature_candidates)
+    reads_target_features = True
+
+    def __init__(self, config: EagleDraftConfig):
+        super().__init__(config)
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.model = AutoModel.from_config(config.layers_config())
+        self.model.embed_tokens = None  # the target's embeddings are attached, never copied or saved
+        if config.draft_vocab_size is not None:
+            self.register_buffer("draft_vocab_ids", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab_ids = None
+        self.register_buffer("lm_head_weight", None, persistent=False)  # (draft vocab, d): the target's rows, attached
+        self.__dict__["_target_embeddings"] = None  # the target's input embedding module (not a submodule)
+        self.logit_softcapping = None
+        self.post_init()
+        if self.generation_config is None:
+            self.generation_config = GenerationConfig()
+
+    @classmethod
+    def can_generate(cls) -> bool:  # a generation_config is kept and saved: it carries the draft-length knobs
+        return True
+
+    def generate(self, *args, **kwargs):
+        raise TypeError(
+            "An EagleDraft drafts from the target's features and cannot generate on its own: pass it as the target's "
+            "`assistant_model` (`target.generate(..., assistant_model=draft)`)."
+        )
+
+    # Construction -------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs) -> EagleDraft:
+        """``PreTrainedModel.from_pretrained``, plus the saved ``generation_config.json`` (the draft-length knobs it
+        carries, e.g. its measured best ``num_assistant_tokens``) and, with ``target=``, :meth:`attach_target`."""
+        draft = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only", "subfolder") if k in kwargs}
+        try:
+            draft.generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+        except OSError:  # saved without one: transformers' defaults, as for any model
+            pass
+        return draft.attach_target(target) if target is not None else draft
+
+    @classmethod
+    def for_target(cls, target, num_layers: int = 1, draft_vocab_size: int | None = None,
+                   draft_vocab_ids: torch.Tensor | None = None) -> EagleDraft:
+        """An untrained draft for ``target`` (any causal LM with ``get_input_embeddings`` / ``get_output_embeddings``),
+        attached to it, in the target's dtype and on its device.
+
+        ``draft_vocab_ids``: the ids the draft scores (e.g. the most frequent in its training data); with only
+        ``draft_vocab_size`` the first ``draft_vocab_size`` ids; neither: every id.
+        """
+        text_config = target.config.get_text_config()
+        if draft_vocab_ids is not None:
+            draft_vocab_ids = torch.as_tensor(draft_vocab_ids, dtype=torch.long).flatten()
+            if draft_vocab_size is not None and draft_vocab_size != draft_vocab_ids.numel():
+                raise ValueError(
+                    f"`draft_vocab_size={draft_vocab_size}` but `draft_vocab_ids` holds {draft_vocab_ids.numel()} ids: "
+                    "pass one of them."
+                )
+            draft_vocab_size = draft_vocab_ids.numel()
+        config = EagleDraftConfig(
+            target_config=text_config.to_dict(), num_layers=num_layers, draft_vocab_size=draft_vocab_size,
+            target_model_id=getattr(target.config, "_name_or_path", None) or None,
+        )
+        draft = cls(config)
+        if draft_vocab_size is not None:
+            ids = draft_vocab_ids if draft_vocab_ids is not None else torch.arange(draft_vocab_size)
+            draft.set_draft_vocab(ids)
+        draft.to(device=target.device, dtype=target.dtype)
+        return draft.attach_target(target)
+
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """The ids the draft scores: distinct, within the target's vocabulary, ``config.draft_vocab_size`` of them."""
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        vocab = self.config.vocab_size
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"`ids` holds {ids.numel()} ids; this draft scores {self.config.draft_vocab_size}.")
+        if ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"`ids` must be distinct token ids in [0, {vocab}).")
+        self.draft_vocab_ids.copy_(ids.sort().values.to(self.draft_vocab_ids.device))
+
+    def attach_target(self, target) -> EagleDraft:
+        """Share ``target``'s embeddings and LM head (its rows of the draft's ids); returns the draft.
+
+        Refused when the target's hidden size or vocabulary differs from the one the draft was built for.
+        """
+        text_config = target.config.get_text_config()
+        for name in ("hidden_size", "vocab_size"):
+            mine, theirs = getattr(self.config, name), getattr(text_config, name, None)
+            if mine != theirs:
+                raise ValueError(
+                    f"This EagleDraft was built for a target with {name}={mine}, and `target` has {name}={theirs}: a "
+                    f"feature draft fits only its own target ({self.config.target_model_id or 'unknown id'}). Build one "
+                    "for this target with `EagleDraft.for_target(target)` and train it (training/train_eagle_draft.py)."
+                )
+        embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
+        if embeddings is None or head is None or getattr(head, "weight", None) is None:
+            raise ValueError(f"`target` ({type(target).__name__}) has no input embeddings or LM head to share.")
+        weight = head.weight.detach()  # (vocab, d)
+        if self.draft_vocab_ids is not None:
+            weight = weight[self.draft_vocab_ids.to(weight.device)]  # (draft vocab, d)
+        self.lm_head_weight = weight
+        self.__dict__["_target_embeddings"] = embeddings
+        self.__dict__["_attached_to"] = id(target)
+        self.logit_softcapping = getattr(text_config, "final_logit_softcapping", None)
+        return self
+
+    def is_attached_to(self, target) -> bool:
+        return self.__dict__.get("_attached_to") == id(target)
+
+    def get_input_embeddings(self):
+        return self.__dict__["_target_embeddings"]
+
+    def set_input_embeddings(self, value):
+        self.__dict__["_target_embeddings"] = value
+
+    def get_output_embeddings(self):
+        return None  # the LM head is the target's; logits span its vocabulary (config.vocab_size)
+
+    def _init_weights(self, module):
+        if module is self.fc:
+            nn.init.normal_(module.weight, std=getattr(self.config.layers_config(), "initializer_range", 0.02))
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, PreTrainedModel) and module is not self:
+            return
+        else:
+            inner = getattr(self, "model", None)
+            if inner is not None and module in set(inner.modules()):
+                inner._init_weights(module)
+
+    # Forward ------------------------------------------------------------------------------------
+    def _check_attached(self) -> None:
+        if self.lm_head_weight is None or self.get_input_embeddings() is None:
+            raise ValueError(
+                "This EagleDraft has no target attached: its embeddings and LM head are the target's. Call "
+                "`draft.attach_target(target)` (generate does it for the target it runs with)."
+            )
+
+    def features(
+        self,
+        input_ids: torch.Tensor,  # (batch, chunk)
+        target_hidden: torch.Tensor,  # (batch, chunk, d): the feature of the column before each token
+        attention_mask: torch.Tensor | None = None,  # (batch, cached + chunk)
+        position_ids: torch.Tensor | None = None,  # (batch, chunk)
+        cache=None,
+        use_cache: bool | None = None,
+    ) -> torch.Tensor:  # (batch, chunk, d) predicted features f
+        """The predicted features of ``chunk`` new columns on top of ``cache``."""
+        self._check_attached()
+        dtype = self.fc.weight.dtype
+        embeds = self.get_input_embeddings()(input_ids).to(dtype)  # (batch, chunk, d)
+        inputs = self.fc(torch.cat([embeds, target_hidden.to(dtype)], dim=-1))  # (batch, chunk, d)
+        out = self.model(inputs_embeds=inputs, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=use_cache, **({compat.CACHE_KWARG: cache} if cache is not None else {}))
+        return out.last_hidden_state
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:  # (..., draft vocab)
+        """Logits over the draft's ids (``draft_vocab_ids`` order; every id when it scores all)."""
+        logits = nn.functional.linear(features, self.lm_head_weight.to(features.dtype))
+        if self.logit_softcapping:
+            logits = torch.tanh(logits / self.logit_softcapping) * self.logit_softcapping
+        return logits
+
+    def full_logits(self, features: torch.Tensor) -> torch.Tensor:  # (..., vocab)
+        """Logits over the target's whole vocabulary: ``-inf`` outside the draft's ids."""
+        logits = self.draft_logits(features)
+        if self.draft_vocab_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab_ids, logits)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (batch, chunk)
+        target_hidden: torch.Tensor,  # (batch, chunk, d)
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache=None,
+        past_key_values=None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> EagleDraftOutput:
+        """Predicted features of the chunk and logits of its last ``logits_to_keep`` columns (0: all).
+
+        ``target_hidden[:, t]`` is the feature of the column before ``input_ids[:, t]``: the target's last hidden state
+        there, or the draft's own prediction while drafting (zeros before a sequence's first token).
+        """
+        cache = cache if cache is not None else past_key_values
+        features = self.features(input_ids, target_hidden, attention_mask, position_ids, cache, use_cache)
+        kept = features if not logits_to_keep else features[:, -logits_to_keep:]
+        return EagleDraftOutput(logits=self.full_logits(kept), last_hidden_state=features, hidden_states=(features,),
+                                cache=cache)
+
+
+AutoConfig.register(EagleDraftConfig.model_type, EagleDraftConfig, exist_ok=True)
+AutoModel.register(EagleDraftConfig, EagleDraft, exist_ok=True)

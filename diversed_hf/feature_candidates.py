@@ -1,0 +1,140 @@
+"""Drafting from the target's features: the candidate generator of an :class:`~diversed_hf.eagle.EagleDraft`.
+
+:class:`FeatureCandidateGenerator` is a :class:`~diversed_hf.candidates.DiversedCandidateGenerator` (same contract,
+draft-length knobs, policies, statistics) whose draft reads, besides each token, the feature of the column before it
+(``docs/eagle.md``). Within the batched loop's layout (:mod:`diversed_hf.loop`: rows left-padded and right-aligned,
+``seq`` ``(B, L)``, the target cache holding columns ``[0, L - 1)``):
+
+- ``features`` ``(B, L, d)`` holds, at column ``j``, the target's last hidden state at column ``j - 1`` (column 0 and
+  the columns after padding: zeros). The loop fills it with a target pass over the prompt minus its last token before
+  the first round (the verification passes then feed only ``[last token, drafts]``, so the prompt is read once), and
+  extends it after every round with the hidden states the verification pass already computed (``target_hidden`` of
+  :meth:`~diversed_hf.candidates.DiversedCandidateGenerator.update_candidate_strategy`): no extra target forward.
+- The draft cache holds only columns computed from the **target's** features. A round's first draft pass feeds
+  every column the cache lacks with its target feature (the prompt in the first round, then the accepted drafts and
+  the recovered/bonus token: ``A + 1`` columns); later draft steps feed the draft's own predicted feature of the step
+  before. After verification the cache is cropped back to the round's start ``L`` (before the realignment's shift),
+  dropping the columns computed from the draft's own features.
+- ``q_t`` is the distribution each draft token was drawn from, over the target's vocabulary (0 outside the draft's
+  ids), so lossless verification keeps the target's law; a head reads ``h^q_t`` = the predicted feature ``f_t``.
+
+transformers' own ``_assisted_decoding`` does not hand a candidate generator the target's hidden states, so this one
+runs in the batched loop only (``generate(..., assistant_model=eagle_draft)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import compat
+from .candidates import DiversedCandidateGenerator, Realignment
+
+__all__ = ["FeatureCandidateGenerator", "realign_rows"]
+
+
+def realign_rows(
+    values: torch.Tensor,  # (batch, T, ...)
+    *,
+    kept: torch.Tensor | None,  # (kept,)
+    length: int,
+    shifts: torch.Tensor | None,  # (kept,)
+    leading: int,
+) -> torch.Tensor:  # (kept, length - leading, ...)
+    """The loop's realignment of a per-column tensor, as :func:`diversed_hf.compat.realign_cache` edits a cache: keep
+    rows ``kept``, crop to ``length`` columns, roll row ``b`` right by ``shifts[b]``, drop ``leading`` columns."""
+    if kept is not None:
+        values = values[kept]
+    values = values[:, :length]
+    if shifts is not None:
+        positions = torch.arange(values.shape[1], device=values.device)  # (length,)
+        index = (positions[None, :] - shifts[:, None]) % values.shape[1]  # (kept, length)
+        index = index.reshape(*index.shape, *([1] * (values.dim() - 2))).expand_as(values)
+        values = values.gather(1, index)
+    return values[:, leading:]
+
+
+class FeatureCandidateGenerator(DiversedCandidateGenerator):
+    """Drafts with a draft that reads the target's features (an :class:`~diversed_hf.eagle.EagleDraft`).
+
+    Arguments as :class:`~diversed_hf.candidates.DiversedCandidateGenerator`. Before the first round the loop calls
+    :meth:`set_target_features` with the target's hidden states of the prompt minus its last token; after each round
+    ``update_candidate_strategy(..., target_hidden=...)`` hands over the verification pass's.
+    """
+
+    reads_target_features = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.features: torch.Tensor | None = None  # (B, L, d): column j holds the target's feature of column j - 1
+        self.round_length: int | None = None  # L of the round being drafted
+        self.round_hidden: torch.Tensor | None = None  # (B, N_r + 1, d) the verification pass's features
+        self.step_features: torch.Tensor | None = None  # (B, 1, d) the draft's own feature for its next step
+
+    def set_target_features(
+        self,
+        hidden: torch.Tensor,  # (B, L - 1, d) the target's last hidden states at columns [0, L - 1)
+        attention_mask: torch.Tensor,  # (B, L)
+    ) -> None:
+        """The target's features of the prompt (all but its last column), zero after padding columns."""
+        real = attention_mask[:, : hidden.shape[1], None].to(hidden.dtype)  # (B, L - 1, 1)
+        self.features = torch.cat([hidden.new_zeros(hidden.shape[0], 1, hidden.shape[2]), hidden * real], dim=1)
+
+    def get_candidates(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        if self.features is None:
+            raise ValueError(
+                "This draft reads the target's hidden states (an EagleDraft), which transformers' own assisted decoding "
+                "does not pass to a candidate generator: run it through diversed_hf's loop, "
+                "`target.generate(..., assistant_model=draft)` on a model with `enable_diversed`."
+            )
+        if self.features.shape[1] != input_ids.shape[1]:
+            raise ValueError(
+                f"The draft has the target's features of {self.features.shape[1]} columns and `input_ids` has "
+                f"{input_ids.shape[1]}: pass each round's `target_hidden` to `update_candidate_strategy`."
+            )
+        self.round_length = input_ids.shape[1]
+        self.step_features = None
+        return super().get_candidates(input_ids, attention_mask, **kwargs)
+
+    def draft_forward(
+        self,
+        chunk: torch.Tensor,  # (B, chunk)
+        attention_mask: torch.Tensor,  # (B, cached + chunk)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, V) logits of the next token, (B, d) the predicted feature
+        if self.step_features is None:  # the round's first pass: every column the cache lacks, with target features
+            cached = self.cache.get_seq_length()
+            features = self.features[:, cached : cached + chunk.shape[1]]  # (B, chunk, d)
+        else:
+            features = self.step_features  # (B, 1, d)
+        out = compat.forward_with_cache(
+            self.draft_model, chunk, attention_mask, self.cache, logits_to_keep=1, output_hidden_states=False,
+            target_hidden=features,
+        )
+        self.step_features = out.last_hidden_state[:, -1:]  # (B, 1, d)
+        return out.logits[:, -1], self.step_features[:, 0]
+
+    def observe_target_features(self, target_hidden, num_matches, realignment) -> None:
+        if target_hidden is None:
+            raise ValueError(
+                "`update_candidate_strategy` needs `target_hidden=` (the target's last hidden states of the round's "
+                "verified columns) for a draft that reads them."
+            )
+        self.round_hidden = target_hidden
+
+    def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
+        if realignment is None:
+            raise ValueError(
+                "A draft that reads the target's features runs in diversed_hf's batched loop, which passes "
+                "`realignment=` to `update_candidate_strategy`."
+            )
+        # columns [0, L + N_r] of the round: the stored features, then the verification pass's
+        features = torch.cat([self.features, self.round_hidden.to(self.features.dtype)], dim=1)
+        self.features = realign_rows(
+            features, kept=realignment.kept, length=realignment.new_length, shifts=realignment.shifts,
+            leading=realignment.leading,
+        )
+        # entries up to the round's start were computed from the target's features; later ones from the draft's own
+        compat.realign_cache(
+            self.cache, kept=realignment.kept, length=self.round_length, shifts=realignment.shifts,
+            leading=realignment.leading,
+        )
+        self.round_hidden = None

@@ -1,0 +1,227 @@
+"""Distillation data for an :class:`~diversed_hf.eagle.EagleDraft`: the target's own responses, read as it writes them.
+
+:func:`collect` decodes prompts with the target (batched, left-padded, one KV cache, no speculation) and keeps, at
+every position of prompt and response, what the draft learns from, taken from the same forward passes that produce the
+response (no second pass over the text):
+
+- ``hidden``: the target's last hidden state (after the final norm: what its LM head reads), the EAGLE *feature*;
+- ``top_ids`` / ``top_logprobs``: the target's ``top_k`` log-probabilities of the next token at temperature 1, the soft
+  labels.
+
+Shards of ``shard_size`` sequences are written as ``shard-00000.safetensors`` (flat per-token arrays plus per-sequence
+offsets) with a ``manifest.json`` of the settings; a rerun with the same settings skips the shards already written, so
+an interrupted collection resumes, and other settings are refused rather than mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .. import compat, ops
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CollectionSettings", "Sequence", "collect", "load_sequences"]
+
+
+@dataclass(frozen=True)
+class CollectionSettings:
+    """How the target's responses are drawn; recorded in ``manifest.json``."""
+
+    temperature: float = 0.7  # sampling temperature of the responses (the soft labels are kept at temperature 1)
+    greedy_fraction: float = 0.25  # prompts answered greedily instead (every 1/fraction-th prompt)
+    top_k: int = 32  # log-probabilities kept per position
+    batch_size: int = 16  # prompts decoded together
+    shard_size: int = 64  # sequences per shard file
+    seed: int = 0
+
+
+@dataclass
+class Sequence:
+    """One decoded sequence: ``ids`` ``(n,)``; ``hidden`` ``(n - 1, d)``, ``top_ids`` / ``top_logprobs`` ``(n - 1, k)``
+    at positions ``0..n-2`` (position ``i`` predicts token ``i + 1``); ``prompt_length`` real prompt tokens."""
+
+    ids: torch.Tensor
+    hidden: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+    prompt_length: int
+
+
+def _shard_path(directory: Path, index: int) -> Path:
+    return directory / f"shard-{index:05d}.safetensors"
+
+
+def _write_shard(path: Path, sequences: list[Sequence]) -> None:
+    offsets = [0]
+    for sequence in sequences:
+        offsets.append(offsets[-1] + sequence.ids.shape[0])
+    tensors = {
+        "ids": torch.cat([s.ids for s in sequences]).to(torch.int32).contiguous(),
+        "offsets": torch.tensor(offsets, dtype=torch.int64),
+        "prompt_lengths": torch.tensor([s.prompt_length for s in sequences], dtype=torch.int64),
+        "hidden": torch.cat([s.hidden for s in sequences]).to(torch.float16).contiguous(),
+        "top_ids": torch.cat([s.top_ids for s in sequences]).to(torch.int32).contiguous(),
+        "top_logprobs": torch.cat([s.top_logprobs for s in sequences]).to(torch.float16).contiguous(),
+    }
+    staging = path.with_suffix(".tmp")
+    save_file(tensors, str(staging))
+    staging.replace(path)  # a shard exists only once it is whole
+
+
+def load_sequences(directory: str | Path) -> list[Sequence]:
+    """Every sequence of the shards in ``directory``, in collection order."""
+    directory = Path(directory)
+    shards = sorted(directory.glob("shard-*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no shard-*.safetensors in {directory}: run the collection first (train_eagle_draft.py).")
+    sequences = []
+    for shard in shards:
+        data = load_file(str(shard))
+        offsets = data["offsets"].tolist()
+        for i, prompt_length in enumerate(data["prompt_lengths"].tolist()):
+            start, end = offsets[i], offsets[i + 1]
+            feature_start, feature_end = start - i, end - i - 1  # n - 1 feature rows per sequence
+            sequences.append(
+                Sequence(
+                    ids=data["ids"][start:end].long(),
+                    hidden=data["hidden"][feature_start:feature_end],
+                    top_ids=data["top_ids"][feature_start:feature_end],
+                    top_logprobs=data["top_logprobs"][feature_start:feature_end],
+                    prompt_length=prompt_length,
+                )
+            )
+    return sequences
+
+
+def _check_manifest(directory: Path, manifest: dict) -> None:
+    path = directory / "manifest.json"
+    if path.is_file():
+        existing = json.loads(path.read_text())
+        if existing != manifest:
+            differing = sorted(k for k in set(existing) | set(manifest) if existing.get(k) != manifest.get(k))
+            raise ValueError(
+                f"{directory} holds a collection made with other settings ({', '.join(differing)} differ): use another "
+                "directory, or remove it to start over."
+            )
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+@torch.no_grad()
+def _decode_batch(
+    target, jobs: list[tuple[list[int], int]], settings: CollectionSettings, greedy: list[bool], eos_ids: set[int],
+    pad_id: int, generator: torch.Generator,
+) -> list[Sequence]:
+    """Decode one batch of ``(prompt ids, max new tokens)``; every row keeps its features and soft labels.
+
+    Finished rows leave the batch (their cache rows are dropped), so short answers cost nothing after their end.
+    """
+    device = target.device
+    width = max(len(ids) for ids, _ in jobs)
+    batch = len(jobs)
+    seq = torch.full((batch, width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(batch, width, dtype=torch.long, device=device)
+    for row, (ids, _) in enumerate(jobs):
+        seq[row, width - len(ids) :] = torch.tensor(ids, device=device)
+        mask[row, width - len(ids) :] = 1
+    limits = torch.tensor([n for _, n in jobs], device=device)  # (B,)
+    greedy_rows = torch.tensor(greedy, device=device)  # (B,)
+    eos = torch.tensor(sorted(eos_ids), device=device)
+    active = torch.arange(batch, device=device)  # (A,) original row of each active row
+    features = [[] for _ in range(batch)]  # per row: (chunk, d), (chunk, k), (chunk, k) per fed chunk
+    new_tokens = [[] for _ in range(batch)]
+    cache = compat.new_cache()
+    chunk = seq
+    for step in range(int(limits.max())):
+        out = compat.forward_with_cache(target, chunk, mask, cache, logits_to_keep=0, output_hidden_states=True)
+        logits = out.logits.float()  # (A, chunk, V)
+        top_logprobs, top_ids = logits.log_softmax(dim=-1).topk(settings.top_k, dim=-1)  # (A, chunk, k)
+        hidden = out.hidden_states[-1].to(torch.float16)  # (A, chunk, d)
+        last = logits[:, -1]  # (A, V)
+        sampled = ops.sample((last / settings.temperature).softmax(dim=-1), generator, check=False)
+        token = torch.where(greedy_rows[active], last.argmax(dim=-1), sampled)  # (A,)
+        for i, row in enumerate(active.tolist()):
+            features[row].append((hidden[i], top_ids[i].to(torch.int32), top_logprobs[i].to(torch.float16)))
+            new_tokens[row].append(int(token[i]))
+        lengths = torch.tensor([len(new_tokens[row]) for row in active.tolist()], device=device)  # (A,)
+        done = torch.isin(token, eos) | (lengths >= limits[active])  # (A,)
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            kept = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(kept)
+            active, token, mask = active[kept], token[kept], mask[kept]
+        chunk = token[:, None]
+        mask = torch.cat([mask, torch.ones_like(chunk)], dim=1)
+    sequences = []
+    for row, (ids, _) in enumerate(jobs):
+        pad = width - len(ids)
+        hidden = torch.cat([h for h, _, _ in features[row]])[pad:].cpu()
+        top_ids = torch.cat([t for _, t, _ in features[row]])[pad:].cpu()
+        top_logprobs = torch.cat([p for _, _, p in features[row]])[pad:].cpu()
+        # features exist for the prompt and every new token but the last (never fed to the target)
+        n = len(ids) + len(new_tokens[row]) - 1
+        sequences.append(
+            Sequence(
+                ids=torch.tensor(ids + new_tokens[row]),
+                hidden=hidden[:n], top_ids=top_ids[:n], top_logprobs=top_logprobs[:n], prompt_length=len(ids),
+            )
+        )
+    return sequences
+
+
+def collect(
+    target,
+    tokenizer,
+    prompts: list[tuple[str, int]],
+    directory: str | Path,
+    settings: CollectionSettings = CollectionSettings(),
+    progress: bool = True,
+) -> Path:
+    """Decode every ``(prompt text, max new tokens)`` with ``target`` into shards in ``directory``; returns it.
+
+    Prompts are tokenized as given (``add_special_tokens=False``: chat prompts carry their own markers). Rows stop at
+    the tokenizer's EOS (and the model's ``generation_config.eos_token_id``) or their limit. Resumable: shards already
+    in ``directory`` (same settings and prompts) are kept and their prompts skipped.
+    """
+    directory = Path(directory)
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+    manifest = {"settings": asdict(settings), "num_prompts": len(prompts), "prompts_sha256": digest}
+    _check_manifest(directory, manifest)
+    eos_ids = set()
+    for value in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        eos_ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    every = max(1, round(1 / settings.greedy_fraction)) if settings.greedy_fraction > 0 else 0
+    num_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
+    started = time.time()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(prompts), desc="target responses", disable=not progress)
+    for shard in range(num_shards):
+        begin, end = shard * settings.shard_size, min(len(prompts), (shard + 1) * settings.shard_size)
+        if _shard_path(directory, shard).is_file():
+            bar.update(end - begin)
+            continue
+        generator = torch.Generator(device=target.device).manual_seed(settings.seed * 100_003 + shard)
+        sequences = []
+        for batch_start in range(begin, end, settings.batch_size):
+            batch = prompts[batch_start : min(end, batch_start + settings.batch_size)]
+            jobs = [(tokenizer(text, add_special_tokens=False)["input_ids"], limit) for text, limit in batch]
+            greedy = [bool(every) and (batch_start + i) % every == 0 for i in range(len(batch))]
+            sequences += _decode_batch(target, jobs, settings, greedy, eos_ids, pad_id, generator)
+            bar.update(len(batch))
+        _write_shard(_shard_path(directory, shard), sequences)
+    bar.close()
+    logger.info("collected %d sequences into %s in %.0f s", len(prompts), directory, time.time() - started)
+    return directory

@@ -1,0 +1,70 @@
+"""Prompts the target answers to make an EagleDraft's distillation data (:mod:`diversed_hf.training.eagle_data`).
+
+An EAGLE draft learns the target's own continuations, so the prompts should look like what it will be asked. Three
+offline sources, all chat-formatted with the target's template:
+
+- ``arith_chat`` training problems (the real pair's arithmetic task; its test split is never used);
+- ``humaneval`` training problems (the real pair's code task, its training split);
+- requests to explain functions of the Python standard library from their docstrings (real English and code
+  text; the PSF licence), taken from a fixed list of modules in a fixed order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+
+from ..tasks import load_task_dataset
+from ..tasks.chat import chat_prompt
+
+__all__ = ["STDLIB_MODULES", "docstring_prompts", "eagle_prompts"]
+
+STDLIB_MODULES = (
+    "os", "os.path", "shutil", "json", "re", "string", "textwrap", "random", "statistics", "math", "itertools",
+    "functools", "collections", "heapq", "bisect", "datetime", "calendar", "fractions", "decimal", "pathlib",
+    "glob", "fnmatch", "csv", "base64", "hashlib", "zlib", "gzip", "tarfile", "zipfile", "urllib.parse",
+    "html", "difflib", "pprint", "copy", "operator", "secrets", "uuid", "shlex", "tempfile", "inspect", "ast",
+    "logging", "argparse", "configparser", "sqlite3", "unicodedata", "colorsys", "email.utils", "http.cookies",
+)
+
+
+def docstring_prompts(num_prompts: int, seed: int = 0) -> list[str]:
+    """``num_prompts`` chat prompts asking to explain a standard-library function given its signature and docstring."""
+    entries = []
+    for module_name in STDLIB_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a module this Python lacks (sqlite3 without its library)
+            continue
+        for name in sorted(dir(module)):
+            function = getattr(module, name, None)
+            if name.startswith("_") or not inspect.isfunction(function):
+                continue
+            doc = inspect.getdoc(function)
+            if not doc or len(doc) < 80 or len(doc) > 1200:
+                continue
+            try:
+                signature = str(inspect.signature(function))
+            except (TypeError, ValueError):
+                continue
+            entries.append(f"{module_name}.{name}{signature}\n\n{doc}")
+    entries = sorted(set(entries))
+    random.Random(f"eagle-docstrings/{seed}").shuffle(entries)
+    return [
+        chat_prompt(f"Explain in a few sentences what this Python function does:\n\n{entry}")
+        for entry in entries[:num_prompts]
+    ]
+
+
+def eagle_prompts(num_arith: int, code_samples: int, num_docstrings: int, *, arith_max_new_tokens: int = 96,
+                  code_max_new_tokens: int = 160, docstring_max_new_tokens: int = 128, seed: int = 0) -> list[tuple[str, int]]:
+    """``(chat prompt, max new tokens)`` for the target to answer, interleaved by source so every shard mixes them."""
+    sources = [
+        [(p, arith_max_new_tokens) for p in load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"]],
+        [(p, code_max_new_tokens) for p in load_task_dataset("humaneval", split="train")["prompt"] for _ in range(code_samples)],
+        [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed)],
+    ]
+    jobs = [job for source in sources for job in source]
+    random.Random(f"eagle-prompts/{seed}").shuffle(jobs)
+    return jobs

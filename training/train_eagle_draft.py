@@ -1,0 +1,119 @@
+"""Distil an EAGLE-style feature draft (``diversed_hf.EagleDraft``) from its target, on the target's own responses.
+
+    python training/train_eagle_draft.py                       # the real pair: runs/eagle_draft/{data,checkpoints,draft}
+    python training/train_eagle_draft.py --save_to diversed_hf/testbed/assets/smollm2/eagle   # replaces the shipped one
+
+1. **Data** (``--output_dir``/data): SmolLM2-135M-Instruct answers chat prompts (``arith_chat`` and ``humaneval``
+   training problems, explanations of standard-library functions: ``diversed_hf.training.eagle_prompts``), sampled at
+   ``--temperature`` (every ``1/--greedy_fraction``-th prompt greedily); its last hidden state and top-``--top_k``
+   log-probabilities are kept at every position from the same passes (``diversed_hf.training.eagle_data``). Resumable
+   shard by shard.
+2. **Distillation** (``--output_dir``/checkpoints): an ``EagleDraft.for_target(target, num_layers=--num_layers,
+   draft_vocab_ids=the --draft_vocab_size ids most frequent in the data)`` learns, at response positions, the target's
+   next feature (smooth L1), its soft labels (cross-entropy to the top-k) and their total variation, over
+   ``--unroll`` steps on its own features (training-time test: step ``j`` reads the features the draft predicted at
+   step ``j - 1``). Held-out sequences measure ``sum_x min(p, q)`` (lossless SD's acceptance at temperature 1) per
+   unrolled step. A checkpoint every ``--save_steps`` steps; a rerun resumes from the newest.
+3. **Saved** (``--save_to``): the draft in the Hub format (``config.json``, ``model.safetensors``,
+   ``generation_config.json``), its card (``README.md``) and ``training.json`` (settings, seed, timings, held-out
+   acceptance).
+
+Seeded (prompts, sampling, split, initialisation, batch order). Every option has both spellings
+(``--num_layers``, ``--num-layers``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script
+
+logger = logging.getLogger("train_eagle_draft")
+
+OPTIONS = [
+    ("output_dir", str, "runs/eagle_draft", "work directory (data shards, checkpoints)"),
+    ("save_to", str, None, "where the trained draft goes (default <output_dir>/draft)"),
+    ("num_arith", int, 600, "arith_chat training problems the target answers"),
+    ("code_samples", int, 1, "target answers per humaneval training problem"),
+    ("num_docstrings", int, 150, "standard-library functions the target explains"),
+    ("temperature", float, 0.7, "sampling temperature of the responses"),
+    ("greedy_fraction", float, 0.25, "share of prompts answered greedily"),
+    ("top_k", int, 32, "target log-probabilities kept per position"),
+    ("generation_batch_size", int, 16, "prompts decoded together"),
+    ("num_layers", int, 1, "decoder layers of the draft"),
+    ("draft_vocab_size", int, 8192, "ids the draft scores (the most frequent in the data; 0: all)"),
+    ("unroll", int, 3, "training-time test: steps on the draft's own features"),
+    ("epochs", int, 4, "passes over the training sequences"),
+    ("batch_size", int, 8, "sequences per step"),
+    ("learning_rate", float, 3e-4, "AdamW learning rate (cosine decay after a warm-up of 1/20 of the steps)"),
+    ("feature_weight", float, 1.0, "weight of the feature regression loss"),
+    ("tv_weight", float, 1.0, "weight of the total-variation loss"),
+    ("held_out", float, 0.05, "fraction of the sequences kept out to measure acceptance"),
+    ("save_steps", int, 200, "checkpoint every this many steps"),
+    ("seed", int, 0, "seed of the prompts, sampling, split and training"),
+    ("threads", int, None, "torch CPU threads"),
+]
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name, kind, default, help_text in OPTIONS:
+        parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)
+    parser.add_argument("--data_only", action="store_true", help="stop after collecting the data")
+    args = parser.parse_args(argv)
+    for name in ("num_layers", "unroll", "epochs", "batch_size", "top_k", "generation_batch_size", "save_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if args.draft_vocab_size < 0:
+        parser.error(f"--draft_vocab_size must be 0 (all ids) or positive, got {args.draft_vocab_size}")
+    if not 0 < args.held_out < 1:
+        parser.error(f"--held_out must be in (0, 1), got {args.held_out}")
+    if not 0 <= args.greedy_fraction <= 1:
+        parser.error(f"--greedy_fraction must be in [0, 1], got {args.greedy_fraction}")
+    return args
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from diversed_hf.testbed import smollm2  # registers the testbed's tasks
+    from diversed_hf.training.eagle_data import CollectionSettings, collect
+    from diversed_hf.training.eagle_prompts import eagle_prompts
+
+    output_dir = Path(args.output_dir)
+    save_to = Path(args.save_to or output_dir / "draft")
+    check_output_dir(output_dir, "--output_dir")
+    check_output_dir(save_to, "--save_to")
+    started = time.time()
+    target, tokenizer = smollm2.load_smollm2_target()
+    prompts = eagle_prompts(args.num_arith, args.code_samples, args.num_docstrings, seed=args.seed)
+    settings = CollectionSettings(temperature=args.temperature, greedy_fraction=args.greedy_fraction, top_k=args.top_k,
+                                  batch_size=args.generation_batch_size, seed=args.seed)
+    collect(target, tokenizer, prompts, output_dir / "data", settings)
+    data_seconds = time.time() - started
+    logger.info("data: %d prompts in %.0f s", len(prompts), data_seconds)
+    if args.data_only:
+        return output_dir / "data"
+    from diversed_hf.training.eagle_distill import DistillSettings, distill
+
+    distill_settings = DistillSettings(
+        num_layers=args.num_layers, draft_vocab_size=args.draft_vocab_size or None, unroll=args.unroll,
+        epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
+        feature_weight=args.feature_weight, tv_weight=args.tv_weight, held_out=args.held_out,
+        save_steps=args.save_steps, seed=args.seed,
+    )
+    recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    return distill(target, output_dir / "data", output_dir / "checkpoints", save_to, distill_settings,
+                   extra_record={"data_seconds": round(data_seconds), "num_prompts": len(prompts), "recipe": recipe.strip(),
+                                 "collection": vars(settings) if hasattr(settings, "__dict__") else None})
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
