@@ -226,10 +226,12 @@ def _testbed_name(model_id: str | None) -> str | None:
 
 
 #: ``config._name_or_path`` of the real pair's models (``diversed_hf.testbed.load_pair("smollm2")`` sets them)
-REAL_PAIR_MODEL_IDS = {"target": "diversed_hf/smollm2-135m-instruct", "draft": "diversed_hf/smollm2-135m-instruct-self-draft"}
+REAL_PAIR_MODEL_IDS = {"target": "diversed_hf/smollm2-135m-instruct", "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
+                       "eagle": "diversed_hf/smollm2-135m-instruct-eagle"}
 _REAL_PAIR_NAMES = {
-    REAL_PAIR_MODEL_IDS["target"]: "SmolLM2-135M-Instruct",
-    REAL_PAIR_MODEL_IDS["draft"]: "SmolLM2-135M-Instruct's self-draft",
+    REAL_PAIR_MODEL_IDS["target"]: ("SmolLM2-135M-Instruct", 'load_pair("smollm2")'),
+    REAL_PAIR_MODEL_IDS["draft"]: ("SmolLM2-135M-Instruct's self-draft", 'load_pair("smollm2", draft="self")'),
+    REAL_PAIR_MODEL_IDS["eagle"]: ("SmolLM2-135M-Instruct's EagleDraft", 'load_pair("smollm2", draft="eagle")'),
 }
 
 
@@ -237,7 +239,8 @@ def _describe_model(model_id: str | None) -> str:
     if not model_id:
         return "not recorded"
     if model_id in _REAL_PAIR_NAMES:
-        return f'{_REAL_PAIR_NAMES[model_id]} (`diversed_hf.testbed.load_pair("smollm2")`)'
+        name, call = _REAL_PAIR_NAMES[model_id]
+        return f"{name} (`diversed_hf.testbed.{call}`)"
 
     if _testbed_name(model_id):
         return f"`diversed_hf` testbed {_testbed_name(model_id)} (`diversed_hf.testbed.load_pair()`)"
@@ -270,7 +273,9 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> 
             'inputs = tokenizer(prompt, return_tensors="pt")\n'
             f"{generate}"
         )
-    if (config.target_model_id, config.draft_model_id) == (REAL_PAIR_MODEL_IDS["target"], REAL_PAIR_MODEL_IDS["draft"]):
+    real_drafts = {REAL_PAIR_MODEL_IDS["draft"]: "self", REAL_PAIR_MODEL_IDS["eagle"]: "eagle"}
+    if config.target_model_id == REAL_PAIR_MODEL_IDS["target"] and config.draft_model_id in real_drafts:
+        pair_call = f'load_pair("smollm2", draft="{real_drafts[config.draft_model_id]}")'
         shipped = Path(head_source).parent.parts[-3:] == ("assets", "smollm2", "heads")
         if shipped:
             load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2")'
@@ -279,7 +284,7 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> 
             f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n"
             "from diversed_hf.tasks import load_task_dataset\n\n"
             f"{load_head}\n"
-            'target, draft, tokenizer = testbed.load_pair("smollm2")\n'
+            f"target, draft, tokenizer = testbed.{pair_call}\n"
             "enable_diversed(target)\n\n"
             f'prompt = load_task_dataset("{config.task or "arith_chat"}", num_examples=1)["prompt"][0]  # a chat turn\n'
             'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)\n'

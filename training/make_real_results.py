@@ -65,7 +65,7 @@ GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance,
 
 
 def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
-    argv = ["--pair", "smollm2", "--task", task, "--split", "test", "--threads", str(threads),
+    argv = ["--pair", "smollm2", "--draft", "self", "--task", task, "--split", "test", "--threads", str(threads),
             "--output-dir", str(output_dir), "--no-progress"]  # fmt: skip
     return argv + bench_flags({**COMMON, **sizes, **options})
 

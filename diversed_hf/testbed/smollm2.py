@@ -59,6 +59,13 @@ CACHE_ENV = "DIVERSED_HF_CACHE"
 CONVERSION_FORMAT = 1  # bump when the converted copy's layout changes
 EXPORT_FORMAT = 1  # bump when export_self_draft's layout changes
 DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "draft"
+EAGLE_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "eagle"
+#: the real pair's drafts: ``"eagle"`` (an EagleDraft distilled on the target's features) and ``"self"`` (the
+#: target's first layers with a LoRA adapter)
+DRAFTS = ("eagle", "self")
+#: the faster of the two on this project's measurements (RESULTS.md, "Real pair": drafts side by side)
+DEFAULT_DRAFT = "eagle"
+EAGLE_MODEL_ID = "diversed_hf/smollm2-135m-instruct-eagle"
 #: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them; cards
 #: recognise them).
 MODEL_IDS = REAL_PAIR_MODEL_IDS
@@ -283,12 +290,38 @@ def build_self_draft(target, num_layers: int, draft_vocab_size: int | None = Non
     return draft.to(target.device).eval()
 
 
-def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = True):
-    """``(target, draft, tokenizer)``: SmolLM2-135M-Instruct, the shipped self-draft (:data:`DRAFT_DIR`), the tokenizer."""
+def load_eagle_draft(target, path: Path | str = EAGLE_DIR):
+    """The shipped :class:`~diversed_hf.eagle.EagleDraft` for SmolLM2-135M-Instruct (``training/train_eagle_draft.py``),
+    attached to ``target``, in the target's dtype, eval mode; its ``generation_config`` carries its measured best
+    draft length."""
+    from ..eagle import EagleDraft
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no EagleDraft at {path}: train it with `python training/train_eagle_draft.py` (or reinstall the package)."
+        )
+    draft = EagleDraft.from_pretrained(str(path), dtype=target.dtype).to(target.device)
+    draft.config._name_or_path = EAGLE_MODEL_ID
+    return draft.attach_target(target).eval()
+
+
+def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = True, draft: str | None = None):
+    """``(target, draft, tokenizer)``: SmolLM2-135M-Instruct, a shipped draft and the tokenizer.
+
+    ``draft``: ``"eagle"`` (:data:`EAGLE_DIR`, an EagleDraft: one decoder layer on the target's features, 8192 ids) or
+    ``"self"`` (:data:`DRAFT_DIR`, the target's first layers with a LoRA adapter); default :data:`DEFAULT_DRAFT`, the
+    faster on this project's measurements (the EagleDraft: RESULTS.md, "Real pair").
+    """
+    draft = DEFAULT_DRAFT if draft is None else draft
+    if draft not in DRAFTS:
+        raise ValueError(f"`draft` is {draft!r}; the real pair's drafts are {DRAFTS}.")
     target, tokenizer = load_smollm2_target(torch_dtype, device, download)
+    if draft == "eagle":
+        return target, load_eagle_draft(target), tokenizer
     config = load_self_draft_config(DRAFT_DIR)
-    draft = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
-    return target, draft, tokenizer
+    model = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
+    return target, model, tokenizer
 
 
 def export_self_draft(directory: Path | str | None = None, download: bool = True) -> Path:

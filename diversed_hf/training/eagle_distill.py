@@ -1,0 +1,282 @@
+"""Distilling an :class:`~diversed_hf.eagle.EagleDraft` from its target (``docs/eagle.md``, "Training").
+
+The data are the target's own responses with its features and soft labels (:mod:`diversed_hf.training.eagle_data`).
+At every response position ``j`` (the positions whose next token the target wrote) the draft, fed ``(h_{j-1}, x_j)``,
+predicts the feature ``f_j`` and, through the target's LM head, the next token. The loss at each unrolled step is
+
+    feature_weight * SmoothL1(f_j, h_j)  +  CE(p_j, q_j)  +  tv_weight * TV(p_j, q_j)
+
+with ``p_j`` the target's top-k distribution (temperature 1) restricted to the draft's ids and ``q_j`` the draft's.
+The cross-entropy is the soft-label term of EAGLE; the total variation is what lossless SD's acceptance ``1 - TV``
+measures, the objective DistillSpec found best for acceptance. **Training-time test**: step ``k >= 1`` feeds every
+column the draft's own prediction of step ``k - 1`` at the column before (instead of the target's feature), the input
+the draft sees from its second draft token on; step ``k`` weighs ``0.8 ** k``.
+
+The draft's ids (FR-Spec): the ``draft_vocab_size`` ids the target writes most often in the training responses, EOS
+always among them. Held-out sequences (a seeded split) give ``sum_x min(p, q)`` (temperature 1) and the top-1
+agreement per unrolled step, before and after training. Checkpoints (``checkpoint-<step>``: trainable weights,
+optimizer, scheduler, RNG, step) are written whole or not at all; a rerun resumes from the newest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..eagle import EagleDraft
+from .eagle_data import Sequence, load_sequences
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistillSettings", "distill", "draft_vocabulary", "evaluate", "eagle_loss"]
+
+STEP_DECAY = 0.8
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    num_layers: int = 1
+    draft_vocab_size: int | None = 8192  # None: every id
+    unroll: int = 3  # steps: 1 + training-time-test steps on the draft's own features
+    epochs: int = 4
+    batch_size: int = 8
+    learning_rate: float = 3e-4
+    warmup_fraction: float = 0.05
+    feature_weight: float = 1.0
+    tv_weight: float = 1.0
+    max_grad_norm: float = 1.0
+    held_out: float = 0.05
+    save_steps: int = 200
+    seed: int = 0
+
+
+def draft_vocabulary(sequences: list[Sequence], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
+    """The ``size`` ids most frequent among the responses' tokens (ties by id), ``always`` included."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for sequence in sequences:
+        counts += torch.bincount(sequence.ids[sequence.prompt_length :], minlength=vocab_size).double()[:vocab_size]
+    counts[torch.tensor(always, dtype=torch.long)] = float("inf")
+    order = sorted(range(vocab_size), key=lambda i: (-counts[i].item(), i))
+    return torch.tensor(sorted(order[:size]))
+
+
+def _batch(sequences: list[Sequence], device) -> dict:
+    """Right-padded tensors of a batch; ``loss_mask`` marks the response positions (features and labels exist)."""
+    width = max(s.ids.shape[0] for s in sequences)
+    batch, d, k = len(sequences), sequences[0].hidden.shape[1], sequences[0].top_ids.shape[1]
+    ids = torch.zeros(batch, width, dtype=torch.long)
+    mask = torch.zeros(batch, width, dtype=torch.long)
+    hidden = torch.zeros(batch, width, d)
+    top_ids = torch.zeros(batch, width, k, dtype=torch.long)
+    top_logprobs = torch.full((batch, width, k), float("-inf"))
+    loss_mask = torch.zeros(batch, width, dtype=torch.bool)
+    for row, s in enumerate(sequences):
+        n = s.ids.shape[0]
+        ids[row, :n], mask[row, :n] = s.ids, 1
+        hidden[row, : n - 1] = s.hidden.float()
+        top_ids[row, : n - 1], top_logprobs[row, : n - 1] = s.top_ids.long(), s.top_logprobs.float()
+        loss_mask[row, s.prompt_length - 1 : n - 1] = True  # positions predicting a response token
+    tensors = dict(ids=ids, mask=mask, hidden=hidden, top_ids=top_ids, top_logprobs=top_logprobs, loss_mask=loss_mask)
+    return {name: value.to(device) for name, value in tensors.items()}
+
+
+def eagle_loss(draft: EagleDraft, batch: dict, settings: DistillSettings, id_to_draft: torch.Tensor):
+    """The loss of one batch and, per unrolled step, the sums of ``sum_x min(p, q)`` and of top-1 agreement over its
+    response positions (their count last): ``(loss, overlap (unroll,), agree (unroll,), positions)``."""
+    ids, mask, hidden, loss_mask = batch["ids"], batch["mask"], batch["hidden"], batch["loss_mask"]
+    positions = loss_mask.nonzero(as_tuple=True)
+    count = positions[0].numel()
+    target_probs = batch["top_logprobs"][positions].exp()  # (P, k)
+    draft_ids = id_to_draft[batch["top_ids"][positions]]  # (P, k): index in the draft's ids, -1 outside
+    inside = draft_ids >= 0
+    target_probs = target_probs * inside  # mass the draft cannot propose counts for nothing
+    target_top1 = draft_ids[:, 0]  # (P,) the target's most likely id (top-k is sorted), -1 when outside
+    features = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)  # column j holds h_{j-1}
+    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    total, overlaps, agreements = 0.0, [], []
+    for step in range(settings.unroll):
+        predicted = draft.features(ids, features, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        chosen = predicted[positions]  # (P, d)
+        feature_loss = torch.nn.functional.smooth_l1_loss(chosen, hidden[positions], reduction="mean")
+        log_q = draft.draft_logits(chosen).float().log_softmax(dim=-1)  # (P, V_draft)
+        log_q_top = log_q.gather(1, draft_ids.clamp(min=0)) * inside  # (P, k)
+        cross_entropy = -(target_probs * log_q_top).sum(dim=1).mean()
+        overlap = torch.minimum(target_probs, log_q_top.exp() * inside).sum(dim=1)  # (P,) sum_x min(p, q) on top-k
+        tv = (1 - overlap).mean()
+        loss = settings.feature_weight * feature_loss + cross_entropy + settings.tv_weight * tv
+        total = total + STEP_DECAY**step * loss
+        overlaps.append(overlap.detach().sum())
+        agreements.append(((log_q.argmax(dim=1) == target_top1) & (target_top1 >= 0)).float().sum().detach())
+        # the next step reads the draft's own prediction at the column before
+        features = torch.cat([torch.zeros_like(predicted[:, :1]), predicted[:, :-1]], dim=1)
+    return total, torch.stack(overlaps), torch.stack(agreements), count
+
+
+@torch.no_grad()
+def evaluate(draft: EagleDraft, sequences: list[Sequence], settings: DistillSettings, id_to_draft, device) -> dict:
+    """Held-out ``sum_x min(p, q)`` (lossless SD's acceptance at temperature 1, over the target's top-k) and top-1
+    agreement (greedy acceptance), per unrolled step."""
+    draft.eval()
+    overlap, agree, count = 0.0, 0.0, 0
+    for start in range(0, len(sequences), settings.batch_size):
+        batch = _batch(sequences[start : start + settings.batch_size], device)
+        _, o, a, n = eagle_loss(draft, batch, settings, id_to_draft)
+        overlap, agree, count = overlap + o, agree + a, count + n
+    draft.train()
+    return {"acceptance_t1": [round(float(x) / count, 4) for x in overlap],
+            "top1_agreement": [round(float(x) / count, 4) for x in agree], "positions": count}
+
+
+def _trainable(draft: EagleDraft) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in draft.named_parameters() if p.requires_grad}
+
+
+def _save_checkpoint(directory: Path, step: int, draft, optimizer, scheduler, keep: int = 2) -> None:
+    final = directory / f"checkpoint-{step}"
+    staging = directory / f".staging-{step}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    state = {"step": step, "weights": {k: v.detach().clone() for k, v in _trainable(draft).items()},
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "rng": torch.get_rng_state(), "python_rng": random.getstate()}
+    torch.save(state, staging / "state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)  # whole or not at all
+    for old in sorted(directory.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _latest_checkpoint(directory: Path) -> Path | None:
+    found = sorted(directory.glob("checkpoint-*/state.pt"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return found[-1].parent if found else None
+
+
+def _check_run(directory: Path, record: dict) -> None:
+    path = directory / "run.json"
+    if path.is_file():
+        existing = json.loads(path.read_text())
+        if existing != record:
+            differing = sorted(k for k in set(existing) | set(record) if existing.get(k) != record.get(k))
+            raise ValueError(
+                f"{directory} holds checkpoints of another run ({', '.join(differing)} differ): pass another output "
+                "directory, or remove it to start over."
+            )
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings = DistillSettings(),
+            extra_record: dict | None = None, progress: bool = True) -> Path:
+    """Train an EagleDraft for ``target`` on the collection in ``data_dir``; save it (Hub format, card, record) in
+    ``save_to`` and return that path. Resumes from the newest checkpoint in ``checkpoint_dir``."""
+    from tqdm.auto import tqdm
+
+    started = time.time()
+    data_dir, checkpoint_dir, save_to = Path(data_dir), Path(checkpoint_dir), Path(save_to)
+    sequences = load_sequences(data_dir)
+    order = list(range(len(sequences)))
+    random.Random(f"eagle-split/{settings.seed}").shuffle(order)
+    num_held_out = max(1, round(settings.held_out * len(sequences)))
+    held_out = [sequences[i] for i in sorted(order[:num_held_out])]
+    training = [sequences[i] for i in sorted(order[num_held_out:])]
+    vocab_size = target.config.get_text_config().vocab_size
+    eos = target.generation_config.eos_token_id
+    always = [i for i in (eos if isinstance(eos, list) else [eos]) if i is not None]
+    ids = None
+    if settings.draft_vocab_size is not None:
+        ids = draft_vocabulary(training, settings.draft_vocab_size, vocab_size, always)
+    _check_run(checkpoint_dir, {"settings": asdict(settings), "num_sequences": len(sequences),
+                                "data_manifest": json.loads((data_dir / "manifest.json").read_text())})
+    torch.manual_seed(settings.seed)
+    device = target.device
+    draft = EagleDraft.for_target(target, num_layers=settings.num_layers, draft_vocab_ids=ids).float().train()
+    id_to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    kept_ids = draft.draft_vocab_ids if draft.draft_vocab_ids is not None else torch.arange(vocab_size, device=device)
+    id_to_draft[kept_ids] = torch.arange(kept_ids.numel(), device=device)
+    steps_per_epoch = math.ceil(len(training) / settings.batch_size)
+    total_steps = steps_per_epoch * settings.epochs
+    optimizer = torch.optim.AdamW(_trainable(draft).values(), lr=settings.learning_rate, weight_decay=0.0)
+    warmup = max(1, int(settings.warmup_fraction * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
+    step = 0
+    before = None
+    latest = _latest_checkpoint(checkpoint_dir)
+    if latest is not None:
+        state = torch.load(latest / "state.pt", weights_only=False)
+        draft.load_state_dict(state["weights"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        random.setstate(state["python_rng"])
+        step = state["step"]
+        logger.info("resuming from %s (step %d of %d)", latest, step, total_steps)
+    else:
+        before = evaluate(draft, held_out, settings, id_to_draft, device)
+        (checkpoint_dir / "before.json").write_text(json.dumps(before) + "\n")
+        logger.info("held out, untrained: %s", before)
+    before = before or json.loads((checkpoint_dir / "before.json").read_text())
+    log_path = checkpoint_dir / "train_log.jsonl"
+    bar = tqdm(total=total_steps, initial=step, desc="eagle distillation", disable=not progress)
+    while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        batches = list(range(len(training)))
+        random.Random(f"eagle-epoch/{settings.seed}/{epoch}").shuffle(batches)
+        chunk = batches[index * settings.batch_size : (index + 1) * settings.batch_size]
+        batch = _batch([training[i] for i in chunk], device)
+        loss, overlap, agree, count = eagle_loss(draft, batch, settings, id_to_draft)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(_trainable(draft).values(), settings.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        bar.update(1)
+        if step % 10 == 0 or step == total_steps:
+            entry = {"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": round(loss.item(), 4),
+                     "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
+                     "lr": scheduler.get_last_lr()[0]}
+            with log_path.open("a") as log:
+                log.write(json.dumps(entry) + "\n")
+            bar.set_postfix(loss=entry["loss"], acc=entry["acceptance_t1"][0])
+        if step % settings.save_steps == 0 or step == total_steps:
+            _save_checkpoint(checkpoint_dir, step, draft, optimizer, scheduler)
+    bar.close()
+    after = evaluate(draft, held_out, settings, id_to_draft, device)
+    logger.info("held out, trained: %s", after)
+    record = {"settings": asdict(settings), "held_out_before": before, "held_out_after": after,
+              "num_sequences": {"train": len(training), "held_out": len(held_out)},
+              "train_positions": sum(s.ids.shape[0] - s.prompt_length for s in training),
+              "steps": total_steps, "distill_seconds_this_run": round(time.time() - started),
+              **(extra_record or {})}
+    save_draft(draft, save_to, record)
+    return save_to
+
+
+def save_draft(draft: EagleDraft, save_to: Path, record: dict, dtype=torch.bfloat16) -> None:
+    """The draft in the Hub format (weights in ``dtype``), ``training.json`` and its card, written whole into
+    ``save_to`` (staged beside it, then moved)."""
+    from .eagle_card import render_eagle_card
+
+    save_to = Path(save_to)
+    staging = save_to.parent / f".{save_to.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    generation_config = draft.generation_config
+    copy = EagleDraft(draft.config)
+    copy.load_state_dict(draft.state_dict(), strict=False)
+    copy.generation_config = generation_config
+    copy.to(dtype).save_pretrained(staging)
+    (staging / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    (staging / "README.md").write_text(render_eagle_card(draft.config, record))
+    if save_to.exists():
+        shutil.rmtree(save_to)
+    staging.rename(save_to)

@@ -1,0 +1,87 @@
+"""Distilling an EagleDraft (docs/eagle.md, "Training") on the testbed pair: data from the target's own decoding,
+the loss, resumable checkpoints, the saved draft."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diversed_hf import EagleDraft, enable_diversed, testbed
+from diversed_hf.training import eagle_distill
+from diversed_hf.training.eagle_data import CollectionSettings, collect, load_sequences
+from diversed_hf.training.eagle_distill import DistillSettings, distill
+from diversed_hf.verifiers import ExactVerifier
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    target, _, tokenizer = testbed.load_pair()
+    prompts = [(p, 20) for p in testbed.load_task("arith", split="train", num_examples=24)["prompt"]]
+    directory = tmp_path_factory.mktemp("eagle") / "data"
+    collect(target, tokenizer, prompts, directory, CollectionSettings(batch_size=8, shard_size=12), progress=False)
+    return target, tokenizer, prompts, directory
+
+
+def test_collection_keeps_the_targets_features_and_soft_labels(collected):
+    target, tokenizer, prompts, directory = collected
+    sequences = load_sequences(directory)
+    assert len(sequences) == len(prompts) and len(list(directory.glob("shard-*.safetensors"))) == 2
+    greedy = sequences[0]  # every 4th prompt is answered greedily, the first among them
+    with torch.no_grad():
+        out = target(greedy.ids[None], output_hidden_states=True)
+    n = greedy.ids.shape[0]
+    assert greedy.hidden.shape == (n - 1, target.config.hidden_size)
+    torch.testing.assert_close(greedy.hidden.float(), out.hidden_states[-1][0, : n - 1], atol=2e-2, rtol=1e-2)
+    top_logprobs, top_ids = out.logits[0, : n - 1].log_softmax(-1).topk(greedy.top_ids.shape[1])
+    assert (greedy.top_ids[:, 0] == top_ids[:, 0]).float().mean() > 0.99
+    torch.testing.assert_close(greedy.top_logprobs[:, 0].float(), top_logprobs[:, 0], atol=2e-2, rtol=1e-2)
+    # greedy answer: each response token is the target's argmax at the position before
+    response = greedy.ids[greedy.prompt_length :]
+    assert torch.equal(response, greedy.top_ids[greedy.prompt_length - 1 :, 0].long())
+    # a rerun with the same settings keeps the shards; other settings are refused
+    collect(target, tokenizer, prompts, directory, CollectionSettings(batch_size=8, shard_size=12), progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        collect(target, tokenizer, prompts, directory, CollectionSettings(top_k=8), progress=False)
+
+
+SETTINGS = DistillSettings(draft_vocab_size=600, epochs=3, batch_size=4, learning_rate=2e-3, save_steps=5, held_out=0.2)
+
+
+def test_distillation_raises_acceptance_and_resumes_exactly(collected, tmp_path, monkeypatch):
+    target, tokenizer, _, directory = collected
+    saved = distill(target, directory, tmp_path / "a" / "checkpoints", tmp_path / "a" / "draft", SETTINGS, progress=False)
+    record = json.loads((saved / "training.json").read_text())
+    before, after = record["held_out_before"]["acceptance_t1"], record["held_out_after"]["acceptance_t1"]
+    assert after[0] > before[0] + 0.2 and after[-1] > before[-1] + 0.2  # learned, also on its own features
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= {p.name for p in saved.iterdir()}
+    assert "Held-out acceptance" in (saved / "README.md").read_text()
+
+    # interrupted after its first checkpoint, then rerun: the same draft as the uninterrupted run
+    real_save = eagle_distill._save_checkpoint
+
+    def save_then_stop(directory, step, *args, **kwargs):
+        real_save(directory, step, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eagle_distill, "_save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        distill(target, directory, tmp_path / "b" / "checkpoints", tmp_path / "b" / "draft", SETTINGS, progress=False)
+    monkeypatch.setattr(eagle_distill, "_save_checkpoint", real_save)
+    resumed = distill(target, directory, tmp_path / "b" / "checkpoints", tmp_path / "b" / "draft", SETTINGS,
+                      progress=False)
+    first, second = (EagleDraft.from_pretrained(p).state_dict() for p in (saved, resumed))
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    with pytest.raises(ValueError, match="another run"):
+        distill(target, directory, tmp_path / "b" / "checkpoints", tmp_path / "c", DistillSettings(epochs=1),
+                progress=False)
+
+    # the saved draft drafts for its target
+    draft = EagleDraft.from_pretrained(saved, target=target).float()
+    enable_diversed(target)
+    inputs = tokenizer(testbed.load_task("arith", num_examples=1)["prompt"][0], return_tensors="pt")
+    out = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False,
+                          max_new_tokens=24, num_assistant_tokens=3, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(**inputs, do_sample=False, max_new_tokens=24))
+    assert out.speculation.total_acceptance_rate > 0.2

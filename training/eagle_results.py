@@ -1,0 +1,325 @@
+"""The real pair's drafts side by side: the EagleDraft against the self-draft (RESULTS.md, "Real pair: feature draft
+against self-draft").
+
+    python training/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the draft's card
+    python training/eagle_results.py --quick         # a smoke run into results_quick/eagle (nothing shipped changes)
+
+On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with each draft against the target alone:
+
+1. **Costs** (batch 1, warm caches, best of 3): ``c`` = one draft step / one target step; ``c_verify(n)`` = one target
+   pass over ``n`` tokens / one target step.
+2. **Batch 1, one thread** (the headline), greedy and at temperature 0.7: every constant draft length in
+   ``--draft-lengths`` and the ``"optimal"`` policy (its ``N`` the longest of them), each prompt running every
+   configuration in turn (interleaved, so load changes hit all alike): per-token acceptance, tokens per round against
+   the i.i.d. theory ``(1 - a^(N+1)) / (1 - a)`` and the unbiased ``E[T]`` estimator, tokens/s against target-only
+   and the speed model ``E[T] / (N c + c_verify(N + 1))``.
+3. **Batch 8** (one thread) and **two threads** (batch 1): each draft at its best constant length from step 2.
+
+Then the shipped EagleDraft's ``generation_config.num_assistant_tokens`` is set to its best length at temperature
+0.7 and its card gets the measured summary (unless ``--quick`` or ``--no-ship``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+
+logger = logging.getLogger("eagle_results")
+REPO = Path(__file__).resolve().parents[1]
+DRAFT_NAMES = {"self": "self-draft (6 layers + LoRA)", "eagle": "EagleDraft (1 layer on the target's features)"}
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num_prompts", type=int, default=12, help="held-out arith_chat prompts (batch 1)")
+    parser.add_argument("--batch_prompts", type=int, default=16, help="prompts of the batch-8 runs")
+    parser.add_argument("--max_new_tokens", type=int, default=96)
+    parser.add_argument("--draft_lengths", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output_dir", default=None, help="default results/eagle (results_quick/eagle with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a few prompts, N in {2, 4}: a smoke run")
+    parser.add_argument("--no_ship", action="store_true", help="leave the shipped draft's generation_config and card")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.batch_prompts, args.max_new_tokens, args.draft_lengths = 2, 8, 24, [2, 4]
+    return args
+
+
+@torch.no_grad()
+def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int = 7, repeats: int = 3) -> dict:
+    """``c`` per draft and ``c_verify(n)`` for ``n = 1..max_tokens``, from warm-cache single steps (best of repeats)."""
+    from diversed_hf import compat
+
+    def best(run) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    def timed_steps(model, extra_for) -> list[float]:
+        width = prompt_ids.shape[1]
+        cache = compat.new_cache()
+        compat.forward_with_cache(model, prompt_ids, torch.ones(1, width, dtype=torch.long), cache, logits_to_keep=1,
+                                  output_hidden_states=False, **extra_for(width))
+        seconds = []
+        for n in range(1, max_tokens + 1):
+            def run(n=n):
+                compat.forward_with_cache(model, prompt_ids[:, -n:], torch.ones(1, width + n, dtype=torch.long), cache,
+                                          logits_to_keep=n, output_hidden_states=False, **extra_for(n))
+                compat.crop_cache(cache, width)
+            seconds.append(best(run))
+        return seconds
+
+    target_steps = timed_steps(target, lambda n: {})
+    costs = {"target_ms": 1000 * target_steps[0], "c_verify": [s / target_steps[0] for s in target_steps]}
+    for name, draft in drafts.items():
+        size = target.config.hidden_size
+        extra = (lambda n: {"target_hidden": torch.zeros(1, n, size)}) if getattr(draft, "reads_target_features", False) else (lambda n: {})
+        costs[f"c_{name}"] = timed_steps(draft, extra)[0] / target_steps[0]
+    return costs
+
+
+def _run(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
+    from diversed_hf.verifiers import ExactVerifier
+
+    start = time.perf_counter()
+    if draft is None:
+        torch.manual_seed(seed)
+        out = target.generate(**inputs, return_dict_in_generate=True, **sampling)
+        speculation = None
+    else:
+        out = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True,
+                              generator=torch.Generator().manual_seed(seed), **sampling, **kwargs)
+        speculation = out.speculation
+    seconds = time.perf_counter() - start
+    width = inputs["input_ids"].shape[1]
+    new = out.sequences[:, width:]
+    eos = target.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    tokens = 0
+    for row in new:  # up to and including the first EOS
+        hits = torch.isin(row, torch.tensor(eos)).nonzero()
+        tokens += int(hits[0]) + 1 if hits.numel() else row.numel()
+    record = {"seconds": seconds, "tokens": tokens}
+    if speculation is not None:
+        summary = speculation.summary()
+        betas = [b for r in speculation.position_acceptance for b in r.flatten().tolist() if b == b]
+        record.update(drafted=int(speculation.num_drafted.sum()), accepted=int(speculation.num_accepted.sum()),
+                      rounds=int(speculation.num_rounds.sum()), generated=int(speculation.num_generated.sum()),
+                      beta_sum=sum(betas), beta_count=len(betas),
+                      expected_tokens_per_round=summary.get("expected_tokens_per_round"),
+                      mean_draft_length=float(torch.cat(speculation.draft_lengths).float().mean()))
+    return record
+
+
+def _aggregate(records: list[dict]) -> dict:
+    total = {k: sum(r[k] for r in records) for k in ("seconds", "tokens")}
+    out = {"tokens_per_second": total["tokens"] / total["seconds"], **total}
+    if "drafted" in records[0]:
+        drafted = sum(r["drafted"] for r in records)
+        accepted = sum(r["accepted"] for r in records)
+        rounds = sum(r["rounds"] for r in records)
+        out.update(acceptance=accepted / max(drafted, 1), tokens_per_round=sum(r["generated"] for r in records) / rounds,
+                   alpha=sum(r["beta_sum"] for r in records) / max(sum(r["beta_count"] for r in records), 1),
+                   mean_draft_length=sum(r["mean_draft_length"] * r["rounds"] for r in records) / rounds,
+                   expected_tokens_per_round=sum((r["expected_tokens_per_round"] or 0) * r["rounds"] for r in records) / rounds)
+    return out
+
+
+def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: str) -> dict:
+    """Every configuration on every prompt, interleaved per prompt; aggregated per configuration."""
+    from tqdm.auto import tqdm
+
+    configs = [("target", None, {})]
+    for name in drafts:
+        configs += [(f"{name}:N={n}", name, {"num_assistant_tokens": n}) for n in args.draft_lengths]
+        configs.append((f"{name}:optimal", name, {"num_assistant_tokens": max(args.draft_lengths),
+                                                 "num_assistant_tokens_schedule": "optimal"}))
+    records = {key: [] for key, _, _ in configs}
+    warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
+    for key, name, kwargs in configs:  # warm-up: one short call each
+        _run(target, drafts.get(name), warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
+    for i, prompt in enumerate(tqdm(prompts, desc=label)):
+        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        for key, name, kwargs in configs:
+            records[key].append(_run(target, drafts.get(name), inputs, sampling, args.seed + i, **kwargs))
+    return {key: _aggregate(value) for key, value in records.items()}
+
+
+def batched(target, drafts, tokenizer, prompts, best: dict, sampling: dict, batch_size: int, seed: int) -> dict:
+    tokenizer.padding_side = "left"
+    results = {}
+    configs = [("target", None, {})] + [(f"{name}:N={best[name]}", name, {"num_assistant_tokens": best[name]}) for name in drafts]
+    records = {key: [] for key, _, _ in configs}
+    for start in range(0, len(prompts), batch_size):
+        inputs = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        for key, name, kwargs in configs:
+            records[key].append(_run(target, drafts.get(name), inputs, sampling, seed + start, **kwargs))
+    for key, value in records.items():
+        results[key] = _aggregate(value)
+    return results
+
+
+def _speed_model(row: dict, n: float, c: float, c_verify: list[float]) -> float:
+    index = min(int(round(n)), len(c_verify) - 1)
+    return row["expected_tokens_per_round"] / (n * c + c_verify[index])
+
+
+def render(results: dict, args, command: str) -> str:
+    costs = results["costs"]
+    lines = [
+        "Regenerate with:", "", "```bash", command, "```", "",
+        f"SmolLM2-135M-Instruct as target; held-out `arith_chat` chat prompts ({args.num_prompts} at batch 1, "
+        f"{args.batch_prompts} at batch 8), at most {args.max_new_tokens} new tokens, lossless SD (`ExactVerifier`); "
+        "every configuration runs on each prompt in turn. " + results["environment"], "",
+        f"Costs (batch 1, one thread, warm caches): target {costs['target_ms']:.1f} ms per token; draft step / target step "
+        + ", ".join(f"c = {costs['c_' + name]:.3f} ({DRAFT_NAMES[name]})" for name in results["drafts"])
+        + "; one target pass over n tokens costs c_verify(n) = "
+        + ", ".join(f"{v:.2f}" for v in costs["c_verify"]) + " target steps (n = 1, 2, ...).", "",
+        "*acceptance* = accepted drafts / drafted; *a* = mean per-position acceptance probability (the i.i.d. model's "
+        "alpha); *tokens/round* measured, against the i.i.d. theory `(1 - a^(N+1)) / (1 - a)` and the unbiased E[T] "
+        "estimator; *predicted* = `E[T] / (N c + c_verify(N + 1))`; *speedup* = tokens/s over target-only tokens/s.", "",
+    ]
+    for mode in ("greedy", "t0.7"):
+        block = results["batch1"][mode]
+        target_tps = block["target"]["tokens_per_second"]
+        title = "greedy" if mode == "greedy" else "temperature 0.7"
+        lines += [f"### Batch 1, one thread, {title}", "",
+                  "| draft | N | acceptance | a | tokens/round | i.i.d. | E[T] est. | tokens/s | speedup | predicted |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| target only | – | – | – | 1.00 | – | – | {target_tps:.1f} | 1.00x | – |"]
+        for key, row in block.items():
+            if key == "target":
+                continue
+            name, _, setting = key.partition(":")
+            n = row["mean_draft_length"]
+            a = row["alpha"]
+            iid = (1 - a ** (n + 1)) / (1 - a) if a < 1 else n + 1
+            predicted = _speed_model(row, n, costs[f"c_{name}"], [0.0] + costs["c_verify"])
+            label = f"{setting.split('=')[1]}" if setting.startswith("N=") else f"optimal ({n:.2f})"
+            lines.append(f"| {DRAFT_NAMES[name]} | {label} | {100 * row['acceptance']:.1f} % | {a:.2f} | "
+                         f"{row['tokens_per_round']:.2f} | {iid:.2f} | {row['expected_tokens_per_round']:.2f} | "
+                         f"{row['tokens_per_second']:.1f} | {row['tokens_per_second'] / target_tps:.2f}x | {predicted:.2f}x |")
+        lines.append("")
+    lines += ["### Best constant N against the `optimal` policy (batch 1, one thread)", "",
+              "| draft | mode | best constant N | its tokens/s | `optimal`: mean N | its tokens/s |", "|---|---|---:|---:|---:|---:|"]
+    for mode in ("greedy", "t0.7"):
+        for name in results["drafts"]:
+            best = results["best"][mode][name]
+            block = results["batch1"][mode]
+            lines.append(f"| {DRAFT_NAMES[name]} | {mode} | {best} | {block[f'{name}:N={best}']['tokens_per_second']:.1f} | "
+                         f"{block[f'{name}:optimal']['mean_draft_length']:.2f} | {block[f'{name}:optimal']['tokens_per_second']:.1f} |")
+    lines.append("")
+    for label, key in (("Batch 8, one thread", "batch8"), ("Batch 1, two threads", "threads2")):
+        lines += [f"### {label} (each draft at its best constant N)", "",
+                  "| mode | configuration | acceptance | tokens/round | tokens/s | speedup |", "|---|---|---:|---:|---:|---:|"]
+        for mode in ("greedy", "t0.7"):
+            block = results[key][mode]
+            target_tps = block["target"]["tokens_per_second"]
+            for config, row in block.items():
+                name = config.partition(":")[0]
+                shown = "target only" if config == "target" else f"{DRAFT_NAMES[name]}, {config.partition(':')[2]}"
+                acc = f"{100 * row['acceptance']:.1f} %" if "acceptance" in row else "–"
+                tpr = f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "1.00"
+                lines.append(f"| {mode} | {shown} | {acc} | {tpr} | {row['tokens_per_second']:.1f} | "
+                             f"{row['tokens_per_second'] / target_tps:.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from diversed_hf import enable_diversed
+    from diversed_hf.tasks import load_task_dataset
+    from diversed_hf.testbed import smollm2
+
+    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "eagle")
+    check_output_dir(output_dir, "--output_dir")
+    torch.set_num_threads(1)
+    target, self_draft, tokenizer = smollm2.load_smollm2_pair(draft="self")
+    enable_diversed(target)
+    drafts = {"self": self_draft, "eagle": smollm2.load_eagle_draft(target)}
+    prompts = list(load_task_dataset("arith_chat", split="test", num_examples=max(args.num_prompts, args.batch_prompts),
+                                     seed=args.seed)["prompt"])
+    modes = {"greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
+             "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens}}
+    probe = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)["input_ids"]
+    results = {"drafts": list(drafts), "costs": step_costs(target, drafts, probe), "batch1": {}, "best": {},
+               "batch8": {}, "threads2": {},
+               "environment": f"Python {platform.python_version()}, torch {torch.__version__}, "
+                              f"{torch.get_num_threads()} thread, {platform.machine()}."}
+    started = time.time()
+    for mode, sampling in modes.items():
+        block = batch_one(target, drafts, tokenizer, prompts[: args.num_prompts], args, sampling, f"batch 1 {mode}")
+        results["batch1"][mode] = block
+        results["best"][mode] = {name: max(args.draft_lengths, key=lambda n: block[f"{name}:N={n}"]["tokens_per_second"])
+                                 for name in drafts}
+        results["batch8"][mode] = batched(target, drafts, tokenizer, prompts[: args.batch_prompts], results["best"][mode],
+                                          sampling, 8, args.seed)
+    torch.set_num_threads(2)
+    for mode, sampling in modes.items():
+        results["threads2"][mode] = batched(target, drafts, tokenizer, prompts[: args.num_prompts], results["best"][mode],
+                                            sampling, 1, args.seed)
+    results["seconds"] = round(time.time() - started)
+    command = "python training/eagle_results.py" + (" --quick" if args.quick else "")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    section = render(results, args, command)
+    write_text_atomic(output_dir / "eagle.md", section + "\n")
+    print(section)
+    if args.quick or args.no_ship:
+        return 0
+    write_text_atomic(REPO / "results" / "eagle.md", section + "\n")
+    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+    ship(results, command)
+    return 0
+
+
+def ship(results: dict, command: str) -> None:
+    """The shipped EagleDraft: its best draft length at temperature 0.7 into ``generation_config.json``, the measured
+    summary into ``training.json`` and its card."""
+    from transformers import GenerationConfig
+
+    from diversed_hf.eagle import EagleDraftConfig
+    from diversed_hf.testbed.smollm2 import EAGLE_DIR
+    from diversed_hf.training.eagle_card import render_eagle_card
+
+    best = results["best"]["t0.7"]["eagle"]
+    config = GenerationConfig.from_pretrained(EAGLE_DIR)
+    config.num_assistant_tokens = best
+    config.num_assistant_tokens_schedule = "constant"
+    config.save_pretrained(EAGLE_DIR)
+    record = json.loads((EAGLE_DIR / "training.json").read_text())
+    parts = []
+    for mode, label in (("greedy", "greedy"), ("t0.7", "temperature 0.7")):
+        block = results["batch1"][mode]
+        n = results["best"][mode]["eagle"]
+        row = block[f"eagle:N={n}"]
+        parts.append(f"{label}: acceptance {100 * row['acceptance']:.1f} % per drafted token, {row['tokens_per_round']:.2f} "
+                     f"tokens per round, {row['tokens_per_second'] / block['target']['tokens_per_second']:.2f}x the "
+                     f"target's tokens/s at N = {n}")
+    record["measured"] = {
+        "summary": f"Lossless SD on held-out arith_chat chat prompts, batch 1, one thread (c = "
+                   f"{results['costs']['c_eagle']:.3f} of the target per draft step): " + "; ".join(parts)
+                   + f". `generation_config.num_assistant_tokens` = {best}, the best constant length at temperature 0.7.",
+        "command": command, "best_draft_length": results["best"],
+    }
+    write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
+    config_json = json.loads((EAGLE_DIR / "config.json").read_text())
+    write_text_atomic(EAGLE_DIR / "README.md", render_eagle_card(EagleDraftConfig(**config_json), record))
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
