@@ -20,7 +20,10 @@ token) and the draft cache ``[0, L - 2)`` (all but the last two), so a round is:
 
 The first round starts from empty caches and feeds each model what its cache lacks -- the whole
 prompt -- with its first call, as transformers' assisted decoding does: no separate prefill pass.
-The draft cache lags by two tokens so it never needs a catch-up pass, whatever a row accepted.
+The draft cache lags by two tokens so it never needs a catch-up pass, whatever a row accepted. A draft
+that reads the target's features (an :class:`~diversed_hf.eagle.EagleDraft`) is the exception
+(:mod:`diversed_hf.feature_candidates`): the target first reads the prompt minus its last token (``prefill``),
+so the draft has its features, and the draft's cache keeps only columns computed from them.
 Finished rows (EOS, length, stopping criteria) leave the batch and cost nothing after. Sliding
 windows stay exact because every row is hole-free and the mask is built from column indices.
 
