@@ -26,11 +26,12 @@ once :mod:`diversed_hf` is imported.
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from . import compat
@@ -107,7 +108,7 @@ class EagleDraftOutput(ModelOutput):
     cache: object | None = None
 
 
-class EagleDraft(PreTrainedModel):
+class EagleDraft(PreTrainedModel, GenerationMixin):
     """An EAGLE-style draft: ``fc([embed(x_j), h_{j-1}])`` -> ``num_layers`` decoder layers of the target's
     architecture -> predicted feature ``f_j`` -> the target's LM head (module docstring).
 
@@ -146,11 +147,7 @@ class EagleDraft(PreTrainedModel):
         if self.generation_config is None:
             self.generation_config = GenerationConfig()
 
-    @classmethod
-    def can_generate(cls) -> bool:  # a generation_config is kept and saved: it carries the draft-length knobs
-        return True
-
-    def generate(self, *args, **kwargs):
+    def generate(self, *args, **kwargs):  # a GenerationMixin so its generation_config (draft-length knobs) is kept
         raise TypeError(
             "An EagleDraft drafts from the target's features and cannot generate on its own: pass it as the target's "
             "`assistant_model` (`target.generate(..., assistant_model=draft)`)."
@@ -159,14 +156,9 @@ class EagleDraft(PreTrainedModel):
     # Construction -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs) -> EagleDraft:
-        """``PreTrainedModel.from_pretrained``, plus the saved ``generation_config.json`` (the draft-length knobs it
+        """``PreTrainedModel.from_pretrained`` (with the saved ``generation_config.json``: the draft-length knobs it
         carries, e.g. its measured best ``num_assistant_tokens``) and, with ``target=``, :meth:`attach_target`."""
         draft = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only", "subfolder") if k in kwargs}
-        try:
-            draft.generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub)
-        except OSError:  # saved without one: transformers' defaults, as for any model
-            pass
         return draft.attach_target(target) if target is not None else draft
 
     @classmethod
@@ -230,12 +222,14 @@ class EagleDraft(PreTrainedModel):
             weight = weight[self.draft_vocab_ids.to(weight.device)]  # (draft vocab, d)
         self.lm_head_weight = weight
         self.__dict__["_target_embeddings"] = embeddings
-        self.__dict__["_attached_to"] = id(target)
+        self.__dict__["_attached_to"] = weakref.ref(target)
         self.logit_softcapping = getattr(text_config, "final_logit_softcapping", None)
         return self
 
     def is_attached_to(self, target) -> bool:
-        return self.__dict__.get("_attached_to") == id(target)
+        """Whether :meth:`attach_target` was last called with this very model."""
+        attached = self.__dict__.get("_attached_to")
+        return attached is not None and attached() is target
 
     def get_input_embeddings(self):
         return self.__dict__["_target_embeddings"]
@@ -302,7 +296,7 @@ class EagleDraft(PreTrainedModel):
     def forward(
         self,
         input_ids: torch.Tensor,  # (batch, chunk)
-        target_hidden: torch.Tensor,  # (batch, chunk, d)
+        target_hidden: torch.Tensor | None = None,  # (batch, chunk, d)
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache=None,
@@ -316,6 +310,12 @@ class EagleDraft(PreTrainedModel):
         ``target_hidden[:, t]`` is the feature of the column before ``input_ids[:, t]``: the target's last hidden state
         there, or the draft's own prediction while drafting (zeros before a sequence's first token).
         """
+        if target_hidden is None:
+            raise ValueError(
+                "An EagleDraft reads the target's hidden states (`target_hidden`, the feature of the column before each "
+                "token), which a token-only drafting loop (transformers' assisted decoding) does not pass. Use it as "
+                "`target.generate(..., assistant_model=draft)` on a model with `enable_diversed`, which feeds them."
+            )
         cache = cache if cache is not None else past_key_values
         features = self.features(input_ids, target_hidden, attention_mask, position_ids, cache, use_cache)
         kept = features if not logits_to_keep else features[:, -logits_to_keep:]

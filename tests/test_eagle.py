@@ -228,3 +228,12 @@ def test_bad_inputs_are_refused_with_the_fix():
         EagleDraftConfig(target_config=target.config.to_dict(), num_layers=0)
     with pytest.raises(ValueError, match="distinct token ids"):
         EagleDraft.for_target(target, draft_vocab_ids=[3, 3, 4])
+
+
+def test_a_token_only_loop_gets_a_clear_error():
+    target, draft = eagle_pair("llama")
+    with pytest.raises(ValueError, match="reads the target's hidden states"):
+        draft(prompt(3))
+    plain = make_model("llama", hidden_size=32, num_layers=2)  # no enable_diversed: transformers' own assisted loop
+    with pytest.raises(TypeError, match="assistant_model"):
+        plain.generate(prompt(3), assistant_model=EagleDraft.for_target(plain), max_new_tokens=4)

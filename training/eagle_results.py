@@ -15,8 +15,9 @@ On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with ea
    and the speed model ``E[T] / (N c + c_verify(N + 1))``.
 3. **Batch 8** (one thread) and **two threads** (batch 1): each draft at its best constant length from step 2.
 
-Then the shipped EagleDraft's ``generation_config.num_assistant_tokens`` is set to its best length at temperature
-0.7 and its card gets the measured summary (unless ``--quick`` or ``--no-ship``).
+Then each shipped draft carries its best constant length at temperature 0.7 (the EagleDraft in its
+``generation_config.json``, the self-draft in ``self_draft.json``, which ``load_pair`` puts into its generation config),
+and the EagleDraft's card gets the measured summary (unless ``--quick`` or ``--no-ship``).
 """
 
 from __future__ import annotations
@@ -287,6 +288,39 @@ def main(argv=None) -> int:
     return 0
 
 
+def summary_paragraph(results: dict) -> str:
+    """The headline, for README.md and docs/eagle.md (between ``<!-- eagle-draft -->`` markers)."""
+    costs = results["costs"]
+    parts = []
+    for mode, label in (("greedy", "greedy"), ("t0.7", "at temperature 0.7")):
+        block = results["batch1"][mode]
+        target_tps = block["target"]["tokens_per_second"]
+        rows = []
+        for name in results["drafts"]:
+            n = results["best"][mode][name]
+            row = block[f"{name}:N={n}"]
+            rows.append(f"{'the EagleDraft' if name == 'eagle' else 'the self-draft'} {row['tokens_per_second'] / target_tps:.2f}x "
+                        f"(acceptance {100 * row['acceptance']:.1f} %, {row['tokens_per_round']:.2f} tokens per round, N = {n})")
+        parts.append(f"{label}: " + ", ".join(rows))
+    return (
+        "**Measured** (`python training/eagle_results.py`, RESULTS.md \"Real pair: feature draft against self-draft\"; "
+        "held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the EagleDraft costs "
+        f"c = {costs['c_eagle']:.3f} of the target per draft step against {costs['c_self']:.3f} for the self-draft, and "
+        f"a target pass over 4 tokens costs {costs['c_verify'][3]:.2f} target steps. Tokens/s against the target alone, "
+        + "; ".join(parts) + "."
+    )
+
+
+def _replace_marked(path: Path, text: str) -> None:
+    start, end = "<!-- eagle-draft -->", "<!-- /eagle-draft -->"
+    page = path.read_text()
+    if start not in page or end not in page:
+        raise ValueError(f"{path} has no {start} ... {end} block to put the summary in.")
+    head, _, rest = page.partition(start)
+    _, _, tail = rest.partition(end)
+    write_text_atomic(path, f"{head}{start}\n{text}\n{end}{tail}")
+
+
 def ship(results: dict, command: str) -> None:
     """The shipped EagleDraft: its best draft length at temperature 0.7 into ``generation_config.json``, the measured
     summary into ``training.json`` and its card."""
@@ -296,6 +330,11 @@ def ship(results: dict, command: str) -> None:
     from diversed_hf.testbed.smollm2 import EAGLE_DIR
     from diversed_hf.training.eagle_card import render_eagle_card
 
+    from diversed_hf.testbed.smollm2 import DRAFT_DIR
+
+    self_config = json.loads((DRAFT_DIR / "self_draft.json").read_text())  # the self-draft's best length too
+    self_config["num_assistant_tokens"] = results["best"]["t0.7"]["self"]
+    write_text_atomic(DRAFT_DIR / "self_draft.json", json.dumps(self_config, indent=2) + "\n")
     best = results["best"]["t0.7"]["eagle"]
     config = GenerationConfig.from_pretrained(EAGLE_DIR)
     config.num_assistant_tokens = best
@@ -317,8 +356,11 @@ def ship(results: dict, command: str) -> None:
         "command": command, "best_draft_length": results["best"],
     }
     write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
-    config_json = json.loads((EAGLE_DIR / "config.json").read_text())
-    write_text_atomic(EAGLE_DIR / "README.md", render_eagle_card(EagleDraftConfig(**config_json), record))
+    card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
+    write_text_atomic(EAGLE_DIR / "README.md", card)
+    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
+    for page in (REPO / "README.md", REPO / "docs" / "eagle.md"):
+        _replace_marked(page, summary_paragraph(results))
 
 
 if __name__ == "__main__":

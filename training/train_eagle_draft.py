@@ -24,6 +24,7 @@ Seeded (prompts, sampling, split, initialisation, batch order). Every option has
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -48,13 +49,13 @@ OPTIONS = [
     ("num_layers", int, 1, "decoder layers of the draft"),
     ("draft_vocab_size", int, 8192, "ids the draft scores (the most frequent in the data; 0: all)"),
     ("unroll", int, 3, "training-time test: steps on the draft's own features"),
-    ("epochs", int, 4, "passes over the training sequences"),
+    ("epochs", int, 6, "passes over the training sequences"),
     ("batch_size", int, 8, "sequences per step"),
-    ("learning_rate", float, 3e-4, "AdamW learning rate (cosine decay after a warm-up of 1/20 of the steps)"),
+    ("learning_rate", float, 1e-3, "AdamW learning rate (cosine decay after a warm-up of 1/20 of the steps)"),
     ("feature_weight", float, 1.0, "weight of the feature regression loss"),
     ("tv_weight", float, 1.0, "weight of the total-variation loss"),
     ("held_out", float, 0.05, "fraction of the sequences kept out to measure acceptance"),
-    ("save_steps", int, 200, "checkpoint every this many steps"),
+    ("save_steps", int, 100, "checkpoint every this many steps"),
     ("seed", int, 0, "seed of the prompts, sampling, split and training"),
     ("threads", int, None, "torch CPU threads"),
 ]
@@ -84,7 +85,7 @@ def main(argv=None) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)
     from diversed_hf.testbed import smollm2  # registers the testbed's tasks
-    from diversed_hf.training.eagle_data import CollectionSettings, collect
+    from diversed_hf.training.eagle_data import CollectionSettings, collect, collection_seconds
     from diversed_hf.training.eagle_prompts import eagle_prompts
 
     output_dir = Path(args.output_dir)
@@ -97,8 +98,8 @@ def main(argv=None) -> Path:
     settings = CollectionSettings(temperature=args.temperature, greedy_fraction=args.greedy_fraction, top_k=args.top_k,
                                   batch_size=args.generation_batch_size, seed=args.seed)
     collect(target, tokenizer, prompts, output_dir / "data", settings)
-    data_seconds = time.time() - started
-    logger.info("data: %d prompts in %.0f s", len(prompts), data_seconds)
+    data_seconds = collection_seconds(output_dir / "data") or (time.time() - started)
+    logger.info("data: %d prompts, %.0f s of decoding", len(prompts), data_seconds)
     if args.data_only:
         return output_dir / "data"
     from diversed_hf.training.eagle_distill import DistillSettings, distill
@@ -112,7 +113,7 @@ def main(argv=None) -> Path:
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
     return distill(target, output_dir / "data", output_dir / "checkpoints", save_to, distill_settings,
                    extra_record={"data_seconds": round(data_seconds), "num_prompts": len(prompts), "recipe": recipe.strip(),
-                                 "collection": vars(settings) if hasattr(settings, "__dict__") else None})
+                                 "collection": dataclasses.asdict(settings)})
 
 
 if __name__ == "__main__":

@@ -321,6 +321,8 @@ def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = Tr
         return target, load_eagle_draft(target), tokenizer
     config = load_self_draft_config(DRAFT_DIR)
     model = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
+    if config.get("num_assistant_tokens") is not None:  # its measured best draft length (training/eagle_results.py)
+        model.generation_config.num_assistant_tokens = int(config["num_assistant_tokens"])
     return target, model, tokenizer
 
 

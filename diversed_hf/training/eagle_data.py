@@ -29,7 +29,7 @@ from .. import compat, ops
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CollectionSettings", "Sequence", "collect", "load_sequences"]
+__all__ = ["CollectionSettings", "Sequence", "collect", "collection_seconds", "load_sequences"]
 
 
 @dataclass(frozen=True)
@@ -208,11 +208,13 @@ def collect(
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(prompts), desc="target responses", disable=not progress)
+    written = 0
     for shard in range(num_shards):
         begin, end = shard * settings.shard_size, min(len(prompts), (shard + 1) * settings.shard_size)
         if _shard_path(directory, shard).is_file():
             bar.update(end - begin)
             continue
+        written += 1
         generator = torch.Generator(device=target.device).manual_seed(settings.seed * 100_003 + shard)
         sequences = []
         for batch_start in range(begin, end, settings.batch_size):
@@ -223,5 +225,16 @@ def collect(
             bar.update(len(batch))
         _write_shard(_shard_path(directory, shard), sequences)
     bar.close()
-    logger.info("collected %d sequences into %s in %.0f s", len(prompts), directory, time.time() - started)
+    timing = directory / "timing.json"  # decoding time summed over the runs that wrote shards (a resumed run adds)
+    spent = time.time() - started
+    if written:
+        total = spent + (json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0)
+        timing.write_text(json.dumps({"seconds": round(total, 1)}) + "\n")
+    logger.info("collected %d sequences into %s in %.0f s", len(prompts), directory, spent)
     return directory
+
+
+def collection_seconds(directory: str | Path) -> float | None:
+    """Seconds the collection in ``directory`` took to decode (every run that wrote shards), if recorded."""
+    timing = Path(directory) / "timing.json"
+    return json.loads(timing.read_text())["seconds"] if timing.is_file() else None
