@@ -117,7 +117,8 @@ class DraftCandidates(tuple):
     ``(candidate_ids, candidate_logits)`` (it unpacks like one), with what the batched loop reads besides.
 
     - ``candidate_ids`` ``(batch, L + N_r)``: the input sequence followed by ``N_r = max_b N_b`` drafts;
-    - ``candidate_logits`` ``(batch, N_r, vocab)``: the draft's processed scores, ``q_t = softmax(scores_t)``;
+    - ``candidate_logits`` ``(batch, N_r, vocab)``: the draft's processed scores, ``q_t = softmax(scores_t)``; ``None``
+      when the round drafts nothing (``N_r = 0``), as transformers' ``AssistedCandidateGenerator`` returns;
     - ``draft_lengths`` ``(batch,)``: drafts that count per row (``N_b <= N_r``; later columns are filler);
     - ``attention_mask`` ``(batch, L + N_r)``: the mask of ``candidate_ids``;
     - ``draft_hidden`` ``(batch, N_r, d_draft)``: the draft's last-layer hidden state that produced ``q_t`` (when
@@ -139,7 +140,7 @@ class DraftCandidates(tuple):
         return self[0]
 
     @property
-    def candidate_logits(self) -> torch.Tensor:  # (batch, N_r, vocab)
+    def candidate_logits(self) -> torch.Tensor | None:  # (batch, N_r, vocab), None without drafts
         return self[1]
 
 
@@ -390,10 +391,9 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 if not bool((lengths > step + 1).any()):  # no row drafts further
                     break
         self.draft_lengths = lengths
-        if scores:
-            candidate_logits = torch.stack(scores, dim=1)  # (batch, N_r, vocab)
-        else:
-            candidate_logits = torch.zeros(batch_size, 0, self.vocab_size, device=input_ids.device)
+        # No draft this round (every row's budget is down to its last token): ``None``, as transformers'
+        # AssistedCandidateGenerator returns, so its sampling loop takes the target's token instead of verifying.
+        candidate_logits = torch.stack(scores, dim=1) if scores else None  # (batch, N_r, vocab) or None
         self.draft_confidence = None  # (batch, N_r) q_t(x_t) of the drafts: what the "optimal" schedule calibrates on
         if self.optimal is not None and probs:
             drafted = candidate_ids[:, candidate_ids.shape[1] - len(probs) :, None]  # (batch, N_r, 1)

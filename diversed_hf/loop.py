@@ -320,9 +320,13 @@ class _SpeculativeLoop:
         )
         target_probs, target_untempered, processed = self._target_distributions(candidate_ids, out.logits, length)
         check_finite_mass(target_probs, "target")
+        if candidate_logits is None:  # no draft this round: only the target's token
+            draft_probs = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[2])  # (B, 0, V)
+        else:
+            draft_probs = candidate_logits.softmax(dim=-1)  # (B, N_r, V) q_t
         result = self.verifier(
             candidate_ids[:, length:],  # (B, N_r)
-            candidate_logits.softmax(dim=-1),  # (B, N_r, V) q_t
+            draft_probs,  # (B, N_r, V)
             target_probs,
             draft_hidden=candidates.draft_hidden,  # (B, N_r, d_draft) or None
             target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :] if needs_hidden else None,  # (B, N_r + 1, d)

@@ -50,8 +50,9 @@ def test_transformers_assisted_decoding_drives_the_generator_to_greedy_output(ar
     assert torch.equal(output, expected)
     rounds = Counting.calls["get_candidates"]
     assert rounds > 1 and Counting.calls["update_candidate_strategy"] == rounds
-    assert all(isinstance(c, DraftCandidates) and c.candidate_logits.shape[-1] == VOCAB_SIZE for c in Counting.returned)
-    assert max(c.candidate_logits.shape[1] for c in Counting.returned) == 4
+    assert all(isinstance(c, DraftCandidates) for c in Counting.returned)
+    drafted = [c.candidate_logits for c in Counting.returned if c.candidate_logits is not None]  # None: no draft
+    assert all(logits.shape[-1] == VOCAB_SIZE for logits in drafted) and max(x.shape[1] for x in drafted) == 4
     accepted = output.shape[1] - input_ids.shape[1] - rounds  # tokens beyond one per round came from accepted drafts
     assert accepted > 0, "the pair should agree sometimes, or the cache crop is not exercised"
 
@@ -165,3 +166,19 @@ def test_the_generator_needs_a_budget_and_a_prompt():
     generator.get_candidates(prompt(4))
     with pytest.raises(ValueError, match="the 'optimal' schedule needs the round's `position_acceptance`"):
         generator.update_candidate_strategy(prompt(5), None, 0)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 10])
+def test_transformers_sampling_loop_drives_the_generator_to_the_end(max_new_tokens):
+    """When no row has a token left to draft, `get_candidates` returns `None` logits as transformers'
+    `AssistedCandidateGenerator` does: its sampling loop then takes the target's token (empty logits made
+    `_speculative_sampling` raise IndexError)."""
+    target, draft = make_pair("llama", noise=0.3)
+    draft = copy.deepcopy(draft)
+    draft.generation_config.num_assistant_tokens = 3
+    for seed in range(6):
+        torch.manual_seed(seed)
+        output = _through_transformers(target, draft, prompt(5, seed=seed), max_new_tokens=max_new_tokens, do_sample=True)
+        assert output.shape == (1, 5 + max_new_tokens)
+        if max_new_tokens == 1:  # the only round drafts nothing
+            assert [c.candidate_logits for c in Counting.returned] == [None]
