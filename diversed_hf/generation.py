@@ -129,6 +129,12 @@ def _check_batch(
             "continues a prompt. Pass at least one token, e.g. the tokenizer's BOS token "
             "(`tokenizer(text, add_special_tokens=True)`)."
         )
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"`attention_mask` has shape {tuple(attention_mask.shape)} but `input_ids` has shape "
+            f"{tuple(input_ids.shape)}: each token needs its mask entry. Pass the mask the tokenizer returned with these "
+            "ids (`tokenizer(texts, return_tensors='pt', padding=True)` gives both)."
+        )
     empty = None if attention_mask is None else ~attention_mask.bool().any(dim=1)  # (B,)
     if empty is not None and bool(empty.any()):
         row = int(empty.nonzero()[0])

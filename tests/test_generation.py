@@ -724,6 +724,20 @@ def test_empty_prompts_are_refused_early(pair):
         _ours(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=4)
 
 
+@pytest.mark.parametrize("width", [-1, 1])
+def test_an_attention_mask_of_another_width_is_refused_naming_both_shapes(pair, width):
+    """A right-padded batch with a mask one column narrower used to continue each prompt minus its last token while
+    the output showed the whole prompt; transformers raises, and so does the loop."""
+    target, draft = pair
+    rows, _, _ = left_padded_batch([4, 6])
+    input_ids = torch.stack([torch.cat([r, torch.zeros(6 - len(r), dtype=r.dtype)]) for r in rows])  # right-padded
+    attention_mask = (torch.arange(6)[None, :] < torch.tensor([4, 6])[:, None]).long()
+    attention_mask = attention_mask[:, :-1] if width < 0 else torch.cat([attention_mask, attention_mask[:, -1:]], 1)
+    expected = rf"`attention_mask` has shape \(2, {6 + width}\) but `input_ids` has shape \(2, 6\)"
+    with pytest.raises(ValueError, match=expected):
+        _ours(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=4)
+
+
 def test_a_custom_verifiers_bad_output_is_blamed_on_the_verifier_in_generate():
     class NaNVerifier(ExactVerifier):
         def verification_probs(self, draft_probs, target_probs, **context):
