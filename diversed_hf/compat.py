@@ -200,11 +200,21 @@ def forward_with_cache(
 
 
 def split_stopping_criteria(criteria):
-    """Split transformers' prepared criteria into (handled natively: length and EOS, the rest)."""
+    """Split transformers' prepared criteria into what the loop handles natively and the rest:
+    ``(max_length or None, EOS ids (num_eos,) or None, the other criteria)``.
+
+    The length limit and the EOS ids are read from the ``MaxLengthCriteria`` / ``EosTokenCriteria`` in the list:
+    ``generate``'s own, or a caller's passed in ``stopping_criteria``, which replace ``generate``'s (transformers'
+    ``_merge_criteria_processor_list``), so a caller's limit and stop ids hold as they do in transformers' loop. The
+    loop counts the limit per row (prompt width plus the row's own new tokens, as transformers' width) and stops each
+    row at its first EOS; the other criteria run per row on each candidate length.
+    """
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
+    lengths = [int(c.max_length) for c in criteria if isinstance(c, MaxLengthCriteria)]
+    eos = [c.eos_token_id.flatten() for c in criteria if isinstance(c, EosTokenCriteria)]
     rest = StoppingCriteriaList([c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
-    return rest
+    return min(lengths) if lengths else None, torch.cat(eos).unique() if eos else None, rest
 
 
 #: transformers 5.23 renamed ``TrainingArguments.gradient_checkpointing`` to ``activation_checkpointing`` (the old name

@@ -320,7 +320,12 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
         _check_batch(input_ids, attention_mask, generator)
         if streamer is not None and input_ids.shape[0] > 1:
             raise ValueError(f"`streamer` supports batch size 1 only; got a batch of {input_ids.shape[0]} prompts.")
-        pad_token_id, eos_token_id = compat.special_token_ids(generation_config, input_ids.device)
+        pad_token_id, _ = compat.special_token_ids(generation_config, input_ids.device)
+        # the length limit and EOS ids of the prepared criteria (a caller's MaxLengthCriteria / EosTokenCriteria
+        # replace generate's, as in transformers' own loop); the other criteria run in the loop
+        max_length, eos_token_id, other_criteria = compat.split_stopping_criteria(stopping_criteria)
+        max_length = generation_config.max_length if max_length is None else max_length
+        eos_token_id = None if eos_token_id is None else eos_token_id.to(input_ids.device)
         # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.padding)
         loop_ids, loop_mask = left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
         wants = dict(scores=bool(generation_config.output_scores), logits=bool(generation_config.output_logits))
@@ -332,9 +337,9 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
             loop_ids,
             loop_mask,
             num_draft_tokens=num_draft_tokens,
-            max_new_tokens=generation_config.max_length - input_ids.shape[1],
+            max_new_tokens=max_length - input_ids.shape[1],
             logits_processor=logits_processor,
-            stopping_criteria=compat.split_stopping_criteria(stopping_criteria),
+            stopping_criteria=other_criteria,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
             do_sample=bool(generation_config.do_sample),

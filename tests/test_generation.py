@@ -792,3 +792,25 @@ def test_stop_strings_with_a_tokenizer():
     assert torch.equal(_ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop, tokenizer=tokenizer), expected)
     with pytest.raises(ValueError, match="tokenizer"):  # without one, transformers' own error
         _ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop)
+
+
+def test_a_callers_length_and_eos_criteria_hold_as_in_transformers(pair):
+    """A `MaxLengthCriteria` / `EosTokenCriteria` passed in `stopping_criteria` replaces generate's own (transformers'
+    merge rule); the loop used to drop every such criterion, the caller's included, and ran to `max_new_tokens`."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    target, draft = pair
+    rows, input_ids, attention_mask = left_padded_batch([5, 7])
+    reference = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=20)
+    stop_id = int(reference[1, 7 + 3])  # a token row 1 writes as its 4th new token
+    limited = _ours(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=20,
+                    stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=7 + 6)]))
+    assert limited.shape == (2, 7 + 6)
+    for criteria in ([MaxLengthCriteria(max_length=7 + 6)], [EosTokenCriteria(eos_token_id=stop_id)]):
+        kwargs = dict(attention_mask=attention_mask, do_sample=False, max_new_tokens=20,
+                      stopping_criteria=StoppingCriteriaList(criteria))
+        expected = target.generate(input_ids, **kwargs)
+        ours = _ours(target, draft, input_ids, **kwargs)
+        assert torch.equal(ours, expected), (criteria, ours, expected)
+        assert not torch.equal(expected[:, : reference.shape[1]], reference)  # the criterion stopped something
