@@ -50,6 +50,11 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="a few prompts, N in {2, 4}: a smoke run")
     parser.add_argument("--no_ship", action="store_true", help="leave the shipped draft's generation_config and card")
     args = parser.parse_args(argv)
+    for name in ("num_prompts", "batch_prompts", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if min(args.draft_lengths) < 1:
+        parser.error(f"--draft_lengths must be positive integers, got {args.draft_lengths}")
     if args.quick:
         args.num_prompts, args.batch_prompts, args.max_new_tokens, args.draft_lengths = 2, 8, 24, [2, 4]
     return args
