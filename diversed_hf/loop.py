@@ -275,7 +275,6 @@ class _SpeculativeLoop:
         """For a draft that reads the target's features (an EagleDraft): the target reads the prompt but its last
         token, and hands the draft its hidden states there; the first verification then feeds ``[last token,
         drafts]`` as every later one does."""
-        hidden = None
         if self.seq.shape[1] > 1:
             out = compat.forward_with_cache(
                 self.target, self.seq[:, :-1], self.mask[:, :-1], self.target_cache, logits_to_keep=1,

@@ -29,7 +29,7 @@ from .. import compat, ops
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CollectionSettings", "Sequence", "collect", "collection_seconds", "load_sequences"]
+__all__ = ["CollectionSettings", "Sequence", "claim_directory", "collect", "collection_seconds", "load_sequences"]
 
 
 @dataclass(frozen=True)
@@ -102,19 +102,21 @@ def load_sequences(directory: str | Path) -> list[Sequence]:
     return sequences
 
 
-def _check_manifest(directory: Path, manifest: dict) -> None:
-    path = directory / "manifest.json"
+def claim_directory(directory: Path, file_name: str, record: dict, holds: str) -> None:
+    """Tie ``directory`` to ``record`` (written to ``file_name`` the first time): a directory that holds another
+    record is refused, naming the fields that differ (``holds`` says what it holds), so two runs never mix."""
+    path = directory / file_name
     if path.is_file():
         existing = json.loads(path.read_text())
-        if existing != manifest:
-            differing = sorted(k for k in set(existing) | set(manifest) if existing.get(k) != manifest.get(k))
+        if existing != record:
+            differing = sorted(k for k in set(existing) | set(record) if existing.get(k) != record.get(k))
             raise ValueError(
-                f"{directory} holds a collection made with other settings ({', '.join(differing)} differ): use another "
-                "directory, or remove it to start over."
+                f"{directory} holds {holds} ({', '.join(differing)} differ): use another directory, or remove it to "
+                "start over."
             )
     else:
         directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(manifest, indent=2) + "\n")
+        path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 @torch.no_grad()
@@ -197,7 +199,7 @@ def collect(
     directory = Path(directory)
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
     manifest = {"settings": asdict(settings), "num_prompts": len(prompts), "prompts_sha256": digest}
-    _check_manifest(directory, manifest)
+    claim_directory(directory, "manifest.json", manifest, "a collection made with other settings")
     eos_ids = set()
     for value in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
         eos_ids.update(value if isinstance(value, list) else [value] if value is not None else [])

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..eagle import EagleDraft
-from .eagle_data import Sequence, load_sequences
+from .eagle_data import Sequence, claim_directory, load_sequences
 
 logger = logging.getLogger(__name__)
 
@@ -159,21 +159,6 @@ def _latest_checkpoint(directory: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
-def _check_run(directory: Path, record: dict) -> None:
-    path = directory / "run.json"
-    if path.is_file():
-        existing = json.loads(path.read_text())
-        if existing != record:
-            differing = sorted(k for k in set(existing) | set(record) if existing.get(k) != record.get(k))
-            raise ValueError(
-                f"{directory} holds checkpoints of another run ({', '.join(differing)} differ): pass another output "
-                "directory, or remove it to start over."
-            )
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
-
-
 def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings = DistillSettings(),
             extra_record: dict | None = None, progress: bool = True) -> Path:
     """Train an EagleDraft for ``target`` on the collection in ``data_dir``; save it (Hub format, card, record) in
@@ -194,8 +179,9 @@ def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings
     ids = None
     if settings.draft_vocab_size is not None:
         ids = draft_vocabulary(training, settings.draft_vocab_size, vocab_size, always)
-    _check_run(checkpoint_dir, {"settings": asdict(settings), "num_sequences": len(sequences),
-                                "data_manifest": json.loads((data_dir / "manifest.json").read_text())})
+    claim_directory(checkpoint_dir, "run.json", {"settings": asdict(settings), "num_sequences": len(sequences),
+                                                 "data_manifest": json.loads((data_dir / "manifest.json").read_text())},
+                    "checkpoints of another run")
     torch.manual_seed(settings.seed)
     device = target.device
     draft = EagleDraft.for_target(target, num_layers=settings.num_layers, draft_vocab_ids=ids).float().train()
