@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     modes = {"greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
              "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens}}
     probe = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)["input_ids"]
-    results = {"drafts": list(drafts), "costs": step_costs(target, drafts, probe), "batch1": {}, "best": {},
+    results = {"drafts": list(drafts), "num_prompts": args.num_prompts, "costs": step_costs(target, drafts, probe), "batch1": {}, "best": {},
                "batch8": {}, "threads2": {},
                "environment": f"Python {platform.python_version()}, torch {torch.__version__}, "
                               f"{torch.get_num_threads()} thread, {platform.machine()}."}
@@ -325,7 +325,7 @@ def summary_paragraph(results: dict) -> str:
         parts.append(f"{label}: " + ", ".join(rows))
     return (
         "**Measured** (`python training/eagle_results.py`, RESULTS.md \"Real pair: feature draft against self-draft\"; "
-        "held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the EagleDraft costs "
+        f"{results['num_prompts']} held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the EagleDraft costs "
         f"c = {costs['c_eagle']:.3f} of the target per draft step against {costs['c_self']:.3f} for the self-draft, and "
         f"a target pass over 4 tokens costs {costs['c_verify'][3]:.2f} target steps. Tokens/s against the target alone, "
         + "; ".join(parts) + "."
