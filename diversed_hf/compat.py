@@ -149,6 +149,12 @@ def realign_logits_processors(
         processor.prompt_ignore_length = (ignored - leading).clamp(min=0)
 
 
+def prefix_allowed_tokens_fn(processor):
+    """The caller's ``prefix_allowed_tokens_fn`` held by transformers' ``PrefixConstrainedLogitsProcessor`` (its
+    private ``_prefix_allowed_tokens_fn``)."""
+    return processor._prefix_allowed_tokens_fn
+
+
 def special_token_ids(
     generation_config,
     device: torch.device,

@@ -176,7 +176,7 @@ def speculative_decode(
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
-    logits_processor = per_row_processors(logits_processor, input_ids.shape[1])  # lengths count per row
+    logits_processor = per_row_processors(logits_processor, input_ids.shape[1], input_ids.shape[0], pad_token_id)
     reads_features = getattr(draft, "reads_target_features", False)  # an EagleDraft: the target's features too
     if reads_features and not draft.is_attached_to(target):
         draft.attach_target(target)  # its embeddings and LM head are the target's
@@ -293,7 +293,7 @@ class _SpeculativeLoop:
 
     def draft(self) -> DraftCandidates:
         """Step 1: the candidate generator drafts ``N_r = max_b N_b`` tokens after ``seq``."""
-        sync_row_lengths(self.logits_processor, self.remaining, self.max_new_tokens, self.seq.shape[1])
+        sync_row_lengths(self.logits_processor, self.remaining, self.max_new_tokens, self.seq.shape[1], self.active)
         return self.candidates.get_candidates(self.seq, attention_mask=self.mask)
 
     def verify(

@@ -219,9 +219,9 @@ def acceptance_setting(verifier, do_sample: bool, logits_processor=()) -> Hashab
     else:  # hashed by value (a frozen dataclass such as ExactVerifier())
         token = verifier
     scalars = (bool, int, float, str)
-    processors = tuple(
+    processors = tuple(  # a wrapper (processors.FullBatch, RowWidth) is keyed by the processor it runs
         (type(p).__qualname__, tuple(sorted((k, v) for k, v in getattr(p, "__dict__", {}).items() if isinstance(v, scalars))))
-        for p in logits_processor
+        for p in (getattr(p, "processor", p) for p in logits_processor)
     )
     return token, bool(do_sample), processors
 

@@ -13,6 +13,14 @@ right-aligned and lose shared leading padding (a row kept its EOS suppressed pas
   ``begin_suppress_tokens``, ``exponential_decay_length_penalty`` -- are wrapped in :class:`RowWidth`, which runs
   them on each row at the width transformers' loop would give it: the padded prompt's width plus the row's tokens.
 
+Rows leave the batch as they finish, so the batch a processor sees shrinks. transformers' processors that treat
+each row alone (:data:`ROW_PROCESSORS`) run on the active rows as they are; two kinds need the caller's row index:
+
+- ``prefix_allowed_tokens_fn(batch_id, sent)`` becomes :class:`RowPrefixConstrained`, which passes each active row's
+  own index in the caller's batch;
+- any other processor (a caller's own, which may hold a tensor per row) is wrapped in :class:`FullBatch`, which
+  runs it on the caller's full batch: finished rows are filled with the pad token (their scores are discarded).
+
 The repetition penalty's per-row padding (``prompt_ignore_length``) is copied here, so the realignment
 (:func:`diversed_hf.compat.realign_logits_processors`) never edits a processor the caller passed. Classifier-free
 guidance keeps a cache of its own, one token per call, which speculative rounds cannot keep: it is refused.
@@ -23,6 +31,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import transformers.generation.logits_process
 from transformers import (
     ClassifierFreeGuidanceLogitsProcessor,
     ExponentialDecayLengthPenalty,
@@ -32,12 +41,24 @@ from transformers import (
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
     UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 
-__all__ = ["RowMinLength", "RowWidth", "WIDTH_PROCESSORS", "per_row_processors", "sync_row_lengths"]
+from . import compat
+
+__all__ = [
+    "FullBatch",
+    "ROW_PROCESSORS",
+    "RowMinLength",
+    "RowPrefixConstrained",
+    "RowWidth",
+    "WIDTH_PROCESSORS",
+    "per_row_processors",
+    "sync_row_lengths",
+]
 
 #: transformers' processors that read only the width of ``input_ids`` (the position being scored), not its tokens
 WIDTH_PROCESSORS = (
@@ -45,6 +66,18 @@ WIDTH_PROCESSORS = (
     ForcedEOSTokenLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
     ExponentialDecayLengthPenalty,
+)
+#: transformers' processors that score each row from that row alone: they run on the active rows as they are
+ROW_PROCESSORS = tuple(
+    getattr(transformers.generation.logits_process, name)
+    for name in (
+        "EncoderNoRepeatNGramLogitsProcessor", "EncoderRepetitionPenaltyLogitsProcessor", "EpsilonLogitsWarper",
+        "EtaLogitsWarper", "InfNanRemoveLogitsProcessor", "LogitNormalization", "MinPLogitsWarper",
+        "NoBadWordsLogitsProcessor", "NoRepeatNGramLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
+        "SequenceBiasLogitsProcessor", "SuppressTokensLogitsProcessor", "TemperatureLogitsWarper", "TopHLogitsWarper",
+        "TopKLogitsWarper", "TopPLogitsWarper", "TypicalLogitsWarper", "WatermarkLogitsProcessor",
+    )
+    if hasattr(transformers.generation.logits_process, name)  # TopH is newer than the oldest transformers supported
 )
 _GUIDANCE = (UnbatchedClassifierFreeGuidanceLogitsProcessor, ClassifierFreeGuidanceLogitsProcessor)
 
@@ -113,6 +146,59 @@ class RowWidth(LogitsProcessor):
         return processed
 
 
+class _RowIndexed(LogitsProcessor):
+    """A processor told, each round, the caller's index of every active row (:meth:`sync_rows`)."""
+
+    rows: torch.Tensor | None = None  # (active,) each active row's index in the caller's batch; None: all, in order
+
+    def sync_rows(self, rows: torch.Tensor) -> None:
+        self.rows = rows
+
+
+class RowPrefixConstrained(_RowIndexed):
+    """transformers' ``PrefixConstrainedLogitsProcessor`` with each active row's index in the caller's batch: row
+    ``b`` may emit only ``prefix_allowed_tokens_fn(rows[b], sent)`` (every token of it at ``-inf`` gets score 0)."""
+
+    def __init__(self, prefix_allowed_tokens_fn):
+        self.prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:  # (batch, vocab)
+        rows = range(input_ids.shape[0]) if self.rows is None else self.rows.tolist()
+        mask = torch.full_like(scores, float("-inf"))  # (batch, vocab)
+        for b, batch_id in enumerate(rows):
+            allowed = self.prefix_allowed_tokens_fn(batch_id, input_ids[b])
+            if len(allowed) == 0:
+                raise ValueError(
+                    f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}: the constraint is "
+                    "unsatisfiable. Return at least one allowed token id for every prefix."
+                )
+            mask[b, allowed] = 0
+        processed = scores + mask
+        unsatisfiable = processed.amax(dim=-1, keepdim=True).isneginf()  # (batch, 1): force the allowed set
+        return torch.where(unsatisfiable, mask, processed)
+
+
+class FullBatch(_RowIndexed):
+    """Runs ``processor`` on the caller's whole batch of ``batch_size`` rows, so a processor that holds something
+    per row (a bias tensor, a constraint per row) sees each row at its own index however many rows have finished.
+    Finished rows read ``pad_token_id`` tokens and zero scores; their output is discarded."""
+
+    def __init__(self, processor: LogitsProcessor, batch_size: int, pad_token_id: int):
+        self.processor = processor
+        self.batch_size = batch_size
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:  # (batch, vocab)
+        if self.rows is None or self.rows.numel() == self.batch_size:  # every row, in the caller's order
+            return self.processor(input_ids, scores)
+        rows = self.rows.to(scores.device)  # (active,)
+        full_ids = input_ids.new_full((self.batch_size, input_ids.shape[1]), self.pad_token_id)  # (batch_size, L)
+        full_ids[rows] = input_ids
+        full_scores = scores.new_zeros(self.batch_size, scores.shape[-1])  # (batch_size, vocab)
+        full_scores[rows] = scores
+        return self.processor(full_ids, full_scores)[rows]
+
+
 def _at_width(
     input_ids: torch.Tensor,  # (batch, length)
     width: int,
@@ -124,9 +210,13 @@ def _at_width(
     return torch.cat([input_ids.new_zeros(input_ids.shape[0], width - length), input_ids], dim=1)
 
 
-def per_row_processors(logits_processor, prompt_width: int) -> LogitsProcessorList:
-    """``logits_processor`` with the processors that count a row's length made per row (module docstring);
-    ``prompt_width``: the padded prompt's width. Raises for classifier-free guidance."""
+def per_row_processors(
+    logits_processor, prompt_width: int, batch_size: int | None = None, pad_token_id: int = 0
+) -> LogitsProcessorList:
+    """``logits_processor`` with the processors that count a row's length made per row and those that read the
+    caller's row index given it (module docstring); ``prompt_width``: the padded prompt's width; ``batch_size``: the
+    caller's (None: rows never leave, processors of unknown kind run as they are). Raises for classifier-free
+    guidance."""
     processors = LogitsProcessorList()
     for processor in logits_processor:
         if isinstance(processor, _GUIDANCE):
@@ -143,15 +233,24 @@ def per_row_processors(logits_processor, prompt_width: int) -> LogitsProcessorLi
             processor = RowWidth(processor, prompt_width)
         elif isinstance(processor, RepetitionPenaltyLogitsProcessor):
             processor = copy.copy(processor)  # the realignment edits its per-row padding
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            processor = RowPrefixConstrained(compat.prefix_allowed_tokens_fn(processor))
+        elif batch_size is not None and not isinstance(processor, ROW_PROCESSORS + (_RowIndexed,)):
+            processor = FullBatch(processor, batch_size, pad_token_id)
         processors.append(processor)
     return processors
 
 
-def sync_row_lengths(logits_processor, remaining: torch.Tensor, max_new_tokens: int, width: int) -> None:
+def sync_row_lengths(
+    logits_processor, remaining: torch.Tensor, max_new_tokens: int, width: int, rows: torch.Tensor | None = None
+) -> None:
     """Tell every :class:`RowMinLength` / :class:`RowWidth` of ``logits_processor`` the active rows' counts (start of
-    a round): ``remaining`` (batch,) tokens each row may still emit out of ``max_new_tokens``."""
+    a round): ``remaining`` (batch,) tokens each row may still emit out of ``max_new_tokens``; and every processor
+    that reads the caller's row index, ``rows`` (batch,), the caller's index of each active row."""
     generated = None
     for processor in logits_processor:
+        if isinstance(processor, _RowIndexed) and rows is not None:
+            processor.sync_rows(rows)
         if isinstance(processor, (RowMinLength, RowWidth)):
             generated = max_new_tokens - remaining if generated is None else generated  # (batch,)
             processor.sync(generated, width)

@@ -814,3 +814,48 @@ def test_a_callers_length_and_eos_criteria_hold_as_in_transformers(pair):
         ours = _ours(target, draft, input_ids, **kwargs)
         assert torch.equal(ours, expected), (criteria, ours, expected)
         assert not torch.equal(expected[:, : reference.shape[1]], reference)  # the criterion stopped something
+
+
+def _constraint_by_row():
+    """Row 0 may only end (EOS), row 1 only write even ids, row 2 only ids 40..59: row 0 leaves the batch first."""
+    allowed = {0: [EOS_TOKEN_ID], 1: list(range(2, VOCAB_SIZE, 2)), 2: list(range(40, 60))}
+    return allowed, lambda batch_id, sent: allowed[batch_id]
+
+
+def test_prefix_allowed_tokens_fn_sees_the_callers_row_index_after_a_row_finishes(pair):
+    """Once a row finished, the loop used to number the remaining rows from 0 again: row 1 followed row 0's
+    constraint (greedy output differed from transformers'; sampled rows left their allowed set)."""
+    target, draft = pair
+    allowed, constraint = _constraint_by_row()
+    rows, input_ids, attention_mask = left_padded_batch([4, 6, 5])
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=10, prefix_allowed_tokens_fn=constraint)
+    expected = target.generate(input_ids, do_sample=False, **kwargs)
+    assert torch.equal(_ours(target, draft, input_ids, **kwargs), expected)
+    sampled = _ours(target, draft, input_ids, do_sample=True, **kwargs)[:, input_ids.shape[1] :]
+    for row, tokens in enumerate(sampled.tolist()):
+        ended = tokens[: tokens.index(EOS_TOKEN_ID) + 1] if EOS_TOKEN_ID in tokens else tokens
+        assert set(ended) <= set(allowed[row]) | {EOS_TOKEN_ID}, (row, tokens)
+    assert sampled[1:, 1:].ne(PAD_TOKEN_ID).all(), "rows 1 and 2 should go on after row 0 ends"
+
+
+def test_a_batch_shaped_logits_processor_keeps_its_rows_after_a_row_finishes(pair):
+    """A caller's processor holding one bias row per batch row failed with a bare size mismatch once a row left."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class BiasPerRow(LogitsProcessor):
+        def __init__(self, bias):
+            self.bias = bias  # (batch, vocab)
+
+        def __call__(self, input_ids, scores):
+            return scores + self.bias.to(scores.dtype)
+
+    target, draft = pair
+    rows, input_ids, attention_mask = left_padded_batch([4, 6, 5])
+    bias = torch.zeros(3, VOCAB_SIZE)
+    bias[0, EOS_TOKEN_ID] = 1e4  # row 0 ends at once
+    bias[1, 2:VOCAB_SIZE:2] = 8.0
+    bias[2, 40:60] = 8.0
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=10, do_sample=False,
+                  logits_processor=LogitsProcessorList([BiasPerRow(bias)]))
+    expected = target.generate(input_ids, **kwargs)
+    assert torch.equal(_ours(target, draft, input_ids, **kwargs), expected)
