@@ -137,3 +137,29 @@ def test_bench_pair_and_models_are_exclusive():
     assert BenchArguments(pair="smollm2").pair == "smollm2"
     with pytest.raises(ValueError, match="--pair smollm2"):
         BenchArguments(pair="smollm2", target="x", draft="y")
+
+
+@pytest.mark.parametrize("task_id", ["HumanEval/10", "HumanEval/32", "HumanEval/38", "HumanEval/50"])
+def test_humaneval_reward_keeps_the_prompts_helpers_for_a_complete_function(task_id):
+    """The prompt of these problems defines helpers its function uses (`is_palindrome`, `poly`, `encode_cyclic`,
+    `encode_shift`): a correct complete function used to score 0 because they were gone."""
+    problem = _rows()[task_id]
+    reference = json.dumps({c: problem[c] for c in ("task_id", "prompt", "entry_point", "test")})
+    stub_start = problem["prompt"].index(f"def {problem['entry_point']}(")
+    function = problem["prompt"][stub_start:] + problem["canonical_solution"]  # only the asked-for function
+    assert humaneval_pass_at_1([f"```python\n{function}```"], [reference]) == [1.0]
+    assert humaneval_pass_at_1([problem["canonical_solution"]], [reference]) == [1.0]
+    wrong = f"```python\ndef {problem['entry_point']}(*args):\n    return None\n```"
+    assert humaneval_pass_at_1([wrong], [reference]) == [0.0]
+
+
+def test_humaneval_data_files_errors_name_the_line_and_the_split(tmp_path):
+    rows = list(_rows().values())
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"line 2 of .*broken.jsonl is not a JSON object"):
+        get_task("humaneval").load_dataset(data_files=str(broken))
+    train_only = tmp_path / "train_only.jsonl"
+    train_only.write_text("".join(json.dumps(r) + "\n" for r in rows if split_of(r["task_id"]) == "train"))
+    with pytest.raises(ValueError, match="No HumanEval problem of split 'test'"):
+        get_task("humaneval").load_dataset(split="test", data_files=str(train_only))

@@ -17,6 +17,7 @@ following the problem's prompt. The problem's imports, the program, the problem'
 
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
 import json
@@ -74,19 +75,47 @@ def _read_rows(data_files) -> list[dict]:
     for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt", encoding="utf-8") as handle:
-            rows += [json.loads(line) for line in handle if line.strip()]
-    for row in rows:
-        missing = [c for c in COLUMNS if c not in row]
-        if missing:
-            raise ValueError(f"HumanEval row {row.get('task_id', '?')!r} in {data_files or _data_path()} lacks {missing}; it needs {list(COLUMNS)}.")
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"`data_files`: line {number} of {path} is not a JSON object ({error.msg}); HumanEval files "
+                        f"hold one problem per line with the keys {list(COLUMNS)}."
+                    ) from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"`data_files`: line {number} of {path} is {type(row).__name__}, not a JSON object.")
+                missing = [c for c in COLUMNS if c not in row]
+                if missing:
+                    raise ValueError(
+                        f"HumanEval row {row.get('task_id', '?')!r} (line {number} of {path}) lacks {missing}; it "
+                        f"needs {list(COLUMNS)}."
+                    )
+                rows.append(row)
     return rows
 
 
 def humaneval_program(completion: str, problem: dict) -> str:
-    """The program the sandbox runs for one completion of ``problem`` (a HumanEval row)."""
+    """The program the sandbox runs for one completion of ``problem`` (a HumanEval row).
+
+    A completion that defines ``entry_point`` follows the problem's whole prompt, so the helpers the prompt defines
+    (``is_palindrome`` of HumanEval/10, ``poly`` of /32, ...) stay defined; the prompt's stub (its signature and
+    docstring, a valid function) is then redefined by the completion's. Otherwise the completion is the body
+    continuing the prompt. A prompt that is not a program by itself contributes its imports only."""
     code = extract_code(completion)
+    prompt = problem["prompt"]
     if not re.search(rf"^\s*def {re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE):
-        code = problem["prompt"] + code  # a body continuing the signature and docstring
+        return _with_check(prompt + code, problem)  # a body continuing the signature and docstring
+    try:
+        ast.parse(prompt)
+    except SyntaxError:
+        prompt = "\n".join(line for line in prompt.splitlines() if _IMPORT.match(line))
+    return _with_check(f"{prompt}\n\n{code}", problem)
+
+
+def _with_check(code: str, problem: dict) -> str:
     imports = "\n".join(line for line in problem["prompt"].splitlines() if _IMPORT.match(line))
     return f"{imports}\n{code}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
@@ -108,7 +137,14 @@ def load_humaneval(split: str = "test", num_examples: int | None = None, seed: i
 
     if split not in ("train", "test"):
         raise ValueError(f"`split` is {split!r}; HumanEval here has 'train' (44 problems) and 'test' (120).")
-    rows = [r for r in _read_rows(data_files) if split_of(r["task_id"]) == split]
+    every = _read_rows(data_files)
+    rows = [r for r in every if split_of(r["task_id"]) == split]
+    if not rows:
+        raise ValueError(
+            f"No HumanEval problem of split {split!r} in {data_files or _data_path()} ({len(every)} problems, all in "
+            "the other split: a problem's split is fixed by its task_id, see `split_of`). Pass more problems or the "
+            "other `split`."
+        )
     dataset = Dataset.from_dict(
         {
             "prompt": [chat_prompt(INSTRUCTION.format(prompt=r["prompt"]), chat_template) for r in rows],
