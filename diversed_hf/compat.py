@@ -155,6 +155,18 @@ def prefix_allowed_tokens_fn(processor):
     return processor._prefix_allowed_tokens_fn
 
 
+def render_chat_template(source: str, messages: list[dict], *, add_generation_prompt: bool, **template_kwargs) -> str:
+    """``messages`` rendered with the chat template ``source`` by the function behind transformers'
+    ``apply_chat_template`` (``transformers.utils.chat_template_utils.render_jinja_template``, not exported at the
+    top level): its Jinja environment and globals; ``template_kwargs`` are the tokenizer's special tokens."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template(
+        conversations=[messages], chat_template=source, add_generation_prompt=add_generation_prompt, **template_kwargs
+    )
+    return rendered[0]
+
+
 def special_token_ids(
     generation_config,
     device: torch.device,

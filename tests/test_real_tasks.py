@@ -163,3 +163,40 @@ def test_humaneval_data_files_errors_name_the_line_and_the_split(tmp_path):
     train_only.write_text("".join(json.dumps(r) + "\n" for r in rows if split_of(r["task_id"]) == "train"))
     with pytest.raises(ValueError, match="No HumanEval problem of split 'test'"):
         get_task("humaneval").load_dataset(split="test", data_files=str(train_only))
+
+
+LLAMA3_LIKE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}"
+    "{% if loop.index > 4 %}{% break %}{% endif %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    "{% if not add_generation_prompt %}{{ eos_token }}{% endif %}"
+)
+
+
+def test_chat_prompt_renders_special_tokens_as_apply_chat_template(tmp_path):
+    """Templates that start with `bos_token` (Llama 3, Gemma, Mistral) used to render it empty; `{% break %}` and
+    `raise_exception` come from transformers' environment."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {"a": 0, "<unk>": 1, "<|begin_of_text|>": 2, "<|end_of_text|>": 3}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>", unk_token="<unk>",
+    )
+    tokenizer.chat_template = LLAMA3_LIKE
+    tokenizer.save_pretrained(tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    message = "  What is 2 + 3?  "
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False)
+    assert expected.startswith("<|begin_of_text|><|start_header_id|>user")
+    assert chat_prompt(message, str(tmp_path / "tok")) == expected
+    jinja = next((tmp_path / "tok").glob("*.jinja"), None)
+    if jinja is not None:  # save_pretrained writes chat_template.jinja beside tokenizer_config.json
+        assert chat_prompt(message, str(jinja)) == expected
+    alone = tmp_path / "alone.jinja"
+    alone.write_text(LLAMA3_LIKE)
+    with pytest.raises(ValueError, match=r"reads \['bos_token'.*Pass the tokenizer directory"):
+        chat_prompt(message, str(alone))
