@@ -66,6 +66,7 @@ SYSCALLS = {
     "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218), "bpf": (321, 280),
     "perf_event_open": (298, 241), "userfaultfd": (323, 282),
     "shmget": (29, 194), "semget": (64, 190), "msgget": (68, 186), "mq_open": (240, 180),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447),
     "kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138),
     "rt_tgsigqueueinfo": (297, 240),
 }  # fmt: skip
@@ -75,7 +76,10 @@ ALWAYS_DENIED = (
     "unshare", "setns", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
 )  # fmt: skip
-IPC_CREATION = ("shmget", "semget", "msgget", "mq_open")  # objects that outlive a run without an IPC namespace
+# memory that RLIMIT_AS does not count once unmapped (memfd files, System V segments and message queues): refused
+# in every mode, IPC namespace or not, so that memory_mb bounds what a process holds (docs/sandbox.md)
+MEMORY_OUTSIDE_RLIMIT = ("memfd_create", "memfd_secret", "shmget", "msgget")
+IPC_CREATION = ("semget", "mq_open")  # objects that outlive a run without an IPC namespace
 SIGNALLING = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # target pid in argument 0
 
 EPERM, ENOSYS = 1, 38
@@ -295,7 +299,7 @@ def seccomp_program(machine: str, deny_ipc: bool, signal_self_only: int | None) 
                (BPF_LD_W_ABS, 0, 0, 0)]  # fmt: skip
     if machine == "x86_64":  # x32 syscalls carry bit 30
         program += [(BPF_JGE_K, 0, 1, 0x40000000), (BPF_RET_K, 0, 0, RET_ERRNO | ENOSYS)]
-    for name in ALWAYS_DENIED + (IPC_CREATION if deny_ipc else ()):
+    for name in ALWAYS_DENIED + MEMORY_OUTSIDE_RLIMIT + (IPC_CREATION if deny_ipc else ()):
         program += [(BPF_JEQ_K, 0, 1, SYSCALLS[name][index]), (BPF_RET_K, 0, 0, RET_ERRNO | EPERM)]
     if signal_self_only is not None:
         own, group = signal_self_only, (-signal_self_only) & 0xFFFFFFFF
