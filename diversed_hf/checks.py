@@ -70,6 +70,25 @@ def check_round_inputs(
         "draft_hidden": (batch_size, num_draft_tokens),
         "target_hidden": (batch_size, num_draft_tokens + 1),
     }
+    if draft_lengths is not None:
+        if not isinstance(draft_lengths, torch.Tensor) or tuple(draft_lengths.shape) != (batch_size,):
+            got = tuple(draft_lengths.shape) if isinstance(draft_lengths, torch.Tensor) else type(draft_lengths).__name__
+            raise ValueError(f"`draft_lengths` must be a tensor of shape (batch,) = ({batch_size},), got {got}.")
+        if draft_lengths.is_floating_point() or draft_lengths.dtype == torch.bool:
+            raise TypeError(f"`draft_lengths` must hold integers, got dtype {draft_lengths.dtype}.")
+        if draft_lengths.numel() and (int(draft_lengths.min()) < 0 or int(draft_lengths.max()) > num_draft_tokens):
+            raise ValueError(
+                f"`draft_lengths` must lie in [0, N] = [0, {num_draft_tokens}], got values in "
+                f"[{int(draft_lengths.min())}, {int(draft_lengths.max())}]."
+            )
+    # the slots that count: row b's first draft_lengths[b] drafts and the target's positions up to the bonus one;
+    # the others may hold placeholders (vLLM pads them with zero rows) and are not checked
+    lengths = None if draft_lengths is None else draft_lengths.to(draft_ids.device)[:, None]  # (batch, 1)
+    positions = torch.arange(num_draft_tokens + 1, device=draft_ids.device)  # (N + 1,)
+    counted = {
+        "draft": None if lengths is None else positions[:-1] < lengths,  # (batch, N)
+        "target": None if lengths is None else positions <= lengths,  # (batch, N + 1)
+    }
     tensors = {"draft_probs": draft_probs, "target_probs": target_probs, **context}
     for name, value in tensors.items():
         if value is None:
@@ -83,30 +102,18 @@ def check_round_inputs(
                 + f" for `draft_ids` of shape {tuple(draft_ids.shape)} and a vocabulary of {vocab_size}, got {got}."
             )
         if "probs" in name:
-            _check_distribution(name, value)
+            rows = counted["draft" if "draft" in name else "target"]
+            _check_distribution(name, value if rows is None else value[rows.to(value.device)])
     if draft_ids.numel() and (int(draft_ids.min()) < 0 or int(draft_ids.max()) >= vocab_size):
         raise ValueError(
             f"`draft_ids` must be token ids in [0, {vocab_size}) (the vocabulary of `draft_probs`), got values in "
             f"[{int(draft_ids.min())}, {int(draft_ids.max())}]."
         )
-    if draft_lengths is not None:
-        if not isinstance(draft_lengths, torch.Tensor) or tuple(draft_lengths.shape) != (batch_size,):
-            got = tuple(draft_lengths.shape) if isinstance(draft_lengths, torch.Tensor) else type(draft_lengths).__name__
-            raise ValueError(f"`draft_lengths` must be a tensor of shape (batch,) = ({batch_size},), got {got}.")
-        if draft_lengths.is_floating_point() or draft_lengths.dtype == torch.bool:
-            raise TypeError(f"`draft_lengths` must hold integers, got dtype {draft_lengths.dtype}.")
-        if draft_lengths.numel() and (int(draft_lengths.min()) < 0 or int(draft_lengths.max()) > num_draft_tokens):
-            raise ValueError(
-                f"`draft_lengths` must lie in [0, N] = [0, {num_draft_tokens}], got values in "
-                f"[{int(draft_lengths.min())}, {int(draft_lengths.max())}]."
-            )
     if draft_ids.numel():
         drafted = draft_probs.gather(-1, draft_ids.long().unsqueeze(-1)).squeeze(-1)  # (batch, N) q_t(x_t)
-        counted = torch.ones_like(drafted, dtype=torch.bool)  # (batch, N)
-        if draft_lengths is not None:
-            counted = torch.arange(num_draft_tokens, device=draft_ids.device) < draft_lengths[:, None].to(draft_ids.device)
-        if bool(((drafted <= 0) & counted).any()):
-            row, position = ((drafted <= 0) & counted).nonzero()[0].tolist()
+        zero = drafted <= 0 if counted["draft"] is None else (drafted <= 0) & counted["draft"]  # (batch, N)
+        if bool(zero.any()):
+            row, position = zero.nonzero()[0].tolist()
             raise ValueError(
                 f"`draft_ids[{row}, {position}]` = {int(draft_ids[row, position])} has probability 0 under `draft_probs`: "
                 "drafts must be drawn from the draft distribution they are verified with."

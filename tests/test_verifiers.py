@@ -361,3 +361,31 @@ def test_typical_acceptance_emits_its_declared_law_in_a_round():
     first = torch.where(result.num_accepted > 0, draft_ids[:, 0], result.next_tokens)
     observed = empirical(first, 6)
     assert float(ops.total_variation(observed, declared[0, 0].double())) < tv_bound(declared[0, 0], num_rows)
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=lambda v: v if isinstance(v, str) else repr(v))
+@pytest.mark.parametrize("do_sample", [True, False])
+def test_zero_placeholder_rows_of_slots_draft_lengths_excludes_are_ignored(verifier, do_sample):
+    """vLLM pads the slots a row does not draft with zero rows; only the slots that count are checked, and the
+    result equals the one with real distributions there."""
+    draft_ids, draft_probs, target_probs = _round(batch=3, num_draft=4, vocab=6, seed=7)
+    lengths = torch.tensor([1, 4, 0])
+    placeholder_q, placeholder_p = draft_probs.clone(), target_probs.clone()
+    for row, length in enumerate(lengths.tolist()):
+        placeholder_q[row, length:] = 0.0
+        placeholder_p[row, length + 1 :] = 0.0
+    kwargs = {}
+    if verifier == "head":
+        verifier = HeadVerifier(_random_head())
+        generator = torch.Generator().manual_seed(1)
+        kwargs = dict(draft_hidden=torch.randn(3, 4, 6, generator=generator),
+                      target_hidden=torch.randn(3, 5, 5, generator=generator))
+    results = [
+        verifier(draft_ids, q, p, draft_lengths=lengths, do_sample=do_sample,
+                 generator=torch.Generator().manual_seed(2), **kwargs)
+        for q, p in ((draft_probs, target_probs), (placeholder_q, placeholder_p))
+    ]
+    assert torch.equal(results[0].num_accepted, results[1].num_accepted)
+    assert torch.equal(results[0].next_tokens, results[1].next_tokens)
+    with pytest.raises(ValueError, match="`draft_probs` must sum to 1"):  # a slot that counts is still checked
+        verifier(draft_ids, placeholder_q, placeholder_p, draft_lengths=lengths + torch.tensor([1, 0, 0]), **kwargs)
