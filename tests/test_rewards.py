@@ -100,3 +100,51 @@ def test_testbed_and_paper_tasks_share_reward_functions():
     assert get_task("arith").reward is get_task("gsm8k").reward
     assert get_task("testbed_summary").reward is get_task("xsum").reward
     assert get_task("arith").metric_label == get_task("gsm8k").metric_label == "exact match (%)"
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("```python3\ndef f():\n    return 1\n```", "def f():\n    return 1\n"),
+        ("``` python\ndef f():\n    return 1\n```\nDone", "def f():\n    return 1\n"),
+        ("```Py\nx = 2\n```", "x = 2\n"),
+        # a lone closing fence after unfenced code closes it; the explanation after it is not code
+        ("def f():\n    return 1\n```\nThis function returns 1.", "def f():\n    return 1\n"),
+        ("Run:\n```bash\npip install x\n```\nThen:\n```python\nx = 3\n```", "x = 3\n"),
+        ("```python\nx = 4```\nmore", "x = 4"),  # a closing fence at the end of a code line
+        ("Here:\n```\nx = 5\n```\nand\n```python\ny = 6\n```", "x = 5\n"),  # the first Python-or-untagged block
+        ("```python\nx = 7\n", "x = 7\n"),  # unclosed: to the end
+    ],
+)
+def test_extract_code_fences(completion, expected):
+    assert rewards.extract_code(completion) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("#### \u22127", "-7"), ("#### \uff0d7", "-7"), ("#### 07", "7"), ("#### -007.50", "-7.5"), ("#### 0.50", "0.5"),
+     ("#### -0", "0"), ("#### 000", "0"), ("#### -0.0", "0")],
+)
+def test_final_number_reads_unicode_minus_and_leading_zeros(text, expected):
+    assert rewards.extract_final_number(text) == expected
+    assert rewards.exact_match([text], [f"#### {expected}"]) == [1.0]
+
+
+def test_rewards_take_trl_conversational_completions_and_refuse_other_types():
+    conversational = [[{"role": "assistant", "content": "so 7\n#### 7"}],
+                      [{"role": "assistant", "content": [{"type": "text", "text": "#### 8"}]}]]
+    assert rewards.exact_match(conversational, ["#### 7", "#### 9"]) == [1.0, 0.0]
+    reward = reward_for_task("arith")
+    assert reward(prompts=["p"], completions=[[{"role": "assistant", "content": "#### 3"}]], reference=["#### 3"]) == [1.0]
+    with pytest.raises(TypeError, match=r"`completions\[0\]` is bytes .*pass the completion's text"):
+        rewards.exact_match([b"#### 7"], ["#### 7"])
+    with pytest.raises(TypeError, match=r"`completions\[1\]` is NoneType"):
+        rewards.rouge2(["a b", None], ["a b", "c d"])
+    with pytest.raises(TypeError, match=r"`references\[0\]` is bytes"):
+        rewards.rouge2(["a b"], [b"a b"])
+    with pytest.raises(TypeError, match=r"`tests\[0\]` is NoneType"):
+        rewards.pass_at_1(["x = 1"], [None])
+    with pytest.raises(TypeError, match="got `completions` of type NoneType"):
+        rewards.exact_match(None, ["#### 1"])
+    with pytest.raises(ValueError, match="needs `completions`"):
+        reward(prompts=["p"], completions=None, reference=["#### 3"])

@@ -125,7 +125,7 @@ def humaneval_pass_at_1(
     max_workers: int | None = None,
 ) -> list[float]:  # fmt: skip
     """1.0 where a completion passes its problem's tests; ``references`` are the rows as JSON (the ``reference`` column)."""
-    _check(completions, references)
+    completions, references = _check(completions, references)
     programs = [humaneval_program(c, json.loads(r)) for c, r in zip(completions, references)]
     return run_programs(programs, timeout=timeout, memory_mb=memory_mb, max_workers=max_workers)
 

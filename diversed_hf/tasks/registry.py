@@ -192,7 +192,9 @@ def reward_for_task(task: str) -> Callable[..., list[float]]:
                 f"the {spec.name!r} reward reads the dataset column 'reference', which the batch lacks; load the data "
                 "with `diversed_hf.tasks.load_task_dataset` (it adds 'reference') or add the column yourself."
             )
-        return score(list(completions), list(reference))
+        if completions is None:
+            raise ValueError(f"the {spec.name!r} reward needs `completions` (TRL passes them); got None.")
+        return score(completions, reference)
 
     reward.__name__ = spec.name
     return reward

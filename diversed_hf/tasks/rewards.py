@@ -45,24 +45,55 @@ __all__ = [
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def _check(completions: Sequence[str], references: Sequence, name: str = "references") -> None:
-    if isinstance(completions, str) or isinstance(references, str):
-        raise TypeError(f"`completions` and `{name}` must be lists of strings, not a single string.")
+def _check(completions: Sequence, references: Sequence, name: str = "references") -> tuple[list[str], list[str]]:
+    """``completions`` and ``references`` as lists of strings, checked: one reference per completion. A completion
+    may be TRL's conversational form (a list of messages): its last message's content is scored."""
+    for argument, value in (("completions", completions), (name, references)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(f"`completions` and `{name}` must be lists of strings, got `{argument}` of type {type(value).__name__}.")
     if len(completions) != len(references):
         each = "test program" if name == "tests" else "reference"
         raise ValueError(
             f"`completions` has {len(completions)} entries but `{name}` has {len(references)}; pass one per completion "
             f"(one {each} per completion)."
         )
+    texts = [_completion_text(c, i) for i, c in enumerate(completions)]
+    for i, reference in enumerate(references):
+        if not isinstance(reference, str):
+            raise TypeError(f"`{name}[{i}]` is {_describe(reference)}; pass a string (decode bytes first).")
+    return texts, list(references)
+
+
+def _completion_text(completion, index: int) -> str:
+    """A completion's text: a string as is; TRL's conversational form ``[{"role": "assistant", "content": ...}]``
+    gives its last message's content (a string, or a list of ``{"type": "text", "text": ...}`` parts)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)) and completion and all(isinstance(m, dict) for m in completion):
+        content = completion[-1].get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+            return "".join(p.get("text", "") for p in content if p.get("type", "text") == "text")
+    raise TypeError(
+        f"`completions[{index}]` is {_describe(completion)}; pass the completion's text (a string), or TRL's "
+        "conversational form, a list of messages ending with {'role': 'assistant', 'content': '...'}."
+    )
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
 def extract_final_number(text: str) -> str | None:
     """The final number of ``text`` as a canonical string, or ``None`` when there is none.
 
     After the last ``####`` if present (the first number there), else the last number in the text.
-    Commas are removed first (``"1,234"`` -> ``"1234"``); ``"27.0"`` -> ``"27"``; ``"-3"`` keeps its sign.
+    Commas are removed first (``"1,234"`` -> ``"1234"``); a Unicode minus (``"−7"``, U+2212, and its small and
+    full-width forms) is a minus; ``"27.0"`` -> ``"27"``, ``"07"`` -> ``"7"``; ``"-3"`` keeps its sign.
     """
-    text = text.replace(",", "")
+    text = text.replace(",", "").translate(_MINUS_SIGNS)
     if "####" in text:
         tail = text.rsplit("####", 1)[1]
         found = _NUMBER.search(tail)
@@ -72,12 +103,14 @@ def extract_final_number(text: str) -> str | None:
         match = found[-1] if found else None
     if match is None:
         return None
-    if "." in match:
-        match = match.rstrip("0").rstrip(".")
-    if match in ("-0", ""):
-        match = "0"
-    return match
+    sign, digits = ("-", match[1:]) if match.startswith("-") else ("", match)
+    whole, _, fraction = digits.partition(".")
+    whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
+    canonical = whole + (f".{fraction}" if fraction else "")
+    return canonical if canonical == "0" else sign + canonical
 
+
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 
 _SCORER = None
 
@@ -98,7 +131,7 @@ def exact_match(completions: Sequence[str], references: Sequence[str]) -> list[f
 
     A completion without any number scores 0; a reference without a number is an error (it cannot be matched).
     """
-    _check(completions, references)
+    completions, references = _check(completions, references)
     rewards = []
     for completion, reference in zip(completions, references):
         target = extract_final_number(reference)
@@ -113,22 +146,40 @@ def rouge2(completions: Sequence[str], references: Sequence[str]) -> list[float]
 
     A reference may hold several acceptable answers, one per line: the score is the best over them.
     """
-    _check(completions, references)
+    completions, references = _check(completions, references)
     return [rouge2_f1(c, r) for c, r in zip(completions, references)]
 
 
 # ---------------------------------------------------------------------------------------------
 # Code execution
 
-_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+_FENCE_LINE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[ \t]*$")  # a line that is a fence, with its info string
 _STOP_MARKERS = ("[DONE]", "\n[BEGIN]", "\nYou are an expert Python programmer")
 
 
 def extract_code(completion: str) -> str:
-    """The program in a completion: the first fenced block if any, else the text up to an MBPP stop marker."""
-    fenced = _FENCE.search(completion)
-    if fenced:
-        return fenced.group(1)
+    """The program in a completion: the first fenced Python block if any, else the text up to an MBPP stop marker.
+
+    Fences are lines of their own, paired in order: the first block tagged ``python`` / ``py`` / ``python3`` /
+    ... (any case, ```` ``` python ```` too) or untagged is taken, blocks tagged another language are skipped
+    (with only those, the first one is taken). A lone
+    untagged fence after text closes unfenced code (the text before it is the program); an unclosed block runs to
+    the end; a closing fence written at the end of a code line ends the block there.
+    """
+    lines = completion.split("\n")
+    fences = [(i, m.group(1).lower()) for i, line in enumerate(lines) if (m := _FENCE_LINE.match(line))]
+    if len(fences) == 1 and not fences[0][1] and "\n".join(lines[: fences[0][0]]).strip():
+        return "\n".join(lines[: fences[0][0]]) + "\n"
+    for k in range(0, len(fences), 2):
+        start, tag = fences[k]
+        end = fences[k + 1][0] if k + 1 < len(fences) else len(lines)
+        if not tag or tag.startswith("py"):  # python, py, python3, python3.11, ...
+            block = "\n".join(lines[start + 1 : end]) + ("\n" if end < len(lines) else "")
+            return block.split("```", 1)[0]
+    if fences:  # only blocks of other languages: the first of them
+        start = fences[0][0]
+        end = fences[1][0] if len(fences) > 1 else len(lines)
+        return "\n".join(lines[start + 1 : end]) + ("\n" if end < len(lines) else "")
     end = min((completion.find(m) for m in _STOP_MARKERS if m in completion), default=len(completion))
     return completion[:end]
 
@@ -148,7 +199,7 @@ def pass_at_1(
     separate processes (``max_workers``, default the CPU count), never in this process; what a program
     does there (exit early, re-run itself, tamper with its directory) scores 0 and never raises here.
     """
-    _check(completions, tests, "tests")
+    completions, tests = _check(completions, tests, "tests")
     programs = [extract_code(c) + "\n\n" + t for c, t in zip(completions, tests)]
     return run_programs(programs, timeout=timeout, memory_mb=memory_mb, max_workers=max_workers)
 
