@@ -56,6 +56,26 @@ def test_custom_generate_runs_diversed_on_a_plain_model_from_a_local_path(module
                        target.generate(input_ids, **common)), "without a head or verifier it is transformers' generate"
 
 
+def test_a_model_repo_with_the_folder_takes_positional_input_ids(modules_cache, tmp_path):
+    """From a model repository holding `custom_generate/`, `from_pretrained(..., trust_remote_code=True)` binds
+    `model.generate = partial(generate, model=model)`: `model.generate(input_ids)` used to fail with "multiple
+    values for argument 'model'"."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    target, draft = make_pair("llama", noise=0.3)
+    target.save_pretrained(tmp_path / "model")
+    shutil.copytree(REPO / "custom_generate", tmp_path / "model" / "custom_generate")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", trust_remote_code=True)
+    _, input_ids, attention_mask = left_padded_batch([4, 9, 6])
+    common = dict(attention_mask=attention_mask, do_sample=False, max_new_tokens=12)
+    ours = loaded.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=3,
+                           return_dict_in_generate=True, **common)
+    assert torch.equal(ours.sequences, target.generate(input_ids, **common))
+    assert ours.speculation.total_accepted > 0
+
+
 def test_custom_generate_needs_trust_remote_code(modules_cache):
     target, draft = make_pair("llama")
     with pytest.raises(ValueError, match="trust_remote_code"):
@@ -65,7 +85,7 @@ def test_custom_generate_needs_trust_remote_code(modules_cache):
 
 def test_the_folder_follows_transformers_layout_and_ships_as_package_data():
     generate_py = REPO / "custom_generate" / "generate.py"
-    assert generate_py.is_file() and "def generate(model, *args, **kwargs):" in generate_py.read_text()
+    assert generate_py.is_file() and "def generate(*args, **kwargs):" in generate_py.read_text()
     front_matter = (REPO / "README.md").read_text().split("---")[1]
     metadata = yaml.safe_load(front_matter)
     assert metadata["library_name"] == "transformers" and "custom_generate" in metadata["tags"]

@@ -11,6 +11,17 @@ is: nothing is added to its class.
 from diversed_hf.generation import diversed_generate
 
 
-def generate(model, *args, **kwargs):
-    """transformers' ``custom_generate`` entry point: ``model`` and every argument of ``model.generate``."""
+def generate(*args, **kwargs):
+    """transformers' ``custom_generate`` entry point: the model and every argument of ``model.generate``.
+
+    transformers passes the model in two ways: ``generate(model=model, ...)`` for ``custom_generate=`` and, when
+    this folder is in the model's own repository and it is loaded with ``trust_remote_code=True``, as
+    ``model.generate = partial(generate, model=model)``, so ``model.generate(input_ids)`` arrives as
+    ``generate(input_ids, model=model)``. A direct call ``generate(model, input_ids, ...)`` works too."""
+    if "model" in kwargs:
+        model = kwargs.pop("model")
+    elif args:
+        model, args = args[0], args[1:]
+    else:
+        raise TypeError("`generate` needs the model: `generate(model, input_ids, ...)` or `generate(input_ids, model=model)`.")
     return diversed_generate(model, *args, **kwargs)
