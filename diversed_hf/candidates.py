@@ -273,6 +273,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 self.row_num_tokens = first.to(self.remaining.dtype)
         self.draft_lengths = self.plan_draft_lengths(self.remaining)  # (batch,) N_b of the next round
         self.draft_confidence: torch.Tensor | None = None  # (batch, N_r) q_t(x_t) of the round ("optimal")
+        self.awaiting_update = False  # True between get_candidates and update_candidate_strategy
 
     #: whether the draft reads the target's hidden states (:mod:`diversed_hf.feature_candidates`): the loop then
     #: prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
@@ -337,6 +338,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
         ``candidate_ids`` is ``input_ids`` followed by the drafts and ``candidate_logits`` the draft's
         processed scores; row ``b`` counts only its first ``draft_lengths[b]`` drafts.
         """
+        if self.awaiting_update:
+            raise RuntimeError(
+                "`get_candidates` was called again before `update_candidate_strategy`: the draft's cache still holds "
+                "the last round's drafts. The contract (transformers' CandidateGenerator) is one "
+                "`get_candidates(input_ids)`, then one `update_candidate_strategy(input_ids, scores, num_matches)` "
+                "with the verified round, per round."
+            )
         if input_ids.shape[0] != self.draft_lengths.shape[0]:
             raise ValueError(
                 f"`input_ids` has {input_ids.shape[0]} rows but the generator drafts for {self.draft_lengths.shape[0]}: "
@@ -394,6 +402,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         # No draft this round (every row's budget is down to its last token): ``None``, as transformers'
         # AssistedCandidateGenerator returns, so its sampling loop takes the target's token instead of verifying.
         candidate_logits = torch.stack(scores, dim=1) if scores else None  # (batch, N_r, vocab) or None
+        self.awaiting_update = True  # the draft cache holds this round's drafts until update_candidate_strategy
         self.draft_confidence = None  # (batch, N_r) q_t(x_t) of the drafts: what the "optimal" schedule calibrates on
         if self.optimal is not None and probs:
             drafted = candidate_ids[:, candidate_ids.shape[1] - len(probs) :, None]  # (batch, N_r, 1)
@@ -432,6 +441,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         (the target's last hidden states at the round's ``N_r + 1`` verified columns) is read only by generators whose
         draft reads the target's features (:attr:`reads_target_features`).
         """
+        self.awaiting_update = False
         self.observe_target_features(target_hidden, num_matches, realignment)
         num_matches = torch.as_tensor(num_matches, device=self.remaining.device)  # (batch,) or ()
         kept = realignment.kept if realignment is not None else None

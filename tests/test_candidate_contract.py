@@ -156,6 +156,19 @@ def test_generator_state_follows_update_candidate_strategy():
         generator.update_candidate_strategy(seq[:1], None, 0)
 
 
+def test_get_candidates_twice_without_an_update_names_the_contract():
+    """A second `get_candidates` before `update_candidate_strategy` used to fail with a reshape error in the model."""
+    _, draft = make_pair("llama")
+    input_ids = prompt(5)
+    generator = DiversedCandidateGenerator(input_ids, draft, GenerationConfig(max_length=20, do_sample=False), {},
+                                           num_assistant_tokens=3, vocab_size=VOCAB_SIZE)
+    candidate_ids, _ = generator.get_candidates(input_ids)
+    with pytest.raises(RuntimeError, match="called again before `update_candidate_strategy`.*one `get_candidates"):
+        generator.get_candidates(input_ids)
+    generator.update_candidate_strategy(candidate_ids[:, : input_ids.shape[1] + 2], None, 1)
+    assert generator.get_candidates(candidate_ids[:, : input_ids.shape[1] + 2])[0].shape[1] == input_ids.shape[1] + 5
+
+
 def test_the_generator_needs_a_budget_and_a_prompt():
     _, draft = make_pair("llama")
     with pytest.raises(ValueError, match=r"pass `max_new_tokens=` or a `generation_config` whose `max_length` is set"):
