@@ -281,6 +281,11 @@ def test_run_program_checks_its_arguments():
         rewards.run_program("pass", timeout=0)
     with pytest.raises(TypeError, match="`mode`"):
         rewards.run_program("pass", mode="plain")
+    with pytest.raises(ValueError, match=r"`timeout` must be seconds in \(0, 86400\]"):  # was OverflowError
+        rewards.run_program("pass", timeout=float("inf"))
+    with pytest.raises(ValueError, match=r"`memory_mb` must be an integer in \[64, 16777216\]"):  # failed at setup
+        rewards.run_program("pass", memory_mb=2**45)
+    assert rewards.run_program("pass", memory_mb=1 << 24, timeout=30) == (True, "passed")
 
 
 def test_pass_at_1_still_scores_honest_programs():

@@ -25,6 +25,7 @@ import functools
 import itertools
 import json
 import logging
+import numbers
 import os
 import platform
 import secrets
@@ -50,6 +51,8 @@ MAX_PROCESSES = 8  # RLIMIT_NPROC: tasks (threads included) of a run; memory in 
 FILE_SIZE_LIMIT = 16 * 1024 * 1024  # RLIMIT_FSIZE, per file
 TMP_SIZE_LIMIT = 64 * 1024 * 1024  # the private /tmp (a tmpfs: RAM) of the namespace modes, all files together
 OPEN_FILES = 64
+MAX_TIMEOUT = 24 * 3600  # seconds
+MAX_MEMORY_MB = 1 << 24  # 16 TiB per process: RLIMIT_AS in bytes must stay below 2**63
 MODE_NAMES = ("namespaces", "user-namespace", "own-uid", "plain")  # strongest first
 SETUP_FAILED = 125  # the exit status of sandbox_setup when it could not contain the process
 _EXIT_GRACE = 1.0  # seconds to drain pipes still held open after the run's process exited
@@ -221,10 +224,14 @@ def run_program(
     """
     if not isinstance(source, str):
         raise TypeError(f"`source` must be a str (a Python program), got {type(source).__name__}.")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"`timeout` must be positive seconds, got {timeout!r}.")
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
-        raise ValueError(f"`memory_mb` must be an integer of at least 64 (the interpreter needs it), got {memory_mb!r}.")
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"`timeout` must be seconds in (0, {MAX_TIMEOUT}] (a day), got {timeout!r}.")
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, numbers.Integral) or not 64 <= memory_mb <= MAX_MEMORY_MB:
+        raise ValueError(
+            f"`memory_mb` must be an integer in [64, {MAX_MEMORY_MB}] (the interpreter needs 64; the most the kernel's "
+            f"address-space limit takes is 2**{MAX_MEMORY_MB.bit_length() - 1} MiB), got {memory_mb!r}."
+        )
+    timeout, memory_mb = float(timeout), int(memory_mb)
     if mode is None:
         mode = sandbox_mode()
         if not mode.namespaces:
