@@ -75,7 +75,8 @@ def test_parse_methods_skips_missing_head_and_finetuned_draft_with_a_note():
 @pytest.mark.parametrize(
     "specs, message",
     [(["bogus"], "Unknown method"), (["static"], "expected numbers"), (["static:x"], "expected numbers"),
-     (["cascade-nope:0.1"], "cascade rule"), (["sd", "sd"], "twice"), (["static:1.5"], "target_weight")],
+     (["cascade-nope:0.1"], "cascade rule"), (["sd", "sd"], "twice"), (["static:1.5"], "target_weight"),
+     (["block:block:sd"], "block verification applies to a token-wise method once; write 'block:sd'")],
 )
 def test_bad_method_specs_raise(specs, message):
     with pytest.raises(ValueError, match=message):

@@ -96,6 +96,14 @@ def test_bench_refuses_an_unwritable_output_before_loading_anything(capsys, tmp_
     assert status == 2 and one_line(err).startswith("diversed-hf bench: " + message.format(**names))
 
 
+def test_bench_with_no_method_left_names_what_was_skipped(capsys, tmp_path):
+    status, _, err = run(["bench", "--no-plots", "--output-dir", str(tmp_path), "--task", "arith", "--num-prompts", "1",
+                          "--methods", "block:diversed@nosuch"], capsys)
+    assert status == 2 and "nothing to run on task 'arith'" in err and "'nosuch'" in err, err
+    status, _, err = run(["bench", "--no-plots", "--output-dir", str(tmp_path), "--methods", "block:block:sd"], capsys)
+    assert status == 2 and "'block:sd'" in err and "Traceback" not in err, err
+
+
 def test_throughput_refuses_a_json_path_that_is_a_directory_before_the_run(capsys, tmp_path):
     status, _, err = run(["throughput", "--json", str(tmp_path)], capsys)
     assert status == 2 and one_line(err).startswith(f"diversed-hf throughput: `--json` {tmp_path} is a directory")

@@ -204,6 +204,8 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
             [spec for spec in config.methods if spec.strip().lower() != f"diversed@{task.name}"],  # its own head: `diversed`
             head=head, has_finetuned_draft=finetuned is not None, other_heads=other_heads,
         )
+        if not methods:
+            raise ValueError(f"`methods`: nothing to run on task {task.name!r}: " + " ".join(notes))
         results.append(
             run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, notes=notes,
                       progress=not arguments.no_progress)

@@ -241,6 +241,11 @@ def parse_methods(
             for method in inner:
                 if method.verifier is None:
                     raise ValueError(f"Method spec {spec!r}: target-only decoding drafts nothing to block-verify.")
+                if method.family == "block":
+                    raise ValueError(
+                        f"Method spec {spec!r}: block verification applies to a token-wise method once; write "
+                        f"'block:{values.partition(':')[2]}'."
+                    )
                 methods.append(replace(method, name=f"block {method.name}", family="block",
                                        verifier=BlockVerifier(method.verifier), paired_with=method.name,
                                        base_family=method.family))
