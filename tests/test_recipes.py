@@ -179,6 +179,30 @@ def test_train_head_checks_where_it_writes_before_loading_the_models(tmp_path, m
                          str(tmp_path / "file"), "--report_to", "none"])
 
 
+def test_scripts_refuse_a_task_or_head_that_does_not_fit_the_pair_before_loading(monkeypatch, capsys):
+    import calibrate_head
+    import eval_head
+    import self_draft_costs
+    from diversed_hf.testbed import smollm2
+
+    monkeypatch.setattr(eval_head, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match=r"`--task humaneval` with `--target testbed`.*\['arith', 'summary'\]"):
+        eval_head.main(["--task", "humaneval", "--head", "testbed:arith"])
+    with pytest.raises(ValueError, match=r"`--head testbed:arith` is a head of the testbed pair"):
+        eval_head.main(["--task", "arith_chat", "--head", "testbed:arith", "--target", "smollm2"])
+    for flags, message in (
+        (["--task", "testbed_arith", "--head", "h", "--offsets", "0", "nan"], "--offsets holds \\[nan\\]"),
+        (["--task", "humaneval", "--head", "testbed:arith"], "`--task humaneval` with `--target testbed`"),
+    ):
+        with pytest.raises(SystemExit):
+            calibrate_head.parse_args(flags)
+        assert re.search(message, capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        self_draft_costs.main(["--layers", "0"])
+    assert "--layers holds 0" in capsys.readouterr().err
+
+
 def test_script_options_take_both_spellings():
     import calibrate_head
     import train_head

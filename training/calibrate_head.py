@@ -29,6 +29,7 @@ import argparse
 import copy
 import json
 import logging
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ sys.path.insert(0, str(REPO / "training"))
 
 import torch  # noqa: E402
 
-from eval_head import evaluate, load_any_head, load_models, task_argument, task_help  # noqa: E402
+from eval_head import check_pair, evaluate, load_any_head, load_models, task_argument, task_help  # noqa: E402
 
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from diversed_hf.tasks import load_task_dataset  # noqa: E402
@@ -112,6 +113,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--tolerance is {args.tolerance}; it must be >= 0 (a fraction, e.g. 0.01 for one point).")
     if args.num_examples < 1:
         parser.error(f"--num-examples is {args.num_examples}; it must be >= 1.")
+    bad = [offset for offset in args.offsets if not math.isfinite(offset)]
+    if bad:
+        parser.error(f"--offsets holds {bad}; offsets are finite logit shifts of the head (e.g. 0 1.5 3).")
+    try:
+        check_pair(args.task, args.target, args.head)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 

@@ -68,6 +68,23 @@ def task_help() -> str:
     return f"a task of diversed_hf.tasks: one of {', '.join(task_names())} (testbed tasks also as testbed_<name>)"
 
 
+def check_pair(task: str, target_id: str, head_source: str | None = None) -> None:
+    """Refuse, before any model loads, a task or a shipped head that does not fit the pair ``target_id``."""
+    import diversed_hf.testbed as testbed
+
+    name = get_task(task).name
+    if target_id == "testbed" and name not in testbed.TASKS:
+        raise ValueError(
+            f"`--task {task}` with `--target testbed`: the testbed pair (tiny models with their own vocabulary) reads "
+            f"only its own tasks {list(testbed.TASKS)}; evaluate {name!r} on a real pair, e.g. `--target smollm2`."
+        )
+    if head_source and head_source.startswith("testbed:") and target_id != "testbed":
+        raise ValueError(
+            f"`--head {head_source}` is a head of the testbed pair: it reads that pair's hidden states and cannot run "
+            f"with `--target {target_id}`. Use `--target testbed`, or a head trained for this pair."
+        )
+
+
 def load_task_data(task: str, split: str, num_examples: int | None, seed: int, **options):
     """``load_task_dataset`` with the ``options`` the task's loader takes; a set option it does not take is logged."""
     spec = get_task(task)
@@ -262,6 +279,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default=None, help="write the results (model-card format) to this JSON file")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
+    check_pair(args.task, args.target, args.head)
     if args.output:
         check_output_file(args.output)  # before the evaluation, not after it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

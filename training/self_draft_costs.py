@@ -45,6 +45,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    for flag, values in (("--layers", args.layers), ("--vocab", args.vocab)):
+        if min(values) < 1:
+            parser.error(f"{flag} holds {min(values)}; each value must be >= 1 (checked before the model loads).")
+    if args.tokens < 1 or args.repeats < 1 or args.threads < 1:
+        parser.error("--tokens, --repeats and --threads must be >= 1.")
     torch.set_num_threads(args.threads)
     target, tokenizer = smollm2.load_smollm2_target()
     prompt = tokenizer("Write a Python function that returns the sum of a list of numbers.", return_tensors="pt")["input_ids"]
