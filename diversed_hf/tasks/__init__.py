@@ -6,11 +6,11 @@
     data = load_task_dataset("gsm8k", split="test", num_examples=200)   # prompt, reference, ...
     scores = spec.reward(completions, data["reference"])                 # one float in [0, 1] each
 
-The paper's tasks live in :mod:`.paper`, HumanEval in :mod:`.humaneval` (chat prompts: :mod:`.chat`), the pure
-reward functions in :mod:`.rewards`.
+The paper's tasks live in :mod:`.paper`, HumanEval in :mod:`.humaneval`, real-text one-line summaries in
+:mod:`.synopsis` (chat prompts: :mod:`.chat`), the pure reward functions in :mod:`.rewards`.
 """
 
-from . import chat, humaneval, paper, rewards
+from . import chat, humaneval, paper, rewards, synopsis
 from .paper import PROMPT_FORMATS, PromptFormat, format_prompt
 from .registry import (
     METRIC_LABELS,
@@ -42,5 +42,6 @@ __all__ = [
     "register_task",
     "reward_for_task",
     "rewards",
+    "synopsis",
     "task_names",
 ]
