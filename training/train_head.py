@@ -45,7 +45,13 @@ from trl import GRPOConfig, TrlParser  # noqa: E402
 
 from diversed_hf import DiversedHead  # noqa: E402
 from diversed_hf.cli_utils import check_output_dir, run_script  # noqa: E402
-from diversed_hf.tasks import get_task, reward_for_task  # noqa: E402
+from diversed_hf.tasks import get_task  # noqa: E402
+from diversed_hf.training.dense_rewards import (  # noqa: E402
+    add_target_columns,
+    check_reward_mode,
+    dense_reward,
+    target_completions,
+)
 from diversed_hf.training import DiversedConfig, DiversedTrainer  # noqa: E402
 
 logger = logging.getLogger("train_head")
@@ -87,6 +93,13 @@ class ScriptArguments:
         metadata={"help": "The head's goal: quality at most this far below the target distribution's (a fraction: "
                   "0.01 = one point), with goal_acceptance_ratio."},
     )
+    reward: str = field(
+        default="task",
+        metadata={"help": "The training reward: 'task' (the task's own), 'task_minus_target' (minus the target's "
+                  "greedy score on the prompt) or 'target_agreement' (agreement with the target's greedy answer; "
+                  "exact-match and ROUGE tasks). The last two generate the target's greedy answers once, cached in "
+                  "<output_dir>/target_completions.json. See docs/training.md."},
+    )
     calibration_logit_offset: float = field(
         default=0.0,
         metadata={
@@ -106,6 +119,9 @@ class ScriptArguments:
             raise ValueError(f"`goal_acceptance_ratio` is {ratio}; it must be > 0 (e.g. 1.6: 1.6x SD's acceptance).")
         if loss is not None and not 0 <= loss < 1:
             raise ValueError(f"`goal_max_quality_loss` is {loss}; it must be a fraction in [0, 1) (0.01: one point).")
+        import diversed_hf.testbed  # noqa: F401 - registers the testbed's tasks, which the check looks up
+
+        check_reward_mode(self.reward, self.task)
 
 
 ScriptArguments._argument_group_name = "train_head.py options (what to train on)"  # HfArgumentParser's group title
@@ -226,6 +242,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         algorithm="REINFORCE++ (group baseline, batch-whitened advantages, PPO clip) + lambda * sum_t (1 - w_t TV_t)",
         trainer="diversed_hf.training.DiversedTrainer (transformers.Trainer with GRPO's batching, trl.GRPOConfig)",
         task=script.task,
+        reward=script.reward,
         num_train_examples=script.num_train_examples,
         num_shots=script.num_shots,
         target_model=script.target_model,
@@ -263,8 +280,15 @@ def main(argv=None):
         mlp_hidden_size=config.head_mlp_hidden_size, features=config.head_features,
         use_hidden_states=config.head_use_hidden_states, task=spec.name,
     )  # fmt: skip
+    if script.reward != "task":  # the target's greedy answers, once (docs/training.md, "Rewards for weak targets")
+        completions = target_completions(
+            target, tokenizer, list(train["prompt"]), max_new_tokens=config.max_completion_length,
+            batch_size=script.eval_batch_size, cache=Path(config.output_dir) / "target_completions.json",
+        )  # fmt: skip
+        train = add_target_columns(train, spec.name, completions)
+        logger.info("the target's greedy task reward on the training prompts: %.4f", sum(train["target_reward"]) / len(train))
     trainer = DiversedTrainer(
-        target, draft, head=head, reward_funcs=reward_for_task(script.task), args=config, train_dataset=train,
+        target, draft, head=head, reward_funcs=dense_reward(script.task, script.reward), args=config, train_dataset=train,
         processing_class=tokenizer, callbacks=[JsonlLogger(log_path).callback],
     )  # fmt: skip
     head_dir.mkdir(parents=True, exist_ok=True)  # fail now, not after training, if it cannot be created

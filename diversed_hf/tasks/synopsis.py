@@ -27,10 +27,7 @@ __all__ = ["DATA_FILE", "INSTRUCTION", "SPLITS", "SYNOPSIS", "load_synopsis", "r
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "synopsis.jsonl.gz"
 SPLITS = ("train", "validation", "test")
-INSTRUCTION = (
-    "Here is the documentation of a Python object. Write its one-line summary: one short sentence saying what it "
-    "does, like the first line of a docstring. Reply with that sentence only.\n\n{document}"
-)
+INSTRUCTION = "Read this Python documentation:\n\n{document}\n\nIn one short sentence, what does it do?"
 
 
 @functools.lru_cache(maxsize=1)

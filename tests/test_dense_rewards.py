@@ -1,0 +1,105 @@
+"""Dense rewards for weak targets: the target's greedy answers (cached once), task reward minus the target's, and
+agreement with the target's answer; train_head.py trains with them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+pytest.importorskip("trl")
+
+import diversed_hf.testbed  # noqa: E402,F401 - registers arith / summary
+from diversed_hf.tasks import get_task  # noqa: E402
+from diversed_hf.training.dense_rewards import (  # noqa: E402
+    REWARD_MODES,
+    add_target_columns,
+    check_reward_mode,
+    dense_reward,
+    target_completions,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rows():
+    data = Dataset.from_dict({"prompt": ["p0", "p1", "p2"], "reference": ["#### 7", "#### 3", "#### 5"]})
+    return add_target_columns(data, "arith", ["so #### 7", "I think 4", "no idea"])
+
+
+def test_columns_and_the_three_modes_on_an_exact_match_task():
+    data = _rows()
+    assert data["target_reward"] == [1.0, 0.0, 0.0]
+    completions = ["#### 7", "#### 4", "#### 5"]
+    kwargs = dict(prompts=data["prompt"], completions=completions, reference=data["reference"],
+                  target_completion=data["target_completion"], target_reward=data["target_reward"])
+    assert dense_reward("arith", "task")(**kwargs) == [1.0, 0.0, 1.0]
+    assert dense_reward("arith", "task_minus_target")(**kwargs) == [0.0, 0.0, 1.0]
+    # agreement with the target's final number; a target answer without one gives 0
+    assert dense_reward("arith", "target_agreement")(**kwargs) == [1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="reads the columns 'target_completion'"):
+        dense_reward("arith", "target_agreement")(completions=completions, reference=data["reference"])
+
+
+def test_agreement_on_a_rouge_task_is_rouge2_against_the_targets_answer():
+    data = add_target_columns(Dataset.from_dict({"prompt": ["a"], "reference": ["the cat sat on the mat"]}), "summary",
+                              ["the cat sat down"])
+    reward = dense_reward("summary", "target_agreement")
+    row = data[0]
+    scores = reward(prompts=["a", "a"], completions=["the cat sat down", "a dog ran"], reference=[row["reference"]] * 2,
+                    target_completion=[row["target_completion"]] * 2, target_reward=[row["target_reward"]] * 2)
+    assert scores == [1.0, 0.0]
+
+
+def test_modes_are_checked_before_anything_runs():
+    assert REWARD_MODES == ("task", "task_minus_target", "target_agreement")
+    with pytest.raises(ValueError, match="`reward` is 'dense'"):
+        check_reward_mode("dense", "arith")
+    with pytest.raises(ValueError, match="'target_agreement' scores agreement by .* task 'mbpp' is scored by 'pass@1'"):
+        check_reward_mode("target_agreement", "mbpp")
+    check_reward_mode("task_minus_target", "mbpp")
+
+
+def test_the_targets_greedy_answers_are_cached_and_reused(tmp_path):
+    from test_training import tiny_tokenizer
+    from tiny_models import make_pair
+
+    target, _ = make_pair("llama")
+    tokenizer = tiny_tokenizer()
+    cache = tmp_path / "target_completions.json"
+    prompts = ["a b c", "a c", "b b a c"]
+    first = target_completions(target, tokenizer, prompts, max_new_tokens=5, batch_size=2, cache=cache)
+    assert len(first) == 3 and json.loads(cache.read_text())["max_new_tokens"] == 5
+    target.generate = lambda *a, **k: pytest.fail("a cached completion was generated again")
+    assert target_completions(target, tokenizer, prompts, max_new_tokens=5, cache=cache) == first
+    with pytest.raises(ValueError, match="holds completions of 5 new tokens, not 6"):
+        target_completions(target, tokenizer, prompts, max_new_tokens=6, cache=cache)
+
+
+def test_train_head_trains_with_target_agreement(tmp_path):
+    sys.path.insert(0, str(REPO / "training"))
+    import train_head
+    from test_training import tiny_tokenizer
+    from tiny_models import make_pair
+
+    paths = []
+    for name, model in zip(("target", "draft"), make_pair(noise=0.5)):
+        model.save_pretrained(tmp_path / name)
+        tiny_tokenizer().save_pretrained(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    out = tmp_path / "run"
+    train_head.main([
+        "--config", str(REPO / "training" / "configs" / "testbed_arith.yaml"), "--target_model", paths[0],
+        "--draft_model", paths[1], "--output_dir", str(out), "--num_train_examples", "16", "--max-steps", "1",
+        "--max_completion_length", "6", "--eval_num_examples", "0", "--threads", "1", "--disable_tqdm", "true",
+        "--reward", "target_agreement",
+    ])  # fmt: skip
+    cached = json.loads((out / "target_completions.json").read_text())
+    assert len(cached["completions"]) == 16 and cached["max_new_tokens"] == 6
+    assert json.loads((out / "head" / "training_config.json").read_text())["reward"] == "target_agreement"
+    with pytest.raises(ValueError, match="`reward` is 'nope'"):
+        train_head.parse_arguments(["--task", "testbed_arith", "--reward", "nope"])
+    assert get_task("arith").metric == "exact_match"
