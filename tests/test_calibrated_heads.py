@@ -74,9 +74,10 @@ def test_make_real_results_task_keeps_the_other_tasks_results(tmp_path):
     with pytest.raises(ValueError, match="no results for humaneval"):
         earlier_results(tmp_path / "bench.json", "arith_chat")
     humaneval = _result("humaneval", [{"method": "SD"}, {"method": "DIVERSED (arith_chat head)", "head_task": "arith_chat"}])
-    write_json_results([_result("arith_chat", [{"method": "SD"}]), humaneval], tmp_path)
+    synopsis = _result("synopsis", [{"method": "SD"}])
+    write_json_results([_result("arith_chat", [{"method": "SD"}]), humaneval, synopsis], tmp_path)
     kept = earlier_results(tmp_path / "bench.json", "arith_chat")
-    assert list(kept) == ["humaneval"] and kept["humaneval"].rows[1]["method"] == "DIVERSED (arith_chat head)"
+    assert list(kept) == ["humaneval", "synopsis"] and kept["humaneval"].rows[1]["method"] == "DIVERSED (arith_chat head)"
     assert kept["humaneval"].notes == ["DIVERSED (arith_chat head): measured by an earlier run with the arith_chat head "
                                        "shipped then; a later run with `--task arith_chat` measured only arith_chat again."]
     write_json_results(list(kept.values()), tmp_path)  # kept again by a later run: the note is not repeated

@@ -85,3 +85,14 @@ def test_shipped_arith_head_accepts_more_than_lossless_sd():
         )  # fmt: skip
         rates[name] = out.speculation.total_accepted / out.speculation.total_drafted
     assert rates["head"] >= 1.2 * rates["sd"], rates
+
+
+def test_a_withdrawn_head_is_refused_with_its_reason():
+    """The humaneval head of the real pair accepted every draft (w -> 0): it is not an operating point, so it is not
+    shipped, and asking for it says why."""
+    from diversed_hf import testbed
+
+    assert "humaneval" not in testbed.HEAD_TASKS["smollm2"]
+    with pytest.raises(ValueError, match="No head is shipped for 'humaneval' on the smollm2 pair: .*accepts every draft"):
+        testbed.load_head("humaneval", pair="smollm2")
+    assert not (testbed.ASSETS_DIR / "smollm2" / "heads" / "humaneval").exists()

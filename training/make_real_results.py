@@ -4,9 +4,10 @@
     python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2/
     python training/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
 
-Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat`` and ``humaneval`` (held-out splits) at
-temperature 0.7 (the temperature the self-draft and the heads were trained at; at 1.0 the 135M model
-solves almost no problem):
+Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat``, ``humaneval`` and ``synopsis`` (held-out splits).
+``arith_chat`` and ``humaneval`` run at temperature 0.7 (the temperature the self-draft and their heads were trained
+at; at 1.0 the 135M model solves almost no problem), ``synopsis`` at 1.0, the paper's setting, with 200 prompts x 2
+samples for target-only, SD and DIVERSED and the first 100 for the other methods:
 
 1. **Methods** (:data:`METHODS`, N = 3 drafts per round): target-only, lossless SD, the static-ensemble
    front (w = 0 .. 0.75; SD is w = 1), SpecCascade (its ``opt`` rule), typical acceptance, DIVERSED
@@ -42,8 +43,9 @@ from diversed_hf.bench import read_results, write_results, write_results_page  #
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
 from make_results import bench_flags, refresh_head_sections, run_bench_argv  # noqa: E402
 
-TASKS = ("arith_chat", "humaneval")
+TASKS = ("arith_chat", "humaneval", "synopsis")
 METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical:0.09", "diversed", "diversed@arith_chat"]
+TASK_METHODS = {"synopsis": METHODS[:-1]}  # the arith_chat head on a summarization task would measure nothing new
 SPEED_METHODS = ["target", "sd", "diversed"]
 COMMON = dict(temperature=0.7, num_draft_tokens=3)  # N = 3: at the self-draft's acceptance longer drafts cost more than they bring
 FULL = {
@@ -51,14 +53,20 @@ FULL = {
                        max_new_tokens=96, batch_size=16),
     "humaneval": dict(num_prompts=20, num_baseline_prompts=8, num_samples=2, num_timing_prompts=2, repeats=1,
                       max_new_tokens=160, batch_size=10),
-    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1, max_new_tokens={"arith_chat": 64, "humaneval": 96}),
+    "synopsis": dict(num_prompts=200, num_baseline_prompts=100, num_samples=2, num_timing_prompts=4, repeats=1,
+                     max_new_tokens=48, batch_size=20, temperature=1.0),
+    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1,
+                  max_new_tokens={"arith_chat": 64, "humaneval": 96, "synopsis": 48}),
 }
 QUICK = {
     "arith_chat": dict(num_prompts=4, num_baseline_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1,
                        max_new_tokens=24, batch_size=4),
     "humaneval": dict(num_prompts=2, num_baseline_prompts=1, num_samples=1, num_timing_prompts=1, repeats=1,
                       max_new_tokens=24, batch_size=2),
-    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1, max_new_tokens={"arith_chat": 16, "humaneval": 16}),
+    "synopsis": dict(num_prompts=2, num_baseline_prompts=1, num_samples=1, num_timing_prompts=1, repeats=1,
+                     max_new_tokens=16, batch_size=2, temperature=1.0),
+    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1,
+                  max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16}),
 }
 SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
 GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the goal: >= 1.5x SD's acceptance, quality within 1 point of the target
@@ -133,7 +141,9 @@ def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     path = head_dir / "calibration.json" if shipped else output_dir / f"calibration_{task}.json"
     if not path.is_file():
         return ""
-    shown = _format_calibration(path, str(path), "exact_match" if task == "arith_chat" else "pass@1")
+    from diversed_hf.tasks import get_task
+
+    shown = _format_calibration(path, str(path), get_task(task).metric)
     measured = (f"on {shown['num_prompts']} {shown['split']}-split prompts x {shown['num_samples']} samples (temperature "
                 f"{shown['temperature']}, N = {shown['num_draft_tokens']}; not the held-out prompts above), where "
                 f"target-only decoding scored {shown['target_quality']}")
@@ -225,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         kept = earlier_results(output_dir / "bench.json", args.task) if args.task else {}
         results = []
         for task in TASKS:
-            results += [kept[task]] if task in kept else _run(_argv(task, sizes[task], output_dir / task, 1, methods=METHODS))
+            methods = TASK_METHODS.get(task, METHODS)
+            results += [kept[task]] if task in kept else _run(_argv(task, sizes[task], output_dir / task, 1, methods=methods))
         command = "python training/make_real_results.py --skip-speed" + (" --quick" if args.quick else "")
         if args.task:
             command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
@@ -242,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 speed[(batch, threads)] = []
                 for task in TASKS:
                     limits = dict(sizes["speed"], max_new_tokens=sizes["speed"]["max_new_tokens"][task],
+                                  temperature=sizes[task].get("temperature", COMMON["temperature"]),
                                   timing_batch_size=batch, batch_size=8,
                                   num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
                                   num_prompts=max(batch, sizes["speed"]["num_prompts"]))  # fmt: skip

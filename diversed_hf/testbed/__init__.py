@@ -41,11 +41,21 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
 PAIRS = ("testbed", "smollm2")
-HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat", "humaneval")}
+HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat",)}
+#: Tasks with a head trained and not shipped, and why: a shipped head is an operating point (docs/real_pair.md,
+#: "The heads"), the most accepting head whose paired interval against the target reaches 0
+WITHDRAWN_HEADS = {
+    ("smollm2", "humaneval"): (
+        "the recipe's head (training/configs/smollm2_humaneval.yaml) accepts every draft (w -> 0): the target passes "
+        "none of the training problems, so the task reward was always 0 and only the acceptance bonus trained it. "
+        "A head that ignores the target is not an operating point; see docs/real_pair.md, 'The heads'"
+    ),
+}
 
 __all__ = [
     "ASSETS_DIR",
     "HEAD_TASKS",
+    "WITHDRAWN_HEADS",
     "PAIRS",
     "TASKS",
     "asset_path",
@@ -166,12 +176,15 @@ def load_head(name: str, pair: str = "testbed"):
     """The DIVERSED head shipped for task ``name`` on ``pair``, in eval mode.
 
     ``pair="testbed"``: ``"arith"`` or ``"summary"``, trained with ``python training/train_head.py --config
-    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: ``"arith_chat"`` or ``"humaneval"``, trained with
-    ``training/configs/smollm2_<name>.yaml``. Use it with the pair of ``load_pair(pair)`` as
-    ``target.generate(..., assistant_model=draft, diversed_head=head)``.
+    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: ``"arith_chat"``, trained with
+    ``training/configs/smollm2_<name>.yaml`` (with the self-draft, ``load_pair("smollm2", draft="self")``). Use it
+    with that pair as ``target.generate(..., assistant_model=draft, diversed_head=head)``. A task whose head was
+    withdrawn (:data:`WITHDRAWN_HEADS`) raises a ValueError saying why.
     """
     if pair not in PAIRS:
         raise ValueError(f"`pair` is {pair!r}; pairs are {PAIRS}.")
+    if (pair, name) in WITHDRAWN_HEADS:
+        raise ValueError(f"No head is shipped for {name!r} on the {pair} pair: {WITHDRAWN_HEADS[pair, name]}.")
     if name not in HEAD_TASKS[pair]:
         raise ValueError(f"`name` is {name!r}; shipped heads for the {pair} pair exist for {HEAD_TASKS[pair]}.")
     if pair == "smollm2":
