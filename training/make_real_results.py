@@ -162,6 +162,29 @@ def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     return "\n".join(lines)
 
 
+def training_curves(head_dir: Path, task: str) -> str:
+    """The shipped head's training curve (its ``train_log.jsonl``: reward, mean w, expected acceptance with the head
+    and with lossless SD, per logged step) and the reward it trained on, as a Markdown subsection."""
+    log = head_dir / "train_log.jsonl"
+    if not log.is_file():
+        return ""
+    training = json.loads((head_dir / "training_config.json").read_text()) if (head_dir / "training_config.json").is_file() else {}
+    reward = training.get("reward", "task")
+    described = {"task": "the task's own reward", "task_minus_target": "the task's reward minus the target's greedy score",
+                 "target_agreement": "agreement with the target's own greedy answer"}.get(reward, reward)  # fmt: skip
+    lines = [f"### Training curve of the `{task}` head", "",
+             f"Reward: `{reward}` ({described}; docs/training.md), lambda = {training.get('lambda_acceptance', '?')}, "
+             f"{training.get('global_steps', '?')} steps at temperature {training.get('temperature', '?')}. From the "
+             "head's `train_log.jsonl` (the recipe logs every `logging_steps`):", "",
+             "| step | reward | mean w | expected acceptance, head | expected acceptance, SD |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for line in log.read_text().splitlines():
+        row = json.loads(line)
+        if "reward" in row:
+            lines.append(f"| {row['step']} | {row['reward']:.3f} | {row['mean_w']:.3f} | {row['acceptance_proxy']:.3f} | "
+                         f"{row['acceptance_exact_sd']:.3f} |")
+    return "\n".join(lines)
+
+
 def update_marked(path: Path, key: str, text: str) -> bool:
     """Replace what stands between ``<!-- real-pair:key -->`` and ``<!-- /real-pair:key -->`` in ``path``."""
     begin, end = f"<!-- real-pair:{key} -->", f"<!-- /real-pair:{key} -->"
@@ -285,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     for result in read_results(output_dir / "bench.json"):
         head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
         summaries[result.task] = head_summary(result, head_dir)
-        extra = calibration_table(head_dir, output_dir, result.task)
+        extra = [calibration_table(head_dir, output_dir, result.task), training_curves(head_dir, result.task)]
         body = body.replace(f"\n### {result.task}\n", f"\n### {result.task}\n\n{summaries[result.task]}\n", 1)
-        if extra:
-            body += "\n\n" + extra
+        body += "".join("\n\n" + text for text in extra if text)
     if speed_page.is_file():
         body += "\n\n" + speed_page.read_text()
     section = root / "real_pair.md"
