@@ -101,3 +101,15 @@ def test_calibrate_head_reuses_only_a_calibration_measured_alike(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(temperature: temperature=0.7\)"):
         reused_measurements(str(earlier), parse_args(argv[:-6] + ["--temperature", "1.0", "--num-draft-tokens", "3",
                                                                   "--max-new-tokens", "96"]))
+
+
+def test_front_gap_reads_the_static_front_at_the_heads_acceptance():
+    from make_real_results import front_gap
+
+    rows = [{"method": "SD", "family": "sd", "acceptance_rate": 0.2, "quality": 0.05},
+            {"method": "static w=0.5", "family": "static-ensemble", "acceptance_rate": 0.6, "quality": 0.03},
+            {"method": "static w=0", "family": "static-ensemble", "acceptance_rate": 1.0, "quality": 0.01}]
+    result = _result("synopsis", rows)
+    assert front_gap(result, {"acceptance_rate": 0.4, "quality": 0.05}) == pytest.approx(1.0)  # front: 4 points there
+    assert front_gap(result, {"acceptance_rate": 0.8, "quality": 0.01}) == pytest.approx(-1.0)
+    assert front_gap(result, {"acceptance_rate": 0.1, "quality": 0.05}) is None

@@ -70,6 +70,8 @@ QUICK = {
 }
 SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
 GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance, quality within 1 point of the target
+#: per task where it differs: summarization, where the wording is free, should accept more at a finer tolerance
+GOALS = {"synopsis": (2.0, 0.5)}
 
 
 def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
@@ -100,9 +102,23 @@ def earlier_results(bench_json: Path, task: str) -> dict:
     return kept
 
 
+def front_gap(result, head: dict) -> float | None:
+    """Points of quality ``head`` has above (> 0) or below the static-ensemble front at its acceptance: the front's
+    rows (``w`` = 0 .. 0.75, and SD as ``w`` = 1) sorted by acceptance, joined by straight lines; None outside it."""
+    points = sorted((row["acceptance_rate"], row["quality"]) for row in result.rows
+                    if row.get("family") in ("static-ensemble", "sd") and row.get("acceptance_rate") is not None)  # fmt: skip
+    accepted = head["acceptance_rate"]
+    for (a0, q0), (a1, q1) in zip(points, points[1:]):
+        if a0 <= accepted <= a1:
+            front = q0 + (q1 - q0) * (accepted - a0) / (a1 - a0) if a1 > a0 else max(q0, q1)
+            return 100 * (head["quality"] - front)
+    return None
+
+
 def head_summary(result, head_dir: Path) -> str:
     """One paragraph on the task's shipped head against the goal (at least GOAL_RATIO x SD's acceptance, the paired
-    interval against the target reaching 0 and the point estimate at most GOAL_POINTS below it), from ``result``;
+    interval against the target reaching 0 and the point estimate at most GOAL_POINTS below it; :data:`GOALS` per
+    task), from ``result``;
     README.md and docs/real_pair.md carry it between ``<!-- real-pair:<task> -->`` markers."""
     rows = {row.get("family"): row for row in result.rows if row.get("head_task") in (None, result.task)}
     target, sd, head = rows.get("target-only"), rows.get("sd"), rows.get("diversed")
@@ -123,12 +139,19 @@ def head_summary(result, head_dir: Path) -> str:
             f"{delta:+.1f} [{low:+.1f}, {high:+.1f}] points against the target distribution ({result.rows[0].get('num_prompts')} "
             f"held-out prompts x {result.meta['config'].get('num_samples', 1)} samples). ")
     misses = []
-    if ratio < GOAL_RATIO:
-        misses.append(f"acceptance {GOAL_RATIO - ratio:.2f}x short of {GOAL_RATIO:g}x SD's")
+    goal_ratio, goal_points = GOALS.get(result.task, (GOAL_RATIO, GOAL_POINTS))
+    if ratio < goal_ratio:
+        misses.append(f"acceptance {goal_ratio - ratio:.2f}x short of {goal_ratio:g}x SD's")
     if high < 0:
         misses.append(f"the interval lies below 0 (significantly below the target; its upper end {-high:.1f} points short)")
-    if delta < -GOAL_POINTS:
-        misses.append(f"the point estimate {-delta - GOAL_POINTS:.1f} points beyond the allowed {GOAL_POINTS:g}")
+    if delta < -goal_points:
+        misses.append(f"the point estimate {-delta - goal_points:.1f} points beyond the allowed {goal_points:g}")
+    gap = front_gap(result, head)
+    if gap is not None:
+        static = next((row for row in result.rows if row.get("family") == "static-ensemble"), {})
+        text += (f"At its acceptance it lies {abs(gap):.1f} points {'above' if gap >= 0 else 'below'} the static-ensemble "
+                 f"front (w = 0 .. 1, joined by straight lines; the static rows on the first {static.get('num_prompts')} "
+                 "prompts). ")
     return text + ("Goal met." if not misses else "Goal missed: " + "; ".join(misses) + ".")
 
 

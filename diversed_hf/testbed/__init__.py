@@ -41,7 +41,7 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
 PAIRS = ("testbed", "smollm2")
-HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat",)}
+HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat", "synopsis")}
 #: Tasks with a head trained and not shipped, and why: a shipped head is an operating point (docs/real_pair.md,
 #: "The heads"), the most accepting head whose paired interval against the target reaches 0
 WITHDRAWN_HEADS = {
@@ -176,7 +176,7 @@ def load_head(name: str, pair: str = "testbed"):
     """The DIVERSED head shipped for task ``name`` on ``pair``, in eval mode.
 
     ``pair="testbed"``: ``"arith"`` or ``"summary"``, trained with ``python training/train_head.py --config
-    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: ``"arith_chat"``, trained with
+    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: ``"arith_chat"`` or ``"synopsis"``, trained with
     ``training/configs/smollm2_<name>.yaml`` (with the self-draft, ``load_pair("smollm2", draft="self")``). Use it
     with that pair as ``target.generate(..., assistant_model=draft, diversed_head=head)``. A task whose head was
     withdrawn (:data:`WITHDRAWN_HEADS`) raises a ValueError saying why.
