@@ -124,10 +124,10 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
     from diversed_hf.head import DiversedHeadConfig
     from diversed_hf.testbed import ASSETS_DIR
 
-    config = DiversedHeadConfig(draft_hidden_size=576, target_hidden_size=576, task="arith_chat",
+    config = DiversedHeadConfig(draft_hidden_size=576, target_hidden_size=576, task="synopsis",
                                 target_model_id=REAL_PAIR_MODEL_IDS["target"], draft_model_id=REAL_PAIR_MODEL_IDS["draft"])
-    text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "arith_chat")))
-    assert 'testbed.load_pair("smollm2", draft="self")' in text and 'testbed.load_head("arith_chat", pair="smollm2")' in text
+    text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "synopsis")))
+    assert 'testbed.load_pair("smollm2", draft="self")' in text and 'testbed.load_head("synopsis", pair="smollm2")' in text
     assert "SmolLM2-135M-Instruct (" in text and str(ASSETS_DIR) not in text
 
 

@@ -87,12 +87,13 @@ def test_shipped_arith_head_accepts_more_than_lossless_sd():
     assert rates["head"] >= 1.2 * rates["sd"], rates
 
 
-def test_a_withdrawn_head_is_refused_with_its_reason():
-    """The humaneval head of the real pair accepted every draft (w -> 0): it is not an operating point, so it is not
-    shipped, and asking for it says why."""
+@pytest.mark.parametrize("task, reason", [("humaneval", "accepts every draft"), ("arith_chat", "within 1 point")])
+def test_a_withdrawn_head_is_refused_with_its_reason(task, reason):
+    """The real pair's humaneval head accepted every draft (w -> 0), and no arith_chat head kept the target's exact
+    match within 1 point: neither is an operating point, so neither is shipped, and asking for one says why."""
     from diversed_hf import testbed
 
-    assert "humaneval" not in testbed.HEAD_TASKS["smollm2"]
-    with pytest.raises(ValueError, match="No head is shipped for 'humaneval' on the smollm2 pair: .*accepts every draft"):
-        testbed.load_head("humaneval", pair="smollm2")
-    assert not (testbed.ASSETS_DIR / "smollm2" / "heads" / "humaneval").exists()
+    assert task not in testbed.HEAD_TASKS["smollm2"]
+    with pytest.raises(ValueError, match=f"No head is shipped for '{task}' on the smollm2 pair: .*{reason}"):
+        testbed.load_head(task, pair="smollm2")
+    assert not (testbed.ASSETS_DIR / "smollm2" / "heads" / task).exists()

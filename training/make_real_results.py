@@ -132,7 +132,10 @@ def head_summary(result, head_dir: Path) -> str:
     speed = head["tokens_per_second"] / target["tokens_per_second"] if target.get("tokens_per_second") else None
     delta, low, high = (100 * head[key] for key in ("quality_delta", "quality_delta_low", "quality_delta_high"))
     metric = result.meta.get("quality_metric", "quality").replace("_", " ")
-    text = (f"**DIVERSED** with the shipped `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
+    from diversed_hf import testbed
+
+    which = "the withdrawn" if ("smollm2", result.task) in testbed.WITHDRAWN_HEADS else "the shipped"
+    text = (f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
             f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
             + (f", {speed:.2f}x the target's tokens/s" if speed else "")
             + f") at {metric} {100 * head['quality']:.1f} % against the target's {100 * target['quality']:.1f} %: "
