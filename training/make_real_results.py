@@ -68,6 +68,9 @@ QUICK = {
     "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1,
                   max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16}),
 }
+#: runs beside the main ones (``--extra-runs``): (directory under results/smollm2, task, title, sizes); each one's
+#: table joins the section under its title
+EXTRA_RUNS = (("synopsis_t07", "synopsis", "synopsis at temperature 0.7", dict(FULL["synopsis"], temperature=0.7)),)
 SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
 GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance, quality within 1 point of the target
 #: per task where it differs: summarization, where the wording is free, should accept more at a finer tolerance
@@ -268,8 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=TASKS, default=None,
                         help="Run only this task's methods again; the other tasks' results come from the last run's "
                              "bench.json (the speed runs, unless skipped, cover every task).")
+    parser.add_argument("--extra-runs", action="store_true",
+                        help="Also run " + ", ".join(title for _, _, title, _ in EXTRA_RUNS) + " (their tables join the "
+                             "section whenever they exist).")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
+    if args.extra_runs and (args.speed_only or args.section_only):
+        parser.error("--extra-runs runs methods; --speed-only and --section-only run none.")
     if args.task and (args.speed_only or args.section_only):
         parser.error("--task selects which methods runs to repeat; --speed-only and --section-only run none.")
     started = time.perf_counter()
@@ -294,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick:
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
+    if args.extra_runs:
+        for name, task, _, extra_sizes in EXTRA_RUNS:
+            sizes_here = QUICK[task] if args.quick else extra_sizes
+            extra = _run(_argv(task, sizes_here, output_dir / name, 1, methods=TASK_METHODS.get(task, METHODS)))
+            write_results(extra, output_dir / name)  # bench.json, the table and the plots, read by the section below
 
     if not (args.skip_speed or args.section_only):
         speed = {}
@@ -337,6 +350,15 @@ def main(argv: list[str] | None = None) -> int:
         extra = [calibration_table(head_dir, output_dir, result.task), training_curves(head_dir, result.task)]
         body = body.replace(f"\n### {result.task}\n", f"\n### {result.task}\n\n{summaries[result.task]}\n", 1)
         body += "".join("\n\n" + text for text in extra if text)
+    for name, task, title, _ in EXTRA_RUNS:
+        run_dir = output_dir / name
+        if (run_dir / "bench.json").is_file() and (run_dir / f"{task}_table.md").is_file():
+            [extra] = [r for r in read_results(run_dir / "bench.json") if r.task == task]
+            table = (run_dir / f"{task}_table.md").read_text().strip()
+            table = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix + name + "/", table)
+            body += (f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed --task "
+                     f"{task} --extra-runs` (it also runs {task}'s main rows again). "
+                     + head_summary(extra, testbed.ASSETS_DIR / "smollm2" / "heads" / task) + "\n\n" + table)
     if speed_page.is_file():
         body += "\n\n" + speed_page.read_text()
     section = root / "real_pair.md"
