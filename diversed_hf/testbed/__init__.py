@@ -188,10 +188,10 @@ def load_head(name: str, pair: str = "testbed"):
     """The DIVERSED head shipped for task ``name`` on ``pair``, in eval mode.
 
     ``pair="testbed"``: ``"arith"`` or ``"summary"``, trained with ``python training/train_head.py --config
-    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: none at present (every head trained for it was withdrawn), recipes in
-    ``training/configs/smollm2_<name>.yaml`` (with the self-draft, ``load_pair("smollm2", draft="self")``). Use it
-    with that pair as ``target.generate(..., assistant_model=draft, diversed_head=head)``. A task whose head was
-    withdrawn (:data:`WITHDRAWN_HEADS`) raises a ValueError saying why.
+    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: none at present (every head trained for it was
+    withdrawn; the recipes are ``training/configs/smollm2_<name>.yaml``, with the self-draft). Use a head with its
+    pair as ``target.generate(..., assistant_model=draft, diversed_head=head)``. A task whose head was withdrawn
+    (:data:`WITHDRAWN_HEADS`) raises a ValueError saying why.
     """
     if pair not in PAIRS:
         raise ValueError(f"`pair` is {pair!r}; pairs are {PAIRS}.")
