@@ -105,6 +105,12 @@ def earlier_results(bench_json: Path, task: str) -> dict:
     return kept
 
 
+def _training_config(head_dir: Path) -> dict:
+    """The head's ``training_config.json`` (empty when it has none: a withdrawn head, say)."""
+    path = head_dir / "training_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def front_gap(result, head: dict) -> float | None:
     """Points of quality ``head`` has above (> 0) or below the static-ensemble front at its acceptance: the front's
     rows (``w`` = 0 .. 0.75, and SD as ``w`` = 1) sorted by acceptance, joined by straight lines; None outside it."""
@@ -127,7 +133,7 @@ def head_summary(result, head_dir: Path) -> str:
     target, sd, head = rows.get("target-only"), rows.get("sd"), rows.get("diversed")
     if not (target and sd and head) or head.get("quality_delta_high") is None:
         return f"`{result.task}`: the last run has no target-only, SD and DIVERSED rows with a paired interval."
-    training = json.loads((head_dir / "training_config.json").read_text()) if (head_dir / "training_config.json").is_file() else {}
+    training = _training_config(head_dir)
     offset = float(training.get("calibration_logit_offset") or 0.0)
     calibrated = (f", calibrated with the offset b = {offset:g} on its output logit (chosen on the training split by "
                   "`training/calibrate_head.py`)") if offset else ""
@@ -197,7 +203,7 @@ def training_curves(head_dir: Path, task: str) -> str:
     log = head_dir / "train_log.jsonl"
     if not log.is_file():
         return ""
-    training = json.loads((head_dir / "training_config.json").read_text()) if (head_dir / "training_config.json").is_file() else {}
+    training = _training_config(head_dir)
     reward = training.get("reward", "task")
     described = {"task": "the task's own reward", "task_minus_target": "the task's reward minus the target's greedy score",
                  "target_agreement": "agreement with the target's own greedy answer"}.get(reward, reward)  # fmt: skip

@@ -40,6 +40,7 @@ __all__ = [
     "sandbox_mode",
     "sandbox_network_mode",
     "rouge2_f1",
+    "rouge_scorer",
 ]
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -112,18 +113,18 @@ def extract_final_number(text: str) -> str | None:
 
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 
-_SCORER = None
+@functools.lru_cache(maxsize=None)
+def rouge_scorer(kind: str):
+    """``rouge_score``'s scorer of ``kind`` (``"rouge2"``, ``"rougeL"``), without stemming, built once."""
+    from rouge_score import rouge_scorer as scorers
+
+    return scorers.RougeScorer([kind], use_stemmer=False)
 
 
 def rouge2_f1(prediction: str, reference: str) -> float:
     """ROUGE-2 F1 of ``prediction``, in [0, 1]: the best over the lines of ``reference``."""
-    global _SCORER
-    if _SCORER is None:
-        from rouge_score import rouge_scorer
-
-        _SCORER = rouge_scorer.RougeScorer(["rouge2"], use_stemmer=False)
     alternatives = [line for line in reference.split("\n") if line.strip()] or [reference]
-    return _SCORER.score_multi(alternatives, prediction)["rouge2"].fmeasure
+    return rouge_scorer("rouge2").score_multi(alternatives, prediction)["rouge2"].fmeasure
 
 
 def exact_match(completions: Sequence[str], references: Sequence[str]) -> list[float]:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from .chat import chat_prompt
 from .registry import TaskSpec, register_task
-from .rewards import _check, rouge2
+from .rewards import _check, rouge2, rouge_scorer
 
 __all__ = ["DATA_FILE", "INSTRUCTION", "SPLITS", "SYNOPSIS", "load_synopsis", "rougeL", "synopsis_rows"]
 
@@ -62,10 +62,8 @@ def load_synopsis(split: str = "test", num_examples: int | None = None, seed: in
 
 def rougeL(completions: Sequence[str], references: Sequence[str]) -> list[float]:
     """ROUGE-L F1 in [0, 1] of each completion against its reference (``rouge-score``, no stemming)."""
-    from rouge_score import rouge_scorer
-
     completions, references = _check(completions, references)
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+    scorer = rouge_scorer("rougeL")
     return [scorer.score(r, c)["rougeL"].fmeasure for c, r in zip(completions, references)]
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..cli_utils import write_text_atomic
 from ..tasks import get_task, reward_for_task
 from ..tasks.rewards import exact_match, extract_final_number, rouge2
 
@@ -79,10 +80,7 @@ def target_completions(
                                          pad_token_id=tokenizer.pad_token_id)  # fmt: skip
             texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
             completions.update({_key(p): t for p, t in zip(batch, texts)})
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            temporary = cache.with_name(cache.name + ".tmp")
-            temporary.write_text(json.dumps({"max_new_tokens": max_new_tokens, "completions": completions}), "utf-8")
-            os.replace(temporary, cache)
+            write_text_atomic(cache, json.dumps({"max_new_tokens": max_new_tokens, "completions": completions}))
     finally:
         tokenizer.padding_side = side
     return [completions[_key(p)] for p in prompts]
