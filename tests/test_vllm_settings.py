@@ -5,7 +5,7 @@ import torch
 
 from diversed_hf import testbed
 from diversed_hf.verifiers import HeadVerifier, StaticEnsembleVerifier
-from diversed_hf.vllm_plugin.settings import settings_from_additional_config
+from diversed_hf.vllm_plugin.settings import request_rule, settings_from_additional_config
 
 
 def test_no_diversed_entry_means_the_engine_is_vllms_own():
@@ -42,10 +42,76 @@ def test_settings_must_be_an_object():
         settings_from_additional_config({"diversed": 0.5})
 
 
-def test_a_head_on_hidden_states_is_refused_with_the_heads_that_work():
+def test_a_head_on_hidden_states_loads_when_its_sizes_are_the_engines():
     settings = settings_from_additional_config({"diversed": {"head": str(testbed.asset_path("heads/arith"))}})
-    with pytest.raises(ValueError, match=r"reads hidden states.*use_hidden_states=False.*target_weight"):
-        settings.build_verifier()
+    verifier, identity = settings.build_verifier(target_hidden_size=192, draft_hidden_size=128)
+    assert isinstance(verifier, HeadVerifier) and verifier.requires_hidden_states
+    assert "reads hidden states and features=" in identity
+    with pytest.raises(ValueError, match=r"reads the draft's hidden states of size 128.*hidden size 64"):
+        settings.build_verifier(target_hidden_size=192, draft_hidden_size=64)
+
+
+def test_named_heads_load_once_and_requests_pick_them_by_name():
+    arith, summary = str(testbed.asset_path("heads/arith")), str(testbed.asset_path("heads/summary"))
+    settings = settings_from_additional_config(
+        {"diversed": {"target_weight": 1.0, "heads": {"arith": arith, "summary": {"head": summary}}}}
+    )
+    rules, identity = settings.build_rules(target_hidden_size=192, draft_hidden_size=128)
+    assert rules.default == StaticEnsembleVerifier(1.0) and rules.requires_hidden_states
+    assert "requests may pick the heads arith=" in identity and "summary=" in identity
+    assert rules.for_request(None) is rules.default and rules.for_request({"other": 1}) is rules.default
+    assert rules.for_request({"diversed": {"head": "arith"}}) is rules.heads["arith"]
+    assert rules.for_request({"diversed": {"head": "summary"}}).head.config.task == "summary"
+    assert rules.for_request({"diversed": {"target_weight": 0.3}}) == StaticEnsembleVerifier(0.3)
+    assert rules.for_request({"diversed": {"target_weight": 0.3}}) is rules.for_request({"diversed": {"target_weight": 0.3}})
+    assert rules.for_request({"diversed": {"target_weight": 0.3, "mixing": "logits"}}).mixing == "logits"
+
+
+def test_the_default_head_is_picked_by_its_source():
+    arith = str(testbed.asset_path("heads/arith"))
+    rules, _ = settings_from_additional_config({"diversed": {"head": arith}}).build_rules()
+    assert rules.for_request({"diversed": {"head": arith}}) is rules.default
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (0.5, r'extra_args\["diversed"\] must be a JSON object'),
+        ({}, "exactly one of `target_weight` and `head`"),
+        ({"target_weight": 0.5, "head": "arith"}, "exactly one of"),
+        ({"target_weight": 2}, r'extra_args\["diversed"\]\["target_weight"\] must be a number in \[0, 1\]'),
+        ({"target_weight": float("nan")}, r'\["target_weight"\] must be a number'),
+        ({"target_weight": True}, r'\["target_weight"\] must be a number'),
+        ({"target_weight": 0.5, "mixing": "max"}, r'\["mixing"\] must be one of'),
+        ({"head": "arith", "mixing": "logits"}, r'\["mixing"\] is for `target_weight`'),
+        ({"head": "xsum"}, r"""\["head"\] must name a head this engine loaded \(\['arith'\]"""),
+        ({"weight": 0.5}, r"unknown keys \['weight'\]"),
+    ],
+)
+def test_bad_request_rules_name_the_key(values, message):
+    settings = settings_from_additional_config({"diversed": {"target_weight": 1.0, "heads": {"arith": "dir"}}})
+    with pytest.raises(ValueError, match=message):
+        request_rule({"diversed": values}, settings)
+
+
+def test_a_request_rule_on_an_engine_without_diversed_is_refused():
+    assert request_rule({"other": 1}, None) is None
+    with pytest.raises(ValueError, match=r"verifies with vLLM's own rule: start it with additional_config"):
+        request_rule({"diversed": {"target_weight": 1.0}}, None)
+
+
+@pytest.mark.parametrize(
+    "heads, message",
+    [
+        ({}, r'\["heads"\] must be a non-empty JSON object'),
+        ({"a": 3}, r"""\["heads"\]\['a'\] must be a head's source"""),
+        ({"a": {"head": "x", "rev": "1"}}, r"unknown keys \['rev'\]"),
+        ({"a": {"head": ""}}, r'\["head"\] must be a directory or a Hub repo id'),
+    ],
+)
+def test_bad_named_heads_name_the_key(heads, message):
+    with pytest.raises(ValueError, match=message):
+        settings_from_additional_config({"diversed": {"target_weight": 1.0, "heads": heads}})
 
 
 def test_a_features_only_head_loads_with_its_identity(tmp_path):

@@ -14,33 +14,93 @@ at the first mismatch and ``argmax p_{N+1}`` as the bonus (docs/method.md §2).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..verifiers import Verifier
 
-__all__ = ["mixture_rejection_sample", "verification_logits"]
+__all__ = ["mixture_rejection_sample", "mixture_verification", "verification_logits"]
 
 
 def verification_logits(
     verifier: Verifier,
     draft_probs: torch.Tensor,  # (T, vocab) q_t, the probabilities each drafted token was sampled from
     target_logits: torch.Tensor,  # (T, vocab) z_t, the target's processed logits at the drafted positions
+    *,
+    draft_hidden: torch.Tensor | None = None,  # (T, d_draft) the draft's last hidden state that produced q_t
+    target_hidden: torch.Tensor | None = None,  # (T, d_target) the target's last hidden state that produced p_t
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (T, vocab) log nu_t, (T,) w_t
     """``log nu_t`` (``-inf`` where ``nu_t = 0``) and the target weight ``w_t`` of each drafted position."""
+    verify_probs, target_weight = _verification_probs(
+        verifier, draft_probs.to(torch.float32), _target_probs(draft_probs, target_logits), draft_hidden, target_hidden
+    )
+    return verify_probs.log(), target_weight
+
+
+def _target_probs(draft_probs: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:  # (T, vocab) p_t
     if draft_probs.shape != target_logits.shape:
         raise ValueError(
             f"The draft's probabilities {tuple(draft_probs.shape)} and the target's logits {tuple(target_logits.shape)} "
             "at the drafted positions differ in shape: the draft and the target must share one vocabulary "
             "(same vocab_size in both configs)."
         )
-    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # (T, vocab) p_t
-    draft_probs = draft_probs.to(torch.float32)  # (T, vocab)
-    verify_probs, target_weight = verifier.verification_probs(draft_probs[None], target_probs[None])  # (1, T, vocab), (1, T)
-    return verify_probs[0].log(), target_weight[0]
+    return target_logits.softmax(dim=-1, dtype=torch.float32)
+
+
+def _verification_probs(verifier, draft_probs, target_probs, draft_hidden, target_hidden):
+    """``nu_t`` ``(T, vocab)`` and ``w_t`` ``(T,)`` by one verifier (hidden states only for a rule that reads them)."""
+    hidden = {}
+    if verifier.requires_hidden_states:
+        if draft_hidden is None or target_hidden is None:
+            raise RuntimeError(
+                "A DIVERSED head that reads hidden states got none for this step: the plugin keeps both models' "
+                "hidden states for engines with such a head. Report this with the request pattern that caused it."
+            )
+        hidden = dict(draft_hidden=draft_hidden[None], target_hidden=target_hidden[None])  # (1, T, d)
+    verify_probs, target_weight = verifier.verification_probs(draft_probs[None], target_probs[None], **hidden)
+    if target_weight is None:
+        target_weight = verify_probs.new_full(verify_probs.shape[:2], float("nan"))
+    return verify_probs[0], target_weight[0]  # (T, vocab), (T,)
+
+
+def mixture_verification(
+    verifiers: Verifier | Sequence[Verifier],  # one for every request, or one per request (B,)
+    num_draft_tokens: list[int],  # (B,) drafts per request, summing to T
+    draft_probs: torch.Tensor,  # (T, vocab) q_t
+    target_probs: torch.Tensor,  # (T, vocab) p_t
+    draft_hidden: torch.Tensor | None = None,  # (T, d_draft)
+    target_hidden: torch.Tensor | None = None,  # (T, d_target)
+) -> tuple[torch.Tensor, torch.Tensor]:  # (T, vocab) nu_t, (T, vocab) the residual after a rejection
+    """``nu_t`` and the residual at every drafted position, each request by its own rule (requests sharing a rule
+    are verified together)."""
+    if isinstance(verifiers, Verifier):
+        verifiers = [verifiers] * len(num_draft_tokens)
+    if len(verifiers) != len(num_draft_tokens):
+        raise ValueError(f"{len(verifiers)} verifiers for {len(num_draft_tokens)} requests: pass one per request.")
+    verify_probs, residual = torch.empty_like(target_probs), torch.empty_like(target_probs)
+    groups: dict[int, list[int]] = {}  # id(verifier) -> the flattened drafted positions it verifies
+    by_id, start = {}, 0
+    for verifier, count in zip(verifiers, num_draft_tokens):
+        groups.setdefault(id(verifier), []).extend(range(start, start + count))
+        by_id[id(verifier)] = verifier
+        start += count
+    for key, positions in groups.items():
+        if not positions:
+            continue
+        index = torch.tensor(positions, device=target_probs.device)  # (T_g,)
+        verifier = by_id[key]
+        probs, _ = _verification_probs(
+            verifier, draft_probs[index], target_probs[index],
+            None if draft_hidden is None else draft_hidden[index], None if target_hidden is None else target_hidden[index],
+        )  # (T_g, vocab)
+        verify_probs[index] = probs
+        residual[index] = verifier.residual_probs(draft_probs[index], target_probs[index], probs)
+    return verify_probs, residual
 
 
 def mixture_rejection_sample(
-    verifier: Verifier,
+    verifiers: Verifier | Sequence[Verifier],  # one for every request, or one per request (B,)
     draft_token_ids: torch.Tensor,  # (T,) drafted ids of all requests, flattened; -1 pads a slot that must be rejected
     num_draft_tokens: list[int],  # (B,) drafts per request, summing to T
     max_spec_len: int,
@@ -50,8 +110,11 @@ def mixture_rejection_sample(
     is_greedy: torch.Tensor,  # (B,) bool
     uniform: torch.Tensor,  # (T,) U[0, 1) per drafted token (vLLM's, seeded per request where asked)
     recovery_noise: torch.Tensor,  # (B, vocab) Exp(1) per request: argmax residual / noise draws from the residual
+    *,
+    draft_hidden: torch.Tensor | None = None,  # (T, d_draft) for rules that read hidden states
+    target_hidden: torch.Tensor | None = None,  # (T, d_target)
 ) -> torch.Tensor:  # (B, max_spec_len + 1) int32, -1 after the last emitted token
-    """One verification round against ``nu_t`` for every request, in vLLM's output layout.
+    """One verification round against ``nu_t`` for every request (each by its own rule), in vLLM's output layout.
 
     Random requests keep ``x_t`` while ``u_t < min(1, nu_t(x_t) / q_t(x_t))`` and at the first rejection emit a token
     from the verifier's residual (``norm(max(0, nu_t - q_t))``; for the probability mixture that is
@@ -68,10 +131,11 @@ def mixture_rejection_sample(
     request = torch.repeat_interleave(torch.arange(batch_size, device=device), counts)  # (T,)
     position = torch.arange(num_tokens, device=device) - (counts.cumsum(0) - counts)[request]  # (T,) slot in request
 
-    log_verify, _ = verification_logits(verifier, draft_probs, target_logits)  # (T, vocab)
-    verify_probs = log_verify.exp()  # (T, vocab) nu_t
-    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # (T, vocab) p_t
+    target_probs = _target_probs(draft_probs, target_logits)  # (T, vocab) p_t
     draft_probs = draft_probs.to(torch.float32)  # (T, vocab) q_t
+    verify_probs, residual = mixture_verification(
+        verifiers, num_draft_tokens, draft_probs, target_probs, draft_hidden, target_hidden
+    )  # (T, vocab) nu_t, (T, vocab)
     safe_ids = draft_token_ids.clamp(min=0).long().unsqueeze(-1)  # (T, 1)
     ratio = (verify_probs.gather(-1, safe_ids) / draft_probs.gather(-1, safe_ids)).squeeze(-1)  # (T,) nu(x)/q(x)
     drafted_q = draft_probs.gather(-1, safe_ids).squeeze(-1)  # (T,)
@@ -79,7 +143,6 @@ def mixture_rejection_sample(
     greedy = is_greedy[request]  # (T,)
     accepted = torch.where(greedy, draft_token_ids.long() == choice, (drafted_q > 0) & (uniform.to(ratio.dtype) < ratio))
     accepted &= draft_token_ids >= 0  # (T,)
-    residual = verifier.residual_probs(draft_probs, target_probs, verify_probs)  # (T, vocab)
     recovered = (residual / recovery_noise[request]).argmax(dim=-1)  # (T,)
     replacement = torch.where(greedy, choice, recovered)  # (T,)
 

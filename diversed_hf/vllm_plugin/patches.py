@@ -33,19 +33,28 @@ from __future__ import annotations
 import contextvars
 import functools
 import types
+from dataclasses import dataclass
 
 import torch
 import vllm
 import vllm.envs as envs
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.sample import rejection_sampler as vllm_rejection_sampler
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.worker import gpu_model_runner
 
 from ..verifiers import Verifier
 from .mixture import mixture_rejection_sample
-from .settings import CONFIG_KEY, DiversedVllmSettings, settings_from_additional_config
+from .settings import (
+    CONFIG_KEY,
+    DiversedVllmSettings,
+    VerificationRules,
+    request_rule,
+    settings_from_additional_config,
+)
 from .versions import SUPPORTED_VLLM, is_supported_vllm, unsupported_vllm_message
 
 __all__ = ["SUPPORTED_VLLM", "DiversedRejectionSampler", "check_engine", "install", "sample_draft_tokens"]
@@ -54,7 +63,7 @@ __all__ = ["SUPPORTED_VLLM", "DiversedRejectionSampler", "check_engine", "instal
 logger = init_logger(f"vllm.{__name__}")
 
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a temperature means greedy
-_ACTIVE_VERIFIER: contextvars.ContextVar[Verifier | None] = contextvars.ContextVar("diversed_verifier", default=None)
+_ACTIVE_ROUND: contextvars.ContextVar["_Round | None"] = contextvars.ContextVar("diversed_round", default=None)
 _installed = False
 
 
@@ -130,13 +139,59 @@ def sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) ->
     return torch.where(is_greedy, greedy_ids, sampled_ids), draft_probs
 
 
-class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
-    """vLLM's rejection sampler verifying against ``nu_t = w_t p_t + (1 - w_t) q_t`` (accepted, recovered and bonus
-    tokens as vLLM names them; the bonus token is the target's)."""
+def _keep_draft_hidden(sample):
+    """``_sample_draft_tokens`` that also keeps, during a ``propose``, the draft's hidden state of each step (the one
+    ``q_t`` came from): a head reading hidden states needs ``h^q_t`` at every drafted position."""
 
-    def __init__(self, sampler, spec_config, device, *, verifier: Verifier):
+    def sample_and_keep(self, hidden_states, sampling_metadata):
+        if self._diversed_hidden is not None:
+            self._diversed_hidden.append(hidden_states.detach())  # (batch, d_draft)
+        return sample(self, hidden_states, sampling_metadata)
+
+    return sample_and_keep
+
+
+def _wrap_propose(propose):
+    """The drafter's ``propose`` leaving ``_diversed_last_hidden`` ``(batch, N, d_draft)`` beside vLLM's draft probs."""
+
+    @functools.wraps(propose)
+    def propose_and_keep(*args, **kwargs):
+        drafter = propose.__self__
+        drafter._diversed_hidden, drafter._diversed_last_hidden = [], None
+        try:
+            draft_token_ids = propose(*args, **kwargs)
+            if drafter._diversed_hidden:
+                drafter._diversed_last_hidden = torch.stack(drafter._diversed_hidden, dim=1)  # (batch, N, d_draft)
+            return draft_token_ids
+        finally:
+            drafter._diversed_hidden = None
+
+    return propose_and_keep
+
+
+@dataclass
+class _Round:
+    """What one step's verification needs beyond vLLM's tensors: each request's rule and, for rules that read them,
+    the hidden states at the drafted positions (flattened like the draft tokens)."""
+
+    verifiers: list[Verifier]
+    draft_hidden: torch.Tensor | None = None  # (T, d_draft)
+    target_hidden: torch.Tensor | None = None  # (T, d_target)
+
+
+class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
+    """vLLM's rejection sampler verifying each request against ``nu_t = w_t p_t + (1 - w_t) q_t`` by its own rule
+    (accepted, recovered and bonus tokens as vLLM names them; the bonus token is the target's)."""
+
+    def __init__(self, sampler, spec_config, device, *, rules: VerificationRules, runner):
         super().__init__(sampler, spec_config, device)
-        self.verifier = verifier
+        self.rules = rules
+        self.runner = runner
+
+    @property
+    def verifier(self) -> Verifier:
+        """The engine's default rule."""
+        return self.rules.default
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
         if draft_probs is None and sum(metadata.num_draft_tokens) > 0:
@@ -144,19 +199,44 @@ class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
                 "DIVERSED verification got no draft probabilities for this step (vLLM lost the drafter's q_t); "
                 "it cannot form the mixture. Report this with the request pattern that caused it."
             )
-        token = _ACTIVE_VERIFIER.set(self.verifier)
+        token = _ACTIVE_ROUND.set(self._round(metadata))
         try:
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
         finally:
-            _ACTIVE_VERIFIER.reset(token)
+            _ACTIVE_ROUND.reset(token)
+
+    def _round(self, metadata) -> _Round:
+        runner, num_draft_tokens = self.runner, metadata.num_draft_tokens
+        req_ids = runner.input_batch.req_ids[: len(num_draft_tokens)]
+        verifiers = [self.rules.for_request(runner.requests[req_id].sampling_params.extra_args) for req_id in req_ids]
+        if sum(num_draft_tokens) == 0 or not any(verifier.requires_hidden_states for verifier in verifiers):
+            return _Round(verifiers)
+        target_hidden = runner._diversed_target_hidden  # (logits rows, d_target): the target's at its logits rows
+        draft_hidden, hidden_req_ids = runner._diversed_draft_hidden, runner._diversed_draft_hidden_req_ids
+        if target_hidden is None or draft_hidden is None:
+            raise RuntimeError(
+                "A DIVERSED head that reads hidden states got none for this step (the plugin lost "
+                f"{'the target' if target_hidden is None else 'the draft'}'s hidden states). Report this with the "
+                "request pattern that caused it."
+            )
+        row_of = {req_id: row for row, req_id in enumerate(hidden_req_ids)}
+        missing = [req_id for req_id, count in zip(req_ids, num_draft_tokens) if count and req_id not in row_of]
+        if missing:
+            raise RuntimeError(f"The draft's hidden states of requests {missing} were not kept when they drafted.")
+        rows = [draft_hidden[row_of[req_id], :count] for req_id, count in zip(req_ids, num_draft_tokens) if count]
+        return _Round(
+            verifiers,
+            draft_hidden=torch.cat(rows, dim=0),  # (T, d_draft)
+            target_hidden=target_hidden[metadata.target_logits_indices],  # (T, d_target)
+        )
 
 
 def _wrap_rejection_sample(original):
     @functools.wraps(original)
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                          target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
-        verifier = _ACTIVE_VERIFIER.get()
-        if verifier is None:
+        round_ = _ACTIVE_ROUND.get()
+        if round_ is None:
             return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                             target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
         batch_size, device = len(num_draft_tokens), target_logits.device
@@ -172,8 +252,9 @@ def _wrap_rejection_sample(original):
             if num_draft_tokens[row] > 0:
                 noise[row].exponential_(generator=generator)
         return mixture_rejection_sample(
-            verifier, draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits, bonus_token_ids,
-            is_greedy, uniform, noise,
+            round_.verifiers, draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits,
+            bonus_token_ids, is_greedy, uniform, noise,
+            draft_hidden=round_.draft_hidden, target_hidden=round_.target_hidden,
         )
 
     return rejection_sample
@@ -182,7 +263,7 @@ def _wrap_rejection_sample(original):
 def _wrap_expand_batch_to_tokens(original):
     @functools.wraps(original)
     def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
-        if _ACTIVE_VERIFIER.get() is None:
+        if _ACTIVE_ROUND.get() is None:
             return original(x, cu_num_tokens, num_tokens, replace_from, replace_to)
         counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())  # (B,) drafts per request
         expanded = torch.repeat_interleave(x, counts, output_size=num_tokens)  # (T,)
@@ -198,14 +279,87 @@ def _wrap_runner_init(original):
         settings = check_engine(vllm_config)
         if settings is None:
             return
-        verifier, identity = settings.build_verifier(device=device)
-        self.rejection_sampler = DiversedRejectionSampler(
-            self.sampler, self.speculative_config, self.device, verifier=verifier
+        rules, identity = settings.build_rules(
+            device=device,
+            target_hidden_size=vllm_config.model_config.get_hidden_size(),
+            draft_hidden_size=vllm_config.speculative_config.draft_model_config.get_hidden_size(),
         )
-        self.drafter._sample_draft_tokens = types.MethodType(sample_draft_tokens, self.drafter)
+        self.rejection_sampler = DiversedRejectionSampler(
+            self.sampler, self.speculative_config, self.device, rules=rules, runner=self
+        )
+        sample = sample_draft_tokens
+        if rules.requires_hidden_states:
+            sample = _keep_draft_hidden(sample_draft_tokens)
+            _keep_hidden_states(self)
+        self.drafter._sample_draft_tokens = types.MethodType(sample, self.drafter)
         logger.info("DIVERSED verification: drafts are verified against nu = w p + (1 - w) q with %s", identity)
 
     return __init__
+
+
+def _keep_hidden_states(runner) -> None:
+    """For an engine with a head that reads hidden states: keep the target's last hidden states at its logits rows
+    (``ExecuteModelState.sample_hidden_states``, which ``sample_tokens`` drops before sampling) and the draft's of
+    each request's drafts (keyed by request id, as vLLM keys the draft probabilities)."""
+    drafter = runner.drafter
+    drafter._diversed_hidden = None
+    drafter._diversed_last_hidden = None
+    drafter.propose = _wrap_propose(drafter.propose)
+    runner._diversed_target_hidden = None
+    runner._diversed_draft_hidden = None
+    runner._diversed_draft_hidden_req_ids = None
+    sample_tokens, propose_draft_token_ids = runner.sample_tokens, runner.propose_draft_token_ids
+
+    @functools.wraps(sample_tokens)
+    def sample_tokens_keeping_hidden(*args, **kwargs):
+        state = runner.execute_model_state
+        runner._diversed_target_hidden = None if state is None else state.sample_hidden_states
+        try:
+            return sample_tokens(*args, **kwargs)
+        finally:
+            runner._diversed_target_hidden = None
+
+    @functools.wraps(propose_draft_token_ids)
+    def propose_keeping_hidden(*args, **kwargs):
+        runner._diversed_draft_hidden = runner._diversed_draft_hidden_req_ids = None
+        draft_token_ids = propose_draft_token_ids(*args, **kwargs)
+        if drafter._diversed_last_hidden is not None:
+            runner._diversed_draft_hidden = drafter._diversed_last_hidden  # (batch, N, d_draft)
+            runner._diversed_draft_hidden_req_ids = runner.input_batch.req_ids.copy()
+            drafter._diversed_last_hidden = None
+        return draft_token_ids
+
+    runner.sample_tokens = sample_tokens_keeping_hidden
+    runner.propose_draft_token_ids = propose_keeping_hidden
+
+
+def _wrap_validate_params(original):
+    """``InputProcessor._validate_params`` (the front end, before a request reaches the engine) also checks the
+    request's ``extra_args["diversed"]`` against its engine: a bad value fails that request alone."""
+
+    @functools.wraps(original)
+    def _validate_params(self, params, *args, **kwargs):
+        result = original(self, params, *args, **kwargs)
+        if isinstance(params, SamplingParams) and isinstance(params.extra_args, dict) and CONFIG_KEY in params.extra_args:
+            request_rule(params.extra_args, settings_from_additional_config(self.vllm_config.additional_config))
+        return result
+
+    return _validate_params
+
+
+def _wrap_to_sampling_params(original):
+    """An OpenAI request's ``to_sampling_params`` carrying a ``"diversed"`` field of its body (``extra_body`` of the
+    OpenAI client; vLLM keeps unknown fields in ``model_extra``) into ``SamplingParams.extra_args``."""
+
+    @functools.wraps(original)
+    def to_sampling_params(self, *args, **kwargs):
+        params = original(self, *args, **kwargs)
+        extra = self.model_extra or {}
+        if CONFIG_KEY in extra:
+            params.extra_args = {**(params.extra_args or {}), CONFIG_KEY: extra[CONFIG_KEY]}
+        return params
+
+    return to_sampling_params
 
 
 def _wrap_use_v2(original: property) -> property:
@@ -222,6 +376,16 @@ def _wrap_use_v2(original: property) -> property:
     return property(use_v2_model_runner, doc=original.__doc__)
 
 
+def _openai_requests() -> list[type]:
+    """vLLM's OpenAI completion and chat request models, when the server's modules are importable."""
+    try:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    except ImportError:  # a process without the server's dependencies: it serves no OpenAI request
+        return []
+    return [CompletionRequest, ChatCompletionRequest]
+
+
 def install() -> None:
     """Install the wrappers above (once per process; vLLM loads general plugins in every process it starts)."""
     global _installed
@@ -234,5 +398,8 @@ def install() -> None:
     )
     runner = gpu_model_runner.GPUModelRunner
     runner.__init__ = _wrap_runner_init(runner.__init__)
+    InputProcessor._validate_params = _wrap_validate_params(InputProcessor._validate_params)
+    for request in _openai_requests():
+        request.to_sampling_params = _wrap_to_sampling_params(request.to_sampling_params)
     VllmConfig.use_v2_model_runner = _wrap_use_v2(VllmConfig.__dict__["use_v2_model_runner"])
     _installed = True

@@ -1,30 +1,46 @@
-"""What ``additional_config["diversed"]`` may say, checked, and the verifier it builds (no vLLM import here).
+"""What ``additional_config["diversed"]`` and a request's ``extra_args["diversed"]`` may say, checked, and the
+verifiers they build (no vLLM import here).
 
 An engine verifies against the DIVERSED mixture when its ``additional_config`` holds a ``"diversed"`` entry::
 
     {"diversed": {"target_weight": 0.5}}                       # static ensemble, nu = 0.5 p + 0.5 q
     {"diversed": {"head": "org/head-gsm8k", "revision": "v1"}} # DIVERSED head: w_t from DiversedHead.from_pretrained
+    {"diversed": {"target_weight": 1.0,                        # lossless by default; requests may pick a head
+                  "heads": {"gsm8k": "org/head-gsm8k", "xsum": {"head": "org/head-xsum", "revision": "v2"}}}}
 
-Keys:
+Engine keys:
 
-============= ===============================================================================================
-``target_weight`` the static ensemble's weight on the target, in [0, 1] (``StaticEnsembleVerifier``)
-``mixing``        ``"probs"`` (default, the paper) or ``"logits"``; only with ``target_weight`` (a head carries its own)
-``head``          a directory written by ``DiversedHead.save_pretrained`` or a Hub repo id
-``revision``      the head's Hub revision (only with ``head``)
-``local_files_only`` do not reach the Hub for the head (only with ``head``; ``HF_HUB_OFFLINE=1`` does the same)
-============= ===============================================================================================
+==================== ==========================================================================================
+``target_weight``    the default rule's static weight on the target, in [0, 1] (``StaticEnsembleVerifier``; 1 is
+                     lossless SD)
+``mixing``           ``"probs"`` (default, the paper) or ``"logits"``; only with ``target_weight``
+``head``             the default rule's head: a directory written by ``DiversedHead.save_pretrained`` or a Hub id
+``revision``         the default head's Hub revision (only with ``head``)
+``local_files_only`` do not reach the Hub for any head (``HF_HUB_OFFLINE=1`` does the same)
+``heads``            more heads the engine loads for requests to choose, by name: ``{name: source}`` or
+                     ``{name: {"head": source, "revision": rev}}``
+==================== ==========================================================================================
 
-Exactly one of ``target_weight`` and ``head``. Heads that read hidden states (``use_hidden_states=True``) are
-refused: vLLM's draft proposer and target pass do not hand the plugin the models' last-layer hidden states at the
-verified positions, so only heads on distribution features (``use_hidden_states=False``) run here.
+Exactly one of ``target_weight`` and ``head`` (the default rule). Heads may read hidden states
+(``use_hidden_states=True``): the plugin hands them the target's and the draft's last-layer hidden states at the
+verified positions; their recorded hidden sizes must be the engine's models' (:meth:`DiversedVllmSettings.build_rules`
+checks).
+
+A request picks its own rule with ``SamplingParams(extra_args={"diversed": {...}})`` (the OpenAI server: the same
+object as ``"diversed"`` in the request body, ``extra_body`` of the OpenAI client)::
+
+    {"target_weight": 1.0}          # lossless for this request
+    {"target_weight": 0.3}          # static ensemble (``"mixing"`` may come with it)
+    {"head": "gsm8k"}               # a head the engine loaded: a name in ``heads``, or the default head's source
+
+A request without it gets the engine's default rule. :func:`request_rule` checks the object, naming the bad key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +48,79 @@ from ..checks import is_real
 from ..head import DiversedHead
 from ..verifiers import MIXING_SPACES, HeadVerifier, StaticEnsembleVerifier, Verifier
 
-__all__ = ["CONFIG_KEY", "DiversedVllmSettings", "settings_from_additional_config"]
+__all__ = [
+    "CONFIG_KEY",
+    "DiversedVllmSettings",
+    "RequestRule",
+    "VerificationRules",
+    "request_rule",
+    "settings_from_additional_config",
+]
 
-#: the key of vLLM's ``additional_config`` this plugin reads
+#: the key of vLLM's ``additional_config`` and of a request's ``extra_args`` this plugin reads
 CONFIG_KEY = "diversed"
-_KEYS = ("target_weight", "mixing", "head", "revision", "local_files_only")
+_KEYS = ("target_weight", "mixing", "head", "revision", "local_files_only", "heads")
+_HEAD_KEYS = ("head", "revision")
+_REQUEST_KEYS = ("target_weight", "mixing", "head")
 _EXAMPLE = '{"diversed": {"target_weight": 0.5}} or {"diversed": {"head": "<dir or repo id>"}}'
+_REQUEST_EXAMPLE = '{"diversed": {"target_weight": 1.0}} or {"diversed": {"head": "<a head the engine loaded>"}}'
+
+
+def _check_weight(where: str, value: Any) -> None:
+    if not is_real(value) or math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f'{where}["target_weight"] must be a number in [0, 1] (the weight on the target; 1 is lossless SD, 0 '
+            f"accepts every draft), got {value!r}."
+        )
+
+
+def _check_mixing(where: str, mixing: Any, target_weight: Any) -> None:
+    if target_weight is None and mixing != "probs":
+        raise ValueError(
+            f'{where}["mixing"] is for `target_weight`; a head mixes in its own config\'s space (`mixing` in its '
+            f"config.json). Remove `mixing`, got {mixing!r}."
+        )
+    if mixing not in MIXING_SPACES:
+        raise ValueError(f'{where}["mixing"] must be one of {MIXING_SPACES}, got {mixing!r}.')
+
+
+def _named_heads(where: str, heads: Any) -> dict[str, tuple[str, str | None]]:
+    """``heads`` checked: ``{name: (source, revision)}``."""
+    if heads is None:
+        return {}
+    if not isinstance(heads, dict) or not heads:
+        raise ValueError(
+            f'{where}["heads"] must be a non-empty JSON object {{name: source}} (source: a directory written by '
+            f"DiversedHead.save_pretrained or a Hub repo id), got {heads!r}."
+        )
+    named = {}
+    for name, entry in heads.items():
+        key = f'{where}["heads"][{name!r}]'
+        if not isinstance(name, str) or not name:
+            raise ValueError(f'{where}["heads"] names must be non-empty strings, got {name!r}.')
+        if isinstance(entry, str):
+            entry = {"head": entry}
+        if not isinstance(entry, dict):
+            raise ValueError(f'{key} must be a head\'s source or {{"head": source, "revision": rev}}, got {entry!r}.')
+        unknown = sorted(set(entry) - set(_HEAD_KEYS))
+        if unknown:
+            raise ValueError(f"{key} has unknown keys {unknown}; the keys are {list(_HEAD_KEYS)}.")
+        source, revision = entry.get("head"), entry.get("revision")
+        if not isinstance(source, str) or not source:
+            raise ValueError(f'{key}["head"] must be a directory or a Hub repo id, got {source!r}.')
+        if revision is not None and not isinstance(revision, str):
+            raise ValueError(f'{key}["revision"] must be a string, got {revision!r}.')
+        named[name] = (source, revision)
+    return named
+
+
+@dataclass(frozen=True)
+class RequestRule:
+    """One request's checked ``extra_args["diversed"]``: a static weight (``mixing`` with it) or a head's name."""
+
+    target_weight: float | None = None
+    mixing: str = "probs"
+    head: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +132,7 @@ class DiversedVllmSettings:
     head: str | None = None
     revision: str | None = None
     local_files_only: bool = False
+    heads: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
         where = f'additional_config["{CONFIG_KEY}"]'
@@ -58,57 +142,150 @@ class DiversedVllmSettings:
                 f"got target_weight={self.target_weight!r}, head={self.head!r}. Example: {_EXAMPLE}."
             )
         if self.target_weight is not None:
-            value = self.target_weight
-            if not is_real(value) or math.isnan(value) or not 0.0 <= value <= 1.0:
-                raise ValueError(
-                    f"{where}[\"target_weight\"] must be a number in [0, 1] (the weight on the target; 1 is lossless "
-                    f"SD, 0 accepts every draft), got {value!r}."
-                )
-            if self.mixing not in MIXING_SPACES:
-                raise ValueError(f"{where}[\"mixing\"] must be one of {MIXING_SPACES}, got {self.mixing!r}.")
-            for name in ("revision",):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{where}[\"{name}\"] is for a head; it means nothing with `target_weight`.")
+            _check_weight(where, self.target_weight)
+            if self.revision is not None:
+                raise ValueError(f'{where}["revision"] is for a head; it means nothing with `target_weight`.')
         else:
             if not isinstance(self.head, str) or not self.head:
                 raise ValueError(
-                    f"{where}[\"head\"] must be a directory written by DiversedHead.save_pretrained or a Hub repo id, "
+                    f'{where}["head"] must be a directory written by DiversedHead.save_pretrained or a Hub repo id, '
                     f"got {self.head!r}."
                 )
-            if self.mixing != "probs":
-                raise ValueError(
-                    f"{where}[\"mixing\"] is for `target_weight`; a head mixes in its own config's space "
-                    f"(`mixing` in its config.json). Remove `mixing`, got {self.mixing!r}."
-                )
             if self.revision is not None and not isinstance(self.revision, str):
-                raise ValueError(f"{where}[\"revision\"] must be a string, got {self.revision!r}.")
+                raise ValueError(f'{where}["revision"] must be a string, got {self.revision!r}.')
+        _check_mixing(where, self.mixing, self.target_weight)
         if not isinstance(self.local_files_only, bool):
-            raise ValueError(f"{where}[\"local_files_only\"] must be true or false, got {self.local_files_only!r}.")
+            raise ValueError(f'{where}["local_files_only"] must be true or false, got {self.local_files_only!r}.')
+        _named_heads(where, self.heads)
+
+    @property
+    def head_sources(self) -> dict[str, tuple[str, str | None]]:
+        """Every head the engine loads, by the name a request picks it with: ``{name: (source, revision)}`` (the
+        default head goes by its source)."""
+        sources = _named_heads(f'additional_config["{CONFIG_KEY}"]', self.heads)
+        if self.head is not None:
+            sources.setdefault(self.head, (self.head, self.revision))
+        return sources
+
+    def default_rule(self) -> RequestRule:
+        if self.head is not None:
+            return RequestRule(head=self.head)
+        return RequestRule(target_weight=float(self.target_weight), mixing=self.mixing)
 
     def describe(self) -> str:
-        """One line for the logs: the rule and, for a head, where it came from."""
+        """One line for the logs: the default rule and, for a head, where it came from."""
         if self.head is None:
             return f"static ensemble, target_weight={self.target_weight}, mixing={self.mixing!r}"
         revision = f"@{self.revision}" if self.revision else ""
         return f"DIVERSED head {self.head}{revision}"
 
-    def build_verifier(self, device: Any = "cpu") -> tuple[Verifier, str]:
-        """The verifier whose ``verification_probs`` gives ``nu_t``, and a line naming it for the logs."""
-        if self.head is None:
-            return StaticEnsembleVerifier(self.target_weight, mixing=self.mixing), self.describe()
-        head = DiversedHead.from_pretrained(
-            self.head, revision=self.revision, local_files_only=self.local_files_only, device=device
-        )
-        if head.config.use_hidden_states:
-            raise ValueError(
-                f'additional_config["{CONFIG_KEY}"]["head"] = {self.head!r} is a head that reads hidden states '
-                "(use_hidden_states=True): vLLM's draft proposer and verification pass do not give the plugin both "
-                "models' last-layer hidden states at the verified positions. In vLLM, use a head on distribution "
-                "features only (DiversedHead.for_pair(..., use_hidden_states=False, features=[...]), trained with "
-                "the project's trainer) or a static weight ({\"target_weight\": w}); serve hidden-state heads with the "
-                "project's own `generate`."
+    def build_rules(
+        self, device: Any = "cpu", *, target_hidden_size: int | None = None, draft_hidden_size: int | None = None
+    ) -> tuple["VerificationRules", str]:
+        """Load every head and return the engine's rules and a line naming them for the logs.
+
+        ``target_hidden_size`` / ``draft_hidden_size`` (the engine's models') are checked against each head that
+        reads hidden states, so a head trained for another pair fails here, at start, and not on the first request.
+        """
+        heads, identities = {}, []
+        for name, (source, revision) in self.head_sources.items():
+            head = DiversedHead.from_pretrained(
+                source, revision=revision, local_files_only=self.local_files_only, device=device
             )
-        return HeadVerifier(head), f"{self.describe()} ({_head_identity(head, self.head)})"
+            config = head.config
+            for kind, expected, recorded in (
+                ("target", target_hidden_size, config.target_hidden_size),
+                ("draft", draft_hidden_size, config.draft_hidden_size),
+            ):
+                if config.use_hidden_states and expected is not None and recorded != expected:
+                    raise ValueError(
+                        f'additional_config["{CONFIG_KEY}"]: the head {name!r} ({source}) reads the {kind}\'s hidden '
+                        f"states of size {recorded}, but this engine's {kind} model has hidden size {expected}. Load "
+                        "a head trained for this pair, or one on distribution features (use_hidden_states=False)."
+                    )
+            heads[name] = HeadVerifier(head)
+            label = name if name == source else f"{name}={source}"
+            identities.append(f"{label}{'@' + revision if revision else ''} ({_head_identity(head, source)})")
+        rules = VerificationRules(self, heads)
+        identity = self.describe()
+        if self.head is not None:
+            identity += f" ({_head_identity(heads[self.head].head, self.head)})"
+        extra = [line for name, line in zip(heads, identities) if name != self.head]
+        if extra:
+            identity += "; requests may pick the heads " + "; ".join(extra)
+        return rules, identity
+
+    def build_verifier(self, device: Any = "cpu", **sizes) -> tuple[Verifier, str]:
+        """The default rule's verifier (whose ``verification_probs`` gives ``nu_t``) and the line for the logs."""
+        rules, identity = self.build_rules(device, **sizes)
+        return rules.default, identity
+
+
+class VerificationRules:
+    """An engine's verifiers: the default rule's and one per rule its requests ask for (heads loaded once)."""
+
+    def __init__(self, settings: DiversedVllmSettings, heads: dict[str, HeadVerifier]):
+        self.settings = settings
+        self.heads = heads
+        self._verifiers: dict[RequestRule, Verifier] = {}
+        self.default = self.verifier(settings.default_rule())
+
+    @property
+    def requires_hidden_states(self) -> bool:
+        """Whether some rule of this engine reads hidden states (the plugin then keeps them)."""
+        return any(verifier.requires_hidden_states for verifier in self.heads.values())
+
+    def verifier(self, rule: RequestRule) -> Verifier:
+        if rule not in self._verifiers:
+            if rule.head is not None:
+                self._verifiers[rule] = self.heads[rule.head]
+            else:
+                self._verifiers[rule] = StaticEnsembleVerifier(rule.target_weight, mixing=rule.mixing)
+        return self._verifiers[rule]
+
+    def for_request(self, extra_args: Any) -> Verifier:
+        """The verifier of a request with these ``SamplingParams.extra_args`` (checked: :func:`request_rule`)."""
+        rule = request_rule(extra_args, self.settings)
+        return self.default if rule is None else self.verifier(rule)
+
+
+def request_rule(extra_args: Any, settings: DiversedVllmSettings | None) -> RequestRule | None:
+    """A request's ``extra_args["diversed"]`` checked against its engine's settings (``None`` for an engine without
+    DIVERSED); ``None`` when the request does not choose (it gets the engine's default rule)."""
+    if not isinstance(extra_args, dict) or CONFIG_KEY not in extra_args:
+        return None
+    where = f'extra_args["{CONFIG_KEY}"]'
+    values = extra_args[CONFIG_KEY]
+    if settings is None:
+        raise ValueError(
+            f"{where} chooses a DIVERSED verification rule, but this engine verifies with vLLM's own rule: start it "
+            f'with additional_config={{"{CONFIG_KEY}": {{...}}}} (and a draft model), or drop {where}.'
+        )
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{where} must be a JSON object, got {type(values).__name__} {values!r}. Example: {_REQUEST_EXAMPLE}."
+        )
+    unknown = sorted(set(values) - set(_REQUEST_KEYS))
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; the keys are {list(_REQUEST_KEYS)}.")
+    target_weight, head, mixing = values.get("target_weight"), values.get("head"), values.get("mixing", "probs")
+    if (target_weight is None) == (head is None):
+        raise ValueError(
+            f"{where} must name exactly one of `target_weight` and `head`, got target_weight={target_weight!r}, "
+            f"head={head!r}. Example: {_REQUEST_EXAMPLE}."
+        )
+    if target_weight is not None:
+        _check_weight(where, target_weight)
+    _check_mixing(where, mixing, target_weight)
+    if head is not None:
+        loaded = sorted(settings.head_sources)
+        if not isinstance(head, str) or head not in loaded:
+            raise ValueError(
+                f'{where}["head"] must name a head this engine loaded ({loaded or "none"}: additional_config'
+                f'["{CONFIG_KEY}"]["heads"] names them), got {head!r}.'
+            )
+        return RequestRule(head=head)
+    return RequestRule(target_weight=float(target_weight), mixing=mixing)
 
 
 def _head_identity(head: DiversedHead, source: str) -> str:
@@ -120,10 +297,11 @@ def _head_identity(head: DiversedHead, source: str) -> str:
         digest.update(tensor.detach().float().cpu().numpy().tobytes())
     local = Path(source).expanduser()
     where = "local directory" if local.is_dir() else "Hub repo"
+    reads = "hidden states and " if config.use_hidden_states else ""
     return (
-        f"{where}; architecture={config.architecture!r}, mixing={config.mixing!r}, features={config.features}, "
-        f"task={config.task!r}, pair=({config.target_model_id!r}, {config.draft_model_id!r}), "
-        f"weights sha256={digest.hexdigest()[:16]}"
+        f"{where}; architecture={config.architecture!r}, mixing={config.mixing!r}, reads {reads}"
+        f"features={config.features}, task={config.task!r}, pair=({config.target_model_id!r}, "
+        f"{config.draft_model_id!r}), weights sha256={digest.hexdigest()[:16]}"
     )
 
 

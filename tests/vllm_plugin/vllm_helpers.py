@@ -88,11 +88,21 @@ def vllm_prompts(ids_list: list[list[int]]) -> list[dict]:
     return [{"prompt_token_ids": list(ids)} for ids in ids_list]
 
 
+@torch.no_grad()
+def next_hidden(model, ids: list[int]) -> torch.Tensor:  # (d,) the last-layer hidden state that gives next_probs
+    return model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0, -1]
+
+
+@torch.no_grad()
 def mixture_at(verifier, target, draft, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(nu, p, q)`` at the position after ``ids``, by the project's verifier on the transformers models."""
+    """``(nu, p, q)`` at the position after ``ids``, by the project's verifier on the transformers models (a head
+    that reads hidden states gets both models' last-layer hidden states there, as ``generate`` gives it)."""
     target_probs, draft_probs = next_probs(target, ids), next_probs(draft, ids)  # (vocab,), (vocab,)
-    verify_probs, _ = verifier.verification_probs(draft_probs[None, None], target_probs[None, None])  # (1, 1, vocab)
-    return verify_probs[0, 0], target_probs, draft_probs
+    hidden = {}
+    if verifier.requires_hidden_states:
+        hidden = dict(draft_hidden=next_hidden(draft, ids)[None, None], target_hidden=next_hidden(target, ids)[None, None])
+    verify_probs, _ = verifier.verification_probs(draft_probs[None, None], target_probs[None, None], **hidden)
+    return verify_probs[0, 0].double(), target_probs, draft_probs
 
 
 def law_prompt(verifier, target, draft, candidates: list[list[int]], min_gap: float = 0.15):
@@ -111,7 +121,15 @@ def law_prompt(verifier, target, draft, candidates: list[list[int]], min_gap: fl
 
 def check_law_and_acceptance(llm, verifier, target, draft, candidates, num_requests: int = 3000) -> None:
     """The token at the first drafted position follows ``nu`` (not ``p``), and vLLM's acceptance counters match
-    ``beta = sum_x min(q(x), nu(x))`` along the sampled prefixes.
+    ``beta = sum_x min(q(x), nu(x))`` along the sampled prefixes (one rule: the engine's default)."""
+    check_rules_law_and_acceptance(llm, [(verifier, None)], target, draft, candidates, num_requests)
+
+
+def check_rules_law_and_acceptance(llm, rules, target, draft, candidates, num_requests: int = 3000) -> None:
+    """For each ``(verifier, extra_args)`` of ``rules``, ``num_requests`` requests with those ``extra_args``, all
+    interleaved in one batch: the token at each request's first drafted position follows its own rule's ``nu`` (not
+    ``p``), and vLLM's acceptance counter matches the sum over rules of ``beta = sum_x min(q(x), nu(x))`` along the
+    sampled prefixes.
 
     vLLM samples the first token from the target at prefill; the next one is the first drafted position. With
     ``max_tokens=2`` each request has exactly one verification round, so vLLM's per-position counter at position 1
@@ -122,52 +140,71 @@ def check_law_and_acceptance(llm, verifier, target, draft, candidates, num_reque
     from diversed_hf import ops
     from tiny_models import empirical, tv_bound
 
-    prompt, first = law_prompt(verifier, target, draft, candidates)
+    exact = [getattr(verifier, "target_weight", None) == 1.0 for verifier, _ in rules]  # nu = p: no gap to find
+    prompts = [
+        law_prompt(verifier, target, draft, candidates, min_gap=-1.0 if is_exact else 0.15)
+        for (verifier, _), is_exact in zip(rules, exact)
+    ]
+    requests, params = [], []
+    for _ in range(num_requests):
+        for (prompt, _), (_, extra_args) in zip(prompts, rules):
+            requests.append(prompt)
+            params.append(SamplingParams(temperature=1.0, max_tokens=2, extra_args=extra_args))
     before = spec_metrics(llm)
-    outputs = llm.generate(vllm_prompts([prompt] * num_requests), SamplingParams(temperature=1.0, max_tokens=2),
-                           use_tqdm=False)
+    outputs = llm.generate(vllm_prompts(requests), params, use_tqdm=False)
     after = spec_metrics(llm)
     tokens = torch.tensor([list(output.outputs[0].token_ids)[:2] for output in outputs])  # (requests, 2)
-    assert tokens.shape == (num_requests, 2), "every request must emit its two tokens"
+    assert tokens.shape == (len(requests), 2), "every request must emit its two tokens"
     num_drafts = after["num_drafts"] - before["num_drafts"]
-    assert num_drafts == num_requests, f"each request must verify one drafted round, got {num_drafts} rounds"
+    assert num_drafts == len(requests), f"each request must verify one drafted round, got {num_drafts} rounds"
 
-    kept = tokens[tokens[:, 0] == first, 1]  # (m,) second tokens after the usual first token
-    verify_probs, target_probs, _ = mixture_at(verifier, target, draft, prompt + [first])
-    bound = tv_bound(verify_probs, kept.numel())
-    observed = empirical(kept, verify_probs.numel())
-    assert float(ops.total_variation(target_probs, verify_probs)) > 2 * bound, "the test must tell nu from p"
-    assert float(ops.total_variation(observed, verify_probs)) < bound
-
-    accepted = after["num_accepted_tokens_per_pos"][0] - before["num_accepted_tokens_per_pos"][0]
     expected, lossless = 0.0, 0.0
-    for token, count in zip(*tokens[:, 0].unique(return_counts=True)):
-        verify_probs, target_probs, draft_probs = mixture_at(verifier, target, draft, prompt + [int(token)])
-        expected += int(count) * float(torch.minimum(draft_probs, verify_probs).sum())
-        lossless += int(count) * float(torch.minimum(draft_probs, target_probs).sum())
-    expected, lossless = expected / num_requests, lossless / num_requests
-    hoeffding = (math.log(2 / 1e-6) / (2 * num_requests)) ** 0.5
+    for index, ((prompt, first), (verifier, _)) in enumerate(zip(prompts, rules)):
+        rule_tokens = tokens[index :: len(rules)]  # (num_requests, 2) this rule's requests
+        kept = rule_tokens[rule_tokens[:, 0] == first, 1]  # (m,) second tokens after the usual first token
+        verify_probs, target_probs, _ = mixture_at(verifier, target, draft, prompt + [first])
+        bound = tv_bound(verify_probs, kept.numel())
+        observed = empirical(kept, verify_probs.numel())
+        if not exact[index]:
+            assert float(ops.total_variation(target_probs, verify_probs)) > 2 * bound, "the test must tell nu from p"
+        assert float(ops.total_variation(observed, verify_probs)) < bound, f"rule {index} ({verifier})"
+        for token, count in zip(*rule_tokens[:, 0].unique(return_counts=True)):
+            verify_probs, target_probs, draft_probs = mixture_at(verifier, target, draft, prompt + [int(token)])
+            expected += int(count) * float(torch.minimum(draft_probs, verify_probs).sum())
+            lossless += int(count) * float(torch.minimum(draft_probs, target_probs).sum())
+    accepted = after["num_accepted_tokens_per_pos"][0] - before["num_accepted_tokens_per_pos"][0]
+    expected, lossless = expected / len(requests), lossless / len(requests)
+    hoeffding = (math.log(2 / 1e-6) / (2 * len(requests))) ** 0.5
     assert abs(expected - lossless) > 2 * hoeffding, "the test must tell DIVERSED's acceptance from lossless SD's"
     assert abs(accepted / num_drafts - expected) < hoeffding, (accepted / num_drafts, expected, lossless)
 
 
-def check_greedy_parity(llm, verifier, target, draft, prompts: list[list[int]], max_tokens: int = 40) -> None:
-    """Greedy output equals the project's ``generate(..., verifier=...)`` after vLLM's first token.
+def check_greedy_parity(
+    llm, verifier, target, draft, prompts: list[list[int]], max_tokens: int = 40, extra_args: list | None = None
+) -> None:
+    """Greedy output equals the project's ``generate(..., verifier=...)`` after vLLM's first token (``verifier``: one
+    rule, or one per prompt, sent with that prompt's ``extra_args``).
 
     vLLM emits the first token at prefill from the target alone (``argmax p``); the project's ``generate`` drafts
     it. So the comparison is: vLLM's first token is the target's argmax, and the rest is what ``generate`` makes
-    from the prompt followed by that token, drafting ``NUM_DRAFT_TOKENS`` per round.
+    from the prompt followed by that token, drafting ``NUM_DRAFT_TOKENS`` per round. vLLM drafts that many tokens up
+    to the last one, where ``generate`` drafts fewer as it nears ``max_new_tokens``; since a greedy lossy rule emits
+    ``argmax nu`` at a drafted position and ``argmax p`` at a bonus one, ``generate`` runs ``NUM_DRAFT_TOKENS``
+    further (same rounds as vLLM) and its output is cut at vLLM's length.
     """
     from vllm import SamplingParams
 
-    outputs = llm.generate(vllm_prompts(prompts), SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
-    for ids, output in zip(prompts, outputs):
+    extra_args = extra_args or [None] * len(prompts)
+    verifiers = verifier if isinstance(verifier, list) else [verifier] * len(prompts)
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for extra in extra_args]
+    outputs = llm.generate(vllm_prompts(prompts), params, use_tqdm=False)
+    for ids, output, verifier in zip(prompts, outputs, verifiers):
         emitted = list(output.outputs[0].token_ids)
         assert emitted[0] == int(next_probs(target, ids).argmax())
         context = torch.tensor([ids + emitted[:1]])
         expected = target.generate(
             context, attention_mask=torch.ones_like(context), assistant_model=draft, verifier=verifier,
-            do_sample=False, max_new_tokens=max_tokens - 1, num_assistant_tokens=NUM_DRAFT_TOKENS,
+            do_sample=False, max_new_tokens=max_tokens - 1 + NUM_DRAFT_TOKENS, num_assistant_tokens=NUM_DRAFT_TOKENS,
             num_assistant_tokens_schedule="constant",
-        )[0, context.shape[1]:].tolist()
+        )[0, context.shape[1] :].tolist()[: len(emitted) - 1]
         assert emitted[1:] == expected, f"prompt {ids}: vLLM {emitted[1:]} vs generate {expected}"
