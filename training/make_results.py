@@ -136,10 +136,12 @@ REAL_PAIR_SECTION = ("real_pair", "Real pair: SmolLM2-135M-Instruct and its self
 BLOCK_SECTION = ("block", "Block verification")
 #: vLLM against the project's generate, written by training/vllm_results.py (run in the vLLM environment)
 VLLM_SECTION = ("vllm", "Serving with vLLM")
+#: vLLM's OpenAI server under concurrent load, written by training/vllm_load.py
+VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
 #: the real pair's feature draft against its self-draft, written by training/eagle_results.py
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
 #: sections written by their own commands, carried over as they are
-CARRIED_SECTIONS = (REAL_PAIR_SECTION, EAGLE_SECTION, BLOCK_SECTION, VLLM_SECTION)
+CARRIED_SECTIONS = (REAL_PAIR_SECTION, EAGLE_SECTION, BLOCK_SECTION, VLLM_SECTION, VLLM_LOAD_SECTION)
 
 
 def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:

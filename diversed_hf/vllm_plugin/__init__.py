@@ -8,19 +8,22 @@ asks for it (README, "Serving with vLLM")::
               speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
                                   "draft_sample_method": "probabilistic"},
               additional_config={"diversed": {"head": "path/or/repo-id"}})  # or {"target_weight": 0.5}
+    llm.generate(prompts, SamplingParams(extra_args={"diversed": {"target_weight": 1.0}}))  # this request: lossless
 
     vllm serve TARGET --speculative-config '{...}' --additional-config '{"diversed": {"target_weight": 0.5}}'
 
 ``w_t`` is a static weight (:class:`~diversed_hf.verifiers.StaticEnsembleVerifier`) or comes from a
-:class:`~diversed_hf.head.DiversedHead` that reads distribution features only (``use_hidden_states=False``); heads
-that read hidden states are refused with an error saying so. Sampled output follows ``nu_t`` at drafted positions and
-``p`` at bonus positions; greedy output is ``generate(..., verifier=...)``'s (docs/method.md §2). Acceptance shows in
-vLLM's own spec-decoding metrics (``vllm:spec_decode_num_accepted_tokens`` and friends).
+:class:`~diversed_hf.head.DiversedHead`, which may read both models' last-layer hidden states (the plugin keeps them
+from vLLM's target pass and drafting steps). Each request may pick its own rule among the engine's (a weight, or a
+head the engine loaded, by name) through ``SamplingParams.extra_args["diversed"]``, or ``"diversed"`` in an OpenAI
+request's body; requests with different rules share a batch. Sampled output follows each request's ``nu_t`` at
+drafted positions and ``p`` at bonus positions; greedy output is ``generate(..., verifier=...)``'s (docs/method.md
+§2). Acceptance shows in vLLM's own spec-decoding metrics (``vllm:spec_decode_num_accepted_tokens`` and friends).
 
-Modules: :mod:`.settings` (the ``additional_config["diversed"]`` keys, checked), :mod:`.mixture` (``log nu_t`` from
-vLLM's tensors, via the project's verifiers), :mod:`.patches` (every vLLM internal touched, with the vLLM release it
-was written for), :mod:`.versions` (the tested vLLM releases; other releases refuse only the engines asking for
-DIVERSED). Nothing else in ``diversed_hf`` imports this package.
+Modules: :mod:`.settings` (the ``additional_config["diversed"]`` and per-request keys, checked), :mod:`.mixture`
+(``log nu_t`` from vLLM's tensors, via the project's verifiers), :mod:`.patches` (every vLLM internal touched, with
+the vLLM release it was written for), :mod:`.versions` (the tested vLLM releases; other releases refuse only the
+engines asking for DIVERSED). Nothing else in ``diversed_hf`` imports this package.
 """
 
 from __future__ import annotations

