@@ -2,13 +2,13 @@
 
 from . import verifiers
 from .candidates import DiversedCandidateGenerator
-from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
 from .compat import check_transformers_version
 from .eagle import EagleDraft, EagleDraftConfig
 from .feature_candidates import FeatureCandidateGenerator
 from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
 from .head import DiversedHead, DiversedHeadConfig
 from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
+from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
 from .verifiers import (
     BlockVerifier,
     ExactVerifier,

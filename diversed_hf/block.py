@@ -141,7 +141,9 @@ def block_round(
     reachable = before > 0  # (batch, N)
     scaled_draft = draft_probs / before.clamp(min=torch.finfo(before.dtype).tiny).unsqueeze(-1)  # (batch, N, vocab)
     position_acceptance = torch.where(
-        reachable, torch.minimum(verify_probs, scaled_draft).sum(dim=-1), torch.minimum(verify_probs, draft_probs).sum(dim=-1)
+        reachable,
+        torch.minimum(verify_probs, scaled_draft).sum(dim=-1),
+        torch.minimum(verify_probs, draft_probs).sum(dim=-1),
     ).clamp(max=1.0)  # (batch, N); unreachable positions get token-wise beta (their reach is 0 anyway)
     drafted_factor = torch.where(reachable, weights[:, 1:] / before.clamp(min=torch.finfo(before.dtype).tiny), 0.0)
     return num_accepted, next_tokens, position_acceptance, drafted_factor  # drafted_factor: (batch, N)

@@ -48,6 +48,7 @@ __all__ = [
     "DRAFT_LENGTH_DEFAULTS",
     "DiversedCandidateGenerator",
     "DraftCandidates",
+    "DraftLengthPolicy",
     "DraftCosts",
     "LinearVerifyCost",
     "Realignment",
@@ -57,7 +58,11 @@ __all__ = [
 ]
 
 #: transformers' draft-length knobs and the values used when neither ``generate`` nor a generation config sets them
-DRAFT_LENGTH_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": None}
+DRAFT_LENGTH_DEFAULTS = {
+    "num_assistant_tokens": 20,
+    "num_assistant_tokens_schedule": "constant",
+    "assistant_confidence_threshold": None,
+}
 
 
 def next_token_scores(
@@ -86,7 +91,8 @@ def check_draft_length_policy(schedule: str, confidence_threshold: float | None)
     if confidence_threshold is not None:
         if not is_real(confidence_threshold):
             raise TypeError(
-                f"`assistant_confidence_threshold` must be a number in [0, 1) or None, got {type(confidence_threshold).__name__} "
+                "`assistant_confidence_threshold` must be a number in [0, 1) or None, got "
+                f"{type(confidence_threshold).__name__} "
                 f"{confidence_threshold!r}."
             )
         if not 0 <= confidence_threshold < 1:
@@ -94,6 +100,59 @@ def check_draft_length_policy(schedule: str, confidence_threshold: float | None)
                 f"`assistant_confidence_threshold` must be in [0, 1) (0 or None: off), got {confidence_threshold!r}: a "
                 "threshold of 1 would stop every round after one draft."
             )
+
+
+@dataclass(frozen=True)
+class DraftLengthPolicy:
+    """How many tokens each row drafts: transformers' draft-length knobs, resolved once per call and checked.
+
+    ``num_assistant_tokens`` (``N``), ``schedule`` (``num_assistant_tokens_schedule``), ``confidence_threshold``
+    (``assistant_confidence_threshold``; ``None`` is off) and ``costs`` (``assistant_costs``, the ``"optimal"``
+    schedule's). :meth:`resolve` finds each where transformers does; the generation loop resolves once and hands the
+    policy to the candidate generator, which then reads nothing else.
+    """
+
+    num_assistant_tokens: int = DRAFT_LENGTH_DEFAULTS["num_assistant_tokens"]
+    schedule: str = DRAFT_LENGTH_DEFAULTS["num_assistant_tokens_schedule"]
+    confidence_threshold: float | None = DRAFT_LENGTH_DEFAULTS["assistant_confidence_threshold"]
+    costs: DraftCosts | None = None
+
+    def __post_init__(self):
+        count = self.num_assistant_tokens
+        if not is_integer(count) or count < 1:
+            raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {count!r}.")
+        object.__setattr__(self, "num_assistant_tokens", int(count))  # a numpy integer too
+        check_draft_length_policy(self.schedule, self.confidence_threshold)
+        threshold = self.confidence_threshold
+        object.__setattr__(self, "confidence_threshold", float(threshold) if threshold else None)  # 0 is off too
+        check_draft_costs(self.costs, self.schedule)
+
+    @classmethod
+    def resolve(
+        cls,
+        assistant_model,
+        generation_config=None,
+        *,
+        num_assistant_tokens: int | None = None,
+        schedule: str | None = None,
+        confidence_threshold: float | None = None,
+        costs: DraftCosts | None = None,
+    ) -> "DraftLengthPolicy":
+        """Each knob from its keyword, else ``generation_config`` (the one passed to ``generate``), else the
+        assistant's ``generation_config`` (where transformers reads them), else :data:`DRAFT_LENGTH_DEFAULTS`.
+        (transformers also applies a confidence threshold of 0.4 by default, adapted from ROC statistics when
+        scikit-learn is installed; here a threshold applies only when set.)"""
+        given = {
+            "num_assistant_tokens": num_assistant_tokens,
+            "num_assistant_tokens_schedule": schedule,
+            "assistant_confidence_threshold": confidence_threshold,
+        }
+        for name, value in given.items():
+            for config in (generation_config, getattr(assistant_model, "generation_config", None)):
+                if value is None and config is not None:
+                    value = getattr(config, name, None)
+            given[name] = DRAFT_LENGTH_DEFAULTS[name] if value is None else value
+        return cls(*given.values(), costs=costs)
 
 
 @dataclass(frozen=True)
@@ -126,8 +185,16 @@ class DraftCandidates(tuple):
     - ``untempered_draft_probs`` ``(batch, N_r, vocab)``: ``softmax(raw logits)`` (``output_untempered_probs``).
     """
 
-    def __new__(cls, candidate_ids, candidate_logits, *, draft_lengths, attention_mask, draft_hidden=None,
-                untempered_draft_probs=None):
+    def __new__(
+        cls,
+        candidate_ids,
+        candidate_logits,
+        *,
+        draft_lengths,
+        attention_mask,
+        draft_hidden=None,
+        untempered_draft_probs=None,
+    ):
         candidates = super().__new__(cls, (candidate_ids, candidate_logits))
         candidates.draft_lengths = draft_lengths  # (batch,)
         candidates.attention_mask = attention_mask  # (batch, L + N_r)
@@ -142,14 +209,6 @@ class DraftCandidates(tuple):
     @property
     def candidate_logits(self) -> torch.Tensor | None:  # (batch, N_r, vocab), None without drafts
         return self[1]
-
-
-def _knob(value, name: str, assistant_model):
-    """A draft-length knob: the keyword, else the assistant's ``generation_config`` (where transformers' own
-    generator reads it), else :data:`DRAFT_LENGTH_DEFAULTS`."""
-    if value is None:
-        value = getattr(assistant_model.generation_config, name, None)
-    return DRAFT_LENGTH_DEFAULTS[name] if value is None else value
 
 
 class DiversedCandidateGenerator(CandidateGenerator):
@@ -195,6 +254,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         output_hidden_states: return ``draft_hidden`` with the candidates (the verifier reads hidden states).
         output_untempered_probs: return ``untempered_draft_probs`` with the candidates.
         costs: ``"optimal"`` only: :class:`~diversed_hf.policies.DraftCosts` to use instead of measured ones.
+        policy: the four knobs above already resolved (:class:`DraftLengthPolicy`; the batched loop passes it), in
+            place of them.
         target: ``"optimal"`` only: the target model, the other half of the key of the cross-call statistics.
         setting: ``"optimal"`` only: the rest of the acceptance prior's key
             (:func:`~diversed_hf.policies.acceptance_setting`).
@@ -221,21 +282,29 @@ class DiversedCandidateGenerator(CandidateGenerator):
         costs: DraftCosts | None = None,
         target=None,
         setting=None,
+        policy: DraftLengthPolicy | None = None,
     ):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ""
             raise TypeError(
                 "`input_ids` must be the prompt as a (batch, length) tensor, the first argument as transformers passes "
-                f"it; got {type(input_ids).__name__}{'' if not isinstance(input_ids, torch.Tensor) else tuple(input_ids.shape)}."
+                f"it; got {type(input_ids).__name__}{shape}."
             )
-        num_assistant_tokens = _knob(num_assistant_tokens, "num_assistant_tokens", assistant_model)
-        schedule = _knob(schedule, "num_assistant_tokens_schedule", assistant_model)
-        confidence_threshold = _knob(confidence_threshold, "assistant_confidence_threshold", assistant_model)
-        if not is_integer(num_assistant_tokens) or num_assistant_tokens < 1:
-            raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {num_assistant_tokens!r}.")
-        num_assistant_tokens = int(num_assistant_tokens)  # a numpy integer too
-        check_draft_length_policy(schedule, confidence_threshold)
-        confidence_threshold = None if confidence_threshold is None else float(confidence_threshold)
-        check_draft_costs(costs, schedule)
+        if policy is None:  # transformers' own loop: the knobs from the keywords or the assistant's config
+            policy = DraftLengthPolicy.resolve(
+                assistant_model,
+                num_assistant_tokens=num_assistant_tokens,
+                schedule=schedule,
+                confidence_threshold=confidence_threshold,
+                costs=costs,
+            )
+        elif any(value is not None for value in (num_assistant_tokens, schedule, confidence_threshold, costs)):
+            raise TypeError(
+                "Pass the draft-length knobs either as `policy` or as `num_assistant_tokens` / `schedule` / "
+                "`confidence_threshold` / `costs`, not both."
+            )
+        num_assistant_tokens, schedule = policy.num_assistant_tokens, policy.schedule
+        self.policy = policy
         if max_new_tokens is None:
             max_length = getattr(generation_config, "max_length", None)
             if max_length is None:
@@ -248,7 +317,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             do_sample = bool(getattr(generation_config, "do_sample", False))
         batch_size, device = input_ids.shape[0], input_ids.device
         self.schedule = schedule
-        self.confidence_threshold = confidence_threshold or None
+        self.confidence_threshold = policy.confidence_threshold
         self.draft_model = assistant_model
         self.num_draft_tokens = num_assistant_tokens  # N
         self.vocab_size = vocab_size or text_vocab_size(assistant_model)
@@ -264,8 +333,9 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.row_num_tokens = torch.full_like(self.remaining, num_assistant_tokens)  # (batch,) schedule values
         self._finished_num_tokens: list[torch.Tensor] = []  # schedule values of rows that left the batch
         self.optimal = (  # "optimal": per-row estimates, costs, the cross-call statistics
-            OptimalSchedule(assistant_model, num_assistant_tokens, target=target, setting=setting, costs=costs)
-            if schedule == "optimal" else None
+            OptimalSchedule(assistant_model, num_assistant_tokens, target=target, setting=setting, costs=policy.costs)
+            if schedule == "optimal"
+            else None
         )
         if self.optimal is not None:
             first = self.optimal.start(batch_size, device)  # (batch,) or None
@@ -295,7 +365,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         return torch.minimum(self.row_num_tokens, remaining - 1).clamp(min=0)
 
     def _prompt_mask_to(self, input_ids: torch.Tensor) -> torch.Tensor:  # (batch, L)
-        """Without a mask from the caller (transformers' loop): the prompt's mask, then ones for every token after it."""
+        """Without a mask from the caller (transformers' loop): the prompt's mask, then ones for every token after
+        it."""
         if self.prompt_mask is None:
             return torch.ones_like(input_ids)
         extra = input_ids.shape[1] - self.prompt_mask.shape[1]
@@ -309,8 +380,12 @@ class DiversedCandidateGenerator(CandidateGenerator):
         """One draft pass over ``chunk`` on top of the draft cache: the last column's logits and, when the verifier
         reads them, its last hidden state."""
         out = compat.forward_with_cache(
-            self.draft_model, draft_input_ids(self.draft_model, chunk, self.vocab_size), attention_mask, self.cache,
-            logits_to_keep=1, output_hidden_states=self.output_hidden_states,
+            self.draft_model,
+            draft_input_ids(self.draft_model, chunk, self.vocab_size),
+            attention_mask,
+            self.cache,
+            logits_to_keep=1,
+            output_hidden_states=self.output_hidden_states,
         )
         return out.logits[:, -1], out.hidden_states[-1][:, -1] if self.output_hidden_states else None
 
@@ -319,8 +394,11 @@ class DiversedCandidateGenerator(CandidateGenerator):
         realignment's shift), or of ``input_ids`` in transformers' loop."""
         if realignment is not None:
             compat.realign_cache(
-                self.cache, kept=realignment.kept, length=realignment.new_length - 2,
-                shifts=realignment.shifts, leading=realignment.leading,
+                self.cache,
+                kept=realignment.kept,
+                length=realignment.new_length - 2,
+                shifts=realignment.shifts,
+                leading=realignment.leading,
             )
         else:
             compat.crop_cache(self.cache, input_ids.shape[1] - 2)
@@ -347,7 +425,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
             )
         if input_ids.shape[0] != self.draft_lengths.shape[0]:
             raise ValueError(
-                f"`input_ids` has {input_ids.shape[0]} rows but the generator drafts for {self.draft_lengths.shape[0]}: "
+                f"`input_ids` has {input_ids.shape[0]} rows but the generator drafts for "
+                f"{self.draft_lengths.shape[0]}: "
                 "rows leave the batch only through `update_candidate_strategy(..., realignment=Realignment(kept=...))`."
             )
         if attention_mask is None:
@@ -365,7 +444,9 @@ class DiversedCandidateGenerator(CandidateGenerator):
         row_length = int(lengths[0]) if scalar_rule else 0
         reach = 1.0 if scalar_rule else torch.ones(batch_size, device=input_ids.device)  # the rule's P(all pass)
         for step in range(num_round_drafts):
-            step_logits, step_hidden = self.draft_forward(chunk, candidate_mask)  # (batch, V'), (batch, d_draft) or None
+            step_logits, step_hidden = self.draft_forward(
+                chunk, candidate_mask
+            )  # (batch, V'), (batch, d_draft) or None
             step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, step_logits, self.vocab_size)
             step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
             check_finite_mass(step_probs, "draft", first_position=len(probs))
@@ -408,7 +489,10 @@ class DiversedCandidateGenerator(CandidateGenerator):
             drafted = candidate_ids[:, candidate_ids.shape[1] - len(probs) :, None]  # (batch, N_r, 1)
             self.draft_confidence = torch.stack(probs, dim=1).gather(2, drafted).squeeze(2)
         return DraftCandidates(
-            candidate_ids, candidate_logits, draft_lengths=lengths, attention_mask=candidate_mask,
+            candidate_ids,
+            candidate_logits,
+            draft_lengths=lengths,
+            attention_mask=candidate_mask,
             draft_hidden=torch.stack(hidden, dim=1) if hidden else None,  # (batch, N_r, d_draft)
             untempered_draft_probs=torch.stack(untempered, dim=1) if untempered else None,  # (batch, N_r, vocab)
         )
@@ -454,8 +538,12 @@ class DiversedCandidateGenerator(CandidateGenerator):
                     "`_assisted_decoding`. Use another `num_assistant_tokens_schedule` there."
                 )
             self.optimal.observe(
-                position_acceptance, drafted_acceptance, self.draft_lengths, seconds,
-                confidence=self.draft_confidence, num_matches=num_matches,
+                position_acceptance,
+                drafted_acceptance,
+                self.draft_lengths,
+                seconds,
+                confidence=self.draft_confidence,
+                num_matches=num_matches,
             )
         self.remaining = self.remaining - (num_matches + 1)  # (batch,) what each row may still emit
         if kept is None and input_ids.shape[0] != self.remaining.shape[0]:

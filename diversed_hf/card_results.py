@@ -68,7 +68,7 @@ def load_results(source: Any) -> dict:
             raise ValueError(f"{where}: `setting` must be a JSON object, got {type(setting).__name__}.")
     else:
         raise ValueError(
-            f"{where} must be a list of result rows or an object {{\"setting\": {{...}}, \"rows\": [...]}}; "
+            f'{where} must be a list of result rows or an object {{"setting": {{...}}, "rows": [...]}}; '
             "see the format in the diversed_hf.cards docstring."
         )
     rows = []
@@ -77,18 +77,24 @@ def load_results(source: Any) -> dict:
             raise ValueError(f"{where}: row {index} must be a JSON object, got {raw!r}.")
         method = raw.get("method")
         if not isinstance(method, str) or not method:
-            raise ValueError(f"{where}: row {index} needs a non-empty string `method` (e.g. \"sd\", \"diversed\"), got {method!r}.")
+            raise ValueError(
+                f'{where}: row {index} needs a non-empty string `method` (e.g. "sd", "diversed"), got {method!r}.'
+            )
         family = raw.get("family")
         row: dict[str, Any] = {"method": method, "family": family if isinstance(family, str) else None}
         for name, (low, high) in RESULT_FIELDS.items():
             value = raw.get(name)
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                    raise ValueError(f"{where}: row {index} ({method}) `{name}` must be a number or null, got {value!r}.")
+                    raise ValueError(
+                        f"{where}: row {index} ({method}) `{name}` must be a number or null, got {value!r}."
+                    )
                 if value < low or (high is not None and value > high):
                     interval = f"[{low}, {high}]" if high is not None else f">= {low}"
                     hint = " Write fractions: 72.6 % is 0.726, ROUGE-2 7.09 is 0.0709." if high == 1.0 else ""
-                    raise ValueError(f"{where}: row {index} ({method}) `{name}` = {value!r} is outside {interval}.{hint}")
+                    raise ValueError(
+                        f"{where}: row {index} ({method}) `{name}` = {value!r} is outside {interval}.{hint}"
+                    )
                 value = float(value)
             row[name] = value
         metric = raw.get("quality_metric")
@@ -132,14 +138,23 @@ def _check_selection(selection: Any, where: str) -> dict:
     entries = []
     for index, raw in enumerate(front):
         if not isinstance(raw, dict) or not isinstance(raw.get("method"), str):
-            raise ValueError(f"{where}: `selection.front[{index}]` must be an object with a string `method`, got {raw!r}.")
+            raise ValueError(
+                f"{where}: `selection.front[{index}]` must be an object with a string `method`, got {raw!r}."
+            )
         entry = {"method": raw["method"]}
         for name, (low, high) in FRONT_FIELDS.items():
             value = raw.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
-                                      or value < low or (high is not None and value > high)):
-                raise ValueError(f"{where}: `selection.front[{index}].{name}` = {value!r} must be a number in "
-                                 f"[{low}, {high if high is not None else 'inf'}] or null (fractions: 72.6 % is 0.726).")
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or math.isnan(value)
+                or value < low
+                or (high is not None and value > high)
+            ):
+                raise ValueError(
+                    f"{where}: `selection.front[{index}].{name}` = {value!r} must be a number in "
+                    f"[{low}, {high if high is not None else 'inf'}] or null (fractions: 72.6 % is 0.726)."
+                )
             entry[name] = None if value is None else float(value)
         entries.append(entry)
     if selection["chosen"] not in {entry["method"] for entry in entries}:
@@ -150,8 +165,13 @@ def _check_selection(selection: Any, where: str) -> dict:
     lam = selection.get("lambda_acceptance")
     if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))):
         raise ValueError(f"{where}: `selection.lambda_acceptance` must be a number, got {lam!r}.")
-    return {"rule": selection["rule"], "chosen": selection["chosen"], "lambda_acceptance": lam, "front": entries,
-            "command": command}
+    return {
+        "rule": selection["rule"],
+        "chosen": selection["chosen"],
+        "lambda_acceptance": lam,
+        "front": entries,
+        "command": command,
+    }
 
 
 def _format_selection(selection: dict | None) -> dict | None:
@@ -178,8 +198,13 @@ def _format_selection(selection: dict | None) -> dict | None:
         }
         rows.append({key: f"**{value}**" for key, value in cells.items()} if chosen else cells)
     lam = selection["lambda_acceptance"]
-    return {"rule": selection["rule"], "chosen": selection["chosen"], "rows": rows, "command": selection["command"],
-            "lambda_acceptance": None if lam is None else f"{lam:g}"}
+    return {
+        "rule": selection["rule"],
+        "chosen": selection["chosen"],
+        "rows": rows,
+        "command": selection["command"],
+        "lambda_acceptance": None if lam is None else f"{lam:g}",
+    }
 
 
 def _format_calibration(calibration: Any, where: str, metric: str | None) -> dict | None:
@@ -190,33 +215,48 @@ def _format_calibration(calibration: Any, where: str, metric: str | None) -> dic
     if isinstance(calibration, (str, os.PathLike)):
         calibration = hub.read_json(Path(calibration), "Calibration")
     if not isinstance(calibration, dict) or not isinstance(calibration.get("rows"), list) or not calibration["rows"]:
-        raise ValueError(f"{where}: a calibration must be an object with non-empty `rows` (training/calibrate_head.py "
-                         f"writes it), got {calibration!r:.200}.")
+        raise ValueError(
+            f"{where}: a calibration must be an object with non-empty `rows` (training/calibrate_head.py "
+            f"writes it), got {calibration!r:.200}."
+        )
     settings = calibration.get("settings") or {}
     scale, unit = (100, " %") if canonical_metric(metric or "") in ("exact_match", "pass@1") else (1, "")
     try:
         target, chosen = float(calibration["target_quality"]), float(calibration["chosen_offset"])
         tolerance = float(settings.get("tolerance") or 0.0)
-        rows = [(float(row["offset"]), float(row["quality"]), float(row["acceptance_rate"])) for row in calibration["rows"]]
+        rows = [
+            (float(row["offset"]), float(row["quality"]), float(row["acceptance_rate"])) for row in calibration["rows"]
+        ]
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{where}: a calibration needs `target_quality`, `chosen_offset` and rows with `offset`, "
-                         f"`quality` and `acceptance_rate` (numbers): {error}") from None
+        raise ValueError(
+            f"{where}: a calibration needs `target_quality`, `chosen_offset` and rows with `offset`, "
+            f"`quality` and `acceptance_rate` (numbers): {error}"
+        ) from None
     if chosen not in [offset for offset, _, _ in rows]:
         raise ValueError(f"{where}: `chosen_offset` {chosen:g} is not an `offset` of the rows.")
     points = "" if not unit else " point" if scale * tolerance == 1 else " points"
     bar = f"{scale * target:.1f}{unit}" + (f" minus {scale * tolerance:g}{points}" if tolerance else "")
     quality_of = dict((offset, quality) for offset, quality, _ in rows)
-    rule = (f"the highest acceptance whose quality is at least target-only decoding's ({bar})"
-            if quality_of[chosen] >= target - tolerance - 1e-12 else f"no offset reached target-only decoding's {bar}, so "
-            "the best quality")
+    rule = (
+        f"the highest acceptance whose quality is at least target-only decoding's ({bar})"
+        if quality_of[chosen] >= target - tolerance - 1e-12
+        else f"no offset reached target-only decoding's {bar}, so the best quality"
+    )
     table = []
     for offset, quality, acceptance in rows:
         cells = [f"{offset:g}", f"{scale * quality:.2f}", f"{100 * acceptance:.1f} %"]
         table.append([f"**{cell}**" for cell in cells] if offset == chosen else cells)
-    return {"offset": f"{chosen:g}", "rule": rule, "rows": table, "target_quality": f"{scale * target:.1f}{unit}",
-            "split": settings.get("split", "train"), "num_prompts": settings.get("num_examples", "?"),
-            "num_samples": settings.get("num_sampling_seeds", 1), "temperature": settings.get("temperature", "?"),
-            "num_draft_tokens": settings.get("num_draft_tokens", "?")}
+    return {
+        "offset": f"{chosen:g}",
+        "rule": rule,
+        "rows": table,
+        "target_quality": f"{scale * target:.1f}{unit}",
+        "split": settings.get("split", "train"),
+        "num_prompts": settings.get("num_examples", "?"),
+        "num_samples": settings.get("num_sampling_seeds", 1),
+        "temperature": settings.get("temperature", "?"),
+        "num_draft_tokens": settings.get("num_draft_tokens", "?"),
+    }
 
 
 def _derive_speedups(rows: list[dict]) -> None:
@@ -282,15 +322,19 @@ def _format_rows(results: dict) -> list[dict]:
             return "-"
         if row["quality_delta_low"] is None or row["quality_delta_high"] is None:
             return f"{100 * row['quality_delta']:+.1f}"
-        return (f"{100 * row['quality_delta']:+.1f} [{100 * row['quality_delta_low']:+.1f}, "
-                f"{100 * row['quality_delta_high']:+.1f}]")
+        return (
+            f"{100 * row['quality_delta']:+.1f} [{100 * row['quality_delta_low']:+.1f}, "
+            f"{100 * row['quality_delta_high']:+.1f}]"
+        )
 
     task = results["setting"].get("task")
     formatted = []
     for row in results["rows"]:
         cells = {
             "method": row["method"],
-            "acceptance_rate": fmt(None if row["acceptance_rate"] is None else 100 * row["acceptance_rate"], "{:.1f} %"),
+            "acceptance_rate": fmt(
+                None if row["acceptance_rate"] is None else 100 * row["acceptance_rate"], "{:.1f} %"
+            ),
             "quality": fmt(None if row["quality"] is None else 100 * row["quality"], "{:.2f}"),
             "seconds_per_sample": fmt(row["seconds_per_sample"], "{:.3g}"),
             "tokens_per_second": fmt(row["tokens_per_second"], "{:.1f}"),
@@ -336,6 +380,8 @@ def goal_text(training: dict | None, results: dict | None) -> str | None:
     if delta < -100 * allowed:
         short.append(f"quality {-100 * allowed - delta:.1f} points beyond the allowed loss")
     verdict = "**met**" if not short else "**missed**: " + ", ".join(short)
-    return (f"Goal (recorded with the training configuration): acceptance at least {ratio:g}x lossless SD's with "
-            f"quality within {100 * allowed:g} point{'s' if allowed != 0.01 else ''} of the target distribution. "
-            f"Measured above: {measured:.2f}x at {delta:+.1f}{interval} points: {verdict}.")
+    return (
+        f"Goal (recorded with the training configuration): acceptance at least {ratio:g}x lossless SD's with "
+        f"quality within {100 * allowed:g} point{'s' if allowed != 0.01 else ''} of the target distribution. "
+        f"Measured above: {measured:.2f}x at {delta:+.1f}{interval} points: {verdict}."
+    )

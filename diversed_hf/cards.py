@@ -54,7 +54,8 @@ rendered from the files in the head's directory:
     ``"sd"`` row (by ``method``, or by ``family`` as ``diversed-hf bench`` writes it) has it. Other
     keys are allowed and ignored. DIVERSED rows (``family`` ``"diversed"``, or a method name
     starting with ``diversed``) are shown in bold, except rows of a head trained for another task
-    (``head_task`` differs from the setting's ``task``: the transfer experiment). ``diversed-hf bench`` writes one such file per
+    (``head_task`` differs from the setting's ``task``: the transfer experiment). ``diversed-hf bench`` writes one
+    such file per
     task (``results_<task>.json``): copy it next to the head as ``results.json``.
 
 The task's description, Hub datasets and default metric, and the label of the quality column, come
@@ -91,6 +92,7 @@ from .card_results import (  # noqa: F401  (re-exported: the results schema is p
     load_results,
     write_results,
 )
+from .hub import HUB_TAGS, LIBRARY_NAME, PAPER_URL  # noqa: F401  (re-exported: the cards' names for them)
 from .tasks import metric_label
 
 #: written next to a head by training/calibrate_head.py; the card shows it as the head's operating point
@@ -127,10 +129,6 @@ CITATION = """@inproceedings{wang2026diversed,
   archivePrefix = {arXiv}
 }"""
 
-PAPER_URL = "https://arxiv.org/abs/2604.07622"
-LIBRARY_NAME = "diversed_hf"
-#: tags of every head on the Hub (the card adds the head's task, and the tag huggingface_hub's mixin adds)
-HUB_TAGS = ("diversed", "speculative-decoding", "ensemble-head")
 MIXIN_TAG = "model_hub_mixin"
 
 #: ``config._name_or_path`` of the testbed's models (``diversed_hf.testbed.load_pair()`` sets it): a stable id
@@ -226,8 +224,11 @@ def _testbed_name(model_id: str | None) -> str | None:
 
 
 #: ``config._name_or_path`` of the real pair's models (``diversed_hf.testbed.load_pair("smollm2")`` sets them)
-REAL_PAIR_MODEL_IDS = {"target": "diversed_hf/smollm2-135m-instruct", "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
-                       "eagle": "diversed_hf/smollm2-135m-instruct-eagle"}
+REAL_PAIR_MODEL_IDS = {
+    "target": "diversed_hf/smollm2-135m-instruct",
+    "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
+    "eagle": "diversed_hf/smollm2-135m-instruct-eagle",
+}
 _REAL_PAIR_NAMES = {
     REAL_PAIR_MODEL_IDS["target"]: ("SmolLM2-135M-Instruct", 'load_pair("smollm2")'),
     REAL_PAIR_MODEL_IDS["draft"]: ("SmolLM2-135M-Instruct's self-draft", 'load_pair("smollm2", draft="self")'),
@@ -256,7 +257,7 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> 
         "    **inputs, assistant_model=draft, diversed_head=head,\n"
         f"    num_assistant_tokens={num_draft_tokens}, do_sample=True, max_new_tokens=128,\n"
         ")\n"
-        "print(tokenizer.decode(output[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))"
+        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
     )
     if _testbed_name(config.target_model_id) and _testbed_name(config.draft_model_id):
         task = config.task if config.task in ("arith", "summary") else "arith"
@@ -329,7 +330,9 @@ def card_data(config: "DiversedHeadConfig | Mapping[str, Any]", training_config:
     tags = {*HUB_TAGS, MIXIN_TAG}
     if isinstance(config.task, str) and config.task:
         tags.add(config.task)
-    base_models = [model for model in (_hub_model_id(config.target_model_id), _hub_model_id(config.draft_model_id)) if model]
+    base_models = [
+        model for model in (_hub_model_id(config.target_model_id), _hub_model_id(config.draft_model_id)) if model
+    ]
     extra = {"base_model_relation": "adapter"} if base_models else {}
     return ModelCardData(
         library_name=LIBRARY_NAME,

@@ -6,6 +6,7 @@ Every check raises a ``ValueError`` / ``TypeError`` that names the argument, wha
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import torch
 
@@ -43,6 +44,8 @@ def _check_distribution(name: str, probs: torch.Tensor) -> None:
         )
 
 
+# One of the two functions over 80 lines in the package, kept whole on purpose: a flat list of independent checks,
+# one per argument in the order of the signature, each raising its own message; splitting it would only scatter them.
 def check_round_inputs(
     draft_ids: torch.Tensor,  # (batch, N)
     draft_probs: torch.Tensor,  # (batch, N, vocab)
@@ -72,7 +75,9 @@ def check_round_inputs(
     }
     if draft_lengths is not None:
         if not isinstance(draft_lengths, torch.Tensor) or tuple(draft_lengths.shape) != (batch_size,):
-            got = tuple(draft_lengths.shape) if isinstance(draft_lengths, torch.Tensor) else type(draft_lengths).__name__
+            got = (
+                tuple(draft_lengths.shape) if isinstance(draft_lengths, torch.Tensor) else type(draft_lengths).__name__
+            )
             raise ValueError(f"`draft_lengths` must be a tensor of shape (batch,) = ({batch_size},), got {got}.")
         if draft_lengths.is_floating_point() or draft_lengths.dtype == torch.bool:
             raise TypeError(f"`draft_lengths` must hold integers, got dtype {draft_lengths.dtype}.")
@@ -96,7 +101,13 @@ def check_round_inputs(
         shape = expected[name]
         if not isinstance(value, torch.Tensor) or tuple(value.shape[: len(shape)]) != shape or value.dim() != 3:
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            what = "(batch, N, hidden)" if name == "draft_hidden" else "(batch, N + 1, hidden)" if name == "target_hidden" else ""
+            what = (
+                "(batch, N, hidden)"
+                if name == "draft_hidden"
+                else "(batch, N + 1, hidden)"
+                if name == "target_hidden"
+                else ""
+            )
             raise ValueError(
                 f"`{name}` must have shape {shape + (('hidden',) if 'hidden' in name else ())} {what}".rstrip()
                 + f" for `draft_ids` of shape {tuple(draft_ids.shape)} and a vocabulary of {vocab_size}, got {got}."
@@ -115,7 +126,8 @@ def check_round_inputs(
         if bool(zero.any()):
             row, position = zero.nonzero()[0].tolist()
             raise ValueError(
-                f"`draft_ids[{row}, {position}]` = {int(draft_ids[row, position])} has probability 0 under `draft_probs`: "
+                f"`draft_ids[{row}, {position}]` = {int(draft_ids[row, position])} has probability 0 under "
+                "`draft_probs`: "
                 "drafts must be drawn from the draft distribution they are verified with."
             )
 
@@ -162,16 +174,21 @@ def check_verification_output(
     if not isinstance(verify_probs, torch.Tensor) or tuple(verify_probs.shape) != tuple(shape):
         got = tuple(verify_probs.shape) if isinstance(verify_probs, torch.Tensor) else type(verify_probs).__name__
         raise ValueError(
-            f"{where} must return `verify_probs` of shape (batch, N, vocab) = {tuple(shape)}, the shape of `draft_probs`, "
+            f"{where} must return `verify_probs` of shape (batch, N, vocab) = {tuple(shape)}, the shape of "
+            "`draft_probs`, "
             f"got {got}."
         )
     if not verify_probs.is_floating_point():
-        raise TypeError(f"{where} returned `verify_probs` of dtype {verify_probs.dtype}; return floating-point probabilities.")
+        raise TypeError(
+            f"{where} returned `verify_probs` of dtype {verify_probs.dtype}; return floating-point probabilities."
+        )
     if target_weight is not None and (
         not isinstance(target_weight, torch.Tensor) or tuple(target_weight.shape) != tuple(shape[:2])
     ):
         got = tuple(target_weight.shape) if isinstance(target_weight, torch.Tensor) else type(target_weight).__name__
-        raise ValueError(f"{where} must return `target_weight` of shape (batch, N) = {tuple(shape[:2])} or None, got {got}.")
+        raise ValueError(
+            f"{where} must return `target_weight` of shape (batch, N) = {tuple(shape[:2])} or None, got {got}."
+        )
     if not verify_probs.numel():
         return
     tolerance = _probability_tolerance(verify_probs)
@@ -196,3 +213,13 @@ def check_verification_output(
         "`verify_probs` as a mixture of `draft_probs` and `target_probs` with weights in [0, 1], or normalise it: "
         "`probs / probs.sum(-1, keepdim=True)`)."
     )
+
+
+def check_columns(dataset, required: Sequence[str], what: str) -> None:
+    """Raise a ValueError naming the columns of ``required`` that ``dataset`` (a ``datasets.Dataset``) lacks."""
+    missing = [c for c in required if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"{what} lacks the columns {missing} (it has {dataset.column_names}); it needs {list(required)}. Use files "
+            "in the same schema as the Hub dataset, or rename the columns with `dataset.rename_column(old, new)`."
+        )

@@ -73,7 +73,9 @@ def run_script(main: Callable[[list[str]], object], argv: Sequence[str] | None =
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """List ``--debug`` in a script's ``--help`` (:func:`run_script` reads it; ``main`` may ignore it)."""
-    parser.add_argument("--debug", action="store_true", help="On an error, show its traceback (default: one line, exit status 2).")
+    parser.add_argument(
+        "--debug", action="store_true", help="On an error, show its traceback (default: one line, exit status 2)."
+    )
 
 
 def other_spelling(option: str) -> str | None:
@@ -116,7 +118,9 @@ def _check_can_create(directory: Path, flag: str, target: Path) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"`{flag}` {target} cannot be created: {existing} is a file, not a directory. Pass another path.")
+        raise ValueError(
+            f"`{flag}` {target} cannot be created: {existing} is a file, not a directory. Pass another path."
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(f"`{flag}` {target}: {existing} is not writable by this user. Pass a path you can write.")
 

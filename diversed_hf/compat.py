@@ -259,10 +259,25 @@ def assisted_decoding_candidates(model, build):
     through transformers' loop.
     """
 
-    def get_candidate_generator(*, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                                assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
-        return build(input_ids=input_ids, assistant_model=assistant_model, generation_config=generation_config,
-                     model_kwargs=model_kwargs, inputs_tensor=inputs_tensor, logits_processor=logits_processor)
+    def get_candidate_generator(
+        *,
+        generation_config,
+        input_ids,
+        inputs_tensor,
+        logits_processor,
+        model_kwargs,
+        assistant_model=None,
+        target_tokenizer=None,
+        assistant_tokenizer=None,
+    ):
+        return build(
+            input_ids=input_ids,
+            assistant_model=assistant_model,
+            generation_config=generation_config,
+            model_kwargs=model_kwargs,
+            inputs_tensor=inputs_tensor,
+            logits_processor=logits_processor,
+        )
 
     model._get_candidate_generator = get_candidate_generator
     try:

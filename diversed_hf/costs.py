@@ -26,7 +26,8 @@ _REFIT_EVERY = 16  # the fit of the costs is refreshed once this many rounds wer
 
 @dataclass(frozen=True)
 class LinearVerifyCost:
-    """``c_verify(n) = max(intercept + slope n, floor)`` seconds: the fit :func:`diversed_hf.policies.measured_draft_costs` returns."""
+    """``c_verify(n) = max(intercept + slope n, floor)`` seconds: the fit
+    :func:`diversed_hf.policies.measured_draft_costs` returns."""
 
     intercept: float
     slope: float
@@ -91,7 +92,8 @@ class DraftCosts:
             curve = curve[:num_draft_tokens]
         if not bool((curve.isfinite() & (curve > 0)).all()):
             raise ValueError(
-                f"`DraftCosts.verify_seconds` must be finite and > 0 for n = 1..{num_draft_tokens}, got {curve.tolist()}."
+                f"`DraftCosts.verify_seconds` must be finite and > 0 for n = 1..{num_draft_tokens}, got "
+                f"{curve.tolist()}."
             )
         return curve
 
@@ -107,8 +109,8 @@ def check_draft_costs(costs, schedule: str) -> None:
         )
     if schedule != "optimal":
         raise ValueError(
-            f"`assistant_costs` is read only by `num_assistant_tokens_schedule=\"optimal\"`, got {schedule!r}: pass "
-            "`num_assistant_tokens_schedule=\"optimal\"` as well, or remove `assistant_costs`."
+            f'`assistant_costs` is read only by `num_assistant_tokens_schedule="optimal"`, got {schedule!r}: pass '
+            '`num_assistant_tokens_schedule="optimal"` as well, or remove `assistant_costs`.'
         )
 
 

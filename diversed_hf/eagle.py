@@ -4,7 +4,8 @@ The draft reads the target's own features. At column ``j`` of a sequence it take
 column ``j - 1`` (``h_{j-1}``: after the final norm, what the target's LM head reads; zeros at the first token) and
 the embedding of token ``j``, maps their concatenation to the hidden size (``fc``), runs ``num_layers`` decoder layers
 of the **target's own architecture** (built from its config: attention, rotary embedding, sliding windows as the target
-has them; EAGLE's layout: no bias in ``fc``, no norm before the first layer or after the last), and so predicts the feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
+has them; EAGLE's layout: no bias in ``fc``, no norm before the first layer or after the last), and so predicts the
+feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
 at ``j + 1``. While drafting, later columns read the draft's own predicted features instead of the target's
 (:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator`; ``docs/eagle.md``).
 
@@ -54,9 +55,17 @@ class EagleDraftConfig(PretrainedConfig):
 
     model_type = "diversed_eagle"
 
-    def __init__(self, target_config: dict | None = None, num_layers: int = 1, draft_vocab_size: int | None = None,
-                 target_model_id: str | None = None, fc_bias: bool = False, input_norm: bool = False,
-                 final_norm: bool = False, **kwargs):
+    def __init__(
+        self,
+        target_config: dict | None = None,
+        num_layers: int = 1,
+        draft_vocab_size: int | None = None,
+        target_model_id: str | None = None,
+        fc_bias: bool = False,
+        input_norm: bool = False,
+        final_norm: bool = False,
+        **kwargs,
+    ):
         target_config = dict(target_config or {})
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if name not in kwargs and target_config.get(name) is not None:
@@ -66,7 +75,9 @@ class EagleDraftConfig(PretrainedConfig):
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"`num_layers` must be a positive integer, got {num_layers!r}.")
         if draft_vocab_size is not None and (not isinstance(draft_vocab_size, int) or draft_vocab_size < 1):
-            raise ValueError(f"`draft_vocab_size` must be a positive integer or None (all ids), got {draft_vocab_size!r}.")
+            raise ValueError(
+                f"`draft_vocab_size` must be a positive integer or None (all ids), got {draft_vocab_size!r}."
+            )
         self.target_config = target_config
         self.num_layers = num_layers
         self.draft_vocab_size = draft_vocab_size
@@ -81,7 +92,8 @@ class EagleDraftConfig(PretrainedConfig):
         """The target's config cut to the draft's layers, as the config of its base model (without embeddings)."""
         if not self.target_config.get("model_type"):
             raise ValueError(
-                "This EagleDraftConfig has no `target_config`: build drafts with `EagleDraft.for_target(target)` or load "
+                "This EagleDraftConfig has no `target_config`: build drafts with `EagleDraft.for_target(target)` "
+                "or load "
                 "a saved one with `EagleDraft.from_pretrained(path)`."
             )
         values = copy.deepcopy(self.target_config)
@@ -162,8 +174,13 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         return draft.attach_target(target) if target is not None else draft
 
     @classmethod
-    def for_target(cls, target, num_layers: int = 1, draft_vocab_size: int | None = None,
-                   draft_vocab_ids: torch.Tensor | None = None) -> EagleDraft:
+    def for_target(
+        cls,
+        target,
+        num_layers: int = 1,
+        draft_vocab_size: int | None = None,
+        draft_vocab_ids: torch.Tensor | None = None,
+    ) -> EagleDraft:
         """An untrained draft for ``target`` (any causal LM with ``get_input_embeddings`` / ``get_output_embeddings``),
         attached to it, in the target's dtype and on its device.
 
@@ -180,7 +197,9 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
                 )
             draft_vocab_size = draft_vocab_ids.numel()
         config = EagleDraftConfig(
-            target_config=text_config.to_dict(), num_layers=num_layers, draft_vocab_size=draft_vocab_size,
+            target_config=text_config.to_dict(),
+            num_layers=num_layers,
+            draft_vocab_size=draft_vocab_size,
             target_model_id=getattr(target.config, "_name_or_path", None) or None,
         )
         draft = cls(config)
@@ -211,7 +230,8 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
             if mine != theirs:
                 raise ValueError(
                     f"This EagleDraft was built for a target with {name}={mine}, and `target` has {name}={theirs}: a "
-                    f"feature draft fits only its own target ({self.config.target_model_id or 'unknown id'}). Build one "
+                    f"feature draft fits only its own target ({self.config.target_model_id or 'unknown id'}). "
+                    "Build one "
                     "for this target with `EagleDraft.for_target(target)` and train it (training/train_eagle_draft.py)."
                 )
         embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -274,8 +294,13 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         dtype = self.fc.weight.dtype
         embeds = self.get_input_embeddings()(input_ids).to(dtype)  # (batch, chunk, d)
         inputs = self.fc(torch.cat([embeds, target_hidden.to(dtype)], dim=-1))  # (batch, chunk, d)
-        out = self.model(inputs_embeds=inputs, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=use_cache, **({compat.CACHE_KWARG: cache} if cache is not None else {}))
+        out = self.model(
+            inputs_embeds=inputs,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **({compat.CACHE_KWARG: cache} if cache is not None else {}),
+        )
         return out.last_hidden_state
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:  # (..., draft vocab)
@@ -312,15 +337,17 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         """
         if target_hidden is None:
             raise ValueError(
-                "An EagleDraft reads the target's hidden states (`target_hidden`, the feature of the column before each "
+                "An EagleDraft reads the target's hidden states (`target_hidden`, the feature of the column before "
+                "each "
                 "token), which a token-only drafting loop (transformers' assisted decoding) does not pass. Use it as "
                 "`target.generate(..., assistant_model=draft)` on a model with `enable_diversed`, which feeds them."
             )
         cache = cache if cache is not None else past_key_values
         features = self.features(input_ids, target_hidden, attention_mask, position_ids, cache, use_cache)
         kept = features if not logits_to_keep else features[:, -logits_to_keep:]
-        return EagleDraftOutput(logits=self.full_logits(kept), last_hidden_state=features, hidden_states=(features,),
-                                cache=cache)
+        return EagleDraftOutput(
+            logits=self.full_logits(kept), last_hidden_state=features, hidden_states=(features,), cache=cache
+        )
 
 
 AutoConfig.register(EagleDraftConfig.model_type, EagleDraftConfig, exist_ok=True)

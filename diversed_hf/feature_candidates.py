@@ -82,7 +82,8 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
     def get_candidates(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
         if self.features is None:
             raise ValueError(
-                "This draft reads the target's hidden states (an EagleDraft), which transformers' own assisted decoding "
+                "This draft reads the target's hidden states (an EagleDraft), which transformers' own assisted "
+                "decoding "
                 "does not pass to a candidate generator: run it through diversed_hf's loop, "
                 "`target.generate(..., assistant_model=draft)` on a model with `enable_diversed`."
             )
@@ -106,7 +107,12 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         else:
             features = self.step_features  # (B, 1, d)
         out = compat.forward_with_cache(
-            self.draft_model, chunk, attention_mask, self.cache, logits_to_keep=1, output_hidden_states=False,
+            self.draft_model,
+            chunk,
+            attention_mask,
+            self.cache,
+            logits_to_keep=1,
+            output_hidden_states=False,
             target_hidden=features,
         )
         self.step_features = out.last_hidden_state[:, -1:]  # (B, 1, d)
@@ -129,12 +135,18 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         # columns [0, L + N_r] of the round: the stored features, then the verification pass's
         features = torch.cat([self.features, self.round_hidden.to(self.features.dtype)], dim=1)
         self.features = realign_rows(
-            features, kept=realignment.kept, length=realignment.new_length, shifts=realignment.shifts,
+            features,
+            kept=realignment.kept,
+            length=realignment.new_length,
+            shifts=realignment.shifts,
             leading=realignment.leading,
         )
         # entries up to the round's start were computed from the target's features; later ones from the draft's own
         compat.realign_cache(
-            self.cache, kept=realignment.kept, length=self.round_length, shifts=realignment.shifts,
+            self.cache,
+            kept=realignment.kept,
+            length=self.round_length,
+            shifts=realignment.shifts,
             leading=realignment.leading,
         )
         self.round_hidden = None

@@ -74,9 +74,7 @@ def check_feature_names(names: Iterable[str], argument: str = "features") -> lis
         ) from None
     for name in names:
         if name not in FEATURE_NAMES:
-            raise ValueError(
-                f"`{argument}` has an unknown feature {name!r}; valid names are {list(FEATURE_NAMES)}."
-            )
+            raise ValueError(f"`{argument}` has an unknown feature {name!r}; valid names are {list(FEATURE_NAMES)}.")
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ValueError(f"`{argument}` names {repeated} more than once; list each feature once.")

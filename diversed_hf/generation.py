@@ -15,11 +15,10 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, StopStringCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from . import compat
-from .candidates import DRAFT_LENGTH_DEFAULTS, check_draft_costs, check_draft_length_policy
-from .checks import is_integer
+from .candidates import DraftLengthPolicy
 from .head import DiversedHead
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
@@ -80,40 +79,15 @@ def _check_cache_options(cache_implementation, use_cache) -> None:
         raise ValueError(
             f"`cache_implementation={cache_implementation!r}` cannot be combined with `diversed_head`/`verifier`: the "
             "speculative loop keeps a dynamic cache for each model and edits it per row after every round (rejected "
-            "drafts cropped, rows shifted and dropped), which a fixed-size, paged, offloaded or quantized cache does not "
-            "allow. Remove `cache_implementation` (or set it to \"dynamic\")."
+            "drafts cropped, rows shifted and dropped), which a fixed-size, paged, offloaded or quantized cache "
+            "does not "
+            'allow. Remove `cache_implementation` (or set it to "dynamic").'
         )
     if use_cache is False:
         raise ValueError(
             "`use_cache=False` cannot be combined with `diversed_head`/`verifier`: speculative decoding verifies each "
             "round's drafts on top of the target's cache and rolls rejected ones back. Remove `use_cache=False`."
         )
-
-
-def _draft_length_knobs(extra: dict, generation_config, assistant_model) -> dict:
-    """The draft-length knobs of a call: a ``generate`` keyword, else the ``generation_config`` passed to
-    ``generate``, else the assistant's ``generation_config`` (where transformers reads them), else
-    :data:`DRAFT_LENGTH_DEFAULTS`. (transformers also applies a confidence threshold of 0.4 by default,
-    adapted from ROC statistics when scikit-learn is installed; here a threshold applies only when set.)"""
-    knobs = {}
-    for name, default in DRAFT_LENGTH_DEFAULTS.items():
-        value = extra.pop(name, None)
-        for config in (generation_config, assistant_model.generation_config):
-            if value is None and config is not None:
-                value = getattr(config, name, None)
-        knobs[name] = default if value is None else value
-    count = knobs["num_assistant_tokens"]
-    if not is_integer(count) or count < 1:
-        raise ValueError(f"`num_assistant_tokens` must be a positive integer, got {count!r}.")
-    knobs["num_assistant_tokens"] = count = int(count)  # a numpy integer too
-    check_draft_length_policy(knobs["num_assistant_tokens_schedule"], knobs["assistant_confidence_threshold"])
-    if knobs["assistant_confidence_threshold"] is not None:
-        knobs["assistant_confidence_threshold"] = float(knobs["assistant_confidence_threshold"])
-    knobs["assistant_costs"] = extra.pop("assistant_costs", None)  # a `generate` keyword only
-    check_draft_costs(knobs["assistant_costs"], knobs["num_assistant_tokens_schedule"])
-    if knobs["assistant_costs"] is not None:
-        knobs["assistant_costs"].verify_curve(count)  # checked before generating
-    return knobs
 
 
 def _check_batch(
@@ -132,7 +106,8 @@ def _check_batch(
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(
             f"`attention_mask` has shape {tuple(attention_mask.shape)} but `input_ids` has shape "
-            f"{tuple(input_ids.shape)}: each token needs its mask entry. Pass the mask the tokenizer returned with these "
+            f"{tuple(input_ids.shape)}: each token needs its mask entry. Pass the mask the tokenizer returned with "
+            "these "
             "ids (`tokenizer(texts, return_tensors='pt', padding=True)` gives both)."
         )
     empty = None if attention_mask is None else ~attention_mask.bool().any(dim=1)  # (B,)
@@ -140,7 +115,8 @@ def _check_batch(
         row = int(empty.nonzero()[0])
         raise ValueError(
             f"Row {row} of the batch is empty (its `attention_mask` is all zeros; an empty-string prompt): the models "
-            "would attend to nothing. Give every prompt at least one token, e.g. tokenize with `add_special_tokens=True` "
+            "would attend to nothing. Give every prompt at least one token, e.g. tokenize with "
+            "`add_special_tokens=True` "
             "so it starts with BOS, or leave the empty prompts out of the batch."
         )
     if generator is not None:
@@ -192,7 +168,8 @@ class DiversedGenerationMixin:
     - ``num_assistant_tokens`` (int), ``num_assistant_tokens_schedule`` (``"constant"``, ``"heuristic"``,
       ``"heuristic_transient"``, ``"optimal"``), ``assistant_confidence_threshold`` (float): transformers'
       draft-length knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
-      (:func:`_draft_length_knobs`; semantics in :class:`~diversed_hf.candidates.DiversedCandidateGenerator`).
+      (:meth:`~diversed_hf.candidates.DraftLengthPolicy.resolve`; semantics in
+      :class:`~diversed_hf.candidates.DiversedCandidateGenerator`).
     - ``assistant_costs`` (:class:`~diversed_hf.policies.DraftCosts`): the round costs the ``"optimal"`` schedule
       uses instead of measuring them (:mod:`diversed_hf.policies`).
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
@@ -232,11 +209,19 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
             f"`block_verification` must be True or False, got {block_verification!r}: True verifies each drafted "
             "block as a whole (BlockVerifier)."
         )
-    if diversed_head is None and verifier is None and getattr(kwargs.get("assistant_model"), "reads_target_features", False):
+    if (
+        diversed_head is None
+        and verifier is None
+        and getattr(kwargs.get("assistant_model"), "reads_target_features", False)
+    ):
         verifier = ExactVerifier()  # a feature draft (EagleDraft) drafts only in this loop: lossless SD by default
     if diversed_head is None and verifier is None:
-        ours = {"output_target_weights": output_target_weights, "generator": generator,
-                "block_verification": block_verification or None, "assistant_costs": kwargs.get("assistant_costs")}
+        ours = {
+            "output_target_weights": output_target_weights,
+            "generator": generator,
+            "block_verification": block_verification or None,
+            "assistant_costs": kwargs.get("assistant_costs"),
+        }
         for name, value in ours.items():
             if value is not None:
                 raise ValueError(
@@ -245,13 +230,29 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
                 )
         return base_generate(*args, **kwargs)
     return _diversed_generate(
-        model, base_generate, args, kwargs, diversed_head, verifier, bool(output_target_weights), generator,
+        model,
+        base_generate,
+        args,
+        kwargs,
+        diversed_head,
+        verifier,
+        bool(output_target_weights),
+        generator,
         bool(block_verification),
     )
 
 
-def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifier, output_target_weights, generator,
-                       block_verification=False):
+def _diversed_generate(
+    self,
+    base_generate,
+    args,
+    kwargs,
+    diversed_head,
+    verifier,
+    output_target_weights,
+    generator,
+    block_verification=False,
+):
     """``generate`` with a head or verifier on ``self`` (the target); ``base_generate`` prepares the call and runs
     the loop as its ``custom_generate``."""
     bound = inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs)
@@ -287,7 +288,8 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
         verifier = HeadVerifier(diversed_head)
     if not isinstance(verifier, Verifier):
         raise TypeError(
-            f"`verifier` must be a diversed_hf.verifiers.Verifier (e.g. ExactVerifier()), got {type(verifier).__name__}."
+            "`verifier` must be a diversed_hf.verifiers.Verifier (e.g. ExactVerifier()), got "
+            f"{type(verifier).__name__}."
         )
     if block_verification and not isinstance(verifier, BlockVerifier):
         verifier = BlockVerifier(verifier)
@@ -297,8 +299,16 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
     tokenizer = extra.pop("tokenizer", None)
     vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
     _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
-    knobs = _draft_length_knobs(extra, arguments.get("generation_config"), assistant_model)
-    num_draft_tokens = knobs["num_assistant_tokens"]
+    policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
+        assistant_model,
+        arguments.get("generation_config"),
+        num_assistant_tokens=extra.pop("num_assistant_tokens", None),
+        schedule=extra.pop("num_assistant_tokens_schedule", None),
+        confidence_threshold=extra.pop("assistant_confidence_threshold", None),
+        costs=extra.pop("assistant_costs", None),  # a `generate` keyword only
+    )
+    if policy.costs is not None:
+        policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
     streamer = arguments.pop("streamer", None)
     for name in ("cache", "past_key_values"):
         if extra.get(name) is not None:
@@ -327,16 +337,20 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
         max_length = generation_config.max_length if max_length is None else max_length
         eos_token_id = None if eos_token_id is None else eos_token_id.to(input_ids.device)
         # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.padding)
-        loop_ids, loop_mask = left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
+        loop_ids, loop_mask = (
+            left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
+        )
         wants = dict(scores=bool(generation_config.output_scores), logits=bool(generation_config.output_logits))
-        recorder = TargetScoreRecorder(**wants) if generation_config.return_dict_in_generate and any(wants.values()) else None
+        recorder = (
+            TargetScoreRecorder(**wants) if generation_config.return_dict_in_generate and any(wants.values()) else None
+        )
         new_tokens, stats = speculative_decode(
             model,
             assistant_model,
             verifier,
             loop_ids,
             loop_mask,
-            num_draft_tokens=num_draft_tokens,
+            num_draft_tokens=policy.num_assistant_tokens,
             max_new_tokens=max_length - input_ids.shape[1],
             logits_processor=logits_processor,
             stopping_criteria=other_criteria,
@@ -347,15 +361,17 @@ def _diversed_generate(self, base_generate, args, kwargs, diversed_head, verifie
             streamer=streamer,
             output_target_weights=output_target_weights,
             vocab_size=vocab_size,
-            num_assistant_tokens_schedule=knobs["num_assistant_tokens_schedule"],
-            assistant_confidence_threshold=knobs["assistant_confidence_threshold"],
-            assistant_costs=knobs["assistant_costs"],
+            num_assistant_tokens_schedule=policy.schedule,
+            assistant_confidence_threshold=policy.confidence_threshold,
+            assistant_costs=policy.costs,
             score_recorder=recorder,
         )
         sequences = torch.cat([input_ids, new_tokens], dim=1)
         if generation_config.return_dict_in_generate:
             scores, logits = recorder.assemble(*new_tokens.shape) if recorder is not None else (None, None)
-            return DiversedGenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculation=stats)
+            return DiversedGenerateDecoderOnlyOutput(
+                sequences=sequences, scores=scores, logits=logits, speculation=stats
+            )
         return sequences
 
     # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
@@ -380,7 +396,9 @@ def enable_diversed(model):
     cls = type(model)
     if cls not in _ENABLED_CLASSES:
         _ENABLED_CLASSES[cls] = type(
-            cls.__name__, (DiversedGenerationMixin, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            cls.__name__,
+            (DiversedGenerationMixin, cls),
+            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
         )
     model.__class__ = _ENABLED_CLASSES[cls]
     return model

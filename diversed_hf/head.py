@@ -31,8 +31,9 @@ atomic, ``from_pretrained`` checks the name and offline mode before the mixin fe
 weights are an error) and nothing is printed. Checkpoints of the official DIVERSED code import with
 :meth:`DiversedHead.from_official_checkpoint`.
 
-Imports point one way: :mod:`~diversed_hf.hub` (files) <- :mod:`~diversed_hf.cards` (cards and
-results) <- this module.
+Imports point one way: :mod:`~diversed_hf.hub` (files) and :mod:`~diversed_hf.head_config` (the config) <- this
+module. Card rendering (:mod:`diversed_hf.cards`, which reads the task registry) is imported when a head is saved
+or its card made, never by ``import diversed_hf``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import logging
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -49,122 +50,21 @@ import torch
 from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
-from . import cards, hub, official
-from .features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
-from .hub import HEAD_FORMAT_VERSION
+from . import hub, official
+from .head_config import (  # noqa: F401  (re-exported: diversed_hf.head has always named them)
+    ARCHITECTURES,
+    MAX_SIZE,
+    MLP_HIDDEN_SIZE,
+    DiversedHeadConfig,
+    build_net,
+    config_from_file,
+)
 from .pairs import hidden_size_of, model_id_of
-from .verifiers import MIXING_SPACES
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURES = ("linear", "mlp")
-
 #: keyword arguments ``from_pretrained`` takes besides huggingface_hub's download arguments
 LOAD_OPTIONS = ("strict", "device", "dtype")
-MLP_HIDDEN_SIZE = 256  #: default width of the 'mlp' head's hidden layer (a 'linear' head records it, unused)
-MAX_SIZE = 1 << 17  #: bound on a config's sizes: above every LLM's hidden size (larger: a damaged config.json)
-
-
-@dataclass
-class DiversedHeadConfig:
-    """Configuration of a :class:`DiversedHead`."""
-
-    draft_hidden_size: int | None = field(
-        default=None, metadata={"help": "Hidden size of the draft's last layer (a head without hidden states may omit it)."}
-    )
-    target_hidden_size: int | None = field(
-        default=None, metadata={"help": "Hidden size of the target's last layer (a head without hidden states may omit it)."}
-    )
-    architecture: str = field(default="linear", metadata={"help": f"One of {ARCHITECTURES}."})
-    w_0: float = field(
-        default=0.5, metadata={"help": "Initial weight on the target, in (0, 1): a fresh head outputs exactly this."}
-    )
-    mixing: str = field(
-        default="probs",
-        metadata={"help": "'probs': nu = w p + (1-w) q (the paper). 'logits': softmax(w z_p + (1-w) z_q) (official code)."},
-    )
-    mlp_hidden_size: int = field(
-        default=MLP_HIDDEN_SIZE, metadata={"help": "Width of the hidden layer of the 'mlp' architecture (not for 'linear')."}
-    )
-    target_model_id: str | None = field(default=None, metadata={"help": "Hub id or path of the target model."})
-    draft_model_id: str | None = field(default=None, metadata={"help": "Hub id or path of the draft model."})
-    task: str | None = field(default=None, metadata={"help": "Task the head was trained for (e.g. 'gsm8k')."})
-    features: list[str] = field(
-        default_factory=list, metadata={"help": f"Distribution features the head reads, from {FEATURE_NAMES}."}
-    )
-    use_hidden_states: bool = field(
-        default=True, metadata={"help": "Read both models' hidden states; False needs `features` and fits any pair."}
-    )
-    format_version: int = field(default=HEAD_FORMAT_VERSION, metadata={"help": "Version of this config's format."})
-
-    def __post_init__(self):
-        if not isinstance(self.use_hidden_states, bool):
-            raise TypeError(f"`use_hidden_states` must be True or False, got {self.use_hidden_states!r}.")
-        self.features = check_feature_names(self.features)
-        if not self.use_hidden_states and not self.features:
-            raise ValueError(
-                "`use_hidden_states=False` with no `features` leaves the head nothing to read (a constant weight). "
-                f"Pick features from {list(FEATURE_NAMES)}, or use `StaticEnsembleVerifier` for a fixed weight."
-            )
-        for name in ("draft_hidden_size", "target_hidden_size", "mlp_hidden_size"):
-            value = getattr(self, name)
-            if value is None and name != "mlp_hidden_size" and not self.use_hidden_states:
-                continue  # recorded when known; a head without hidden states never reads them
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-            if value > MAX_SIZE:
-                raise ValueError(
-                    f"`{name}` is {value}, above {MAX_SIZE}: no model's hidden states are that wide, and the head would "
-                    "not fit in memory. Use the sizes of the models' last layers (and a small `mlp_hidden_size`)."
-                )
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"`architecture` must be one of {ARCHITECTURES}, got {self.architecture!r}.")
-        if self.architecture == "linear" and self.mlp_hidden_size != MLP_HIDDEN_SIZE:
-            raise ValueError(
-                f"`mlp_hidden_size` is {self.mlp_hidden_size}, but it sizes the hidden layer of the 'mlp' architecture "
-                "and this head is 'linear' (no hidden layer): drop `mlp_hidden_size`, or use `architecture='mlp'`."
-            )
-        if self.mixing not in MIXING_SPACES:
-            raise ValueError(f"`mixing` must be one of {MIXING_SPACES}, got {self.mixing!r}.")
-        if isinstance(self.w_0, bool) or not isinstance(self.w_0, (int, float)) or not 0.0 < self.w_0 < 1.0:
-            raise ValueError(
-                f"`w_0` must be in the open interval (0, 1), got {self.w_0!r}. A head cannot start at exactly 0 or 1 "
-                "(its sigmoid would saturate and never train); use `StaticEnsembleVerifier` for a fixed weight."
-            )
-        hub.check_format_version(self.format_version)
-        self.format_version = HEAD_FORMAT_VERSION  # an older format reads as this one (new fields at their defaults)
-        for name in ("target_model_id", "draft_model_id", "task"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"`{name}` must be a string or None, got {type(value).__name__} {value!r}.")
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "DiversedHeadConfig":
-        """Read a saved ``config.json``: every field in :data:`~diversed_hf.hub.REQUIRED_FILE_FIELDS` must be present."""
-        return _config_from_file(hub.read_json(Path(path), "Head config"), str(path))
-
-    @property
-    def num_parameters(self) -> int:
-        """Number of parameters of a head with this config."""
-        # Built on the meta device: no memory, and no draw from the global RNG (a card written from a
-        # training loop must not change the run's random stream).
-        with torch.device("meta"):
-            return sum(parameter.numel() for parameter in DiversedHead(self).parameters())
-
-
-def _config_from_file(values: Any, where: str) -> DiversedHeadConfig:
-    """The config of the parsed ``config.json`` at ``where``, checked as a file and as a whole (errors name it)."""
-    hub.check_head_config(values, where)  # first: a newer format may add fields this release does not know
-    unknown = sorted(set(values) - {item.name for item in fields(DiversedHeadConfig)})
-    if unknown:
-        raise ValueError(
-            f"Invalid head config {where}: Unknown DiversedHeadConfig fields {unknown}; known fields are "
-            f"{sorted(item.name for item in fields(DiversedHeadConfig))}."
-        )
-    try:
-        return DiversedHeadConfig(**values)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"Invalid head config {where}: {error}") from None
 
 
 def _check_own_config(head: "DiversedHead", config: Any, method: str) -> None:
@@ -180,9 +80,9 @@ def _check_own_config(head: "DiversedHead", config: Any, method: str) -> None:
 class DiversedHead(
     nn.Module,
     ModelHubMixin,
-    library_name=cards.LIBRARY_NAME,
-    tags=list(cards.HUB_TAGS),
-    paper_url=cards.PAPER_URL,
+    library_name=hub.LIBRARY_NAME,
+    tags=list(hub.HUB_TAGS),
+    paper_url=hub.PAPER_URL,
 ):
     """Ensemble head: ``head(draft_hidden, target_hidden, features) -> w``, the weight on the target.
 
@@ -206,17 +106,7 @@ class DiversedHead(
         if not isinstance(config, DiversedHeadConfig):
             raise TypeError(f"`config` must be a DiversedHeadConfig, got {type(config).__name__}.")
         self._hub_mixin_config = config  # what ModelHubMixin writes as config.json (as `dataclasses.asdict`)
-        hidden_size = config.draft_hidden_size + config.target_hidden_size if config.use_hidden_states else 0
-        input_size = hidden_size + len(config.features)  # [h^q; h^p; f]
-        if config.architecture == "linear":
-            self.net = nn.Sequential(nn.Linear(input_size, 1))
-        else:
-            self.net = nn.Sequential(
-                HiddenLayerNorm(hidden_size, len(config.features)) if hidden_size else nn.Identity(),
-                nn.Linear(input_size, config.mlp_hidden_size),
-                nn.GELU(),
-                nn.Linear(config.mlp_hidden_size, 1),
-            )
+        self.net = build_net(config)
         self.reset_output_layer()
 
     @property
@@ -233,9 +123,16 @@ class DiversedHead(
 
     @classmethod
     def for_pair(
-        cls, target, draft, architecture: str = "linear", w_0: float = 0.5, mixing: str = "probs",
-        features: list[str] | tuple[str, ...] = (), use_hidden_states: bool = True, **kwargs,
-    ):  # fmt: skip
+        cls,
+        target,
+        draft,
+        architecture: str = "linear",
+        w_0: float = 0.5,
+        mixing: str = "probs",
+        features: list[str] | tuple[str, ...] = (),
+        use_hidden_states: bool = True,
+        **kwargs,
+    ):
         """A fresh head sized for a loaded ``target`` and ``draft``, recording their model ids (and hidden sizes,
         which a head with ``use_hidden_states=False`` records but never checks)."""
         config = DiversedHeadConfig(
@@ -263,24 +160,30 @@ class DiversedHead(
         if config.use_hidden_states:
             if draft_hidden is None or target_hidden is None:
                 raise ValueError("This head reads hidden states: pass `draft_hidden` and `target_hidden`.")
-            if draft_hidden.shape[-1] != config.draft_hidden_size or target_hidden.shape[-1] != config.target_hidden_size:
+            if (
+                draft_hidden.shape[-1] != config.draft_hidden_size
+                or target_hidden.shape[-1] != config.target_hidden_size
+            ):
                 raise ValueError(
                     f"This head expects hidden sizes (draft {config.draft_hidden_size}, target "
-                    f"{config.target_hidden_size}), got (draft {draft_hidden.shape[-1]}, target {target_hidden.shape[-1]})."
+                    f"{config.target_hidden_size}), got (draft {draft_hidden.shape[-1]}, target "
+                    f"{target_hidden.shape[-1]})."
                 )
             parts += [draft_hidden, target_hidden]
         num_features = 0 if features is None else features.shape[-1]
         if num_features != len(config.features):
             raise ValueError(
                 f"This head reads the features {config.features}: `features` must be (batch, tokens, "
-                f"{len(config.features)}), got {None if features is None else tuple(features.shape)}. Compute them with "
+                f"{len(config.features)}), got {None if features is None else tuple(features.shape)}. Compute them "
+                "with "
                 "`diversed_hf.features.distribution_features(draft_probs, target_probs, head.config.features)`."
             )
         if num_features:
             parts.append(features.to(self.net[-1].weight.dtype))
         if any(part.shape[:-1] != parts[0].shape[:-1] for part in parts):
             raise ValueError(
-                f"The head's inputs {[tuple(part.shape) for part in parts]} (draft hidden, target hidden, features) must "
+                f"The head's inputs {[tuple(part.shape) for part in parts]} (draft hidden, target hidden, "
+                "features) must "
                 "agree on every dimension but the last: (batch, tokens, size)."
             )
         inputs = torch.cat(parts, dim=-1)  # (batch, tokens, d_draft + d_target + F)
@@ -348,19 +251,26 @@ class DiversedHead(
         _check_own_config(self, config, "save_pretrained")
         if push_to_hub_kwargs and not push_to_hub:
             raise TypeError(
-                f"save_pretrained got unexpected arguments {sorted(push_to_hub_kwargs)}; it takes results, training_config, "
+                f"save_pretrained got unexpected arguments {sorted(push_to_hub_kwargs)}; it takes results, "
+                "training_config, "
                 "repo_id, push_to_hub and model_card_kwargs (arguments of push_to_hub only with push_to_hub=True)."
             )
         card_kwargs = dict(model_card_kwargs or {})
         results = card_kwargs.pop("results", None) if results is None else results
         training_config = card_kwargs.pop("training_config", None) if training_config is None else training_config
         directory = Path(save_directory)
-        hub.check_finite(self.state_dict(), "The head's weights", f"it is not saved to {directory}. A trained head goes "
-                         "NaN when training diverged: lower the learning rate and check the rewards, then re-train.")  # fmt: skip
+        hub.check_finite(
+            self.state_dict(),
+            "The head's weights",
+            f"it is not saved to {directory}. A trained head goes "
+            "NaN when training diverged: lower the learning rate and check the rewards, then re-train.",
+        )
         repo_id = repo_id or card_kwargs.pop("repo_id", None) or (directory.name if push_to_hub else None)
         same_head = hub.holds_head(directory, asdict(self.config), self.state_dict())  # its results.json stays valid
         # A killed save's staging directory is removed by the next save (hub.new_staging_dir).
         staging = hub.new_staging_dir(directory)
+        from . import cards  # card rendering (the lab's task registry, jinja2) loads when a head is saved
+
         try:
             card_inputs, stale = cards.stage_result_files(staging, directory, results, training_config, same_head)
             card_kwargs.update(card_inputs, repo_id=repo_id, head_source=str(directory))
@@ -370,7 +280,9 @@ class DiversedHead(
             shutil.rmtree(staging, ignore_errors=True)
             raise
         if stale:
-            logger.warning("removed %s from %s: it described the head saved there before, not this one", stale, directory)
+            logger.warning(
+                "removed %s from %s: it described the head saved there before, not this one", stale, directory
+            )
         logger.info("saved DiversedHead to %s", directory)
         if push_to_hub:
             return self.push_to_hub(repo_id, model_card_kwargs=card_kwargs, **push_to_hub_kwargs)
@@ -414,14 +326,22 @@ class DiversedHead(
         # here (no file is read), offline mode is passed on as `local_files_only`, and that fetch's failures get
         # errors that say what to do. config.json is then fetched and parsed once, by the mixin.
         source, _ = hub.check_source(
-            pretrained_model_name_or_path, revision=revision, force_download=force_download, local_files_only=local_files_only
+            pretrained_model_name_or_path,
+            revision=revision,
+            force_download=force_download,
+            local_files_only=local_files_only,
         )
         offline = local_files_only or hub.is_offline()
         with hub.config_fetch_errors(source, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only):
             return super().from_pretrained(
-                source, force_download=force_download, token=token, cache_dir=cache_dir, local_files_only=offline,
-                revision=revision, **load_options,
-            )  # fmt: skip
+                source,
+                force_download=force_download,
+                token=token,
+                cache_dir=cache_dir,
+                local_files_only=offline,
+                revision=revision,
+                **load_options,
+            )
 
     @classmethod
     def _from_pretrained(
@@ -446,13 +366,19 @@ class DiversedHead(
         ``__init__`` takes ``**kwargs``. Any other keyword argument, or another value for one of them, is refused.
         """
         locate = dict(
-            revision=revision, cache_dir=cache_dir, token=token, force_download=force_download, local_files_only=local_files_only
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            force_download=force_download,
+            local_files_only=local_files_only,
         )
         where = f"{model_id}/{hub.CONFIG_NAME}" + (f" (revision {revision})" if revision else "")
         if config is None:  # the mixin could not fetch config.json (it logs and goes on): fetched here for the error
             config = hub.read_json(hub.resolve_file(model_id, hub.CONFIG_NAME, **locate), "Head config")
-        values, config = config, _config_from_file(config, where)
-        unexpected = sorted(name for name, value in config_fields.items() if name not in values or values[name] != value)
+        values, config = config, config_from_file(config, where)
+        unexpected = sorted(
+            name for name, value in config_fields.items() if name not in values or values[name] != value
+        )
         if unexpected:
             raise TypeError(
                 f"DiversedHead.from_pretrained got unexpected arguments {unexpected}; it takes {list(LOAD_OPTIONS)} "
@@ -464,8 +390,11 @@ class DiversedHead(
             shapes = {name: tuple(tensor.shape) for name, tensor in cls(config).state_dict().items()}
         hub.check_weight_shapes(shapes, hub.weight_shapes(weights_path), str(weights_path), f"{config.architecture!r}")
         state_dict = hub.load_weights(weights_path)
-        hub.check_finite(state_dict, f"The weights in {weights_path}", "the head would verify against garbage. "
-                         "Re-download it with `force_download=True` or re-train it.")  # fmt: skip
+        hub.check_finite(
+            state_dict,
+            f"The weights in {weights_path}",
+            "the head would verify against garbage. Re-download it with `force_download=True` or re-train it.",
+        )
         hub.check_same_save(values, where, weights_path)
         head = cls._built_without_rng(config)
         stored_dtypes = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
@@ -473,7 +402,8 @@ class DiversedHead(
         missing, unexpected = head.load_state_dict(state_dict, strict=False)
         if missing or unexpected:
             message = (
-                f"The weights in {weights_path} do not match a {config.architecture!r} head: missing {sorted(missing)}, "
+                f"The weights in {weights_path} do not match a {config.architecture!r} head: missing "
+                f"{sorted(missing)}, "
                 f"unexpected {sorted(unexpected)}."
             )
             if strict:
@@ -513,8 +443,11 @@ class DiversedHead(
         _check_own_config(self, config, "push_to_hub")
         token = hub.check_push(repo_id, token)
         card_kwargs = {**(model_card_kwargs or {}), "repo_id": repo_id}
-        card_kwargs.update((name, value) for name, value in (("results", results), ("training_config", training_config))
-                           if value is not None)  # fmt: skip
+        card_kwargs.update(
+            (name, value)
+            for name, value in (("results", results), ("training_config", training_config))
+            if value is not None
+        )
         with hub.push_errors(repo_id):
             commit = super().push_to_hub(
                 repo_id, token=token, commit_message=commit_message, model_card_kwargs=card_kwargs, **push_kwargs
@@ -537,6 +470,8 @@ class DiversedHead(
                 f"generate_model_card got unexpected arguments {sorted(unused)}; it takes repo_id, results, "
                 "training_config and head_source."
             )
+        from . import cards  # card rendering (the lab's task registry, jinja2) loads when a card is made
+
         return cards.render_card(
             self.config,
             repo_id=repo_id,
@@ -558,7 +493,8 @@ class DiversedHead(
         task: str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> "DiversedHead":
-        """Import a head saved by the official DIVERSED code (docs/method.md §4) as an equivalent ``mixing="logits"`` head.
+        """Import a head saved by the official DIVERSED code (docs/method.md §4) as an equivalent
+        ``mixing="logits"`` head.
 
         The official head is ``softmax(summary([h^q; h^p]))`` with ``summary`` a ``Linear(d_q + d_p, 2)``
         whose output 0 weighs the draft and output 1 the target, mixing logits. A 2-way softmax is a

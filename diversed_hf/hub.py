@@ -38,8 +38,8 @@ from huggingface_hub import constants
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
@@ -64,6 +64,10 @@ HEAD_FORMAT_VERSION = 2
 REQUIRED_FILE_FIELDS = ("format_version", "architecture", "mixing", "draft_hidden_size", "target_hidden_size")
 
 DEFAULT_COMMIT_MESSAGE = "Upload DIVERSED head with diversed_hf"
+PAPER_URL = "https://arxiv.org/abs/2604.07622"
+LIBRARY_NAME = "diversed_hf"
+#: tags of every head on the Hub (the card adds the head's task, and the tag huggingface_hub's mixin adds)
+HUB_TAGS = ("diversed", "speculative-decoding", "ensemble-head")
 
 _TRUE = {"1", "on", "yes", "true"}
 
@@ -110,7 +114,9 @@ def check_source(
                 "that version out there, or pass the repo id."
             )
         if not (local / filename).is_file():
-            raise FileNotFoundError(f"`{filename}` not found in the head directory {local.resolve()}. {_save_hint(filename)}")
+            raise FileNotFoundError(
+                f"`{filename}` not found in the head directory {local.resolve()}. {_save_hint(filename)}"
+            )
         return str(local), True
     if local.exists():
         raise ValueError(
@@ -119,9 +125,14 @@ def check_source(
     try:
         huggingface_hub.utils.validate_repo_id(source)
     except HFValidationError as error:
-        raise ValueError(f"{source!r} is neither an existing directory nor a valid Hub repo id ('org/name'): {error}") from None
+        raise ValueError(
+            f"{source!r} is neither an existing directory nor a valid Hub repo id ('org/name'): {error}"
+        ) from None
     if force_download and (local_files_only or is_offline()):
-        raise ValueError("`force_download=True` needs network access, but offline mode is on (HF_HUB_OFFLINE=1 or local_files_only=True).")
+        raise ValueError(
+            "`force_download=True` needs network access, but offline mode is on (HF_HUB_OFFLINE=1 or "
+            "local_files_only=True)."
+        )
     return source, False
 
 
@@ -173,7 +184,9 @@ def download_errors(
         cache = Path(cache_dir or constants.HF_HUB_CACHE)
         if local_files_only or is_offline():
             if is_offline():
-                reason = "offline mode is on (HF_HUB_OFFLINE=1" + ("; `local_files_only=True`)" if local_files_only else ")")
+                reason = "offline mode is on (HF_HUB_OFFLINE=1" + (
+                    "; `local_files_only=True`)" if local_files_only else ")"
+                )
             else:
                 reason = "`local_files_only=True` was passed"
             raise FileNotFoundError(
@@ -273,7 +286,9 @@ def config_fetch_errors(
     try:
         yield
     except LocalEntryNotFoundError as error:
-        with download_errors(source, CONFIG_NAME, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only):
+        with download_errors(
+            source, CONFIG_NAME, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only
+        ):
             raise error
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(
@@ -348,8 +363,11 @@ def check_finite(state_dict: dict[str, torch.Tensor], what: str, fix: str) -> No
 def check_weight_shapes(expected: dict[str, tuple], saved: dict[str, tuple], source: str, head: str) -> None:
     """Raise when a tensor both hold has another shape in ``saved`` (the file ``source``) than in ``expected`` (the
     ``head`` its config describes)."""
-    wrong = [f"{name}: saved {saved[name]}, expected {expected[name]}" for name in sorted(expected.keys() & saved.keys())
-             if saved[name] != expected[name]]  # fmt: skip
+    wrong = [
+        f"{name}: saved {saved[name]}, expected {expected[name]}"
+        for name in sorted(expected.keys() & saved.keys())
+        if saved[name] != expected[name]
+    ]
     if wrong:
         raise ValueError(
             f"The weights in {source} do not fit the head its config describes ({head}): {wrong}. config.json and "
@@ -475,7 +493,8 @@ def check_push(repo_id: str, token: str | None) -> str:
     token = require_token(token)
     if is_offline():
         raise ConnectionError(
-            f"Cannot push to {repo_id!r}: offline mode is on (HF_HUB_OFFLINE=1). Unset it and retry with network access."
+            f"Cannot push to {repo_id!r}: offline mode is on (HF_HUB_OFFLINE=1). Unset it and retry with network "
+            "access."
         )
     return token
 

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 #: the files of the ``custom_generate`` repository, relative to it (transformers' documented layout)
 CUSTOM_GENERATE_FILES = ("README.md", "custom_generate/generate.py", "custom_generate/requirements.txt")
 
+
 def register(subparsers) -> None:
     push = subparsers.add_parser(
         "push",
@@ -39,15 +40,23 @@ def register(subparsers) -> None:
         "trust_remote_code=True)` runs. Needs a write token (hf auth login, HF_TOKEN or --token).",
     )
     push.add_argument("directory", metavar="DIR", nargs="?", help="Directory written by DiversedHead.save_pretrained.")
-    push.add_argument("--custom-generate", "--custom_generate", action="store_true",
-                      help="Push the custom_generate method shipped with diversed_hf instead of a head DIR.")
+    push.add_argument(
+        "--custom-generate",
+        "--custom_generate",
+        action="store_true",
+        help="Push the custom_generate method shipped with diversed_hf instead of a head DIR.",
+    )
     push.add_argument("--repo-id", required=True, metavar="ORG/NAME", help="Hub repo to push to (created if missing).")
     push.add_argument("--token", default=None, help="Hub write token (default: HF_TOKEN or the stored login).")
     push.add_argument("--private", action="store_true", default=None, help="Create the repo as private.")
     push.add_argument("--branch", default=None, help="Branch to push to (default: main).")
-    push.add_argument("--create-pr", action="store_true", default=None, help="Open a pull request instead of committing.")
+    push.add_argument(
+        "--create-pr", action="store_true", default=None, help="Open a pull request instead of committing."
+    )
     push.add_argument("--commit-message", default=None, help="Commit message.")
-    push.add_argument("--keep-card", action="store_true", help="Upload DIR/README.md as it is instead of re-rendering it.")
+    push.add_argument(
+        "--keep-card", action="store_true", help="Upload DIR/README.md as it is instead of re-rendering it."
+    )
     push.set_defaults(func=_run_push)
 
     card = subparsers.add_parser(
@@ -58,9 +67,14 @@ def register(subparsers) -> None:
     )
     card.add_argument("directories", nargs="*", metavar="DIR", help="Head directories.")
     card.add_argument("--shipped", action="store_true", help="Also render every head shipped with the testbed.")
-    card.add_argument("--results", default=None, metavar="FILE", help="Results file to use (copied to DIR/results.json).")
     card.add_argument(
-        "--training-config", default=None, metavar="FILE", help="Training config file (copied to DIR/training_config.json)."
+        "--results", default=None, metavar="FILE", help="Results file to use (copied to DIR/results.json)."
+    )
+    card.add_argument(
+        "--training-config",
+        default=None,
+        metavar="FILE",
+        help="Training config file (copied to DIR/training_config.json).",
     )
     card.add_argument("--repo-id", default=None, metavar="ORG/NAME", help="Repo id the usage snippet loads.")
     card.add_argument(
@@ -110,7 +124,9 @@ def custom_generate_files() -> list[Path]:
     files = [Path(CUSTOM_GENERATE_REPO) / name for name in CUSTOM_GENERATE_FILES]
     missing = [str(path) for path in files if not path.is_file()]
     if missing:
-        raise OSError(f"the installed diversed_hf lacks {missing}: reinstall it (`pip install --force-reinstall diversed_hf`).")
+        raise OSError(
+            f"the installed diversed_hf lacks {missing}: reinstall it (`pip install --force-reinstall diversed_hf`)."
+        )
     return files
 
 
@@ -123,7 +139,8 @@ def push_custom_generate(
     branch: str | None = None,
     create_pr: bool | None = None,
 ) -> str:
-    """Push the ``custom_generate`` repository (:data:`CUSTOM_GENERATE_FILES`) to ``repo_id``; returns the commit URL."""
+    """Push the ``custom_generate`` repository (:data:`CUSTOM_GENERATE_FILES`) to ``repo_id``; returns the commit
+    URL."""
     custom_generate_files()  # every file present, before the network
     return hub.push_folder(
         CUSTOM_GENERATE_REPO,
@@ -161,7 +178,9 @@ def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[
     written = []
     for directory in shipped_head_dirs():
         cards.write_card(directory)
-        pair = "smollm2_" if directory.parent.parent.name == "smollm2" else ""  # the real pair's: model_cards/smollm2_<task>.md
+        pair = (
+            "smollm2_" if directory.parent.parent.name == "smollm2" else ""
+        )  # the real pair's: model_cards/smollm2_<task>.md
         written.append(cards.write_card(directory, output=Path(output_dir) / f"{pair}{directory.name}.md"))
     if not written:
         logger.warning("no shipped heads found in the testbed assets; nothing rendered")
@@ -180,11 +199,16 @@ def _type_errors_as_value_errors():
 def _run_push(args) -> int:
     if (args.directory is None) == (not args.custom_generate):
         raise ValueError(
-            "give a head DIR or --custom-generate" + (", not both." if args.custom_generate else
-                                                      " (e.g. `diversed-hf push runs/head --repo-id ORG/NAME`).")
+            "give a head DIR or --custom-generate"
+            + (", not both." if args.custom_generate else " (e.g. `diversed-hf push runs/head --repo-id ORG/NAME`).")
         )
-    options = dict(token=args.token, private=args.private, commit_message=args.commit_message, branch=args.branch,
-                   create_pr=args.create_pr)
+    options = dict(
+        token=args.token,
+        private=args.private,
+        commit_message=args.commit_message,
+        branch=args.branch,
+        create_pr=args.create_pr,
+    )
     if args.custom_generate:
         print(push_custom_generate(args.repo_id, **options))
         return 0
@@ -217,9 +241,17 @@ def _run_card(args) -> int:
                 staged.append((directory / hub.RESULTS_NAME, Path(args.results).read_text(encoding="utf-8")))
             if args.training_config:
                 values = cards.load_training_config(args.training_config)
-                staged.append((directory / hub.TRAINING_CONFIG_NAME, json.dumps(values, indent=2, sort_keys=True, default=str) + "\n"))
+                staged.append(
+                    (
+                        directory / hub.TRAINING_CONFIG_NAME,
+                        json.dumps(values, indent=2, sort_keys=True, default=str) + "\n",
+                    )
+                )
             rendered = cards.write_card(  # rendered with the new files, into scratch space
-                directory, repo_id=args.repo_id, results=args.results, training_config=args.training_config,
+                directory,
+                repo_id=args.repo_id,
+                results=args.results,
+                training_config=args.training_config,
                 output=Path(scratch) / f"{index}.md",
             )
             output = Path(args.output_dir) / f"{directory.name}.md" if args.output_dir else directory / hub.CARD_NAME

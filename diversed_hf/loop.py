@@ -43,8 +43,14 @@ from dataclasses import dataclass
 import torch
 
 from . import compat
+from .candidates import (
+    DiversedCandidateGenerator,
+    DraftCandidates,
+    DraftLengthPolicy,
+    Realignment,
+    next_token_scores,
+)
 from .checks import check_finite_mass
-from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment, next_token_scores
 from .feature_candidates import FeatureCandidateGenerator
 from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
@@ -74,7 +80,9 @@ class _RunState:
     recorder: TargetScoreRecorder | None = None  # the target's scores per emitted token (output_scores/logits)
 
     @classmethod
-    def empty(cls, batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, token_dtype, device) -> _RunState:
+    def empty(
+        cls, batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, token_dtype, device
+    ) -> _RunState:
         counts = dict(dtype=torch.long, device=device)
         return cls(
             tokens=torch.full((batch_size, max_new_tokens), pad_token_id, dtype=token_dtype, device=device),
@@ -111,7 +119,8 @@ class _RunState:
             self.recorder.record(out_rows[keep], out_columns[keep], target_scores[0][keep], target_scores[1][keep])
         if self.target_weights is not None and result.target_weight is not None:
             weights = torch.cat(
-                [result.target_weight.float(), torch.full((active.numel(), 1), float("nan"), device=emitted.device)], dim=1
+                [result.target_weight.float(), torch.full((active.numel(), 1), float("nan"), device=emitted.device)],
+                dim=1,
             )  # (B, N_r + 1)
             weights[columns >= draft_lengths[:, None]] = float("nan")  # bonus positions have no w
             self.target_weights[out_rows[keep], out_columns[keep]] = weights[keep]
@@ -132,7 +141,12 @@ class _RunState:
         if drafted_acceptance is None:
             drafted_acceptance = torch.full_like(betas, float("nan"))
         self.rounds.append(
-            (active.clone(), betas, drafted_acceptance.float().masked_fill(not_drafted, float("nan")), draft_lengths.clone())
+            (
+                active.clone(),
+                betas,
+                drafted_acceptance.float().masked_fill(not_drafted, float("nan")),
+                draft_lengths.clone(),
+            )
         )
 
 
@@ -186,26 +200,37 @@ def speculative_decode(
         draft,
         model_kwargs={"attention_mask": attention_mask},
         logits_processor=logits_processor,
-        num_assistant_tokens=num_draft_tokens,
-        schedule=num_assistant_tokens_schedule,
-        confidence_threshold=assistant_confidence_threshold or 0.0,  # None here is off, not "the assistant's"
+        policy=DraftLengthPolicy(  # resolved by the caller: the generator reads no config
+            num_draft_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold, assistant_costs
+        ),
         vocab_size=vocab_size,
         do_sample=do_sample,
         max_new_tokens=max_new_tokens,
         generator=generator,
         output_hidden_states=verifier.requires_hidden_states,
         output_untempered_probs=verifier.requires_untempered_probs,
-        costs=assistant_costs,
         target=target if optimal else None,
         setting=acceptance_setting(verifier, do_sample, logits_processor) if optimal else None,
     )
     loop = _SpeculativeLoop(
-        target, candidate_generator, verifier, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-        eos_token_id=eos_token_id, do_sample=do_sample, generator=generator, streamer=streamer, vocab_size=vocab_size,
+        target,
+        candidate_generator,
+        verifier,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        eos_token_id=eos_token_id,
+        do_sample=do_sample,
+        generator=generator,
+        streamer=streamer,
+        vocab_size=vocab_size,
     )
     return loop.run(
-        input_ids, attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
-        output_target_weights=output_target_weights, score_recorder=score_recorder,
+        input_ids,
+        attention_mask,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+        output_target_weights=output_target_weights,
+        score_recorder=score_recorder,
     )
 
 
@@ -216,8 +241,20 @@ class _SpeculativeLoop:
     active row), ``remaining`` ``(B,)`` (tokens each row may still emit) and the target cache.
     """
 
-    def __init__(self, target, candidate_generator: DiversedCandidateGenerator, verifier: Verifier, *,
-                 logits_processor, stopping_criteria, eos_token_id, do_sample, generator, streamer, vocab_size):
+    def __init__(
+        self,
+        target,
+        candidate_generator: DiversedCandidateGenerator,
+        verifier: Verifier,
+        *,
+        logits_processor,
+        stopping_criteria,
+        eos_token_id,
+        do_sample,
+        generator,
+        streamer,
+        vocab_size,
+    ):
         self.target = target
         self.candidates = candidate_generator
         self.verifier = verifier
@@ -231,9 +268,13 @@ class _SpeculativeLoop:
         self.target_cache = compat.new_cache()
         self._aranges: dict[int, torch.Tensor] = {}
         self.round_clock: tuple[float, float] | None = None  # (start, end of drafting) of the round, when timed
-        self.round_target_hidden: torch.Tensor | None = None  # (B, N_r + 1, d) for a draft reading the target's features
+        self.round_target_hidden: torch.Tensor | None = (
+            None  # (B, N_r + 1, d) for a draft reading the target's features
+        )
 
-    def run(self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights, score_recorder=None):
+    def run(
+        self, input_ids, attention_mask, *, max_new_tokens, pad_token_id, output_target_weights, score_recorder=None
+    ):
         device = input_ids.device
         batch_size = input_ids.shape[0]
         # A row drafts at most remaining - 1 <= max_new_tokens - 1 tokens a round: per-position buffers start at
@@ -248,7 +289,9 @@ class _SpeculativeLoop:
         if max_new_tokens <= 0:
             return self.state.tokens[:, :0], _stats(self.state, num_draft)
         if input_ids.shape[1] == 0:
-            raise ValueError(f"`input_ids` has shape {tuple(input_ids.shape)}: pass a prompt of at least one token (e.g. BOS).")
+            raise ValueError(
+                f"`input_ids` has shape {tuple(input_ids.shape)}: pass a prompt of at least one token (e.g. BOS)."
+            )
         # The prompt as it is: logits processors and stopping criteria see transformers' widths in the first round.
         self.seq = input_ids  # (B, L)
         self.mask = attention_mask.to(input_ids.dtype)  # (B, L)
@@ -277,7 +320,11 @@ class _SpeculativeLoop:
         drafts]`` as every later one does."""
         if self.seq.shape[1] > 1:
             out = compat.forward_with_cache(
-                self.target, self.seq[:, :-1], self.mask[:, :-1], self.target_cache, logits_to_keep=1,
+                self.target,
+                self.seq[:, :-1],
+                self.mask[:, :-1],
+                self.target_cache,
+                logits_to_keep=1,
                 output_hidden_states=True,
             )
             hidden = out.hidden_states[-1]  # (B, L - 1, d)
@@ -297,7 +344,8 @@ class _SpeculativeLoop:
         return self.candidates.get_candidates(self.seq, attention_mask=self.mask)
 
     def verify(
-        self, candidates: DraftCandidates,
+        self,
+        candidates: DraftCandidates,
     ) -> tuple[VerificationResult, torch.Tensor, tuple | None]:  # result, (B, N_r + 1, V), scores when recorded
         """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
         prompt and the drafts in the first round), then the verifier (``docs/method.md §2``).
@@ -328,7 +376,9 @@ class _SpeculativeLoop:
             draft_probs,  # (B, N_r, V)
             target_probs,
             draft_hidden=candidates.draft_hidden,  # (B, N_r, d_draft) or None
-            target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :] if needs_hidden else None,  # (B, N_r + 1, d)
+            target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :]
+            if needs_hidden
+            else None,  # (B, N_r + 1, d)
             untempered_draft_probs=candidates.untempered_draft_probs,  # (B, N_r, V) or None
             untempered_target_probs=target_untempered,  # (B, N_r + 1, V) or None
             draft_lengths=candidates.draft_lengths,  # (B,)
@@ -360,7 +410,9 @@ class _SpeculativeLoop:
             return target_probs, target_probs if needs_untempered else None, fitted if needs_scores else None
         target_probs, target_untempered, processed = [], [], []
         for i in range(logits.shape[1]):
-            scores, raw = next_token_scores(self.logits_processor, candidate_ids[:, : length + i], logits[:, i], self.vocab_size)
+            scores, raw = next_token_scores(
+                self.logits_processor, candidate_ids[:, : length + i], logits[:, i], self.vocab_size
+            )
             target_probs.append(scores.softmax(dim=-1))  # (B, V)
             if needs_untempered:
                 target_untempered.append(raw.softmax(dim=-1))  # (B, V)
@@ -370,7 +422,10 @@ class _SpeculativeLoop:
         return torch.stack(target_probs, dim=1), untempered, torch.stack(processed, dim=1) if needs_scores else None
 
     def commit(
-        self, candidates: DraftCandidates, result: VerificationResult, target_scores: tuple | None,
+        self,
+        candidates: DraftCandidates,
+        result: VerificationResult,
+        target_scores: tuple | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, N_r + 1), (B,)
         """Commit: emit ``n_b`` drafts and the recovered/bonus token, truncate, record; (B, N_r + 1), (B,)."""
         length = self.seq.shape[1]  # L
@@ -430,7 +485,11 @@ class _SpeculativeLoop:
             self.active = self.active[:0]
             done = Realignment(kept=self.active, shifts=None, new_length=0, leading=0)
             self.candidates.update_candidate_strategy(
-                candidate_ids[:0], target_probs, num_accepted, realignment=done, target_hidden=self.round_target_hidden,
+                candidate_ids[:0],
+                target_probs,
+                num_accepted,
+                realignment=done,
+                target_hidden=self.round_target_hidden,
             )
             return
         if bool(finished.any()):
@@ -443,7 +502,9 @@ class _SpeculativeLoop:
         seq = torch.cat([candidate_ids, emitted[:, -1:]], dim=1)  # (B, L + N_r + 1), last column overwritten below
         seq.scatter_(1, (length + num_accepted)[:, None], emitted.gather(1, num_accepted[:, None]))
         seq = seq[:, :new_length]  # (B, L + A + 1)
-        mask = torch.cat([candidate_mask, torch.ones_like(candidate_mask[:, :1])], dim=1)[:, :new_length]  # (B, L + A + 1)
+        mask = torch.cat([candidate_mask, torch.ones_like(candidate_mask[:, :1])], dim=1)[
+            :, :new_length
+        ]  # (B, L + A + 1)
         any_shift = bool((shifts > 0).any())
         if any_shift:
             positions = torch.arange(new_length, device=seq.device)  # (L + A + 1,)
@@ -455,17 +516,26 @@ class _SpeculativeLoop:
         if leading > 0:
             seq, mask = seq[:, leading:], mask[:, leading:]
         self.seq, self.mask = seq, mask
-        realignment = Realignment(kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading)
-        compat.realign_cache(self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading)
+        realignment = Realignment(
+            kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading
+        )
+        compat.realign_cache(
+            self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading
+        )
         compat.realign_logits_processors(self.logits_processor, kept=kept, shifts=realignment.shifts, leading=leading)
         seconds = None
         if self.round_clock is not None:  # (drafting, the rest of the round: verification, commit, realignment)
             started, drafted = self.round_clock
             seconds = (drafted - started, _clock(seq.device) - drafted)
         self.candidates.update_candidate_strategy(
-            seq, target_probs, round_num_accepted, realignment=realignment,
-            position_acceptance=result.position_acceptance, drafted_acceptance=result.drafted_acceptance,
-            seconds=seconds, target_hidden=self.round_target_hidden,
+            seq,
+            target_probs,
+            round_num_accepted,
+            realignment=realignment,
+            position_acceptance=result.position_acceptance,
+            drafted_acceptance=result.drafted_acceptance,
+            seconds=seconds,
+            target_hidden=self.round_target_hidden,
         )
 
 

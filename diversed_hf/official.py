@@ -49,9 +49,7 @@ def read_official_checkpoint(
     for name in ("draft_hidden_size", "target_hidden_size"):
         value = official_config.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(
-                f"{directory / OFFICIAL_CONFIG_NAME} needs a positive integer `{name}`, got {value!r}."
-            )
+            raise ValueError(f"{directory / OFFICIAL_CONFIG_NAME} needs a positive integer `{name}`, got {value!r}.")
         sizes[name] = value
     try:
         state_dict = torch.load(directory / OFFICIAL_WEIGHTS_NAME, map_location="cpu", weights_only=True)

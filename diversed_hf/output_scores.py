@@ -25,7 +25,9 @@ class TargetScoreRecorder:
     def __init__(self, *, scores: bool, logits: bool):
         self.want_scores = scores
         self.want_logits = logits
-        self.rounds: list[tuple] = []  # per round: rows (K,), columns (K,), scores (K, vocab) or None, logits (K, V') or None
+        self.rounds: list[
+            tuple
+        ] = []  # per round: rows (K,), columns (K,), scores (K, vocab) or None, logits (K, V') or None
 
     def record(
         self,

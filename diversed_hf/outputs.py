@@ -20,7 +20,8 @@ class SpeculationStats:
     position: the probability that the position accepts, before its token is drawn.
     ``drafted_acceptance`` holds ``a_t(x_t)``, the probability that the token actually drafted
     was kept (1/0 in greedy mode; for block verification the factor ``rho_t / rho_{t-1}`` of its running weight and
-    ``beta_t`` given the kept prefix, docs/method.md §2). Together they give the unbiased estimator of the expected tokens
+    ``beta_t`` given the kept prefix, docs/method.md §2). Together they give the unbiased estimator of the expected
+    tokens
     per round, ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` (:attr:`expected_tokens_per_round`, docs/method.md §6).
     """
 
@@ -51,7 +52,8 @@ class SpeculationStats:
 
     @property
     def expected_tokens_per_round(self) -> torch.Tensor:  # (batch,)
-        """Unbiased estimate of ``E[T_N]`` per row: :func:`diversed_hf.theory.expected_tokens_per_round` (docs/method.md §6)."""
+        """Unbiased estimate of ``E[T_N]`` per row: :func:`diversed_hf.theory.expected_tokens_per_round`
+        (docs/method.md §6)."""
         drafted = self.drafted_acceptance or [None] * len(self.position_acceptance)
         values = [
             float(theory.expected_tokens_per_round(betas, kept)) if kept is not None else float("nan")

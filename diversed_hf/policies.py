@@ -1,4 +1,5 @@
-"""State of the ``"optimal"`` draft-length schedule: the cross-call statistics, the per-row estimator, the stopping rule.
+"""State of the ``"optimal"`` draft-length schedule: the cross-call statistics, the per-row estimator, the stopping
+rule.
 
 :class:`~diversed_hf.candidates.DiversedCandidateGenerator` drives one :class:`OptimalSchedule` per call. The
 schedule maximises expected tokens per second. It has two modes:
@@ -115,7 +116,9 @@ class _PairStatistics:
 
     def nearest_samples(self, device: str, batch_size: int) -> CostSamples | None:
         """The rounds timed at this batch size, else at the nearest timed one (on this device)."""
-        sizes = sorted((abs(b - batch_size), -b) for (d, b), samples in list(self.costs.items()) if d == device and samples.recent)
+        sizes = sorted(
+            (abs(b - batch_size), -b) for (d, b), samples in list(self.costs.items()) if d == device and samples.recent
+        )
         return self.costs[(device, -sizes[0][1])] if sizes else None
 
     def nearest_costs(self, device: str, batch_size: int) -> DraftCosts | None:
@@ -220,7 +223,10 @@ def acceptance_setting(verifier, do_sample: bool, logits_processor=()) -> Hashab
         token = verifier
     scalars = (bool, int, float, str)
     processors = tuple(  # a wrapper (processors.FullBatch, RowWidth) is keyed by the processor it runs
-        (type(p).__qualname__, tuple(sorted((k, v) for k, v in getattr(p, "__dict__", {}).items() if isinstance(v, scalars))))
+        (
+            type(p).__qualname__,
+            tuple(sorted((k, v) for k, v in getattr(p, "__dict__", {}).items() if isinstance(v, scalars))),
+        )
         for p in (getattr(p, "processor", p) for p in logits_processor)
     )
     return token, bool(do_sample), processors
@@ -270,7 +276,9 @@ class OptimalSchedule:
     about twenty tensor operations on ``(batch, N)``, no Python loop over rows.
     """
 
-    def __init__(self, draft, num_draft_tokens: int, *, target=None, setting: Hashable = None, costs: DraftCosts | None = None):
+    def __init__(
+        self, draft, num_draft_tokens: int, *, target=None, setting: Hashable = None, costs: DraftCosts | None = None
+    ):
         self.num_draft_tokens = num_draft_tokens  # N
         self.costs = costs
         self._given_curve = None if costs is None else costs.verify_curve(num_draft_tokens)  # (N,), checked now
@@ -306,10 +314,14 @@ class OptimalSchedule:
         self.warming_up = self.costs is None and (samples is None or samples.fit() is None)
         timed_here = self.statistics.costs.get((self.device_key, batch_size))
         self.probing = (  # a cached call probes a one-draft round while too few pairs of far-apart lengths are timed
-            not self.warming_up and self.costs is None and width > 1
+            not self.warming_up
+            and self.costs is None
+            and width > 1
             and (timed_here is None or timed_here.count_pairs(max(1, width // 2)) < OPTIMAL_PROBES)
         )
-        self._previous: tuple[int, int, float, float] | None = None  # (batch, n, drafting, rest) of the last timed round
+        self._previous: tuple[int, int, float, float] | None = (
+            None  # (batch, n, drafting, rest) of the last timed round
+        )
         self.rate_key = (self.setting, self.device_key, batch_size)
         self.edges = torch.tensor(OPTIMAL_CONFIDENCE_EDGES, dtype=torch.float32, device=device)  # (K - 1,)
         # acceptance per confidence bin, (K,): [0] the round right after the prompt, [1] the later rounds
@@ -343,10 +355,13 @@ class OptimalSchedule:
         mean = float(sums.sum() / counts.sum())
         acceptance = (sums + OPTIMAL_CALIBRATION_PRIOR * mean) / (counts + OPTIMAL_CALIBRATION_PRIOR)  # (K,)
         marginal = round_seconds.diff().clamp(min=step_seconds)  # (N - 1,) cost of draft k + 1 after k drafts
-        # tokens per row per second of the rounds pooled, each costed by the model: the unit of the costs, whatever it is
+        # tokens per row per second of the rounds pooled, each costed by the model: the unit of the costs, whatever
+        # it is
         per_row_rate = float(tokens.sum() / (rounds * round_seconds[: rounds.numel()]).sum())
         return StoppingRule(
-            edges=self.edges, acceptance=acceptance.float().to(self.device), mean_acceptance=mean,
+            edges=self.edges,
+            acceptance=acceptance.float().to(self.device),
+            mean_acceptance=mean,
             thresholds=(per_row_rate * marginal).float().to(self.device),
         )
 
@@ -373,8 +388,11 @@ class OptimalSchedule:
                 self.calibration_counts[which].index_add_(0, bins, torch.ones_like(bins, dtype=torch.float64))
             if self.rule is None:  # the per-row estimates decide lengths (mode 2); the rule does not read them
                 ones = drafted_acceptance.new_ones(drafted_acceptance.shape[0], 1)  # (batch, 1)
-                reach = torch.cat([ones, drafted_acceptance[:, :-1]], dim=-1).cumprod(dim=-1)  # (batch, N_r) prod_{t<k} a_t
-                # past a row's draft length a position may hold anything (NaN included): dropped; before it, all is finite
+                reach = torch.cat([ones, drafted_acceptance[:, :-1]], dim=-1).cumprod(
+                    dim=-1
+                )  # (batch, N_r) prod_{t<k} a_t
+                # past a row's draft length a position may hold anything (NaN included): dropped; before it, all is
+                # finite
                 terms = torch.where(drafted, reach * position_acceptance, 0.0)  # (batch, N_r)
                 if self.round_index == 0:  # right after the prompt: pooled apart; the row's own only where no prior is
                     self.first_sums[:width] += terms.sum(dim=0)
@@ -396,7 +414,9 @@ class OptimalSchedule:
         if seconds is not None and self.round_index >= 1 and width:  # round 0 also fed the prompt
             batch_size = position_acceptance.shape[0]
             previous = self._previous[1:] if self._previous is not None and self._previous[0] == batch_size else None
-            self.statistics.costs.setdefault((self.device_key, batch_size), CostSamples()).add(width, *seconds, previous)
+            self.statistics.costs.setdefault((self.device_key, batch_size), CostSamples()).add(
+                width, *seconds, previous
+            )
             self._previous = (batch_size, width, *seconds)
         self.round_index += 1
         self.rule = self.rules[1]

@@ -71,11 +71,24 @@ WIDTH_PROCESSORS = (
 ROW_PROCESSORS = tuple(
     getattr(transformers.generation.logits_process, name)
     for name in (
-        "EncoderNoRepeatNGramLogitsProcessor", "EncoderRepetitionPenaltyLogitsProcessor", "EpsilonLogitsWarper",
-        "EtaLogitsWarper", "InfNanRemoveLogitsProcessor", "LogitNormalization", "MinPLogitsWarper",
-        "NoBadWordsLogitsProcessor", "NoRepeatNGramLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
-        "SequenceBiasLogitsProcessor", "SuppressTokensLogitsProcessor", "TemperatureLogitsWarper", "TopHLogitsWarper",
-        "TopKLogitsWarper", "TopPLogitsWarper", "TypicalLogitsWarper", "WatermarkLogitsProcessor",
+        "EncoderNoRepeatNGramLogitsProcessor",
+        "EncoderRepetitionPenaltyLogitsProcessor",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "InfNanRemoveLogitsProcessor",
+        "LogitNormalization",
+        "MinPLogitsWarper",
+        "NoBadWordsLogitsProcessor",
+        "NoRepeatNGramLogitsProcessor",
+        "RepetitionPenaltyLogitsProcessor",
+        "SequenceBiasLogitsProcessor",
+        "SuppressTokensLogitsProcessor",
+        "TemperatureLogitsWarper",
+        "TopHLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "TypicalLogitsWarper",
+        "WatermarkLogitsProcessor",
     )
     if hasattr(transformers.generation.logits_process, name)  # TopH is newer than the oldest transformers supported
 )
@@ -222,7 +235,8 @@ def per_row_processors(
         if isinstance(processor, _GUIDANCE):
             raise ValueError(
                 f"`{type(processor).__name__}` (classifier-free guidance, `guidance_scale`) cannot be combined with "
-                "`diversed_head`/`verifier`: it runs the model on its own cache one token per call, while a speculative "
+                "`diversed_head`/`verifier`: it runs the model on its own cache one token per call, while a "
+                "speculative "
                 "round scores several positions at once. Remove `guidance_scale` (or set it to 1) and the processor."
             )
         if isinstance(processor, MinNewTokensLengthLogitsProcessor):

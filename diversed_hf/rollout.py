@@ -71,7 +71,9 @@ class Rollout:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def build_logits_warpers(temperature: float = 1.0, top_k: int | None = 0, top_p: float | None = 1.0) -> LogitsProcessorList:
+def build_logits_warpers(
+    temperature: float = 1.0, top_k: int | None = 0, top_p: float | None = 1.0
+) -> LogitsProcessorList:
     """transformers' sampling warpers in transformers' order (temperature, top-k, top-p); empty for plain sampling."""
     if temperature is None or temperature <= 0:
         raise ValueError(f"`temperature` must be > 0 for sampling, got {temperature!r}.")
@@ -94,6 +96,15 @@ def mixture_logprobs(
     w = target_weight.float()
     mixed = w * target_token_probs.float() + (1.0 - w) * draft_token_probs.float()  # (B, T)
     return mixed.clamp(min=torch.finfo(torch.float32).tiny).log()
+
+
+def check_trainable_mixing(head) -> None:
+    """Training samples from and scores ``nu = w p + (1 - w) q``: a head that mixes logits is refused."""
+    if getattr(getattr(head, "config", None), "mixing", "probs") != "probs":
+        raise ValueError(
+            "Training supports only heads with `mixing='probs'` (the paper's mixture): the logit-space pool of the "
+            "official code has no closed-form acceptance. Build the head with `mixing='probs'`."
+        )
 
 
 @torch.no_grad()
@@ -121,18 +132,18 @@ def sample_from_mixture(
     """
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
-    if getattr(getattr(head, "config", None), "mixing", "probs") != "probs":
-        raise ValueError(
-            "Training supports only heads with `mixing='probs'` (the paper's mixture): the logit-space pool of the "
-            "official code has no closed-form acceptance. Build the head with `mixing='probs'`."
-        )
+    check_trainable_mixing(head)
     device = input_ids.device
     batch_size = input_ids.shape[0]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if vocab_size is None:
         vocab_size = verification_vocab_size(target, draft)  # raises if the two models do not share token ids
-    eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device, dtype=torch.long)  # fmt: skip
+    eos = torch.tensor(
+        [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
+        device=device,
+        dtype=torch.long,
+    )
     warpers = build_logits_warpers(temperature, top_k, top_p)
     head_param = next(head.parameters())
     head_place = dict(device=head_param.device, dtype=head_param.dtype)
@@ -143,16 +154,22 @@ def sample_from_mixture(
     target_cache, draft_cache = compat.new_cache(), compat.new_cache()
     chunk = input_ids  # the prefill feeds the whole prompt
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
-    records: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "live", "p", "q", "tv", "hq", "hp", "f", "w", "logp")}
+    records: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("ids", "live", "p", "q", "tv", "hq", "hp", "f", "w", "logp")
+    }
 
     for _ in range(max_new_tokens):
         target_out = compat.forward_with_cache(
             target, chunk, mask, target_cache, logits_to_keep=1, output_hidden_states=needs_hidden
         )
         draft_out = compat.forward_with_cache(
-            draft, draft_input_ids(draft, chunk, vocab_size), mask, draft_cache, logits_to_keep=1,
+            draft,
+            draft_input_ids(draft, chunk, vocab_size),
+            mask,
+            draft_cache,
+            logits_to_keep=1,
             output_hidden_states=needs_hidden,
-        )  # fmt: skip
+        )
         if needs_hidden:
             target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
             draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
@@ -166,7 +183,9 @@ def sample_from_mixture(
         target_probs = target_scores.softmax(dim=-1)  # (B, V)
         draft_probs = draft_scores.softmax(dim=-1)  # (B, V)
 
-        features = distribution_features(draft_probs, target_probs, feature_names)  # (B, F), as the verifier computes them
+        features = distribution_features(
+            draft_probs, target_probs, feature_names
+        )  # (B, F), as the verifier computes them
         inputs = (draft_hidden[:, None], target_hidden[:, None], features[:, None])  # (B, 1, d_draft | d_target | F)
         w = head(*(x.to(**head_place) for x in inputs))[:, 0].to(device=device, dtype=torch.float32)  # (B,)
         mixture = ops.mix_probs(draft_probs, target_probs, w)  # (B, V)

@@ -118,7 +118,9 @@ def expected_tokens_per_round(
     betas = torch.nan_to_num(position_acceptance.double(), nan=0.0).clamp(0.0, 1.0)  # (rounds, N)
     kept = torch.nan_to_num(drafted_acceptance.double(), nan=0.0).clamp(min=0.0)  # (rounds, N)
     # Block verification reports factors rho_t / rho_{t-1} that may exceed 1; their products (a reach) never do.
-    before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1).clamp(max=1.0)  # (rounds, N)
+    before = torch.cat([torch.ones_like(kept[:, :1]), kept[:, :-1].cumprod(dim=-1)], dim=-1).clamp(
+        max=1.0
+    )  # (rounds, N)
     return _mean_or_nan(1.0 + (before * betas).sum(dim=-1), per_round)  # (rounds,) -> ()
 
 
@@ -151,9 +153,14 @@ def block_tokens_per_round(
     the same distributions gives ``1 + sum_k prod_{t<=k} beta_t`` (:func:`beta_product_tokens_per_round` of one
     round); block is never below it. ``max_states`` bounds the distinct values kept (they can grow as ``vocab^N``).
     """
-    if not (isinstance(draft_probs, torch.Tensor) and isinstance(verify_probs, torch.Tensor)) or draft_probs.dim() != 2 \
-            or draft_probs.shape != verify_probs.shape:
-        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in (draft_probs, verify_probs)]
+    if (
+        not (isinstance(draft_probs, torch.Tensor) and isinstance(verify_probs, torch.Tensor))
+        or draft_probs.dim() != 2
+        or draft_probs.shape != verify_probs.shape
+    ):
+        shapes = [
+            tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in (draft_probs, verify_probs)
+        ]
         raise ValueError(
             f"`draft_probs` and `verify_probs` must be tensors of one shape (num_draft_tokens, vocab), got {shapes[0]} "
             f"and {shapes[1]}. For distributions that depend on the drafted context, average "
@@ -172,8 +179,10 @@ def block_tokens_per_round(
         mass = torch.zeros_like(values).index_add_(0, inverse, weights_mass.flatten())
         if values.numel() > max_states:
             raise ValueError(
-                f"the running weight takes more than `max_states`={max_states} values after {len(draft_probs)} positions "
-                f"of {draft_probs.shape[1]} tokens; raise `max_states`, use fewer positions, or estimate from simulated "
+                f"the running weight takes more than `max_states`={max_states} values after {len(draft_probs)} "
+                "positions "
+                f"of {draft_probs.shape[1]} tokens; raise `max_states`, use fewer positions, or estimate from "
+                "simulated "
                 "rounds with `expected_tokens_per_round`."
             )
     return expected

@@ -22,8 +22,18 @@ from .generation import enable_diversed
 from .verifiers import ExactVerifier, StaticEnsembleVerifier
 
 
-def measure_throughput(target, draft, tokenizer, prompts: list[str], batch_sizes=(1, 4, 8, 16), verifier=None,
-                       max_new_tokens: int = 64, num_draft_tokens: int = 5, repeats: int = 1, seed: int = 0) -> list[dict]:
+def measure_throughput(
+    target,
+    draft,
+    tokenizer,
+    prompts: list[str],
+    batch_sizes=(1, 4, 8, 16),
+    verifier=None,
+    max_new_tokens: int = 64,
+    num_draft_tokens: int = 5,
+    repeats: int = 1,
+    seed: int = 0,
+) -> list[dict]:
     """Rows of {batch_size, tokens, seconds, tokens_per_second, acceptance_rate} for each batch size."""
     enable_diversed(target)
     verifier = verifier or ExactVerifier()
@@ -35,9 +45,17 @@ def measure_throughput(target, draft, tokenizer, prompts: list[str], batch_sizes
         for begin in range(0, len(prompts), batch_size):
             batch = tokenizer(prompts[begin : begin + batch_size], return_tensors="pt", padding=True)
             output = target.generate(
-                **batch, assistant_model=draft, verifier=verifier, do_sample=True, top_k=0, temperature=1.0,
-                max_new_tokens=max_new_tokens, num_assistant_tokens=num_draft_tokens, pad_token_id=tokenizer.pad_token_id,
-                return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed + begin),
+                **batch,
+                assistant_model=draft,
+                verifier=verifier,
+                do_sample=True,
+                top_k=0,
+                temperature=1.0,
+                max_new_tokens=max_new_tokens,
+                num_assistant_tokens=num_draft_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                return_dict_in_generate=True,
+                generator=torch.Generator().manual_seed(seed + begin),
             )
             stats = output.speculation
             tokens += int(stats.num_generated.sum())
@@ -51,13 +69,15 @@ def measure_throughput(target, draft, tokenizer, prompts: list[str], batch_sizes
         timings = [run(batch_size) for _ in range(repeats)]
         seconds = statistics.median(t[1] for t in timings)
         tokens, _, drafted, accepted = timings[0]
-        rows.append({
-            "batch_size": batch_size,
-            "tokens": tokens,
-            "seconds": seconds,
-            "tokens_per_second": tokens / seconds,
-            "acceptance_rate": accepted / max(drafted, 1),
-        })
+        rows.append(
+            {
+                "batch_size": batch_size,
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_second": tokens / seconds,
+                "acceptance_rate": accepted / max(drafted, 1),
+            }
+        )
     return rows
 
 
@@ -78,16 +98,30 @@ def main(args: argparse.Namespace) -> int:
     target, draft, tokenizer = testbed.load_pair()
     prompts = list(testbed.load_task(args.task, split="test", num_examples=args.num_prompts, seed=args.seed)["prompt"])
     verifier = ExactVerifier() if args.target_weight is None else StaticEnsembleVerifier(args.target_weight)
-    rows = measure_throughput(target, draft, tokenizer, prompts, tuple(args.batch_sizes), verifier, args.max_new_tokens,
-                              args.num_draft_tokens, args.repeats, args.seed)
+    rows = measure_throughput(
+        target,
+        draft,
+        tokenizer,
+        prompts,
+        tuple(args.batch_sizes),
+        verifier,
+        args.max_new_tokens,
+        args.num_draft_tokens,
+        args.repeats,
+        args.seed,
+    )
     base = rows[0]["tokens_per_second"]
-    print(f"testbed {args.task}, {len(prompts)} prompts, {verifier}, N = {args.num_draft_tokens}, "
-          f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}")
+    print(
+        f"testbed {args.task}, {len(prompts)} prompts, {verifier}, N = {args.num_draft_tokens}, "
+        f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}"
+    )
     print("| batch | tokens | seconds | tokens/s | vs batch 1 | acceptance |")
     print("|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['batch_size']} | {row['tokens']} | {row['seconds']:.1f} | {row['tokens_per_second']:.1f} | "
-              f"{row['tokens_per_second'] / base:.2f}x | {row['acceptance_rate']:.1%} |")
+        print(
+            f"| {row['batch_size']} | {row['tokens']} | {row['seconds']:.1f} | {row['tokens_per_second']:.1f} | "
+            f"{row['tokens_per_second'] / base:.2f}x | {row['acceptance_rate']:.1%} |"
+        )
     if args.json:
         write_text_atomic(args.json, json.dumps(rows, indent=2) + "\n")
     return 0
@@ -100,7 +134,9 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--num-draft-tokens", type=int, default=5)
-    parser.add_argument("--target-weight", type=float, default=None, help="Static ensemble weight (default: lossless SD).")
+    parser.add_argument(
+        "--target-weight", type=float, default=None, help="Static ensemble weight (default: lossless SD)."
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)

@@ -40,7 +40,8 @@ and target distributions of the drafted positions to the distribution ``pi`` to 
 
 The base class does the rest (acceptance ``min(1, pi/q)``, residual, bonus, greedy, batching,
 per-row draft lengths), and checks what a rule written outside this module returns: ``pi`` of the drafts'
-shape, finite, non-negative and summing to 1 (an error names the rule's class). Rules that are not "SD against ``pi``" also override
+shape, finite, non-negative and summing to 1 (an error names the rule's class). Rules that are not "SD against
+``pi``" also override
 :meth:`Verifier.token_acceptance` and :meth:`Verifier.residual_probs` (see :class:`LenientVerifier`).
 
 Acceptance has three names here, for three quantities:
@@ -189,8 +190,12 @@ class Verifier:
 
         drafted_target_probs = target_probs[:, :num_draft_tokens]  # (batch, N, vocab)
         verify_probs, target_weight = self._round_verification_probs(
-            draft_probs, target_probs, draft_hidden=draft_hidden, target_hidden=target_hidden,
-            untempered_draft_probs=untempered_draft_probs, untempered_target_probs=untempered_target_probs,
+            draft_probs,
+            target_probs,
+            draft_hidden=draft_hidden,
+            target_hidden=target_hidden,
+            untempered_draft_probs=untempered_draft_probs,
+            untempered_target_probs=untempered_target_probs,
         )  # (batch, N, vocab), (batch, N) or None
         acceptance = self.token_acceptance(draft_probs, drafted_target_probs, verify_probs)  # (batch, N, vocab) a(x)
         position_acceptance = (draft_probs * acceptance).sum(dim=-1)  # (batch, N) beta_t
@@ -229,7 +234,8 @@ class Verifier:
         untempered_draft_probs: torch.Tensor | None = None,  # (batch, N, vocab)
         untempered_target_probs: torch.Tensor | None = None,  # (batch, N + 1, vocab)
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (batch, N, vocab), (batch, N) or None
-        """``verification_probs`` at the ``N`` drafted positions of a round; a rule written outside this module is checked."""
+        """``verification_probs`` at the ``N`` drafted positions of a round; a rule written outside this module is
+        checked."""
         num_draft_tokens = draft_probs.shape[1]
         if self.requires_hidden_states and (draft_hidden is None or target_hidden is None):
             raise ValueError(f"{type(self).__name__} needs `draft_hidden` and `target_hidden`.")
@@ -249,11 +255,14 @@ class Verifier:
 
 
 def _unit_interval(verifier, name: str, *, open_low: bool = False, fix: str = "") -> None:
-    """Check ``verifier.<name>`` is a number in [0, 1] (or (0, 1]) and store it as a Python float (numpy scalars too)."""
+    """Check ``verifier.<name>`` is a number in [0, 1] (or (0, 1]) and store it as a Python float (numpy scalars
+    too)."""
     value = getattr(verifier, name)
     interval = "(0, 1]" if open_low else "[0, 1]"
     if not is_real(value):
-        raise TypeError(f"`{name}` must be a number in {interval}, got {type(value).__name__} {value!r}. {fix}".rstrip())
+        raise TypeError(
+            f"`{name}` must be a number in {interval}, got {type(value).__name__} {value!r}. {fix}".rstrip()
+        )
     low_ok = value > 0 if open_low else value >= 0
     if math.isnan(value) or not (low_ok and value <= 1):
         raise ValueError(f"`{name}` must be a number in {interval}, got {value!r}. {fix}".rstrip())
@@ -500,7 +509,8 @@ class HeadVerifier(_MixtureVerifier):
         if not bool(((target_weight >= 0) & (target_weight <= 1)).all()):  # also False for NaN
             raise ValueError(
                 "The head returned target weights outside [0, 1] (or NaN) for these hidden states: its parameters or "
-                "its inputs are not finite. Check the head (`torch.isfinite(p).all()` for each parameter) and the models."
+                "its inputs are not finite. Check the head (`torch.isfinite(p).all()` for each parameter) and the "
+                "models."
             )
         return target_weight.to(device=target_probs.device, dtype=target_probs.dtype)
 
@@ -543,14 +553,32 @@ class BlockVerifier(Verifier):
     def verification_probs(self, draft_probs, target_probs, **context):
         return self.base.verification_probs(draft_probs, target_probs, **context)
 
-    def __call__(self, draft_ids, draft_probs, target_probs, *, draft_lengths=None, do_sample=True, generator=None,
-                 validate=True, **context) -> VerificationResult:
+    def __call__(
+        self,
+        draft_ids,
+        draft_probs,
+        target_probs,
+        *,
+        draft_lengths=None,
+        do_sample=True,
+        generator=None,
+        validate=True,
+        **context,
+    ) -> VerificationResult:
         """One round, arguments as :meth:`Verifier.__call__`; ``drafted_acceptance`` holds ``rho_t / rho_{t-1}``."""
         if validate:
             check_round_inputs(draft_ids, draft_probs, target_probs, draft_lengths, **context)
         if not do_sample or draft_ids.shape[1] == 0:
-            return self.base(draft_ids, draft_probs, target_probs, draft_lengths=draft_lengths, do_sample=do_sample,
-                             generator=generator, validate=False, **context)
+            return self.base(
+                draft_ids,
+                draft_probs,
+                target_probs,
+                draft_lengths=draft_lengths,
+                do_sample=do_sample,
+                generator=generator,
+                validate=False,
+                **context,
+            )
         batch_size, num_draft_tokens = draft_ids.shape
         if draft_lengths is None:
             draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)

@@ -13,15 +13,10 @@ run's checkpoints go to ``OUT_DIR/out`` (by default one, at the last step).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_models, test_training
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # diversed_hf
-
-from test_training import head_params, trainer_for  # noqa: E402
+from test_training import head_params, trainer_for
 
 
 def rollout_state(trainer) -> dict:
@@ -34,8 +29,9 @@ def rollout_state(trainer) -> dict:
     }
 
 
-def main(out_dir: str, max_steps: int = 2, steps_per_generation: int = 1, save_steps: int | None = None,
-         resume: bool = False) -> None:  # fmt: skip
+def main(
+    out_dir: str, max_steps: int = 2, steps_per_generation: int = 1, save_steps: int | None = None, resume: bool = False
+) -> None:
     torch.set_num_threads(1)
     out = Path(out_dir)
     calls: list[list[str]] = []  # the prompts of every rollout batch this process scored, in order

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tiny_models import make_pair
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-
-from diversed_hf import DiversedHead  # noqa: E402
-from tiny_models import make_pair  # noqa: E402
+from diversed_hf import DiversedHead
 
 
 def _row(method, family, acceptance, quality=0.5):
-    return {"method": method, "family": family, "acceptance_rate": acceptance, "quality": quality,
-            "quality_metric": "exact_match", "quality_delta": None}
+    return {
+        "method": method,
+        "family": family,
+        "acceptance_rate": acceptance,
+        "quality": quality,
+        "quality_metric": "exact_match",
+        "quality_delta": None,
+    }
 
 
 def test_a_head_on_the_fine_tuned_draft_is_compared_with_sd_on_that_draft():
@@ -22,8 +24,11 @@ def test_a_head_on_the_fine_tuned_draft_is_compared_with_sd_on_that_draft():
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft, features=["tv", "draft_top1"], use_hidden_states=False)
     rows = [
-        _row("target-only", "target-only", None), _row("SD", "sd", 0.5), _row("SD (fine-tuned draft)", "sd-finetuned", 0.8),
-        _row("features", "diversed", 0.75), _row("features" + ablation.FINETUNED, "diversed", 0.96),
+        _row("target-only", "target-only", None),
+        _row("SD", "sd", 0.5),
+        _row("SD (fine-tuned draft)", "sd-finetuned", 0.8),
+        _row("features", "diversed", 0.75),
+        _row("features" + ablation.FINETUNED, "diversed", 0.96),
     ]
     lines = ablation.table(rows, {"features": (head, {"train_seconds": 60.0})}).splitlines()
     by_name = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
@@ -39,8 +44,13 @@ def test_a_recipe_line_spells_out_the_settings_that_differ_from_the_yaml():
     defaults = yaml.safe_load((ablation.REPO / "training" / "configs" / "testbed_arith.yaml").read_text())
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft, features=["tv"])
-    training = {"lambda_acceptance": 0.3, "seed": 2, "max_steps": defaults["max_steps"] + 1,
-                "num_generations": defaults["num_generations"], "learning_rate": defaults["learning_rate"]}
+    training = {
+        "lambda_acceptance": 0.3,
+        "seed": 2,
+        "max_steps": defaults["max_steps"] + 1,
+        "num_generations": defaults["num_generations"],
+        "learning_rate": defaults["learning_rate"],
+    }
     line = ablation.recipes("arith", {"h": (head, training)})
     assert f"--max_steps {defaults['max_steps'] + 1} " in line and "--seed 2 " in line and "--head_features tv " in line
     assert "--num_generations" not in line and "--learning_rate" not in line  # as in the YAML: not repeated
@@ -60,14 +70,24 @@ def test_a_baseline_that_accepted_nothing_gives_no_ratio_instead_of_a_crash():
 
 def _sweep():
     """Rows of a lambda sweep: target-only, SD and three heads, with their paired intervals (fractions)."""
-    def head(method, acceptance, delta, low, high):
-        return dict(_row(method, "diversed", acceptance), quality_delta=delta, quality_delta_low=low,
-                    quality_delta_high=high)
 
-    rows = [dict(_row("target-only", "target-only", None), quality_delta=0.0, quality_delta_low=-0.02, quality_delta_high=0.02),
-            dict(_row("SD", "sd", 0.5), quality_delta=0.0, quality_delta_low=-0.02, quality_delta_high=0.02),
-            head("l0.3", 0.86, -0.04, -0.06, -0.01), head("l0.1", 0.80, -0.01, -0.04, 0.02),
-            head("l0.05", 0.70, 0.01, -0.02, 0.04)]
+    def head(method, acceptance, delta, low, high):
+        return dict(
+            _row(method, "diversed", acceptance), quality_delta=delta, quality_delta_low=low, quality_delta_high=high
+        )
+
+    rows = [
+        dict(
+            _row("target-only", "target-only", None),
+            quality_delta=0.0,
+            quality_delta_low=-0.02,
+            quality_delta_high=0.02,
+        ),
+        dict(_row("SD", "sd", 0.5), quality_delta=0.0, quality_delta_low=-0.02, quality_delta_high=0.02),
+        head("l0.3", 0.86, -0.04, -0.06, -0.01),
+        head("l0.1", 0.80, -0.01, -0.04, 0.02),
+        head("l0.05", 0.70, 0.01, -0.02, 0.04),
+    ]
     return rows
 
 
@@ -97,8 +117,12 @@ def test_the_front_writes_the_chosen_heads_card_results_with_the_front(tmp_path)
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft, task="arith")
     heads = {name: (head, {"lambda_acceptance": lam}) for name, lam in (("l0.3", 0.3), ("l0.1", 0.1), ("l0.05", 0.05))}
-    meta = {"config": {"temperature": 1.0, "num_draft_tokens": 5, "max_new_tokens": 100, "num_samples": 2},
-            "quality_metric": "exact_match", "target": "t", "draft": "d"}
+    meta = {
+        "config": {"temperature": 1.0, "num_draft_tokens": 5, "max_new_tokens": 100, "num_samples": 2},
+        "quality_metric": "exact_match",
+        "target": "t",
+        "draft": "d",
+    }
     rows = [dict(row, num_prompts=600) for row in _sweep()]
     results = ablation.front_results(BenchResult("arith", rows, {}, [], meta), heads, "python training/ablation.py ...")
     assert [row["method"] for row in results["rows"]] == ["target-only", "SD", "DIVERSED"]

@@ -108,11 +108,7 @@ def test_no_module_over_the_size_limit():
 
 
 def _library_modules():
-    return [
-        name
-        for name in MODULES
-        if name not in COMMAND_MODULES and not name.startswith("diversed_hf.testbed")
-    ]
+    return [name for name in MODULES if name not in COMMAND_MODULES and not name.startswith("diversed_hf.testbed")]
 
 
 @pytest.mark.parametrize("name", _library_modules())
@@ -127,21 +123,52 @@ LAYERS = {
     "diversed_hf.theory": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.head"},
     # the head's distribution features: math, so both generation (verifiers) and training (rollout) can use them
     "diversed_hf.features": {
-        "diversed_hf.verifiers", "diversed_hf.theory", "diversed_hf.generation", "diversed_hf.loop", "diversed_hf.head",
-        "diversed_hf.hub", "diversed_hf.pairs", "diversed_hf.rollout", "diversed_hf.training",
+        "diversed_hf.verifiers",
+        "diversed_hf.theory",
+        "diversed_hf.generation",
+        "diversed_hf.loop",
+        "diversed_hf.head",
+        "diversed_hf.hub",
+        "diversed_hf.pairs",
+        "diversed_hf.rollout",
+        "diversed_hf.training",
     },
-    "diversed_hf.verifiers": {"diversed_hf.generation", "diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.head"},
+    "diversed_hf.verifiers": {
+        "diversed_hf.generation",
+        "diversed_hf.loop",
+        "diversed_hf.candidates",
+        "diversed_hf.head",
+    },
     "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.tasks"},
     # the draft-length schedule sits under drafting (candidates) and the loop; what a round costs under the schedule
-    "diversed_hf.policies": {"diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.head"},
-    "diversed_hf.processors": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.policies": {
+        "diversed_hf.candidates",
+        "diversed_hf.loop",
+        "diversed_hf.generation",
+        "diversed_hf.head",
+    },
+    "diversed_hf.processors": {
+        "diversed_hf.loop",
+        "diversed_hf.candidates",
+        "diversed_hf.generation",
+        "diversed_hf.head",
+    },
     "diversed_hf.costs": {
-        "diversed_hf.policies", "diversed_hf.candidates", "diversed_hf.loop", "diversed_hf.generation", "diversed_hf.theory",
+        "diversed_hf.policies",
+        "diversed_hf.candidates",
+        "diversed_hf.loop",
+        "diversed_hf.generation",
+        "diversed_hf.theory",
     },
     "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},
     # the loop's helpers: re-laying a batch, recording the target's scores
     "diversed_hf.padding": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
-    "diversed_hf.output_scores": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.output_scores": {
+        "diversed_hf.loop",
+        "diversed_hf.candidates",
+        "diversed_hf.generation",
+        "diversed_hf.head",
+    },
 }
 
 
@@ -159,10 +186,7 @@ def _reachable(start: str) -> set[str]:
 def test_imports_point_one_way(name):
     reachable = _reachable(name)
     forbidden = {
-        target
-        for target in reachable
-        for prefix in LAYERS[name]
-        if target == prefix or target.startswith(prefix + ".")
+        target for target in reachable for prefix in LAYERS[name] if target == prefix or target.startswith(prefix + ".")
     }
     assert not forbidden, f"{name} reaches {sorted(forbidden)}, which sit above it"
 
@@ -183,11 +207,46 @@ def test_nothing_outside_the_vllm_plugin_imports_it():
     assert not {name: targets for name, targets in bad.items() if targets}
 
 
-def test_import_diversed_hf_loads_neither_trl_nor_the_testbed():
-    code = "import sys, diversed_hf; print(sorted(m for m in ('trl', 'diversed_hf.testbed') if m in sys.modules))"
+#: The lab: tasks and their data, the code sandbox, the benchmark, the testbed, card rendering, the commands and the
+#: vLLM plugin. It imports the core; the core (everything else: generation, loop, candidates, verifiers, block, ops,
+#: processors, outputs, head, hub I/O, compat, training) imports nothing of it (docs/architecture.md, "Layers").
+LAB_PACKAGES = ("diversed_hf.tasks", "diversed_hf.bench", "diversed_hf.testbed", "diversed_hf.vllm_plugin")
+LAB_MODULES = {"diversed_hf.cards", "diversed_hf.card_results", "diversed_hf.cli_utils", *COMMAND_MODULES}
+#: the core's one way into the lab: a head renders its card (and reads the task registry for it) when it is saved,
+#: through a lazy import in the method that saves
+CORE_TO_LAB_ON_SAVE = {("diversed_hf.head", "diversed_hf.cards")}
+#: what ``import diversed_hf`` must not load (beyond what transformers, torch and huggingface_hub load themselves)
+HEAVY = ("jinja2", "matplotlib", "datasets", "trl", "peft", "rouge_score")
+
+
+def is_lab(name: str) -> bool:
+    return (
+        name in LAB_MODULES or name.startswith(tuple(prefix + "." for prefix in LAB_PACKAGES)) or name in LAB_PACKAGES
+    )
+
+
+def test_the_core_imports_nothing_of_the_lab():
+    bad = {
+        name: sorted(target for target in GRAPH[name] if is_lab(target) and (name, target) not in CORE_TO_LAB_ON_SAVE)
+        for name in GRAPH
+        if not is_lab(name)
+    }
+    assert not {name: targets for name, targets in bad.items() if targets}
+
+
+def test_import_diversed_hf_loads_no_lab_module_and_nothing_heavy():
+    code = (
+        "import sys, torch, transformers, huggingface_hub\n"
+        "before = set(sys.modules)\n"
+        "import diversed_hf\n"
+        "from diversed_hf import DiversedHead, enable_diversed, ExactVerifier\n"
+        "print('\\n'.join(sorted(set(sys.modules) - before)))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    loaded = done.stdout.split()
+    assert not [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)]
+    assert not [name for name in loaded if name.split(".")[0] in HEAVY]
 
 
 def _trl_names(tree: ast.AST) -> list[tuple[int, str]]:

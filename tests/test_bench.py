@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import make_model
 
 from diversed_hf import DiversedHead, bench, cli
 from diversed_hf.bench import cli as bench_cli
 from diversed_hf.testbed import load_tokenizer
 from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier
-from tiny_models import make_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,8 +41,15 @@ def pair_dir(tmp_path_factory):
 
 
 def small_config(**overrides):
-    values = dict(num_prompts=4, num_timing_prompts=2, max_new_tokens=10, repeats=1, cost_tokens=2, batch_size=2,
-                  num_html_examples=2)
+    values = dict(
+        num_prompts=4,
+        num_timing_prompts=2,
+        max_new_tokens=10,
+        repeats=1,
+        cost_tokens=2,
+        batch_size=2,
+        num_html_examples=2,
+    )
     values.update(overrides)
     return bench.BenchConfig(**values)
 
@@ -52,7 +59,9 @@ def small_config(**overrides):
 
 
 def test_parse_methods_expands_sweeps():
-    methods, notes = bench.parse_methods(["target", "sd", "lossy:0.5", "static:0,0.5", "cascade-opt:0.1,0.3", "cascade:0.2"])
+    methods, notes = bench.parse_methods(
+        ["target", "sd", "lossy:0.5", "static:0,0.5", "cascade-opt:0.1,0.3", "cascade:0.2"]
+    )
     names = [m.name for m in methods]
     assert names[:6] == ["target-only", "SD", "lossy SD l=0.5", "static w=0", "static w=0.5", "cascade opt a=0.1"]
     assert len(methods) == 7 + 6
@@ -74,9 +83,15 @@ def test_parse_methods_skips_missing_head_and_finetuned_draft_with_a_note():
 
 @pytest.mark.parametrize(
     "specs, message",
-    [(["bogus"], "Unknown method"), (["static"], "expected numbers"), (["static:x"], "expected numbers"),
-     (["cascade-nope:0.1"], "cascade rule"), (["sd", "sd"], "twice"), (["static:1.5"], "target_weight"),
-     (["block:block:sd"], "block verification applies to a token-wise method once; write 'block:sd'")],
+    [
+        (["bogus"], "Unknown method"),
+        (["static"], "expected numbers"),
+        (["static:x"], "expected numbers"),
+        (["cascade-nope:0.1"], "cascade rule"),
+        (["sd", "sd"], "twice"),
+        (["static:1.5"], "target_weight"),
+        (["block:block:sd"], "block verification applies to a token-wise method once; write 'block:sd'"),
+    ],
 )
 def test_bad_method_specs_raise(specs, message):
     with pytest.raises(ValueError, match=message):
@@ -85,9 +100,14 @@ def test_bad_method_specs_raise(specs, message):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [(dict(num_prompts=0), "num_prompts"), (dict(num_timing_prompts=9, num_prompts=4), "num_timing_prompts"),
-     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(repeats=0), "repeats"),
-     (dict(num_samples=0), "num_samples")],
+    [
+        (dict(num_prompts=0), "num_prompts"),
+        (dict(num_timing_prompts=9, num_prompts=4), "num_timing_prompts"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(repeats=0), "repeats"),
+        (dict(num_samples=0), "num_samples"),
+    ],
 )
 def test_bad_config_raises_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -106,26 +126,73 @@ def test_unknown_task_raises():
 def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     page = tmp_path / "RESULTS.md"
     out = tmp_path / "results"
-    code = cli.main([
-        "bench", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--task", "arith",
-        "--methods", "target", "sd", "static:0,0.5", "cascade-opt:0.3", "sd-ft", "diversed",
-        "--finetuned-draft", f"arith={pair_dir / 'draft'}",
-        "--num-prompts", "4", "--num-timing-prompts", "2", "--max-new-tokens", "10", "--repeats", "2",
-        "--cost-tokens", "2", "--batch-size", "2", "--threads", "1", "--no-progress",
-        "--output-dir", str(out), "--results-page", str(page),
-    ])
+    code = cli.main(
+        [
+            "bench",
+            "--target",
+            str(pair_dir / "target"),
+            "--draft",
+            str(pair_dir / "draft"),
+            "--task",
+            "arith",
+            "--methods",
+            "target",
+            "sd",
+            "static:0,0.5",
+            "cascade-opt:0.3",
+            "sd-ft",
+            "diversed",
+            "--finetuned-draft",
+            f"arith={pair_dir / 'draft'}",
+            "--num-prompts",
+            "4",
+            "--num-timing-prompts",
+            "2",
+            "--max-new-tokens",
+            "10",
+            "--repeats",
+            "2",
+            "--cost-tokens",
+            "2",
+            "--batch-size",
+            "2",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(out),
+            "--results-page",
+            str(page),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "| SD |" in printed and "DIVERSED: skipped" in printed
     rows = json.loads((out / "results.json").read_text())
     assert [r["method"] for r in rows] == [
-        "target-only", "SD", "static w=0", "static w=0.5", "cascade opt a=0.3", "SD (fine-tuned draft)"
+        "target-only",
+        "SD",
+        "static w=0",
+        "static w=0.5",
+        "cascade opt a=0.3",
+        "SD (fine-tuned draft)",
     ]
     by_name = {r["method"]: r for r in rows}
     for row in rows:
-        for key in ("method", "acceptance_rate", "quality", "quality_metric", "seconds_per_sample", "tokens_per_second",
-                    "speedup_vs_target", "speedup_vs_sd", "tokens_per_round", "expected_tokens_per_round",
-                    "iid_tokens_per_round", "predicted_speedup"):
+        for key in (
+            "method",
+            "acceptance_rate",
+            "quality",
+            "quality_metric",
+            "seconds_per_sample",
+            "tokens_per_second",
+            "speedup_vs_target",
+            "speedup_vs_sd",
+            "tokens_per_round",
+            "expected_tokens_per_round",
+            "iid_tokens_per_round",
+            "predicted_speedup",
+        ):
             assert key in row, key
         assert row["num_prompts"] == 4 and len(row["seconds_repeats"]) == 2
         assert row["quality_metric"] == "exact_match" and 0.0 <= row["quality"] <= 1.0
@@ -136,10 +203,18 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
     assert 1.0 <= sd["tokens_per_round"] <= 6.0 and 1.0 <= sd["expected_tokens_per_round"] <= 6.0
     assert sd["iid_tokens_per_round"] == pytest.approx(sum(sd["mean_beta"] ** k for k in range(6)))
     assert len(sd["position_acceptance"]) == 5 and sd["estimator"] == "exact"
-    for name in ("arith_tradeoffs.png", "arith_positions.png", "arith_weights.html", "bench.json", "results_arith.json"):
+    for name in (
+        "arith_tradeoffs.png",
+        "arith_positions.png",
+        "arith_weights.html",
+        "bench.json",
+        "results_arith.json",
+    ):
         assert (out / name).is_file(), name
     text = page.read_text()
-    assert "| method | acceptance |" in text and "](results/arith_tradeoffs.png)" in text and "DIVERSED: skipped" in text
+    assert (
+        "| method | acceptance |" in text and "](results/arith_tradeoffs.png)" in text and "DIVERSED: skipped" in text
+    )
     # The per-task file is what model cards read.
     cards = pytest.importorskip("diversed_hf.cards")
     loaded = cards.load_results(out / "results_arith.json")
@@ -188,13 +263,30 @@ def test_several_samples_per_prompt_pool_quality_and_keep_the_first_sample(pair_
 
 def test_front_comparison_and_table_on_hand_made_rows():
     def row(method, family, acceptance, quality, seconds, param=None):
-        return dict(method=method, family=family, param=param, acceptance_rate=acceptance, quality=quality,
-                    quality_stderr=None, quality_metric="rouge2_f1", seconds_per_sample=seconds, tokens_per_second=100.0,
-                    speedup_vs_target=1.0, throughput_speedup_vs_target=1.0, predicted_speedup=1.5, tokens_per_round=2.0,
-                    expected_tokens_per_round=2.1, iid_tokens_per_round=1.9)
+        return dict(
+            method=method,
+            family=family,
+            param=param,
+            acceptance_rate=acceptance,
+            quality=quality,
+            quality_stderr=None,
+            quality_metric="rouge2_f1",
+            seconds_per_sample=seconds,
+            tokens_per_second=100.0,
+            speedup_vs_target=1.0,
+            throughput_speedup_vs_target=1.0,
+            predicted_speedup=1.5,
+            tokens_per_round=2.0,
+            expected_tokens_per_round=2.1,
+            iid_tokens_per_round=1.9,
+        )
 
-    rows = [row("SD", "sd", 0.4, 0.50, 2.0, 1.0), row("static w=0.5", "static-ensemble", 0.7, 0.40, 1.5, 0.5),
-            row("static w=0", "static-ensemble", 1.0, 0.10, 1.0, 0.0), row("DIVERSED", "diversed", 0.85, 0.45, 1.2)]
+    rows = [
+        row("SD", "sd", 0.4, 0.50, 2.0, 1.0),
+        row("static w=0.5", "static-ensemble", 0.7, 0.40, 1.5, 0.5),
+        row("static w=0", "static-ensemble", 1.0, 0.10, 1.0, 0.0),
+        row("DIVERSED", "diversed", 0.85, 0.45, 1.2),
+    ]
     comparison = bench.front_comparison(rows)
     assert comparison["front_quality_at_acceptance_rate"] == pytest.approx(0.25)
     assert comparison["quality_minus_front_at_acceptance_rate"] == pytest.approx(0.20)
@@ -222,12 +314,50 @@ def test_data_parallel_with_accelerate_launch(pair_dir, tmp_path):
     pytest.importorskip("accelerate")
     out = tmp_path / "dp"
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        "-m", "diversed_hf.cli", "bench", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"),
-        "--task", "arith", "--methods", "target", "sd", "--num-prompts", "5", "--num-timing-prompts", "2",
-        "--max-new-tokens", "6", "--repeats", "1", "--cost-tokens", "1", "--batch-size", "2", "--threads", "1",
-        "--no-progress", "--no-plots", "--output-dir", str(out),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        "-m",
+        "diversed_hf.cli",
+        "bench",
+        "--target",
+        str(pair_dir / "target"),
+        "--draft",
+        str(pair_dir / "draft"),
+        "--task",
+        "arith",
+        "--methods",
+        "target",
+        "sd",
+        "--num-prompts",
+        "5",
+        "--num-timing-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--repeats",
+        "1",
+        "--cost-tokens",
+        "1",
+        "--batch-size",
+        "2",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--no-plots",
+        "--output-dir",
+        str(out),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -241,9 +371,17 @@ def test_data_parallel_with_accelerate_launch(pair_dir, tmp_path):
 def test_rows_use_the_exact_estimator_when_drafted_acceptance_is_recorded():
     """Two rounds of N = 2: with a_t(x_t) recorded the row uses 1 + sum_k prod_{t<k} a_t beta_k, else the beta product."""
     task = bench.BenchTask("t", ["p"], ["r"], lambda completions, references: [1.0], "exact_match")
-    record = dict(index=0, completion="x", num_generated=4, num_rounds=2, num_drafted=4, num_accepted=2,
-                  drafted_per_position=[2, 2], accepted_per_position=[1, 1],
-                  position_acceptance=torch.tensor([[0.5, 1.0], [0.5, 1.0]]))
+    record = dict(
+        index=0,
+        completion="x",
+        num_generated=4,
+        num_rounds=2,
+        num_drafted=4,
+        num_accepted=2,
+        drafted_per_position=[2, 2],
+        accepted_per_position=[1, 1],
+        position_acceptance=torch.tensor([[0.5, 1.0], [0.5, 1.0]]),
+    )
     method = bench.parse_methods(["sd"])[0][0]
     costs = {"target_token_seconds": 1.0, "draft_token_seconds": 0.1}
     config = small_config(num_draft_tokens=2)
@@ -290,7 +428,12 @@ def test_bench_command_reports_user_errors_in_one_line(capsys):
 
     assert cli.main(["bench", "--task", "squad", "--num-prompts", "2", "--no-plots"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("diversed-hf bench: ") and "Unknown task 'squad'" in err and "Traceback" not in err and err.count("\n") == 1
+    assert (
+        err.startswith("diversed-hf bench: ")
+        and "Unknown task 'squad'" in err
+        and "Traceback" not in err
+        and err.count("\n") == 1
+    )
 
 
 def test_typical_acceptance_is_a_bench_method():
@@ -308,8 +451,10 @@ def test_every_method_family_has_a_plot_marker(tmp_path):
     from diversed_hf.bench.methods import FAMILIES
 
     assert set(plots._MARKERS) == set(FAMILIES)
-    rows = [{"method": f"m{i}", "family": family, "param": 0.5, "position_acceptance": [0.9, 0.8]}
-            for i, family in enumerate(FAMILIES)]
+    rows = [
+        {"method": f"m{i}", "family": family, "param": 0.5, "position_acceptance": [0.9, 0.8]}
+        for i, family in enumerate(FAMILIES)
+    ]
     assert plots.plot_position_acceptance(rows, tmp_path / "positions.png").is_file()
 
 
@@ -319,9 +464,16 @@ def test_every_method_family_has_a_plot_marker(tmp_path):
 
 def test_schedule_specs_expand_per_speculative_method():
     schedules = bench.parse_schedules(["constant:3,8", "heuristic", "confidence:0.4", "optimal:12"])
-    assert [s.label for s in schedules] == ["constant N=3", "constant N=8", "heuristic", "confidence 0.4", "optimal N<=12"]
-    assert schedules[3].generate_kwargs(5) == dict(num_assistant_tokens=5, num_assistant_tokens_schedule="constant",
-                                                   assistant_confidence_threshold=0.4)
+    assert [s.label for s in schedules] == [
+        "constant N=3",
+        "constant N=8",
+        "heuristic",
+        "confidence 0.4",
+        "optimal N<=12",
+    ]
+    assert schedules[3].generate_kwargs(5) == dict(
+        num_assistant_tokens=5, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.4
+    )
     assert schedules[4].generate_kwargs(5)["num_assistant_tokens"] == 12
     methods, _ = bench.parse_methods(["target", "sd"])
     expanded = bench.with_schedules(methods, schedules)
@@ -332,8 +484,14 @@ def test_schedule_specs_expand_per_speculative_method():
 
 @pytest.mark.parametrize(
     "specs, message",
-    [(["sometimes"], "Unknown schedule"), (["constant:0"], "positive integers"), (["constant:2.5"], "positive integers"),
-     (["confidence:1"], "in (0, 1)"), (["heuristic", "heuristic"], "twice"), ([], "empty")],
+    [
+        (["sometimes"], "Unknown schedule"),
+        (["constant:0"], "positive integers"),
+        (["constant:2.5"], "positive integers"),
+        (["confidence:1"], "in (0, 1)"),
+        (["heuristic", "heuristic"], "twice"),
+        ([], "empty"),
+    ],
 )
 def test_bad_schedule_specs_raise(specs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -366,8 +524,15 @@ def test_paired_difference_is_the_mean_per_prompt_difference_with_a_bootstrap_in
 def test_rows_carry_paired_differences_to_the_pooled_target_distribution():
     from diversed_hf.bench.stats import add_paired_differences
 
-    rows = [{"method": name, "family": family} for name, family in
-            (("target-only", "target-only"), ("SD", "sd"), ("DIVERSED", "diversed"), ("static w=0", "static-ensemble"))]
+    rows = [
+        {"method": name, "family": family}
+        for name, family in (
+            ("target-only", "target-only"),
+            ("SD", "sd"),
+            ("DIVERSED", "diversed"),
+            ("static w=0", "static-ensemble"),
+        )
+    ]
     rewards = {
         "target-only": [(0, 1.0), (1, 0.0), (2, 1.0)],
         "SD": [(0, 1.0), (1, 1.0), (2, 1.0)],
@@ -390,8 +555,13 @@ def test_rows_carry_paired_differences_to_the_pooled_target_distribution():
 def test_verify_cost_interpolates_the_measured_passes():
     from diversed_hf.bench.stats import verify_cost
 
-    costs = {"target_token_seconds": 2.0, "verify_pass_seconds": 3.0, "verify_pass_seconds_2": 2.4,
-             "verify_pass_seconds_6": 3.0, "verify_pass_seconds_13": 4.4}
+    costs = {
+        "target_token_seconds": 2.0,
+        "verify_pass_seconds": 3.0,
+        "verify_pass_seconds_2": 2.4,
+        "verify_pass_seconds_6": 3.0,
+        "verify_pass_seconds_13": 4.4,
+    }
     assert verify_cost(costs, 1) == pytest.approx(1.2)
     assert verify_cost(costs, 3) == pytest.approx(1.2 + 0.3 * 2 / 4)
     assert verify_cost(costs, 12) == pytest.approx(2.2)
@@ -407,8 +577,12 @@ def test_verify_cost_never_extrapolates_below_the_timed_passes():
     busy = {"target_token_seconds": 1.0, "verify_pass_seconds_2": 3.0, "verify_pass_seconds_4": 1.0}
     assert verify_cost(busy, 3) == pytest.approx(1.0)
     assert verify_cost(busy, 5) == pytest.approx(1.0) and verify_cost(busy, 50) == pytest.approx(1.0)
-    noisy = {"target_token_seconds": 1.0, "verify_pass_seconds_2": 1.0, "verify_pass_seconds_4": 1.4,
-             "verify_pass_seconds_6": 1.2}
+    noisy = {
+        "target_token_seconds": 1.0,
+        "verify_pass_seconds_2": 1.0,
+        "verify_pass_seconds_4": 1.4,
+        "verify_pass_seconds_6": 1.2,
+    }
     for n in (1, 2, 4, 5, 8, 100):
         assert verify_cost(noisy, n) >= 1.0
     assert verify_cost(noisy, 9) > verify_cost(noisy, 5)  # the fit over all three still rises
@@ -424,10 +598,18 @@ def test_bench_runs_policies_pairs_quality_and_transfers_heads(pair_dir, tmp_pat
             for parameter in heads[task_name].parameters():
                 parameter.copy_(torch.randn(parameter.shape, generator=generator))
     task = bench.load_task("summary", 6)
-    methods, notes = bench.parse_methods(["target", "sd", "static:0.5", "diversed", "diversed@arith"],
-                                         head=heads["summary"], other_heads={"arith": heads["arith"]})
-    config = small_config(num_prompts=6, num_baseline_prompts=3, num_samples=2, num_bootstrap=50,
-                          schedules=["constant:2", "heuristic", "optimal:3"])
+    methods, notes = bench.parse_methods(
+        ["target", "sd", "static:0.5", "diversed", "diversed@arith"],
+        head=heads["summary"],
+        other_heads={"arith": heads["arith"]},
+    )
+    config = small_config(
+        num_prompts=6,
+        num_baseline_prompts=3,
+        num_samples=2,
+        num_bootstrap=50,
+        schedules=["constant:2", "heuristic", "optimal:3"],
+    )
     before = draft.generation_config.num_assistant_tokens
     result = bench.run_bench(target, draft, tokenizer, task, methods, config, notes=notes)
     rows = {r["method"]: r for r in result.rows}
@@ -439,7 +621,10 @@ def test_bench_runs_policies_pairs_quality_and_transfers_heads(pair_dir, tmp_pat
         assert row["num_prompts"] == 6 and row["quality_reference"] is not None
     assert rows["SD @ constant N=2"]["mean_draft_length"] <= 2
     assert rows["static w=0.5 @ constant N=2"]["num_prompts"] == 3  # a baseline: the first num_baseline_prompts
-    assert rows["DIVERSED @ constant N=2"]["num_prompts"] == 6 and rows["DIVERSED @ constant N=2"]["head_task"] == "summary"
+    assert (
+        rows["DIVERSED @ constant N=2"]["num_prompts"] == 6
+        and rows["DIVERSED @ constant N=2"]["head_task"] == "summary"
+    )
     transfer = rows["DIVERSED (arith head) @ constant N=2"]
     assert transfer["head_task"] == "arith" and transfer["num_prompts"] == 3
     assert draft.generation_config.num_assistant_tokens == before  # the heuristic's value is not left on the draft
@@ -462,17 +647,30 @@ def test_block_specs_pair_with_their_token_wise_method(pair_dir):
     from diversed_hf.verifiers import BlockVerifier
 
     head = DiversedHead(draft_hidden_size=32, target_hidden_size=32)
-    methods, notes = bench.parse_methods(["sd", "block:sd", "block:static:0.25,0.5", "block:diversed", "block:sd-ft"],
-                                         head=head)
-    assert [m.name for m in methods] == ["SD", "block SD", "block static w=0.25", "block static w=0.5", "block DIVERSED"]
+    methods, notes = bench.parse_methods(
+        ["sd", "block:sd", "block:static:0.25,0.5", "block:diversed", "block:sd-ft"], head=head
+    )
+    assert [m.name for m in methods] == [
+        "SD",
+        "block SD",
+        "block static w=0.25",
+        "block static w=0.5",
+        "block DIVERSED",
+    ]
     assert methods[1].verifier == BlockVerifier(ExactVerifier()) and methods[1].paired_with == "SD"
     assert methods[3].base_family == "static-ensemble" and methods[4].own_head and methods[4].family == "block"
     assert len(notes) == 1 and notes[0].startswith("block verification: SD with a fine-tuned draft: skipped")
-    for specs, message in ((["block"], "name the method"), (["block:target"], "target-only"), (["block:nope"], "Unknown")):
+    for specs, message in (
+        (["block"], "name the method"),
+        (["block:target"], "target-only"),
+        (["block:nope"], "Unknown"),
+    ):
         with pytest.raises(ValueError, match=message):
             bench.parse_methods(specs)
     target, draft, tokenizer = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
-    config = small_config(num_prompts=4, num_baseline_prompts=2, num_bootstrap=50, schedules=["constant:2", "heuristic"])
+    config = small_config(
+        num_prompts=4, num_baseline_prompts=2, num_bootstrap=50, schedules=["constant:2", "heuristic"]
+    )
     result = bench.run_bench(target, draft, tokenizer, bench.load_task("arith", 4), methods[:3], config)
     rows = {r["method"]: r for r in result.rows}
     for schedule in ("constant N=2", "heuristic"):
@@ -482,7 +680,9 @@ def test_block_specs_pair_with_their_token_wise_method(pair_dir):
         for what in ("quality", "tokens_per_round", "expected_tokens"):
             assert block[f"block_{what}_low"] <= block[f"block_{what}_delta"] <= block[f"block_{what}_high"]
         assert rows[f"block static w=0.25 @ {schedule}"]["num_prompts"] == 2  # a baseline, as static w=0.25 would be
-    assert all(r["quality_reference"] == "SD @ constant N=2 + SD @ heuristic" for r in result.rows if r["family"] == "block")
+    assert all(
+        r["quality_reference"] == "SD @ constant N=2 + SD @ heuristic" for r in result.rows if r["family"] == "block"
+    )
     table = bench.block_table([result])
     assert table.count("\n") == 1 + 2 and "| arith | SD @ heuristic |" in table and " → " in table
     assert bench.block_table([bench.BenchResult("arith", [rows["SD @ heuristic"]], {}, [], {})]) is None

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
+from tiny_models import empirical, make_model, make_pair, prompt, tv_bound
 
 from diversed_hf import block, enable_diversed, ops, theory
 from diversed_hf.head import DiversedHead, DiversedHeadConfig
 from diversed_hf.verifiers import BlockVerifier, ExactVerifier, HeadVerifier, LenientVerifier, StaticEnsembleVerifier
-from tiny_models import empirical, make_model, make_pair, prompt, tv_bound
 
 VERIFIERS = [ExactVerifier(), StaticEnsembleVerifier(0.4)]
 
@@ -80,7 +80,11 @@ def round_law(verifier, draft, target, num_draft, vocab, *, naive_residual=False
             chance *= float(draft[t, previous[t], x])
         rows = lambda table: [table[t, previous[t]].tolist() for t in range(num_draft)]  # noqa: E731
         outcome = reference_round(
-            block_ids, rows(draft), rows(verify), target[num_draft, previous[-1]].tolist(), naive_residual=naive_residual
+            block_ids,
+            rows(draft),
+            rows(verify),
+            target[num_draft, previous[-1]].tolist(),
+            naive_residual=naive_residual,
         )
         for (tau, y), mass in outcome.items():
             key = tuple(block_ids[:tau]) + (y,)
@@ -133,15 +137,18 @@ def test_the_implementation_matches_the_reference_rule():
     stop = block.stop_probabilities(weights, draft_probs, verify_probs, draft_lengths)  # (batch, N + 1)
     for b in range(batch):
         length = int(draft_lengths[b])
-        law = reference_round(draft_ids[b, :length].tolist(), draft_probs[b].tolist(), verify_probs[b].tolist(),
-                              bonus_probs[b].tolist())
+        law = reference_round(
+            draft_ids[b, :length].tolist(), draft_probs[b].tolist(), verify_probs[b].tolist(), bonus_probs[b].tolist()
+        )
         survive = 1.0
         for t in range(length, -1, -1):  # P(tau = t) from the implementation's h against the reference's
             mass = survive * float(stop[b, t])
             survive *= 1.0 - float(stop[b, t])
             assert mass == pytest.approx(sum(v for (tau, _), v in law.items() if tau == t), abs=1e-12)
             if t < length and mass > 1e-12:
-                residual = block.block_residual(weights[b, t : t + 1], draft_probs[b, t : t + 1], verify_probs[b, t : t + 1])
+                residual = block.block_residual(
+                    weights[b, t : t + 1], draft_probs[b, t : t + 1], verify_probs[b, t : t + 1]
+                )
                 expected = torch.tensor([law.get((t, y), 0.0) / mass for y in range(vocab)], dtype=torch.float64)
                 assert torch.allclose(residual[0], expected, atol=1e-12)
         assert float(stop[b, length + 1 :].abs().sum()) == 0.0  # positions past the row's drafts never stop
@@ -160,8 +167,13 @@ def simulate(verifier, draft, target, num_rounds, seed, draft_lengths=None):
             ids.append(torch.multinomial(draft_probs[-1], 1, generator=generator).squeeze(-1))
             previous = ids[-1]
     draft_ids = torch.stack(ids, 1)  # (R, N); a row counting L drafts takes its bonus from p_{L+1}(. | x_L)
-    result = verifier(draft_ids, torch.stack(draft_probs, 1), torch.stack(target_probs, 1), generator=generator,
-                      draft_lengths=draft_lengths)
+    result = verifier(
+        draft_ids,
+        torch.stack(draft_probs, 1),
+        torch.stack(target_probs, 1),
+        generator=generator,
+        draft_lengths=draft_lengths,
+    )
     return result, draft_ids
 
 
@@ -173,8 +185,10 @@ def test_sampled_rounds_follow_the_exact_round_law(verifier):
     result, draft_ids = simulate(BlockVerifier(verifier), draft, target, num_rounds, seed=4)
     keys = sorted(law)
     index = {key: i for i, key in enumerate(keys)}
-    outputs = [tuple(ids[:tau]) + (y,) for ids, tau, y in
-               zip(draft_ids.tolist(), result.num_accepted.tolist(), result.next_tokens.tolist())]
+    outputs = [
+        tuple(ids[:tau]) + (y,)
+        for ids, tau, y in zip(draft_ids.tolist(), result.num_accepted.tolist(), result.next_tokens.tolist())
+    ]
     observed = empirical(torch.tensor([index[o] for o in outputs]), len(keys))
     expected = torch.tensor([law[key] for key in keys], dtype=torch.float64)
     assert float(ops.total_variation(observed, expected)) < tv_bound(expected, num_rounds)
@@ -206,7 +220,9 @@ def test_two_draft_example_of_the_paper():
     generator = torch.Generator().manual_seed(0)
     draft_ids = torch.multinomial(draft_probs[0], 2 * num_rounds, replacement=True, generator=generator).view(-1, 2)
     result = BlockVerifier(ExactVerifier())(
-        draft_ids, draft_probs.expand(num_rounds, 2, 2), torch.cat([target_probs, target_probs[:1]]).expand(num_rounds, 3, 2),
+        draft_ids,
+        draft_probs.expand(num_rounds, 2, 2),
+        torch.cat([target_probs, target_probs[:1]]).expand(num_rounds, 3, 2),
         generator=generator,
     )
     tokens = (result.num_accepted + 1).double()
@@ -223,7 +239,11 @@ def test_theory_for_position_distributions_matches_simulation_and_beats_token_wi
     betas = torch.minimum(draft_probs, target_probs[:num_draft]).sum(-1)[None]  # (1, N)
     assert exact >= float(theory.beta_product_tokens_per_round(betas)) - 1e-12
     draft_ids = torch.stack(
-        [torch.multinomial(draft_probs[t], num_rounds, replacement=True, generator=generator) for t in range(num_draft)], 1
+        [
+            torch.multinomial(draft_probs[t], num_rounds, replacement=True, generator=generator)
+            for t in range(num_draft)
+        ],
+        1,
     )
     result = BlockVerifier(ExactVerifier())(
         draft_ids, draft_probs.expand(num_rounds, -1, -1), target_probs.expand(num_rounds, -1, -1), generator=generator
@@ -245,7 +265,9 @@ def test_block_keeps_at_least_as_many_drafts_as_token_wise_paired(verifier):
     """Same drafted blocks (same seed) through both rules: exact expectations by enumeration, and sampled means."""
     num_draft, vocab = 4, 4
     draft, target = markov_tables(num_draft, vocab, seed=8)
-    block_mean = sum((len(key) - 1) * mass for key, mass in round_law(verifier, draft, target, num_draft, vocab).items())
+    block_mean = sum(
+        (len(key) - 1) * mass for key, mass in round_law(verifier, draft, target, num_draft, vocab).items()
+    )
     token_result, _ = simulate(verifier, draft, target, 40_000, seed=9)
     block_result, _ = simulate(BlockVerifier(verifier), draft, target, 40_000, seed=9)
     token_estimate = theory.expected_tokens_per_round(token_result.position_acceptance, token_result.drafted_acceptance)
@@ -284,15 +306,21 @@ def test_generate_with_tiny_models_emits_pis_two_token_law():
     laws = []
     for verifier in VERIFIERS:
         weight = getattr(verifier, "target_weight", 1.0)
-        declared = ((weight * first[0] + (1 - weight) * first[1])[:, None]
-                    * (weight * second[0] + (1 - weight) * second[1])).flatten()  # (V * V,)
+        declared = (
+            (weight * first[0] + (1 - weight) * first[1])[:, None] * (weight * second[0] + (1 - weight) * second[1])
+        ).flatten()  # (V * V,)
         laws.append(declared)
         output = target.generate(
-            input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=BlockVerifier(verifier), do_sample=True,
-            max_new_tokens=3, num_assistant_tokens=2, generator=torch.Generator().manual_seed(0),
+            input_ids.repeat(num_rows, 1),
+            assistant_model=draft,
+            verifier=BlockVerifier(verifier),
+            do_sample=True,
+            max_new_tokens=3,
+            num_assistant_tokens=2,
+            generator=torch.Generator().manual_seed(0),
             return_dict_in_generate=True,
         )
-        new = output.sequences[:, input_ids.shape[1]:]
+        new = output.sequences[:, input_ids.shape[1] :]
         observed = empirical(new[:, 0] * vocab + new[:, 1], vocab * vocab)
         bound = tv_bound(declared, num_rows)
         assert bound < 0.03 and float(ops.total_variation(observed, declared)) < bound
@@ -304,8 +332,13 @@ def test_generate_keyword_and_its_errors():
     target, draft = make_pair("llama", noise=0.3)
     enable_diversed(target)
     head = DiversedHead(DiversedHeadConfig(draft_hidden_size=32, target_hidden_size=32))
-    common = dict(assistant_model=draft, do_sample=True, max_new_tokens=6, generator=torch.Generator().manual_seed(0),
-                  return_dict_in_generate=True)
+    common = dict(
+        assistant_model=draft,
+        do_sample=True,
+        max_new_tokens=6,
+        generator=torch.Generator().manual_seed(0),
+        return_dict_in_generate=True,
+    )
     by_keyword = target.generate(prompt(5), diversed_head=head, block_verification=True, **common)
     common["generator"] = torch.Generator().manual_seed(0)
     by_verifier = target.generate(prompt(5), verifier=BlockVerifier(HeadVerifier(head)), **common)

@@ -5,29 +5,38 @@ while keeping the other task's results."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
+from test_hub import make_head
 
 from diversed_hf import cards
 from diversed_hf.bench.schema import BenchResult, write_json_results
-from test_hub import make_head
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 CALIBRATION = {
     "target_quality": 0.1,
-    "rows": [{"offset": 0.0, "quality": 0.02, "acceptance_rate": 0.9},
-             {"offset": 2.0, "quality": 0.095, "acceptance_rate": 0.5},
-             {"offset": 4.0, "quality": 0.11, "acceptance_rate": 0.25}],
+    "rows": [
+        {"offset": 0.0, "quality": 0.02, "acceptance_rate": 0.9},
+        {"offset": 2.0, "quality": 0.095, "acceptance_rate": 0.5},
+        {"offset": 4.0, "quality": 0.11, "acceptance_rate": 0.25},
+    ],
     "chosen_offset": 2.0,
-    "settings": {"split": "train", "num_examples": 120, "num_sampling_seeds": 2, "tolerance": 0.01,
-                 "temperature": 0.7, "num_draft_tokens": 3},
+    "settings": {
+        "split": "train",
+        "num_examples": 120,
+        "num_sampling_seeds": 2,
+        "tolerance": 0.01,
+        "temperature": 0.7,
+        "num_draft_tokens": 3,
+    },
 }
-RESULTS = {"setting": {"task": "arith"}, "rows": [{"method": "sd", "family": "sd", "acceptance_rate": 0.2},
-                                                 {"method": "DIVERSED", "family": "diversed", "acceptance_rate": 0.5}]}
+RESULTS = {
+    "setting": {"task": "arith"},
+    "rows": [
+        {"method": "sd", "family": "sd", "acceptance_rate": 0.2},
+        {"method": "DIVERSED", "family": "diversed", "acceptance_rate": 0.5},
+    ],
+}
 
 
 def test_card_of_a_calibrated_head_states_its_offset_rule_and_table(tmp_path):
@@ -49,19 +58,26 @@ def test_card_says_when_no_offset_reached_the_target():
     assert "no offset reached target-only decoding's 20.0 %, so the best quality" in text
 
 
-@pytest.mark.parametrize("calibration, message", [
-    ({"rows": []}, "non-empty `rows`"),
-    (dict(CALIBRATION, chosen_offset=3.0), "`chosen_offset` 3 is not an `offset`"),
-    (dict(CALIBRATION, target_quality=None), "needs `target_quality`"),
-])
+@pytest.mark.parametrize(
+    "calibration, message",
+    [
+        ({"rows": []}, "non-empty `rows`"),
+        (dict(CALIBRATION, chosen_offset=3.0), "`chosen_offset` 3 is not an `offset`"),
+        (dict(CALIBRATION, target_quality=None), "needs `target_quality`"),
+    ],
+)
 def test_bad_calibrations_are_refused(calibration, message):
     with pytest.raises(ValueError, match=message):
         cards.render_card(make_head(task="arith").config, results=RESULTS, calibration=calibration)
 
 
 def _result(task: str, rows: list[dict]) -> BenchResult:
-    meta = {"config": {"temperature": 0.7, "num_draft_tokens": 3, "max_new_tokens": 8}, "quality_metric": "exact_match",
-            "target": "t", "draft": "d"}
+    meta = {
+        "config": {"temperature": 0.7, "num_draft_tokens": 3, "max_new_tokens": 8},
+        "quality_metric": "exact_match",
+        "target": "t",
+        "draft": "d",
+    }
     return BenchResult(task, [dict(row, num_prompts=2) for row in rows], {}, [], meta)
 
 
@@ -73,13 +89,19 @@ def test_make_real_results_task_keeps_the_other_tasks_results(tmp_path):
     write_json_results([_result("arith_chat", [{"method": "SD"}])], tmp_path)
     with pytest.raises(ValueError, match="no results for humaneval"):
         earlier_results(tmp_path / "bench.json", "arith_chat")
-    humaneval = _result("humaneval", [{"method": "SD"}, {"method": "DIVERSED (arith_chat head)", "head_task": "arith_chat"}])
+    humaneval = _result(
+        "humaneval", [{"method": "SD"}, {"method": "DIVERSED (arith_chat head)", "head_task": "arith_chat"}]
+    )
     synopsis = _result("synopsis", [{"method": "SD"}])
     write_json_results([_result("arith_chat", [{"method": "SD"}]), humaneval, synopsis], tmp_path)
     kept = earlier_results(tmp_path / "bench.json", "arith_chat")
-    assert list(kept) == ["humaneval", "synopsis"] and kept["humaneval"].rows[1]["method"] == "DIVERSED (arith_chat head)"
-    assert kept["humaneval"].notes == ["DIVERSED (arith_chat head): measured by an earlier run with the arith_chat head "
-                                       "shipped then; a later run with `--task arith_chat` measured only arith_chat again."]
+    assert (
+        list(kept) == ["humaneval", "synopsis"] and kept["humaneval"].rows[1]["method"] == "DIVERSED (arith_chat head)"
+    )
+    assert kept["humaneval"].notes == [
+        "DIVERSED (arith_chat head): measured by an earlier run with the arith_chat head "
+        "shipped then; a later run with `--task arith_chat` measured only arith_chat again."
+    ]
     write_json_results(list(kept.values()), tmp_path)  # kept again by a later run: the note is not repeated
     assert len(earlier_results(tmp_path / "bench.json", "arith_chat")["humaneval"].notes) == 1
     with pytest.raises(ValueError, match="no results for arith_chat"):  # that file now holds humaneval only
@@ -91,24 +113,44 @@ def test_make_real_results_task_keeps_the_other_tasks_results(tmp_path):
 def test_calibrate_head_reuses_only_a_calibration_measured_alike(tmp_path):
     from calibrate_head import parse_args, reused_measurements
 
-    argv = ["--task", "arith_chat", "--target", "smollm2", "--head", str(tmp_path), "--num-examples", "120",
-            "--num-sampling-seeds", "2", "--temperature", "0.7", "--num-draft-tokens", "3", "--max-new-tokens", "96"]
+    argv = [
+        "--task",
+        "arith_chat",
+        "--target",
+        "smollm2",
+        "--head",
+        str(tmp_path),
+        "--num-examples",
+        "120",
+        "--num-sampling-seeds",
+        "2",
+        "--temperature",
+        "0.7",
+        "--num-draft-tokens",
+        "3",
+        "--max-new-tokens",
+        "96",
+    ]
     args = parse_args(argv + ["--offsets", "0", "2", "5"])
     earlier = tmp_path / "calibration.json"
     earlier.write_text(json.dumps(dict(CALIBRATION, settings=vars(parse_args(argv + ["--offsets", "0", "2"])))))
     target, rows = reused_measurements(str(earlier), args)
     assert target == 0.1 and sorted(rows) == [0.0, 2.0, 4.0] and rows[2.0]["acceptance_rate"] == 0.5
     with pytest.raises(ValueError, match=r"other settings \(temperature: temperature=0.7\)"):
-        reused_measurements(str(earlier), parse_args(argv[:-6] + ["--temperature", "1.0", "--num-draft-tokens", "3",
-                                                                  "--max-new-tokens", "96"]))
+        reused_measurements(
+            str(earlier),
+            parse_args(argv[:-6] + ["--temperature", "1.0", "--num-draft-tokens", "3", "--max-new-tokens", "96"]),
+        )
 
 
 def test_front_gap_reads_the_static_front_at_the_heads_acceptance():
     from make_real_results import front_gap
 
-    rows = [{"method": "SD", "family": "sd", "acceptance_rate": 0.2, "quality": 0.05},
-            {"method": "static w=0.5", "family": "static-ensemble", "acceptance_rate": 0.6, "quality": 0.03},
-            {"method": "static w=0", "family": "static-ensemble", "acceptance_rate": 1.0, "quality": 0.01}]
+    rows = [
+        {"method": "SD", "family": "sd", "acceptance_rate": 0.2, "quality": 0.05},
+        {"method": "static w=0.5", "family": "static-ensemble", "acceptance_rate": 0.6, "quality": 0.03},
+        {"method": "static w=0", "family": "static-ensemble", "acceptance_rate": 1.0, "quality": 0.01},
+    ]
     result = _result("synopsis", rows)
     assert front_gap(result, {"acceptance_rate": 0.4, "quality": 0.05}) == pytest.approx(1.0)  # front: 4 points there
     assert front_gap(result, {"acceptance_rate": 0.8, "quality": 0.01}) == pytest.approx(-1.0)

@@ -6,12 +6,12 @@ import copy
 
 import pytest
 import torch
+from tiny_models import ARCHITECTURES, VOCAB_SIZE, left_padded_batch, make_pair, prompt
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from diversed_hf import StaticEnsembleVerifier, compat, enable_diversed
 from diversed_hf.candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
-from tiny_models import ARCHITECTURES, VOCAB_SIZE, left_padded_batch, make_pair, prompt
 
 
 class Counting(DiversedCandidateGenerator):
@@ -103,15 +103,26 @@ def test_the_loop_verifies_the_logits_get_candidates_returns(monkeypatch):
         def get_candidates(self, input_ids, **kwargs):
             candidates = super().get_candidates(input_ids, **kwargs)
             flat = torch.zeros_like(candidates.candidate_logits)  # uniform q
-            return DraftCandidates(candidates.candidate_ids, flat, draft_lengths=candidates.draft_lengths,
-                                   attention_mask=candidates.attention_mask)
+            return DraftCandidates(
+                candidates.candidate_ids,
+                flat,
+                draft_lengths=candidates.draft_lengths,
+                attention_mask=candidates.attention_mask,
+            )
 
     target, draft = make_pair("llama")
     enable_diversed(target)
     monkeypatch.setattr(loop, "DiversedCandidateGenerator", Flattened)
     Counting.calls, Counting.returned = {}, []
-    output = target.generate(prompt(6), assistant_model=draft, verifier=Recording(0.5), do_sample=False, max_new_tokens=12,
-                             num_assistant_tokens=3, return_dict_in_generate=True)
+    output = target.generate(
+        prompt(6),
+        assistant_model=draft,
+        verifier=Recording(0.5),
+        do_sample=False,
+        max_new_tokens=12,
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+    )
     assert seen and all(torch.allclose(q, torch.full_like(q, 1 / VOCAB_SIZE)) for q in seen)
     rounds = int(output.speculation.num_rounds[0])
     assert Counting.calls == {"get_candidates": rounds, "update_candidate_strategy": rounds}  # the last round too
@@ -124,15 +135,24 @@ def test_generator_state_follows_update_candidate_strategy():
     _, input_ids, attention_mask = left_padded_batch([3, 7, 5])
     batch_size, length = input_ids.shape
     generator = DiversedCandidateGenerator(
-        input_ids, draft, GenerationConfig(max_length=length + 10, do_sample=False), {"attention_mask": attention_mask},
-        num_assistant_tokens=4, vocab_size=VOCAB_SIZE, output_hidden_states=True, output_untempered_probs=True,
+        input_ids,
+        draft,
+        GenerationConfig(max_length=length + 10, do_sample=False),
+        {"attention_mask": attention_mask},
+        num_assistant_tokens=4,
+        vocab_size=VOCAB_SIZE,
+        output_hidden_states=True,
+        output_untempered_probs=True,
     )
     assert isinstance(generator, CandidateGenerator) and generator.cache.get_seq_length() == 0
     candidate_ids, candidate_logits = candidates = generator.get_candidates(input_ids, attention_mask=attention_mask)
     assert candidate_ids.shape == (batch_size, length + 4) and torch.equal(candidate_ids[:, :length], input_ids)
     assert candidate_logits.shape == (batch_size, 4, VOCAB_SIZE)
     assert torch.equal(candidate_logits.argmax(-1), candidate_ids[:, length:])  # greedy drafts
-    assert candidates.draft_lengths.tolist() == [4, 4, 4] and candidates.attention_mask.shape == (batch_size, length + 4)
+    assert candidates.draft_lengths.tolist() == [4, 4, 4] and candidates.attention_mask.shape == (
+        batch_size,
+        length + 4,
+    )
     assert candidates.untempered_draft_probs.shape == (batch_size, 4, VOCAB_SIZE)
     assert candidates.draft_hidden.shape == (batch_size, 4, draft.config.hidden_size)
     assert generator.cache.get_seq_length() == length + 4 - 1
@@ -160,8 +180,14 @@ def test_get_candidates_twice_without_an_update_names_the_contract():
     """A second `get_candidates` before `update_candidate_strategy` used to fail with a reshape error in the model."""
     _, draft = make_pair("llama")
     input_ids = prompt(5)
-    generator = DiversedCandidateGenerator(input_ids, draft, GenerationConfig(max_length=20, do_sample=False), {},
-                                           num_assistant_tokens=3, vocab_size=VOCAB_SIZE)
+    generator = DiversedCandidateGenerator(
+        input_ids,
+        draft,
+        GenerationConfig(max_length=20, do_sample=False),
+        {},
+        num_assistant_tokens=3,
+        vocab_size=VOCAB_SIZE,
+    )
     candidate_ids, _ = generator.get_candidates(input_ids)
     with pytest.raises(RuntimeError, match="called again before `update_candidate_strategy`.*one `get_candidates"):
         generator.get_candidates(input_ids)
@@ -191,7 +217,9 @@ def test_transformers_sampling_loop_drives_the_generator_to_the_end(max_new_toke
     draft.generation_config.num_assistant_tokens = 3
     for seed in range(6):
         torch.manual_seed(seed)
-        output = _through_transformers(target, draft, prompt(5, seed=seed), max_new_tokens=max_new_tokens, do_sample=True)
+        output = _through_transformers(
+            target, draft, prompt(5, seed=seed), max_new_tokens=max_new_tokens, do_sample=True
+        )
         assert output.shape == (1, 5 + max_new_tokens)
         if max_new_tokens == 1:  # the only round drafts nothing
             assert [c.candidate_logits for c in Counting.returned] == [None]

@@ -6,6 +6,7 @@ file of ``checkpoint-2`` is written; the parent then resumes with ``resume_from_
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,17 +18,18 @@ import torch
 
 pytest.importorskip("trl")
 
-from test_training import head_params, trainer_for  # noqa: E402
+from test_training import head_params, trainer_for
 
-from diversed_hf.training.checkpoint import complete_checkpoints, missing_checkpoint_files  # noqa: E402
+from diversed_hf.training.checkpoint import complete_checkpoints, missing_checkpoint_files
 
 TESTS_DIR = Path(__file__).resolve().parent
-COMMON = dict(max_steps=3, num_iterations=2, learning_rate=0.05, save_strategy="steps", save_steps=1, save_total_limit=1)
+COMMON = dict(
+    max_steps=3, num_iterations=2, learning_rate=0.05, save_strategy="steps", save_steps=1, save_total_limit=1
+)
 
 CHILD = textwrap.dedent(
     """
     import os, sys
-    sys.path.insert(0, {tests!r})
     from pathlib import Path
     import torch, transformers.trainer_callback as callback
     from test_training import trainer_for
@@ -50,10 +52,11 @@ CHILD = textwrap.dedent(
 
 
 def run_and_kill(root: Path, kill_after: str) -> None:
-    script = CHILD.format(
-        tests=str(TESTS_DIR), kill_after=kill_after, root=str(root), common=COMMON, threads=torch.get_num_threads()
+    script = CHILD.format(kill_after=kill_after, root=str(root), common=COMMON, threads=torch.get_num_threads())
+    environment = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=environment)
     assert done.returncode == 137, done.stderr[-3000:]
 
 
@@ -79,7 +82,9 @@ def test_a_kill_at_each_stage_of_a_save_resumes_exactly(tmp_path, uninterrupted,
     assert complete[-1].name == resumes_from
     if resumes_from == "checkpoint-1":
         assert [path.name for path in incomplete] == ["checkpoint-2"]
-        with pytest.raises(ValueError, match=r"`resume_from_checkpoint` .*checkpoint-2' is incomplete: `.*` is missing"):
+        with pytest.raises(
+            ValueError, match=r"`resume_from_checkpoint` .*checkpoint-2' is incomplete: `.*` is missing"
+        ):
             trainer_for(tmp_path, **COMMON).train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
 
     resumed = trainer_for(tmp_path, **COMMON)
@@ -121,7 +126,9 @@ def one_checkpoint(tmp_path_factory):
 def test_resuming_with_other_rollout_settings_is_refused(tmp_path, one_checkpoint, change, message):
     """The checkpoint's rollout buffer was made with the old settings: it used to be replayed silently."""
     trainer = trainer_for(tmp_path, max_steps=2, **change)
-    with pytest.raises(ValueError, match=rf"checkpoint-1 belongs to another run: .*{message}.*Resume with the settings"):
+    with pytest.raises(
+        ValueError, match=rf"checkpoint-1 belongs to another run: .*{message}.*Resume with the settings"
+    ):
         trainer.train(resume_from_checkpoint=str(one_checkpoint))
 
 
@@ -137,12 +144,17 @@ def test_resume_true_takes_only_this_runs_checkpoints_in_a_reused_output_dir(tmp
     resumed = trainer_for(tmp_path, **run_b)
     with caplog.at_level("WARNING", logger="diversed_hf.training.checkpoint"):
         resumed.train(resume_from_checkpoint=True)
-    assert "Skipping newer checkpoints of another run" in caplog.text and "checkpoint-3 (lambda_acceptance" in caplog.text
+    assert (
+        "Skipping newer checkpoints of another run" in caplog.text and "checkpoint-3 (lambda_acceptance" in caplog.text
+    )
     for key, value in head_params(straight.model).items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
 
-    with pytest.raises(ValueError, match=r"no checkpoint in .* belongs to this run: the newest, checkpoint-3, differs in "
-                       r"lambda_acceptance: checkpoint 1.0, now 5.0"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"no checkpoint in .* belongs to this run: the newest, checkpoint-3, differs in "
+        r"lambda_acceptance: checkpoint 1.0, now 5.0",
+    ):
         trainer_for(tmp_path, lambda_acceptance=5.0).train(resume_from_checkpoint=True)
 
 

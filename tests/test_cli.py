@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from diversed_hf import cli, cli_utils
 from test_hub import RESULTS, saved  # noqa: F401 - saved is a fixture
 from test_hub_push import no_network, no_token  # noqa: F401 - fixtures
+
+from diversed_hf import cli, cli_utils
 
 
 def run(argv, capsys) -> tuple[int, str, str]:
@@ -44,8 +44,17 @@ def test_card_with_a_bad_training_config_leaves_the_directory_as_it_was(capsys, 
     before = {path.name: path.read_bytes() for path in directory.iterdir()}
     (tmp_path / "results.json").write_text(json.dumps(RESULTS))  # valid
     (tmp_path / "training.json").write_text("[1, 2]")  # not an object
-    status, _, err = run(["card", str(directory), "--results", str(tmp_path / "results.json"),
-                          "--training-config", str(tmp_path / "training.json")], capsys)
+    status, _, err = run(
+        [
+            "card",
+            str(directory),
+            "--results",
+            str(tmp_path / "results.json"),
+            "--training-config",
+            str(tmp_path / "training.json"),
+        ],
+        capsys,
+    )
     assert status == 2 and "training config must be a JSON object" in one_line(err)
     assert {path.name: path.read_bytes() for path in directory.iterdir()} == before  # results.json not copied in
 
@@ -54,8 +63,17 @@ def test_card_writes_results_training_config_and_card_and_no_temporary_files(cap
     _, directory = saved
     (tmp_path / "results.json").write_text(json.dumps(RESULTS))
     (tmp_path / "training.json").write_text(json.dumps({"lr": 0.001}))
-    status, out, _ = run(["card", str(directory), "--results", str(tmp_path / "results.json"),
-                          "--training-config", str(tmp_path / "training.json")], capsys)
+    status, out, _ = run(
+        [
+            "card",
+            str(directory),
+            "--results",
+            str(tmp_path / "results.json"),
+            "--training-config",
+            str(tmp_path / "training.json"),
+        ],
+        capsys,
+    )
     assert status == 0 and out.strip() == str(directory / "README.md")
     assert json.loads((directory / "results.json").read_text()) == RESULTS
     assert json.loads((directory / "training_config.json").read_text()) == {"lr": 0.001}
@@ -97,8 +115,21 @@ def test_bench_refuses_an_unwritable_output_before_loading_anything(capsys, tmp_
 
 
 def test_bench_with_no_method_left_names_what_was_skipped(capsys, tmp_path):
-    status, _, err = run(["bench", "--no-plots", "--output-dir", str(tmp_path), "--task", "arith", "--num-prompts", "1",
-                          "--methods", "block:diversed@nosuch"], capsys)
+    status, _, err = run(
+        [
+            "bench",
+            "--no-plots",
+            "--output-dir",
+            str(tmp_path),
+            "--task",
+            "arith",
+            "--num-prompts",
+            "1",
+            "--methods",
+            "block:diversed@nosuch",
+        ],
+        capsys,
+    )
     assert status == 2 and "nothing to run on task 'arith'" in err and "'nosuch'" in err, err
     status, _, err = run(["bench", "--no-plots", "--output-dir", str(tmp_path), "--methods", "block:block:sd"], capsys)
     assert status == 2 and "'block:sd'" in err and "Traceback" not in err, err

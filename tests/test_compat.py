@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers
 from packaging import version
+from tiny_models import ARCHITECTURES, make_model
 from transformers import RepetitionPenaltyLogitsProcessor, TrainingArguments
 
 from diversed_hf import compat
-from tiny_models import ARCHITECTURES, make_model
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -39,7 +39,9 @@ def test_the_cache_keyword_is_the_one_the_installed_models_take(architecture):
     assert compat.CACHE_KWARG in inspect.signature(model.forward).parameters
     cache = compat.new_cache()
     mask = torch.ones(1, 3, dtype=torch.long)
-    compat.forward_with_cache(model, torch.tensor([[2, 3, 4]]), mask, cache, logits_to_keep=1, output_hidden_states=False)
+    compat.forward_with_cache(
+        model, torch.tensor([[2, 3, 4]]), mask, cache, logits_to_keep=1, output_hidden_states=False
+    )
     assert cache.get_seq_length() == 3
 
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 import yaml
 from huggingface_hub import constants
+from tiny_models import left_padded_batch, make_pair, prompt
 from transformers import LlamaForCausalLM, dynamic_module_utils
 
 from diversed_hf import DiversedGenerationMixin, DiversedHead, ExactVerifier, enable_diversed, hub_cli
 from diversed_hf.generation import CUSTOM_GENERATE_REPO, diversed_generate
-from tiny_models import left_padded_batch, make_pair, prompt
 
 try:  # Python 3.11+; before, pytest's own dependency
     import tomllib
@@ -41,19 +41,31 @@ def test_custom_generate_runs_diversed_on_a_plain_model_from_a_local_path(module
     assert not isinstance(target, DiversedGenerationMixin)
     _, input_ids, attention_mask = left_padded_batch([4, 9, 6])
     common = dict(attention_mask=attention_mask, do_sample=False, max_new_tokens=12)
-    hub = dict(custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=True, assistant_model=draft, num_assistant_tokens=3)
+    hub = dict(
+        custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=True, assistant_model=draft, num_assistant_tokens=3
+    )
     exact = target.generate(input_ids, verifier=ExactVerifier(), return_dict_in_generate=True, **hub, **common)
     assert torch.equal(exact.sequences, target.generate(input_ids, **common))  # lossless greedy = the target's
     assert exact.speculation.total_accepted > 0
     head = DiversedHead.for_pair(target, draft, w_0=0.3)
     with_head = target.generate(input_ids, diversed_head=head, **hub, **common)
-    assert torch.equal(with_head, diversed_generate(target, input_ids, assistant_model=draft, diversed_head=head,
-                                                    num_assistant_tokens=3, **common))
-    assert torch.equal(with_head, enable_diversed(make_pair("llama", noise=0.3)[0]).generate(
-        input_ids, assistant_model=draft, diversed_head=head, num_assistant_tokens=3, **common))
+    assert torch.equal(
+        with_head,
+        diversed_generate(
+            target, input_ids, assistant_model=draft, diversed_head=head, num_assistant_tokens=3, **common
+        ),
+    )
+    assert torch.equal(
+        with_head,
+        enable_diversed(make_pair("llama", noise=0.3)[0]).generate(
+            input_ids, assistant_model=draft, diversed_head=head, num_assistant_tokens=3, **common
+        ),
+    )
     assert type(target) is LlamaForCausalLM, "the model is left as it was"
-    assert torch.equal(target.generate(input_ids, **common, custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=True),
-                       target.generate(input_ids, **common)), "without a head or verifier it is transformers' generate"
+    assert torch.equal(
+        target.generate(input_ids, **common, custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=True),
+        target.generate(input_ids, **common),
+    ), "without a head or verifier it is transformers' generate"
 
 
 def test_a_model_repo_with_the_folder_takes_positional_input_ids(modules_cache, tmp_path):
@@ -70,8 +82,14 @@ def test_a_model_repo_with_the_folder_takes_positional_input_ids(modules_cache, 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", trust_remote_code=True)
     _, input_ids, attention_mask = left_padded_batch([4, 9, 6])
     common = dict(attention_mask=attention_mask, do_sample=False, max_new_tokens=12)
-    ours = loaded.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=3,
-                           return_dict_in_generate=True, **common)
+    ours = loaded.generate(
+        input_ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+        **common,
+    )
     assert torch.equal(ours.sequences, target.generate(input_ids, **common))
     assert ours.speculation.total_accepted > 0
 
@@ -79,8 +97,14 @@ def test_a_model_repo_with_the_folder_takes_positional_input_ids(modules_cache, 
 def test_custom_generate_needs_trust_remote_code(modules_cache):
     target, draft = make_pair("llama")
     with pytest.raises(ValueError, match="trust_remote_code"):
-        target.generate(prompt(4), custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=False, assistant_model=draft,
-                        verifier=ExactVerifier(), max_new_tokens=4)
+        target.generate(
+            prompt(4),
+            custom_generate=CUSTOM_GENERATE_REPO,
+            trust_remote_code=False,
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            max_new_tokens=4,
+        )
 
 
 def test_the_folder_follows_transformers_layout_and_ships_as_package_data():
@@ -111,8 +135,11 @@ def _stub_hub(monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo",
-                        lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "create_repo",
+        lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"),
+    )
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     return uploaded
 
@@ -121,7 +148,11 @@ def test_push_custom_generate_uploads_the_folder(monkeypatch):
     uploaded = _stub_hub(monkeypatch)
     url = hub_cli.push_custom_generate(REPO_ID, token="hf_fake")
     assert url == f"https://huggingface.co/{REPO_ID}/commit/abc"
-    assert set(uploaded) - {"commit_message"} == {"README.md", "custom_generate/generate.py", "custom_generate/requirements.txt"}
+    assert set(uploaded) - {"commit_message"} == {
+        "README.md",
+        "custom_generate/generate.py",
+        "custom_generate/requirements.txt",
+    }
     assert uploaded["custom_generate/generate.py"] == (REPO / "custom_generate" / "generate.py").read_text()
 
 
@@ -134,7 +165,10 @@ def test_push_command_takes_custom_generate_or_a_head_directory(monkeypatch, tmp
     assert capsys.readouterr().out.strip() == f"https://huggingface.co/{REPO_ID}/commit/abc"
     for argv, message in (
         (["push", "--repo-id", REPO_ID], "give a head DIR or --custom-generate"),
-        (["push", str(tmp_path), "--custom-generate", "--repo-id", REPO_ID], "give a head DIR or --custom-generate, not both"),
+        (
+            ["push", str(tmp_path), "--custom-generate", "--repo-id", REPO_ID],
+            "give a head DIR or --custom-generate, not both",
+        ),
     ):
         args = parser.parse_args(argv)
         with pytest.raises(ValueError, match=message):

@@ -37,7 +37,10 @@ def test_demo_rejects_bad_counts(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["throughput", "--batch-sizes", "0"], "diversed-hf throughput: --batch-sizes 0: every batch size must be >= 1."),
+        (
+            ["throughput", "--batch-sizes", "0"],
+            "diversed-hf throughput: --batch-sizes 0: every batch size must be >= 1.",
+        ),
         (["throughput", "--num-prompts", "0"], "diversed-hf throughput: --num-prompts is 0; it must be >= 1."),
     ],
 )

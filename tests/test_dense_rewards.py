@@ -4,7 +4,6 @@ agreement with the target's answer; train_head.py trains with them."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,8 @@ from datasets import Dataset
 pytest.importorskip("trl")
 
 import diversed_hf.testbed  # noqa: E402,F401 - registers arith / summary
-from diversed_hf.tasks import get_task  # noqa: E402
-from diversed_hf.training.dense_rewards import (  # noqa: E402
+from diversed_hf.tasks import get_task
+from diversed_hf.tasks.dense_rewards import (
     REWARD_MODES,
     add_target_columns,
     check_reward_mode,
@@ -34,8 +33,13 @@ def test_columns_and_the_three_modes_on_an_exact_match_task():
     data = _rows()
     assert data["target_reward"] == [1.0, 0.0, 0.0]
     completions = ["#### 7", "#### 4", "#### 5"]
-    kwargs = dict(prompts=data["prompt"], completions=completions, reference=data["reference"],
-                  target_completion=data["target_completion"], target_reward=data["target_reward"])
+    kwargs = dict(
+        prompts=data["prompt"],
+        completions=completions,
+        reference=data["reference"],
+        target_completion=data["target_completion"],
+        target_reward=data["target_reward"],
+    )
     assert dense_reward("arith", "task")(**kwargs) == [1.0, 0.0, 1.0]
     assert dense_reward("arith", "task_minus_target")(**kwargs) == [0.0, 0.0, 1.0]
     # agreement with the target's final number; a target answer without one gives 0
@@ -45,12 +49,18 @@ def test_columns_and_the_three_modes_on_an_exact_match_task():
 
 
 def test_agreement_on_a_rouge_task_is_rouge2_against_the_targets_answer():
-    data = add_target_columns(Dataset.from_dict({"prompt": ["a"], "reference": ["the cat sat on the mat"]}), "summary",
-                              ["the cat sat down"])
+    data = add_target_columns(
+        Dataset.from_dict({"prompt": ["a"], "reference": ["the cat sat on the mat"]}), "summary", ["the cat sat down"]
+    )
     reward = dense_reward("summary", "target_agreement")
     row = data[0]
-    scores = reward(prompts=["a", "a"], completions=["the cat sat down", "a dog ran"], reference=[row["reference"]] * 2,
-                    target_completion=[row["target_completion"]] * 2, target_reward=[row["target_reward"]] * 2)
+    scores = reward(
+        prompts=["a", "a"],
+        completions=["the cat sat down", "a dog ran"],
+        reference=[row["reference"]] * 2,
+        target_completion=[row["target_completion"]] * 2,
+        target_reward=[row["target_reward"]] * 2,
+    )
     assert scores == [1.0, 0.0]
 
 
@@ -80,7 +90,6 @@ def test_the_targets_greedy_answers_are_cached_and_reused(tmp_path):
 
 
 def test_train_head_trains_with_target_agreement(tmp_path):
-    sys.path.insert(0, str(REPO / "training"))
     import train_head
     from test_training import tiny_tokenizer
     from tiny_models import make_pair
@@ -91,12 +100,32 @@ def test_train_head_trains_with_target_agreement(tmp_path):
         tiny_tokenizer().save_pretrained(tmp_path / name)
         paths.append(str(tmp_path / name))
     out = tmp_path / "run"
-    train_head.main([
-        "--config", str(REPO / "training" / "configs" / "testbed_arith.yaml"), "--target_model", paths[0],
-        "--draft_model", paths[1], "--output_dir", str(out), "--num_train_examples", "16", "--max-steps", "1",
-        "--max_completion_length", "6", "--eval_num_examples", "0", "--threads", "1", "--disable_tqdm", "true",
-        "--reward", "target_agreement",
-    ])  # fmt: skip
+    train_head.main(
+        [
+            "--config",
+            str(REPO / "training" / "configs" / "testbed_arith.yaml"),
+            "--target_model",
+            paths[0],
+            "--draft_model",
+            paths[1],
+            "--output_dir",
+            str(out),
+            "--num_train_examples",
+            "16",
+            "--max-steps",
+            "1",
+            "--max_completion_length",
+            "6",
+            "--eval_num_examples",
+            "0",
+            "--threads",
+            "1",
+            "--disable_tqdm",
+            "true",
+            "--reward",
+            "target_agreement",
+        ]
+    )
     cached = json.loads((out / "target_completions.json").read_text())
     assert len(cached["completions"]) == 16 and cached["max_new_tokens"] == 6
     assert json.loads((out / "head" / "training_config.json").read_text())["reward"] == "target_agreement"

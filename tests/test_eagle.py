@@ -54,8 +54,16 @@ def test_greedy_with_exact_verifier_is_the_targets_greedy_output(architecture, p
         input_ids = torch.stack([torch.cat([r, torch.zeros(9 - len(r), dtype=r.dtype)]) for r in rows])
         attention_mask = torch.stack([torch.cat([torch.ones(len(r)), torch.zeros(9 - len(r))]).long() for r in rows])
     for n in (1, 3, 6):
-        out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
-                              do_sample=False, max_new_tokens=24, num_assistant_tokens=n, return_dict_in_generate=True)
+        out = target.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            do_sample=False,
+            max_new_tokens=24,
+            num_assistant_tokens=n,
+            return_dict_in_generate=True,
+        )
         for i, row in enumerate(rows):
             alone = target.generate(row[None], do_sample=False, max_new_tokens=24)
             new = out.sequences[i, input_ids.shape[1] :]
@@ -67,7 +75,9 @@ def test_drafts_follow_the_reference_through_shifted_rows(architecture):
     """Per-round drafts equal the cache-free reference, with rows accepting different numbers of drafts (so rows are
     shifted, caches cropped and features realigned), and a head reads the draft's predicted features."""
 
-    class EveryThirdId(Verifier):  # greedy: a draft whose id is not a multiple of 3 is kept; else it must equal argmax p
+    class EveryThirdId(
+        Verifier
+    ):  # greedy: a draft whose id is not a multiple of 3 is kept; else it must equal argmax p
         def verification_probs(self, draft_probs, target_probs, **context):
             trusted = (draft_probs.argmax(-1) % 3 != 0)[..., None]
             return torch.where(trusted, draft_probs, target_probs), None
@@ -75,9 +85,16 @@ def test_drafts_follow_the_reference_through_shifted_rows(architecture):
     target, draft = eagle_pair(architecture)
     rows, input_ids, attention_mask = left_padded_batch([5, 8, 3], seed=3)
     num_draft, max_new = 3, 20
-    out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=EveryThirdId(),
-                          do_sample=False, max_new_tokens=max_new, num_assistant_tokens=num_draft,
-                          return_dict_in_generate=True)
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        verifier=EveryThirdId(),
+        do_sample=False,
+        max_new_tokens=max_new,
+        num_assistant_tokens=num_draft,
+        return_dict_in_generate=True,
+    )
     accepted = [int(a) for a in out.speculation.num_accepted]
     assert len(set(accepted)) > 1, "rows should accept different numbers of drafts"
     for i, row in enumerate(rows):  # the reference, one row alone
@@ -103,16 +120,29 @@ def test_drafts_follow_the_reference_through_shifted_rows(architecture):
 
     head = DiversedHead.for_pair(target, draft, w_0=0.5)
     assert head.config.draft_hidden_size == target.config.hidden_size  # h^q lives in the target's feature space
-    out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, diversed_head=head,
-                          do_sample=True, max_new_tokens=12, generator=torch.Generator().manual_seed(0),
-                          output_target_weights=True, return_dict_in_generate=True)
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        diversed_head=head,
+        do_sample=True,
+        max_new_tokens=12,
+        generator=torch.Generator().manual_seed(0),
+        output_target_weights=True,
+        return_dict_in_generate=True,
+    )
     assert out.sequences.shape == (3, 8 + 12)
 
 
 def _law_of_two_tokens(target, draft, verifier: Verifier, input_ids, num_rows: int):
     return target.generate(
-        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=verifier, do_sample=True, max_new_tokens=3,
-        num_assistant_tokens=2, generator=torch.Generator().manual_seed(0),
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=verifier,
+        do_sample=True,
+        max_new_tokens=3,
+        num_assistant_tokens=2,
+        generator=torch.Generator().manual_seed(0),
     )[:, input_ids.shape[1] : input_ids.shape[1] + 2]
 
 
@@ -151,9 +181,16 @@ def test_sampled_law_at_drafted_positions_is_the_declared_one(weight):
 
 def test_draft_ids_outside_its_vocabulary_have_probability_zero():
     target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(10, 30))
-    out = target.generate(prompt(5, batch=4), assistant_model=draft, verifier=StaticEnsembleVerifier(0.0),
-                          do_sample=True, max_new_tokens=16, num_assistant_tokens=15,
-                          generator=torch.Generator().manual_seed(0), return_dict_in_generate=True)
+    out = target.generate(
+        prompt(5, batch=4),
+        assistant_model=draft,
+        verifier=StaticEnsembleVerifier(0.0),
+        do_sample=True,
+        max_new_tokens=16,
+        num_assistant_tokens=15,
+        generator=torch.Generator().manual_seed(0),
+        return_dict_in_generate=True,
+    )
     # w = 0 keeps every draft: each round's tokens but its bonus are drafts, all inside the draft's ids
     new = out.sequences[:, 5:]
     assert ((new[:, :15] >= 10) & (new[:, :15] < 30)).all()
@@ -166,13 +203,27 @@ def test_every_generate_option_runs_with_a_feature_draft():
     inputs = prompt(6, batch=2, seed=2)
     out = target.generate(inputs, assistant_model=draft, do_sample=False, max_new_tokens=10)  # no verifier: lossless
     assert torch.equal(out, target.generate(inputs, do_sample=False, max_new_tokens=10))
-    sampled = target.generate(inputs, assistant_model=draft, verifier=BlockVerifier(StaticEnsembleVerifier(0.5)),
-                              do_sample=True, num_return_sequences=3, max_new_tokens=10,
-                              num_assistant_tokens_schedule="heuristic_transient", num_assistant_tokens=3,
-                              generator=torch.Generator().manual_seed(0))
+    sampled = target.generate(
+        inputs,
+        assistant_model=draft,
+        verifier=BlockVerifier(StaticEnsembleVerifier(0.5)),
+        do_sample=True,
+        num_return_sequences=3,
+        max_new_tokens=10,
+        num_assistant_tokens_schedule="heuristic_transient",
+        num_assistant_tokens=3,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert sampled.shape == (6, 16)
-    optimal = target.generate(inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False,
-                              max_new_tokens=10, num_assistant_tokens=4, num_assistant_tokens_schedule="optimal")
+    optimal = target.generate(
+        inputs,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=10,
+        num_assistant_tokens=4,
+        num_assistant_tokens_schedule="optimal",
+    )
     assert torch.equal(optimal, out)
 
     class Collect:
@@ -205,10 +256,22 @@ def test_save_load_and_attach(tmp_path):
     with pytest.raises(ValueError, match="no target attached"):
         loaded(torch.tensor([[3, 4]]), torch.zeros(1, 2, 32))
     inputs = prompt(5, seed=4)
-    ours = target.generate(inputs, assistant_model=draft, verifier=StaticEnsembleVerifier(0.5), do_sample=True,
-                           max_new_tokens=12, generator=torch.Generator().manual_seed(1))
-    theirs = target.generate(inputs, assistant_model=loaded, verifier=StaticEnsembleVerifier(0.5), do_sample=True,
-                             max_new_tokens=12, generator=torch.Generator().manual_seed(1))  # generate attaches it
+    ours = target.generate(
+        inputs,
+        assistant_model=draft,
+        verifier=StaticEnsembleVerifier(0.5),
+        do_sample=True,
+        max_new_tokens=12,
+        generator=torch.Generator().manual_seed(1),
+    )
+    theirs = target.generate(
+        inputs,
+        assistant_model=loaded,
+        verifier=StaticEnsembleVerifier(0.5),
+        do_sample=True,
+        max_new_tokens=12,
+        generator=torch.Generator().manual_seed(1),
+    )  # generate attaches it
     assert torch.equal(ours, theirs)
     from transformers import AutoConfig
 

@@ -51,11 +51,15 @@ SETTINGS = DistillSettings(draft_vocab_size=600, epochs=3, batch_size=4, learnin
 
 def test_distillation_raises_acceptance_and_resumes_exactly(collected, tmp_path, monkeypatch):
     target, tokenizer, _, directory = collected
-    saved = distill(target, directory, tmp_path / "a" / "checkpoints", tmp_path / "a" / "draft", SETTINGS, progress=False)
+    saved = distill(
+        target, directory, tmp_path / "a" / "checkpoints", tmp_path / "a" / "draft", SETTINGS, progress=False
+    )
     record = json.loads((saved / "training.json").read_text())
     before, after = record["held_out_before"]["acceptance_t1"], record["held_out_after"]["acceptance_t1"]
     assert after[0] > before[0] + 0.2 and after[-1] > before[-1] + 0.2  # learned, also on its own features
-    assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= {p.name for p in saved.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= {
+        p.name for p in saved.iterdir()
+    }
     assert "Held-out acceptance" in (saved / "README.md").read_text()
 
     # interrupted after its first checkpoint, then rerun: the same draft as the uninterrupted run
@@ -69,19 +73,28 @@ def test_distillation_raises_acceptance_and_resumes_exactly(collected, tmp_path,
     with pytest.raises(KeyboardInterrupt):
         distill(target, directory, tmp_path / "b" / "checkpoints", tmp_path / "b" / "draft", SETTINGS, progress=False)
     monkeypatch.setattr(eagle_distill, "_save_checkpoint", real_save)
-    resumed = distill(target, directory, tmp_path / "b" / "checkpoints", tmp_path / "b" / "draft", SETTINGS,
-                      progress=False)
+    resumed = distill(
+        target, directory, tmp_path / "b" / "checkpoints", tmp_path / "b" / "draft", SETTINGS, progress=False
+    )
     first, second = (EagleDraft.from_pretrained(p).state_dict() for p in (saved, resumed))
     assert all(torch.equal(first[k], second[k]) for k in first)
     with pytest.raises(ValueError, match="another run"):
-        distill(target, directory, tmp_path / "b" / "checkpoints", tmp_path / "c", DistillSettings(epochs=1),
-                progress=False)
+        distill(
+            target, directory, tmp_path / "b" / "checkpoints", tmp_path / "c", DistillSettings(epochs=1), progress=False
+        )
 
     # the saved draft drafts for its target
     draft = EagleDraft.from_pretrained(saved, target=target).float()
     enable_diversed(target)
     inputs = tokenizer(testbed.load_task("arith", num_examples=1)["prompt"][0], return_tensors="pt")
-    out = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False,
-                          max_new_tokens=24, num_assistant_tokens=3, return_dict_in_generate=True)
+    out = target.generate(
+        **inputs,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=24,
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, target.generate(**inputs, do_sample=False, max_new_tokens=24))
     assert out.speculation.total_acceptance_rate > 0.2

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
+from tiny_models import PAD_TOKEN_ID, VOCAB_SIZE, left_padded_batch, make_pair, prompt
 from transformers import DynamicCache
 
 from diversed_hf import ExactVerifier, StaticEnsembleVerifier, enable_diversed
-from tiny_models import PAD_TOKEN_ID, VOCAB_SIZE, left_padded_batch, make_pair, prompt
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,15 @@ def _right_padded(rows):
 def test_scores_and_logits_equal_transformers_assisted_decoding(pair, processors):
     target, draft = pair
     input_ids = prompt(6, seed=2)
-    common = dict(assistant_model=draft, do_sample=False, max_new_tokens=20, output_scores=True, output_logits=True,
-                  return_dict_in_generate=True, **processors)
+    common = dict(
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=20,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **processors,
+    )
     theirs = target.generate(input_ids, num_assistant_tokens=4, **common)
     ours = target.generate(input_ids, verifier=ExactVerifier(), num_assistant_tokens=4, **common)
     assert torch.equal(ours.sequences, theirs.sequences)
@@ -47,7 +54,9 @@ def test_scores_and_logits_equal_transformers_assisted_decoding(pair, processors
         torch.testing.assert_close(mine, reference, atol=1e-5, rtol=1e-5)
     assert ours.speculation.total_accepted > 0
     if processors:
-        assert any(not torch.equal(s, l) for s, l in zip(ours.scores, ours.logits)), "scores are the processed logits"
+        assert any(not torch.equal(score, logit) for score, logit in zip(ours.scores, ours.logits)), (
+            "scores are the processed logits"
+        )
 
 
 def test_scores_are_the_targets_at_each_emitted_token_for_relaxed_verifiers_in_a_batch(pair):
@@ -59,9 +68,20 @@ def test_scores_are_the_targets_at_each_emitted_token_for_relaxed_verifiers_in_a
 
     def run(eos_token_id):
         return target.generate(
-            input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=StaticEnsembleVerifier(0.3),
-            do_sample=True, temperature=0.7, top_k=0, max_new_tokens=10, num_assistant_tokens=3, eos_token_id=eos_token_id,
-            output_scores=True, output_logits=True, return_dict_in_generate=True, generator=torch.Generator().manual_seed(0),
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=draft,
+            verifier=StaticEnsembleVerifier(0.3),
+            do_sample=True,
+            temperature=0.7,
+            top_k=0,
+            max_new_tokens=10,
+            num_assistant_tokens=3,
+            eos_token_id=eos_token_id,
+            output_scores=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            generator=torch.Generator().manual_seed(0),
         )
 
     stop = int(run(1).sequences[0, width + 2])  # row 0's third token ends it (draws before it are unchanged)
@@ -84,11 +104,24 @@ def test_scores_are_the_targets_at_each_emitted_token_for_relaxed_verifiers_in_a
 
 def test_scores_only_with_return_dict(pair):
     target, draft = pair
-    out = target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=5,
-                          output_scores=True, return_dict_in_generate=True)
+    out = target.generate(
+        prompt(4),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=5,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     assert len(out.scores) == 5 and out.logits is None
-    plain = target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=5,
-                            output_scores=True)
+    plain = target.generate(
+        prompt(4),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=5,
+        output_scores=True,
+    )
     assert torch.equal(plain, out.sequences)
 
 
@@ -100,16 +133,25 @@ def test_num_return_sequences_repeats_rows_and_samples_each(pair):
     target, draft = pair
     _, input_ids, attention_mask = left_padded_batch([4, 7])
     common = dict(attention_mask=attention_mask, do_sample=True, max_new_tokens=12)
-    ours = target.generate(input_ids, assistant_model=draft, verifier=StaticEnsembleVerifier(0.5), num_return_sequences=3,
-                           generator=torch.Generator().manual_seed(3), **common)
+    ours = target.generate(
+        input_ids,
+        assistant_model=draft,
+        verifier=StaticEnsembleVerifier(0.5),
+        num_return_sequences=3,
+        generator=torch.Generator().manual_seed(3),
+        **common,
+    )
     theirs = target.generate(input_ids, num_return_sequences=3, **common)  # transformers' sampling: the same layout
     assert ours.shape == theirs.shape == (6, input_ids.shape[1] + 12)
     assert torch.equal(ours[:, : input_ids.shape[1]], input_ids.repeat_interleave(3, dim=0))
     for group in ours.split(3):
         assert len({tuple(r.tolist()) for r in group}) == 3, "each repeated row is sampled independently"
     repeated = target.generate(
-        input_ids.repeat_interleave(3, dim=0), assistant_model=draft, verifier=StaticEnsembleVerifier(0.5),
-        generator=torch.Generator().manual_seed(3), **(common | dict(attention_mask=attention_mask.repeat_interleave(3, dim=0))),
+        input_ids.repeat_interleave(3, dim=0),
+        assistant_model=draft,
+        verifier=StaticEnsembleVerifier(0.5),
+        generator=torch.Generator().manual_seed(3),
+        **(common | dict(attention_mask=attention_mask.repeat_interleave(3, dim=0))),
     )
     assert torch.equal(ours, repeated)
 
@@ -119,8 +161,14 @@ def test_num_return_sequences_under_greedy_is_refused_as_transformers_does(pair)
     with pytest.raises(ValueError, match="Greedy methods .* do not support `num_return_sequences`"):
         target.generate(prompt(4), do_sample=False, num_return_sequences=2, max_new_tokens=4)
     with pytest.raises(ValueError, match="Greedy methods .* do not support `num_return_sequences`"):
-        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=False,
-                        num_return_sequences=2, max_new_tokens=4)
+        target.generate(
+            prompt(4),
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            do_sample=False,
+            num_return_sequences=2,
+            max_new_tokens=4,
+        )
 
 
 # Right padding -------------------------------------------------------------------------------------------------

@@ -4,6 +4,16 @@ import copy
 
 import pytest
 import torch
+from tiny_models import (
+    ARCHITECTURES,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    VOCAB_SIZE,
+    left_padded_batch,
+    make_model,
+    make_pair,
+    prompt,
+)
 from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
@@ -16,7 +26,6 @@ from diversed_hf import (
     StaticEnsembleVerifier,
     enable_diversed,
 )
-from tiny_models import ARCHITECTURES, EOS_TOKEN_ID, PAD_TOKEN_ID, VOCAB_SIZE, left_padded_batch, make_model, make_pair, prompt
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -40,7 +49,9 @@ def test_exact_greedy_equals_target_greedy(pair):
     target, draft = pair
     input_ids = prompt(9)  # longer than Gemma3's sliding window of 6 once generation starts
     expected = target.generate(input_ids, do_sample=False, max_new_tokens=24)
-    output = target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True, **GREEDY)
+    output = target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True, **GREEDY
+    )
     assert torch.equal(output.sequences, expected)
     assert output.speculation.total_accepted > 0, "the pair should agree sometimes, or the test proves little"
 
@@ -58,7 +69,9 @@ def test_static_ensemble_greedy_equals_transformers_ensemble(pair, weight):
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0.0
     input_ids = prompt(7, seed=3)
-    expected = target.generate(input_ids, assistant_model=draft, assistant_ensemble_weight=weight, do_sample=False, max_new_tokens=24)
+    expected = target.generate(
+        input_ids, assistant_model=draft, assistant_ensemble_weight=weight, do_sample=False, max_new_tokens=24
+    )
     ours = target.generate(input_ids, assistant_model=draft, verifier=StaticEnsembleVerifier(weight), **GREEDY)
     assert torch.equal(ours, expected)
 
@@ -78,8 +91,9 @@ def test_caches_stay_exact_after_every_rejection(pair):
     verifier = RecordingVerifier(1.0)
     object.__setattr__(verifier, "rounds", [])
     input_ids = prompt(7, seed=3)
-    output = target.generate(input_ids, assistant_model=draft, verifier=verifier, do_sample=False, max_new_tokens=40,
-                             num_assistant_tokens=6)
+    output = target.generate(
+        input_ids, assistant_model=draft, verifier=verifier, do_sample=False, max_new_tokens=40, num_assistant_tokens=6
+    )
     position, rejections = input_ids.shape[1], 0
     for draft_ids, draft_probs, target_probs, num_accepted in verifier.rounds:
         sequence = torch.cat([output[:, :position], draft_ids], dim=1)
@@ -101,7 +115,14 @@ def test_fresh_head_equals_static_ensemble(pair):
     static = target.generate(input_ids, assistant_model=draft, verifier=StaticEnsembleVerifier(0.3), **GREEDY)
     assert torch.equal(with_head, static)
     sampled = [
-        target.generate(input_ids, assistant_model=draft, do_sample=True, max_new_tokens=16, generator=torch.Generator().manual_seed(0), **kw)
+        target.generate(
+            input_ids,
+            assistant_model=draft,
+            do_sample=True,
+            max_new_tokens=16,
+            generator=torch.Generator().manual_seed(0),
+            **kw,
+        )
         for kw in (dict(diversed_head=head), dict(verifier=StaticEnsembleVerifier(0.3)))
     ]
     assert torch.equal(*sampled)
@@ -117,7 +138,12 @@ def test_batched_greedy_rows_equal_single_prompt_runs(pair, method):
     }[method]
     rows, input_ids, attention_mask = left_padded_batch([3, 9, 5, 12, 1, 7, 4, 10])
     batched = target.generate(
-        input_ids, attention_mask=attention_mask, assistant_model=draft, return_dict_in_generate=True, **verifier, **GREEDY
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        return_dict_in_generate=True,
+        **verifier,
+        **GREEDY,
     )
     width = input_ids.shape[1]
     for i, row in enumerate(rows):
@@ -133,8 +159,14 @@ def test_head_weights_vary_and_are_reported(pair):
     target, draft = pair
     head = randomize(DiversedHead.for_pair(target, draft, architecture="mlp"))
     output = target.generate(
-        prompt(6), assistant_model=draft, diversed_head=head, do_sample=True, max_new_tokens=20,
-        output_target_weights=True, return_dict_in_generate=True, generator=torch.Generator().manual_seed(1),
+        prompt(6),
+        assistant_model=draft,
+        diversed_head=head,
+        do_sample=True,
+        max_new_tokens=20,
+        output_target_weights=True,
+        return_dict_in_generate=True,
+        generator=torch.Generator().manual_seed(1),
     )
     weights = output.speculation.target_weights[0]
     assert weights.shape == (int(output.speculation.num_generated[0]),)
@@ -145,8 +177,17 @@ def test_head_weights_vary_and_are_reported(pair):
 def test_seeded_sampling_is_reproducible_and_stats_consistent(pair):
     target, draft = pair
     _, input_ids, attention_mask = left_padded_batch([4, 8, 6])
-    kwargs = dict(attention_mask=attention_mask, assistant_model=draft, verifier=LenientVerifier(0.5), do_sample=True,
-                  temperature=0.8, top_p=0.95, max_new_tokens=20, num_assistant_tokens=3, return_dict_in_generate=True)
+    kwargs = dict(
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        verifier=LenientVerifier(0.5),
+        do_sample=True,
+        temperature=0.8,
+        top_p=0.95,
+        max_new_tokens=20,
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+    )
     first = target.generate(input_ids, generator=torch.Generator().manual_seed(7), **kwargs)
     second = target.generate(input_ids, generator=torch.Generator().manual_seed(7), **kwargs)
     torch.manual_seed(11)
@@ -186,8 +227,15 @@ def test_usual_kwargs_keep_working(pair):
 
     streamer = Collect()
     output = target.generate(
-        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=30,
-        eos_token_id=stop_token, pad_token_id=PAD_TOKEN_ID, num_assistant_tokens=3, streamer=streamer,
+        input_ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=30,
+        eos_token_id=stop_token,
+        pad_token_id=PAD_TOKEN_ID,
+        num_assistant_tokens=3,
+        streamer=streamer,
     )
     first_stop = (plain[0, 5:] == stop_token).nonzero()[0, 0] + 1
     assert torch.equal(output[0, 5:], plain[0, 5 : 5 + first_stop])
@@ -198,19 +246,33 @@ def test_usual_kwargs_keep_working(pair):
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 0) & (input_ids[:, -1] == stop_token)
 
     stopped = target.generate(
-        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=30,
-        stopping_criteria=StoppingCriteriaList([StopAfter()]), num_assistant_tokens=3,
+        input_ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=30,
+        stopping_criteria=StoppingCriteriaList([StopAfter()]),
+        num_assistant_tokens=3,
     )
     assert torch.equal(stopped[0, 5:], plain[0, 5 : 5 + first_stop])
-    short = target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=7)
+    short = target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=7
+    )
     assert short.shape[1] == 5 + 7 and torch.equal(short, plain[:, : 5 + 7])
 
 
 def test_num_assistant_tokens_is_honoured(pair):
     target, draft = pair
     for n in (1, 2, 5):
-        output = target.generate(prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(0.5), do_sample=True,
-                                 max_new_tokens=40, num_assistant_tokens=n, return_dict_in_generate=True)
+        output = target.generate(
+            prompt(5),
+            assistant_model=draft,
+            verifier=StaticEnsembleVerifier(0.5),
+            do_sample=True,
+            max_new_tokens=40,
+            num_assistant_tokens=n,
+            return_dict_in_generate=True,
+        )
         stats = output.speculation
         assert stats.num_draft_tokens == n and stats.drafted_per_position.shape[1] == n
         assert int(stats.num_drafted[0]) <= n * int(stats.num_rounds[0])
@@ -219,11 +281,24 @@ def test_num_assistant_tokens_is_honoured(pair):
 def test_every_baseline_runs_batched(pair):
     target, draft = pair
     _, input_ids, attention_mask = left_padded_batch([3, 6, 9, 2])
-    for verifier in [ExactVerifier(), LenientVerifier(0.3), StaticEnsembleVerifier(0.0), *[SpecCascadeVerifier(r, 0.2) for r in ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")]]:
-        output = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=verifier,
-                                 do_sample=True, max_new_tokens=12, num_assistant_tokens=3, return_dict_in_generate=True)
+    for verifier in [
+        ExactVerifier(),
+        LenientVerifier(0.3),
+        StaticEnsembleVerifier(0.0),
+        *[SpecCascadeVerifier(r, 0.2) for r in ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")],
+    ]:
+        output = target.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=draft,
+            verifier=verifier,
+            do_sample=True,
+            max_new_tokens=12,
+            num_assistant_tokens=3,
+            return_dict_in_generate=True,
+        )
         assert output.sequences.shape[0] == 4
-        assert (output.sequences[:, input_ids.shape[1]:] < VOCAB_SIZE).all()
+        assert (output.sequences[:, input_ids.shape[1] :] < VOCAB_SIZE).all()
 
 
 def test_without_head_generate_is_transformers_own():
@@ -279,12 +354,15 @@ def _vocabulary_pair(target_vocab: int, draft_vocab: int):
 def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab, draft_vocab):
     """The target's distribution is never trimmed: a draft with fewer ids cannot propose the rest, but
     recovered and bonus tokens can be them; a draft with more ids gives those zero probability."""
-    from diversed_hf import ops
     from tiny_models import empirical, tv_bound
+
+    from diversed_hf import ops
 
     target, draft = _vocabulary_pair(target_vocab, draft_vocab)
     input_ids = prompt(5, seed=3)
-    greedy = target.generate(input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=12)
+    greedy = target.generate(
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=12
+    )
     plain = target.generate(input_ids, do_sample=False, max_new_tokens=12)
     assert torch.equal(greedy, plain)
     if target_vocab > draft_vocab:
@@ -292,8 +370,13 @@ def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab
 
     num_rows = 4000
     output = target.generate(
-        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=ExactVerifier(), do_sample=True, max_new_tokens=2,
-        num_assistant_tokens=1, generator=torch.Generator().manual_seed(0),
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=True,
+        max_new_tokens=2,
+        num_assistant_tokens=1,
+        generator=torch.Generator().manual_seed(0),
     )
     with torch.no_grad():
         target_probs = target(input_ids).logits[0, -1].softmax(-1).double()  # (target_vocab,)
@@ -325,7 +408,12 @@ def test_head_or_verifier_without_assistant_model(pair):
 def test_head_and_verifier_together(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="either `diversed_head` or `verifier`"):
-        target.generate(prompt(4), assistant_model=draft, diversed_head=DiversedHead.for_pair(target, draft), verifier=ExactVerifier())
+        target.generate(
+            prompt(4),
+            assistant_model=draft,
+            diversed_head=DiversedHead.for_pair(target, draft),
+            verifier=ExactVerifier(),
+        )
 
 
 def test_head_with_wrong_hidden_sizes_names_the_numbers(pair):
@@ -352,7 +440,10 @@ def test_different_vocabularies_are_rejected():
         (dict(num_beams=2), "num_beams"),
         (dict(assistant_ensemble_weight=0.5), "assistant_ensemble_weight"),
         (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions"),
-        (dict(cache_implementation="static"), r"`cache_implementation='static'` cannot be combined.*Remove `cache_implementation`"),
+        (
+            dict(cache_implementation="static"),
+            r"`cache_implementation='static'` cannot be combined.*Remove `cache_implementation`",
+        ),
         (dict(cache_implementation="paged"), r"`cache_implementation='paged'` cannot be combined"),
         (dict(use_cache=False), r"`use_cache=False` cannot be combined.*Remove `use_cache=False`"),
         (dict(dola_layers="high"), "dola_layers"),
@@ -379,10 +470,10 @@ def test_our_kwargs_without_a_verifier_are_errors(pair):
 )
 def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(method):
     """Thousands of rows in one call: the first emitted token follows pi_1 built from processed q and p."""
+    from tiny_models import empirical, tv_bound
     from transformers import GenerationConfig
 
     from diversed_hf import HeadVerifier, ops
-    from tiny_models import empirical, tv_bound
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)
@@ -400,20 +491,36 @@ def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(m
     input_ids = prompt(6, seed=5)
     num_rows = 6000
     output = target.generate(
-        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=verifier, max_new_tokens=2, num_assistant_tokens=1,
-        generator=torch.Generator().manual_seed(0), **sampling,
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=verifier,
+        max_new_tokens=2,
+        num_assistant_tokens=1,
+        generator=torch.Generator().manual_seed(0),
+        **sampling,
     )
     processors = target._get_logits_processor(GenerationConfig(**sampling))
     with torch.no_grad():
-        target_out, draft_out = target(input_ids, output_hidden_states=True), draft(input_ids, output_hidden_states=True)
+        target_out, draft_out = (
+            target(input_ids, output_hidden_states=True),
+            draft(input_ids, output_hidden_states=True),
+        )
     target_probs = processors(input_ids, target_out.logits[:, -1]).softmax(-1)[:, None]  # (1, 1, V)
     draft_probs = processors(input_ids, draft_out.logits[:, -1]).softmax(-1)[:, None]
-    untempered = dict(untempered_draft_probs=draft_out.logits[:, -1:].softmax(-1), untempered_target_probs=target_out.logits[:, -1:].softmax(-1))
-    declared, weight = verifier.verification_probs(
-        draft_probs, target_probs, draft_hidden=draft_out.hidden_states[-1][:, -1:],
-        target_hidden=target_out.hidden_states[-1][:, -1:], **untempered,
+    untempered = dict(
+        untempered_draft_probs=draft_out.logits[:, -1:].softmax(-1),
+        untempered_target_probs=target_out.logits[:, -1:].softmax(-1),
     )
-    assert ops.total_variation(declared[0, 0], target_probs[0, 0]) > 0.02 or method == "exact", "pick a case that differs from p"
+    declared, weight = verifier.verification_probs(
+        draft_probs,
+        target_probs,
+        draft_hidden=draft_out.hidden_states[-1][:, -1:],
+        target_hidden=target_out.hidden_states[-1][:, -1:],
+        **untempered,
+    )
+    assert ops.total_variation(declared[0, 0], target_probs[0, 0]) > 0.02 or method == "exact", (
+        "pick a case that differs from p"
+    )
     observed = empirical(output[:, input_ids.shape[1]], VOCAB_SIZE)
     tv = float(ops.total_variation(observed, declared[0, 0].double()))
     assert tv < tv_bound(declared[0, 0], num_rows), tv
@@ -425,7 +532,9 @@ def test_crop_cache_uses_transformers_crop_and_ignores_shorter_caches():
     target, _ = make_pair("llama")
     cache = compat.new_cache()
     compat.crop_cache(cache, 3)  # empty: nothing to crop
-    compat.forward_with_cache(target, prompt(6), torch.ones(1, 6, dtype=torch.long), cache, logits_to_keep=1, output_hidden_states=False)
+    compat.forward_with_cache(
+        target, prompt(6), torch.ones(1, 6, dtype=torch.long), cache, logits_to_keep=1, output_hidden_states=False
+    )
     compat.crop_cache(cache, 8)
     assert cache.get_seq_length() == 6
     compat.crop_cache(cache, 4)
@@ -451,8 +560,13 @@ def test_generate_refuses_unusable_inputs_with_the_fix(pair):
 def test_a_huge_draft_length_allocates_nothing_per_position(pair):
     target, draft = pair
     output = target.generate(
-        prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=6,
-        num_assistant_tokens=10**9, return_dict_in_generate=True,
+        prompt(4),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=6,
+        num_assistant_tokens=10**9,
+        return_dict_in_generate=True,
     )
     stats = output.speculation
     assert stats.drafted_per_position.shape == (1, 5) and stats.num_draft_tokens == 5
@@ -467,21 +581,33 @@ def test_non_finite_distributions_name_the_model(broken):
         (target if broken == "target" else draft).get_output_embeddings().weight[7, 0] = float("nan")
     for do_sample in (True, False):
         with pytest.raises(ValueError, match=f"The {broken}'s next-token distribution has no finite probability mass"):
-            target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=do_sample, max_new_tokens=6)
+            target.generate(
+                prompt(4), assistant_model=draft, verifier=ExactVerifier(), do_sample=do_sample, max_new_tokens=6
+            )
 
 
 # Draft-length knobs (transformers' semantics, per row) ----------------------------------------------
 
 
-@pytest.mark.parametrize("processors", [dict(repetition_penalty=1.3), dict(repetition_penalty=1.3, no_repeat_ngram_size=2)])
+@pytest.mark.parametrize(
+    "processors", [dict(repetition_penalty=1.3), dict(repetition_penalty=1.3, no_repeat_ngram_size=2)]
+)
 def test_batched_rows_equal_single_runs_under_per_row_logits_processors(processors):
     """transformers gives the repetition penalty each row's left padding (``prompt_ignore_length``); the loop drops
     finished rows and realigns the rest, and the processor must follow (it used to fail on a batch size mismatch)."""
     target, draft = make_pair("llama", noise=0.3)
     enable_diversed(target)
     rows, input_ids, attention_mask = left_padded_batch([4, 9, 6, 2])
-    batched = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
-                              do_sample=False, max_new_tokens=12, num_assistant_tokens=3, **processors)
+    batched = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=12,
+        num_assistant_tokens=3,
+        **processors,
+    )
     for b, row in enumerate(rows):
         alone = target.generate(row[None], do_sample=False, max_new_tokens=12, **processors)
         assert torch.equal(batched[b, -12:], alone[0, -12:]), b
@@ -495,8 +621,15 @@ def test_repetition_penalty_ignores_the_columns_a_realignment_brings_in(seed):
     enable_diversed(target)
     rows, input_ids, attention_mask = left_padded_batch([6, 6, 6, 6], seed=seed)  # no padding
     kwargs = dict(do_sample=False, max_new_tokens=16, repetition_penalty=1.3)
-    out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
-                          num_assistant_tokens=4, return_dict_in_generate=True, **kwargs)  # fmt: skip
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        num_assistant_tokens=4,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     assert out.speculation.total_accepted > 0, "rows must accept different numbers of drafts, or nothing shifts"
     assert torch.equal(out.sequences, target.generate(input_ids, attention_mask=attention_mask, **kwargs))
 
@@ -513,8 +646,15 @@ def test_min_new_tokens_and_min_length_hold_per_row_in_a_batch():
     common = dict(do_sample=False, max_new_tokens=16, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
     held_back = 0
     for lengths in (dict(min_new_tokens=8), dict(min_length=input_ids.shape[1] + 8)):
-        batched = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(),
-                                  num_assistant_tokens=3, **common, **lengths)
+        batched = target.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            num_assistant_tokens=3,
+            **common,
+            **lengths,
+        )
         for b, row in enumerate(rows):
             alone = target.generate(row[None], **common, min_new_tokens=8)[0, len(row) :]
             assert torch.equal(batched[b, input_ids.shape[1] : input_ids.shape[1] + len(alone)], alone), (lengths, b)
@@ -537,8 +677,15 @@ def test_greedy_output_and_batching_are_exact_under_every_policy(policy):
     enable_diversed(target)
     rows, input_ids, attention_mask = left_padded_batch([3, 8, 5, 11])
     batched = target.generate(
-        input_ids, attention_mask=attention_mask, assistant_model=copy.deepcopy(draft), verifier=ExactVerifier(),
-        do_sample=False, max_new_tokens=14, num_assistant_tokens=3, return_dict_in_generate=True, **policy,
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=copy.deepcopy(draft),
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=14,
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+        **policy,
     )
     for b, row in enumerate(rows):
         alone = target.generate(row[None], do_sample=False, max_new_tokens=14)
@@ -559,8 +706,14 @@ def test_heuristic_schedule_persists_like_transformers():
         model.generation_config.num_assistant_tokens = 2
         model.generation_config.num_assistant_tokens_schedule = "heuristic"
         model.generation_config.assistant_confidence_threshold = 0.0  # transformers' default 0.4 would stop early
-    ours = target.generate(prompt(5), assistant_model=ours_draft, verifier=ExactVerifier(), do_sample=False,
-                           max_new_tokens=20, return_dict_in_generate=True)
+    ours = target.generate(
+        prompt(5),
+        assistant_model=ours_draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=20,
+        return_dict_in_generate=True,
+    )
     theirs = target.generate(prompt(5), assistant_model=theirs_draft, do_sample=False, max_new_tokens=20)
     assert torch.equal(ours.sequences, theirs)
     assert ours_draft.generation_config.num_assistant_tokens == theirs_draft.generation_config.num_assistant_tokens
@@ -568,8 +721,14 @@ def test_heuristic_schedule_persists_like_transformers():
     assert int(ours.speculation.draft_lengths[0].max()) > 2  # drafted past N: per-position arrays grew
     transient = copy.deepcopy(draft)
     transient.generation_config.num_assistant_tokens_schedule = "heuristic_transient"
-    target.generate(prompt(5), assistant_model=transient, verifier=ExactVerifier(), do_sample=False, max_new_tokens=20,
-                    num_assistant_tokens=2)
+    target.generate(
+        prompt(5),
+        assistant_model=transient,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=20,
+        num_assistant_tokens=2,
+    )
     assert transient.generation_config.num_assistant_tokens is None  # not written back
 
 
@@ -577,16 +736,23 @@ def test_heuristic_schedule_persists_like_transformers():
 def test_sampled_two_token_law_is_the_targets_under_a_policy(policy):
     """With ExactVerifier, stopping early or drafting longer never changes the law: both tokens follow p (a relaxed
     verifier's law does move with where rounds end: its bonus tokens come from p)."""
-    from diversed_hf import ops
     from tiny_models import empirical, tv_bound
+
+    from diversed_hf import ops
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)
     input_ids = prompt(6, seed=5)
     num_rows = 6000
     output = target.generate(
-        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=ExactVerifier(), do_sample=True, max_new_tokens=2,
-        num_assistant_tokens=1, generator=torch.Generator().manual_seed(0), **policy,
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=True,
+        max_new_tokens=2,
+        num_assistant_tokens=1,
+        generator=torch.Generator().manual_seed(0),
+        **policy,
     )
     with torch.no_grad():
         first = target(input_ids).logits[0, -1].softmax(-1).double()  # (V,) p(x1)
@@ -611,13 +777,48 @@ def test_bad_draft_length_knobs_are_refused(pair, policy, error, match):
         target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, **policy)
 
 
+def test_the_draft_length_knobs_are_resolved_once_per_call(pair, monkeypatch):
+    """``generate`` resolves the knobs once (keyword, the call's config, the assistant's config, default) into one
+    policy; the candidate generator it builds takes that policy and reads no config again."""
+    from diversed_hf.candidates import DiversedCandidateGenerator, DraftLengthPolicy
+
+    target, draft = pair
+    resolved, built = [], []
+    resolve = DraftLengthPolicy.resolve.__func__
+    init = DiversedCandidateGenerator.__init__
+
+    def counting_resolve(cls, *args, **kwargs):
+        resolved.append(resolve(cls, *args, **kwargs))
+        return resolved[-1]
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self.policy)
+
+    monkeypatch.setattr(DraftLengthPolicy, "resolve", classmethod(counting_resolve))
+    monkeypatch.setattr(DiversedCandidateGenerator, "__init__", recording_init)
+    monkeypatch.setattr(draft.generation_config, "num_assistant_tokens", 2)  # the assistant's, under the keyword's
+    target.generate(
+        prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=6, num_assistant_tokens=3
+    )
+    assert len(resolved) == 1 and resolved[0].num_assistant_tokens == 3
+    assert built == resolved  # the generator got the very policy, without resolving it again
+    with pytest.raises(TypeError, match="either as `policy` or as"):
+        DiversedCandidateGenerator(prompt(4), draft, max_new_tokens=4, policy=resolved[0], num_assistant_tokens=2)
+
+
 def test_typical_acceptance_runs_in_generate(pair):
     from diversed_hf import TypicalAcceptanceVerifier
 
     target, draft = pair
     output = target.generate(
-        prompt(5, batch=3), assistant_model=draft, verifier=TypicalAcceptanceVerifier(), do_sample=True, max_new_tokens=12,
-        generator=torch.Generator().manual_seed(0), return_dict_in_generate=True,
+        prompt(5, batch=3),
+        assistant_model=draft,
+        verifier=TypicalAcceptanceVerifier(),
+        do_sample=True,
+        max_new_tokens=12,
+        generator=torch.Generator().manual_seed(0),
+        return_dict_in_generate=True,
     )
     assert output.sequences.shape == (3, 17) and 0.0 <= output.speculation.total_acceptance_rate <= 1.0
 
@@ -638,11 +839,20 @@ def test_optimal_schedule_is_exact_and_chooses_by_acceptance_and_cost():
     enable_diversed(target)
     rows, input_ids, attention_mask = left_padded_batch([4, 9, 6])
     output = target.generate(
-        input_ids, attention_mask=attention_mask, assistant_model=draft, verifier=ExactVerifier(), do_sample=False,
-        max_new_tokens=30, num_assistant_tokens=6, num_assistant_tokens_schedule="optimal", return_dict_in_generate=True,
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=30,
+        num_assistant_tokens=6,
+        num_assistant_tokens_schedule="optimal",
+        return_dict_in_generate=True,
     )
     for b, row in enumerate(rows):
-        assert torch.equal(output.sequences[b, -30:], target.generate(row[None], do_sample=False, max_new_tokens=30)[0, -30:])
+        assert torch.equal(
+            output.sequences[b, -30:], target.generate(row[None], do_sample=False, max_new_tokens=30)[0, -30:]
+        )
     for lengths in output.speculation.draft_lengths:
         assert int(lengths.max()) <= 6 and lengths[2] <= 1  # the third round is the one-draft warm-up probe
 
@@ -673,7 +883,9 @@ def test_width_reading_processors_keep_greedy_parity_with_the_target(prompt_leng
         dict(exponential_decay_length_penalty=(1, 3.0), eos_token_id=45, max_new_tokens=6),
     ]
     for case in cases:
-        assert torch.equal(_ours(target, draft, input_ids, **case), target.generate(input_ids, do_sample=False, **case)), case
+        assert torch.equal(
+            _ours(target, draft, input_ids, **case), target.generate(input_ids, do_sample=False, **case)
+        ), case
 
 
 def test_width_reading_processors_count_each_row_like_transformers_in_a_batch():
@@ -685,7 +897,9 @@ def test_width_reading_processors_count_each_row_like_transformers_in_a_batch():
             model.lm_head.weight[EOS_TOKEN_ID] = model.lm_head.weight[45] * 0.9
     enable_diversed(target)
     _, input_ids, attention_mask = left_padded_batch([4, 9, 6, 2], seed=3)
-    common = dict(attention_mask=attention_mask, max_new_tokens=12, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
+    common = dict(
+        attention_mask=attention_mask, max_new_tokens=12, eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID
+    )
     plain = target.generate(input_ids, do_sample=False, **common)
     for case in (
         dict(forced_eos_token_id=7),
@@ -702,13 +916,16 @@ def test_classifier_free_guidance_is_refused(pair):
     from transformers import LogitsProcessorList, UnbatchedClassifierFreeGuidanceLogitsProcessor
 
     target, draft = pair
-    with pytest.raises(ValueError, match=r"`guidance_scale=1.5` \(classifier-free guidance\) cannot be combined.*Remove"):
+    with pytest.raises(
+        ValueError, match=r"`guidance_scale=1.5` \(classifier-free guidance\) cannot be combined.*Remove"
+    ):
         _ours(target, draft, prompt(4), max_new_tokens=4, guidance_scale=1.5)
     guidance = LogitsProcessorList([UnbatchedClassifierFreeGuidanceLogitsProcessor(1.5, target)])
     with pytest.raises(ValueError, match="`UnbatchedClassifierFreeGuidanceLogitsProcessor` .* cannot be combined"):
         _ours(target, draft, prompt(4), max_new_tokens=4, logits_processor=guidance)
     assert torch.equal(  # guidance_scale=1 is off
-        _ours(target, draft, prompt(4), max_new_tokens=4, guidance_scale=1.0), target.generate(prompt(4), do_sample=False, max_new_tokens=4)
+        _ours(target, draft, prompt(4), max_new_tokens=4, guidance_scale=1.0),
+        target.generate(prompt(4), do_sample=False, max_new_tokens=4),
     )
 
 
@@ -752,7 +969,9 @@ def test_a_custom_verifiers_bad_output_is_blamed_on_the_verifier_in_generate():
     for verifier in (NaNVerifier(), Unnormalised()):
         for do_sample in (False, True):  # greedy NaN used to emit pad ids; 5 * p raised acceptance silently
             with pytest.raises(ValueError, match=rf"`{type(verifier).__qualname__}.verification_probs` returned"):
-                target.generate(prompt(4), assistant_model=draft, verifier=verifier, do_sample=do_sample, max_new_tokens=6)
+                target.generate(
+                    prompt(4), assistant_model=draft, verifier=verifier, do_sample=do_sample, max_new_tokens=6
+                )
 
 
 def test_numpy_scalars_are_numbers_in_generate_kwargs():
@@ -761,8 +980,14 @@ def test_numpy_scalars_are_numbers_in_generate_kwargs():
     enable_diversed(target)
     expected = target.generate(prompt(5), do_sample=False, max_new_tokens=8)
     output = target.generate(
-        prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(np.float32(1.0)), do_sample=False, max_new_tokens=8,
-        num_assistant_tokens=np.int64(3), assistant_confidence_threshold=np.float32(0.2), return_dict_in_generate=True,
+        prompt(5),
+        assistant_model=draft,
+        verifier=StaticEnsembleVerifier(np.float32(1.0)),
+        do_sample=False,
+        max_new_tokens=8,
+        num_assistant_tokens=np.int64(3),
+        assistant_confidence_threshold=np.float32(0.2),
+        return_dict_in_generate=True,
     )
     assert torch.equal(output.sequences, expected) and output.speculation.num_draft_tokens == 3
 
@@ -789,7 +1014,9 @@ def test_stop_strings_with_a_tokenizer():
     stop = tokenizer.decode(plain[0, 5 + 4])
     expected = target.generate(input_ids, do_sample=False, max_new_tokens=12, stop_strings=stop, tokenizer=tokenizer)
     assert expected.shape[1] < plain.shape[1], "pick a stop string that stops generation"
-    assert torch.equal(_ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop, tokenizer=tokenizer), expected)
+    assert torch.equal(
+        _ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop, tokenizer=tokenizer), expected
+    )
     with pytest.raises(ValueError, match="tokenizer"):  # without one, transformers' own error
         _ours(target, draft, input_ids, max_new_tokens=12, stop_strings=stop)
 
@@ -804,12 +1031,22 @@ def test_a_callers_length_and_eos_criteria_hold_as_in_transformers(pair):
     rows, input_ids, attention_mask = left_padded_batch([5, 7])
     reference = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=20)
     stop_id = int(reference[1, 7 + 3])  # a token row 1 writes as its 4th new token
-    limited = _ours(target, draft, input_ids, attention_mask=attention_mask, max_new_tokens=20,
-                    stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=7 + 6)]))
+    limited = _ours(
+        target,
+        draft,
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=20,
+        stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=7 + 6)]),
+    )
     assert limited.shape == (2, 7 + 6)
     for criteria in ([MaxLengthCriteria(max_length=7 + 6)], [EosTokenCriteria(eos_token_id=stop_id)]):
-        kwargs = dict(attention_mask=attention_mask, do_sample=False, max_new_tokens=20,
-                      stopping_criteria=StoppingCriteriaList(criteria))
+        kwargs = dict(
+            attention_mask=attention_mask,
+            do_sample=False,
+            max_new_tokens=20,
+            stopping_criteria=StoppingCriteriaList(criteria),
+        )
         expected = target.generate(input_ids, **kwargs)
         ours = _ours(target, draft, input_ids, **kwargs)
         assert torch.equal(ours, expected), (criteria, ours, expected)
@@ -855,7 +1092,11 @@ def test_a_batch_shaped_logits_processor_keeps_its_rows_after_a_row_finishes(pai
     bias[0, EOS_TOKEN_ID] = 1e4  # row 0 ends at once
     bias[1, 2:VOCAB_SIZE:2] = 8.0
     bias[2, 40:60] = 8.0
-    kwargs = dict(attention_mask=attention_mask, max_new_tokens=10, do_sample=False,
-                  logits_processor=LogitsProcessorList([BiasPerRow(bias)]))
+    kwargs = dict(
+        attention_mask=attention_mask,
+        max_new_tokens=10,
+        do_sample=False,
+        logits_processor=LogitsProcessorList([BiasPerRow(bias)]),
+    )
     expected = target.generate(input_ids, **kwargs)
     assert torch.equal(_ours(target, draft, input_ids, **kwargs), expected)

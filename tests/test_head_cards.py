@@ -6,12 +6,11 @@ import json
 
 import pytest
 from huggingface_hub import ModelCard
-
-from diversed_hf import DiversedHead, cards, hub_cli
-from diversed_hf.tasks import get_task
 from test_hub import DRAFT_ID, REPO_ID, RESULTS, TARGET_ID, make_head, saved  # noqa: F401 - saved is a fixture
 from test_hub_push import run_cli
 
+from diversed_hf import DiversedHead, cards, hub_cli
+from diversed_hf.tasks import get_task
 
 # Model cards ---------------------------------------------------------------------------------------
 
@@ -19,14 +18,20 @@ from test_hub_push import run_cli
 def test_card_renders_real_metrics_from_a_result_file(tmp_path):
     head = make_head()
     (tmp_path / "bench.json").write_text(json.dumps(RESULTS))
-    head.save_pretrained(tmp_path / "head", results=tmp_path / "bench.json", training_config={"lr": 5e-4, "rl": {"clip": 0.2}})
+    head.save_pretrained(
+        tmp_path / "head", results=tmp_path / "bench.json", training_config={"lr": 5e-4, "rl": {"clip": 0.2}}
+    )
     assert json.loads((tmp_path / "head" / "results.json").read_text()) == RESULTS
     card = ModelCard.load(tmp_path / "head" / "README.md")
     text = card.text
-    assert ("| method | acceptance | exact match (%) | vs target distribution [95 % CI] | time (s / sample) | tokens / s "
-            "| tokens / round | speedup vs target | speedup vs SD |") in text
+    assert (
+        "| method | acceptance | exact match (%) | vs target distribution [95 % CI] | time (s / sample) | tokens / s "
+        "| tokens / round | speedup vs target | speedup vs SD |"
+    ) in text
     assert "| sd | 44.6 % | 67.00 | - | 2.5 | - | 1.90 | 1.60x | 1.00x |" in text
-    assert "| **diversed** | **72.6 %** | **66.50** | **-** | **1.6** | **-** | **3.10** | **2.50x** | **1.56x** |" in text
+    assert (
+        "| **diversed** | **72.6 %** | **66.50** | **-** | **1.6** | **-** | **3.10** | **2.50x** | **1.56x** |" in text
+    )
     assert "Setting: task = gsm8k, temperature = 1.0, num_draft_tokens = 5, num_samples = 200." in text
     assert "| `rl.clip` | 0.2 |" in text and "| `lr` | 0.0005 |" in text
     assert "num_assistant_tokens=5" in text
@@ -38,23 +43,66 @@ def test_card_renders_real_metrics_from_a_result_file(tmp_path):
 
 def test_card_reads_the_per_task_file_diversed_hf_bench_writes(tmp_path):
     bench = {
-        "setting": {"temperature": 1.0, "num_draft_tokens": 4, "max_new_tokens": 64, "task": "arith", "quality_metric": "exact_match"},
+        "setting": {
+            "temperature": 1.0,
+            "num_draft_tokens": 4,
+            "max_new_tokens": 64,
+            "task": "arith",
+            "quality_metric": "exact_match",
+        },
         "rows": [
-            {"method": "target-only", "family": "target-only", "quality": 0.9, "quality_stderr": 0.02, "acceptance_rate": None,
-             "seconds_per_sample": 0.8, "tokens_per_second": 50.0, "tokens_per_round": 1.0, "num_prompts": 64},
+            {
+                "method": "target-only",
+                "family": "target-only",
+                "quality": 0.9,
+                "quality_stderr": 0.02,
+                "acceptance_rate": None,
+                "seconds_per_sample": 0.8,
+                "tokens_per_second": 50.0,
+                "tokens_per_round": 1.0,
+                "num_prompts": 64,
+            },
             {"method": "sd", "family": "sd", "quality": 0.9, "acceptance_rate": 0.5, "seconds_per_sample": 0.5},
-            {"method": "static:0.5", "family": "static-ensemble", "quality": 0.8, "acceptance_rate": 0.7, "seconds_per_sample": 0.4},
-            {"method": "head", "family": "diversed", "quality": 0.88, "acceptance_rate": 0.8, "seconds_per_sample": 0.25,
-             "quality_delta": -0.02, "quality_delta_low": -0.031, "quality_delta_high": -0.0088, "head_task": "arith"},
-            {"method": "DIVERSED (summary head)", "family": "diversed", "quality": 0.7, "acceptance_rate": 0.9,
-             "quality_delta": -0.2, "quality_delta_low": -0.25, "quality_delta_high": -0.15, "head_task": "summary"},
+            {
+                "method": "static:0.5",
+                "family": "static-ensemble",
+                "quality": 0.8,
+                "acceptance_rate": 0.7,
+                "seconds_per_sample": 0.4,
+            },
+            {
+                "method": "head",
+                "family": "diversed",
+                "quality": 0.88,
+                "acceptance_rate": 0.8,
+                "seconds_per_sample": 0.25,
+                "quality_delta": -0.02,
+                "quality_delta_low": -0.031,
+                "quality_delta_high": -0.0088,
+                "head_task": "arith",
+            },
+            {
+                "method": "DIVERSED (summary head)",
+                "family": "diversed",
+                "quality": 0.7,
+                "acceptance_rate": 0.9,
+                "quality_delta": -0.2,
+                "quality_delta_low": -0.25,
+                "quality_delta_high": -0.15,
+                "head_task": "summary",
+            },
         ],
     }
     text = make_head(task="arith").generate_model_card(results=bench).text
     assert "exact match (%)" in text and "accuracy (%)" not in text  # the task registry's label
     assert "| static:0.5 | 70.0 % | 80.00 | - | 0.4 | - | - | 2.00x | 1.25x |" in text
-    assert "| **head** | **80.0 %** | **88.00** | **-2.0 [-3.1, -0.9]** | **0.25** | **-** | **-** | **3.20x** | **2.00x** |" in text
-    assert "| DIVERSED (summary head) | 90.0 % | 70.00 | -20.0 [-25.0, -15.0] |" in text  # another task's head: not bold
+    assert (
+        "| **head** | **80.0 %** | **88.00** | **-2.0 [-3.1, -0.9]** | **0.25** | **-** | **-** | **3.20x** | **2.00x** |"
+        in text
+    )
+    assert (
+        "| DIVERSED (summary head) | 90.0 % | 70.00 | -20.0 [-25.0, -15.0] |" in text
+    )  # another task's head: not bold
     assert "| target-only | - | 90.00 | - | 0.8 | 50.0 | 1.00 | 1.00x | 0.62x |" in text
     bad = {"rows": [dict(bench["rows"][3], quality_delta=-3.0)]}
     with pytest.raises(ValueError, match="quality_delta"):
@@ -111,7 +159,10 @@ def test_card_of_a_shipped_head_loads_it_by_name_not_by_path():
         ({"rows": []}, r"has no result rows"),
         ({"method": "sd"}, r"must be a list of result rows"),
         (
-            [{"method": "a", "quality": 0.1, "quality_metric": "exact_match"}, {"method": "b", "quality": 0.1, "quality_metric": "rouge2_f1"}],
+            [
+                {"method": "a", "quality": 0.1, "quality_metric": "exact_match"},
+                {"method": "b", "quality": 0.1, "quality_metric": "rouge2_f1"},
+            ],
             r"mix quality metrics",
         ),
     ],
@@ -181,7 +232,9 @@ def test_write_card_matches_the_card_save_pretrained_writes(saved, tmp_path):
 
 def test_render_card_takes_a_config_or_its_json(saved):
     head, directory = saved
-    from_json = cards.render_card(json.loads((directory / "config.json").read_text()), repo_id=REPO_ID, num_parameters=7)
+    from_json = cards.render_card(
+        json.loads((directory / "config.json").read_text()), repo_id=REPO_ID, num_parameters=7
+    )
     from_config = cards.render_card(head.config, repo_id=REPO_ID, num_parameters=7)
     assert from_json.content == from_config.content
     with pytest.raises(TypeError, match="`config` must be a DiversedHeadConfig"):
@@ -218,20 +271,26 @@ def _with_delta(delta, low, high):
 )
 def test_card_says_whether_the_results_meet_the_goal_recorded_with_training(goal, delta, verdict):
     training = {"goal_acceptance_ratio": goal[0], "goal_max_quality_loss": goal[1]}
-    text = cards.render_card(make_head().config, results=_with_delta(delta, delta - 0.006, delta + 0.006),
-                             training_config=training).text
+    text = cards.render_card(
+        make_head().config, results=_with_delta(delta, delta - 0.006, delta + 0.006), training_config=training
+    ).text
     assert f"acceptance at least {goal[0]:g}x lossless SD's" in text and verdict in text  # 0.726 / 0.446 = 1.63x
 
 
 def test_card_without_a_goal_says_nothing_about_one():
-    text = cards.render_card(make_head().config, results=_with_delta(-0.004, -0.01, 0.002), training_config={"lr": 1}).text
+    text = cards.render_card(
+        make_head().config, results=_with_delta(-0.004, -0.01, 0.002), training_config={"lr": 1}
+    ).text
     assert "Goal" not in text and "\n\n\n" not in text
 
 
 def test_card_refuses_a_goal_that_is_not_a_number():
     with pytest.raises(ValueError, match="goal_acceptance_ratio='fast'"):
-        cards.render_card(make_head().config, results=_with_delta(-0.004, -0.01, 0.002),
-                          training_config={"goal_acceptance_ratio": "fast", "goal_max_quality_loss": 0.01})
+        cards.render_card(
+            make_head().config,
+            results=_with_delta(-0.004, -0.01, 0.002),
+            training_config={"goal_acceptance_ratio": "fast", "goal_max_quality_loss": 0.01},
+        )
 
 
 @pytest.mark.parametrize(
@@ -240,7 +299,10 @@ def test_card_refuses_a_goal_that_is_not_a_number():
         ("lambda 0.1", r"`selection` must be a JSON object"),
         ({"rule": "r", "front": [{"method": "a"}]}, r"`selection.chosen` must be a non-empty string"),
         ({"rule": "r", "chosen": "b", "front": [{"method": "a"}]}, r"'b' is not a `method` of `selection.front`"),
-        ({"rule": "r", "chosen": "a", "front": [{"method": "a", "acceptance_rate": 83.0}]}, r"front\[0\].acceptance_rate"),
+        (
+            {"rule": "r", "chosen": "a", "front": [{"method": "a", "acceptance_rate": 83.0}]},
+            r"front\[0\].acceptance_rate",
+        ),
         ({"rule": "r", "chosen": "a", "front": []}, r"non-empty list"),
     ],
 )
@@ -250,5 +312,7 @@ def test_bad_selections_are_refused(selection, message):
 
 
 def test_card_without_a_selection_has_no_operating_point_section():
-    text = make_head(task="arith").generate_model_card(results={"rows": [{"method": "sd", "acceptance_rate": 0.5}]}).text
+    text = (
+        make_head(task="arith").generate_model_card(results={"rows": [{"method": "sd", "acceptance_rate": 0.5}]}).text
+    )
     assert "Operating point" not in text

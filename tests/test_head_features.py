@@ -10,13 +10,21 @@ import math
 import pytest
 import torch
 from safetensors.torch import save_file
+from tiny_models import VOCAB_SIZE, empirical, make_model, make_pair, prompt, tv_bound
 from torch import nn
 
-from diversed_hf import DiversedHead, DiversedHeadConfig, HeadVerifier, StaticEnsembleVerifier, compat, enable_diversed, ops
+from diversed_hf import (
+    DiversedHead,
+    DiversedHeadConfig,
+    HeadVerifier,
+    StaticEnsembleVerifier,
+    compat,
+    enable_diversed,
+    ops,
+)
 from diversed_hf.features import FEATURE_NAMES, MARGIN_CAP, distribution_features
 from diversed_hf.hub import HEAD_FORMAT_VERSION
 from diversed_hf.rollout import build_logits_warpers, sample_from_mixture
-from tiny_models import VOCAB_SIZE, empirical, make_model, make_pair, prompt, tv_bound
 
 SOME_FEATURES = ["tv", "target_entropy", "draft_top1", "argmax_agree", "target_margin"]
 
@@ -91,7 +99,9 @@ def test_bad_feature_names_are_named(names, error, match):
 
 
 def test_a_head_must_read_something_and_hidden_sizes_only_when_it_reads_hidden_states():
-    with pytest.raises(ValueError, match=r"`use_hidden_states=False` with no `features` leaves the head nothing to read"):
+    with pytest.raises(
+        ValueError, match=r"`use_hidden_states=False` with no `features` leaves the head nothing to read"
+    ):
         DiversedHeadConfig(draft_hidden_size=4, target_hidden_size=6, use_hidden_states=False)
     with pytest.raises(ValueError, match=r"`draft_hidden_size` must be a positive integer, got None"):
         DiversedHeadConfig(features=["tv"])
@@ -109,9 +119,15 @@ def test_a_head_must_read_something_and_hidden_sizes_only_when_it_reads_hidden_s
 def test_target_weight_does_not_change_with_the_drafted_tokens(use_hidden_states, do_sample):
     """Same p, q and hidden states, other drafted tokens: the weights the verifier mixes with are identical."""
     head = randomize(
-        DiversedHead(draft_hidden_size=4, target_hidden_size=5, architecture="mlp", mlp_hidden_size=8,
-                     features=list(FEATURE_NAMES), use_hidden_states=use_hidden_states)
-    )  # fmt: skip
+        DiversedHead(
+            draft_hidden_size=4,
+            target_hidden_size=5,
+            architecture="mlp",
+            mlp_hidden_size=8,
+            features=list(FEATURE_NAMES),
+            use_hidden_states=use_hidden_states,
+        )
+    )
     verifier = HeadVerifier(head)
     draft_probs, target_probs = random_round(batch=2, num_draft=3, vocab=6)
     generator = torch.Generator().manual_seed(1)
@@ -141,10 +157,17 @@ def _old_network(architecture, input_size, width=8):
 @pytest.mark.parametrize("architecture", ["linear", "mlp"])
 def test_a_format_1_head_loads_unchanged(tmp_path, architecture):
     old_config = {
-        "architecture": architecture, "draft_hidden_size": 4, "target_hidden_size": 6, "draft_model_id": "org/draft",
-        "format_version": 1, "mixing": "probs", "mlp_hidden_size": 8 if architecture == "mlp" else 256,
-        "target_model_id": "org/target", "task": "gsm8k", "w_0": 0.5,
-    }  # fmt: skip
+        "architecture": architecture,
+        "draft_hidden_size": 4,
+        "target_hidden_size": 6,
+        "draft_model_id": "org/draft",
+        "format_version": 1,
+        "mixing": "probs",
+        "mlp_hidden_size": 8 if architecture == "mlp" else 256,
+        "target_model_id": "org/target",
+        "task": "gsm8k",
+        "w_0": 0.5,
+    }
     network = randomize(_old_network(architecture, 10))
     directory = tmp_path / "old"
     directory.mkdir()
@@ -169,10 +192,16 @@ def test_a_format_1_head_loads_unchanged(tmp_path, architecture):
 @pytest.mark.parametrize("use_hidden_states", [True, False])
 def test_features_head_round_trip(tmp_path, architecture, use_hidden_states):
     head = randomize(
-        DiversedHead(draft_hidden_size=4, target_hidden_size=6, architecture=architecture,
-                     mlp_hidden_size=8 if architecture == "mlp" else 256, features=SOME_FEATURES,
-                     use_hidden_states=use_hidden_states, w_0=0.3)
-    )  # fmt: skip
+        DiversedHead(
+            draft_hidden_size=4,
+            target_hidden_size=6,
+            architecture=architecture,
+            mlp_hidden_size=8 if architecture == "mlp" else 256,
+            features=SOME_FEATURES,
+            use_hidden_states=use_hidden_states,
+            w_0=0.3,
+        )
+    )
     head.save_pretrained(tmp_path / "head")
     written = json.loads((tmp_path / "head" / "config.json").read_text())
     assert written["features"] == SOME_FEATURES and written["use_hidden_states"] is use_hidden_states
@@ -228,7 +257,9 @@ def record_hidden_state_requests(monkeypatch) -> list:
 
 def test_a_features_only_head_runs_with_a_pair_of_other_hidden_sizes(monkeypatch):
     target, draft = make_pair("llama")
-    head = randomize(DiversedHead.for_pair(target, draft, architecture="mlp", features=SOME_FEATURES, use_hidden_states=False))
+    head = randomize(
+        DiversedHead.for_pair(target, draft, architecture="mlp", features=SOME_FEATURES, use_hidden_states=False)
+    )
     hidden_head = DiversedHead.for_pair(target, draft, features=SOME_FEATURES)
     other_target, other_draft = other_pair()
     expected = r"built for hidden sizes \(draft 32, target 32\) but the models have \(draft 24, target 48\)"
@@ -236,10 +267,16 @@ def test_a_features_only_head_runs_with_a_pair_of_other_hidden_sizes(monkeypatch
         other_target.generate(prompt(4), assistant_model=other_draft, diversed_head=hidden_head)
     requests = record_hidden_state_requests(monkeypatch)
     output = other_target.generate(
-        prompt(5, batch=2), assistant_model=other_draft, diversed_head=head, do_sample=True, max_new_tokens=12,
-        num_assistant_tokens=3, output_target_weights=True, return_dict_in_generate=True,
+        prompt(5, batch=2),
+        assistant_model=other_draft,
+        diversed_head=head,
+        do_sample=True,
+        max_new_tokens=12,
+        num_assistant_tokens=3,
+        output_target_weights=True,
+        return_dict_in_generate=True,
         generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
+    )
     assert output.sequences.shape[0] == 2 and output.sequences.shape[1] > 5
     drafted = torch.cat([w[~w.isnan()] for w in output.speculation.target_weights])
     assert drafted.numel() > 0 and drafted.std() > 0
@@ -250,8 +287,13 @@ def test_a_hidden_state_head_still_asks_for_them(monkeypatch):
     target, draft = make_pair("llama")
     enable_diversed(target)
     requests = record_hidden_state_requests(monkeypatch)
-    target.generate(prompt(4), assistant_model=draft, diversed_head=DiversedHead.for_pair(target, draft, features=["tv"]),
-                    do_sample=False, max_new_tokens=6)
+    target.generate(
+        prompt(4),
+        assistant_model=draft,
+        diversed_head=DiversedHead.for_pair(target, draft, features=["tv"]),
+        do_sample=False,
+        max_new_tokens=6,
+    )
     assert requests and all(requests)
 
 
@@ -295,15 +337,22 @@ def test_generate_with_a_features_head_emits_the_declared_mixture():
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)
-    head = randomize(DiversedHead.for_pair(target, draft, features=list(FEATURE_NAMES), use_hidden_states=False), scale=0.5)
+    head = randomize(
+        DiversedHead.for_pair(target, draft, features=list(FEATURE_NAMES), use_hidden_states=False), scale=0.5
+    )
     verifier = HeadVerifier(head.requires_grad_(False))
     sampling = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9)
     input_ids = prompt(6, seed=5)
     num_rows = 6000
     output = target.generate(
-        input_ids.repeat(num_rows, 1), assistant_model=draft, verifier=verifier, max_new_tokens=2, num_assistant_tokens=1,
-        generator=torch.Generator().manual_seed(0), **sampling,
-    )  # fmt: skip
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=verifier,
+        max_new_tokens=2,
+        num_assistant_tokens=1,
+        generator=torch.Generator().manual_seed(0),
+        **sampling,
+    )
     processors = target._get_logits_processor(GenerationConfig(**sampling))
     with torch.no_grad():
         target_probs = processors(input_ids, target(input_ids).logits[:, -1]).softmax(-1)[:, None]  # (1, 1, V)
@@ -331,19 +380,36 @@ def test_rollout_gives_the_head_what_generation_gives_it(monkeypatch, use_hidden
     temperature, top_k = 0.7, 20
     requests = record_hidden_state_requests(monkeypatch)
     rollout = sample_from_mixture(
-        target, draft, head, input_ids, max_new_tokens=4, temperature=temperature, top_k=top_k,
+        target,
+        draft,
+        head,
+        input_ids,
+        max_new_tokens=4,
+        temperature=temperature,
+        top_k=top_k,
         generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
+    )
     assert all(requests) if use_hidden_states else not any(requests)
     width = 32 if use_hidden_states else 0
     assert rollout.draft_hidden.shape == rollout.target_hidden.shape == (3, 4, width)
     assert rollout.features.shape == (3, 4, len(FEATURE_NAMES))
     output = target.generate(
-        input_ids, assistant_model=draft, diversed_head=head, do_sample=True, temperature=temperature, top_k=top_k,
-        top_p=1.0, max_new_tokens=3, num_assistant_tokens=2, output_target_weights=True, return_dict_in_generate=True,
+        input_ids,
+        assistant_model=draft,
+        diversed_head=head,
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=1.0,
+        max_new_tokens=3,
+        num_assistant_tokens=2,
+        output_target_weights=True,
+        return_dict_in_generate=True,
         generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
-    generated = torch.stack([weights[0] for weights in output.speculation.target_weights])  # (3,) first drafted position
+    )
+    generated = torch.stack(
+        [weights[0] for weights in output.speculation.target_weights]
+    )  # (3,) first drafted position
     torch.testing.assert_close(generated, rollout.target_weight[:, 0], atol=1e-5, rtol=0)
     warpers = build_logits_warpers(temperature, top_k)
     for row in range(3):
@@ -358,10 +424,10 @@ def test_rollout_gives_the_head_what_generation_gives_it(monkeypatch, use_hidden
 
 def test_training_config_takes_features_from_yaml_and_trains_a_features_head(tmp_path):
     pytest.importorskip("trl")
+    from test_training import trainer_for
     from trl import TrlParser
 
     from diversed_hf.training import DiversedConfig
-    from test_training import trainer_for
 
     (tmp_path / "run.yaml").write_text(
         f"output_dir: {tmp_path / 'out'}\nhead_features: [tv, draft_top1, target_entropy]\nhead_use_hidden_states: false\n"

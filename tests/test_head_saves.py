@@ -16,11 +16,11 @@ import huggingface_hub
 import pytest
 import torch
 from huggingface_hub import ModelHubMixin
+from test_hub import REPO_ID, hidden, make_head, offline, populate_cache, randomize  # noqa: F401 - offline is a fixture
+from tiny_models import make_pair
 
 from diversed_hf import DiversedHead, DiversedHeadConfig, hub
 from diversed_hf.verifiers import HeadVerifier
-from tiny_models import make_pair
-from test_hub import REPO_ID, hidden, make_head, offline, populate_cache, randomize  # noqa: F401 - offline is a fixture
 
 
 def test_a_failed_save_leaves_the_previous_head_intact(tmp_path, monkeypatch):
@@ -124,8 +124,10 @@ def test_an_oversized_head_config_is_refused_before_anything_is_allocated(tmp_pa
         raise AssertionError("the head was built before its config was checked against the weights file")
 
     monkeypatch.setattr(DiversedHead, "_built_without_rng", classmethod(allocates))
-    for size, message in ((10**12, r"`mlp_hidden_size` is 1000000000000, above 131072"),
-                          (100_000, r"do not fit.*net.1.weight: saved \(4, 20\), expected \(100000, 20\)")):
+    for size, message in (
+        (10**12, r"`mlp_hidden_size` is 1000000000000, above 131072"),
+        (100_000, r"do not fit.*net.1.weight: saved \(4, 20\), expected \(100000, 20\)"),
+    ):
         (tmp_path / hub.CONFIG_NAME).write_text(json.dumps({**config, "mlp_hidden_size": size}))
         with pytest.raises(ValueError, match=message):
             DiversedHead.from_pretrained(tmp_path)
@@ -139,7 +141,9 @@ def test_official_checkpoints_with_non_finite_weights_are_refused(tmp_path):
     (tmp_path / "ensemble_config.json").write_text(json.dumps({"draft_hidden_size": 2, "target_hidden_size": 3}))
     weight = torch.zeros(2, 5, dtype=torch.bfloat16)
     weight[1, 0] = float("nan")
-    torch.save({"summary.weight": weight, "summary.bias": torch.zeros(2, dtype=torch.bfloat16)}, tmp_path / "ensemble_head.bin")
+    torch.save(
+        {"summary.weight": weight, "summary.bias": torch.zeros(2, dtype=torch.bfloat16)}, tmp_path / "ensemble_head.bin"
+    )
     with pytest.raises(ValueError, match="NaN or infinite values"):
         DiversedHead.from_official_checkpoint(tmp_path)
 
@@ -160,8 +164,13 @@ def test_a_load_fetches_and_reads_config_json_once(tmp_path, monkeypatch, offlin
     monkeypatch.setattr(builtins, "open", counting_open)
     for module in (huggingface_hub, huggingface_hub.hub_mixin):
         real_download = module.hf_hub_download
-        monkeypatch.setattr(module, "hf_hub_download", lambda *args, _real=real_download, **kwargs: downloaded.append(
-            kwargs["filename"]) or _real(*args, **kwargs))  # fmt: skip
+        monkeypatch.setattr(
+            module,
+            "hf_hub_download",
+            lambda *args, _real=real_download, **kwargs: (
+                downloaded.append(kwargs["filename"]) or _real(*args, **kwargs)
+            ),
+        )
     DiversedHead.from_pretrained(tmp_path / "head")
     assert (len(opened), downloaded) == (1, [])
     opened.clear()

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-
-from diversed_hf import DiversedHead  # noqa: E402
+from diversed_hf import DiversedHead
 
 
 def _round():
@@ -28,8 +23,9 @@ def test_the_override_replaces_the_weight_on_its_class_only_and_never_reads_the_
     draft_probs, target_probs = _round()
 
     def weights(content_weight, wording_weight, draft_ids):
-        verifier = headroom.TokenClassOverride(head, content_mask=mask, content_weight=content_weight,
-                                               wording_weight=wording_weight)
+        verifier = headroom.TokenClassOverride(
+            head, content_mask=mask, content_weight=content_weight, wording_weight=wording_weight
+        )
         result = verifier(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(0))
         return result.target_weight[0]
 
@@ -59,7 +55,9 @@ def test_content_mask_marks_the_tokens_matching_the_pattern():
     assert mask.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]  # the model's extra (padding) id is not content
     mask = headroom.content_mask(Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"])
     assert mask.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
-    mask = headroom.content_mask(Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"], words=["the"])  # a lowercase fact
+    mask = headroom.content_mask(
+        Tokenizer(), 5, headroom.CONTENT_PATTERNS["summary"], words=["the"]
+    )  # a lowercase fact
     assert mask.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
 
 
@@ -67,8 +65,10 @@ def test_make_results_puts_new_head_tables_into_the_page_and_keeps_the_rest(tmp_
     import make_results
 
     page = tmp_path / "RESULTS.md"
-    page.write_text("# Benchmark results\n\n## arith\n\nbench\n\n## Head ablation: arith\n\nold table\n\n"
-                    "## Reading the tokens-per-round columns\n\nnotes\n")
+    page.write_text(
+        "# Benchmark results\n\n## arith\n\nbench\n\n## Head ablation: arith\n\nold table\n\n"
+        "## Reading the tokens-per-round columns\n\nnotes\n"
+    )
     results = tmp_path / "results"
     results.mkdir()
     (results / "ablation_arith.md").write_text("new table\n")
@@ -88,8 +88,15 @@ def test_make_results_keeps_a_heads_selection_when_the_bench_replaces_its_result
     import make_results
 
     current, new = tmp_path / "results.json", tmp_path / "results_arith.json"
-    current.write_text(json.dumps({"setting": {"task": "arith"}, "rows": [{"method": "old"}],
-                                   "selection": {"rule": "r", "chosen": "a", "front": [{"method": "a"}]}}))
+    current.write_text(
+        json.dumps(
+            {
+                "setting": {"task": "arith"},
+                "rows": [{"method": "old"}],
+                "selection": {"rule": "r", "chosen": "a", "front": [{"method": "a"}]},
+            }
+        )
+    )
     new.write_text(json.dumps({"setting": {"task": "arith"}, "rows": [{"method": "new"}]}))
     make_results._replace_results(new, current)
     written = json.loads(current.read_text())

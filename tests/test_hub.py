@@ -17,13 +17,12 @@ import torch
 from huggingface_hub import ModelHubMixin, constants
 from huggingface_hub.file_download import repo_folder_name
 from safetensors.torch import load_file, save_file
+from tiny_models import make_pair, prompt
 
 import diversed_hf
-from diversed_hf import DiversedHead, DiversedHeadConfig, enable_diversed
-from diversed_hf import cards, hub
+from diversed_hf import DiversedHead, DiversedHeadConfig, cards, enable_diversed, hub
 from diversed_hf.hub import HEAD_FORMAT_VERSION
 from diversed_hf.verifiers import HeadVerifier
-from tiny_models import make_pair, prompt
 
 REPO_ID = "diversed-test/head-gsm8k"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -58,15 +57,30 @@ def make_head(architecture="mlp", **kwargs):
 
 def hidden(batch=2, tokens=3, d_draft=8, d_target=12, seed=1):
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, tokens, d_draft, generator=generator), torch.randn(batch, tokens, d_target, generator=generator)
+    return torch.randn(batch, tokens, d_draft, generator=generator), torch.randn(
+        batch, tokens, d_target, generator=generator
+    )
 
 
 RESULTS = {
     "setting": {"task": "gsm8k", "temperature": 1.0, "num_draft_tokens": 5, "num_samples": 200},
     "rows": [
-        {"method": "autoregressive", "quality": 0.67, "quality_metric": "exact_match", "seconds_per_sample": 4.0, "tokens_per_second": 30.0},
+        {
+            "method": "autoregressive",
+            "quality": 0.67,
+            "quality_metric": "exact_match",
+            "seconds_per_sample": 4.0,
+            "tokens_per_second": 30.0,
+        },
         {"method": "sd", "acceptance_rate": 0.446, "quality": 0.67, "seconds_per_sample": 2.5, "tokens_per_round": 1.9},
-        {"method": "diversed", "acceptance_rate": 0.726, "quality": 0.665, "seconds_per_sample": 1.6, "tokens_per_round": 3.1, "extra": 1},
+        {
+            "method": "diversed",
+            "acceptance_rate": 0.726,
+            "quality": 0.665,
+            "seconds_per_sample": 1.6,
+            "tokens_per_round": 3.1,
+            "extra": 1,
+        },
     ],
 }
 
@@ -127,8 +141,15 @@ def test_config_json_records_the_pair_and_task(saved):
     config = json.loads((directory / "config.json").read_text())
     assert config == dataclasses.asdict(head.config)
     for key, value in dict(
-        architecture="mlp", draft_hidden_size=8, target_hidden_size=12, mixing="probs", w_0=0.3,
-        target_model_id=TARGET_ID, draft_model_id=DRAFT_ID, task="gsm8k", format_version=HEAD_FORMAT_VERSION,
+        architecture="mlp",
+        draft_hidden_size=8,
+        target_hidden_size=12,
+        mixing="probs",
+        w_0=0.3,
+        target_model_id=TARGET_ID,
+        draft_model_id=DRAFT_ID,
+        task="gsm8k",
+        format_version=HEAD_FORMAT_VERSION,
     ).items():
         assert config[key] == value, key
     assert sorted(load_file(directory / "model.safetensors")) == sorted(head.state_dict())
@@ -192,13 +213,21 @@ def test_the_mixin_does_the_work_and_the_head_fills_its_hooks(tmp_path, monkeypa
     def spy(name):
         original = vars(ModelHubMixin)[name]
         if isinstance(original, classmethod):
-            return classmethod(lambda cls, *args, **kwargs: calls.append(name) or original.__func__(cls, *args, **kwargs))
+            return classmethod(
+                lambda cls, *args, **kwargs: calls.append(name) or original.__func__(cls, *args, **kwargs)
+            )
         return lambda self, *args, **kwargs: calls.append(name) or original(self, *args, **kwargs)
 
     for name in ("save_pretrained", "from_pretrained", "push_to_hub"):
         monkeypatch.setattr(ModelHubMixin, name, spy(name))
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, repo_id, **kw: f"https://huggingface.co/{repo_id}/commit/1")
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "create_repo",
+        lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"),
+    )
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "upload_folder", lambda self, repo_id, **kw: f"https://huggingface.co/{repo_id}/commit/1"
+    )
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     head = make_head()
@@ -286,7 +315,9 @@ def test_library_modules_import_one_way_and_never_the_testbed():
         assert not any(name == "testbed" or name.startswith("testbed.") for name in imports_of(module)), module
 
 
-@pytest.mark.parametrize("module", ["diversed_hf.hub", "diversed_hf.cards", "diversed_hf.head", "diversed_hf.training.checkpoint"])
+@pytest.mark.parametrize(
+    "module", ["diversed_hf.hub", "diversed_hf.cards", "diversed_hf.head", "diversed_hf.training.checkpoint"]
+)
 def test_importing_a_library_module_does_not_import_the_testbed(module):
     code = f"import sys, {module}; sys.exit(3 if any(m.startswith('diversed_hf.testbed') for m in sys.modules) else 0)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -328,7 +359,9 @@ def test_weights_of_another_head_are_an_error(saved, tmp_path):
 def test_missing_weights_file(saved):
     _, directory = saved
     (directory / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=r"`model.safetensors` not found in the head directory.*save_pretrained"):
+    with pytest.raises(
+        FileNotFoundError, match=r"`model.safetensors` not found in the head directory.*save_pretrained"
+    ):
         DiversedHead.from_pretrained(directory)
 
 
@@ -439,18 +472,28 @@ def test_repo_not_in_the_offline_cache_fails_fast_and_clearly(tmp_path, offline,
 
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    with pytest.raises(FileNotFoundError, match=r"not in the Hugging Face cache .* offline mode is on \(HF_HUB_OFFLINE=1\).*hf download"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"not in the Hugging Face cache .* offline mode is on \(HF_HUB_OFFLINE=1\).*hf download",
+    ):
         DiversedHead.from_pretrained("diversed-test/never-downloaded", cache_dir=tmp_path / "cache")
     with pytest.raises(FileNotFoundError, match="local_files_only=True"):
-        DiversedHead.from_pretrained("diversed-test/never-downloaded", cache_dir=tmp_path / "cache", local_files_only=True)
+        DiversedHead.from_pretrained(
+            "diversed-test/never-downloaded", cache_dir=tmp_path / "cache", local_files_only=True
+        )
     with pytest.raises(ValueError, match="force_download=True"):
-        DiversedHead.from_pretrained("diversed-test/never-downloaded", cache_dir=tmp_path / "cache", force_download=True)
+        DiversedHead.from_pretrained(
+            "diversed-test/never-downloaded", cache_dir=tmp_path / "cache", force_download=True
+        )
 
 
 def test_cached_repo_without_weights_or_revision(saved, tmp_path, offline):
     _, directory = saved
     populate_cache(tmp_path / "cache", REPO_ID, directory, skip=("model.safetensors",))
-    with pytest.raises(FileNotFoundError, match=r"`model.safetensors` of head 'diversed-test/head-gsm8k' is not in the Hugging Face cache"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"`model.safetensors` of head 'diversed-test/head-gsm8k' is not in the Hugging Face cache",
+    ):
         DiversedHead.from_pretrained(REPO_ID, cache_dir=tmp_path / "cache")
     with pytest.raises(FileNotFoundError, match=r"at revision 'v2' is not in the Hugging Face cache"):
         DiversedHead.from_pretrained(REPO_ID, cache_dir=tmp_path / "cache", revision="v2")
@@ -463,7 +506,9 @@ def test_generate_checks_a_loaded_head_against_the_models(tmp_path, caplog):
     target, draft = make_pair("llama")
     target = enable_diversed(target)
     target.config._name_or_path, draft.config._name_or_path = "my-org/target", "my-org/draft"
-    DiversedHead(draft_hidden_size=32, target_hidden_size=32, target_model_id="org/trained-target", draft_model_id="my-org/draft").save_pretrained(tmp_path / "ok")
+    DiversedHead(
+        draft_hidden_size=32, target_hidden_size=32, target_model_id="org/trained-target", draft_model_id="my-org/draft"
+    ).save_pretrained(tmp_path / "ok")
     head = DiversedHead.from_pretrained(tmp_path / "ok")
     with caplog.at_level(logging.WARNING, logger="diversed_hf.generation"):
         target.generate(prompt(4), assistant_model=draft, diversed_head=head, max_new_tokens=4, do_sample=False)
@@ -472,7 +517,12 @@ def test_generate_checks_a_loaded_head_against_the_models(tmp_path, caplog):
 
     DiversedHead(draft_hidden_size=16, target_hidden_size=32).save_pretrained(tmp_path / "wrong")
     with pytest.raises(ValueError, match=r"draft 16, target 32.*draft 32, target 32"):
-        target.generate(prompt(4), assistant_model=draft, diversed_head=DiversedHead.from_pretrained(tmp_path / "wrong"), max_new_tokens=4)
+        target.generate(
+            prompt(4),
+            assistant_model=draft,
+            diversed_head=DiversedHead.from_pretrained(tmp_path / "wrong"),
+            max_new_tokens=4,
+        )
 
 
 # Official DIVERSED checkpoints ---------------------------------------------------------------------
@@ -501,7 +551,9 @@ def write_official_checkpoint(directory: Path, d_draft=8, d_target=12, seed=0, *
 def official_weights(state, draft_hidden, target_hidden):
     """The official forward: softmax(summary(cat([h_draft, h_target]))) in float32; (w_draft, w_target)."""
     features = torch.cat([draft_hidden, target_hidden], dim=-1).float()  # (batch, tokens, d_draft + d_target)
-    logits = torch.nn.functional.linear(features, state["summary.weight"].float(), state["summary.bias"].float())  # (..., 2)
+    logits = torch.nn.functional.linear(
+        features, state["summary.weight"].float(), state["summary.bias"].float()
+    )  # (..., 2)
     weights = logits.softmax(dim=-1)  # (batch, tokens, 2)
     return weights[..., 0], weights[..., 1]
 
@@ -520,7 +572,9 @@ def test_official_import_reproduces_the_official_formula(tmp_path):
     # ... and the verification distribution is the official logit mix softmax(w_d z_q + w_p z_p).
     generator = torch.Generator().manual_seed(4)
     draft_logits, target_logits = torch.randn(2, 4, 7, 50, generator=generator).double().unbind(0)  # (batch, N, vocab)
-    expected = (w_draft.double().unsqueeze(-1) * draft_logits + w_target.double().unsqueeze(-1) * target_logits).softmax(-1)
+    expected = (
+        w_draft.double().unsqueeze(-1) * draft_logits + w_target.double().unsqueeze(-1) * target_logits
+    ).softmax(-1)
     verify_probs, target_weight = HeadVerifier(head=head).verification_probs(
         draft_logits.softmax(-1), target_logits.softmax(-1), draft_hidden=draft_hidden, target_hidden=target_hidden
     )
@@ -529,12 +583,17 @@ def test_official_import_reproduces_the_official_formula(tmp_path):
 
     # The imported head saves and loads like any other.
     head.save_pretrained(tmp_path / "converted")
-    assert torch.equal(DiversedHead.from_pretrained(tmp_path / "converted")(draft_hidden, target_hidden), head(draft_hidden, target_hidden))
+    assert torch.equal(
+        DiversedHead.from_pretrained(tmp_path / "converted")(draft_hidden, target_hidden),
+        head(draft_hidden, target_hidden),
+    )
 
 
 def test_official_import_overrides_and_unknown_paths(tmp_path):
     write_official_checkpoint(tmp_path / "official", target_model_path="unknown")
-    head = DiversedHead.from_official_checkpoint(tmp_path / "official" / "ensemble_head.bin", draft_model_id="org/draft")
+    head = DiversedHead.from_official_checkpoint(
+        tmp_path / "official" / "ensemble_head.bin", draft_model_id="org/draft"
+    )
     assert head.config.target_model_id is None and head.config.draft_model_id == "org/draft"
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 from huggingface_hub import constants
+from test_hub import REPO_ID, RESULTS, make_head, offline, saved  # noqa: F401 - offline and saved are fixtures
 
 from diversed_hf import cli, hub, hub_cli
-from test_hub import REPO_ID, RESULTS, make_head, offline, saved  # noqa: F401 - offline and saved are fixtures
 
 try:  # the HTTP client huggingface_hub uses: httpx2 in 2.x, httpx in 1.x
     import httpx2 as http_client
@@ -27,15 +27,27 @@ def test_push_to_hub_uploads_results_and_training_config_with_a_card_for_the_rep
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "create_repo",
+        lambda self, repo_id, **kw: huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"),
+    )
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     url = make_head().push_to_hub(REPO_ID, token="hf_fake", results=RESULTS, training_config={"lr": 5e-4})
     assert url == f"https://huggingface.co/{REPO_ID}/commit/abc"
-    assert set(uploaded) == {"config.json", "model.safetensors", "README.md", "results.json", "training_config.json", "commit_message"}
-    assert json.loads(uploaded["results.json"]) == RESULTS and json.loads(uploaded["training_config.json"]) == {"lr": 5e-4}
+    assert set(uploaded) == {
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "results.json",
+        "training_config.json",
+        "commit_message",
+    }
+    assert json.loads(uploaded["results.json"]) == RESULTS and json.loads(uploaded["training_config.json"]) == {
+        "lr": 5e-4
+    }
     assert f'DiversedHead.from_pretrained("{REPO_ID}")' in uploaded["README.md"] and "72.6 %" in uploaded["README.md"]
     assert uploaded["commit_message"] == hub.DEFAULT_COMMIT_MESSAGE
-
 
 
 # Pushing -------------------------------------------------------------------------------------------
@@ -87,7 +99,9 @@ def test_push_without_network_gives_a_clear_error(saved, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", unreachable)
-    with pytest.raises(ConnectionError, match=r"Could not reach the Hub .* to push 'diversed-test/head-gsm8k'.*network"):
+    with pytest.raises(
+        ConnectionError, match=r"Could not reach the Hub .* to push 'diversed-test/head-gsm8k'.*network"
+    ):
         head.push_to_hub(REPO_ID, token="hf_fake")
 
 

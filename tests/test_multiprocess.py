@@ -24,8 +24,8 @@ pytest.importorskip("accelerate")
 if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
 
-from diversed_hf.training import load_head  # noqa: E402
-from diversed_hf.training.checkpoint import missing_checkpoint_files  # noqa: E402
+from diversed_hf.training import load_head
+from diversed_hf.training.checkpoint import missing_checkpoint_files
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "multiprocess_train.py"
@@ -49,15 +49,30 @@ def _run(out: Path, num_processes: int, *options: str, max_steps: int = MAX_STEP
         launcher = [sys.executable]
     else:
         launcher = [
-            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(num_processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
+        ]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
     done = subprocess.run(
         [*launcher, str(WORKER), str(out), str(max_steps), *options],
-        cwd=out, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     finished = all((out / f"rank{rank}.pt").is_file() for rank in range(num_processes))
     # gloo's threads can still be alive when an interpreter exits, and the C++ runtime then aborts after the work is
     # done; the worker tears the process group down first, and an abort after every rank wrote its results is not a
@@ -105,7 +120,7 @@ def test_gradients_are_synchronised_every_rank_ends_with_the_same_head(runs):
 
 
 def test_checkpoint_is_written_once_and_complete(runs):
-    (single_dir, single), (double_dir, double) = runs[1], runs[2]
+    (single_dir, _), (double_dir, double) = runs[1], runs[2]
     checkpoints = sorted(p.name for p in (double_dir / "out").iterdir() if p.name.startswith("checkpoint"))
     assert checkpoints == [f"checkpoint-{MAX_STEPS}"]
     checkpoint = double_dir / "out" / checkpoints[0]
@@ -118,7 +133,11 @@ def test_checkpoint_is_written_once_and_complete(runs):
     files = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()}
     single_checkpoint = single_dir / "out" / f"checkpoint-{MAX_STEPS}"
     single_files = {str(p.relative_to(single_checkpoint)) for p in single_checkpoint.rglob("*") if p.is_file()}
-    assert files == (single_files - {"rng_state.pth"}) | {"rng_state_0.pth", "rng_state_1.pth", "diversed_trainer_state_1.pt"}
+    assert files == (single_files - {"rng_state.pth"}) | {
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "diversed_trainer_state_1.pt",
+    }
     saved = load_head(checkpoint).state_dict()
     assert all(torch.equal(saved[k], double[0]["final"][k]) for k in saved), "the checkpoint holds the trained head"
 

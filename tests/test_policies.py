@@ -5,12 +5,12 @@ import weakref
 
 import pytest
 import torch
+from tiny_models import left_padded_batch, make_pair, prompt
 
 from diversed_hf import ExactVerifier, enable_diversed, theory
 from diversed_hf.candidates import DraftCosts, LinearVerifyCost, clear_draft_statistics, measured_draft_costs
 from diversed_hf.costs import CostSamples
-from diversed_hf.policies import OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _STATISTICS, _pair_statistics
-from tiny_models import left_padded_batch, make_pair, prompt
+from diversed_hf.policies import _STATISTICS, OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _pair_statistics
 
 OPTIMAL = dict(num_assistant_tokens_schedule="optimal", return_dict_in_generate=True)
 
@@ -23,8 +23,14 @@ def pair():
 
 def greedy(target, draft, input_ids, n=6, max_new_tokens=30, **kwargs):
     return target.generate(
-        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=max_new_tokens,
-        num_assistant_tokens=n, **OPTIMAL, **kwargs,
+        input_ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        num_assistant_tokens=n,
+        **OPTIMAL,
+        **kwargs,
     )
 
 
@@ -40,8 +46,15 @@ def test_passed_costs_skip_the_warm_up_and_keep_the_output_exact(pair):
     clear_draft_statistics(draft)
     free_drafts = DraftCosts(draft_step_seconds=1e-9, verify_seconds=[1.0] * 6)  # sampled: every position may accept
     long = target.generate(
-        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=True, max_new_tokens=30, num_assistant_tokens=6,
-        assistant_costs=free_drafts, generator=torch.Generator().manual_seed(0), **OPTIMAL,
+        input_ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=True,
+        max_new_tokens=30,
+        num_assistant_tokens=6,
+        assistant_costs=free_drafts,
+        generator=torch.Generator().manual_seed(0),
+        **OPTIMAL,
     )
     assert long.speculation.draft_lengths[0][:3].tolist() == [6, 6, 6]  # no probe; 3 rounds emit < 29 tokens
 
@@ -80,7 +93,9 @@ def test_a_call_with_cached_costs_and_prior_skips_the_warm_up_and_starts_from_th
 
     # the first round's prior decides it: with costly drafts, one token (a pair without that prior drafts N); the
     # second round may explore positions the later rounds' prior lacks, then one token again
-    third = greedy(target, draft, input_ids, assistant_costs=DraftCosts(1.0, lambda n: 0.01)).speculation.draft_lengths[0]
+    third = greedy(target, draft, input_ids, assistant_costs=DraftCosts(1.0, lambda n: 0.01)).speculation.draft_lengths[
+        0
+    ]
     assert int(third[0]) == 1 and bool((third[2:] == 1).all())
 
 
@@ -122,7 +137,9 @@ def test_cost_fit_takes_the_shape_from_pairs_of_rounds_and_the_scale_from_recent
     samples = CostSamples()
     samples.add(12, *round_seconds(12, 1.0))
     one_length = samples.fit()  # one length timed: drafting proportional to n, the rest constant
-    assert one_length.draft_step_seconds == pytest.approx(0.0125 / 12) and one_length.verify_seconds(3) == pytest.approx(0.0156)
+    assert one_length.draft_step_seconds == pytest.approx(0.0125 / 12) and one_length.verify_seconds(
+        3
+    ) == pytest.approx(0.0156)
     for load in (1.0, 1.5, 0.8):  # probes (1 draft, then 12) timed under loads that change between calls
         samples.add(1, *round_seconds(1, load), previous=(12, *round_seconds(12, load)))
         samples.add(12, *round_seconds(12, load), previous=(1, *round_seconds(1, load)))
@@ -155,7 +172,9 @@ def test_the_first_round_has_its_own_prior():
 
     draft = torch.nn.Linear(1, 1)
     statistics = _pair_statistics(draft, None)
-    statistics.pool(_first_round("setting"), torch.full((4,), 32.0), torch.full((4,), 32.0))  # right after the prompt: 1
+    statistics.pool(
+        _first_round("setting"), torch.full((4,), 32.0), torch.full((4,), 32.0)
+    )  # right after the prompt: 1
     statistics.pool("setting", torch.zeros(4), torch.full((4,), 32.0))  # later rounds: 0
     schedule = OptimalSchedule(draft, 4, setting="setting", costs=DraftCosts(0.1, [1.0] * 4))
     assert schedule.start(2, torch.device("cpu")).tolist() == [4, 4]  # every draft accepted: draft N
@@ -192,7 +211,9 @@ def test_the_stopping_rule_charges_each_draft_at_the_pairs_rate():
     assert reach.tolist() == pytest.approx([(OPTIMAL_MIN_CALIBRATION + 4) / (OPTIMAL_MIN_CALIBRATION + 8), 4 / 264])
 
     def alone(rule, step):  # each row as a batch of its own
-        return [bool(rule.keep_drafting_batch(reach[b : b + 1], torch.ones(1, dtype=torch.bool), step)) for b in range(2)]
+        return [
+            bool(rule.keep_drafting_batch(reach[b : b + 1], torch.ones(1, dtype=torch.bool), step)) for b in range(2)
+        ]
 
     # a sure row's next draft adds about 0.5 token, less than the 1 token its cost is worth at this rate: both stop
     assert alone(rule, 0) == [False, False]
@@ -214,15 +235,22 @@ def test_the_round_after_the_prompt_has_its_own_calibration():
     draft = torch.nn.Linear(1, 1)
     statistics = _pair_statistics(draft, None)
     bins = 12
-    statistics.pool_calibration("setting", torch.zeros(bins, dtype=torch.float64), torch.full((bins,), 32.0, dtype=torch.float64))
-    statistics.pool_calibration(_first_round("setting"), torch.full((bins,), OPTIMAL_MIN_CALIBRATION, dtype=torch.float64),
-                                torch.full((bins,), OPTIMAL_MIN_CALIBRATION, dtype=torch.float64))
+    statistics.pool_calibration(
+        "setting", torch.zeros(bins, dtype=torch.float64), torch.full((bins,), 32.0, dtype=torch.float64)
+    )
+    statistics.pool_calibration(
+        _first_round("setting"),
+        torch.full((bins,), OPTIMAL_MIN_CALIBRATION, dtype=torch.float64),
+        torch.full((bins,), OPTIMAL_MIN_CALIBRATION, dtype=torch.float64),
+    )
     statistics.pool_rate(("setting", "cpu", 1), torch.tensor([0.0, 0.0, 60.0]), torch.tensor([0.0, 0.0, 20.0]))
     schedule = OptimalSchedule(draft, 4, setting="setting", costs=DraftCosts(1.0, [2.0] * 4))
     schedule.start(1, torch.device("cpu"))
     assert schedule.rule.mean_acceptance == 1.0  # right after the prompt every draft was accepted
     ones = torch.ones(1, 4)
-    schedule.observe(ones, ones, torch.tensor([4]), None, confidence=torch.full((1, 4), 0.5), num_matches=torch.tensor([4]))
+    schedule.observe(
+        ones, ones, torch.tensor([4]), None, confidence=torch.full((1, 4), 0.5), num_matches=torch.tensor([4])
+    )
     assert schedule.rule.mean_acceptance == 0.0  # later rounds: none was
     schedule.finish()  # the round pooled into the first round's calibration, not the later rounds'
     assert float(statistics.calibration["setting"][1].sum()) == 32.0 * bins
@@ -241,7 +269,9 @@ def _scale_pooled_statistics(target, draft, factor):
 def test_under_the_stopping_rule_greedy_output_stays_exact_batched_and_alone(pair):
     target, draft = pair
     rows, input_ids, attention_mask = left_padded_batch([4, 9, 6])
-    costs = DraftCosts(0.5, [3.0] * 6)  # a draft costs 0.5 against 3 units of verification: worth it when likely accepted
+    costs = DraftCosts(
+        0.5, [3.0] * 6
+    )  # a draft costs 0.5 against 3 units of verification: worth it when likely accepted
     # a batch (the rule on tensors), then one row (on Python floats); the rate is kept per batch size
     for batch, mask in ((input_ids, attention_mask), (rows[1][None], None)):
         greedy(target, draft, batch, attention_mask=mask, assistant_costs=costs)
@@ -258,8 +288,9 @@ def test_under_the_stopping_rule_greedy_output_stays_exact_batched_and_alone(pai
 def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
     """The rule stops a batch after one draft or lets it draft two, from the draft's confidence in the rows' first
     tokens: with ExactVerifier the third token still follows p. Batches of 4 rows, so the decision varies."""
-    from diversed_hf import ops
     from tiny_models import VOCAB_SIZE, empirical, tv_bound
+
+    from diversed_hf import ops
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)
@@ -269,8 +300,15 @@ def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
 
     def sample():
         return target.generate(
-            input_ids.repeat(batch_size, 1), assistant_model=draft, verifier=ExactVerifier(), do_sample=True,
-            max_new_tokens=3, num_assistant_tokens=2, generator=generator, assistant_costs=costs, **OPTIMAL,
+            input_ids.repeat(batch_size, 1),
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            do_sample=True,
+            max_new_tokens=3,
+            num_assistant_tokens=2,
+            generator=generator,
+            assistant_costs=costs,
+            **OPTIMAL,
         )
 
     sample()
@@ -282,7 +320,9 @@ def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
         first = target(input_ids).logits[0, -1].softmax(-1).double()  # (V,) p(x1)
         two = torch.cat([input_ids.repeat(VOCAB_SIZE, 1), torch.arange(VOCAB_SIZE)[:, None]], dim=1)  # (V, L + 1)
         second = target(two).logits[:, -1].softmax(-1).double()  # (V, V) p(x2 | x1)
-        three = torch.cat([two.repeat_interleave(VOCAB_SIZE, 0), torch.arange(VOCAB_SIZE).repeat(VOCAB_SIZE)[:, None]], 1)
+        three = torch.cat(
+            [two.repeat_interleave(VOCAB_SIZE, 0), torch.arange(VOCAB_SIZE).repeat(VOCAB_SIZE)[:, None]], 1
+        )
         third = target(three).logits[:, -1].softmax(-1).double()  # (V * V, V) p(x3 | x1, x2)
     declared = (first[:, None] * second).reshape(-1) @ third  # (V,) marginal law of the third token
     observed = empirical(torch.cat([output.sequences[:, -1] for output in outputs]), VOCAB_SIZE)
@@ -292,9 +332,17 @@ def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(assistant_costs=DraftCosts(1e-3, [0.01] * 6)), ValueError, "read only by `num_assistant_tokens_schedule=\"optimal\"`"),
+        (
+            dict(assistant_costs=DraftCosts(1e-3, [0.01] * 6)),
+            ValueError,
+            'read only by `num_assistant_tokens_schedule="optimal"`',
+        ),
         (dict(assistant_costs={"draft_step_seconds": 1e-3}, **OPTIMAL), TypeError, "`assistant_costs` must be a"),
-        (dict(assistant_costs=DraftCosts(1e-3, [0.01] * 3), **OPTIMAL), ValueError, r"needs one entry per draft length"),
+        (
+            dict(assistant_costs=DraftCosts(1e-3, [0.01] * 3), **OPTIMAL),
+            ValueError,
+            r"needs one entry per draft length",
+        ),
         (dict(assistant_costs=DraftCosts(1e-3, lambda n: 0.01 - 0.003 * n), **OPTIMAL), ValueError, "finite and > 0"),
         (dict(assistant_costs=DraftCosts(1e-3, lambda n: "fast"), **OPTIMAL), TypeError, "must return a number"),
     ],
@@ -302,17 +350,32 @@ def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
 def test_bad_assistant_costs_are_refused_before_generating(pair, kwargs, error, match):
     target, draft = pair
     with pytest.raises(error, match=match):
-        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, num_assistant_tokens=6, **kwargs)
+        target.generate(
+            prompt(4),
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            max_new_tokens=4,
+            num_assistant_tokens=6,
+            **kwargs,
+        )
     assert measured_draft_costs(target, draft) is None  # nothing ran
 
 
 @pytest.mark.parametrize(
     "fields, error, match",
     [
-        (dict(draft_step_seconds=0.0, verify_seconds=[1.0]), ValueError, r"`DraftCosts.draft_step_seconds` must be a finite"),
+        (
+            dict(draft_step_seconds=0.0, verify_seconds=[1.0]),
+            ValueError,
+            r"`DraftCosts.draft_step_seconds` must be a finite",
+        ),
         (dict(draft_step_seconds=float("nan"), verify_seconds=[1.0]), ValueError, "draft_step_seconds"),
         (dict(draft_step_seconds=True, verify_seconds=[1.0]), ValueError, "draft_step_seconds"),
-        (dict(draft_step_seconds=1e-3, verify_seconds="fast"), TypeError, r"`DraftCosts.verify_seconds` must be a callable"),
+        (
+            dict(draft_step_seconds=1e-3, verify_seconds="fast"),
+            TypeError,
+            r"`DraftCosts.verify_seconds` must be a callable",
+        ),
         (dict(draft_step_seconds=1e-3, verify_seconds=[]), TypeError, "non-empty"),
     ],
 )

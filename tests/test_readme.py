@@ -16,7 +16,10 @@ NEEDS_HUB = "# needs the Hub"
 
 def python_blocks() -> list[tuple[int, str]]:
     text = README.read_text()
-    return [(text[: m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, flags=re.DOTALL)]
+    return [
+        (text[: m.start()].count("\n") + 1, m.group(1))
+        for m in re.finditer(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    ]
 
 
 BLOCKS = python_blocks()
@@ -28,7 +31,9 @@ def test_readme_python_block(line, code, tmp_path):
     if code.startswith(NEEDS_HUB):
         return
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, f"README.md:{line} failed:\n{done.stderr[-3000:]}"
     if "UnsureTargetVerifier" in code:
         match = re.search(r"acceptance (\d\.\d\d)", done.stdout)

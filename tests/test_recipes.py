@@ -15,7 +15,6 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "training"))
 
 from test_training import tiny_tokenizer  # noqa: E402
 from tiny_models import make_pair  # noqa: E402
@@ -39,12 +38,36 @@ def test_train_head_recipe_writes_a_hub_ready_head(tmp_path, tiny_pair_dirs):
 
     target, draft = tiny_pair_dirs
     out = tmp_path / "run"
-    train_head.main([  # the head goes to <output_dir>/head: the recipe's own default
-        "--config", str(REPO / "training" / "configs" / "testbed_arith.yaml"),
-        "--target_model", target, "--draft_model", draft, "--output_dir", str(out),
-        "--num_train_examples", "16", "--max-steps", "2", "--save_steps", "1", "--max_completion_length", "6",
-        "--eval_num_examples", "4", "--eval-max-new-tokens", "6", "--threads", "1", "--disable_tqdm", "true", "--logging_steps", "1",
-    ])  # fmt: skip
+    train_head.main(
+        [  # the head goes to <output_dir>/head: the recipe's own default
+            "--config",
+            str(REPO / "training" / "configs" / "testbed_arith.yaml"),
+            "--target_model",
+            target,
+            "--draft_model",
+            draft,
+            "--output_dir",
+            str(out),
+            "--num_train_examples",
+            "16",
+            "--max-steps",
+            "2",
+            "--save_steps",
+            "1",
+            "--max_completion_length",
+            "6",
+            "--eval_num_examples",
+            "4",
+            "--eval-max-new-tokens",
+            "6",
+            "--threads",
+            "1",
+            "--disable_tqdm",
+            "true",
+            "--logging_steps",
+            "1",
+        ]
+    )
     head_files = {p.name for p in (out / "head").iterdir()}
     assert {"config.json", "model.safetensors", "training_config.json", "results.json"} <= head_files
     results = json.loads((out / "head" / "results.json").read_text())
@@ -56,10 +79,27 @@ def test_train_head_recipe_writes_a_hub_ready_head(tmp_path, tiny_pair_dirs):
 
     import calibrate_head  # the README's next command reads the head where the recipe wrote it
 
-    summary = calibrate_head.main([
-        "--task", "testbed_arith", "--head", str(out / "head"), "--target", target, "--draft", draft,
-        "--offsets", "0", "1", "--num_examples", "2", "--max-new-tokens", "4", "--output-dir", str(out / "head_cal"),
-    ])  # fmt: skip
+    summary = calibrate_head.main(
+        [
+            "--task",
+            "testbed_arith",
+            "--head",
+            str(out / "head"),
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--offsets",
+            "0",
+            "1",
+            "--num_examples",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--output-dir",
+            str(out / "head_cal"),
+        ]
+    )
     assert load_head(out / "head_cal").config.task == "arith" and summary["chosen_offset"] in (0.0, 1.0)
 
 
@@ -68,11 +108,34 @@ def test_distill_draft_recipe_saves_a_merged_draft(tmp_path, tiny_pair_dirs):
     from transformers import AutoModelForCausalLM
 
     target, draft = tiny_pair_dirs
-    merged = distill_draft.main([
-        "--task", "testbed_arith", "--target_model", target, "--draft_model", draft, "--output_dir", str(tmp_path / "d"),
-        "--num_train_examples", "8", "--max_new_tokens", "6", "--max_steps", "2", "--per_device_train_batch_size", "4",
-        "--report_to", "none", "--bf16", "false", "--save_strategy", "no", "--disable_tqdm", "true",
-    ])  # fmt: skip
+    merged = distill_draft.main(
+        [
+            "--task",
+            "testbed_arith",
+            "--target_model",
+            target,
+            "--draft_model",
+            draft,
+            "--output_dir",
+            str(tmp_path / "d"),
+            "--num_train_examples",
+            "8",
+            "--max_new_tokens",
+            "6",
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "4",
+            "--report_to",
+            "none",
+            "--bf16",
+            "false",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     model = AutoModelForCausalLM.from_pretrained(merged)
     assert not any("lora" in name for name, _ in model.named_parameters())
 
@@ -99,13 +162,34 @@ def test_calibrate_head_recipe_saves_the_shifted_head(tmp_path, tiny_pair_dirs):
     from diversed_hf import DiversedHead
 
     target, draft = tiny_pair_dirs
-    head = DiversedHead.for_pair(AutoModelForCausalLM.from_pretrained(target), AutoModelForCausalLM.from_pretrained(draft))
+    head = DiversedHead.for_pair(
+        AutoModelForCausalLM.from_pretrained(target), AutoModelForCausalLM.from_pretrained(draft)
+    )
     head.save_pretrained(tmp_path / "raw", training_config={"lambda_acceptance": 0.1, "calibration_logit_offset": 1.0})
     out = tmp_path / "calibrated"
-    summary = calibrate_head.main([
-        "--task", "testbed_arith", "--head", str(tmp_path / "raw"), "--target", target, "--draft", draft,
-        "--offsets", "0", "2", "--tolerance", "1.0", "--num-examples", "3", "--max-new-tokens", "4", "--output-dir", str(out),
-    ])  # fmt: skip
+    summary = calibrate_head.main(
+        [
+            "--task",
+            "testbed_arith",
+            "--head",
+            str(tmp_path / "raw"),
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--offsets",
+            "0",
+            "2",
+            "--tolerance",
+            "1.0",
+            "--num-examples",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert [row["offset"] for row in summary["rows"]] == [0.0, 2.0]
     chosen = summary["chosen_offset"]
     saved = DiversedHead.from_pretrained(out)
@@ -153,8 +237,11 @@ def test_recipes_write_to_runs_and_never_into_the_package(config):
 
 def test_the_readme_recipe_commands_chain_and_write_to_runs():
     readme = (REPO / "README.md").read_text()
-    commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
-                for line in block.replace("\\\n", " ").splitlines()]
+    commands = [
+        line.strip()
+        for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+    ]
     assert not [c for c in commands if "diversed_hf/testbed/assets" in c], "a README command writes into the package"
 
     def flag(command, name):
@@ -175,14 +262,25 @@ def test_train_head_checks_where_it_writes_before_loading_the_models(tmp_path, m
     monkeypatch.setattr(eval_head, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"`--head_dir` .*file is a file, not a directory"):
-        train_head.main(["--task", "testbed_arith", "--output_dir", str(tmp_path / "run"), "--head_dir",
-                         str(tmp_path / "file"), "--report_to", "none"])
+        train_head.main(
+            [
+                "--task",
+                "testbed_arith",
+                "--output_dir",
+                str(tmp_path / "run"),
+                "--head_dir",
+                str(tmp_path / "file"),
+                "--report_to",
+                "none",
+            ]
+        )
 
 
 def test_scripts_refuse_a_task_or_head_that_does_not_fit_the_pair_before_loading(monkeypatch, capsys):
     import calibrate_head
     import eval_head
     import self_draft_costs
+
     from diversed_hf.testbed import smollm2
 
     monkeypatch.setattr(eval_head, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
@@ -207,17 +305,42 @@ def test_script_options_take_both_spellings():
     import calibrate_head
     import train_head
 
-    script, config = train_head.parse_arguments(["--task", "testbed_arith", "--max-steps", "3", "--eval_num_examples",
-                                                 "0", "--eval-seed", "2", "--lambda-acceptance", "0.5"])
+    script, config = train_head.parse_arguments(
+        [
+            "--task",
+            "testbed_arith",
+            "--max-steps",
+            "3",
+            "--eval_num_examples",
+            "0",
+            "--eval-seed",
+            "2",
+            "--lambda-acceptance",
+            "0.5",
+        ]
+    )
     assert (config.max_steps, script.eval_num_examples, script.eval_seed, config.lambda_acceptance) == (3, 0, 2, 0.5)
-    args = calibrate_head.parse_args(["--task", "testbed_arith", "--head", "h", "--num_examples", "3",
-                                      "--max_new_tokens", "4", "--output_dir", "out"])
+    args = calibrate_head.parse_args(
+        [
+            "--task",
+            "testbed_arith",
+            "--head",
+            "h",
+            "--num_examples",
+            "3",
+            "--max_new_tokens",
+            "4",
+            "--output_dir",
+            "out",
+        ]
+    )
     assert (args.num_examples, args.max_new_tokens, args.output_dir) == (3, 4, "out")
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "training" / name), *args], capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "training" / name), *args], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
 
 
 def test_a_script_reports_a_bad_argument_in_one_line_with_status_2(tmp_path):
@@ -226,8 +349,11 @@ def test_a_script_reports_a_bad_argument_in_one_line_with_status_2(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("train_head.py: `goal_acceptance_ratio` is 1.6 and ")
     done = _script("eval_head.py", "--task", "testbed_arith", "--head", "testbed:arith", "--output", str(tmp_path))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == f"eval_head.py: `--output` {tmp_path} is a directory; pass a file " \
+    assert (
+        done.stderr.strip().splitlines()[-1] == f"eval_head.py: `--output` {tmp_path} is a directory; pass a file "
         f"path, e.g. {tmp_path / 'results.json'}."
-    done = _script("eval_head.py", "--task", "testbed_arith", "--head", "testbed:arith", "--output", str(tmp_path),
-                   "--debug")
+    )
+    done = _script(
+        "eval_head.py", "--task", "testbed_arith", "--head", "testbed:arith", "--output", str(tmp_path), "--debug"
+    )
     assert done.returncode == 1 and "Traceback" in done.stderr

@@ -122,8 +122,16 @@ def test_extract_code_fences(completion, expected):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("#### \u22127", "-7"), ("#### \uff0d7", "-7"), ("#### 07", "7"), ("#### -007.50", "-7.5"), ("#### 0.50", "0.5"),
-     ("#### -0", "0"), ("#### 000", "0"), ("#### -0.0", "0")],
+    [
+        ("#### \u22127", "-7"),
+        ("#### \uff0d7", "-7"),
+        ("#### 07", "7"),
+        ("#### -007.50", "-7.5"),
+        ("#### 0.50", "0.5"),
+        ("#### -0", "0"),
+        ("#### 000", "0"),
+        ("#### -0.0", "0"),
+    ],
 )
 def test_final_number_reads_unicode_minus_and_leading_zeros(text, expected):
     assert rewards.extract_final_number(text) == expected
@@ -131,11 +139,15 @@ def test_final_number_reads_unicode_minus_and_leading_zeros(text, expected):
 
 
 def test_rewards_take_trl_conversational_completions_and_refuse_other_types():
-    conversational = [[{"role": "assistant", "content": "so 7\n#### 7"}],
-                      [{"role": "assistant", "content": [{"type": "text", "text": "#### 8"}]}]]
+    conversational = [
+        [{"role": "assistant", "content": "so 7\n#### 7"}],
+        [{"role": "assistant", "content": [{"type": "text", "text": "#### 8"}]}],
+    ]
     assert rewards.exact_match(conversational, ["#### 7", "#### 9"]) == [1.0, 0.0]
     reward = reward_for_task("arith")
-    assert reward(prompts=["p"], completions=[[{"role": "assistant", "content": "#### 3"}]], reference=["#### 3"]) == [1.0]
+    assert reward(prompts=["p"], completions=[[{"role": "assistant", "content": "#### 3"}]], reference=["#### 3"]) == [
+        1.0
+    ]
     with pytest.raises(TypeError, match=r"`completions\[0\]` is bytes .*pass the completion's text"):
         rewards.exact_match([b"#### 7"], ["#### 7"])
     with pytest.raises(TypeError, match=r"`completions\[1\]` is NoneType"):

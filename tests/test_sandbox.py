@@ -53,8 +53,15 @@ def _python_for(uid: int) -> str | None:
     for python in dict.fromkeys([sys.executable, shutil.which("python3"), "/usr/bin/python3"]):
         if python and os.path.exists(python):
             try:
-                done = subprocess.run([python, "-I", "-c", "import ctypes, json, selectors"], user=uid, group=uid,
-                                      extra_groups=[], cwd="/", capture_output=True, timeout=30)  # fmt: skip
+                done = subprocess.run(
+                    [python, "-I", "-c", "import ctypes, json, selectors"],
+                    user=uid,
+                    group=uid,
+                    extra_groups=[],
+                    cwd="/",
+                    capture_output=True,
+                    timeout=30,
+                )
             except (OSError, subprocess.SubprocessError):
                 continue
             if done.returncode == 0:
@@ -90,9 +97,17 @@ def _helper(name: str) -> subprocess.Popen:
         if python is None:
             pytest.skip(f"no Python interpreter that uid {UNPRIVILEGED_UID} may run")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "DIVERSED_SANDBOX_SECRET": SECRET}
-        process = subprocess.Popen([python, "-I", "-c", _HELPER, str(TASKS_DIR), name], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID,
-                                   extra_groups=[], cwd="/", env=env)  # fmt: skip
+        process = subprocess.Popen(
+            [python, "-I", "-c", _HELPER, str(TASKS_DIR), name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            user=UNPRIVILEGED_UID,
+            group=UNPRIVILEGED_UID,
+            extra_groups=[],
+            cwd="/",
+            env=env,
+        )
         unavailable = json.loads(process.stdout.readline() or '"the unprivileged caller did not start"')
         _HELPERS[name] = (process, unavailable)
     if unavailable is not None:
@@ -315,7 +330,8 @@ def test_files_in_shared_temporary_directories_do_not_outlive_the_run(runner, sh
         "    except OSError:\n"
         "        pass\n"
         f"ctypes.CDLL(None).shmget({key}, 1 << 20, 0o1600)  # a System V segment: RAM until removed\n"
-        + RIGHT_ADD + FAILING_TEST
+        + RIGHT_ADD
+        + FAILING_TEST
     )
     before = set(os.listdir(shared_tmp))
     assert runner.run([program], tmpdir=shared_tmp) == [(True, "passed")]
@@ -437,15 +453,24 @@ KILL_THE_CALLER = [
 def test_the_caller_survives_a_program_that_signals_it(runner):
     if runner.name == "plain" and ROOT and not runner.via_helper:
         pytest.skip("never tried as root outside namespaces")
-    if runner.name == "plain" and not runner.via_helper and (mode := runner.mode()) and not (mode.landlock >= 6 or mode.seccomp):
-        pytest.skip("plain mode without Landlock's signal scope or seccomp does not protect the caller (docs/sandbox.md)")
+    if (
+        runner.name == "plain"
+        and not runner.via_helper
+        and (mode := runner.mode())
+        and not (mode.landlock >= 6 or mode.seccomp)
+    ):
+        pytest.skip(
+            "plain mode without Landlock's signal scope or seccomp does not protect the caller (docs/sandbox.md)"
+        )
     caller = "[os.getppid()]" if runner.via_helper else f"[{os.getpid()}, os.getppid()]"
     programs = [p.format(caller=caller) + WRONG_ADD + FAILING_TEST for p in KILL_THE_CALLER]
     results = runner.run(programs)  # the caller (this process, or the unprivileged one) answers: it survived
     assert not any(passed for passed, _ in results), results
     # Own children may still be signalled, except where seccomp alone guards the caller (plain without
     # Landlock's signal scope): there a program may signal only itself and its process group.
-    [(passed, reason)] = runner.run(["import subprocess\nsubprocess.Popen(['sleep', '30']).kill()\n" + RIGHT_ADD + FAILING_TEST])
+    [(passed, reason)] = runner.run(
+        ["import subprocess\nsubprocess.Popen(['sleep', '30']).kill()\n" + RIGHT_ADD + FAILING_TEST]
+    )
     assert passed == (runner.label != "plain-landlock=0"), reason
 
 

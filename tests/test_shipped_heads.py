@@ -32,7 +32,10 @@ def test_shipped_head_loads_for_the_testbed_pair(name):
     assert head.config.task == name and head.config.mixing == "probs"
     assert head.config.use_hidden_states and set(head.config.features) <= set(FEATURE_NAMES)
     assert head.config.target_model_id == "diversed_hf/testbed/target" == target.config._name_or_path
-    assert (head.config.draft_hidden_size, head.config.target_hidden_size) == (hidden_size_of(draft), hidden_size_of(target))
+    assert (head.config.draft_hidden_size, head.config.target_hidden_size) == (
+        hidden_size_of(draft),
+        hidden_size_of(target),
+    )
     results = json.loads((testbed.ASSETS_DIR / "heads" / name / "results.json").read_text())
     assert results["setting"]["task"] == name
     rows = {row["family"]: row for row in results["rows"] if row.get("head_task") in (None, name)}  # its own head
@@ -52,13 +55,20 @@ def test_shipped_head_is_the_operating_point_of_its_lambda_sweep(name):
     front = {entry["method"]: entry for entry in selection["front"]}
     chosen = front[selection["chosen"]]
     assert chosen["quality_delta_high"] >= 0
-    assert all(entry["quality_delta_high"] < 0 for entry in front.values()
-               if entry["acceptance_rate"] > chosen["acceptance_rate"])
+    assert all(
+        entry["quality_delta_high"] < 0
+        for entry in front.values()
+        if entry["acceptance_rate"] > chosen["acceptance_rate"]
+    )
     assert len({entry["lambda_acceptance"] for entry in front.values()}) >= 3  # a sweep, not one point
     training = json.loads((directory / "training_config.json").read_text())
     recipe = yaml.safe_load((REPO / "training" / "configs" / f"testbed_{name}.yaml").read_text())
-    assert training["lambda_acceptance"] == selection["lambda_acceptance"] == chosen["lambda_acceptance"] \
+    assert (
+        training["lambda_acceptance"]
+        == selection["lambda_acceptance"]
+        == chosen["lambda_acceptance"]
         == recipe["lambda_acceptance"]
+    )
 
 
 def test_unknown_head_is_an_error():
@@ -80,9 +90,16 @@ def test_shipped_arith_head_accepts_more_than_lossless_sd():
     rates = {}
     for name, extra in (("sd", {"verifier": ExactVerifier()}), ("head", {"diversed_head": testbed.load_head("arith")})):
         out = target.generate(
-            **inputs, **extra, assistant_model=draft, num_assistant_tokens=5, do_sample=True, top_k=0,
-            max_new_tokens=40, return_dict_in_generate=True, generator=torch.Generator().manual_seed(0),
-        )  # fmt: skip
+            **inputs,
+            **extra,
+            assistant_model=draft,
+            num_assistant_tokens=5,
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=40,
+            return_dict_in_generate=True,
+            generator=torch.Generator().manual_seed(0),
+        )
         rates[name] = out.speculation.total_accepted / out.speculation.total_drafted
     assert rates["head"] >= 1.2 * rates["sd"], rates
 

@@ -3,14 +3,10 @@ shipped with the package; fixed splits; the reward is rouge-score's ROUGE-2 F1. 
 
 from __future__ import annotations
 
-import gzip
-import json
-
 import pytest
 from rouge_score import rouge_scorer
 
-from diversed_hf.tasks import get_task, load_task_dataset, reward_for_task
-from diversed_hf.tasks import synopsis, synopsis_build
+from diversed_hf.tasks import get_task, load_task_dataset, reward_for_task, synopsis, synopsis_build
 
 
 def test_the_shipped_pairs_are_deduplicated_and_split_by_module():
@@ -18,7 +14,9 @@ def test_the_shipped_pairs_are_deduplicated_and_split_by_module():
     assert len(rows) >= 2000
     assert len({r["summary"].lower() for r in rows}) == len(rows)
     assert len({" ".join(r["document"].lower().split()) for r in rows}) == len(rows)
-    splits = {split: {r["module"].split(".")[0].lstrip("_") for r in rows if r["split"] == split} for split in synopsis.SPLITS}
+    splits = {
+        split: {r["module"].split(".")[0].lstrip("_") for r in rows if r["split"] == split} for split in synopsis.SPLITS
+    }
     assert not splits["train"] & splits["test"] and not splits["train"] & splits["validation"]
     assert not splits["validation"] & splits["test"]
     assert all(r["split"] == synopsis_build.split_of(r["module"]) for r in rows)
@@ -36,8 +34,11 @@ def test_load_task_dataset_gives_chat_prompts_of_fixed_splits():
     assert row["prompt"].startswith("<|im_start|>system") and row["prompt"].endswith("<|im_start|>assistant\n")
     assert row["document"] in row["prompt"] and row["reference"] not in row["prompt"]
     picked = load_task_dataset("synopsis", num_examples=20, seed=3)
-    assert picked["id"] == load_task_dataset("synopsis", num_examples=20, seed=3)["id"] != load_task_dataset(
-        "synopsis", num_examples=20, seed=4)["id"]
+    assert (
+        picked["id"]
+        == load_task_dataset("synopsis", num_examples=20, seed=3)["id"]
+        != load_task_dataset("synopsis", num_examples=20, seed=4)["id"]
+    )
     plain = load_task_dataset("synopsis", num_examples=1, chat_template="none")[0]["prompt"]
     assert not plain.startswith("<|im_start|>")
     with pytest.raises(ValueError, match="synopsis has"):
@@ -49,8 +50,13 @@ def test_load_task_dataset_gives_chat_prompts_of_fixed_splits():
 def test_the_reward_is_rouge_scores_rouge2_f1():
     data = load_task_dataset("synopsis", num_examples=30, seed=1)
     references = list(data["reference"])
-    completions = [references[0], "Return the value.", "", references[3].upper() + " Extra words here.",
-                   *[f"{r.split()[0]} the object of {d.split(chr(10))[0]}" for r, d in zip(references[4:], data["document"][4:])]]
+    completions = [
+        references[0],
+        "Return the value.",
+        "",
+        references[3].upper() + " Extra words here.",
+        *[f"{r.split()[0]} the object of {d.split(chr(10))[0]}" for r, d in zip(references[4:], data["document"][4:])],
+    ]
     scorer = rouge_scorer.RougeScorer(["rouge2"], use_stemmer=False)
     expected = [scorer.score(r, c)["rouge2"].fmeasure for c, r in zip(completions, references)]
     assert get_task("synopsis").reward(completions, references) == pytest.approx(expected, abs=1e-12)
@@ -61,27 +67,42 @@ def test_the_reward_is_rouge_scores_rouge2_f1():
 
 
 def test_the_builder_keeps_pep257_pairs_and_rebuilds_the_same_bytes(tmp_path):
-    assert synopsis_build.docstring_pairs("Return the sum of the values.\n\n" + "The values are added in order. " * 3) \
-        == ("Return the sum of the values.", ("The values are added in order. " * 3).strip())
+    assert synopsis_build.docstring_pairs(
+        "Return the sum of the values.\n\n" + "The values are added in order. " * 3
+    ) == ("Return the sum of the values.", ("The values are added in order. " * 3).strip())
     assert synopsis_build.docstring_pairs("no capital here, and a summary.\n\n" + "word " * 30) is None
     assert synopsis_build.docstring_pairs("Only a summary line.") is None
     stdlib = tmp_path / "lib"
     (stdlib / "pkg").mkdir(parents=True)
     (stdlib / "pkg" / "mod.py").write_text(
-        'def f(a, b=2):\n    """Add two numbers and return the total.\n\n    ' + "The numbers may be ints or floats. " * 3
-        + '\n    """\n')
+        'def f(a, b=2):\n    """Add two numbers and return the total.\n\n    '
+        + "The numbers may be ints or floats. " * 3
+        + '\n    """\n'
+    )
     rows = [r for r in synopsis_build.build_pairs(stdlib) if r["module"] == "pkg.mod"]
-    assert rows == [{"id": "pkg.mod.f(a, b=2)", "module": "pkg.mod", "summary": "Add two numbers and return the total.",
-                     "document": "pkg.mod.f(a, b=2)\n\n" + ("The numbers may be ints or floats. " * 3).strip(),
-                     "split": synopsis_build.split_of("pkg.mod")}]
+    assert rows == [
+        {
+            "id": "pkg.mod.f(a, b=2)",
+            "module": "pkg.mod",
+            "summary": "Add two numbers and return the total.",
+            "document": "pkg.mod.f(a, b=2)\n\n" + ("The numbers may be ints or floats. " * 3).strip(),
+            "split": synopsis_build.split_of("pkg.mod"),
+        }
+    ]
 
 
-@pytest.mark.skipif(__import__("platform").python_version() != "3.11.7", reason="the data file was built on CPython 3.11.7")
+@pytest.mark.skipif(
+    __import__("platform").python_version() != "3.11.7", reason="the data file was built on CPython 3.11.7"
+)
 def test_the_data_file_rebuilds_bit_identically(tmp_path):
     import subprocess
     import sys
 
     out = tmp_path / "synopsis.jsonl.gz"
-    subprocess.run([sys.executable, "-m", "diversed_hf.tasks.synopsis_build", "--output", str(out)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "diversed_hf.tasks.synopsis_build", "--output", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert out.read_bytes() == synopsis.DATA_FILE.read_bytes()

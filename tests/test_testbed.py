@@ -84,7 +84,9 @@ def test_tokenizer_round_trip_and_concatenation(tokenizer):
                 assert tokenizer.unk_token_id not in prompt_ids + completion_ids
                 # prompt and completion tokenize independently (the models are trained that way)
                 assert tokenizer(ex.prompt + ex.completion).input_ids == prompt_ids + completion_ids
-                assert tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=True) == ex.prompt + ex.completion
+                assert (
+                    tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=True) == ex.prompt + ex.completion
+                )
 
 
 def test_numbers_are_single_tokens(tokenizer):
@@ -192,8 +194,12 @@ def test_summary_reward_is_rouge2_f1():
     assert math.isclose(f1, 0.5)
     assert testbed.reward("summary", ["x y", "same words here"], ["a b", "same words here"]) == [0.0, 1.0]
     # several references, one per line: the best one counts (0.6 against the first line, 1.0 against the second)
-    assert testbed.reward("summary", ["the cat sat on the mat"], ["the cat sat on a mat\nthe cat sat on the mat"]) == [1.0]
-    assert testbed.reward("summary", ["the cat sat on the mat"], ["dogs bark\nthe cat sat on a mat"]) == [pytest.approx(0.6)]
+    assert testbed.reward("summary", ["the cat sat on the mat"], ["the cat sat on a mat\nthe cat sat on the mat"]) == [
+        1.0
+    ]
+    assert testbed.reward("summary", ["the cat sat on the mat"], ["dogs bark\nthe cat sat on a mat"]) == [
+        pytest.approx(0.6)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,17 +238,30 @@ def test_finetuned_drafts_load_and_fit_the_pair(name, pair):
 
 def test_build_script_runs_every_stage_and_refuses_stale_data(tmp_path):
     """A miniature `training/build_testbed.py` run: data, tokenizer, both models in phases, HF export."""
-    import sys
-    from pathlib import Path
 
+    import build_testbed
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-    import build_testbed
-
-    args = ["--output-dir", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"), "--target-steps", "2",
-            "--target-extra-steps", "1", "--target-summary-steps", "1", "--draft-steps", "2", "--batch-size", "2",
-            "--eval-examples", "0", "--ckpt-every", "1"]  # fmt: skip
+    args = [
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--target-steps",
+        "2",
+        "--target-extra-steps",
+        "1",
+        "--target-summary-steps",
+        "1",
+        "--draft-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-examples",
+        "0",
+        "--ckpt-every",
+        "1",
+    ]
     threads = torch.get_num_threads()  # the script sets its own (--threads); give the rest of the suite its own back
     try:
         build_testbed.main(args)

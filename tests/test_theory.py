@@ -98,7 +98,7 @@ def test_exact_estimator_matches_monte_carlo_on_context_dependent_models(verifie
 
 def test_product_of_betas_is_biased_when_acceptance_depends_on_context():
     """q_1 uniform on {A, B}, p_1 = delta_A; after A the models disagree, after B they agree: E[T_2] = 1.5."""
-    A, B, C = 0, 1, 2
+    A, B, _C = 0, 1, 2  # the three tokens (C appears in the tables only)
     draft_table = torch.zeros(2, 3, 3, dtype=torch.float64)
     draft_table[0, :] = torch.tensor([0.5, 0.5, 0.0])
     draft_table[1, :] = torch.tensor([0.0, 0.0, 1.0])  # position 2 always drafts C
@@ -110,7 +110,9 @@ def test_product_of_betas_is_biased_when_acceptance_depends_on_context():
     assert exact == pytest.approx(1.5) and spec_form == pytest.approx(1.75)
     result, drafted_acceptance = simulate_rounds(ExactVerifier(), draft_table, target_table, 20_000, seed=0)
     assert float((result.num_accepted + 1).double().mean()) == pytest.approx(1.5, abs=0.02)
-    assert float(theory.expected_tokens_per_round(result.position_acceptance, drafted_acceptance)) == pytest.approx(1.5, abs=0.02)
+    assert float(theory.expected_tokens_per_round(result.position_acceptance, drafted_acceptance)) == pytest.approx(
+        1.5, abs=0.02
+    )
     assert float(theory.beta_product_tokens_per_round(result.position_acceptance)) == pytest.approx(1.75, abs=0.02)
 
 
@@ -211,7 +213,10 @@ def test_every_rule_is_on_or_above_the_front(verifier):
 
 
 ON_THE_FRONT = [LenientVerifier(0.5), *[SpecCascadeVerifier(rule, 0.3) for rule in ("chow", "diff", "opt")]]
-ABOVE_THE_FRONT = [StaticEnsembleVerifier(0.5, mixing="logits"), *[SpecCascadeVerifier(rule, 0.3) for rule in CASCADE_RULES[3:]]]
+ABOVE_THE_FRONT = [
+    StaticEnsembleVerifier(0.5, mixing="logits"),
+    *[SpecCascadeVerifier(rule, 0.3) for rule in CASCADE_RULES[3:]],
+]
 
 
 @pytest.mark.parametrize("verifier", ON_THE_FRONT, ids=repr)

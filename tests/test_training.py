@@ -14,14 +14,14 @@ import torch
 
 pytest.importorskip("trl")
 
-from datasets import Dataset  # noqa: E402
-from tiny_models import VOCAB_SIZE, make_model, make_pair  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+from datasets import Dataset
+from tiny_models import VOCAB_SIZE, make_model, make_pair
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
-from diversed_hf import DiversedHead, ops  # noqa: E402
-from diversed_hf.rollout import build_logits_warpers, mixture_logprobs, sample_from_mixture  # noqa: E402
-from diversed_hf.training import DiversedConfig, DiversedTrainer, load_head, objective  # noqa: E402
+from diversed_hf import DiversedHead, ops
+from diversed_hf.rollout import build_logits_warpers, mixture_logprobs, sample_from_mixture
+from diversed_hf.training import DiversedConfig, DiversedTrainer, load_head, objective
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -29,7 +29,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {f"t{i}": i for i in range(VOCAB_SIZE)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="t3"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="t0", eos_token="t1", bos_token="t2", unk_token="t3")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="t0", eos_token="t1", bos_token="t2", unk_token="t3"
+    )
 
 
 def prompts_dataset(num_prompts: int = 8, seed: int = 0) -> Dataset:
@@ -125,7 +127,9 @@ def test_acceptance_is_one_minus_tv_of_draft_and_mixture():
     w = torch.rand(3, 5, generator=generator)
     mixture = ops.mix_probs(draft_probs, target_probs, w)
     expected = 1 - ops.total_variation(draft_probs, mixture)
-    torch.testing.assert_close(objective.expected_acceptance(w, ops.total_variation(target_probs, draft_probs)), expected)
+    torch.testing.assert_close(
+        objective.expected_acceptance(w, ops.total_variation(target_probs, draft_probs)), expected
+    )
 
 
 def test_kl_estimators():
@@ -149,9 +153,17 @@ def test_rollout_matches_teacher_forced_mixture():
     ids[0, :2], mask[0, :2] = 0, 0
     temperature, top_k = 0.7, 20
     rollout = sample_from_mixture(
-        target, draft, head, ids, mask, max_new_tokens=7, temperature=temperature, top_k=top_k,
-        eos_token_id=1, generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
+        target,
+        draft,
+        head,
+        ids,
+        mask,
+        max_new_tokens=7,
+        temperature=temperature,
+        top_k=top_k,
+        eos_token_id=1,
+        generator=torch.Generator().manual_seed(0),
+    )
     warpers = build_logits_warpers(temperature, top_k)
     for row in range(3):
         prompt = ids[row][mask[row].bool()]
@@ -182,7 +194,9 @@ def test_rollout_samples_from_the_mixture():
     target, draft = make_pair(noise=0.5)
     head = DiversedHead.for_pair(target, draft, w_0=0.999999)
     ids = torch.randint(4, VOCAB_SIZE, (1, 5), generator=torch.Generator().manual_seed(1)).repeat(4000, 1)
-    rollout = sample_from_mixture(target, draft, head, ids, max_new_tokens=1, generator=torch.Generator().manual_seed(0))
+    rollout = sample_from_mixture(
+        target, draft, head, ids, max_new_tokens=1, generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         expected = target(ids[:1]).logits[0, -1].float().softmax(-1)
     observed = empirical(rollout.completion_ids[:, 0], VOCAB_SIZE)
@@ -200,9 +214,15 @@ def acceptance_rate(target, draft, head, seed: int = 0) -> float:
     enable_diversed(target)
     ids = torch.randint(4, VOCAB_SIZE, (16, 5), generator=torch.Generator().manual_seed(123))
     out = target.generate(
-        ids, assistant_model=draft, diversed_head=head, do_sample=True, max_new_tokens=16, num_assistant_tokens=3,
-        return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
+        ids,
+        assistant_model=draft,
+        diversed_head=head,
+        do_sample=True,
+        max_new_tokens=16,
+        num_assistant_tokens=3,
+        return_dict_in_generate=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return out.speculation.total_acceptance_rate
 
 
@@ -240,9 +260,15 @@ def test_reward_alone_moves_w_toward_target_when_draft_tokens_lose(tmp_path):
         return scores
 
     trainer = trainer_for(
-        tmp_path, target, draft, reward=target_preferred, lambda_acceptance=0.0, max_steps=12, learning_rate=0.1,
+        tmp_path,
+        target,
+        draft,
+        reward=target_preferred,
+        lambda_acceptance=0.0,
+        max_steps=12,
+        learning_rate=0.1,
         num_iterations=2,
-    )  # fmt: skip
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "mean_w" in h]
     assert logs[0]["mean_w"] == pytest.approx(0.5, abs=1e-6)
@@ -255,9 +281,13 @@ def test_clip_fraction_is_zero_on_policy_and_positive_after_big_steps(tmp_path):
     trainer.train()
     assert all(h["clip_fraction"] == 0.0 for h in trainer.state.log_history if "clip_fraction" in h)
     trainer = trainer_for(
-        tmp_path / "b", reward=lambda completions, **k: [float(len(c) % 7) for c in completions], num_iterations=4,
-        learning_rate=1.0, lambda_acceptance=0.0, max_steps=8,
-    )  # fmt: skip
+        tmp_path / "b",
+        reward=lambda completions, **k: [float(len(c) % 7) for c in completions],
+        num_iterations=4,
+        learning_rate=1.0,
+        lambda_acceptance=0.0,
+        max_steps=8,
+    )
     trainer.train()
     assert max(h["clip_fraction"] for h in trainer.state.log_history if "clip_fraction" in h) > 0.0
 
@@ -332,11 +362,12 @@ def test_nan_reward_is_an_error(tmp_path, bad):
 @pytest.mark.parametrize("bad", ["42", "high", {"a": 1.0}, [1.0], 1 + 0j, torch.ones(1), b"1"], ids=repr)
 def test_a_reward_that_is_not_a_real_number_is_refused_naming_the_function(tmp_path, bad):
     """A string "42" used to train as 42.0 (``float()``); a value must be a real number."""
+
     def shouting(completions, **kwargs):
         return [bad] + [0.0] * (len(completions) - 1)
 
     trainer = trainer_for(tmp_path, reward=shouting, max_steps=1)
-    with pytest.raises(TypeError, match=rf"reward function 'shouting' returned .* for completion 0 .*a real number"):
+    with pytest.raises(TypeError, match=r"reward function 'shouting' returned .* for completion 0 .*a real number"):
         trainer.train()
 
 
@@ -357,8 +388,18 @@ def test_rewards_accept_real_numbers_of_every_kind_and_none_as_not_scored():
 
     from diversed_hf.training.scoring import score_completions, weighted_rewards
 
-    values = [1, True, 0.5, np.float32(0.25), np.int64(3), np.bool_(True), np.array(2.0), torch.tensor(-1.5),
-              fractions.Fraction(1, 4), torch.tensor(True)]  # fmt: skip
+    values = [
+        1,
+        True,
+        0.5,
+        np.float32(0.25),
+        np.int64(3),
+        np.bool_(True),
+        np.array(2.0),
+        torch.tensor(-1.5),
+        fractions.Fraction(1, 4),
+        torch.tensor(True),
+    ]
     n = len(values)
     rows = [{"prompt": "t4", "reference": "t5"}] * n
 
@@ -369,7 +410,9 @@ def test_rewards_accept_real_numbers_of_every_kind_and_none_as_not_scored():
     def first_half(completions, **kwargs):  # TRL's None: this function does not score the completion
         return [10.0] * (n // 2) + [None] * (n - n // 2)
 
-    rewards = score_completions([everything, first_half], ["everything", "first_half"], rows, ["t4"] * n, ["t5"] * n, [[5]] * n, None)
+    rewards = score_completions(
+        [everything, first_half], ["everything", "first_half"], rows, ["t4"] * n, ["t5"] * n, [[5]] * n, None
+    )
     expected = [1.0, 1.0, 0.5, 0.25, 3.0, 1.0, 2.0, -1.5, 0.25, 1.0]
     assert rewards[:, 0].tolist() == expected
     assert rewards[: n // 2, 1].tolist() == [10.0] * (n // 2) and rewards[n // 2 :, 1].isnan().all()
@@ -408,8 +451,14 @@ def test_a_dataset_too_small_for_one_rollout_batch_is_refused(tmp_path, rows):
     with pytest.raises(ValueError, match=rf"`train_dataset` has {rows} rows, but one rollout batch takes 2 prompts"):
         trainer_for(tmp_path, dataset=prompts_dataset(rows))
     with pytest.raises(ValueError, match=r"`eval_dataset` has no rows"):
-        DiversedTrainer(*make_pair(), reward_funcs=zero_reward, args=config(tmp_path), train_dataset=prompts_dataset(),
-                        eval_dataset=prompts_dataset(0), processing_class=tiny_tokenizer())  # fmt: skip
+        DiversedTrainer(
+            *make_pair(),
+            reward_funcs=zero_reward,
+            args=config(tmp_path),
+            train_dataset=prompts_dataset(),
+            eval_dataset=prompts_dataset(0),
+            processing_class=tiny_tokenizer(),
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -428,11 +477,17 @@ def test_a_non_finite_loss_stops_training_and_a_nan_head_is_never_saved(tmp_path
     trainer = trainer_for(tmp_path, max_steps=1)
     b, t, d = 2, 3, 32
     inputs = {
-        "completion_mask": torch.ones(b, t), "target_token_probs": torch.full((b, t), 0.5),
-        "draft_token_probs": torch.full((b, t), 0.5), "total_variation": torch.full((b, t), float("nan")),
-        "draft_hidden": torch.zeros(b, t, d), "target_hidden": torch.zeros(b, t, d), "features": torch.zeros(b, t, 0),
-        "old_logprobs": torch.zeros(b, t), "ref_logprobs": torch.zeros(b, t), "advantages": torch.zeros(b, t),
-    }  # fmt: skip
+        "completion_mask": torch.ones(b, t),
+        "target_token_probs": torch.full((b, t), 0.5),
+        "draft_token_probs": torch.full((b, t), 0.5),
+        "total_variation": torch.full((b, t), float("nan")),
+        "draft_hidden": torch.zeros(b, t, d),
+        "target_hidden": torch.zeros(b, t, d),
+        "features": torch.zeros(b, t, 0),
+        "old_logprobs": torch.zeros(b, t),
+        "ref_logprobs": torch.zeros(b, t),
+        "advantages": torch.zeros(b, t),
+    }
     assert trainer.compute_head_loss(trainer.model, {**inputs, "total_variation": torch.zeros(b, t)}).isfinite()
     with pytest.raises(FloatingPointError, match=r"The loss is not finite at step 0 .*the head would become NaN"):
         trainer.compute_head_loss(trainer.model, inputs)
@@ -477,10 +532,16 @@ def test_config_validation():
     import dataclasses
 
     fields = {f.name for f in dataclasses.fields(DiversedConfig)}
-    backends = [n for n in ("use_vllm", "use_transformers_continuous_batching", "use_transformers_paged") if n in fields]
-    assert "use_vllm" in backends and len(backends) >= 2  # and continuous batching, `use_transformers_paged` before TRL 1.8
+    backends = [
+        n for n in ("use_vllm", "use_transformers_continuous_batching", "use_transformers_paged") if n in fields
+    ]
+    assert (
+        "use_vllm" in backends and len(backends) >= 2
+    )  # and continuous batching, `use_transformers_paged` before TRL 1.8
     for name in backends:
-        with pytest.raises(ValueError, match=r"`use_\w+=True` is not supported: rollouts sample from the two-model mixture"):
+        with pytest.raises(
+            ValueError, match=r"`use_\w+=True` is not supported: rollouts sample from the two-model mixture"
+        ):
             DiversedConfig(output_dir="x", report_to="none", **{name: True})
 
 
@@ -489,9 +550,18 @@ NAN, INF = float("nan"), float("inf")
 
 @pytest.mark.parametrize(
     "name, value",
-    [("lambda_acceptance", NAN), ("beta", NAN), ("epsilon", NAN), ("epsilon_high", INF), ("temperature", NAN),
-     ("learning_rate", NAN), ("top_p", NAN), ("lambda_acceptance", INF), ("reward_weights", [1.0, NAN])],
-)  # fmt: skip
+    [
+        ("lambda_acceptance", NAN),
+        ("beta", NAN),
+        ("epsilon", NAN),
+        ("epsilon_high", INF),
+        ("temperature", NAN),
+        ("learning_rate", NAN),
+        ("top_p", NAN),
+        ("lambda_acceptance", INF),
+        ("reward_weights", [1.0, NAN]),
+    ],
+)
 def test_config_refuses_non_finite_floats(name, value):
     """NaN passes every `< 0` check: lambda_acceptance=NaN used to train, and save, a NaN head."""
     with pytest.raises(ValueError, match=rf"`{name}` is .*(nan|inf).* must be a finite number"):
@@ -500,11 +570,12 @@ def test_config_refuses_non_finite_floats(name, value):
 
 def test_yaml_no_is_a_strategy_not_false(tmp_path):
     """YAML 1.1 reads `save_strategy: no` as False; it means the strategy "no"."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
     import train_head
 
     path = tmp_path / "run.yaml"
-    path.write_text("task: testbed_arith\nsave_strategy: no\neval_strategy: no\nlogging_strategy: no\nreport_to: none\n")
+    path.write_text(
+        "task: testbed_arith\nsave_strategy: no\neval_strategy: no\nlogging_strategy: no\nreport_to: none\n"
+    )
     _, parsed = train_head.parse_arguments(["--config", str(path), "--output_dir", str(tmp_path / "out")])
     assert (parsed.save_strategy, parsed.eval_strategy, parsed.logging_strategy) == ("no", "no", "no")
     assert DiversedConfig(output_dir="x", report_to="none", save_strategy=False).save_strategy == "no"
@@ -515,7 +586,9 @@ def test_yaml_no_is_a_strategy_not_false(tmp_path):
 def test_import_diversed_hf_does_not_import_trl():
     code = "import sys, diversed_hf, diversed_hf.rollout, diversed_hf.tasks; print('trl' in sys.modules)"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1]
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
@@ -660,7 +733,14 @@ def test_rollout_buffer_generates_once_per_cycle_and_serves_every_row_once_per_p
 # TRL's surface: the tested version range; the trainer on transformers' and TRL's public API only
 
 #: The trainer's own private names; anything else starting with "_" would be a TRL / transformers member.
-OWN_PRIVATES = {"_rollout_generator", "_prompt_texts", "_global_advantages", "_model_device"}
+OWN_PRIVATES = {
+    "_rollout_generator",
+    "_prompt_texts",
+    "_global_advantages",
+    "_model_device",
+    "_sample_rollout",
+    "_log_rollout",
+}
 
 
 def test_trainer_source_names_no_private_trl_or_transformers_member():
@@ -678,11 +758,25 @@ def test_trainer_source_names_no_private_trl_or_transformers_member():
             names.append(node.attr)
         elif isinstance(node, ast.ClassDef):
             names += [item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
-            names += [t.id for item in node.body if isinstance(item, ast.Assign) for t in item.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr", "delattr"):
+            names += [
+                t.id
+                for item in node.body
+                if isinstance(item, ast.Assign)
+                for t in item.targets
+                if isinstance(t, ast.Name)
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+        ):
             names += [a.value for a in node.args[1:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         for name in names:
-            if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and name not in OWN_PRIVATES:
+            if (
+                name.startswith("_")
+                and not (name.startswith("__") and name.endswith("__"))
+                and name not in OWN_PRIVATES
+            ):
                 found.setdefault(name, node.lineno)
     assert not found, f"trainer.py names TRL / transformers privates: {found}"
     shadowed = sorted(name for name in OWN_PRIVATES if hasattr(Trainer, name))
@@ -713,7 +807,9 @@ def test_check_trl_version(monkeypatch):
     below = f"{low.major - 1}.99.0" if low.major else f"0.{max(low.minor - 1, 0)}.0"
     for outside in (below, str(high), f"{high.major + 1}.0.0"):
         monkeypatch.setattr(trl, "__version__", outside)
-        with pytest.raises(ImportError, match=rf"trl >={low},<{high}; found {outside}.*pip install 'trl>={low},<{high}'"):
+        with pytest.raises(
+            ImportError, match=rf"trl >={low},<{high}; found {outside}.*pip install 'trl>={low},<{high}'"
+        ):
             compat.check_trl_version()
     monkeypatch.setattr(trl, "__version__", str(low))
     compat.check_trl_version()

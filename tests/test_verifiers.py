@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny_models import empirical, tv_bound
 
 from diversed_hf import ops, theory
 from diversed_hf.head import DiversedHead
@@ -13,7 +14,6 @@ from diversed_hf.verifiers import (
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
 )
-from tiny_models import empirical, tv_bound
 
 NEG = -1e4
 
@@ -158,8 +158,12 @@ def test_emitted_tokens_follow_the_declared_distribution(verifier, setting):
 
 def test_seeded_verification_is_reproducible():
     draft_ids, draft_probs, target_probs = _fixed_round(64, 4, 10, seed=7)
-    first = StaticEnsembleVerifier(0.4)(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(9))
-    second = StaticEnsembleVerifier(0.4)(draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(9))
+    first = StaticEnsembleVerifier(0.4)(
+        draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(9)
+    )
+    second = StaticEnsembleVerifier(0.4)(
+        draft_ids, draft_probs, target_probs, generator=torch.Generator().manual_seed(9)
+    )
     assert torch.equal(first.num_accepted, second.num_accepted)
     assert torch.equal(first.next_tokens, second.next_tokens)
 
@@ -356,8 +360,9 @@ def test_typical_acceptance_emits_its_declared_law_in_a_round():
     declared, _ = verifier.verification_probs(draft_probs, target_probs[:, :1])
     num_rows = 20000
     draft_ids = torch.multinomial(draft_probs[0, 0], num_rows, replacement=True, generator=generator)[:, None]
-    result = verifier(draft_ids, draft_probs.expand(num_rows, -1, -1), target_probs.expand(num_rows, -1, -1),
-                      generator=generator)
+    result = verifier(
+        draft_ids, draft_probs.expand(num_rows, -1, -1), target_probs.expand(num_rows, -1, -1), generator=generator
+    )
     first = torch.where(result.num_accepted > 0, draft_ids[:, 0], result.next_tokens)
     observed = empirical(first, 6)
     assert float(ops.total_variation(observed, declared[0, 0].double())) < tv_bound(declared[0, 0], num_rows)
@@ -378,11 +383,20 @@ def test_zero_placeholder_rows_of_slots_draft_lengths_excludes_are_ignored(verif
     if verifier == "head":
         verifier = HeadVerifier(_random_head())
         generator = torch.Generator().manual_seed(1)
-        kwargs = dict(draft_hidden=torch.randn(3, 4, 6, generator=generator),
-                      target_hidden=torch.randn(3, 5, 5, generator=generator))
+        kwargs = dict(
+            draft_hidden=torch.randn(3, 4, 6, generator=generator),
+            target_hidden=torch.randn(3, 5, 5, generator=generator),
+        )
     results = [
-        verifier(draft_ids, q, p, draft_lengths=lengths, do_sample=do_sample,
-                 generator=torch.Generator().manual_seed(2), **kwargs)
+        verifier(
+            draft_ids,
+            q,
+            p,
+            draft_lengths=lengths,
+            do_sample=do_sample,
+            generator=torch.Generator().manual_seed(2),
+            **kwargs,
+        )
         for q, p in ((draft_probs, target_probs), (placeholder_q, placeholder_p))
     ]
     assert torch.equal(results[0].num_accepted, results[1].num_accepted)

@@ -47,13 +47,17 @@ def test_a_mixed_batch_verifies_each_request_by_its_own_rule():
             hidden = dict(draft_hidden=draft_hidden[None, rows], target_hidden=target_hidden[None, rows])
         alone, _ = verifier.verification_probs(draft_probs[None, rows], target_probs[None, rows], **hidden)
         torch.testing.assert_close(verify_probs[rows], alone[0])
-        torch.testing.assert_close(residual[rows], verifier.residual_probs(draft_probs[rows], target_probs[rows], alone[0]))
+        torch.testing.assert_close(
+            residual[rows], verifier.residual_probs(draft_probs[rows], target_probs[rows], alone[0])
+        )
         start += count
     head_rows = torch.cat([torch.arange(0, 2), torch.arange(6, 9)])
     with torch.no_grad():
         weights = head.target_weights(
-            draft_probs[None, head_rows], target_probs[None, head_rows],
-            draft_hidden=draft_hidden[None, head_rows], target_hidden=target_hidden[None, head_rows],
+            draft_probs[None, head_rows],
+            target_probs[None, head_rows],
+            draft_hidden=draft_hidden[None, head_rows],
+            target_hidden=target_hidden[None, head_rows],
         )
     assert float(weights.max() - weights.min()) > 0.2, "the head's weight must move with its inputs"
 
@@ -65,16 +69,31 @@ def test_greedy_rounds_equal_the_projects_verifier_per_request():
     draft_ids = draft_probs.argmax(-1)  # (T,) greedy drafting
     bonus = torch.tensor([[5], [6], [7]])
     output = mixture_rejection_sample(
-        verifiers, draft_ids, counts, 3, draft_probs, target_logits, bonus, torch.ones(3, dtype=torch.bool),
-        torch.rand(8), torch.ones(3, VOCAB), draft_hidden=draft_hidden, target_hidden=target_hidden,
+        verifiers,
+        draft_ids,
+        counts,
+        3,
+        draft_probs,
+        target_logits,
+        bonus,
+        torch.ones(3, dtype=torch.bool),
+        torch.rand(8),
+        torch.ones(3, VOCAB),
+        draft_hidden=draft_hidden,
+        target_hidden=target_hidden,
     )  # (3, 4)
     start = 0
     for row, (verifier, count) in enumerate(zip(verifiers, counts)):
         rows = slice(start, start + count)
-        target_probs = torch.cat([target_logits[rows].softmax(-1), torch.nn.functional.one_hot(bonus[row], VOCAB).float()])
+        target_probs = torch.cat(
+            [target_logits[rows].softmax(-1), torch.nn.functional.one_hot(bonus[row], VOCAB).float()]
+        )
         result = verifier(
-            draft_ids[None, rows], draft_probs[None, rows], target_probs[None],
-            draft_hidden=draft_hidden[None, rows], target_hidden=torch.cat([target_hidden[rows], target_hidden[rows][:1]])[None],
+            draft_ids[None, rows],
+            draft_probs[None, rows],
+            target_probs[None],
+            draft_hidden=draft_hidden[None, rows],
+            target_hidden=torch.cat([target_hidden[rows], target_hidden[rows][:1]])[None],
             do_sample=False,
         )
         accepted = int(result.num_accepted[0])
@@ -95,17 +114,28 @@ def test_sampled_tokens_follow_each_requests_mixture():
     q = draft_probs.repeat(repeats, 1)  # (3R, V)
     draft_ids = torch.multinomial(q, 1).squeeze(-1)  # (3R,) drafted from q
     output = mixture_rejection_sample(
-        verifiers, draft_ids, [1] * len(verifiers), 1, q, target_logits.repeat(repeats, 1),
-        torch.zeros(len(verifiers), 1, dtype=torch.long), torch.zeros(len(verifiers), dtype=torch.bool),
-        torch.rand(len(verifiers)), torch.empty(len(verifiers), VOCAB).exponential_(),
-        draft_hidden=draft_hidden.repeat(repeats, 1), target_hidden=target_hidden.repeat(repeats, 1),
+        verifiers,
+        draft_ids,
+        [1] * len(verifiers),
+        1,
+        q,
+        target_logits.repeat(repeats, 1),
+        torch.zeros(len(verifiers), 1, dtype=torch.long),
+        torch.zeros(len(verifiers), dtype=torch.bool),
+        torch.rand(len(verifiers)),
+        torch.empty(len(verifiers), VOCAB).exponential_(),
+        draft_hidden=draft_hidden.repeat(repeats, 1),
+        target_hidden=target_hidden.repeat(repeats, 1),
     )  # (3R, 2)
     first = output[:, 0].long().view(repeats, 3)  # (R, 3)
     target_probs = target_logits.softmax(-1)
     for index, verifier in enumerate(rules):
-        hidden = dict(draft_hidden=draft_hidden[None, index : index + 1], target_hidden=target_hidden[None, index : index + 1])
+        hidden = dict(
+            draft_hidden=draft_hidden[None, index : index + 1], target_hidden=target_hidden[None, index : index + 1]
+        )
         expected, _ = verifier.verification_probs(
-            draft_probs[None, index : index + 1], target_probs[None, index : index + 1],
+            draft_probs[None, index : index + 1],
+            target_probs[None, index : index + 1],
             **(hidden if verifier.requires_hidden_states else {}),
         )
         expected = expected[0, 0].double()

@@ -1,16 +1,11 @@
 """training/vllm_results.py's pure parts: argument checks, rows, the table and the RESULTS.md section (no vLLM)."""
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-
-import vllm_results  # noqa: E402
-from make_results import VLLM_SECTION, refresh_head_sections  # noqa: E402
-from vllm_results import ARMS, Arm, check_sizes, parse_concurrency, results_table, summarize  # noqa: E402
+import vllm_results
+from make_results import VLLM_SECTION, refresh_head_sections
+from vllm_results import ARMS, Arm, check_sizes, parse_concurrency, results_table, summarize
 
 TARGET = Arm("vLLM target-only", "vllm", "target", (0.0,))
 SD = Arm("vLLM SD (its own sampler)", "vllm", "sd", (0.0,))
@@ -40,8 +35,17 @@ def test_check_sizes_names_the_argument(sizes, flag):
 
 
 def test_summarize_counts_acceptance_tokens_per_round_and_token_zero():
-    row = summarize(SD, 0.0, 8, seconds=2.0, token_ids=[[5, 0, 7], [0]], exact_match=[1.0, 0.0],
-                    num_drafts=4, num_draft_tokens=12, num_accepted=6)  # fmt: skip
+    row = summarize(
+        SD,
+        0.0,
+        8,
+        seconds=2.0,
+        token_ids=[[5, 0, 7], [0]],
+        exact_match=[1.0, 0.0],
+        num_drafts=4,
+        num_draft_tokens=12,
+        num_accepted=6,
+    )
     assert row["num_tokens"] == 4 and row["tokens_per_second"] == 2.0
     assert row["acceptance"] == 0.5 and row["tokens_per_round"] == (6 + 4) / 4
     assert row["exact_match"] == 0.5 and row["token0_share"] == 0.5
@@ -52,11 +56,29 @@ def test_summarize_counts_acceptance_tokens_per_round_and_token_zero():
 def test_table_puts_speed_against_the_same_backends_target_only_and_marks_invalid_arms():
     rows = [
         summarize(TARGET, 0.0, 1, seconds=2.0, token_ids=[[1] * 10], exact_match=[1.0]),
-        summarize(SD, 0.0, 1, seconds=1.0, token_ids=[[1] * 10], exact_match=[1.0], num_drafts=2,
-                  num_draft_tokens=6, num_accepted=3),
-        summarize(BROKEN, 0.7, 1, seconds=1.0, token_ids=[[0] * 9 + [1]], exact_match=[0.0], num_drafts=3,
-                  num_draft_tokens=9, num_accepted=1),
-    ]  # fmt: skip
+        summarize(
+            SD,
+            0.0,
+            1,
+            seconds=1.0,
+            token_ids=[[1] * 10],
+            exact_match=[1.0],
+            num_drafts=2,
+            num_draft_tokens=6,
+            num_accepted=3,
+        ),
+        summarize(
+            BROKEN,
+            0.7,
+            1,
+            seconds=1.0,
+            token_ids=[[0] * 9 + [1]],
+            exact_match=[0.0],
+            num_drafts=3,
+            num_draft_tokens=9,
+            num_accepted=1,
+        ),
+    ]
     lines = results_table(rows).splitlines()
     assert len(lines) == 2 + 3
     sd_line = next(line for line in lines if "| vLLM SD" in line and "| 0 |" in line)

@@ -63,7 +63,9 @@ def test_named_heads_load_once_and_requests_pick_them_by_name():
     assert rules.for_request({"diversed": {"head": "arith"}}) is rules.heads["arith"]
     assert rules.for_request({"diversed": {"head": "summary"}}).head.config.task == "summary"
     assert rules.for_request({"diversed": {"target_weight": 0.3}}) == StaticEnsembleVerifier(0.3)
-    assert rules.for_request({"diversed": {"target_weight": 0.3}}) is rules.for_request({"diversed": {"target_weight": 0.3}})
+    assert rules.for_request({"diversed": {"target_weight": 0.3}}) is rules.for_request(
+        {"diversed": {"target_weight": 0.3}}
+    )
     assert rules.for_request({"diversed": {"target_weight": 0.3, "mixing": "logits"}}).mixing == "logits"
 
 

@@ -7,8 +7,10 @@ import pytest
 from diversed_hf.vllm_plugin.versions import guard_unsupported_vllm, is_supported_vllm
 
 
-@pytest.mark.parametrize("version, supported", [("0.32.0", True), ("0.32.0+cpu", True), ("0.32.1rc1", True),
-                                                ("0.31.2", False), ("0.33.0", False), ("dev", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "version, supported",
+    [("0.32.0", True), ("0.32.0+cpu", True), ("0.32.1rc1", True), ("0.31.2", False), ("0.33.0", False), ("dev", False)],
+)
 def test_supported_releases(version, supported):
     assert is_supported_vllm(version) is supported
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 VOCAB_SIZE = 64
 EOS_TOKEN_ID = 1
@@ -42,7 +49,9 @@ def _config(architecture: str, hidden_size: int, num_layers: int, vocab_size: in
     raise ValueError(f"unknown architecture {architecture!r}; choose from {ARCHITECTURES}")
 
 
-def make_model(architecture: str = "llama", hidden_size: int = 32, num_layers: int = 2, vocab_size: int = VOCAB_SIZE, seed: int = 0):
+def make_model(
+    architecture: str = "llama", hidden_size: int = 32, num_layers: int = 2, vocab_size: int = VOCAB_SIZE, seed: int = 0
+):
     model_class, config = _config(architecture, hidden_size, num_layers, vocab_size)
     torch.manual_seed(seed)
     model = model_class(config).eval()

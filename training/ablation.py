@@ -37,19 +37,18 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+import yaml
+
+from diversed_hf import DiversedHead, testbed
+from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench
+from diversed_hf.bench.report import _cell, _delta_cell
+from diversed_hf.bench.schema import task_setting
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.tasks import metric_label
+from diversed_hf.verifiers import HeadVerifier
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-import yaml  # noqa: E402
-
-from diversed_hf import DiversedHead, testbed  # noqa: E402
-from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
-from diversed_hf.bench.schema import task_setting  # noqa: E402
-from diversed_hf.bench.report import _cell, _delta_cell  # noqa: E402
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from diversed_hf.tasks import metric_label  # noqa: E402
-from diversed_hf.verifiers import HeadVerifier  # noqa: E402
 
 
 def _head_spec(text: str) -> tuple[str, str]:
@@ -92,8 +91,10 @@ def table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     ]
     for row in rows:
         if row["family"] != "diversed":
-            lines.append(f"| {row['method']} | – | – | – | {_pct(row['acceptance_rate'])} | – "
-                         f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | – |")
+            lines.append(
+                f"| {row['method']} | – | – | – | {_pct(row['acceptance_rate'])} | – "
+                f"| {100 * row['quality']:.1f} | {_delta_cell(row)} | – |"
+            )
             continue
         transferred = row["method"].endswith(FINETUNED)  # a pair-agnostic head with another draft: vs SD with it
         head, training = heads[row["method"].removesuffix(FINETUNED)]
@@ -138,10 +139,16 @@ def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
     for name, (head, training) in heads.items():
         if not training.get("lambda_acceptance"):
             continue
-        flags = [f"--seed {training.get('seed', 0)}", f"--lambda_acceptance {training['lambda_acceptance']:g}",
-                 f"--head_architecture {head.config.architecture}"]
-        flags += [f"--{key} {training[key]:g}" for key in RECIPE_SETTINGS
-                  if key in training and key in defaults and float(training[key]) != float(defaults[key])]
+        flags = [
+            f"--seed {training.get('seed', 0)}",
+            f"--lambda_acceptance {training['lambda_acceptance']:g}",
+            f"--head_architecture {head.config.architecture}",
+        ]
+        flags += [
+            f"--{key} {training[key]:g}"
+            for key in RECIPE_SETTINGS
+            if key in training and key in defaults and float(training[key]) != float(defaults[key])
+        ]
         if head.config.features:
             flags.append("--head_features " + " ".join(head.config.features))
         if not head.config.use_hidden_states:
@@ -152,22 +159,32 @@ def recipes(task: str, heads: dict[str, tuple[DiversedHead, dict]]) -> str:
             note = " with `head_features: []` in a copy of the YAML"
         if offset:
             note += f" (then a calibration offset of {offset:+g} on the output logit, training/calibrate_head.py)"
-        lines.append(f"- {name}: `python training/train_head.py --config training/configs/testbed_{task}.yaml "
-                     f"--threads 1 {' '.join(flags)} --output_dir runs/... --head_dir runs/.../head`{note}")
+        lines.append(
+            f"- {name}: `python training/train_head.py --config training/configs/testbed_{task}.yaml "
+            f"--threads 1 {' '.join(flags)} --output_dir runs/... --head_dir runs/.../head`{note}"
+        )
     return "\n".join(lines)
 
 
 #: the shipping rule of a lambda sweep (--front), as the card and RESULTS.md state it
-SELECTION_RULE = ("the head with the highest acceptance whose paired 95 % interval against the target distribution "
-                  "reaches 0 (upper end >= 0)")
+SELECTION_RULE = (
+    "the head with the highest acceptance whose paired 95 % interval against the target distribution "
+    "reaches 0 (upper end >= 0)"
+)
 
 
 def operating_point(rows: list[dict]) -> dict | None:
     """The head row :data:`SELECTION_RULE` picks among the heads' rows (decoded with the pair's own draft), or
     ``None`` when no head's interval reaches 0."""
-    eligible = [row for row in rows if row["family"] == "diversed" and not row["method"].endswith(FINETUNED)
-                and row.get("acceptance_rate") is not None and row.get("quality_delta_high") is not None
-                and row["quality_delta_high"] >= 0]
+    eligible = [
+        row
+        for row in rows
+        if row["family"] == "diversed"
+        and not row["method"].endswith(FINETUNED)
+        and row.get("acceptance_rate") is not None
+        and row.get("quality_delta_high") is not None
+        and row["quality_delta_high"] >= 0
+    ]
     return max(eligible, key=lambda row: row["acceptance_rate"], default=None)
 
 
@@ -183,12 +200,18 @@ def front_entries(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]])
     for row in rows:
         if row["family"] != "diversed" or row["method"].endswith(FINETUNED):
             continue
-        entries.append({
-            "method": row["method"], "lambda_acceptance": _lambda(heads[row["method"]][1]),
-            "acceptance_rate": row["acceptance_rate"], "acceptance_ratio_vs_sd": _times(row["acceptance_rate"], sd),
-            "quality": row["quality"], "quality_delta": row.get("quality_delta"),
-            "quality_delta_low": row.get("quality_delta_low"), "quality_delta_high": row.get("quality_delta_high"),
-        })
+        entries.append(
+            {
+                "method": row["method"],
+                "lambda_acceptance": _lambda(heads[row["method"]][1]),
+                "acceptance_rate": row["acceptance_rate"],
+                "acceptance_ratio_vs_sd": _times(row["acceptance_rate"], sd),
+                "quality": row["quality"],
+                "quality_delta": row.get("quality_delta"),
+                "quality_delta_low": row.get("quality_delta_low"),
+                "quality_delta_high": row.get("quality_delta_high"),
+            }
+        )
     return sorted(entries, key=lambda e: (e["lambda_acceptance"] is None, e["lambda_acceptance"] or 0.0))
 
 
@@ -202,23 +225,30 @@ def front_table(rows: list[dict], heads: dict[str, tuple[DiversedHead, dict]]) -
     ]
     for row in rows:
         if row["family"] in ("target-only", "sd"):
-            lines.append(f"| – | {row['method']} | {_pct(row['acceptance_rate'])} | – | {100 * row['quality']:.1f} "
-                         f"| {_delta_cell(row)} | – |")
+            lines.append(
+                f"| – | {row['method']} | {_pct(row['acceptance_rate'])} | – | {100 * row['quality']:.1f} "
+                f"| {_delta_cell(row)} | – |"
+            )
     by_name = {row["method"]: row for row in rows}
     for entry in front_entries(rows, heads):
         row = by_name[entry["method"]]
         reaches = "–" if entry["quality_delta_high"] is None else ("yes" if entry["quality_delta_high"] >= 0 else "no")
         name = f"**{entry['method']}** (chosen)" if chosen is not None and row is chosen else entry["method"]
         lam = "–" if entry["lambda_acceptance"] is None else f"{entry['lambda_acceptance']:g}"
-        lines.append(f"| {lam} | {name} | {_pct(entry['acceptance_rate'])} "
-                     f"| {_cell(entry['acceptance_ratio_vs_sd'], '.2f', suffix='x')} | {100 * row['quality']:.1f} "
-                     f"| {_delta_cell(row)} | {reaches} |")
+        lines.append(
+            f"| {lam} | {name} | {_pct(entry['acceptance_rate'])} "
+            f"| {_cell(entry['acceptance_ratio_vs_sd'], '.2f', suffix='x')} | {100 * row['quality']:.1f} "
+            f"| {_delta_cell(row)} | {reaches} |"
+        )
     if chosen is None:
         verdict = "No head's interval reaches 0: none of these heads meets the rule."
     else:
         lam = _lambda(heads[chosen["method"]][1])
-        verdict = (f"By this rule the head to ship is **{chosen['method']}**"
-                   + (f" (lambda = {lam:g})" if lam is not None else "") + ".")
+        verdict = (
+            f"By this rule the head to ship is **{chosen['method']}**"
+            + (f" (lambda = {lam:g})" if lam is not None else "")
+            + "."
+        )
     return "\n".join(lines) + "\n\n" + verdict
 
 
@@ -232,8 +262,13 @@ def front_results(result, heads: dict[str, tuple[DiversedHead, dict]], command: 
     own = [dict(row) for row in rows if row["family"] in ("target-only", "sd")]
     own.append(dict(chosen, method="DIVERSED", head_task=result.task))
     lam = _lambda(heads[chosen["method"]][1])
-    selection = {"rule": SELECTION_RULE, "chosen": chosen["method"], "lambda_acceptance": lam,
-                 "front": front_entries(rows, heads), "command": command}
+    selection = {
+        "rule": SELECTION_RULE,
+        "chosen": chosen["method"],
+        "lambda_acceptance": lam,
+        "front": front_entries(rows, heads),
+        "command": command,
+    }
     return {"setting": task_setting(result), "rows": own, "selection": selection}
 
 
@@ -258,16 +293,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output-dir", default=str(REPO / "runs" / "ablation"),
-                        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)")
-    parser.add_argument("--finetuned-draft", action="store_true",
-                        help="also decode with the task's fine-tuned draft (testbed.load_finetuned_draft): SD, and every "
-                             "features-only head (pair-agnostic: trained with the testbed draft, used with another)")
-    parser.add_argument("--front", action="store_true",
-                        help="the heads are a lambda sweep of one recipe: write the acceptance-quality front by lambda and "
-                             "the chosen head's results (front_<task>.md/.json, front_<task>_results.json)")
-    parser.add_argument("--rows-from", default=None,
-                        help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding")
+    parser.add_argument(
+        "--output-dir",
+        default=str(REPO / "runs" / "ablation"),
+        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)",
+    )
+    parser.add_argument(
+        "--finetuned-draft",
+        action="store_true",
+        help="also decode with the task's fine-tuned draft (testbed.load_finetuned_draft): SD, and every "
+        "features-only head (pair-agnostic: trained with the testbed draft, used with another)",
+    )
+    parser.add_argument(
+        "--front",
+        action="store_true",
+        help="the heads are a lambda sweep of one recipe: write the acceptance-quality front by lambda and "
+        "the chosen head's results (front_<task>.md/.json, front_<task>_results.json)",
+    )
+    parser.add_argument(
+        "--rows-from",
+        default=None,
+        help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     output = check_output_dir(args.output_dir)  # before the run, not after it
@@ -277,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.front:
         unknown = [name for name, (_, training) in heads.items() if _lambda(training) is None]
         if unknown:
-            raise ValueError(f"--front: the heads {unknown} record no lambda_acceptance in their training_config.json; "
-                             "a front is a lambda sweep of heads train_head.py saved.")
+            raise ValueError(
+                f"--front: the heads {unknown} record no lambda_acceptance in their training_config.json; "
+                "a front is a lambda sweep of heads train_head.py saved."
+            )
     result = None
     if args.rows_from:
         saved = json.loads(Path(args.rows_from).read_text())
@@ -295,10 +344,20 @@ def main(argv: list[str] | None = None) -> int:
         finetuned = testbed.load_finetuned_draft(args.task) if args.finetuned_draft else None
         if finetuned is not None:
             methods += parse_methods(["sd-ft"], has_finetuned_draft=True)[0]
-            methods += [Method(name + FINETUNED, "diversed", HeadVerifier(head), draft="finetuned")
-                        for name, (head, _) in heads.items() if not head.config.use_hidden_states]
-        config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
-                             max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
+            methods += [
+                Method(name + FINETUNED, "diversed", HeadVerifier(head), draft="finetuned")
+                for name, (head, _) in heads.items()
+                if not head.config.use_hidden_states
+            ]
+        config = BenchConfig(
+            num_prompts=args.num_prompts,
+            num_samples=args.num_samples,
+            num_timing_prompts=0,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            num_html_examples=0,
+            cost_tokens=4,
+        )
         result = run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, progress=True)
         rows = result.rows
         output.mkdir(parents=True, exist_ok=True)
@@ -312,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     transfer_note = (
         "; rows marked *(fine-tuned draft)* decode with the task's fine-tuned draft instead (a features-only head "
         "does not read the pair's hidden states, so it runs with any draft sharing the tokenizer; its x SD is "
-        "against SD with that draft)" if any(r["method"].endswith(FINETUNED) for r in rows) else ""
+        "against SD with that draft)"
+        if any(r["method"].endswith(FINETUNED) for r in rows)
+        else ""
     )
     command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
     if args.front:

@@ -24,13 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
+from make_results import BLOCK_SECTION, bench_flags, refresh_head_sections, run_bench_argv
 
-from diversed_hf.bench import block_table, write_results  # noqa: E402
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from make_results import BLOCK_SECTION, bench_flags, refresh_head_sections, run_bench_argv  # noqa: E402
+from diversed_hf.bench import block_table, write_results
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+
+REPO = Path(__file__).resolve().parents[1]
 
 METHODS = ["sd", "block:sd", "static:0.5", "block:static:0.5", "diversed", "block:diversed"]
 PAIRS = {
@@ -41,14 +40,16 @@ PAIRS = {
 }
 SIZES = {
     ("testbed", False): dict(num_prompts=200, num_samples=1, num_timing_prompts=6, repeats=3),
-    ("smollm2", False): dict(num_prompts=24, num_samples=1, num_timing_prompts=2, repeats=1, max_new_tokens=64,
-                             batch_size=8),
+    ("smollm2", False): dict(
+        num_prompts=24, num_samples=1, num_timing_prompts=2, repeats=1, max_new_tokens=64, batch_size=8
+    ),
     ("testbed", True): dict(num_prompts=8, num_samples=1, num_timing_prompts=1, repeats=1, max_new_tokens=24),
-    ("smollm2", True): dict(num_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1, max_new_tokens=16,
-                            batch_size=2),
+    ("smollm2", True): dict(
+        num_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1, max_new_tokens=16, batch_size=2
+    ),
 }
 NOTE = (
-    "Block verification (Sun et al. 2024; docs/method.md §2, \"Block verification\") against token-wise verification "
+    'Block verification (Sun et al. 2024; docs/method.md §2, "Block verification") against token-wise verification '
     "of the same distribution, on the same prompts with the same seeds: SD (`pi = p`), the static ensemble "
     "(`w = 0.5`) and DIVERSED (the task's shipped head), each `X → block X`. Δ columns: block minus token-wise, "
     "paired over prompts, with 95 % bootstrap intervals — tokens per round measured and by the unbiased E[T] "
@@ -69,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", choices=sorted(PAIRS), default="testbed", help="Which shipped pair to run.")
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/block/.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads.")
-    parser.add_argument("--section-only", action="store_true",
-                        help="Run nothing: rebuild RESULTS.md's section from the tables the last runs wrote.")
+    parser.add_argument(
+        "--section-only",
+        action="store_true",
+        help="Run nothing: rebuild RESULTS.md's section from the tables the last runs wrote.",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -81,23 +85,42 @@ def main(argv: list[str] | None = None) -> int:
         load = os.getloadavg()[0]
         pair = PAIRS[args.pair]
         sizes = SIZES[(args.pair, args.quick)]
-        options = {**pair["options"], **sizes, "methods": METHODS, "num_baseline_prompts": sizes["num_prompts"],
-                   "no_plots": True}
-        argv_bench = ["--pair", args.pair, "--task", *pair["tasks"], "--threads", str(args.threads),
-                      "--output-dir", str(output_dir), "--no-progress"] + bench_flags(options)  # fmt: skip
+        options = {
+            **pair["options"],
+            **sizes,
+            "methods": METHODS,
+            "num_baseline_prompts": sizes["num_prompts"],
+            "no_plots": True,
+        }
+        argv_bench = [
+            "--pair",
+            args.pair,
+            "--task",
+            *pair["tasks"],
+            "--threads",
+            str(args.threads),
+            "--output-dir",
+            str(output_dir),
+            "--no-progress",
+        ] + bench_flags(options)
         _, results = run_bench_argv(argv_bench)
         write_results(results, output_dir, plots=False)
         table = block_table(results)
         if table is None:
             raise ValueError(f"the run on {args.pair} gave no block-verified row; see the notes in {output_dir}.")
         minutes = (time.perf_counter() - started) / 60
-        command = "python training/block_results.py" + (f" --pair {args.pair}" if args.pair != "testbed" else "") + (
-            " --quick" if args.quick else "")
+        command = (
+            "python training/block_results.py"
+            + (f" --pair {args.pair}" if args.pair != "testbed" else "")
+            + (" --quick" if args.quick else "")
+        )
         (root / f"block_{args.pair}.md").write_text(
             f"### {args.pair}\n\nRegenerate with `{command}` ({minutes:.1f} min; load average {load:.1f} on "
             f"{os.cpu_count()} cores when it started). {sizes['num_prompts']} prompts per task x "
             f"{sizes['num_samples']} sample, every method; tokens/s from {sizes['num_timing_prompts']} prompts "
-            f"(median of {sizes['repeats']}). Full tables: `{output_dir.relative_to(REPO).as_posix()}/`.\n\n" + table + "\n"
+            f"(median of {sizes['repeats']}). Full tables: `{output_dir.relative_to(REPO).as_posix()}/`.\n\n"
+            + table
+            + "\n"
         )
     body = section(root)
     if body is None:
@@ -105,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     (root / f"{BLOCK_SECTION[0]}.md").write_text(body + "\n")
     if not args.quick:
         refresh_head_sections(REPO / "RESULTS.md", root)
-    print(f"Wrote {(root / f'{BLOCK_SECTION[0]}.md').relative_to(REPO)} in {(time.perf_counter() - started) / 60:.1f} min.")
+    print(
+        f"Wrote {(root / f'{BLOCK_SECTION[0]}.md').relative_to(REPO)} in {(time.perf_counter() - started) / 60:.1f} min."
+    )
     return 0
 
 

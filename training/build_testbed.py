@@ -39,14 +39,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.testbed import tasks
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from diversed_hf.testbed import tasks  # noqa: E402
 
 logger = logging.getLogger("build_testbed")
 
@@ -94,8 +93,10 @@ class ModelSpec:
 class BuildConfig:
     output_dir: str = field(
         default=str(REPO / "runs" / "testbed"),
-        metadata={"help": "Where the final tokenizer/, target/ and draft/ go (diversed_hf/testbed/assets: replace the "
-                          "shipped testbed)."},
+        metadata={
+            "help": "Where the final tokenizer/, target/ and draft/ go (diversed_hf/testbed/assets: replace the "
+            "shipped testbed)."
+        },
     )
     work_dir: str = field(
         default=str(REPO / "training" / ".testbed_work"),
@@ -118,7 +119,9 @@ class BuildConfig:
     )
     batch_size: int = field(default=16, metadata={"help": "Sequences per optimizer step (both models)."})
     ckpt_every: int = field(default=100, metadata={"help": "Checkpoint period in steps."})
-    eval_examples: int = field(default=50, metadata={"help": "Held-out arith problems scored after training (0: skip)."})
+    eval_examples: int = field(
+        default=50, metadata={"help": "Held-out arith problems scored after training (0: skip)."}
+    )
     stages: str = field(default="data,tokenizer,target,draft", metadata={"help": "Comma-separated stages to run."})
     fresh: bool = field(default=False, metadata={"help": "Delete --work-dir first (no resume)."})
 
@@ -146,7 +149,14 @@ def model_specs(cfg: BuildConfig) -> dict[str, ModelSpec]:
     return {
         "target": ModelSpec(192, 768, 16, 6, 2, cfg.batch_size, "target", [p for p in target_phases if p.steps]),
         "draft": ModelSpec(
-            128, 384, 1, 4, 4, cfg.batch_size, "draft", [Phase(cfg.draft_steps, arith_fraction=0.7, lr=3e-3, warmup=100)]
+            128,
+            384,
+            1,
+            4,
+            4,
+            cfg.batch_size,
+            "draft",
+            [Phase(cfg.draft_steps, arith_fraction=0.7, lr=3e-3, warmup=100)],
         ),
     }
 
@@ -163,7 +173,9 @@ def build_data(cfg: BuildConfig, specs: dict[str, ModelSpec]) -> None:
     for offset, (model, spec) in enumerate(specs.items()):
         for index, phase in enumerate(spec.phases):
             seed = 1000 * cfg.seed + 17 + 500 * index + offset
-            write_data(data_path(cfg, model, index), spec.style, phase.steps * spec.batch_size, seed, phase.arith_fraction)
+            write_data(
+                data_path(cfg, model, index), spec.style, phase.steps * spec.batch_size, seed, phase.arith_fraction
+            )
 
 
 def write_data(path: Path, style: str, n: int, seed: int, arith_fraction: float) -> None:
@@ -358,7 +370,11 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(
         "%s: %.2fM parameters, %d steps of %d sequences (phases: %s)",
-        name, n_params / 1e6, total_steps, spec.batch_size, [phase.steps for phase in spec.phases],
+        name,
+        n_params / 1e6,
+        total_steps,
+        spec.batch_size,
+        [phase.steps for phase in spec.phases],
     )
 
     model.train()
@@ -386,8 +402,12 @@ def train_model(cfg: BuildConfig, name: str, spec: ModelSpec) -> None:
         if step % cfg.ckpt_every == 0 or step == total_steps:
             tmp = ckpt_path.with_suffix(".tmp")
             torch.save(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                 "elapsed": time.perf_counter() - t0},
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "elapsed": time.perf_counter() - t0,
+                },
                 tmp,
             )
             os.replace(tmp, ckpt_path)
@@ -437,8 +457,14 @@ def greedy_score(model, tokenizer, task: str, num_examples: int, batch_size: int
 def log_scores(model, tokenizer, name: str, num_examples: int, when: str) -> None:
     arith = greedy_score(model, tokenizer, "arith", num_examples)
     rouge = greedy_score(model, tokenizer, "summary", num_examples)
-    logger.info("%s: %s held-out arith accuracy %.1f %%, summary ROUGE-2 %.1f (%d problems each)",
-                name, when, arith, rouge, num_examples)
+    logger.info(
+        "%s: %s held-out arith accuracy %.1f %%, summary ROUGE-2 %.1f (%d problems each)",
+        name,
+        when,
+        arith,
+        rouge,
+        num_examples,
+    )
 
 
 def quick_eval(cfg: BuildConfig) -> None:

@@ -34,16 +34,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import torch
+from eval_head import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
+
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.tasks import load_task_dataset
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
-
-import torch  # noqa: E402
-
-from eval_head import check_pair, evaluate, load_any_head, load_models, task_argument, task_help  # noqa: E402
-
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from diversed_hf.tasks import load_task_dataset  # noqa: E402
 
 logger = logging.getLogger("calibrate_head")
 
@@ -62,13 +59,27 @@ def choose_offset(target_quality: float, rows: list[dict], tolerance: float) -> 
     eligible = [row for row in rows if row["quality"] >= target_quality - tolerance]
     if eligible:
         return max(eligible, key=lambda row: (row["acceptance_rate"], -row["offset"]))
-    logger.warning("no offset reaches target-only quality %.3f - %.3f; taking the best quality", target_quality, tolerance)
+    logger.warning(
+        "no offset reaches target-only quality %.3f - %.3f; taking the best quality", target_quality, tolerance
+    )
     return max(rows, key=lambda row: (row["quality"], -row["offset"]))
 
 
 #: settings that must match for --reuse: what selects the prompts and how they are decoded
-REUSE_KEYS = ("task", "split", "num_examples", "seed", "num_sampling_seeds", "temperature", "num_draft_tokens",
-              "max_new_tokens", "batch_size", "dtype", "target", "draft")
+REUSE_KEYS = (
+    "task",
+    "split",
+    "num_examples",
+    "seed",
+    "num_sampling_seeds",
+    "temperature",
+    "num_draft_tokens",
+    "max_new_tokens",
+    "batch_size",
+    "dtype",
+    "target",
+    "draft",
+)
 
 
 def reused_measurements(path: str, args: argparse.Namespace) -> tuple[float, dict[float, dict]]:
@@ -79,8 +90,11 @@ def reused_measurements(path: str, args: argparse.Namespace) -> tuple[float, dic
     if Path(settings.get("head", "")).resolve() != Path(args.head).resolve() and settings.get("head") != args.head:
         differ.append("head")
     if differ:
-        raise ValueError(f"--reuse {path}: it was measured with other settings ({', '.join(differ)}: "
-                         + ", ".join(f"{key}={settings.get(key)!r}" for key in differ) + "); measure everything again.")
+        raise ValueError(
+            f"--reuse {path}: it was measured with other settings ({', '.join(differ)}: "
+            + ", ".join(f"{key}={settings.get(key)!r}" for key in differ)
+            + "); measure everything again."
+        )
     return float(earlier["target_quality"]), {float(row["offset"]): row for row in earlier["rows"]}
 
 
@@ -104,9 +118,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--output-dir", default=None, help="save the calibrated head here (e.g. runs/<task>/head_cal)")
-    parser.add_argument("--reuse", default=None,
-                        help="calibration.json of an earlier run with the same head, prompts and settings: its target-only "
-                             "quality and the offsets it measured are taken from it, only the other --offsets are run")
+    parser.add_argument(
+        "--reuse",
+        default=None,
+        help="calibration.json of an earlier run with the same head, prompts and settings: its target-only "
+        "quality and the offsets it measured are taken from it, only the other --offsets are run",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.tolerance < 0:
@@ -137,9 +154,13 @@ def main(argv=None) -> dict:
     data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
     prompts, references = list(data["prompt"]), list(data["reference"])
     common = dict(
-        temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, seed=args.seed, num_sampling_seeds=args.num_sampling_seeds,
-    )  # fmt: skip
+        temperature=args.temperature,
+        num_draft_tokens=args.num_draft_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        num_sampling_seeds=args.num_sampling_seeds,
+    )
     target_quality, earlier = reused_measurements(args.reuse, args) if args.reuse else (None, {})
     if target_quality is None:
         target_quality = evaluate(
@@ -152,9 +173,16 @@ def main(argv=None) -> dict:
             rows.append(earlier[offset])
             continue
         row = evaluate(
-            args.task, target, draft, tokenizer, with_offset(head, offset), prompts, references, methods=("diversed",),
+            args.task,
+            target,
+            draft,
+            tokenizer,
+            with_offset(head, offset),
+            prompts,
+            references,
+            methods=("diversed",),
             **common,
-        )["rows"][0]  # fmt: skip
+        )["rows"][0]
         rows.append({"offset": offset, "quality": row["quality"], "acceptance_rate": row["acceptance_rate"]})
     chosen = choose_offset(target_quality, rows, args.tolerance)
 
@@ -181,7 +209,8 @@ def main(argv=None) -> dict:
         record["calibration_logit_offset"] = previous + chosen["offset"]
         bar = f"target-only {target_quality:.3f}{f' - {args.tolerance:g}' if args.tolerance else ''}"
         rule = (
-            f"the highest acceptance with quality >= {bar}" if chosen["quality"] >= target_quality - args.tolerance
+            f"the highest acceptance with quality >= {bar}"
+            if chosen["quality"] >= target_quality - args.tolerance
             else f"no offset reached {bar}, so the best quality"
         )
         record["calibration_note"] = (
@@ -195,8 +224,11 @@ def main(argv=None) -> dict:
         if stale.is_file():  # results of another head: the calibrated one must be measured again
             stale.unlink()
         with_offset(head, chosen["offset"]).save_pretrained(str(output), training_config=record)
-        logger.info("saved the calibrated head to %s; measure it with training/eval_head.py --output %s",
-                    output, output / "results.json")
+        logger.info(
+            "saved the calibrated head to %s; measure it with training/eval_head.py --output %s",
+            output,
+            output / "results.json",
+        )
     return summary
 
 

@@ -27,14 +27,13 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+import diversed_hf.testbed as testbed
+from diversed_hf import ExactVerifier, StaticEnsembleVerifier, enable_diversed
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, run_script
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-import diversed_hf.testbed as testbed  # noqa: E402
-from diversed_hf import ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, run_script  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,8 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-assistant-tokens", type=int, default=5, help="drafts per round N (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt (default 96)")
     parser.add_argument("--weight", type=float, default=0.5, help="target weight of the ensemble pairing (default 0.5)")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="wall: time.perf_counter (default); cpu: this process's CPU time, steadier on a shared machine")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: time.perf_counter (default); cpu: this process's CPU time, steadier on a shared machine",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     for name in ("num_prompts", "repeats", "threads", "num_assistant_tokens", "max_new_tokens"):
@@ -68,12 +71,18 @@ def main(argv=None) -> int:
     draft.generation_config.assistant_confidence_threshold = 0.0
     prompts = testbed.load_task("arith", split="test", num_examples=args.num_prompts)["prompt"]
     encoded = [tokenizer(text, return_tensors="pt") for text in prompts]
-    common = dict(assistant_model=draft, do_sample=False, max_new_tokens=args.max_new_tokens,
-                  num_assistant_tokens=args.num_assistant_tokens)
+    common = dict(
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=args.max_new_tokens,
+        num_assistant_tokens=args.num_assistant_tokens,
+    )
     methods = {
         ("lossless", "transformers"): dict(num_assistant_tokens_schedule="constant"),
         ("lossless", "ours"): dict(verifier=ExactVerifier()),
-        ("ensemble", "transformers"): dict(num_assistant_tokens_schedule="constant", assistant_ensemble_weight=args.weight),
+        ("ensemble", "transformers"): dict(
+            num_assistant_tokens_schedule="constant", assistant_ensemble_weight=args.weight
+        ),
         ("ensemble", "ours"): dict(verifier=StaticEnsembleVerifier(args.weight)),
     }
 
@@ -99,8 +108,10 @@ def main(argv=None) -> int:
                 times[(pairing, side)].append(elapsed)
             identical[pairing] &= all(torch.equal(a, b) for a, b in zip(results["transformers"], results["ours"]))
 
-    print(f"testbed arith, {len(encoded)} prompts, batch 1, greedy, N={args.num_assistant_tokens}, "
-          f"max_new_tokens={args.max_new_tokens}, threads={args.threads}, {args.clock} clock, median of {args.repeats} repeats")
+    print(
+        f"testbed arith, {len(encoded)} prompts, batch 1, greedy, N={args.num_assistant_tokens}, "
+        f"max_new_tokens={args.max_new_tokens}, threads={args.threads}, {args.clock} clock, median of {args.repeats} repeats"
+    )
     print(f"{'pairing':<10} {'transformers (s)':>17} {'ours (s)':>10} {'ours/transformers':>18} {'identical':>10}")
     for pairing in ("lossless", "ensemble"):
         theirs = statistics.median(times[(pairing, "transformers")])

@@ -28,24 +28,24 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from trl import SFTConfig, SFTTrainer, TrlParser
+
+from diversed_hf.cli_utils import check_output_dir, run_script
+from diversed_hf.tasks import get_task
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
-
-import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from peft import LoraConfig  # noqa: E402
-from trl import SFTConfig, SFTTrainer, TrlParser  # noqa: E402
-
-from diversed_hf.cli_utils import check_output_dir, run_script  # noqa: E402
-from diversed_hf.tasks import get_task  # noqa: E402
 
 logger = logging.getLogger("distill_draft")
 
 
 @dataclass
 class DistillArguments:
-    task: str = field(metadata={"help": "Task whose training prompts are completed by the target (see diversed_hf.tasks)."})
+    task: str = field(
+        metadata={"help": "Task whose training prompts are completed by the target (see diversed_hf.tasks)."}
+    )
     target_model: str = field(default="testbed", metadata={"help": "Target model id/path, or 'testbed'."})
     draft_model: str | None = field(default=None, metadata={"help": "Draft model id/path (not with the testbed)."})
     dtype: str = field(default="float32", metadata={"help": "dtype of the models."})
@@ -53,15 +53,23 @@ class DistillArguments:
     num_train_examples: int = field(default=1000, metadata={"help": "Training prompts completed by the target."})
     num_shots: int = field(default=0, metadata={"help": "Few-shot exemplars per prompt (Hub tasks)."})
     train_data_files: str | None = field(default=None, metadata={"help": "Local training file (Hub dataset schema)."})
-    teacher_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the target's completions."})
+    teacher_temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature of the target's completions."}
+    )
     max_new_tokens: int = field(default=128, metadata={"help": "Length limit of the target's completions."})
     generation_batch_size: int = field(default=50, metadata={"help": "Prompts per target generate call."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: str = field(default="all-linear", metadata={"help": "LoRA target modules ('all-linear' or a comma list)."})
-    merged_dir: str | None = field(default=None, metadata={"help": "Where the merged draft goes (default <output_dir>/merged)."})
-    save_dtype: str | None = field(default=None, metadata={"help": "dtype of the saved merged draft (default: --dtype)."})
+    lora_target_modules: str = field(
+        default="all-linear", metadata={"help": "LoRA target modules ('all-linear' or a comma list)."}
+    )
+    merged_dir: str | None = field(
+        default=None, metadata={"help": "Where the merged draft goes (default <output_dir>/merged)."}
+    )
+    save_dtype: str | None = field(
+        default=None, metadata={"help": "dtype of the saved merged draft (default: --dtype)."}
+    )
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads."})
 
 
@@ -75,9 +83,15 @@ def teacher_completions(target, tokenizer, prompts: list[str], args: DistillArgu
         encoded = encoded.to(target.device)
         with torch.no_grad():
             out = target.generate(
-                **encoded, do_sample=True, temperature=args.teacher_temperature, top_k=0, top_p=1.0,
-                max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            )  # fmt: skip
+                **encoded,
+                do_sample=True,
+                temperature=args.teacher_temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         texts = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         completions += [" " + t.strip() for t in texts]
     return completions
@@ -101,9 +115,13 @@ def main(argv=None):
     merged_dir.mkdir(parents=True, exist_ok=True)
 
     data = load_task_data(
-        args.task, "train", args.num_train_examples, sft_config.seed, num_shots=args.num_shots,
+        args.task,
+        "train",
+        args.num_train_examples,
+        sft_config.seed,
+        num_shots=args.num_shots,
         data_files=args.train_data_files,
-    )  # fmt: skip
+    )
     prompts = list(data["prompt"])
     logger.info("sampling %d target completions", len(prompts))
     completions = teacher_completions(target, tokenizer, prompts, args, sft_config.seed)
@@ -111,11 +129,16 @@ def main(argv=None):
 
     modules = args.lora_target_modules
     lora = LoraConfig(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, task_type="CAUSAL_LM",
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        task_type="CAUSAL_LM",
         target_modules=modules if modules == "all-linear" else [m.strip() for m in modules.split(",")],
-    )  # fmt: skip
+    )
     draft.train()
-    trainer = SFTTrainer(model=draft, args=sft_config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora)
+    trainer = SFTTrainer(
+        model=draft, args=sft_config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora
+    )
     trainer.train()
     merged = trainer.model.merge_and_unload()
     merged.eval()

@@ -29,14 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script
+from diversed_hf.tasks import load_task_dataset
 from diversed_hf.testbed import smollm2  # noqa: E402  (also registers the testbed's tasks)
-from diversed_hf.tasks import load_task_dataset  # noqa: E402
 
 logger = logging.getLogger("distill_self_draft")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
@@ -56,6 +53,8 @@ and final norm, and an LM head over its first {draft_vocab_size} token ids. Made
 
 ```python
 from diversed_hf import testbed
+
+REPO = Path(__file__).resolve().parents[1]
 target, draft, tokenizer = testbed.load_pair("smollm2")   # rebuilds this draft from the target in seconds
 ```
 
@@ -96,8 +95,17 @@ def parse_args(argv=None):
     for name, kind, default, help_text in options:
         parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)
     args = parser.parse_args(argv)
-    for name in ("num_layers", "draft_vocab_size", "lora_r", "epochs", "batch_size", "top_k", "generation_batch_size",
-                 "arith_max_new_tokens", "code_max_new_tokens"):
+    for name in (
+        "num_layers",
+        "draft_vocab_size",
+        "lora_r",
+        "epochs",
+        "batch_size",
+        "top_k",
+        "generation_batch_size",
+        "arith_max_new_tokens",
+        "code_max_new_tokens",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
@@ -124,10 +132,16 @@ def build_corpus(target, tokenizer, args) -> list[dict]:
             encoded = tokenizer([p for p, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 out = target.generate(
-                    **encoded, do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0,
-                    max_new_tokens=max(n for _, n in chunk), output_scores=True, return_dict_in_generate=True,
+                    **encoded,
+                    do_sample=True,
+                    temperature=args.temperature,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=max(n for _, n in chunk),
+                    output_scores=True,
+                    return_dict_in_generate=True,
                     pad_token_id=tokenizer.pad_token_id,
-                )  # fmt: skip
+                )
             width = encoded["input_ids"].shape[1]
             scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # (b, new, V)
             top_logprobs, top_ids = scores.topk(args.top_k, dim=-1)  # (b, new, k)
@@ -162,7 +176,9 @@ def kd_loss(draft, batch: list[dict], vocab: int, temperature: float, pad_id: in
         start, n = example["start"], example["top_ids"].shape[0]
         draft_logprobs = logits[row, start - 1 : start - 1 + n].log_softmax(-1)  # (n, V')
         top_ids = example["top_ids"].long()  # (n, k)
-        target_probs = example["top_logprobs"].float().exp() * (top_ids < vocab)  # (n, k): ids the draft cannot score count 0
+        target_probs = example["top_logprobs"].float().exp() * (
+            top_ids < vocab
+        )  # (n, k): ids the draft cannot score count 0
         gathered = draft_logprobs.gather(-1, top_ids.clamp(max=vocab - 1))  # (n, k)
         losses.append(-(target_probs * gathered).sum(-1))
         overlaps.append(torch.minimum(target_probs, gathered.exp() * (top_ids < vocab)).sum(-1).detach())
@@ -173,8 +189,10 @@ def evaluate(draft, corpus, args, pad_id) -> float:
     """Mean of sum_x min(p, q) over the top-k at held-out answer positions: lossless SD's acceptance, estimated."""
     draft.eval()
     with torch.no_grad():
-        overlaps = [kd_loss(draft, corpus[i : i + args.batch_size], args.draft_vocab_size, args.temperature, pad_id)[1]
-                    for i in range(0, len(corpus), args.batch_size)]  # fmt: skip
+        overlaps = [
+            kd_loss(draft, corpus[i : i + args.batch_size], args.draft_vocab_size, args.temperature, pad_id)[1]
+            for i in range(0, len(corpus), args.batch_size)
+        ]
     return float(torch.cat(overlaps).mean())
 
 
@@ -191,8 +209,19 @@ def main(argv=None) -> Path:
     started = time.time()
     target, tokenizer = smollm2.load_smollm2_target()
 
-    corpus_settings = {k: getattr(args, k) for k in ("num_arith", "code_samples", "arith_max_new_tokens", "code_max_new_tokens",
-                                                     "temperature", "top_k", "seed", "generation_batch_size")}
+    corpus_settings = {
+        k: getattr(args, k)
+        for k in (
+            "num_arith",
+            "code_samples",
+            "arith_max_new_tokens",
+            "code_max_new_tokens",
+            "temperature",
+            "top_k",
+            "seed",
+            "generation_batch_size",
+        )
+    }
     corpus_file = output_dir / "corpus.pt"
     saved = torch.load(corpus_file) if corpus_file.is_file() else None
     if saved is not None and saved["settings"] == corpus_settings:
@@ -241,7 +270,12 @@ def main(argv=None) -> Path:
             schedule.step()
             step += 1
             if step % 20 == 0 or step == steps:
-                record = {"step": step, "epoch": epoch, "loss": round(loss.item(), 4), "acceptance": round(overlap.mean().item(), 4)}
+                record = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": round(loss.item(), 4),
+                    "acceptance": round(overlap.mean().item(), 4),
+                }
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 logger.info("step %d/%d loss %.4f acceptance %.3f", step, steps, loss.item(), overlap.mean().item())

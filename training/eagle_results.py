@@ -76,14 +76,30 @@ def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int =
     def timed_steps(model, extra_for) -> list[float]:
         width = prompt_ids.shape[1]
         cache = compat.new_cache()
-        compat.forward_with_cache(model, prompt_ids, torch.ones(1, width, dtype=torch.long), cache, logits_to_keep=1,
-                                  output_hidden_states=False, **extra_for(width))
+        compat.forward_with_cache(
+            model,
+            prompt_ids,
+            torch.ones(1, width, dtype=torch.long),
+            cache,
+            logits_to_keep=1,
+            output_hidden_states=False,
+            **extra_for(width),
+        )
         seconds = []
         for n in range(1, max_tokens + 1):
+
             def run(n=n):
-                compat.forward_with_cache(model, prompt_ids[:, -n:], torch.ones(1, width + n, dtype=torch.long), cache,
-                                          logits_to_keep=n, output_hidden_states=False, **extra_for(n))
+                compat.forward_with_cache(
+                    model,
+                    prompt_ids[:, -n:],
+                    torch.ones(1, width + n, dtype=torch.long),
+                    cache,
+                    logits_to_keep=n,
+                    output_hidden_states=False,
+                    **extra_for(n),
+                )
                 compat.crop_cache(cache, width)
+
             seconds.append(best(run))
         return seconds
 
@@ -91,7 +107,11 @@ def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int =
     costs = {"target_ms": 1000 * target_steps[0], "c_verify": [s / target_steps[0] for s in target_steps]}
     for name, draft in drafts.items():
         size = target.config.hidden_size
-        extra = (lambda n: {"target_hidden": torch.zeros(1, n, size)}) if getattr(draft, "reads_target_features", False) else (lambda n: {})
+        extra = (
+            (lambda n: {"target_hidden": torch.zeros(1, n, size)})
+            if getattr(draft, "reads_target_features", False)
+            else (lambda n: {})
+        )
         costs[f"c_{name}"] = timed_steps(draft, extra)[0] / target_steps[0]
     return costs
 
@@ -105,8 +125,15 @@ def _run(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
         out = target.generate(**inputs, return_dict_in_generate=True, **sampling)
         speculation = None
     else:
-        out = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), return_dict_in_generate=True,
-                              generator=torch.Generator().manual_seed(seed), **sampling, **kwargs)
+        out = target.generate(
+            **inputs,
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            return_dict_in_generate=True,
+            generator=torch.Generator().manual_seed(seed),
+            **sampling,
+            **kwargs,
+        )
         speculation = out.speculation
     seconds = time.perf_counter() - start
     width = inputs["input_ids"].shape[1]
@@ -121,11 +148,16 @@ def _run(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
     if speculation is not None:
         per_row = torch.nan_to_num(speculation.expected_tokens_per_round, nan=0.0)  # (batch,) mean over its rounds
         betas = [b for r in speculation.position_acceptance for b in r.flatten().tolist() if b == b]
-        record.update(drafted=int(speculation.num_drafted.sum()), accepted=int(speculation.num_accepted.sum()),
-                      rounds=int(speculation.num_rounds.sum()), generated=int(speculation.num_generated.sum()),
-                      beta_sum=sum(betas), beta_count=len(betas),
-                      expected_sum=float((per_row * speculation.num_rounds.double()).sum()),
-                      mean_draft_length=float(torch.cat(speculation.draft_lengths).float().mean()))
+        record.update(
+            drafted=int(speculation.num_drafted.sum()),
+            accepted=int(speculation.num_accepted.sum()),
+            rounds=int(speculation.num_rounds.sum()),
+            generated=int(speculation.num_generated.sum()),
+            beta_sum=sum(betas),
+            beta_count=len(betas),
+            expected_sum=float((per_row * speculation.num_rounds.double()).sum()),
+            mean_draft_length=float(torch.cat(speculation.draft_lengths).float().mean()),
+        )
     return record
 
 
@@ -136,10 +168,13 @@ def _aggregate(records: list[dict]) -> dict:
         drafted = sum(r["drafted"] for r in records)
         accepted = sum(r["accepted"] for r in records)
         rounds = sum(r["rounds"] for r in records)
-        out.update(acceptance=accepted / max(drafted, 1), tokens_per_round=sum(r["generated"] for r in records) / rounds,
-                   alpha=sum(r["beta_sum"] for r in records) / max(sum(r["beta_count"] for r in records), 1),
-                   mean_draft_length=sum(r["mean_draft_length"] * r["rounds"] for r in records) / rounds,
-                   expected_tokens_per_round=sum(r["expected_sum"] for r in records) / rounds)
+        out.update(
+            acceptance=accepted / max(drafted, 1),
+            tokens_per_round=sum(r["generated"] for r in records) / rounds,
+            alpha=sum(r["beta_sum"] for r in records) / max(sum(r["beta_count"] for r in records), 1),
+            mean_draft_length=sum(r["mean_draft_length"] * r["rounds"] for r in records) / rounds,
+            expected_tokens_per_round=sum(r["expected_sum"] for r in records) / rounds,
+        )
     return out
 
 
@@ -150,8 +185,13 @@ def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: s
     configs = [("target", None, {})]
     for name in drafts:
         configs += [(f"{name}:N={n}", name, {"num_assistant_tokens": n}) for n in args.draft_lengths]
-        configs.append((f"{name}:optimal", name, {"num_assistant_tokens": max(args.draft_lengths),
-                                                 "num_assistant_tokens_schedule": "optimal"}))
+        configs.append(
+            (
+                f"{name}:optimal",
+                name,
+                {"num_assistant_tokens": max(args.draft_lengths), "num_assistant_tokens_schedule": "optimal"},
+            )
+        )
     records = {key: [] for key, _, _ in configs}
     warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
     for key, name, kwargs in configs:  # warm-up: one short call each
@@ -166,10 +206,14 @@ def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: s
 def batched(target, drafts, tokenizer, prompts, best: dict, sampling: dict, batch_size: int, seed: int) -> dict:
     tokenizer.padding_side = "left"
     results = {}
-    configs = [("target", None, {})] + [(f"{name}:N={best[name]}", name, {"num_assistant_tokens": best[name]}) for name in drafts]
+    configs = [("target", None, {})] + [
+        (f"{name}:N={best[name]}", name, {"num_assistant_tokens": best[name]}) for name in drafts
+    ]
     records = {key: [] for key, _, _ in configs}
     for start in range(0, len(prompts), batch_size):
-        inputs = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        inputs = tokenizer(
+            prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+        )
         for key, name, kwargs in configs:
             records[key].append(_run(target, drafts.get(name), inputs, sampling, seed + start, **kwargs))
     for key, value in records.items():
@@ -186,26 +230,38 @@ def _speed_model(row: dict, n: float, c: float, c_verify: list[float]) -> float:
 def render(results: dict, args, command: str) -> str:
     costs = results["costs"]
     lines = [
-        "Regenerate with:", "", "```bash", command, "```", "",
+        "Regenerate with:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
         f"SmolLM2-135M-Instruct as target; held-out `arith_chat` chat prompts ({args.num_prompts} at batch 1, "
         f"{args.batch_prompts} at batch 8), at most {args.max_new_tokens} new tokens, lossless SD (`ExactVerifier`); "
-        "every configuration runs on each prompt in turn. " + results["environment"], "",
+        "every configuration runs on each prompt in turn. " + results["environment"],
+        "",
         f"Costs (batch 1, one thread, warm caches): target {costs['target_ms']:.1f} ms per token; draft step / target step "
         + ", ".join(f"c = {costs['c_' + name]:.3f} ({DRAFT_NAMES[name]})" for name in results["drafts"])
         + "; one target pass over n tokens costs c_verify(n) = "
-        + ", ".join(f"{v:.2f}" for v in costs["c_verify"]) + " target steps (n = 1, 2, ...).", "",
+        + ", ".join(f"{v:.2f}" for v in costs["c_verify"])
+        + " target steps (n = 1, 2, ...).",
+        "",
         "*acceptance* = accepted drafts / drafted; *a* = mean per-position acceptance probability (the i.i.d. model's "
         "alpha); *tokens/round* measured, against the i.i.d. theory `(1 - a^(N+1)) / (1 - a)` and the unbiased E[T] "
-        "estimator; *predicted* = `E[T] / (N c + c_verify(N + 1))`; *speedup* = tokens/s over target-only tokens/s.", "",
+        "estimator; *predicted* = `E[T] / (N c + c_verify(N + 1))`; *speedup* = tokens/s over target-only tokens/s.",
+        "",
     ]
     for mode in ("greedy", "t0.7"):
         block = results["batch1"][mode]
         target_tps = block["target"]["tokens_per_second"]
         title = "greedy" if mode == "greedy" else "temperature 0.7"
-        lines += [f"### Batch 1, one thread, {title}", "",
-                  "| draft | N | acceptance | a | tokens/round | i.i.d. | E[T] est. | tokens/s | speedup | predicted |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                  f"| target only | – | – | – | 1.00 | – | – | {target_tps:.1f} | 1.00x | – |"]
+        lines += [
+            f"### Batch 1, one thread, {title}",
+            "",
+            "| draft | N | acceptance | a | tokens/round | i.i.d. | E[T] est. | tokens/s | speedup | predicted |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| target only | – | – | – | 1.00 | – | – | {target_tps:.1f} | 1.00x | – |",
+        ]
         for key, row in block.items():
             if key == "target":
                 continue
@@ -215,9 +271,11 @@ def render(results: dict, args, command: str) -> str:
             iid = (1 - a ** (n + 1)) / (1 - a) if a < 1 else n + 1
             predicted = _speed_model(row, n, costs[f"c_{name}"], [0.0] + costs["c_verify"])
             label = f"{setting.split('=')[1]}" if setting.startswith("N=") else f"optimal ({n:.2f})"
-            lines.append(f"| {DRAFT_NAMES[name]} | {label} | {100 * row['acceptance']:.1f} % | {a:.2f} | "
-                         f"{row['tokens_per_round']:.2f} | {iid:.2f} | {row['expected_tokens_per_round']:.2f} | "
-                         f"{row['tokens_per_second']:.1f} | {row['tokens_per_second'] / target_tps:.2f}x | {predicted:.2f}x |")
+            lines.append(
+                f"| {DRAFT_NAMES[name]} | {label} | {100 * row['acceptance']:.1f} % | {a:.2f} | "
+                f"{row['tokens_per_round']:.2f} | {iid:.2f} | {row['expected_tokens_per_round']:.2f} | "
+                f"{row['tokens_per_second']:.1f} | {row['tokens_per_second'] / target_tps:.2f}x | {predicted:.2f}x |"
+            )
         lines.append("")
     lines += ["### Against the goal", ""]
     for mode, goal in (("greedy", 1.3), ("t0.7", 1.1)):
@@ -234,18 +292,29 @@ def render(results: dict, args, command: str) -> str:
             f"c_verify({n + 1}) = {costs['c_verify'][min(n, len(costs['c_verify']) - 1)]:.2f}; the speed model predicts "
             f"{model:.2f}x, the rest is the loop's per-round overhead (sampling, cache edits, Python)."
         )
-    lines += ["", "### Best constant N against the `optimal` policy (batch 1, one thread)", "",
-              "| draft | mode | best constant N | its tokens/s | `optimal`: mean N | its tokens/s |", "|---|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "### Best constant N against the `optimal` policy (batch 1, one thread)",
+        "",
+        "| draft | mode | best constant N | its tokens/s | `optimal`: mean N | its tokens/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for mode in ("greedy", "t0.7"):
         for name in results["drafts"]:
             best = results["best"][mode][name]
             block = results["batch1"][mode]
-            lines.append(f"| {DRAFT_NAMES[name]} | {mode} | {best} | {block[f'{name}:N={best}']['tokens_per_second']:.1f} | "
-                         f"{block[f'{name}:optimal']['mean_draft_length']:.2f} | {block[f'{name}:optimal']['tokens_per_second']:.1f} |")
+            lines.append(
+                f"| {DRAFT_NAMES[name]} | {mode} | {best} | {block[f'{name}:N={best}']['tokens_per_second']:.1f} | "
+                f"{block[f'{name}:optimal']['mean_draft_length']:.2f} | {block[f'{name}:optimal']['tokens_per_second']:.1f} |"
+            )
     lines.append("")
     for label, key in (("Batch 8, one thread", "batch8"), ("Batch 1, two threads", "threads2")):
-        lines += [f"### {label} (each draft at its best constant N)", "",
-                  "| mode | configuration | acceptance | tokens/round | tokens/s | speedup |", "|---|---|---:|---:|---:|---:|"]
+        lines += [
+            f"### {label} (each draft at its best constant N)",
+            "",
+            "| mode | configuration | acceptance | tokens/round | tokens/s | speedup |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
         for mode in ("greedy", "t0.7"):
             block = results[key][mode]
             target_tps = block["target"]["tokens_per_second"]
@@ -254,8 +323,10 @@ def render(results: dict, args, command: str) -> str:
                 shown = "target only" if config == "target" else f"{DRAFT_NAMES[name]}, {config.partition(':')[2]}"
                 acc = f"{100 * row['acceptance']:.1f} %" if "acceptance" in row else "–"
                 tpr = f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "1.00"
-                lines.append(f"| {mode} | {shown} | {acc} | {tpr} | {row['tokens_per_second']:.1f} | "
-                             f"{row['tokens_per_second'] / target_tps:.2f}x |")
+                lines.append(
+                    f"| {mode} | {shown} | {acc} | {tpr} | {row['tokens_per_second']:.1f} | "
+                    f"{row['tokens_per_second'] / target_tps:.2f}x |"
+                )
         lines.append("")
     return "\n".join(lines)
 
@@ -273,27 +344,48 @@ def main(argv=None) -> int:
     target, self_draft, tokenizer = smollm2.load_smollm2_pair(draft="self")
     enable_diversed(target)
     drafts = {"self": self_draft, "eagle": smollm2.load_eagle_draft(target)}
-    prompts = list(load_task_dataset("arith_chat", split="test", num_examples=max(args.num_prompts, args.batch_prompts),
-                                     seed=args.seed)["prompt"])
-    modes = {"greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
-             "t0.7": {"do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens}}
+    prompts = list(
+        load_task_dataset(
+            "arith_chat", split="test", num_examples=max(args.num_prompts, args.batch_prompts), seed=args.seed
+        )["prompt"]
+    )
+    modes = {
+        "greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
+        "t0.7": {
+            "do_sample": True,
+            "temperature": 0.7,
+            "top_k": 0,
+            "top_p": 1.0,
+            "max_new_tokens": args.max_new_tokens,
+        },
+    }
     probe = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)["input_ids"]
-    results = {"drafts": list(drafts), "num_prompts": args.num_prompts, "costs": step_costs(target, drafts, probe), "batch1": {}, "best": {},
-               "batch8": {}, "threads2": {},
-               "environment": f"Python {platform.python_version()}, torch {torch.__version__}, "
-                              f"{torch.get_num_threads()} thread, {platform.machine()}."}
+    results = {
+        "drafts": list(drafts),
+        "num_prompts": args.num_prompts,
+        "costs": step_costs(target, drafts, probe),
+        "batch1": {},
+        "best": {},
+        "batch8": {},
+        "threads2": {},
+        "environment": f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread, {platform.machine()}.",
+    }
     started = time.time()
     for mode, sampling in modes.items():
         block = batch_one(target, drafts, tokenizer, prompts[: args.num_prompts], args, sampling, f"batch 1 {mode}")
         results["batch1"][mode] = block
-        results["best"][mode] = {name: max(args.draft_lengths, key=lambda n: block[f"{name}:N={n}"]["tokens_per_second"])
-                                 for name in drafts}
-        results["batch8"][mode] = batched(target, drafts, tokenizer, prompts[: args.batch_prompts], results["best"][mode],
-                                          sampling, 8, args.seed)
+        results["best"][mode] = {
+            name: max(args.draft_lengths, key=lambda n: block[f"{name}:N={n}"]["tokens_per_second"]) for name in drafts
+        }
+        results["batch8"][mode] = batched(
+            target, drafts, tokenizer, prompts[: args.batch_prompts], results["best"][mode], sampling, 8, args.seed
+        )
     torch.set_num_threads(2)
     for mode, sampling in modes.items():
-        results["threads2"][mode] = batched(target, drafts, tokenizer, prompts[: args.num_prompts], results["best"][mode],
-                                            sampling, 1, args.seed)
+        results["threads2"][mode] = batched(
+            target, drafts, tokenizer, prompts[: args.num_prompts], results["best"][mode], sampling, 1, args.seed
+        )
     results["seconds"] = round(time.time() - started)
     command = "python training/eagle_results.py" + (" --quick" if args.quick else "")
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -320,15 +412,18 @@ def summary_paragraph(results: dict) -> str:
         for name in results["drafts"]:
             n = results["best"][mode][name]
             row = block[f"{name}:N={n}"]
-            rows.append(f"{'the EagleDraft' if name == 'eagle' else 'the self-draft'} {row['tokens_per_second'] / target_tps:.2f}x "
-                        f"(acceptance {100 * row['acceptance']:.1f} %, {row['tokens_per_round']:.2f} tokens per round, N = {n})")
+            rows.append(
+                f"{'the EagleDraft' if name == 'eagle' else 'the self-draft'} {row['tokens_per_second'] / target_tps:.2f}x "
+                f"(acceptance {100 * row['acceptance']:.1f} %, {row['tokens_per_round']:.2f} tokens per round, N = {n})"
+            )
         parts.append(f"{label}: " + ", ".join(rows))
     return (
-        "**Measured** (`python training/eagle_results.py`, RESULTS.md \"Real pair: feature draft against self-draft\"; "
+        '**Measured** (`python training/eagle_results.py`, RESULTS.md "Real pair: feature draft against self-draft"; '
         f"{results['num_prompts']} held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the EagleDraft costs "
         f"c = {costs['c_eagle']:.3f} of the target per draft step against {costs['c_self']:.3f} for the self-draft, and "
         f"a target pass over 4 tokens costs {costs['c_verify'][3]:.2f} target steps. Tokens/s against the target alone, "
-        + "; ".join(parts) + "."
+        + "; ".join(parts)
+        + "."
     )
 
 
@@ -348,10 +443,8 @@ def ship(results: dict, command: str) -> None:
     from transformers import GenerationConfig
 
     from diversed_hf.eagle import EagleDraftConfig
-    from diversed_hf.testbed.smollm2 import EAGLE_DIR
+    from diversed_hf.testbed.smollm2 import DRAFT_DIR, EAGLE_DIR
     from diversed_hf.training.eagle_card import render_eagle_card
-
-    from diversed_hf.testbed.smollm2 import DRAFT_DIR
 
     self_config = json.loads((DRAFT_DIR / "self_draft.json").read_text())  # the self-draft's best length too
     self_config["num_assistant_tokens"] = results["best"]["t0.7"]["self"]
@@ -367,14 +460,18 @@ def ship(results: dict, command: str) -> None:
         block = results["batch1"][mode]
         n = results["best"][mode]["eagle"]
         row = block[f"eagle:N={n}"]
-        parts.append(f"{label}: acceptance {100 * row['acceptance']:.1f} % per drafted token, {row['tokens_per_round']:.2f} "
-                     f"tokens per round, {row['tokens_per_second'] / block['target']['tokens_per_second']:.2f}x the "
-                     f"target's tokens/s at N = {n}")
+        parts.append(
+            f"{label}: acceptance {100 * row['acceptance']:.1f} % per drafted token, {row['tokens_per_round']:.2f} "
+            f"tokens per round, {row['tokens_per_second'] / block['target']['tokens_per_second']:.2f}x the "
+            f"target's tokens/s at N = {n}"
+        )
     record["measured"] = {
         "summary": f"Lossless SD on held-out arith_chat chat prompts, batch 1, one thread (c = "
-                   f"{results['costs']['c_eagle']:.3f} of the target per draft step): " + "; ".join(parts)
-                   + f". `generation_config.num_assistant_tokens` = {best}, the best constant length at temperature 0.7.",
-        "command": command, "best_draft_length": results["best"],
+        f"{results['costs']['c_eagle']:.3f} of the target per draft step): "
+        + "; ".join(parts)
+        + f". `generation_config.num_assistant_tokens` = {best}, the best constant length at temperature 0.7.",
+        "command": command,
+        "best_draft_length": results["best"],
     }
     write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
     card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)

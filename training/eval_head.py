@@ -33,18 +33,21 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
+import torch
 
 import diversed_hf.testbed  # noqa: E402,F401 - registers the testbed's tasks (arith, summary)
-from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed  # noqa: E402
-from diversed_hf.bench.stats import add_paired_differences  # noqa: E402
-from diversed_hf.cli_utils import (  # noqa: E402
-    ArgumentParser, add_debug_flag, check_output_file, run_script, write_text_atomic,
+from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed
+from diversed_hf.bench.stats import add_paired_differences
+from diversed_hf.cli_utils import (
+    ArgumentParser,
+    add_debug_flag,
+    check_output_file,
+    run_script,
+    write_text_atomic,
 )
-from diversed_hf.tasks import get_task, load_task_dataset, task_names  # noqa: E402
+from diversed_hf.tasks import get_task, load_task_dataset, task_names
+
+REPO = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("eval_head")
 
@@ -104,10 +107,13 @@ def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", de
 
         named = target_id == "smollm2" and draft_id in ("self", "eagle")
         if draft_id is not None and not named:
-            raise ValueError(f"`--draft {draft_id}` with `--target {target_id}`: the shipped pair brings its own draft "
-                             "(smollm2: 'self' or 'eagle'); drop --draft.")
-        target, draft, tokenizer = testbed.load_pair(target_id, torch_dtype=getattr(torch, dtype), device=device,
-                                                     draft=draft_id if named else None)
+            raise ValueError(
+                f"`--draft {draft_id}` with `--target {target_id}`: the shipped pair brings its own draft "
+                "(smollm2: 'self' or 'eagle'); drop --draft."
+            )
+        target, draft, tokenizer = testbed.load_pair(
+            target_id, torch_dtype=getattr(torch, dtype), device=device, draft=draft_id if named else None
+        )
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,9 +140,19 @@ def load_any_head(source: str) -> DiversedHead:
 
 
 def run_method(
-    target, draft, tokenizer, prompts: list[str], *, verifier=None, head=None, temperature: float,
-    num_draft_tokens: int, max_new_tokens: int, batch_size: int, seed: int,
-) -> tuple[list[str], dict]:  # fmt: skip
+    target,
+    draft,
+    tokenizer,
+    prompts: list[str],
+    *,
+    verifier=None,
+    head=None,
+    temperature: float,
+    num_draft_tokens: int,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int,
+) -> tuple[list[str], dict]:
     """Sampled completions of every prompt and totals: drafted / accepted tokens, rounds, tokens, seconds."""
     tokenizer.padding_side = "left"
     completions: list[str] = []
@@ -145,9 +161,14 @@ def run_method(
     for start in range(0, len(prompts), batch_size):
         encoded = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(target.device)
         kwargs = dict(
-            do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        )  # fmt: skip
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         began = time.perf_counter()
         with torch.no_grad():
             if verifier is None and head is None:
@@ -157,9 +178,14 @@ def run_method(
             else:
                 extra = {"diversed_head": head} if head is not None else {"verifier": verifier}
                 out = target.generate(
-                    **encoded, **kwargs, **extra, assistant_model=draft, num_assistant_tokens=num_draft_tokens,
-                    return_dict_in_generate=True, generator=generator,
-                )  # fmt: skip
+                    **encoded,
+                    **kwargs,
+                    **extra,
+                    assistant_model=draft,
+                    num_assistant_tokens=num_draft_tokens,
+                    return_dict_in_generate=True,
+                    generator=generator,
+                )
                 sequences, stats = out.sequences, out.speculation
         totals["seconds"] += time.perf_counter() - began
         new_tokens = sequences[:, encoded["input_ids"].shape[1] :]
@@ -175,11 +201,23 @@ def run_method(
 
 
 def evaluate(
-    task: str, target, draft, tokenizer, head: DiversedHead | None, prompts: list[str], references: list[str], *,
-    temperature: float = 1.0, num_draft_tokens: int = 5, max_new_tokens: int = 128, batch_size: int = 50,
-    seed: int = 0, static_weights: tuple[float, ...] = (), methods=("autoregressive", "sd", "diversed"),
+    task: str,
+    target,
+    draft,
+    tokenizer,
+    head: DiversedHead | None,
+    prompts: list[str],
+    references: list[str],
+    *,
+    temperature: float = 1.0,
+    num_draft_tokens: int = 5,
+    max_new_tokens: int = 128,
+    batch_size: int = 50,
+    seed: int = 0,
+    static_weights: tuple[float, ...] = (),
+    methods=("autoregressive", "sd", "diversed"),
     num_sampling_seeds: int = 1,
-) -> dict:  # fmt: skip
+) -> dict:
     """Rows in the model-card results format (see :mod:`diversed_hf.cards`) for each method on the same prompts.
 
     With ``num_sampling_seeds`` K > 1 every method samples each prompt K times (seeds ``seed .. seed + K - 1``):
@@ -210,10 +248,18 @@ def evaluate(
         scores = []
         for sampling_seed in range(seed, seed + num_sampling_seeds):
             completions, run_totals = run_method(
-                target, draft, tokenizer, prompts, verifier=verifier, head=method_head, temperature=temperature,
-                num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                target,
+                draft,
+                tokenizer,
+                prompts,
+                verifier=verifier,
+                head=method_head,
+                temperature=temperature,
+                num_draft_tokens=num_draft_tokens,
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
                 seed=sampling_seed,
-            )  # fmt: skip
+            )
             run_scores = score(completions, references)
             scores += run_scores
             per_prompt.setdefault(method, []).extend(enumerate(run_scores))
@@ -224,7 +270,8 @@ def evaluate(
             "family": FAMILIES.get(method, "static-ensemble"),
             "quality": quality,
             "quality_metric": metric,
-            "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5 if metric in BINARY_METRICS
+            "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5
+            if metric in BINARY_METRICS
             else (sum((x - quality) ** 2 for x in scores) / max(len(scores) - 1, 1) / len(scores)) ** 0.5,
             "seconds_per_sample": totals["seconds"] / len(scores),
             "tokens_per_second": totals["num_generated"] / max(totals["seconds"], 1e-9),
@@ -292,11 +339,21 @@ def main(argv=None) -> dict:
         args.task, args.split, args.num_examples, args.seed, num_shots=args.num_shots, data_files=args.data_files
     )
     results = evaluate(
-        args.task, target, draft, tokenizer, head, list(data["prompt"]), list(data["reference"]),
-        temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, seed=args.seed, static_weights=tuple(args.static_weights),
+        args.task,
+        target,
+        draft,
+        tokenizer,
+        head,
+        list(data["prompt"]),
+        list(data["reference"]),
+        temperature=args.temperature,
+        num_draft_tokens=args.num_draft_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        static_weights=tuple(args.static_weights),
         num_sampling_seeds=args.num_sampling_seeds,
-    )  # fmt: skip
+    )
     logger.info("results:\n%s", json.dumps(results, indent=2))
     if args.output:
         write_text_atomic(args.output, json.dumps(results, indent=2) + "\n")

@@ -40,25 +40,35 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from diversed_hf import DiversedHead, testbed
+from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench
+from diversed_hf.bench.report import _cell, _delta_cell
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.tasks import metric_label
+from diversed_hf.testbed import tasks
+from diversed_hf.verifiers import HeadVerifier
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from diversed_hf import DiversedHead, testbed  # noqa: E402
-from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench  # noqa: E402
-from diversed_hf.bench.report import _cell, _delta_cell  # noqa: E402
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from diversed_hf.tasks import metric_label  # noqa: E402
-from diversed_hf.testbed import tasks  # noqa: E402
-from diversed_hf.verifiers import HeadVerifier  # noqa: E402
 
 #: content tokens of the testbed's tasks: what the reward checks (the answer's arithmetic; the summary's facts)
 CONTENT_PATTERNS = {"arith": r"[0-9+\-*=#]", "summary": r"[0-9A-Z]"}
 #: every fact value of ``summary`` (names, places, days, festival kinds, products, prizes, topics): each of their
 #: tokens is content whatever its case (a lowercase fact, or a lowercase piece of a name)
-SUMMARY_FACTS = ("FIRST", "LAST", "TOWNS", "CITIES", "DAYS", "FEST_THINGS", "COMPANIES", "PRODUCTS", "TEAMS", "PRIZES",
-                 "TOPICS")
+SUMMARY_FACTS = (
+    "FIRST",
+    "LAST",
+    "TOWNS",
+    "CITIES",
+    "DAYS",
+    "FEST_THINGS",
+    "COMPANIES",
+    "PRODUCTS",
+    "TEAMS",
+    "PRIZES",
+    "TOPICS",
+)
 CONTENT_WORDS = {"arith": (), "summary": tuple(value for name in SUMMARY_FACTS for value in getattr(tasks, name))}
 
 
@@ -114,7 +124,9 @@ def table(rows: list[dict]) -> str:
         ratio = None if accepted is None or not sd["acceptance_rate"] else accepted / sd["acceptance_rate"]
         acceptance = f"{_cell(accepted, '.1f', 100, ' %')} | {_cell(ratio, '.2f', suffix='x')}"
         mean_weight = "–" if weight is None else f"{weight:.2f}"
-        lines.append(f"| {row['method']} | {acceptance} | {mean_weight} | {100 * row['quality']:.1f} | {_delta_cell(row)} |")
+        lines.append(
+            f"| {row['method']} | {acceptance} | {mean_weight} | {100 * row['quality']:.1f} | {_delta_cell(row)} |"
+        )
     return "\n".join(lines)
 
 
@@ -127,10 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1, help="held-out prompts and sampling seed")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--content-pattern", default=None, help="regular expression of content tokens (default: the task's)")
-    parser.add_argument("--threshold", type=float, default=0.05, help="content mass that makes a position a content position")
-    parser.add_argument("--output-dir", default=str(REPO / "runs" / "headroom"),
-                        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)")
+    parser.add_argument(
+        "--content-pattern", default=None, help="regular expression of content tokens (default: the task's)"
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=0.05, help="content mass that makes a position a content position"
+    )
+    parser.add_argument(
+        "--output-dir",
+        default=str(REPO / "runs" / "headroom"),
+        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if not 0 < args.threshold <= 1:
@@ -153,18 +172,34 @@ def main(argv: list[str] | None = None) -> int:
     ]
     methods, _ = parse_methods(["target", "sd"])
     for name, content_weight, wording_weight in variants:
-        verifier = TokenClassOverride(head, content_mask=mask, content_weight=content_weight,
-                                      wording_weight=wording_weight, threshold=args.threshold)
+        verifier = TokenClassOverride(
+            head,
+            content_mask=mask,
+            content_weight=content_weight,
+            wording_weight=wording_weight,
+            threshold=args.threshold,
+        )
         methods.append(Method(name, "diversed", verifier))
-    config = BenchConfig(num_prompts=args.num_prompts, num_samples=args.num_samples, num_timing_prompts=0,
-                         max_new_tokens=args.max_new_tokens, seed=args.seed, num_html_examples=0, cost_tokens=4)
+    config = BenchConfig(
+        num_prompts=args.num_prompts,
+        num_samples=args.num_samples,
+        num_timing_prompts=0,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        num_html_examples=0,
+        cost_tokens=4,
+    )
     task = load_task(args.task, args.num_prompts, seed=args.seed)
     rows = run_bench(target, draft, tokenizer, task, methods, config, progress=True).rows
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / f"headroom_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
-    command = "python training/headroom.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    words_note = " or a token of one of the task's fact values (names, places, days, products, topics...)" if words else ""
+    command = "python training/headroom.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    words_note = (
+        " or a token of one of the task's fact values (names, places, days, products, topics...)" if words else ""
+    )
     text = (
         f"On `{args.task}`: the head `{args.head}` with its weight overridden by token class, on {args.num_prompts} "
         f"held-out prompts (seed {args.seed}) x {args.num_samples} samples, temperature 1, N = 5. Content positions: "

@@ -35,38 +35,99 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
+from make_results import bench_flags, refresh_head_sections, run_bench_argv
 
-from diversed_hf.bench import read_results, write_results, write_results_page  # noqa: E402
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from make_results import bench_flags, refresh_head_sections, run_bench_argv  # noqa: E402
+from diversed_hf.bench import read_results, write_results, write_results_page
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+
+REPO = Path(__file__).resolve().parents[1]
 
 TASKS = ("arith_chat", "humaneval", "synopsis")
-METHODS = ["target", "sd", "static:0,0.25,0.5,0.75", "cascade-opt:0.2", "typical:0.09", "diversed", "diversed@arith_chat"]
+METHODS = [
+    "target",
+    "sd",
+    "static:0,0.25,0.5,0.75",
+    "cascade-opt:0.2",
+    "typical:0.09",
+    "diversed",
+    "diversed@arith_chat",
+]
 TASK_METHODS = {"synopsis": METHODS[:-1]}  # the arith_chat head on a summarization task would measure nothing new
 SPEED_METHODS = ["target", "sd", "diversed"]
-COMMON = dict(temperature=0.7, num_draft_tokens=3)  # N = 3: at the self-draft's acceptance longer drafts cost more than they bring
+COMMON = dict(
+    temperature=0.7, num_draft_tokens=3
+)  # N = 3: at the self-draft's acceptance longer drafts cost more than they bring
 FULL = {
-    "arith_chat": dict(num_prompts=80, num_baseline_prompts=24, num_samples=2, num_timing_prompts=4, repeats=1,
-                       max_new_tokens=96, batch_size=16),
-    "humaneval": dict(num_prompts=20, num_baseline_prompts=8, num_samples=2, num_timing_prompts=2, repeats=1,
-                      max_new_tokens=160, batch_size=10),
-    "synopsis": dict(num_prompts=200, num_baseline_prompts=100, num_samples=2, num_timing_prompts=4, repeats=1,
-                     max_new_tokens=48, batch_size=20, temperature=1.0),
-    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1,
-                  max_new_tokens={"arith_chat": 64, "humaneval": 96, "synopsis": 48}),
+    "arith_chat": dict(
+        num_prompts=80,
+        num_baseline_prompts=24,
+        num_samples=2,
+        num_timing_prompts=4,
+        repeats=1,
+        max_new_tokens=96,
+        batch_size=16,
+    ),
+    "humaneval": dict(
+        num_prompts=20,
+        num_baseline_prompts=8,
+        num_samples=2,
+        num_timing_prompts=2,
+        repeats=1,
+        max_new_tokens=160,
+        batch_size=10,
+    ),
+    "synopsis": dict(
+        num_prompts=200,
+        num_baseline_prompts=100,
+        num_samples=2,
+        num_timing_prompts=4,
+        repeats=1,
+        max_new_tokens=48,
+        batch_size=20,
+        temperature=1.0,
+    ),
+    "speed": dict(
+        num_prompts=2,
+        num_timing_prompts=2,
+        repeats=1,
+        max_new_tokens={"arith_chat": 64, "humaneval": 96, "synopsis": 48},
+    ),
 }
 QUICK = {
-    "arith_chat": dict(num_prompts=4, num_baseline_prompts=2, num_samples=1, num_timing_prompts=1, repeats=1,
-                       max_new_tokens=24, batch_size=4),
-    "humaneval": dict(num_prompts=2, num_baseline_prompts=1, num_samples=1, num_timing_prompts=1, repeats=1,
-                      max_new_tokens=24, batch_size=2),
-    "synopsis": dict(num_prompts=2, num_baseline_prompts=1, num_samples=1, num_timing_prompts=1, repeats=1,
-                     max_new_tokens=16, batch_size=2, temperature=1.0),
-    "speed": dict(num_prompts=2, num_timing_prompts=2, repeats=1,
-                  max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16}),
+    "arith_chat": dict(
+        num_prompts=4,
+        num_baseline_prompts=2,
+        num_samples=1,
+        num_timing_prompts=1,
+        repeats=1,
+        max_new_tokens=24,
+        batch_size=4,
+    ),
+    "humaneval": dict(
+        num_prompts=2,
+        num_baseline_prompts=1,
+        num_samples=1,
+        num_timing_prompts=1,
+        repeats=1,
+        max_new_tokens=24,
+        batch_size=2,
+    ),
+    "synopsis": dict(
+        num_prompts=2,
+        num_baseline_prompts=1,
+        num_samples=1,
+        num_timing_prompts=1,
+        repeats=1,
+        max_new_tokens=16,
+        batch_size=2,
+        temperature=1.0,
+    ),
+    "speed": dict(
+        num_prompts=2,
+        num_timing_prompts=2,
+        repeats=1,
+        max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16},
+    ),
 }
 #: runs beside the main ones (``--extra-runs``): (directory under results/smollm2, task, title, sizes); each one's
 #: table joins the section under its title
@@ -78,8 +139,21 @@ GOALS = {"synopsis": (2.0, 0.5)}
 
 
 def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
-    argv = ["--pair", "smollm2", "--draft", "self", "--task", task, "--split", "test", "--threads", str(threads),
-            "--output-dir", str(output_dir), "--no-progress"]  # fmt: skip
+    argv = [
+        "--pair",
+        "smollm2",
+        "--draft",
+        "self",
+        "--task",
+        task,
+        "--split",
+        "test",
+        "--threads",
+        str(threads),
+        "--output-dir",
+        str(output_dir),
+        "--no-progress",
+    ]
     return argv + bench_flags({**COMMON, **sizes, **options})
 
 
@@ -90,16 +164,22 @@ def _run(argv: list[str]):
 def earlier_results(bench_json: Path, task: str) -> dict:
     """The results of every task but ``task`` from the last methods run (its ``bench.json``), by task."""
     if not bench_json.is_file():
-        raise FileNotFoundError(f"--task {task} keeps the other tasks' results from {bench_json}, which does not exist: "
-                                "run without --task once first.")
+        raise FileNotFoundError(
+            f"--task {task} keeps the other tasks' results from {bench_json}, which does not exist: "
+            "run without --task once first."
+        )
     kept = {result.task: result for result in read_results(bench_json) if result.task != task}
     missing = sorted(set(TASKS) - {task} - set(kept))
     if missing:
-        raise ValueError(f"{bench_json} has no results for {', '.join(missing)}: run without --task to measure every task.")
+        raise ValueError(
+            f"{bench_json} has no results for {', '.join(missing)}: run without --task to measure every task."
+        )
     for result in kept.values():  # rows of the re-measured task's head stay as that earlier run measured them
         stale = [row["method"] for row in result.rows if row.get("head_task") == task]
-        note = (f"{', '.join(stale)}: measured by an earlier run with the {task} head shipped then; a later run with "
-                f"`--task {task}` measured only {task} again.")
+        note = (
+            f"{', '.join(stale)}: measured by an earlier run with the {task} head shipped then; a later run with "
+            f"`--task {task}` measured only {task} again."
+        )
         if stale and note not in result.notes:
             result.notes.append(note)
     return kept
@@ -114,8 +194,11 @@ def _training_config(head_dir: Path) -> dict:
 def front_gap(result, head: dict) -> float | None:
     """Points of quality ``head`` has above (> 0) or below the static-ensemble front at its acceptance: the front's
     rows (``w`` = 0 .. 0.75, and SD as ``w`` = 1) sorted by acceptance, joined by straight lines; None outside it."""
-    points = sorted((row["acceptance_rate"], row["quality"]) for row in result.rows
-                    if row.get("family") in ("static-ensemble", "sd") and row.get("acceptance_rate") is not None)  # fmt: skip
+    points = sorted(
+        (row["acceptance_rate"], row["quality"])
+        for row in result.rows
+        if row.get("family") in ("static-ensemble", "sd") and row.get("acceptance_rate") is not None
+    )
     accepted = head["acceptance_rate"]
     for (a0, q0), (a1, q1) in zip(points, points[1:]):
         if a0 <= accepted <= a1:
@@ -135,8 +218,14 @@ def head_summary(result, head_dir: Path) -> str:
         return f"`{result.task}`: the last run has no target-only, SD and DIVERSED rows with a paired interval."
     training = _training_config(head_dir)
     offset = float(training.get("calibration_logit_offset") or 0.0)
-    calibrated = (f", calibrated with the offset b = {offset:g} on its output logit (chosen on the training split by "
-                  "`training/calibrate_head.py`)") if offset else ""
+    calibrated = (
+        (
+            f", calibrated with the offset b = {offset:g} on its output logit (chosen on the training split by "
+            "`training/calibrate_head.py`)"
+        )
+        if offset
+        else ""
+    )
     ratio = head["acceptance_rate"] / max(sd["acceptance_rate"], 1e-12)
     speed = head["tokens_per_second"] / target["tokens_per_second"] if target.get("tokens_per_second") else None
     delta, low, high = (100 * head[key] for key in ("quality_delta", "quality_delta_low", "quality_delta_high"))
@@ -144,26 +233,32 @@ def head_summary(result, head_dir: Path) -> str:
     from diversed_hf import testbed
 
     which = "the withdrawn" if ("smollm2", result.task) in testbed.WITHDRAWN_HEADS else "the shipped"
-    text = (f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
-            f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
-            + (f", {speed:.2f}x the target's tokens/s" if speed else "")
-            + f") at {metric} {100 * head['quality']:.1f} % against the target's {100 * target['quality']:.1f} %: "
-            f"{delta:+.1f} [{low:+.1f}, {high:+.1f}] points against the target distribution ({result.rows[0].get('num_prompts')} "
-            f"held-out prompts x {result.meta['config'].get('num_samples', 1)} samples). ")
+    text = (
+        f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
+        f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
+        + (f", {speed:.2f}x the target's tokens/s" if speed else "")
+        + f") at {metric} {100 * head['quality']:.1f} % against the target's {100 * target['quality']:.1f} %: "
+        f"{delta:+.1f} [{low:+.1f}, {high:+.1f}] points against the target distribution ({result.rows[0].get('num_prompts')} "
+        f"held-out prompts x {result.meta['config'].get('num_samples', 1)} samples). "
+    )
     misses = []
     goal_ratio, goal_points = GOALS.get(result.task, (GOAL_RATIO, GOAL_POINTS))
     if ratio < goal_ratio:
         misses.append(f"acceptance {goal_ratio - ratio:.2f}x short of {goal_ratio:g}x SD's")
     if high < 0:
-        misses.append(f"the interval lies below 0 (significantly below the target; its upper end {-high:.1f} points short)")
+        misses.append(
+            f"the interval lies below 0 (significantly below the target; its upper end {-high:.1f} points short)"
+        )
     if delta < -goal_points:
         misses.append(f"the point estimate {-delta - goal_points:.1f} points beyond the allowed {goal_points:g}")
     gap = front_gap(result, head)
     if gap is not None:
         static = next((row for row in result.rows if row.get("family") == "static-ensemble"), {})
-        text += (f"At its acceptance it lies {abs(gap):.1f} points {'above' if gap >= 0 else 'below'} the static-ensemble "
-                 f"front (w = 0 .. 1, joined by straight lines; the static rows on the first {static.get('num_prompts')} "
-                 "prompts). ")
+        text += (
+            f"At its acceptance it lies {abs(gap):.1f} points {'above' if gap >= 0 else 'below'} the static-ensemble "
+            f"front (w = 0 .. 1, joined by straight lines; the static rows on the first {static.get('num_prompts')} "
+            "prompts). "
+        )
     return text + ("Goal met." if not misses else "Goal missed: " + "; ".join(misses) + ".")
 
 
@@ -179,20 +274,32 @@ def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     from diversed_hf.tasks import get_task
 
     shown = _format_calibration(path, str(path), get_task(task).metric)
-    measured = (f"on {shown['num_prompts']} {shown['split']}-split prompts x {shown['num_samples']} samples (temperature "
-                f"{shown['temperature']}, N = {shown['num_draft_tokens']}; not the held-out prompts above), where "
-                f"target-only decoding scored {shown['target_quality']}")
+    measured = (
+        f"on {shown['num_prompts']} {shown['split']}-split prompts x {shown['num_samples']} samples (temperature "
+        f"{shown['temperature']}, N = {shown['num_draft_tokens']}; not the held-out prompts above), where "
+        f"target-only decoding scored {shown['target_quality']}"
+    )
     if shipped:
-        text = (f"The shipped `{task}` head is its recipe's head with the offset b = {shown['offset']} added to its output "
-                f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target), chosen by "
-                f"`training/calibrate_head.py` {measured}: {shown['rule']}. The DIVERSED rows above measure this head.")
+        text = (
+            f"The shipped `{task}` head is its recipe's head with the offset b = {shown['offset']} added to its output "
+            f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target), chosen by "
+            f"`training/calibrate_head.py` {measured}: {shown['rule']}. The DIVERSED rows above measure this head."
+        )
     else:
-        text = (f"`training/calibrate_head.py` measured the shipped `{task}` head with offsets b added to its output "
-                f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target) {measured}. Its rule "
-                f"gives {shown['rule']} (b = {shown['offset']}); no offset reached the target's quality, so the "
-                f"shipped head is left as trained (`{path.relative_to(REPO) if path.is_relative_to(REPO) else path}`).")
-    lines = [f"### Calibration of the `{task}` head", "", text, "",
-             "| offset b | quality (%) | acceptance |", "|---:|---:|---:|"]  # fmt: skip
+        text = (
+            f"`training/calibrate_head.py` measured the shipped `{task}` head with offsets b added to its output "
+            f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target) {measured}. Its rule "
+            f"gives {shown['rule']} (b = {shown['offset']}); no offset reached the target's quality, so the "
+            f"shipped head is left as trained (`{path.relative_to(REPO) if path.is_relative_to(REPO) else path}`)."
+        )
+    lines = [
+        f"### Calibration of the `{task}` head",
+        "",
+        text,
+        "",
+        "| offset b | quality (%) | acceptance |",
+        "|---:|---:|---:|",
+    ]
     lines += [f"| {' | '.join(row)} |" for row in shown["rows"]]
     return "\n".join(lines)
 
@@ -205,18 +312,28 @@ def training_curves(head_dir: Path, task: str) -> str:
         return ""
     training = _training_config(head_dir)
     reward = training.get("reward", "task")
-    described = {"task": "the task's own reward", "task_minus_target": "the task's reward minus the target's greedy score",
-                 "target_agreement": "agreement with the target's own greedy answer"}.get(reward, reward)  # fmt: skip
-    lines = [f"### Training curve of the `{task}` head", "",
-             f"Reward: `{reward}` ({described}; docs/training.md), lambda = {training.get('lambda_acceptance', '?')}, "
-             f"{training.get('global_steps', '?')} steps at temperature {training.get('temperature', '?')}. From the "
-             "head's `train_log.jsonl` (the recipe logs every `logging_steps`):", "",
-             "| step | reward | mean w | expected acceptance, head | expected acceptance, SD |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    described = {
+        "task": "the task's own reward",
+        "task_minus_target": "the task's reward minus the target's greedy score",
+        "target_agreement": "agreement with the target's own greedy answer",
+    }.get(reward, reward)
+    lines = [
+        f"### Training curve of the `{task}` head",
+        "",
+        f"Reward: `{reward}` ({described}; docs/training.md), lambda = {training.get('lambda_acceptance', '?')}, "
+        f"{training.get('global_steps', '?')} steps at temperature {training.get('temperature', '?')}. From the "
+        "head's `train_log.jsonl` (the recipe logs every `logging_steps`):",
+        "",
+        "| step | reward | mean w | expected acceptance, head | expected acceptance, SD |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for line in log.read_text().splitlines():
         row = json.loads(line)
         if "reward" in row:
-            lines.append(f"| {row['step']} | {row['reward']:.3f} | {row['mean_w']:.3f} | {row['acceptance_proxy']:.3f} | "
-                         f"{row['acceptance_exact_sd']:.3f} |")
+            lines.append(
+                f"| {row['step']} | {row['reward']:.3f} | {row['mean_w']:.3f} | {row['acceptance_proxy']:.3f} | "
+                f"{row['acceptance_exact_sd']:.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -233,8 +350,10 @@ def update_marked(path: Path, key: str, text: str) -> bool:
 
 def speed_table(runs: dict[tuple[int, int], list]) -> str:
     """tokens/s and the speed-up over target-only, per (batch, threads) setting and method."""
-    lines = ["| task | batch | threads | method | acceptance | tokens/round | tokens/s | speedup vs target (tokens/s) |",
-             "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| task | batch | threads | method | acceptance | tokens/round | tokens/s | speedup vs target (tokens/s) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
     for (batch, threads), results in sorted(runs.items()):
         for result in results:
             rows = {row["method"]: row for row in result.rows}
@@ -247,9 +366,10 @@ def speed_table(runs: dict[tuple[int, int], list]) -> str:
                 per_round = row.get("tokens_per_round")
                 lines.append(
                     f"| {result.task} | {batch} | {threads} | {name} | {shown} | "
-                    f"{per_round:.2f} | {speed:.1f} | {ratio} |" if isinstance(per_round, (int, float)) and speed else
-                    f"| {result.task} | {batch} | {threads} | {name} | {shown} | – | {speed or 0:.1f} | {ratio} |"
-                )  # fmt: skip
+                    f"{per_round:.2f} | {speed:.1f} | {ratio} |"
+                    if isinstance(per_round, (int, float)) and speed
+                    else f"| {result.task} | {batch} | {threads} | {name} | {shown} | – | {speed or 0:.1f} | {ratio} |"
+                )
     return "\n".join(lines)
 
 
@@ -270,16 +390,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/smollm2/.")
     phases = parser.add_mutually_exclusive_group()
     phases.add_argument("--skip-speed", action="store_true", help="Only the methods runs (no batch / thread table).")
-    phases.add_argument("--speed-only", action="store_true",
-                        help="Only the batch / thread runs; the methods tables of the last run are kept.")
-    phases.add_argument("--section-only", action="store_true",
-                        help="Run nothing: rebuild the RESULTS.md section from the last runs' tables.")
-    parser.add_argument("--task", choices=TASKS, default=None,
-                        help="Run only this task's methods again; the other tasks' results come from the last run's "
-                             "bench.json (the speed runs, unless skipped, cover every task).")
-    parser.add_argument("--extra-runs", action="store_true",
-                        help="Also run " + ", ".join(title for _, _, title, _ in EXTRA_RUNS) + " (their tables join the "
-                             "section whenever they exist).")
+    phases.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="Only the batch / thread runs; the methods tables of the last run are kept.",
+    )
+    phases.add_argument(
+        "--section-only",
+        action="store_true",
+        help="Run nothing: rebuild the RESULTS.md section from the last runs' tables.",
+    )
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default=None,
+        help="Run only this task's methods again; the other tasks' results come from the last run's "
+        "bench.json (the speed runs, unless skipped, cover every task).",
+    )
+    parser.add_argument(
+        "--extra-runs",
+        action="store_true",
+        help="Also run " + ", ".join(title for _, _, title, _ in EXTRA_RUNS) + " (their tables join the "
+        "section whenever they exist).",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.extra_runs and (args.speed_only or args.section_only):
@@ -299,12 +432,15 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for task in TASKS:
             methods = TASK_METHODS.get(task, METHODS)
-            results += [kept[task]] if task in kept else _run(_argv(task, sizes[task], output_dir / task, 1, methods=methods))
+            results += (
+                [kept[task]] if task in kept else _run(_argv(task, sizes[task], output_dir / task, 1, methods=methods))
+            )
         command = "python training/make_real_results.py --skip-speed" + (" --quick" if args.quick else "")
         if args.task:
             command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
-        write_results_page(results, output_dir, page, command=command,
-                           seconds=None if args.task else time.perf_counter() - started)
+        write_results_page(
+            results, output_dir, page, command=command, seconds=None if args.task else time.perf_counter() - started
+        )
         if not args.quick:
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
@@ -320,24 +456,31 @@ def main(argv: list[str] | None = None) -> int:
             for threads in (1, 2):
                 speed[(batch, threads)] = []
                 for task in TASKS:
-                    limits = dict(sizes["speed"], max_new_tokens=sizes["speed"]["max_new_tokens"][task],
-                                  temperature=sizes[task].get("temperature", COMMON["temperature"]),
-                                  timing_batch_size=batch, batch_size=8,
-                                  num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
-                                  num_prompts=max(batch, sizes["speed"]["num_prompts"]))  # fmt: skip
+                    limits = dict(
+                        sizes["speed"],
+                        max_new_tokens=sizes["speed"]["max_new_tokens"][task],
+                        temperature=sizes[task].get("temperature", COMMON["temperature"]),
+                        timing_batch_size=batch,
+                        batch_size=8,
+                        num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
+                        num_prompts=max(batch, sizes["speed"]["num_prompts"]),
+                    )
                     run_dir = output_dir / "speed" / f"batch{batch}_threads{threads}" / task
                     outcome = _run(_argv(task, limits, run_dir, threads, methods=SPEED_METHODS, no_plots=True))
                     write_results(outcome, run_dir, plots=False)
                     speed[(batch, threads)] += outcome
         speed_page.write_text(
             "### Speed by batch size and threads\n\n"
-            "Regenerate with `python training/make_real_results.py --speed-only" + (" --quick" if args.quick else "")
+            "Regenerate with `python training/make_real_results.py --speed-only"
+            + (" --quick" if args.quick else "")
             + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
-            "(8 at batch 8; at most " + ", ".join(f"{n} new tokens on {t}" for t, n in sizes["speed"]["max_new_tokens"].items())
+            "(8 at batch 8; at most "
+            + ", ".join(f"{n} new tokens on {t}" for t, n in sizes["speed"]["max_new_tokens"].items())
             + "), median of "
             f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two "
             f"(load average {load:.1f} on {os.cpu_count()} cores when the runs started):\n\n"
-            + speed_table(speed) + "\n"
+            + speed_table(speed)
+            + "\n"
         )
 
     if not page.is_file():  # --speed-only before any methods run: the section waits for it
@@ -362,9 +505,13 @@ def main(argv: list[str] | None = None) -> int:
             [extra] = [r for r in read_results(run_dir / "bench.json") if r.task == task]
             table = (run_dir / f"{task}_table.md").read_text().strip()
             table = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix + name + "/", table)
-            body += (f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed --task "
-                     f"{task} --extra-runs` (it also runs {task}'s main rows again). "
-                     + head_summary(extra, testbed.ASSETS_DIR / "smollm2" / "heads" / task) + "\n\n" + table)
+            body += (
+                f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed --task "
+                f"{task} --extra-runs` (it also runs {task}'s main rows again). "
+                + head_summary(extra, testbed.ASSETS_DIR / "smollm2" / "heads" / task)
+                + "\n\n"
+                + table
+            )
     if speed_page.is_file():
         body += "\n\n" + speed_page.read_text()
     section = root / "real_pair.md"
@@ -375,8 +522,10 @@ def main(argv: list[str] | None = None) -> int:
             for doc in (REPO / "README.md", REPO / "docs" / "real_pair.md"):
                 if update_marked(doc, task, text):
                     print(f"Updated the {task} summary in {doc.relative_to(REPO)}")
-    print(f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
-          f"{(time.perf_counter() - started) / 60:.1f} min.")
+    print(
+        f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
+        f"{(time.perf_counter() - started) / 60:.1f} min."
+    )
     return 0
 
 

@@ -43,18 +43,30 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from diversed_hf.bench import cli as bench_cli  # noqa: E402
-from diversed_hf.bench import policy_table, write_results, write_results_page  # noqa: E402
-from diversed_hf.bench.runner import process_state  # noqa: E402
-from diversed_hf.cli_utils import (  # noqa: E402
-    ArgumentParser, add_debug_flag, check_output_dir, check_output_file, run_script,
+from diversed_hf.bench import cli as bench_cli
+from diversed_hf.bench import policy_table, write_results, write_results_page
+from diversed_hf.bench.runner import process_state
+from diversed_hf.cli_utils import (
+    ArgumentParser,
+    add_debug_flag,
+    check_output_dir,
+    check_output_file,
+    run_script,
 )
 
-METHODS = ["target", "sd", "lossy:0.3,0.6", "static:0,0.25,0.5,0.75", "cascade:0.2", "sd-ft", "diversed",
-           "diversed@arith", "diversed@summary"]
+REPO = Path(__file__).resolve().parents[1]
+
+METHODS = [
+    "target",
+    "sd",
+    "lossy:0.3,0.6",
+    "static:0,0.25,0.5,0.75",
+    "cascade:0.2",
+    "sd-ft",
+    "diversed",
+    "diversed@arith",
+    "diversed@summary",
+]
 SCHEDULES = ["constant:5,8,12,16", "heuristic", "confidence:0.4", "optimal:16"]
 TASKS = ("arith", "summary")  # the testbed's: every bench run and the trained-head sections
 COMMON = dict(max_new_tokens=100, batch_size=16)
@@ -126,8 +138,11 @@ def _replace_results(new: Path, current: Path) -> None:
 
 
 #: sections of tables that need trained heads: written by training/ablation.py and training/headroom.py
-HEAD_SECTIONS = (("front", "Acceptance-quality front"), ("ablation", "Head ablation"),
-                 ("headroom", "Headroom by token class"))
+HEAD_SECTIONS = (
+    ("front", "Acceptance-quality front"),
+    ("ablation", "Head ablation"),
+    ("headroom", "Headroom by token class"),
+)
 
 
 #: the real pair's section, written by training/make_real_results.py
@@ -167,7 +182,9 @@ def refresh_head_sections(page: Path, output_dir: Path) -> None:
     if not page.is_file():
         raise FileNotFoundError(f"{page} does not exist: run `python training/make_results.py` once first.")
     parts = re.split(r"(?m)^(?=## )", page.read_text())
-    titles = tuple(f"## {title}: " for _, title in HEAD_SECTIONS) + tuple(f"## {title}" for _, title in CARRIED_SECTIONS)
+    titles = tuple(f"## {title}: " for _, title in HEAD_SECTIONS) + tuple(
+        f"## {title}" for _, title in CARRIED_SECTIONS
+    )
     kept = [part for part in parts if not part.startswith(titles)]
     new = [f"## {title}\n\n{body}\n\n" for title, body in trained_head_sections(output_dir)]
     at = next((i for i, part in enumerate(kept) if part.startswith("## Reading")), len(kept))
@@ -176,18 +193,27 @@ def refresh_head_sections(page: Path, output_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md.")
+    parser.add_argument(
+        "--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md."
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process.")
     parser.add_argument("--skip-policies", action="store_true", help="Only the methods run (no policy table).")
-    parser.add_argument("--no-cards", action="store_true", help="Leave the shipped heads' results.json and cards alone.")
-    parser.add_argument("--head-sections-only", action="store_true",
-                        help="Only put the current ablation / headroom tables (results/ablation_*.md, headroom_*.md) "
-                             "into the existing RESULTS.md; runs no bench.")
+    parser.add_argument(
+        "--no-cards", action="store_true", help="Leave the shipped heads' results.json and cards alone."
+    )
+    parser.add_argument(
+        "--head-sections-only",
+        action="store_true",
+        help="Only put the current ablation / headroom tables (results/ablation_*.md, headroom_*.md) "
+        "into the existing RESULTS.md; runs no bench.",
+    )
     add_debug_flag(parser)
     args, extra = parser.parse_known_args(argv)
     if args.head_sections_only:
         if extra:
-            parser.error(f"--head-sections-only runs no bench, so the bench arguments {extra} would be ignored; drop them.")
+            parser.error(
+                f"--head-sections-only runs no bench, so the bench arguments {extra} would be ignored; drop them."
+            )
         refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
         print("Updated the trained-head sections of RESULTS.md.")
         return 0
@@ -203,27 +229,51 @@ def main(argv: list[str] | None = None) -> int:
     sections = []
     if not args.skip_policies:
         policy_dir = output_dir / "policies"
-        _, at_one = run_bench_argv(_bench_argv(sizes["policies"], policy_dir / "batch1", args.threads, extra,
-                                     methods=["sd", "diversed"], schedules=SCHEDULES, no_plots=True))
-        _, at_eight = run_bench_argv(_bench_argv(sizes["policies_batch"], policy_dir / "batch8", args.threads, extra,
-                                       methods=["sd", "diversed"], schedules=SCHEDULES, no_plots=True))
+        _, at_one = run_bench_argv(
+            _bench_argv(
+                sizes["policies"],
+                policy_dir / "batch1",
+                args.threads,
+                extra,
+                methods=["sd", "diversed"],
+                schedules=SCHEDULES,
+                no_plots=True,
+            )
+        )
+        _, at_eight = run_bench_argv(
+            _bench_argv(
+                sizes["policies_batch"],
+                policy_dir / "batch8",
+                args.threads,
+                extra,
+                methods=["sd", "diversed"],
+                schedules=SCHEDULES,
+                no_plots=True,
+            )
+        )
         if process_state().is_main_process:
             write_results(at_one, policy_dir / "batch1", plots=False)
             write_results(at_eight, policy_dir / "batch8", plots=False)
-            note = POLICY_NOTE.format(prompts=sizes["policies"]["num_prompts"], timed=sizes["policies"]["num_timing_prompts"],
-                                      repeats=sizes["policies"]["repeats"],
-                                      batch_timed=sizes["policies_batch"]["num_timing_prompts"])
+            note = POLICY_NOTE.format(
+                prompts=sizes["policies"]["num_prompts"],
+                timed=sizes["policies"]["num_timing_prompts"],
+                repeats=sizes["policies"]["repeats"],
+                batch_timed=sizes["policies_batch"]["num_timing_prompts"],
+            )
             sections.append(("Draft-length policies", note + "\n\n" + policy_table({1: at_one, 8: at_eight})))
     if not args.quick:
         sections += trained_head_sections(output_dir)
     if process_state().is_main_process:
-        write_results_page(results, output_dir, page, command=command, seconds=time.perf_counter() - started,
-                           sections=sections)
+        write_results_page(
+            results, output_dir, page, command=command, seconds=time.perf_counter() - started, sections=sections
+        )
         if not (args.quick or args.no_cards):
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
-        print(f"Wrote {page.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
-              f"{(time.perf_counter() - started) / 60:.1f} min.")
+        print(
+            f"Wrote {page.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
+            f"{(time.perf_counter() - started) / 60:.1f} min."
+        )
     return 0
 
 

@@ -26,15 +26,18 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-import diversed_hf.testbed as testbed  # noqa: E402
-from diversed_hf.cli_utils import (  # noqa: E402
-    ArgumentParser, add_debug_flag, check_output_file, run_script, write_text_atomic,
+import diversed_hf.testbed as testbed
+from diversed_hf.cli_utils import (
+    ArgumentParser,
+    add_debug_flag,
+    check_output_file,
+    run_script,
+    write_text_atomic,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def greedy_completions(model, tokenizer, prompts: list[str], batch_size: int, max_new_tokens: int) -> list[str]:
@@ -44,8 +47,11 @@ def greedy_completions(model, tokenizer, prompts: list[str], batch_size: int, ma
         enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
         with torch.no_grad():
             gen = model.generate(
-                **enc, do_sample=False, max_new_tokens=max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                **enc,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
             )
         out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return out
@@ -166,9 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         comps = greedy_completions(model, tokenizer, arith["prompt"], 50, 160)
         results[f"arith_accuracy_{name}"] = statistics.mean(testbed.reward("arith", comps, arith["reference"]))
         comps = greedy_completions(model, tokenizer, summary["prompt"], 50, 64)
-        results[f"summary_rouge2_{name}"] = 100 * statistics.mean(testbed.reward("summary", comps, summary["reference"]))
-        print(f"{name}: arith accuracy {results[f'arith_accuracy_{name}']:.3f}, "
-              f"summary ROUGE-2 {results[f'summary_rouge2_{name}']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        results[f"summary_rouge2_{name}"] = 100 * statistics.mean(
+            testbed.reward("summary", comps, summary["reference"])
+        )
+        print(
+            f"{name}: arith accuracy {results[f'arith_accuracy_{name}']:.3f}, "
+            f"summary ROUGE-2 {results[f'summary_rouge2_{name}']:.2f} ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
         print(f"  e.g. {comps[0]!r}", flush=True)
 
     prompt_ids = tokenizer(arith["prompt"][0], return_tensors="pt").input_ids  # (1, prompt_len)
@@ -179,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in costs:
         results[f"forward_ms_{name}"] = 1000 * statistics.median(costs[name])
     results["cost_ratio"] = results["forward_ms_target"] / results["forward_ms_draft"]
-    print(f"per-token forward (batch 1, KV cache, fp32, {args.threads} thread): target "
-          f"{results['forward_ms_target']:.2f} ms, draft {results['forward_ms_draft']:.2f} ms, "
-          f"ratio {results['cost_ratio']:.1f}", flush=True)
+    print(
+        f"per-token forward (batch 1, KV cache, fp32, {args.threads} thread): target "
+        f"{results['forward_ms_target']:.2f} ms, draft {results['forward_ms_draft']:.2f} ms, "
+        f"ratio {results['cost_ratio']:.1f}",
+        flush=True,
+    )
 
     for task, data in (("arith", arith), ("summary", summary)):
         t0 = time.perf_counter()
@@ -189,10 +203,13 @@ def main(argv: list[str] | None = None) -> int:
             target, draft, tokenizer, data["prompt"][: args.sd_prompts], args.num_draft_tokens, 160, seed=args.seed
         )
         results[f"sd_{task}"] = sd
-        print(f"SD on {task} (T=1, N={args.num_draft_tokens}, {args.sd_prompts} prompts, {sd['drafted_tokens']} drafted): "
-              f"acceptance rate {sd['acceptance_rate']:.3f}, mean beta {sd['mean_beta']:.3f}, "
-              f"tokens/round {sd['mean_tokens_per_round']:.2f}, per position "
-              f"{[round(a, 3) for a in sd['per_position_acceptance']]} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"SD on {task} (T=1, N={args.num_draft_tokens}, {args.sd_prompts} prompts, {sd['drafted_tokens']} drafted): "
+            f"acceptance rate {sd['acceptance_rate']:.3f}, mean beta {sd['mean_beta']:.3f}, "
+            f"tokens/round {sd['mean_tokens_per_round']:.2f}, per position "
+            f"{[round(a, 3) for a in sd['per_position_acceptance']]} ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     if args.json:
         write_text_atomic(args.json, json.dumps(results, indent=2) + "\n")
     return 0

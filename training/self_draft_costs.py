@@ -10,17 +10,13 @@ speed-up model ``E[tokens per round] / (1 + N c)`` (docs/method.md). Timing only
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from diversed_hf.cli_utils import ArgumentParser, run_script  # noqa: E402
-from diversed_hf.testbed import smollm2  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, run_script
+from diversed_hf.testbed import smollm2
 
 
 def step_seconds(model, prompt_ids: torch.Tensor, tokens: int, repeats: int) -> float:
@@ -52,7 +48,9 @@ def main(argv=None) -> list[dict]:
         parser.error("--tokens, --repeats and --threads must be >= 1.")
     torch.set_num_threads(args.threads)
     target, tokenizer = smollm2.load_smollm2_target()
-    prompt = tokenizer("Write a Python function that returns the sum of a list of numbers.", return_tensors="pt")["input_ids"]
+    prompt = tokenizer("Write a Python function that returns the sum of a list of numbers.", return_tensors="pt")[
+        "input_ids"
+    ]
     target_seconds = step_seconds(target, prompt, args.tokens, args.repeats)
     print(f"target: {1000 * target_seconds:.1f} ms per token ({args.threads} thread(s))")
     print("| layers | head ids | ms per token | cost / target |\n|---|---|---|---|")

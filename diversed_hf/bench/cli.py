@@ -31,7 +31,16 @@ from .runner import end_processes, process_state, run_bench
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BenchArguments", "build_parser", "load_finetuned_draft", "load_head", "load_models", "main", "register", "run"]
+__all__ = [
+    "BenchArguments",
+    "build_parser",
+    "load_finetuned_draft",
+    "load_head",
+    "load_models",
+    "main",
+    "register",
+    "run",
+]
 
 
 @dataclass
@@ -40,27 +49,45 @@ class BenchArguments:
 
     pair: Literal["testbed", "smollm2"] = field(
         default="testbed",
-        metadata={"help": "Shipped pair to run without --target/--draft: the 9M testbed pair, or smollm2 (the real pair: "
-                  "SmolLM2-135M-Instruct and its self-draft, with its shipped heads)."},
+        metadata={
+            "help": "Shipped pair to run without --target/--draft: the 9M testbed pair, or smollm2 (the real pair: "
+            "SmolLM2-135M-Instruct and its self-draft, with its shipped heads)."
+        },
     )
-    target: str | None = field(default=None, metadata={"help": "Target model path or Hub id (default: the --pair pair)."})
-    draft: str | None = field(default=None, metadata={"help": "Draft model path or Hub id (with --target); with "
-                                                          "--pair smollm2, 'eagle' or 'self' picks its shipped draft."})
+    target: str | None = field(
+        default=None, metadata={"help": "Target model path or Hub id (default: the --pair pair)."}
+    )
+    draft: str | None = field(
+        default=None,
+        metadata={
+            "help": "Draft model path or Hub id (with --target); with "
+            "--pair smollm2, 'eagle' or 'self' picks its shipped draft."
+        },
+    )
     finetuned_draft: str | None = field(
         default=None,
-        metadata={"help": "Fine-tuned draft for 'sd-ft': a directory, or 'task=dir,task=dir' (default: the testbed's, if any)."},
+        metadata={
+            "help": "Fine-tuned draft for 'sd-ft': a directory, or 'task=dir,task=dir' "
+            "(default: the testbed's, if any)."
+        },
     )
     head: str | None = field(
         default=None, metadata={"help": "DIVERSED head directory, or 'task=dir,task=dir' (default: testbed heads)."}
     )
     task: list[str] = field(
         default_factory=lambda: ["arith"],
-        metadata={"help": "Task(s): the testbed's arith, summary; gsm8k, cnn_dailymail, xsum, mbpp (Hub or --data-files)."},
+        metadata={
+            "help": "Task(s): the testbed's arith, summary; gsm8k, cnn_dailymail, xsum, mbpp (Hub or --data-files)."
+        },
     )
-    data_files: list[str] | None = field(default=None, metadata={"help": "Local files in the Hub schema (one task only)."})
+    data_files: list[str] | None = field(
+        default=None, metadata={"help": "Local files in the Hub schema (one task only)."}
+    )
     num_shots: int = field(default=0, metadata={"help": "Few-shot exemplars for Hub tasks."})
     split: str = field(default="test", metadata={"help": "Split of the task to evaluate on."})
-    dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Model weights dtype."})
+    dtype: Literal["float32", "bfloat16", "float16"] = field(
+        default="float32", metadata={"help": "Model weights dtype."}
+    )
     threads: int = field(default=0, metadata={"help": "torch threads per process (0: torch's default)."})
     output_dir: str = field(default="runs/bench", metadata={"help": "Where results.json, tables and plots go."})
     results_page: str | None = field(
@@ -84,7 +111,9 @@ class BenchArguments:
         if self.data_files and len(self.task) != 1:
             raise ValueError(f"`--data-files` gives the data of one task, but --task lists {self.task}; pass one task.")
         if self.target is not None and self.pair != "testbed":
-            raise ValueError(f"`--pair {self.pair}` and `--target {self.target}` both name the models; pass one of them.")
+            raise ValueError(
+                f"`--pair {self.pair}` and `--target {self.target}` both name the models; pass one of them."
+            )
         named_draft = self.target is None and self.pair == "smollm2" and self.draft in ("eagle", "self")
         if (self.target is None) != (self.draft is None) and not named_draft:
             raise ValueError(
@@ -97,8 +126,13 @@ class BenchArguments:
 # Models, fine-tuned drafts and heads (the testbed's by default)
 
 
-def load_models(target: str | None = None, draft: str | None = None, dtype: torch.dtype = torch.float32,
-                device: str = "cpu", pair: str = "testbed"):
+def load_models(
+    target: str | None = None,
+    draft: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    pair: str = "testbed",
+):
     """``(target, draft, tokenizer)``: a shipped pair (``testbed.load_pair(pair)``) by default, else local paths or
     Hub ids (:func:`diversed_hf.bench.models.load_models`)."""
     named = target is None and pair == "smollm2" and draft in ("eagle", "self")  # the real pair's shipped drafts
@@ -111,8 +145,9 @@ def load_models(target: str | None = None, draft: str | None = None, dtype: torc
     return models.load_models(target, draft, dtype, device)
 
 
-def load_finetuned_draft(spec: str | None, task: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                         testbed_default: bool = True):
+def load_finetuned_draft(
+    spec: str | None, task: str, dtype: torch.dtype = torch.float32, device: str = "cpu", testbed_default: bool = True
+):
     """The fine-tuned draft for ``task`` (``spec``: a directory or ``task=dir,task=dir``, e.g. the ``merged``
     output of ``training/distill_draft.py``), else (with ``testbed_default``, for the testbed pair) the testbed's
     ``load_finetuned_draft(task)`` if it ships one; ``None`` when there is none."""
@@ -155,7 +190,8 @@ def build_parser(**kwargs) -> HfArgumentParser:
 
 
 def register(subparsers) -> None:
-    """Add ``bench`` to the ``diversed-hf`` subcommands: its flags come from :func:`build_parser` as an argparse parent."""
+    """Add ``bench`` to the ``diversed-hf`` subcommands: its flags come from :func:`build_parser` as an argparse
+    parent."""
     parser = subparsers.add_parser(
         "bench",
         help="Speed/quality benchmark of every decoding method on a model pair and task.",
@@ -178,7 +214,7 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ImportError(
-                "the plots need matplotlib, which is not installed: `pip install \"diversed_hf[bench]\"`, or pass "
+                'the plots need matplotlib, which is not installed: `pip install "diversed_hf[bench]"`, or pass '
                 "--no-plots for the tables and JSON alone."
             ) from None
     if arguments.threads:
@@ -194,21 +230,39 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
     shipped = arguments.target is None  # a shipped pair's heads and drafts only fit that pair
     pair = arguments.pair
     # Heads of other tasks, for the transfer specs `diversed@TASK`.
-    head_tasks = {spec.strip().partition("@")[2] for spec in config.methods if spec.strip().lower().startswith("diversed@")}
-    other_heads = {name: load_head(arguments.head, name, testbed_default=shipped, pair=pair) for name in sorted(head_tasks)}
+    head_tasks = {
+        spec.strip().partition("@")[2] for spec in config.methods if spec.strip().lower().startswith("diversed@")
+    }
+    other_heads = {
+        name: load_head(arguments.head, name, testbed_default=shipped, pair=pair) for name in sorted(head_tasks)
+    }
     for task in tasks:
         head = load_head(arguments.head, task.name, testbed_default=shipped, pair=pair)
-        finetuned = load_finetuned_draft(arguments.finetuned_draft, task.name, dtype, state.device,
-                                         testbed_default=shipped and pair == "testbed")
+        finetuned = load_finetuned_draft(
+            arguments.finetuned_draft, task.name, dtype, state.device, testbed_default=shipped and pair == "testbed"
+        )
         methods, notes = parse_methods(
-            [spec for spec in config.methods if spec.strip().lower() != f"diversed@{task.name}"],  # its own head: `diversed`
-            head=head, has_finetuned_draft=finetuned is not None, other_heads=other_heads,
+            [
+                spec for spec in config.methods if spec.strip().lower() != f"diversed@{task.name}"
+            ],  # its own head: `diversed`
+            head=head,
+            has_finetuned_draft=finetuned is not None,
+            other_heads=other_heads,
         )
         if not methods:
             raise ValueError(f"`methods`: nothing to run on task {task.name!r}: " + " ".join(notes))
         results.append(
-            run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, notes=notes,
-                      progress=not arguments.no_progress)
+            run_bench(
+                target,
+                draft,
+                tokenizer,
+                task,
+                methods,
+                config,
+                finetuned_draft=finetuned,
+                notes=notes,
+                progress=not arguments.no_progress,
+            )
         )
     return results
 
@@ -239,5 +293,8 @@ def _report(results: list, arguments, started: float) -> None:
         for note in result.notes:
             print(f"- {note}")
         print()
-    print(f"Wrote {arguments.output_dir}/results.json" + (f" and {arguments.results_page}" if arguments.results_page else "")
-          + f" in {seconds:.0f} s.")
+    print(
+        f"Wrote {arguments.output_dir}/results.json"
+        + (f" and {arguments.results_page}" if arguments.results_page else "")
+        + f" in {seconds:.0f} s."
+    )

@@ -31,17 +31,22 @@ class BenchConfig:
     )
     schedules: list[str] = field(
         default_factory=lambda: ["constant"],
-        metadata={"help": "Draft-length policies, each speculative method runs once per policy: constant[:N,...], "
-                  "heuristic[:N0], heuristic_transient[:N0], confidence:T,..., optimal[:N] (see `diversed-hf bench -h`)."},
+        metadata={
+            "help": "Draft-length policies, each speculative method runs once per policy: constant[:N,...], "
+            "heuristic[:N0], heuristic_transient[:N0], confidence:T,..., optimal[:N] (see `diversed-hf bench -h`)."
+        },
     )
     num_prompts: int = field(default=64, metadata={"help": "Prompts scored for quality and acceptance."})
     num_baseline_prompts: int | None = field(
         default=None,
-        metadata={"help": "Prompts for the methods other than target-only, SD and DIVERSED with the task's head (the "
-                  "first of the scored ones; default: all). The quality comparison needs most prompts for those three."},
+        metadata={
+            "help": "Prompts for the methods other than target-only, SD and DIVERSED with the task's head (the "
+            "first of the scored ones; default: all). The quality comparison needs most prompts for those three."
+        },
     )
     num_samples: int = field(
-        default=1, metadata={"help": "Samples per prompt in the quality pass (seeds differ); more shrinks quality's noise."}
+        default=1,
+        metadata={"help": "Samples per prompt in the quality pass (seeds differ); more shrinks quality's noise."},
     )
     num_timing_prompts: int | None = field(
         default=None, metadata={"help": "Of those, how many (the first) are timed (default: 8, at most num_prompts)."}
@@ -55,7 +60,9 @@ class BenchConfig:
     timing_batch_size: int = field(default=1, metadata={"help": "Batch size of the timed runs (1: latency)."})
     repeats: int = field(default=2, metadata={"help": "Timed runs per method; the median is kept."})
     seed: int = field(default=0, metadata={"help": "Seed of the prompts (for testbed tasks) and of sampling."})
-    cost_tokens: int = field(default=32, metadata={"help": "Single-token forwards timed per model to measure the cost ratio."})
+    cost_tokens: int = field(
+        default=32, metadata={"help": "Single-token forwards timed per model to measure the cost ratio."}
+    )
     num_html_examples: int = field(default=4, metadata={"help": "Completions kept per method for the weight view."})
     num_bootstrap: int = field(
         default=2000, metadata={"help": "Bootstrap resamples (over prompts) of the paired quality intervals."}
@@ -63,16 +70,26 @@ class BenchConfig:
 
     def __post_init__(self):
         if isinstance(self.methods, str):
-            raise TypeError(f"`methods` must be a list of method specs, got the string {self.methods!r}; pass [{self.methods!r}].")
+            raise TypeError(
+                f"`methods` must be a list of method specs, got the string {self.methods!r}; pass [{self.methods!r}]."
+            )
         self.methods = list(self.methods)
         if isinstance(self.schedules, str):
             raise TypeError(
-                f"`schedules` must be a list of schedule specs, got the string {self.schedules!r}; pass [{self.schedules!r}]."
+                f"`schedules` must be a list of schedule specs, got the string {self.schedules!r}; pass "
+                f"[{self.schedules!r}]."
             )
         self.schedules = list(self.schedules)
         parse_schedules(self.schedules)  # a wrong spec fails here, before any model loads
-        for name in ("num_prompts", "num_samples", "max_new_tokens", "num_draft_tokens", "batch_size", "timing_batch_size",
-                     "repeats"):
+        for name in (
+            "num_prompts",
+            "num_samples",
+            "max_new_tokens",
+            "num_draft_tokens",
+            "batch_size",
+            "timing_batch_size",
+            "repeats",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
@@ -80,8 +97,14 @@ class BenchConfig:
             self.num_timing_prompts = min(DEFAULT_TIMING_PROMPTS, self.num_prompts)
         if self.num_baseline_prompts is None:
             self.num_baseline_prompts = self.num_prompts
-        for name in ("num_timing_prompts", "cost_tokens", "num_html_examples", "top_k", "num_baseline_prompts",
-                     "num_bootstrap"):
+        for name in (
+            "num_timing_prompts",
+            "cost_tokens",
+            "num_html_examples",
+            "top_k",
+            "num_baseline_prompts",
+            "num_bootstrap",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}.")
@@ -93,7 +116,8 @@ class BenchConfig:
         if not self.num_timing_prompts <= self.num_baseline_prompts <= self.num_prompts:
             raise ValueError(
                 f"`num_baseline_prompts` ({self.num_baseline_prompts}) must be between `num_timing_prompts` "
-                f"({self.num_timing_prompts}) and `num_prompts` ({self.num_prompts}): the baselines are scored on the first "
+                f"({self.num_timing_prompts}) and `num_prompts` ({self.num_prompts}): the baselines are scored on "
+                "the first "
                 "prompts and timed on the first of those."
             )
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -122,8 +146,9 @@ class BenchTask:
             )
 
 
-def load_task(name: str, num_examples: int, seed: int = 0, split: str = "test", num_shots: int = 0,
-              data_files=None) -> BenchTask:
+def load_task(
+    name: str, num_examples: int, seed: int = 0, split: str = "test", num_shots: int = 0, data_files=None
+) -> BenchTask:
     """A registered task of :mod:`diversed_hf.tasks` as a :class:`BenchTask`: the testbed's ``arith`` /
     ``summary`` (also spelled ``testbed_arith`` / ``testbed_summary``), ``gsm8k``, ``cnn_dailymail``,
     ``xsum`` and ``mbpp`` (from the Hub, or from local ``data_files`` in the Hub schema), or your own.

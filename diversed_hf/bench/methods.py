@@ -27,7 +27,15 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_METHODS", "FAMILIES", "Method", "Schedule", "parse_methods", "parse_schedules", "with_schedules"]
 
 FAMILIES = (
-    "target-only", "sd", "lossy-sd", "static-ensemble", "speccascade", "typical", "sd-finetuned", "diversed", "block",
+    "target-only",
+    "sd",
+    "lossy-sd",
+    "static-ensemble",
+    "speccascade",
+    "typical",
+    "sd-finetuned",
+    "diversed",
+    "block",
 )
 DEFAULT_METHODS = (
     "target",
@@ -104,14 +112,14 @@ def _parse_lengths(spec: str, values: str) -> list[int]:
 def parse_schedules(specs: Sequence[str]) -> list[Schedule]:
     """Draft-length policies from short specs (the bench's ``--schedules``)::
 
-        constant            N = num_draft_tokens every round (the default)
-        constant:3,5,8      one run per constant N
-        heuristic           transformers' heuristic (+2 after a fully accepted round, else -1), starting at
-                            num_draft_tokens and kept from one call to the next, as transformers keeps it
-        heuristic_transient the same, reset every call
-        confidence:0.4      a row stops drafting after a token whose draft probability is below 0.4
-        optimal[:12]        this project's policy: per row, the length in 1..12 (default num_draft_tokens)
-                            maximising expected tokens per second
+    constant            N = num_draft_tokens every round (the default)
+    constant:3,5,8      one run per constant N
+    heuristic           transformers' heuristic (+2 after a fully accepted round, else -1), starting at
+                        num_draft_tokens and kept from one call to the next, as transformers keeps it
+    heuristic_transient the same, reset every call
+    confidence:0.4      a row stops drafting after a token whose draft probability is below 0.4
+    optimal[:12]        this project's policy: per row, the length in 1..12 (default num_draft_tokens)
+                        maximising expected tokens per second
     """
     if isinstance(specs, str):
         raise TypeError(f"`schedules` must be a list of schedule specs, got the string {specs!r}; pass [{specs!r}].")
@@ -130,7 +138,9 @@ def parse_schedules(specs: Sequence[str]) -> list[Schedule]:
         elif kind == "confidence":
             for threshold in _parse_values(spec, values):
                 if not 0 < threshold < 1:
-                    raise ValueError(f"Schedule spec {spec!r}: a confidence threshold must be in (0, 1), got {threshold:g}.")
+                    raise ValueError(
+                        f"Schedule spec {spec!r}: a confidence threshold must be in (0, 1), got {threshold:g}."
+                    )
                 schedules.append(Schedule(f"confidence {threshold:g}", "constant", confidence=threshold))
         elif kind == "optimal":
             for n in _parse_lengths(spec, values) if values else [None]:
@@ -160,8 +170,9 @@ def with_schedules(methods: Sequence[Method], schedules: Sequence[Schedule]) -> 
             continue
         for schedule in schedules:
             paired_with = method.paired_with and f"{method.paired_with} @ {schedule.label}"
-            expanded.append(replace(method, name=f"{method.name} @ {schedule.label}", schedule=schedule,
-                                    paired_with=paired_with))
+            expanded.append(
+                replace(method, name=f"{method.name} @ {schedule.label}", schedule=schedule, paired_with=paired_with)
+            )
     return expanded
 
 
@@ -180,7 +191,9 @@ def _fmt(value: float) -> str:
 
 
 def parse_methods(
-    specs: Sequence[str], head: DiversedHead | None = None, has_finetuned_draft: bool = False,
+    specs: Sequence[str],
+    head: DiversedHead | None = None,
+    has_finetuned_draft: bool = False,
     other_heads: dict[str, DiversedHead | None] | None = None,
 ) -> tuple[list[Method], list[str]]:
     """Methods from short specs (see the :mod:`diversed_hf.bench` docstring); returns ``(methods, notes)``.
@@ -212,10 +225,14 @@ def parse_methods(
             rules = CASCADE_RULES if kind == "cascade" else (kind[len("cascade-") :],)
             for rule in rules:
                 if rule not in CASCADE_RULES:
-                    raise ValueError(f"Method spec {spec!r}: unknown cascade rule {rule!r}; use one of {CASCADE_RULES}.")
+                    raise ValueError(
+                        f"Method spec {spec!r}: unknown cascade rule {rule!r}; use one of {CASCADE_RULES}."
+                    )
                 for alpha in _parse_values(spec, values):
                     methods.append(
-                        Method(f"cascade {rule} a={_fmt(alpha)}", "speccascade", SpecCascadeVerifier(rule, alpha), alpha)
+                        Method(
+                            f"cascade {rule} a={_fmt(alpha)}", "speccascade", SpecCascadeVerifier(rule, alpha), alpha
+                        )
                     )
         elif kind == "typical":
             for threshold in _parse_values(spec, values):
@@ -230,12 +247,18 @@ def parse_methods(
             head_task = spec.strip().partition("@")[2]
             other = (other_heads or {}).get(head_task)
             if other is not None:
-                methods.append(Method(f"DIVERSED ({head_task} head)", "diversed", HeadVerifier(other), head_task=head_task))
+                methods.append(
+                    Method(f"DIVERSED ({head_task} head)", "diversed", HeadVerifier(other), head_task=head_task)
+                )
             else:
-                notes.append(f"DIVERSED with the {head_task} head: skipped, no head was given or found for {head_task!r}.")
+                notes.append(
+                    f"DIVERSED with the {head_task} head: skipped, no head was given or found for {head_task!r}."
+                )
         elif kind == "block":
             if not values:
-                raise ValueError(f"Method spec {spec!r}: name the method to block-verify, e.g. 'block:sd' or 'block:static:0.5'.")
+                raise ValueError(
+                    f"Method spec {spec!r}: name the method to block-verify, e.g. 'block:sd' or 'block:static:0.5'."
+                )
             inner, inner_notes = parse_methods([values], head, has_finetuned_draft, other_heads)
             notes += [f"block verification: {note}" for note in inner_notes]
             for method in inner:
@@ -246,9 +269,16 @@ def parse_methods(
                         f"Method spec {spec!r}: block verification applies to a token-wise method once; write "
                         f"'block:{values.partition(':')[2]}'."
                     )
-                methods.append(replace(method, name=f"block {method.name}", family="block",
-                                       verifier=BlockVerifier(method.verifier), paired_with=method.name,
-                                       base_family=method.family))
+                methods.append(
+                    replace(
+                        method,
+                        name=f"block {method.name}",
+                        family="block",
+                        verifier=BlockVerifier(method.verifier),
+                        paired_with=method.name,
+                        base_family=method.family,
+                    )
+                )
         elif kind == "diversed":
             if head is not None:
                 methods.append(Method("DIVERSED", "diversed", HeadVerifier(head)))

@@ -33,8 +33,24 @@ _MARKERS = {
     "block": "X",
 }
 # tab10 without its red (DIVERSED's) and grey (the static front's)
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
-            "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+)
 
 
 def _colors(rows: Sequence[dict]) -> dict[str, str]:
@@ -71,7 +87,9 @@ def _front(rows: Sequence[dict], axis: str) -> list[tuple[float, float, str]]:
     for row in rows:
         if row["family"] == "static-ensemble" or row["family"] == "sd":
             if row.get(axis) is not None:
-                points.append((row["param"] if row["param"] is not None else 1.0, row[axis], 100 * row["quality"], row["method"]))
+                points.append(
+                    (row["param"] if row["param"] is not None else 1.0, row[axis], 100 * row["quality"], row["method"])
+                )
     points.sort()
     return [(x, y, name) for _, x, y, name in points]
 
@@ -81,19 +99,39 @@ def _scatter_axis(ax, rows: Sequence[dict], axis: str, xlabel: str, percent: boo
     colors = _colors(rows)
     front = _front(rows, axis)
     if front:
-        ax.plot([x * scale for x, _, _ in front], [y for _, y, _ in front], "-", color="gray", marker=".",
-                label="static ensemble (sweep w; SD is w = 1)", zorder=1)
+        ax.plot(
+            [x * scale for x, _, _ in front],
+            [y for _, y, _ in front],
+            "-",
+            color="gray",
+            marker=".",
+            label="static ensemble (sweep w; SD is w = 1)",
+            zorder=1,
+        )
         for x, y, name in front:
             if name.startswith("static"):
-                ax.annotate(name.replace("static ", ""), (x * scale, y), fontsize=7, color="dimgray",
-                            xytext=(3, -9), textcoords="offset points")
+                ax.annotate(
+                    name.replace("static ", ""),
+                    (x * scale, y),
+                    fontsize=7,
+                    color="dimgray",
+                    xytext=(3, -9),
+                    textcoords="offset points",
+                )
     for row in rows:
         if row["family"] == "static-ensemble" or row.get(axis) is None:
             continue
         diversed = row["family"] == "diversed"
-        ax.scatter([row[axis] * scale], [100 * row["quality"]], color=colors[row["method"]],
-                   marker=_MARKERS[row["family"]], s=160 if diversed else 45, label=row["method"], zorder=4 if diversed else 3,
-                   edgecolors="black" if diversed else "none")
+        ax.scatter(
+            [row[axis] * scale],
+            [100 * row["quality"]],
+            color=colors[row["method"]],
+            marker=_MARKERS[row["family"]],
+            s=160 if diversed else 45,
+            label=row["method"],
+            zorder=4 if diversed else 3,
+            edgecolors="black" if diversed else "none",
+        )
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
 
@@ -138,7 +176,9 @@ def plot_position_acceptance(rows: Sequence[dict], path: str | Path, title: str 
         positions = list(range(1, len(values) + 1))
         style = "--" if row["family"] == "static-ensemble" else "-"
         alpha = 0.5 if row["family"] == "static-ensemble" else 1.0
-        ax.plot(positions, [100 * v for v in values], style, color=color, marker=marker, alpha=alpha, label=row["method"])
+        ax.plot(
+            positions, [100 * v for v in values], style, color=color, marker=marker, alpha=alpha, label=row["method"]
+        )
     ax.set_xlabel("draft position k")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("acceptance (%) at position k, given examined")
@@ -178,7 +218,14 @@ def target_weight_html(examples: dict[str, list[dict]], title: str = "") -> str:
     """
     legend = "".join(
         f'<span class="tok" style="background:{_shade(w)}">w = {label}</span> '
-        for w, label in ((0.0, "0 (draft)"), (0.25, "0.25"), (0.5, "0.5"), (0.75, "0.75"), (1.0, "1 (target)"), (None, "– (bonus)"))
+        for w, label in (
+            (0.0, "0 (draft)"),
+            (0.25, "0.25"),
+            (0.5, "0.5"),
+            (0.75, "0.75"),
+            (1.0, "1 (target)"),
+            (None, "– (bonus)"),
+        )
     )
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -219,7 +266,10 @@ def plot_all(result: "BenchResult", output_dir: str | Path) -> dict[str, Path]:
     task = result.task
     paths = {
         f"{task}_tradeoffs": plot_tradeoffs(
-            result.rows, output_dir / f"{task}_tradeoffs.png", title=task, quality_label=result.meta.get("quality_label")
+            result.rows,
+            output_dir / f"{task}_tradeoffs.png",
+            title=task,
+            quality_label=result.meta.get("quality_label"),
         ),
         f"{task}_positions": plot_position_acceptance(result.rows, output_dir / f"{task}_positions.png", title=task),
     }

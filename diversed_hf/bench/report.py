@@ -48,13 +48,18 @@ def _delta_cell(row: dict) -> str:
     """Quality minus the target distribution's, x 100, with its 95 % interval: ``-1.2 [-2.3, -0.1]``."""
     if row.get("quality_delta") is None:
         return "–"
-    return (f"{100 * row['quality_delta']:+.1f} [{100 * row['quality_delta_low']:+.1f}, "
-            f"{100 * row['quality_delta_high']:+.1f}]")
+    return (
+        f"{100 * row['quality_delta']:+.1f} [{100 * row['quality_delta_low']:+.1f}, "
+        f"{100 * row['quality_delta_high']:+.1f}]"
+    )
 
 
 def _name(row: dict) -> str:
-    return f"**{row['method']}**" if row["family"] == "diversed" and row.get("head_task") in (None, row.get("task")) \
+    return (
+        f"**{row['method']}**"
+        if row["family"] == "diversed" and row.get("head_task") in (None, row.get("task"))
         else row["method"]
+    )
 
 
 def quality_table(rows: list[dict]) -> str:
@@ -109,13 +114,12 @@ def policy_table(results_by_batch: dict[int, Sequence[BenchResult]]) -> str:
     sizes = sorted(results_by_batch)
     lines = [
         "| task | method | policy | acceptance | mean draft length | tokens/round | "
-        + " | ".join(f"tokens/s, batch {b}" for b in sizes) + " |",
+        + " | ".join(f"tokens/s, batch {b}" for b in sizes)
+        + " |",
         "|---|---|---|---:|---:|---:|" + "---:|" * len(sizes),
     ]
     first = results_by_batch[sizes[0]]
-    speeds = {
-        (result.task, row["method"]): {} for result in first for row in result.rows
-    }
+    speeds = {(result.task, row["method"]): {} for result in first for row in result.rows}
     for size in sizes:
         for result in results_by_batch[size]:
             for row in result.rows:
@@ -255,9 +259,14 @@ _BETA_PRODUCT_ESTIMATOR = (
 )
 
 
-def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, page: str | Path,
-                       command: str | None = None, seconds: float | None = None,
-                       sections: Sequence[tuple[str, str]] = ()) -> Path:
+def write_results_page(
+    results: Sequence[BenchResult],
+    output_dir: str | Path,
+    page: str | Path,
+    command: str | None = None,
+    seconds: float | None = None,
+    sections: Sequence[tuple[str, str]] = (),
+) -> Path:
     """Write everything :func:`write_results` writes, and a Markdown page with the tables and plots.
 
     ``sections`` are extra ``(title, Markdown)`` sections placed after the tasks (e.g. :func:`policy_table`).
@@ -282,9 +291,12 @@ def write_results_page(results: Sequence[BenchResult], output_dir: str | Path, p
         + f"; {config.get('num_prompts')} held-out prompts per task"
         + (f" x {config['num_samples']} samples" if config.get("num_samples", 1) > 1 else "")
         + " for quality and acceptance"
-        + (f" (target-only, SD and DIVERSED with the task's head; the other methods the first "
-           f"{config['num_baseline_prompts']})" if config.get("num_baseline_prompts", config.get("num_prompts"))
-           != config.get("num_prompts") else "")
+        + (
+            f" (target-only, SD and DIVERSED with the task's head; the other methods the first "
+            f"{config['num_baseline_prompts']})"
+            if config.get("num_baseline_prompts", config.get("num_prompts")) != config.get("num_prompts")
+            else ""
+        )
         + ", the first "
         f"{config.get('num_timing_prompts')} timed at batch size {config.get('timing_batch_size')} (median of "
         f"{config.get('repeats')} interleaved runs after a warm-up); temperature {config.get('temperature')}, "
@@ -335,8 +347,11 @@ def _task_section(result: BenchResult, paths: dict[str, Path], relative, shown) 
         f"(target {meta['costs']['target_token_seconds'] * 1e3:.2f} ms/token); one verification pass over "
         f"N + 1 tokens costs c_verify = {meta['verify_cost_ratio']:.2f} target tokens."
         + (f" Fine-tuned draft: `{shown(meta['finetuned_draft'])}`." if meta.get("finetuned_draft") else "")
-        + (f" DIVERSED head: {meta['head'].get('architecture')} head trained for task "
-           f"`{meta['head'].get('task')}`." if meta.get("head") else ""),
+        + (
+            f" DIVERSED head: {meta['head'].get('architecture')} head trained for task `{meta['head'].get('task')}`."
+            if meta.get("head")
+            else ""
+        ),
         "",
         quality_table(result.rows),
         "",
@@ -349,14 +364,19 @@ def _task_section(result: BenchResult, paths: dict[str, Path], relative, shown) 
     lines += [f"- {note}" for note in result.notes]
     if result.notes:
         lines.append("")
-    for key, caption in (("tradeoffs", "Quality vs time and vs acceptance (line: static-ensemble front)"),
-                         ("positions", "Acceptance by draft position")):
+    for key, caption in (
+        ("tradeoffs", "Quality vs time and vs acceptance (line: static-ensemble front)"),
+        ("positions", "Acceptance by draft position"),
+    ):
         path = paths.get(f"{result.task}_{key}")
         if path is not None:
             lines += [f"![{caption}]({relative(path)})", ""]
     html = paths.get(f"{result.task}_weights")
     if html is not None:
-        lines += [f"Per-token target weight `w` chosen at each emitted token: [{relative(html)}]({relative(html)}).", ""]
+        lines += [
+            f"Per-token target weight `w` chosen at each emitted token: [{relative(html)}]({relative(html)}).",
+            "",
+        ]
     return lines
 
 
@@ -367,9 +387,11 @@ def _environment() -> str:
     import torch
     import transformers
 
-    return (f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-            f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
+    return (
+        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}"
+    )
 
 
 def _is_under(path, directory: Path) -> bool:
@@ -388,13 +410,19 @@ def _front_sentence(comparison: dict, rows: list[dict]) -> str:
         parts.append(f"at acceptance {point['acceptance_rate']:.1%}")
     delta = comparison.get("quality_minus_front_at_acceptance_rate")
     parts.append(
-        f"({100 * delta:+.1f} vs the front at the same acceptance)" if delta is not None else "(outside the front's acceptance range)"
+        f"({100 * delta:+.1f} vs the front at the same acceptance)"
+        if delta is not None
+        else "(outside the front's acceptance range)"
     )
     delta_time = comparison.get("quality_minus_front_at_seconds_per_sample")
     if delta_time is not None:
         parts.append(f"and {100 * delta_time:+.1f} vs the front at the same time per sample")
     elif point.get("seconds_per_sample") is not None:
-        times = [r["seconds_per_sample"] for r in rows if r["family"] in ("static-ensemble", "sd") and r["seconds_per_sample"]]
+        times = [
+            r["seconds_per_sample"]
+            for r in rows
+            if r["family"] in ("static-ensemble", "sd") and r["seconds_per_sample"]
+        ]
         if times:
             parts.append(
                 f"at {point['seconds_per_sample']:.3f} s per sample, outside the front's "

@@ -100,8 +100,12 @@ def measure_cost(model, input_ids: torch.Tensor, num_tokens: int = 32, chunk: in
     times = []
     for _ in range(repeats):
         cache = compat.new_cache()
-        compat.forward_with_cache(model, input_ids, mask[:, :length], cache, logits_to_keep=1, output_hidden_states=False)
-        compat.forward_with_cache(model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False)  # warm-up
+        compat.forward_with_cache(
+            model, input_ids, mask[:, :length], cache, logits_to_keep=1, output_hidden_states=False
+        )
+        compat.forward_with_cache(
+            model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False
+        )  # warm-up
         compat.crop_cache(cache, length)
         start = time.perf_counter()
         for _ in range(num_tokens):
@@ -112,8 +116,12 @@ def measure_cost(model, input_ids: torch.Tensor, num_tokens: int = 32, chunk: in
 
 
 def _generation_kwargs(config: BenchConfig, tokenizer) -> dict:
-    kwargs = dict(max_new_tokens=config.max_new_tokens, return_dict_in_generate=True,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    kwargs = dict(
+        max_new_tokens=config.max_new_tokens,
+        return_dict_in_generate=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     if config.temperature > 0:
         kwargs.update(do_sample=True, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
     else:
@@ -121,8 +129,17 @@ def _generation_kwargs(config: BenchConfig, tokenizer) -> dict:
     return kwargs
 
 
-def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig, tokenizer, seed: int,
-               want_weights: bool = False, heuristic_state: dict | None = None):
+def _run_batch(
+    target,
+    drafts,
+    method: Method,
+    batch: dict,
+    config: BenchConfig,
+    tokenizer,
+    seed: int,
+    want_weights: bool = False,
+    heuristic_state: dict | None = None,
+):
     """One ``generate`` call: ``(new_tokens (B, T), lengths (B,), stats or None)``.
 
     ``heuristic_state`` (method name -> draft length) carries the ``"heuristic"`` schedule's value from one
@@ -135,22 +152,32 @@ def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig,
         torch.manual_seed(seed)
         output = target.generate(**batch, **kwargs)
         new_tokens = output.sequences[:, prompt_len:]  # (B, T)
-        full = torch.full((new_tokens.shape[0],), new_tokens.shape[1], dtype=torch.long, device=new_tokens.device)  # (B,)
+        full = torch.full(
+            (new_tokens.shape[0],), new_tokens.shape[1], dtype=torch.long, device=new_tokens.device
+        )  # (B,)
         if tokenizer.eos_token_id is None:
             return new_tokens, full, None
         is_end = new_tokens == tokenizer.eos_token_id  # (B, T)
         return new_tokens, torch.where(is_end.any(dim=1), is_end.long().argmax(dim=1) + 1, full), None
     schedule = method.schedule
-    policy = schedule.generate_kwargs(config.num_draft_tokens) if schedule else dict(
-        num_assistant_tokens=config.num_draft_tokens, num_assistant_tokens_schedule="constant")
+    policy = (
+        schedule.generate_kwargs(config.num_draft_tokens)
+        if schedule
+        else dict(num_assistant_tokens=config.num_draft_tokens, num_assistant_tokens_schedule="constant")
+    )
     draft = drafts[method.draft]
     persistent = schedule is not None and schedule.name == "heuristic" and heuristic_state is not None
     if persistent:
         policy["num_assistant_tokens"] = heuristic_state.get(method.name, policy["num_assistant_tokens"])
         saved = draft.generation_config.num_assistant_tokens
     output = target.generate(
-        **batch, **kwargs, **policy, assistant_model=draft, verifier=method.verifier,
-        generator=torch.Generator().manual_seed(seed), output_target_weights=want_weights,
+        **batch,
+        **kwargs,
+        **policy,
+        assistant_model=draft,
+        verifier=method.verifier,
+        generator=torch.Generator().manual_seed(seed),
+        output_target_weights=want_weights,
     )
     if persistent:
         heuristic_state[method.name] = draft.generation_config.num_assistant_tokens
@@ -159,7 +186,9 @@ def _run_batch(target, drafts, method: Method, batch: dict, config: BenchConfig,
     return output.sequences[:, prompt_len:], stats.num_generated, stats
 
 
-def _records(method: Method, indices: list[int], new_tokens, lengths, stats, tokenizer, keep_tokens: set[int]) -> list[dict]:
+def _records(
+    method: Method, indices: list[int], new_tokens, lengths, stats, tokenizer, keep_tokens: set[int]
+) -> list[dict]:
     """Per-prompt records (plain Python / CPU tensors, so they pickle for gathering): ``index``, ``completion``,
     ``num_generated`` and, for speculative methods, the round counts, per-position counts, ``position_acceptance``
     (beta_t, (rounds, N)), ``drafted_acceptance`` (a_t(x_t), (rounds, N)) and the target weights."""
@@ -203,8 +232,18 @@ def _tokenize(tokenizer, prompts: list[str], device) -> dict:
     return {key: value.to(device) for key, value in tokenizer(prompts, return_tensors="pt", padding=True).items()}
 
 
-def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Method], config: BenchConfig | None = None,
-              *, finetuned_draft=None, notes: Sequence[str] = (), progress: bool = False) -> BenchResult:
+def run_bench(
+    target,
+    draft,
+    tokenizer,
+    task: BenchTask,
+    methods: Sequence[Method],
+    config: BenchConfig | None = None,
+    *,
+    finetuned_draft=None,
+    notes: Sequence[str] = (),
+    progress: bool = False,
+) -> BenchResult:
     """Run every method on ``task`` and return one row per method (see the :mod:`diversed_hf.bench` docstring).
 
     Under ``accelerate launch`` every process must call this with the same arguments; prompts are split
@@ -244,7 +283,8 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
     }
     for n in sorted(bounds):
         costs[f"verify_pass_seconds_{n + 1}"] = (
-            costs["verify_pass_seconds"] if n == config.num_draft_tokens
+            costs["verify_pass_seconds"]
+            if n == config.num_draft_tokens
             else measure_cost(target, cost_ids, config.cost_tokens, chunk=n + 1)
         )
     for name, model in drafts.items():
@@ -262,9 +302,11 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
     shards = {count: _shard(state, list(range(count))) for count in {scored(m) for m in methods}}
     records: dict[str, list[dict]] = {}
     bar = tqdm(
-        total=sum(len(shards[scored(m)]) for m in methods) * config.num_samples, desc=f"{task.name}: quality",
-        disable=not show, unit="prompt",
-    )  # fmt: skip
+        total=sum(len(shards[scored(m)]) for m in methods) * config.num_samples,
+        desc=f"{task.name}: quality",
+        disable=not show,
+        unit="prompt",
+    )
     for method in methods:
         mine = []
         want_weights = method.verifier is not None and method.family not in ("sd", "sd-finetuned")
@@ -274,10 +316,10 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
                 seed = config.seed + sample * SAMPLE_SEED_STRIDE + batch_indices[0]
                 new_tokens, lengths, stats = _run_batch(
                     target, drafts, method, batch, config, tokenizer, seed, want_weights, heuristic_state
-                )  # fmt: skip
+                )
                 batch_records = _records(
                     method, batch_indices, new_tokens, lengths, stats, tokenizer, keep_tokens if sample == 0 else set()
-                )  # fmt: skip
+                )
                 mine += [{**record, "sample": sample} for record in batch_records]
                 bar.update(len(batch_indices))
         records[method.name] = sorted(_gather(state, mine), key=lambda r: (r["sample"], r["index"]))
@@ -294,8 +336,16 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         start = time.perf_counter()
         for batch_indices in _batches(timing_indices, config.timing_batch_size):
             batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
-            _, lengths, _ = _run_batch(target, drafts, method, batch, config, tokenizer, config.seed + batch_indices[0],
-                                       heuristic_state=heuristic_state)
+            _, lengths, _ = _run_batch(
+                target,
+                drafts,
+                method,
+                batch,
+                config,
+                tokenizer,
+                config.seed + batch_indices[0],
+                heuristic_state=heuristic_state,
+            )
             tokens += int(lengths.sum())
         return time.perf_counter() - start, tokens
 
@@ -317,17 +367,28 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
 
     # 4. Rows, and each method's quality against the target distribution, paired over prompts.
     rewards = {
-        method.name: task.reward([r["completion"] for r in records[method.name]],
-                                 [task.references[r["index"]] for r in records[method.name]])
+        method.name: task.reward(
+            [r["completion"] for r in records[method.name]], [task.references[r["index"]] for r in records[method.name]]
+        )
         for method in methods
     }
     rows = [
-        method_row(method, records[method.name], timings[method.name], timed_tokens.get(method.name), task, config, costs,
-                   rewards=rewards[method.name])
+        method_row(
+            method,
+            records[method.name],
+            timings[method.name],
+            timed_tokens.get(method.name),
+            task,
+            config,
+            costs,
+            rewards=rewards[method.name],
+        )
         for method in methods
     ]
     add_relative_speedups(rows)
-    paired_rewards = {m.name: [(r["index"], reward) for r, reward in zip(records[m.name], rewards[m.name])] for m in methods}
+    paired_rewards = {
+        m.name: [(r["index"], reward) for r, reward in zip(records[m.name], rewards[m.name])] for m in methods
+    }
     add_paired_differences(rows, paired_rewards, num_resamples=config.num_bootstrap, seed=config.seed)
     add_block_differences(rows, paired_rewards, records, num_resamples=config.num_bootstrap, seed=config.seed)
     examples = {
@@ -354,8 +415,12 @@ def run_bench(target, draft, tokenizer, task: BenchTask, methods: Sequence[Metho
         "verify_cost_ratio": costs["verify_pass_seconds"] / costs["target_token_seconds"],
         "config": dataclasses.asdict(config),
         "head": next(
-            (dataclasses.asdict(m.verifier.head.config) for m in methods if m.own_head and isinstance(m.verifier, HeadVerifier)),
-            None
+            (
+                dataclasses.asdict(m.verifier.head.config)
+                for m in methods
+                if m.own_head and isinstance(m.verifier, HeadVerifier)
+            ),
+            None,
         ),
     }
     return BenchResult(task.name, rows, examples, list(notes), meta)
@@ -371,5 +436,3 @@ def _merge_dicts(dicts: list[dict]) -> dict[str, list[float]]:
 
 def _model_name(model) -> str:
     return str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
-
-

@@ -41,10 +41,14 @@ def task_setting(result: BenchResult) -> dict:
     """The ``setting`` of ``results_<task>.json``: how the rows were measured, in the cards' vocabulary."""
     config = result.meta["config"]
     setting = {key: config[key] for key in ("temperature", "num_draft_tokens", "max_new_tokens")}
-    setting.update(task=result.task, quality_metric=result.meta["quality_metric"],
-                   num_samples=result.rows[0]["num_prompts"] if result.rows else 0,
-                   num_sampling_seeds=config.get("num_samples", 1),
-                   target=result.meta["target"], draft=result.meta["draft"])
+    setting.update(
+        task=result.task,
+        quality_metric=result.meta["quality_metric"],
+        num_samples=result.rows[0]["num_prompts"] if result.rows else 0,
+        num_sampling_seeds=config.get("num_samples", 1),
+        target=result.meta["target"],
+        draft=result.meta["draft"],
+    )
     return setting
 
 

@@ -47,18 +47,25 @@ def quality_with_stderr(rewards: Sequence[float], prompt_indices: Sequence[int])
     Samples of one prompt are correlated, so the standard error is over per-prompt means (``None`` for one prompt).
     """
     if len(rewards) != len(prompt_indices):
-        raise ValueError(f"`rewards` has {len(rewards)} entries but `prompt_indices` {len(prompt_indices)}; pass one each.")
+        raise ValueError(
+            f"`rewards` has {len(rewards)} entries but `prompt_indices` {len(prompt_indices)}; pass one each."
+        )
     values = torch.tensor(list(rewards), dtype=torch.float64)  # (num_prompts * num_samples,)
     per_prompt: dict[int, list[float]] = {}
     for index, reward in zip(prompt_indices, values.tolist()):
         per_prompt.setdefault(index, []).append(reward)
-    prompt_means = torch.tensor([statistics.mean(v) for v in per_prompt.values()], dtype=torch.float64)  # (num_prompts,)
+    prompt_means = torch.tensor(
+        [statistics.mean(v) for v in per_prompt.values()], dtype=torch.float64
+    )  # (num_prompts,)
     stderr = float(prompt_means.std() / math.sqrt(len(prompt_means))) if len(prompt_means) > 1 else None
     return float(values.mean()), stderr, len(per_prompt)
 
 
 def paired_difference(
-    method: Sequence[tuple[int, float]], reference: Sequence[tuple[int, float]], num_resamples: int = 2000, seed: int = 0
+    method: Sequence[tuple[int, float]],
+    reference: Sequence[tuple[int, float]],
+    num_resamples: int = 2000,
+    seed: int = 0,
 ) -> dict | None:
     """A method's quality minus a reference's, paired over prompts, with a 95 % bootstrap interval.
 
@@ -68,6 +75,7 @@ def paired_difference(
     resamples of the prompts (with replacement). Pairing removes the prompts' difficulty from the noise:
     the interval is much narrower than two independent standard errors. ``None`` without a common prompt.
     """
+
     def by_prompt(pairs):
         sums: dict[int, list[float]] = {}
         for index, reward in pairs:
@@ -86,8 +94,9 @@ def paired_difference(
     return {"delta": float(differences.mean()), "low": low, "high": high, "num_prompts": len(common)}
 
 
-def add_paired_differences(rows: list[dict], rewards: dict[str, list[tuple[int, float]]], num_resamples: int = 2000,
-                           seed: int = 0) -> None:
+def add_paired_differences(
+    rows: list[dict], rewards: dict[str, list[tuple[int, float]]], num_resamples: int = 2000, seed: int = 0
+) -> None:
     """``quality_delta`` (with ``quality_delta_low`` / ``_high``, a 95 % interval, and ``quality_delta_prompts``):
     each row's quality minus the **target distribution's**, paired over prompts (:func:`paired_difference`).
 
@@ -109,8 +118,13 @@ def add_paired_differences(rows: list[dict], rewards: dict[str, list[tuple[int, 
         row["quality_delta_prompts"] = None if result is None else result["num_prompts"]
 
 
-def add_block_differences(rows: list[dict], rewards: dict[str, list[tuple[int, float]]], records: dict[str, list[dict]],
-                          num_resamples: int = 2000, seed: int = 0) -> None:
+def add_block_differences(
+    rows: list[dict],
+    rewards: dict[str, list[tuple[int, float]]],
+    records: dict[str, list[dict]],
+    num_resamples: int = 2000,
+    seed: int = 0,
+) -> None:
     """For each block-verified row (``paired_with`` set): block minus its token-wise method, paired over prompts
     (:func:`paired_difference`, 95 % bootstrap interval), as ``block_<what>_delta`` / ``_low`` / ``_high``:
 
@@ -119,6 +133,7 @@ def add_block_differences(rows: list[dict], rewards: dict[str, list[tuple[int, f
     - ``expected_tokens``: the unbiased estimator of ``E[T_N]`` per sample (:func:`theory.expected_tokens_per_round`:
       the uniform draws of verification averaged out, so its interval is the tighter one).
     """
+
     def per_sample(name: str) -> dict[str, list[tuple[int, float]]]:
         measured, estimated = [], []
         for record in records[name]:
@@ -137,7 +152,11 @@ def add_block_differences(rows: list[dict], rewards: dict[str, list[tuple[int, f
             continue
         ours, theirs = per_sample(row["method"]), per_sample(partner)
         for what in ours:
-            result = paired_difference(ours[what], theirs[what], num_resamples, seed) if ours[what] and theirs[what] else None
+            result = (
+                paired_difference(ours[what], theirs[what], num_resamples, seed)
+                if ours[what] and theirs[what]
+                else None
+            )
             for key in ("delta", "low", "high"):
                 row[f"block_{what}_{key}"] = None if result is None else result[key]
 
@@ -154,7 +173,8 @@ def verify_cost(costs: dict, num_drafts: float) -> float:
     """
     measured = sorted(
         (int(key.rsplit("_", 1)[1]) - 1, value / costs["target_token_seconds"])
-        for key, value in costs.items() if key.startswith("verify_pass_seconds_")
+        for key, value in costs.items()
+        if key.startswith("verify_pass_seconds_")
     )
     if not measured:  # only the pass at N + 1, or none (NaN)
         return costs.get("verify_pass_seconds", float("nan")) / costs["target_token_seconds"]
@@ -169,8 +189,16 @@ def verify_cost(costs: dict, num_drafts: float) -> float:
     return values[-1] + max(slope, 0.0) * (num_drafts - lengths[-1])
 
 
-def method_row(method: Method, records: list[dict], timings: list[float], timed_tokens: int | None, task: BenchTask,
-               config: BenchConfig, costs: dict, rewards: Sequence[float] | None = None) -> dict:
+def method_row(
+    method: Method,
+    records: list[dict],
+    timings: list[float],
+    timed_tokens: int | None,
+    task: BenchTask,
+    config: BenchConfig,
+    costs: dict,
+    rewards: Sequence[float] | None = None,
+) -> dict:
     """One row of the results: ``records`` are the quality pass's per-sample records of ``method`` (see
     :mod:`diversed_hf.bench.runner`), ``timings`` the timed runs' seconds, ``costs`` the measured seconds per
     token (``target_token_seconds``, ``<draft>_token_seconds``) and per verification pass; ``rewards`` the
@@ -204,19 +232,37 @@ def method_row(method: Method, records: list[dict], timings: list[float], timed_
     if method.paired_with is not None:
         row["paired_with"] = method.paired_with  # block verification: its token-wise method
     if method.verifier is None:
-        row.update(acceptance_rate=None, tokens_per_round=1.0, emitted_tokens_per_round=1.0, expected_tokens_per_round=1.0,
-                   iid_tokens_per_round=1.0, mean_beta=None, estimator=None, position_acceptance=[], position_reach=[],
-                   position_beta=[], cost_ratio=0.0, predicted_speedup=1.0, verify_cost=1.0,
-                   predicted_speedup_measured_verify=1.0, mean_draft_length=0.0, mean_target_weight=None)
+        row.update(
+            acceptance_rate=None,
+            tokens_per_round=1.0,
+            emitted_tokens_per_round=1.0,
+            expected_tokens_per_round=1.0,
+            iid_tokens_per_round=1.0,
+            mean_beta=None,
+            estimator=None,
+            position_acceptance=[],
+            position_reach=[],
+            position_beta=[],
+            cost_ratio=0.0,
+            predicted_speedup=1.0,
+            verify_cost=1.0,
+            predicted_speedup_measured_verify=1.0,
+            mean_draft_length=0.0,
+            mean_target_weight=None,
+        )
         return row
     cost_ratio = costs[f"{method.draft}_token_seconds"] / costs["target_token_seconds"]
-    row.update(_speculation_fields(records, num_generated, _draft_bound(method, config), cost_ratio, config.temperature))
+    row.update(
+        _speculation_fields(records, num_generated, _draft_bound(method, config), cost_ratio, config.temperature)
+    )
     # The speed model with the verification pass's measured cost (docs/method.md §6): a round of n drafts
     # costs n c + c_verify(n) target tokens, where the accelerator idealisation takes c_verify = 1.
     mean_draft = row["mean_draft_length"]
     row["verify_cost"] = _nan_to_none(verify_cost(costs, mean_draft))
-    row["predicted_speedup_measured_verify"] = None if row["verify_cost"] is None else (
-        row["expected_tokens_per_round"] / (mean_draft * cost_ratio + row["verify_cost"])
+    row["predicted_speedup_measured_verify"] = (
+        None
+        if row["verify_cost"] is None
+        else (row["expected_tokens_per_round"] / (mean_draft * cost_ratio + row["verify_cost"]))
     )
     weights = [r["mean_target_weight"] for r in records if r.get("mean_target_weight") is not None]
     row["mean_target_weight"] = statistics.mean(weights) if weights else None
@@ -228,8 +274,9 @@ def _draft_bound(method: Method, config: BenchConfig) -> int:
     return method.schedule.num_tokens or config.num_draft_tokens if method.schedule else config.num_draft_tokens
 
 
-def _speculation_fields(records: list[dict], num_generated: int, num_draft_tokens: int, cost_ratio: float,
-                        temperature: float) -> dict:
+def _speculation_fields(
+    records: list[dict], num_generated: int, num_draft_tokens: int, cost_ratio: float, temperature: float
+) -> dict:
     """Acceptance, tokens per round (measured and estimated), acceptance by position and the predicted speedup
     (the accelerator idealisation ``E[T] / (n c + 1)`` with ``n`` the mean draft length)."""
     drafted = sum(r["num_drafted"] for r in records)
@@ -256,6 +303,7 @@ def _speculation_fields(records: list[dict], num_generated: int, num_draft_token
     else:  # records without a_t(x_t): the (biased) beta product 1 + sum_k prod_{t<=k} beta_t
         expected = float(theory.beta_product_tokens_per_round(betas))
     mean_beta = min(max(float(betas.nanmean()), 0.0), 1.0) if (~betas.isnan()).any() else 0.0
+
     def counts(key: str) -> torch.Tensor:  # (N_max,) summed over records
         return torch.tensor([r[key] + [0] * (width - len(r[key])) for r in records]).sum(dim=0)
 

@@ -36,7 +36,9 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 def load_chat_template(chat_template: str) -> str | None:
     """The Jinja source named by ``chat_template`` (see the module docstring); ``None`` for ``"none"``."""
     if not isinstance(chat_template, str) or not chat_template:
-        raise TypeError(f"`chat_template` must be a template name, a file or a tokenizer directory, got {chat_template!r}.")
+        raise TypeError(
+            f"`chat_template` must be a template name, a file or a tokenizer directory, got {chat_template!r}."
+        )
     if chat_template == "none":
         return None
     if chat_template in CHAT_TEMPLATES:
@@ -52,7 +54,9 @@ def load_chat_template(chat_template: str) -> str | None:
             template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
             if isinstance(template, str):
                 return template
-        raise ValueError(f"`chat_template` {chat_template!r} is a directory without a chat template (chat_template.jinja).")
+        raise ValueError(
+            f"`chat_template` {chat_template!r} is a directory without a chat template (chat_template.jinja)."
+        )
     raise ValueError(
         f"`chat_template` is {chat_template!r}: not a shipped template ({sorted(CHAT_TEMPLATES)}), 'none', a .jinja "
         "file or a tokenizer directory. Pass one of those."

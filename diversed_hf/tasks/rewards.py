@@ -1,4 +1,5 @@
-"""Sequence-level task rewards ``R(x)`` (docs/method.md §5, §7), as pure functions ``(completions, references) -> list[float]``.
+"""Sequence-level task rewards ``R(x)`` (docs/method.md §5, §7), as pure functions ``(completions, references) ->
+list[float]``.
 
 =================== ======================================================================
 ``exact_match``     GSM8K: the final number (after the last ``####``, else the last number;
@@ -28,7 +29,6 @@ from typing import Sequence
 
 from .sandbox import run_program, sandbox_mode, sandbox_network_mode
 
-
 __all__ = [
     "exact_match",
     "rouge2",
@@ -51,7 +51,9 @@ def _check(completions: Sequence, references: Sequence, name: str = "references"
     may be TRL's conversational form (a list of messages): its last message's content is scored."""
     for argument, value in (("completions", completions), (name, references)):
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise TypeError(f"`completions` and `{name}` must be lists of strings, got `{argument}` of type {type(value).__name__}.")
+            raise TypeError(
+                f"`completions` and `{name}` must be lists of strings, got `{argument}` of type {type(value).__name__}."
+            )
     if len(completions) != len(references):
         each = "test program" if name == "tests" else "reference"
         raise ValueError(
@@ -113,6 +115,7 @@ def extract_final_number(text: str) -> str | None:
 
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 
+
 @functools.lru_cache(maxsize=None)
 def rouge_scorer(kind: str):
     """``rouge_score``'s scorer of ``kind`` (``"rouge2"``, ``"rougeL"``), without stemming, built once."""
@@ -137,7 +140,9 @@ def exact_match(completions: Sequence[str], references: Sequence[str]) -> list[f
     for completion, reference in zip(completions, references):
         target = extract_final_number(reference)
         if target is None:
-            raise ValueError(f"reference {reference!r} contains no number; references end in '#### <answer>' (GSM8K's format).")
+            raise ValueError(
+                f"reference {reference!r} contains no number; references end in '#### <answer>' (GSM8K's format)."
+            )
         rewards.append(float(extract_final_number(completion) == target))
     return rewards
 

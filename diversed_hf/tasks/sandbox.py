@@ -226,7 +226,11 @@ def run_program(
         raise TypeError(f"`source` must be a str (a Python program), got {type(source).__name__}.")
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(f"`timeout` must be seconds in (0, {MAX_TIMEOUT}] (a day), got {timeout!r}.")
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, numbers.Integral) or not 64 <= memory_mb <= MAX_MEMORY_MB:
+    if (
+        isinstance(memory_mb, bool)
+        or not isinstance(memory_mb, numbers.Integral)
+        or not 64 <= memory_mb <= MAX_MEMORY_MB
+    ):
         raise ValueError(
             f"`memory_mb` must be an integer in [64, {MAX_MEMORY_MB}] (the interpreter needs 64; the most the kernel's "
             f"address-space limit takes is 2**{MAX_MEMORY_MB.bit_length() - 1} MiB), got {memory_mb!r}."
@@ -242,7 +246,12 @@ def run_program(
     return _run(source.encode("utf-8", "backslashreplace"), timeout=timeout, memory_mb=memory_mb, mode=mode)
 
 
-def _run(program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, probing: bool = False) -> tuple[bool, str]:
+# One of the two functions over 80 lines in the package, kept whole on purpose: it acquires the run's resources
+# (uid, work directory, result pipe, child process) and releases every one of them in its own `finally`, in order;
+# split across functions, a failure between two of them could leak one.
+def _run(
+    program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, probing: bool = False
+) -> tuple[bool, str]:
     uid = None
     if mode.own_uid:
         with _UID_LOCK:
@@ -264,18 +273,31 @@ def _run(program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, p
                 os.rmdir(workdir)
             return False, f"the sandbox could not start: {error}"
         config = {
-            "namespaces": mode.namespaces, "workdir": workdir, "uid": uid, "memory": memory_mb * 1024 * 1024,
-            "cpu_seconds": max(1, int(timeout) + 1), "file_size": FILE_SIZE_LIMIT, "open_files": OPEN_FILES,
-            "processes": MAX_PROCESSES, "tmp_size": TMP_SIZE_LIMIT,
+            "namespaces": mode.namespaces,
+            "workdir": workdir,
+            "uid": uid,
+            "memory": memory_mb * 1024 * 1024,
+            "cpu_seconds": max(1, int(timeout) + 1),
+            "file_size": FILE_SIZE_LIMIT,
+            "open_files": OPEN_FILES,
+            "processes": MAX_PROCESSES,
+            "tmp_size": TMP_SIZE_LIMIT,
             # RLIMIT_NPROC counts every task of a uid; per user namespace only since Linux 5.14
             "processes_relative": mode.name == "plain" or (mode.user_namespace and not _kernel_at_least(5, 14)),
-            "landlock": mode.landlock, "seccomp": mode.seccomp,
+            "landlock": mode.landlock,
+            "seccomp": mode.seccomp,
             # without a PID namespace, an own uid or Landlock's signal scope, only seccomp keeps signals in the run
             "signal_self_only": not mode.namespaces and not mode.own_uid and mode.landlock < 6,
-            "result_fd": result_write, "harness": _stage_source("sandbox_harness"),
-            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                    "MKL_NUM_THREADS": "1"},
-        }  # fmt: skip
+            "result_fd": result_write,
+            "harness": _stage_source("sandbox_harness"),
+            "env": {
+                "PATH": "/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+            },
+        }
         command = [*mode.prefix, mode.python, "-I", "-B", "-c", _stage_source("sandbox_setup"), json.dumps(config)]
         try:
             process = subprocess.Popen(
@@ -309,7 +331,9 @@ def _run(program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, p
     if finished and process.returncode == 0:
         return True, "passed"
     lines = stderr.decode("utf-8", "replace").strip().splitlines()
-    setup_failed = process.returncode == SETUP_FAILED and lines and lines[-1].startswith("diversed_hf sandbox setup failed")
+    setup_failed = (
+        process.returncode == SETUP_FAILED and lines and lines[-1].startswith("diversed_hf sandbox setup failed")
+    )
     if setup_failed and not probing:
         logger.error("The code sandbox (%s) failed before running the program: %s", mode.describe(), lines[-1])
     if lines:
@@ -410,6 +434,8 @@ def _kill(process, mode: SandboxMode, uid: int | None) -> None:
     if uid is not None and not mode.namespaces:
         try:
             quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            subprocess.run(["/bin/sh", "-c", "kill -9 -1"], user=uid, group=uid, extra_groups=[], cwd="/", timeout=10, **quiet)
+            subprocess.run(
+                ["/bin/sh", "-c", "kill -9 -1"], user=uid, group=uid, extra_groups=[], cwd="/", timeout=10, **quiet
+            )
         except (OSError, subprocess.SubprocessError) as error:
             logger.warning("Could not kill the processes of sandbox uid %d: %s", uid, error)

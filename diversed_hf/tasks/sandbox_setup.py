@@ -55,6 +55,7 @@ SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF =
 
 # seccomp: syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# The two tables below keep one line per syscall family (`# fmt: skip`): one entry per line would run to 60 lines.
 SYSCALLS = {
     # name: (x86_64, aarch64)
     "socket": (41, 198), "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
@@ -113,23 +114,41 @@ def _prctl(option: int, *args) -> int:
 
 def interpreter_paths() -> list:
     """The directories this interpreter needs (its own directory, its prefixes), outermost ones only."""
-    needed = {os.path.realpath(p) for p in (os.path.dirname(os.path.realpath(sys.executable)), sys.prefix,
-                                             sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix) if p}  # fmt: skip
+    needed = {
+        os.path.realpath(p)
+        for p in (
+            os.path.dirname(os.path.realpath(sys.executable)),
+            sys.prefix,
+            sys.base_prefix,
+            sys.exec_prefix,
+            sys.base_exec_prefix,
+        )
+        if p
+    }
     return [p for p in sorted(needed) if not any(p.startswith(q + "/") for q in needed)]
 
 
 def _mask(directory: str, keep: list, options: bytes) -> None:
     """Mount a tmpfs over ``directory`` and bind the directories ``keep`` (beneath it) back in, read-only."""
     fds = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in keep}
-    _check(_libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mounting a tmpfs on {directory}")
+    _check(
+        _libc.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
+        f"mounting a tmpfs on {directory}",
+    )
     for path, fd in fds.items():
         os.makedirs(path, 0o755, exist_ok=True)
-        _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}")
+        _check(
+            _libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"binding {path}"
+        )
         os.close(fd)
         # keep the flags a user namespace may not clear (nosuid, nodev, noexec, atime) and add read-only
         flags = os.statvfs(path).f_flag
-        kept = (flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)) | (MS_RELATIME if flags & ST_RELATIME else 0)
-        _check(_libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None), f"{path} read-only")
+        kept = (flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)) | (
+            MS_RELATIME if flags & ST_RELATIME else 0
+        )
+        _check(
+            _libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None), f"{path} read-only"
+        )
 
 
 def private_tmp(size: int, uid: int) -> str:
@@ -194,8 +213,12 @@ def _tasks_of(uid: int) -> int:
 
 
 def set_limits(config: dict) -> None:
-    for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_FSIZE", config["file_size"]),
-                        ("RLIMIT_NOFILE", config["open_files"]), ("RLIMIT_CORE", 0)):  # fmt: skip
+    for name, value in (
+        ("RLIMIT_AS", config["memory"]),
+        ("RLIMIT_FSIZE", config["file_size"]),
+        ("RLIMIT_NOFILE", config["open_files"]),
+        ("RLIMIT_CORE", 0),
+    ):
         resource.setrlimit(getattr(resource, name), (value, value))
     resource.setrlimit(resource.RLIMIT_CPU, (config["cpu_seconds"], config["cpu_seconds"] + 1))
     processes = config["processes"]
@@ -228,7 +251,11 @@ def drop_uid(uid: int) -> None:
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -295,8 +322,12 @@ def seccomp_program(machine: str, deny_ipc: bool, signal_self_only: int | None) 
     ``kill``-like calls may target only pid 0, that pid or its group.
     """
     index = 0 if machine == "x86_64" else 1
-    program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, AUDIT_ARCH[machine]), (BPF_RET_K, 0, 0, RET_ERRNO | ENOSYS),
-               (BPF_LD_W_ABS, 0, 0, 0)]  # fmt: skip
+    program = [
+        (BPF_LD_W_ABS, 0, 0, 4),
+        (BPF_JEQ_K, 1, 0, AUDIT_ARCH[machine]),
+        (BPF_RET_K, 0, 0, RET_ERRNO | ENOSYS),
+        (BPF_LD_W_ABS, 0, 0, 0),
+    ]
     if machine == "x86_64":  # x32 syscalls carry bit 30
         program += [(BPF_JGE_K, 0, 1, 0x40000000), (BPF_RET_K, 0, 0, RET_ERRNO | ENOSYS)]
     for name in ALWAYS_DENIED + MEMORY_OUTSIDE_RLIMIT + (IPC_CREATION if deny_ipc else ()):

@@ -90,8 +90,26 @@ def _extension_docstrings(stdlib: Path):
     import builtins
 
     roots = [("builtins", builtins)]
-    roots += [(f"builtins.{t.__name__}", t) for t in (str, bytes, bytearray, list, tuple, dict, set, frozenset, int,
-                                                      float, complex, memoryview, range, object, type)]  # fmt: skip
+    roots += [
+        (f"builtins.{t.__name__}", t)
+        for t in (
+            str,
+            bytes,
+            bytearray,
+            list,
+            tuple,
+            dict,
+            set,
+            frozenset,
+            int,
+            float,
+            complex,
+            memoryview,
+            range,
+            object,
+            type,
+        )
+    ]
     for name in sorted(names - {"builtins"}):
         if name.startswith(("_test", "xx", "_xx", "_ctypes_test")):
             continue
@@ -148,8 +166,15 @@ def build_pairs(stdlib: Path | None = None, seed: int = 0) -> list[dict]:
                 continue
             summaries.add(summary_key)
             bodies.add(body_key)
-            rows.append({"id": name, "module": module, "document": f"{name}\n\n{body}", "summary": summary,
-                         "split": split_of(module, seed)})  # fmt: skip
+            rows.append(
+                {
+                    "id": name,
+                    "module": module,
+                    "document": f"{name}\n\n{body}",
+                    "summary": summary,
+                    "split": split_of(module, seed),
+                }
+            )
     return rows
 
 

@@ -128,8 +128,10 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draf
 
         return load_smollm2_pair(torch_dtype=torch_dtype, device=device, draft=draft)
     if draft is not None:
-        raise ValueError(f"`draft` is {draft!r}; the testbed pair has one draft (leave `draft` unset). The smollm2 pair "
-                         "takes 'eagle' or 'self'.")
+        raise ValueError(
+            f"`draft` is {draft!r}; the testbed pair has one draft (leave `draft` unset). The smollm2 pair "
+            "takes 'eagle' or 'self'."
+        )
     target, draft = (_load_model(asset_path(name), name, torch_dtype, device) for name in MODEL_NAMES)
     logger.debug("loaded testbed target and draft from %s", ASSETS_DIR)
     return target, draft, load_tokenizer()
@@ -203,7 +205,8 @@ def load_head(name: str, pair: str = "testbed"):
         path = ASSETS_DIR / "smollm2" / "heads" / name
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
-                f"no shipped head for {name!r} on the smollm2 pair at {path}; train it with `python training/train_head.py "
+                f"no shipped head for {name!r} on the smollm2 pair at {path}; train it with `python "
+                "training/train_head.py "
                 f"--config training/configs/smollm2_{name}.yaml` (or reinstall the package)."
             )
         return DiversedHead.from_pretrained(str(path))
@@ -250,7 +253,9 @@ _METRICS = {"arith": "exact_match", "summary": "rouge2_f1"}
 
 def _task_loader(name: str):
     def load(split: str = "test", num_examples: int | None = None, seed: int = 0, style: str = "uniform"):
-        return load_task(name, split=split, num_examples=200 if num_examples is None else num_examples, seed=seed, style=style)
+        return load_task(
+            name, split=split, num_examples=200 if num_examples is None else num_examples, seed=seed, style=style
+        )
 
     load.__name__ = f"load_{name}"
     return load
@@ -274,7 +279,7 @@ SPECS = {
 ARITH_CHAT = task_registry.TaskSpec(
     name="arith_chat",
     description="One-step arithmetic word problems asked in chat form, generated offline for the real pair "
-    '(`diversed_hf.testbed.arith_chat`); quality is exact match of the final number.',
+    "(`diversed_hf.testbed.arith_chat`); quality is exact match of the final number.",
     load=load_arith_chat,
     reward=rewards.REWARDS["arith"],
     metric="exact_match",

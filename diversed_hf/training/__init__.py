@@ -8,7 +8,7 @@ try:
     import trl  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "diversed_hf.training needs TRL: install the training extra with `pip install \"diversed_hf[train]\"`."
+        'diversed_hf.training needs TRL: install the training extra with `pip install "diversed_hf[train]"`.'
     ) from error
 
 from ..compat import check_trl_version

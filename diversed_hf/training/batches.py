@@ -1,4 +1,5 @@
-"""How rollout batches are drawn and reused: prompts grouped ``G`` at a time, one rollout batch per ``steps_per_generation``.
+"""How rollout batches are drawn and reused: prompts grouped ``G`` at a time, one rollout batch per
+``steps_per_generation``.
 
 The same batching as TRL's ``GRPOTrainer`` (its ``RepeatSampler`` and rollout buffer, which TRL does not export, so
 they are written out here, a few lines each, and pinned by tests/test_training.py's order checks):

@@ -15,7 +15,8 @@ newest complete one whose record matches (a reused ``output_dir`` may hold anoth
 and a checkpoint passed by path with another record is refused, naming each field with both values.
 
 **Complete checkpoints.** A ``checkpoint-<step>`` directory counts only when complete. The trainer writes
-its own files first (``initial_head/``, ``diversed_run.json``, ``diversed_trainer_state.pt``), then ``transformers.Trainer``
+its own files first (``initial_head/``, ``diversed_run.json``, ``diversed_trainer_state.pt``), then
+``transformers.Trainer``
 writes the head, the optimizer, scheduler and RNG states and, last, ``trainer_state.json`` -- and only
 after that rotates older checkpoints away. So a checkpoint holding every file of
 :data:`CHECKPOINT_FILES` is complete, and a kill at any point leaves either an incomplete newest
@@ -88,11 +89,31 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 #: rollout batch (its layout and how it was sampled: a checkpoint's buffer is replayed), then the objective, the
 #: optimisation and the seed. Not in it: how long to train, logging, saving, evaluation, output and hardware.
 RUN_FIELDS = (
-    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
-    "num_iterations", "max_completion_length", "temperature", "top_k", "top_p", "shuffle_dataset",
-    "lambda_acceptance", "use_group_baseline", "beta", "kl_estimator", "epsilon", "epsilon_high", "reward_weights",
-    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "optim", "max_grad_norm", "seed",
-)  # fmt: skip
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "num_generations",
+    "num_iterations",
+    "max_completion_length",
+    "temperature",
+    "top_k",
+    "top_p",
+    "shuffle_dataset",
+    "lambda_acceptance",
+    "use_group_baseline",
+    "beta",
+    "kl_estimator",
+    "epsilon",
+    "epsilon_high",
+    "reward_weights",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "optim",
+    "max_grad_norm",
+    "seed",
+)
 _MOVING_IDS = ("target_model_id", "draft_model_id")  # paths or Hub ids that move; models compare by fingerprint
 
 
@@ -143,7 +164,8 @@ def check_pair(recorded: dict, current: dict, where: str) -> None:
             differences.append(f"{key}: checkpoint {then!r}, now {now!r}")
     if differences:
         raise ValueError(
-            f"The checkpoint {where} was trained for another (target, draft) pair: " + "; ".join(differences)
+            f"The checkpoint {where} was trained for another (target, draft) pair: "
+            + "; ".join(differences)
             + ". Resume with the models it was trained with, or start a new run in another `output_dir`."
         )
 
@@ -222,9 +244,10 @@ def newest_own_checkpoint(output_dir: str | os.PathLike, run: dict) -> str:
         if not differences:
             if others:
                 logger.warning(
-                    "Skipping newer checkpoints of another run in %s: %s", output_dir,
+                    "Skipping newer checkpoints of another run in %s: %s",
+                    output_dir,
                     "; ".join(f"{name} ({', '.join(diff[:3])})" for name, diff in others),
-                )  # fmt: skip
+                )
             return str(path)
         others.append((path.name, differences))
     raise ValueError(
@@ -242,7 +265,8 @@ def save_head(head: DiversedHead, directory: str | os.PathLike) -> None:
 
 
 def load_head_state(directory: str | os.PathLike) -> tuple[DiversedHeadConfig, dict[str, torch.Tensor]]:
-    """(config, state dict) of the head saved in ``directory``, loaded strictly with ``DiversedHead.from_pretrained``."""
+    """(config, state dict) of the head saved in ``directory``, loaded strictly with
+    ``DiversedHead.from_pretrained``."""
     head = load_head(directory)
     return head.config, head.state_dict()
 
@@ -260,7 +284,8 @@ def check_writable(directory: str) -> None:
             pass
     except OSError as error:
         raise ValueError(
-            f"`output_dir` {directory!r} is not writable ({error.strerror or error}); checkpoints and the trained head go "
+            f"`output_dir` {directory!r} is not writable ({error.strerror or error}); checkpoints and the trained "
+            "head go "
             "there. Pass a directory you can write to."
         ) from error
 
@@ -281,14 +306,16 @@ def resolve_resume(resume_from_checkpoint: str | bool | None, output_dir: str, r
         missing = missing_checkpoint_files(where)
         if missing == [RUN_FILE]:
             raise ValueError(
-                f"`resume_from_checkpoint` {where!r} has no {RUN_FILE}: it was written by an older diversed_hf, which did "
+                f"`resume_from_checkpoint` {where!r} has no {RUN_FILE}: it was written by an older diversed_hf, "
+                "which did "
                 "not record its run. Start a new run from its head (`DiversedHead.from_pretrained(checkpoint)`), or "
                 "resume with the release that wrote it."
             )
         if missing:
             raise ValueError(
                 f"`resume_from_checkpoint` {where!r} is incomplete: `{missing[0]}` is missing (the run was interrupted "
-                "while saving it). Resume from an earlier checkpoint, or pass `resume_from_checkpoint=True` to take the "
+                "while saving it). Resume from an earlier checkpoint, or pass `resume_from_checkpoint=True` to "
+                "take the "
                 "newest complete one."
             )
         check_run(read_run(where), run, where)
@@ -340,9 +367,12 @@ def read_loop_state(checkpoint_dir: str, process_index: int, num_processes: int)
     if saved_processes != num_processes:
         logger.warning(
             "The checkpoint %s was written by %d process(es), this run has %d: its rollout buffer and sampling RNG "
-            "are dropped (a fresh rollout batch is generated); the head, optimizer, scheduler and global step are restored.",
-            checkpoint_dir, saved_processes, num_processes,
-        )  # fmt: skip
+            "are dropped (a fresh rollout batch is generated); the head, optimizer, scheduler and global step are "
+            "restored.",
+            checkpoint_dir,
+            saved_processes,
+            num_processes,
+        )
         return {"total_train_tokens": extra["total_train_tokens"]}
     if process_index > 0:
         own = loop_state_path(checkpoint_dir, process_index)
@@ -351,5 +381,8 @@ def read_loop_state(checkpoint_dir: str, process_index: int, num_processes: int)
                 f"`resume_from_checkpoint` {str(checkpoint_dir)!r} lacks {os.path.basename(own)}, the rollout state of "
                 f"process {process_index} (the run was interrupted while saving it). Resume from an earlier checkpoint."
             )
-        extra = {**torch.load(own, weights_only=False, map_location="cpu"), "total_train_tokens": extra["total_train_tokens"]}
+        extra = {
+            **torch.load(own, weights_only=False, map_location="cpu"),
+            "total_train_tokens": extra["total_train_tokens"],
+        }
     return extra

@@ -41,22 +41,32 @@ class DiversedConfig(GRPOConfig):
     )
     use_group_baseline: bool = field(
         default=True,
-        metadata={"help": "Subtract the mean reward of the G samples of a prompt before whitening (REINFORCE++-baseline)."},
+        metadata={
+            "help": "Subtract the mean reward of the G samples of a prompt before whitening (REINFORCE++-baseline)."
+        },
     )
     kl_estimator: str = field(
         default="k3",
-        metadata={"help": "How `beta` applies the KL to the initial head: 'k1' folded into the return, 'k3' as a loss."},
+        metadata={
+            "help": "How `beta` applies the KL to the initial head: 'k1' folded into the return, 'k3' as a loss."
+        },
     )
     head_architecture: str = field(
-        default="linear", metadata={"help": f"Architecture of a head the trainer builds itself: one of {ARCHITECTURES}."}
+        default="linear",
+        metadata={"help": f"Architecture of a head the trainer builds itself: one of {ARCHITECTURES}."},
     )
-    head_w_0: float = field(default=0.5, metadata={"help": "Initial weight on the target of a head the trainer builds."})
+    head_w_0: float = field(
+        default=0.5, metadata={"help": "Initial weight on the target of a head the trainer builds."}
+    )
     head_mlp_hidden_size: int = field(
-        default=MLP_HIDDEN_SIZE, metadata={"help": "Hidden width of an 'mlp' head the trainer builds (not for 'linear')."}
+        default=MLP_HIDDEN_SIZE,
+        metadata={"help": "Hidden width of an 'mlp' head the trainer builds (not for 'linear')."},
     )
     head_features: list[str] = field(
         default_factory=list,
-        metadata={"help": f"Distribution features of p_t and q_t a head the trainer builds reads, from {FEATURE_NAMES}."},
+        metadata={
+            "help": f"Distribution features of p_t and q_t a head the trainer builds reads, from {FEATURE_NAMES}."
+        },
     )
     head_use_hidden_states: bool = field(
         default=True,
@@ -76,7 +86,8 @@ class DiversedConfig(GRPOConfig):
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every X optimizer steps."})
     ddp_find_unused_parameters: bool | None = field(
-        default=False, metadata={"help": "DDP (several processes): every head parameter is used, so no extra search pass."}
+        default=False,
+        metadata={"help": "DDP (several processes): every head parameter is used, so no extra search pass."},
     )
 
     def __post_init__(self):
@@ -93,7 +104,8 @@ class DiversedConfig(GRPOConfig):
         super().__post_init__()
         if self.lambda_acceptance < 0:
             raise ValueError(
-                f"`lambda_acceptance` is {self.lambda_acceptance}; it must be >= 0 (a negative weight lowers acceptance, "
+                f"`lambda_acceptance` is {self.lambda_acceptance}; it must be >= 0 (a negative weight lowers "
+                "acceptance, "
                 "the sign error of the official trainer)."
             )
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -111,7 +123,8 @@ class DiversedConfig(GRPOConfig):
             raise ValueError(f"`head_architecture` is {self.head_architecture!r}; use one of {ARCHITECTURES}.")
         if self.head_architecture == "linear" and self.head_mlp_hidden_size != MLP_HIDDEN_SIZE:
             raise ValueError(
-                f"`head_mlp_hidden_size` is {self.head_mlp_hidden_size}, but it sizes the hidden layer of an 'mlp' head "
+                f"`head_mlp_hidden_size` is {self.head_mlp_hidden_size}, but it sizes the hidden layer of an 'mlp' "
+                "head "
                 "and `head_architecture` is 'linear': drop it, or set `head_architecture='mlp'`."
             )
         if not 0.0 < self.head_w_0 < 1.0:
@@ -130,7 +143,8 @@ class DiversedConfig(GRPOConfig):
         for name in ("use_vllm", "use_transformers_continuous_batching", "use_transformers_paged"):
             if getattr(self, name, False):
                 raise ValueError(
-                    f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta. Set it to False."
+                    f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta. Set it "
+                    "to False."
                 )
         if self.log_completions_hub_repo is not None:
             raise ValueError(
@@ -139,7 +153,8 @@ class DiversedConfig(GRPOConfig):
             )
         if compat.activation_checkpointing(self):
             raise ValueError(
-                "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head trains "
+                "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head "
+                "trains "
                 "and the models run without gradients. Set it to False."
             )
 
@@ -152,6 +167,8 @@ class DiversedConfig(GRPOConfig):
             bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
             if bad:
                 raise ValueError(
-                    f"`{spec.name}` is {value!r}; {'each entry' if value is not bad[0] else 'it'} must be a finite number "
-                    "(NaN passes every range check, and NaN or infinity would train and save a NaN head). Give a number."
+                    f"`{spec.name}` is {value!r}; {'each entry' if value is not bad[0] else 'it'} must be a finite "
+                    "number "
+                    "(NaN passes every range check, and NaN or infinity would train and save a NaN head). Give a "
+                    "number."
                 )

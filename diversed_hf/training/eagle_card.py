@@ -20,7 +20,11 @@ def render_eagle_card(config, record: dict) -> str:
     target = config.target_model_id or "its target"
     settings = record.get("settings", {})
     before, after = record.get("held_out_before", {}), record.get("held_out_after", {})
-    vocab = f"{config.draft_vocab_size} ids (the most frequent in the target's responses)" if config.draft_vocab_size else "every id"
+    vocab = (
+        f"{config.draft_vocab_size} ids (the most frequent in the target's responses)"
+        if config.draft_vocab_size
+        else "every id"
+    )
     lines = [
         "---",
         "library_name: diversed_hf",
@@ -30,7 +34,8 @@ def render_eagle_card(config, record: dict) -> str:
         "",
         f"# EAGLE-style feature draft for {target}",
         "",
-        f"An `EagleDraft` ({config.num_layers} decoder layer(s) of the target's architecture, reading the target's last "
+        f"An `EagleDraft` ({config.num_layers} decoder layer(s) of the target's architecture, reading the target's "
+        "last "
         f"hidden state and the next token's embedding; the target's embeddings and LM head, scoring {vocab}), for "
         "speculative decoding with `diversed_hf`. Its weights hold only what it trained; the embeddings and LM head "
         "are the target's, attached when it runs:",
@@ -38,7 +43,8 @@ def render_eagle_card(config, record: dict) -> str:
         "```python",
         "from diversed_hf import EagleDraft, enable_diversed",
         "draft = EagleDraft.from_pretrained(PATH, target=target)   # or let generate attach it",
-        "out = enable_diversed(target).generate(**inputs, assistant_model=draft)   # lossless SD; verifier=/diversed_head= too",
+        "out = enable_diversed(target).generate(**inputs, assistant_model=draft)   # lossless SD; "
+        "verifier=/diversed_head= too",
         "```",
         "",
         "## Training",
@@ -52,9 +58,11 @@ def render_eagle_card(config, record: dict) -> str:
         "(steps after the first read the draft's own features: training-time test). "
         f"{record.get('steps', '?')} steps of batch {settings.get('batch_size', '?')}, learning rate "
         f"{settings.get('learning_rate', '?')}, seed {settings.get('seed', '?')}. Time on a 2-core CPU: data "
-        f"{record.get('data_seconds', '?')} s, distillation {record.get('distill_seconds_this_run', '?')} s (last run).",
+        f"{record.get('data_seconds', '?')} s, distillation {record.get('distill_seconds_this_run', '?')} s (last "
+        "run).",
         "",
-        "Held-out acceptance estimates per draft step (step 1 reads the target's feature, later steps the draft's own):",
+        "Held-out acceptance estimates per draft step (step 1 reads the target's feature, later steps the draft's "
+        "own):",
         "",
         "| | sum min(p, q), T = 1 | top-1 agreement (greedy) |",
         "|---|---|---|",
@@ -64,8 +72,14 @@ def render_eagle_card(config, record: dict) -> str:
     ]
     measured = record.get("measured")
     if measured:
-        lines += ["## Measured in generate", "", measured.get("summary", ""), "",
-                  f"Command: `{measured.get('command', '')}`", ""]
+        lines += [
+            "## Measured in generate",
+            "",
+            measured.get("summary", ""),
+            "",
+            f"Command: `{measured.get('command', '')}`",
+            "",
+        ]
     if record.get("recipe"):
         lines += ["## Rebuild", "", "```bash", record["recipe"], "```", ""]
     lines += ["Settings: `" + json.dumps(settings, sort_keys=True) + "`", ""]

@@ -82,7 +82,9 @@ def load_sequences(directory: str | Path) -> list[Sequence]:
     directory = Path(directory)
     shards = sorted(directory.glob("shard-*.safetensors"))
     if not shards:
-        raise FileNotFoundError(f"no shard-*.safetensors in {directory}: run the collection first (train_eagle_draft.py).")
+        raise FileNotFoundError(
+            f"no shard-*.safetensors in {directory}: run the collection first (train_eagle_draft.py)."
+        )
     sequences = []
     for shard in shards:
         data = load_file(str(shard))
@@ -121,8 +123,13 @@ def claim_directory(directory: Path, file_name: str, record: dict, holds: str) -
 
 @torch.no_grad()
 def _decode_batch(
-    target, jobs: list[tuple[list[int], int]], settings: CollectionSettings, greedy: list[bool], eos_ids: set[int],
-    pad_id: int, generator: torch.Generator,
+    target,
+    jobs: list[tuple[list[int], int]],
+    settings: CollectionSettings,
+    greedy: list[bool],
+    eos_ids: set[int],
+    pad_id: int,
+    generator: torch.Generator,
 ) -> list[Sequence]:
     """Decode one batch of ``(prompt ids, max new tokens)``; every row keeps its features and soft labels.
 
@@ -176,7 +183,10 @@ def _decode_batch(
         sequences.append(
             Sequence(
                 ids=torch.tensor(ids + new_tokens[row]),
-                hidden=hidden[:n], top_ids=top_ids[:n], top_logprobs=top_logprobs[:n], prompt_length=len(ids),
+                hidden=hidden[:n],
+                top_ids=top_ids[:n],
+                top_logprobs=top_logprobs[:n],
+                prompt_length=len(ids),
             )
         )
     return sequences

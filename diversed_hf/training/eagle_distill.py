@@ -131,8 +131,11 @@ def evaluate(draft: EagleDraft, sequences: list[Sequence], settings: DistillSett
         _, o, a, n = eagle_loss(draft, batch, settings, id_to_draft)
         overlap, agree, count = overlap + o, agree + a, count + n
     draft.train()
-    return {"acceptance_t1": [round(float(x) / count, 4) for x in overlap],
-            "top1_agreement": [round(float(x) / count, 4) for x in agree], "positions": count}
+    return {
+        "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
+        "top1_agreement": [round(float(x) / count, 4) for x in agree],
+        "positions": count,
+    }
 
 
 def _trainable(draft: EagleDraft) -> dict[str, torch.nn.Parameter]:
@@ -144,9 +147,14 @@ def _save_checkpoint(directory: Path, step: int, draft, optimizer, scheduler, ke
     staging = directory / f".staging-{step}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    state = {"step": step, "weights": {k: v.detach().clone() for k, v in _trainable(draft).items()},
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "rng": torch.get_rng_state(), "python_rng": random.getstate()}
+    state = {
+        "step": step,
+        "weights": {k: v.detach().clone() for k, v in _trainable(draft).items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+    }
     torch.save(state, staging / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)  # whole or not at all
@@ -159,8 +167,15 @@ def _latest_checkpoint(directory: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
-def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings = DistillSettings(),
-            extra_record: dict | None = None, progress: bool = True) -> Path:
+def distill(
+    target,
+    data_dir,
+    checkpoint_dir,
+    save_to,
+    settings: DistillSettings = DistillSettings(),
+    extra_record: dict | None = None,
+    progress: bool = True,
+) -> Path:
     """Train an EagleDraft for ``target`` on the collection in ``data_dir``; save it (Hub format, card, record) in
     ``save_to`` and return that path. Resumes from the newest checkpoint in ``checkpoint_dir``."""
     from tqdm.auto import tqdm
@@ -179,9 +194,16 @@ def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings
     ids = None
     if settings.draft_vocab_size is not None:
         ids = draft_vocabulary(training, settings.draft_vocab_size, vocab_size, always)
-    claim_directory(checkpoint_dir, "run.json", {"settings": asdict(settings), "num_sequences": len(sequences),
-                                                 "data_manifest": json.loads((data_dir / "manifest.json").read_text())},
-                    "checkpoints of another run")
+    claim_directory(
+        checkpoint_dir,
+        "run.json",
+        {
+            "settings": asdict(settings),
+            "num_sequences": len(sequences),
+            "data_manifest": json.loads((data_dir / "manifest.json").read_text()),
+        },
+        "checkpoints of another run",
+    )
     torch.manual_seed(settings.seed)
     device = target.device
     draft = EagleDraft.for_target(target, num_layers=settings.num_layers, draft_vocab_ids=ids).float().train()
@@ -193,7 +215,8 @@ def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings
     optimizer = torch.optim.AdamW(_trainable(draft).values(), lr=settings.learning_rate, weight_decay=0.0)
     warmup = max(1, int(settings.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
+        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps))))
+    )
     step = 0
     before = None
     latest = _latest_checkpoint(checkpoint_dir)
@@ -228,9 +251,13 @@ def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings
         step += 1
         bar.update(1)
         if step % 10 == 0 or step == total_steps:
-            entry = {"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": round(loss.item(), 4),
-                     "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
-                     "lr": scheduler.get_last_lr()[0]}
+            entry = {
+                "step": step,
+                "epoch": round(step / steps_per_epoch, 3),
+                "loss": round(loss.item(), 4),
+                "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
+                "lr": scheduler.get_last_lr()[0],
+            }
             with log_path.open("a") as log:
                 log.write(json.dumps(entry) + "\n")
             bar.set_postfix(loss=entry["loss"], acc=entry["acceptance_t1"][0])
@@ -239,11 +266,16 @@ def distill(target, data_dir, checkpoint_dir, save_to, settings: DistillSettings
     bar.close()
     after = evaluate(draft, held_out, settings, id_to_draft, device)
     logger.info("held out, trained: %s", after)
-    record = {"settings": asdict(settings), "held_out_before": before, "held_out_after": after,
-              "num_sequences": {"train": len(training), "held_out": len(held_out)},
-              "train_positions": sum(s.ids.shape[0] - s.prompt_length for s in training),
-              "steps": total_steps, "distill_seconds_this_run": round(time.time() - started),
-              **(extra_record or {})}
+    record = {
+        "settings": asdict(settings),
+        "held_out_before": before,
+        "held_out_after": after,
+        "num_sequences": {"train": len(training), "held_out": len(held_out)},
+        "train_positions": sum(s.ids.shape[0] - s.prompt_length for s in training),
+        "steps": total_steps,
+        "distill_seconds_this_run": round(time.time() - started),
+        **(extra_record or {}),
+    }
     save_draft(draft, save_to, record)
     return save_to
 

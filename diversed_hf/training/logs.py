@@ -43,7 +43,9 @@ class MetricLog:
     def log_metric(self, name: str, value: float) -> None:
         """The ``log_metric`` a reward function receives: record one scalar for this batch."""
         if not isinstance(name, str):
-            raise TypeError(f"`log_metric` takes a metric name (a str) first, got {name!r}: call log_metric('name', value).")
+            raise TypeError(
+                f"`log_metric` takes a metric name (a str) first, got {name!r}: call log_metric('name', value)."
+            )
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -118,7 +120,8 @@ class CompletionLog:
             column.extend(new.get(name, [None] * rows))
 
     def table(self, step: int):
-        """The rows as a ``pandas.DataFrame``: step, prompt, completion, one column per reward, extra columns, advantage."""
+        """The rows as a ``pandas.DataFrame``: step, prompt, completion, one column per reward, extra columns,
+        advantage."""
         import pandas as pd
 
         rows = len(self.columns["prompt"])

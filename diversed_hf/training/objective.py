@@ -23,6 +23,7 @@ All per-token tensors are ``(batch, T)`` with a 0/1 ``mask`` of valid completion
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
 import torch
 
@@ -51,12 +52,25 @@ def group_baseline(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (
     return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:  # (B, T) -> (B, T)
-    """``(x - mean) / (std + eps)`` over the valid tokens (population std); 0 on invalid tokens."""
-    mask = mask.to(values.dtype)
-    count = mask.sum().clamp(min=1)
-    mean = (values * mask).sum() / count
-    var = ((values - mean) ** 2 * mask).sum() / count
+def whiten(
+    values: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T)
+    eps: float = 1e-8,
+    *,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:  # (B, T)
+    """``(x - mean) / (std + eps)`` over the valid tokens (population std); 0 on invalid tokens.
+
+    ``reduce_sum`` sums a tensor over the processes that hold the rest of the batch (``accelerator.reduce(t, "sum")``);
+    the mean and the variance are then the whole batch's, computed the same way as in one process (float32, the
+    variance as the mean of squared deviations from the global mean).
+    """
+    reduce_sum = reduce_sum or (lambda tensor: tensor)
+    values, mask = values.to(torch.float32), mask.to(torch.float32)
+    count, total = reduce_sum(torch.stack([mask.sum(), (values * mask).sum()]))
+    count = count.clamp(min=1)
+    mean = total / count
+    var = reduce_sum(((values - mean) ** 2 * mask).sum()) / count
     return (values - mean) / (var.sqrt() + eps) * mask
 
 
@@ -65,7 +79,7 @@ def reverse_cumsum(values: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T): o
 
 
 def reinforce_pp_advantages(
-    rewards: torch.Tensor,  # (B,) sequence rewards
+    rewards: torch.Tensor,  # (B,) sequence rewards of this process's rows
     mask: torch.Tensor,  # (B, T)
     *,
     group_size: int = 1,
@@ -73,16 +87,28 @@ def reinforce_pp_advantages(
     token_kl: torch.Tensor | None = None,  # (B, T) k1 per token
     kl_coef: float = 0.0,
     eps: float = 1e-8,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    rank: int = 0,
 ) -> torch.Tensor:  # (B, T)
-    """REINFORCE++ advantages: (baselined) sequence reward minus the KL-to-go, whitened over the batch's valid tokens."""
-    mask = mask.to(torch.float32)
+    """REINFORCE++ advantages: (baselined) sequence reward minus the KL-to-go, whitened over the batch's valid
+    tokens.
+
+    In one process the batch is ``rewards``. Over several, each holds ``B`` rows of it: ``gather`` concatenates a
+    tensor over the processes in rank order (``accelerator.gather``; a group baseline needs every reward of a group,
+    and groups may span processes), ``reduce_sum`` sums one (whitening needs the batch's moments) and ``rank`` is
+    this process's index. One process and several give the same advantages on the same batch.
+    """
     rewards = rewards.to(torch.float32)
     if use_group_baseline:
-        rewards = group_baseline(rewards, group_size)
+        every = rewards if gather is None else gather(rewards)  # (processes * B,)
+        start = rank * rewards.numel()
+        rewards = group_baseline(every, group_size)[start : start + rewards.numel()]
+    mask = mask.to(torch.float32)
     returns = rewards[:, None] * mask  # (B, T)
     if token_kl is not None and kl_coef:
         returns = returns - kl_coef * reverse_cumsum(token_kl.to(torch.float32) * mask)
-    return whiten(returns, mask, eps)
+    return whiten(returns, mask, eps, reduce_sum=reduce_sum)
 
 
 def clipped_policy_loss(
@@ -107,7 +133,8 @@ def expected_acceptance(
     target_weight: torch.Tensor,  # (B, T)
     total_variation: torch.Tensor,  # (B, T) TV(p_t, q_t)
 ) -> torch.Tensor:  # (B, T)
-    """Expected acceptance of each position, ``beta_t = 1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (docs/method.md §2)."""
+    """Expected acceptance of each position, ``beta_t = 1 - TV(q_t, nu_t) = 1 - w_t TV(p_t, q_t)`` (docs/method.md
+    §2)."""
     return 1.0 - target_weight * total_variation.to(target_weight.dtype)
 
 

@@ -144,7 +144,8 @@ def score_completions(
             got = None
         if got is None:  # iterating a dict would score its keys, a string its characters
             raise TypeError(
-                f"The reward function {name!r} returned a {type(values).__name__} ({str(values)[:80]!r}); it must return "
+                f"The reward function {name!r} returned a {type(values).__name__} ({str(values)[:80]!r}); it must "
+                "return "
                 f"a list of {len(prompts)} floats, one per completion, in order."
             )
         if got != len(prompts):
@@ -161,7 +162,8 @@ def score_completions(
         j = unscored[0]
         raise ValueError(
             f"No reward function scored completion {j} ({completions[j][:80]!r}): every one returned None "
-            f"({list(names)}), and {len(unscored)} completion(s) of this batch are in that case; rewards must be finite "
+            f"({list(names)}), and {len(unscored)} completion(s) of this batch are in that case; rewards must be "
+            "finite "
             "floats. Make at least one function score every completion (give failed or unscorable ones a low reward)."
         )
     return rewards

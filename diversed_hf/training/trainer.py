@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -39,11 +39,10 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..head import DiversedHead
-from ..pairs import check_head_matches, verification_vocab_size
+from ..pairs import verification_vocab_size
 from ..rollout import mixture_logprobs, sample_from_mixture
-from ..tasks import check_columns
 from . import objective, scoring
-from .batches import GroupedSampler, RolloutBuffer, callable_name, rows_collator, rows_loader
+from .batches import GroupedSampler, RolloutBuffer, rows_collator, rows_loader
 from .checkpoint import (
     PAIR_FILE,
     REF_HEAD_DIR,
@@ -59,19 +58,11 @@ from .checkpoint import (
 )
 from .config import DiversedConfig
 from .logs import CompletionLog, MetricLog
+from .setup import check_datasets, checked_head, checked_rewards, eos_token_ids
 
 logger = logging.getLogger(__name__)
 
 RewardFunc = Callable[..., list]
-
-
-def _named_datasets(dataset) -> list[tuple[str, Any]]:
-    """``[(argument name, dataset)]`` of an eval dataset: none, one, or a dict of named ones."""
-    if dataset is None:
-        return []
-    if isinstance(dataset, dict):
-        return [(f"eval_dataset[{name!r}]", value) for name, value in dataset.items()]
-    return [("eval_dataset", dataset)]
 
 
 class DiversedTrainer(Trainer):
@@ -123,93 +114,20 @@ class DiversedTrainer(Trainer):
             )
         check_writable(args.output_dir)
 
-        # Models and head ------------------------------------------------------------------------
         self.vocab_size = verification_vocab_size(target, draft)  # raises on a vocabulary mismatch
         for model in (target, draft):
             model.requires_grad_(False)
             model.eval()
         self.target, self.draft = target, draft
-        if head is None:
-            head = DiversedHead.for_pair(
-                target,
-                draft,
-                architecture=args.head_architecture,
-                w_0=args.head_w_0,
-                mlp_hidden_size=args.head_mlp_hidden_size,
-                features=args.head_features,
-                use_hidden_states=args.head_use_hidden_states,
-            )
-        if not isinstance(head, DiversedHead):
-            raise TypeError(
-                f"`head` must be a DiversedHead, got {type(head).__name__}. Pass `DiversedHead.for_pair(target, draft)`, "
-                "or None to let the trainer build one from `args`."
-            )
-        check_head_matches(head, target, draft)
-        if head.config.mixing != "probs":
-            raise ValueError(
-                "Training supports only heads with `mixing='probs'` (the paper's mixture); the logit-space pool of the "
-                "official code has no closed-form acceptance. Build the head with `mixing='probs'`."
-            )
-        head.float()
+        head = checked_head(head, target, draft, args)
         self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()  # the initial head, for the KL
         self.pair = pair_record(target, draft, self.vocab_size)
-
-        # Tokenizer -------------------------------------------------------------------------------
         if processing_class is None:
             raise ValueError("`processing_class` (the tokenizer shared by the target and the draft) is required.")
         self.tokenizer = processing_class
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        eos = target.generation_config.eos_token_id
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
-            eos = [self.tokenizer.eos_token_id, *eos]
-        self.eos_token_ids = eos
-
-        # Rewards ---------------------------------------------------------------------------------
-        if reward_funcs is None:
-            raise ValueError(
-                "`reward_funcs` is required. For acceptance-only training pass a zero reward: "
-                "`reward_funcs=lambda completions, **kwargs: [0.0] * len(completions)`."
-            )
-        self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-        for func in self.reward_funcs:
-            if not callable(func) or isinstance(func, (str, nn.Module)):
-                raise TypeError(
-                    f"reward functions must be Python callables returning one float per completion, got {func!r}."
-                )
-        self.reward_func_names = [callable_name(f) for f in self.reward_funcs]
-        if args.reward_weights is not None and len(args.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"`reward_weights` has {len(args.reward_weights)} entries ({args.reward_weights}) for "
-                f"{len(self.reward_funcs)} reward functions; give one weight per function, in the same order."
-            )
-        self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(self.reward_funcs), dtype=torch.float32)
-
-        # Data ------------------------------------------------------------------------------------
-        if train_dataset is None:
-            raise ValueError("`train_dataset` is required: a datasets.Dataset with a 'prompt' column.")
-        check_columns(train_dataset, ["prompt"], "`train_dataset`")
-        for name, dataset in [("train_dataset", train_dataset), *_named_datasets(eval_dataset)]:
-            if not hasattr(dataset, "__len__"):
-                raise TypeError(
-                    f"`{name}` is a {type(dataset).__name__} without a length (an iterable dataset); prompts are drawn in "
-                    "seeded groups of `num_generations` by index. Pass a map-style datasets.Dataset (for a streamed one, "
-                    "`Dataset.from_list(list(dataset.take(n)))`)."
-                )
-        train_rows = len(train_dataset)
-        prompts_per_batch = args.generation_batch_size // args.num_generations
-        if train_rows is not None and train_rows < prompts_per_batch:
-            raise ValueError(
-                f"`train_dataset` has {train_rows} rows, but one rollout batch takes {prompts_per_batch} prompts "
-                f"(generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}): GRPO's "
-                f"sampler would yield no batch, and the run would train 0 of its steps. Give at least {prompts_per_batch} "
-                "prompts, or lower `per_device_train_batch_size` / `steps_per_generation`."
-            )
-        for where, dataset in _named_datasets(eval_dataset):
-            check_columns(dataset, ["prompt"], f"`{where}`")
-            if hasattr(dataset, "__len__") and len(dataset) == 0:
-                raise ValueError(f"`{where}` has no rows: evaluation would measure nothing. Give it prompts, or pass None.")
+        self.eos_token_ids = eos_token_ids(target, self.tokenizer)  # sets the pad token to EOS when it has none
+        self.reward_funcs, self.reward_func_names, self.reward_weights = checked_rewards(reward_funcs, args)
+        train_rows = check_datasets(train_dataset, eval_dataset, args)
 
         # Rollout and loss settings (GRPO's names) -----------------------------------------------------
         self.num_generations = args.num_generations
@@ -237,7 +155,8 @@ class DiversedTrainer(Trainer):
         )
         if args.n_gpu > 1:
             raise ValueError(
-                f"{args.n_gpu} GPUs are visible to one process, so `Trainer` would wrap the head in nn.DataParallel, which "
+                f"{args.n_gpu} GPUs are visible to one process, so `Trainer` would wrap the head in "
+                "nn.DataParallel, which "
                 "the rollout does not support. Launch with `accelerate launch` or `torchrun`, or make one GPU visible "
                 "with CUDA_VISIBLE_DEVICES."
             )
@@ -261,40 +180,86 @@ class DiversedTrainer(Trainer):
             return texts, False
         kinds = sorted({type(p).__name__ for p in prompts})
         raise TypeError(
-            f"every `prompt` must be a string, or a list of chat messages ({{'role': ..., 'content': ...}}); this batch "
+            f"every `prompt` must be a string, or a list of chat messages ({{'role': ..., 'content': ...}}); this "
+            "batch "
             f"has prompts of types {kinds}. Make the dataset's 'prompt' column all text or all conversations."
         )
 
-    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, token_kl: torch.Tensor | None, group_size: int):
+    def _global_advantages(
+        self, rewards: torch.Tensor, mask: torch.Tensor, token_kl: torch.Tensor | None, group_size: int
+    ):
         """REINFORCE++ advantages whitened over the whole batch: every process's rollouts, not just this one's."""
-        if self.accelerator.num_processes == 1:
-            return objective.reinforce_pp_advantages(
-                rewards, mask, group_size=group_size, use_group_baseline=self.args.use_group_baseline,
-                token_kl=token_kl, kl_coef=self.beta if self.args.kl_estimator == "k1" else 0.0,
-            )  # fmt: skip
-        # Group baselines need all rewards of a group (groups may span processes); whitening needs global moments.
-        all_rewards = self.accelerator.gather(rewards)
-        if self.args.use_group_baseline:
-            all_rewards = objective.group_baseline(all_rewards, group_size)
-        start = self.accelerator.process_index * rewards.numel()
-        returns = all_rewards[start : start + rewards.numel()][:, None] * mask
-        if token_kl is not None and self.args.kl_estimator == "k1" and self.beta:
-            returns = returns - self.beta * objective.reverse_cumsum(token_kl * mask)
-        moments = torch.stack([mask.sum(), (returns * mask).sum(), (returns**2 * mask).sum()])
-        count, total, squares = self.accelerator.reduce(moments, reduction="sum")
-        mean = total / count.clamp(min=1)
-        std = (squares / count.clamp(min=1) - mean**2).clamp(min=0).sqrt()
-        return (returns - mean) / (std + 1e-8) * mask
+        several = self.accelerator.num_processes > 1
+        return objective.reinforce_pp_advantages(
+            rewards,
+            mask,
+            group_size=group_size,
+            use_group_baseline=self.args.use_group_baseline,
+            token_kl=token_kl,
+            kl_coef=self.beta if self.args.kl_estimator == "k1" else 0.0,
+            gather=self.accelerator.gather if several else None,
+            reduce_sum=(lambda tensor: self.accelerator.reduce(tensor, reduction="sum")) if several else None,
+            rank=self.accelerator.process_index,
+        )
 
     def generate_and_score(self, inputs: list[dict], mode: str = "train") -> dict[str, torch.Tensor]:
         """Sample completions of ``inputs`` (dataset rows) from ``nu_theta``, score them, and return the rollout batch.
 
         The batch holds what :meth:`compute_head_loss` needs, per token: mask, ``p_t(x_t)``, ``q_t(x_t)``, TV, both
         hidden states, old / reference log-probabilities and REINFORCE++ advantages. In training, the rollout
-        buffer splits it over ``steps_per_generation`` micro-steps; ``mode`` ("train" / "eval") says where its metrics go
-        and which group size (``num_generations`` / ``num_generations_eval``) the advantages' baseline uses.
+        buffer splits it over ``steps_per_generation`` micro-steps; ``mode`` ("train" / "eval") says where its
+        metrics go and which group size (``num_generations`` / ``num_generations_eval``) the advantages' baseline
+        uses.
         """
         prompts = [row["prompt"] for row in inputs]
+        texts, rollout = self._sample_rollout(prompts)
+        head_device = self.accelerator.device
+        mask = rollout.completion_mask.to(head_device).float()  # (B, T)
+        lengths = rollout.completion_mask.sum(dim=1).tolist()
+        completion_ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)]
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        rewards_per_func = scoring.score_completions(
+            self.reward_funcs,
+            self.reward_func_names,
+            inputs,
+            prompts,
+            completions,
+            completion_ids,
+            self.state,
+            log_metric=self.step_metrics.log_metric,
+            log_extra=self.completion_log.log_extra,
+        )  # (B, F), NaN where a function did not score a completion
+        rewards = scoring.weighted_rewards(rewards_per_func, self.reward_weights).to(head_device)  # (B,)
+
+        batch = {
+            "completion_mask": mask,
+            "target_token_probs": rollout.target_token_probs.to(head_device),
+            "draft_token_probs": rollout.draft_token_probs.to(head_device),
+            "total_variation": rollout.total_variation.to(head_device),
+            # the head trains in float32, whatever dtype the models run in (bfloat16, float64)
+            "draft_hidden": rollout.draft_hidden.to(head_device, torch.float32),  # (B, T, d_draft)
+            "target_hidden": rollout.target_hidden.to(head_device, torch.float32),  # (B, T, d_target)
+            "features": rollout.features.to(head_device, torch.float32),  # (B, T, F) as generation computes them
+            "old_logprobs": rollout.logprobs.to(head_device),
+        }
+        with torch.no_grad():
+            ref_w = self.ref_head(batch["draft_hidden"], batch["target_hidden"], batch["features"])  # (B, T)
+            batch["ref_logprobs"] = mixture_logprobs(ref_w, batch["target_token_probs"], batch["draft_token_probs"])
+        token_kl = objective.kl_k1(batch["old_logprobs"], batch["ref_logprobs"]) if self.beta else None
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        batch["advantages"] = self._global_advantages(rewards, mask, token_kl, group_size)  # (B, T)
+
+        self._log_rollout(mode, rollout.target_weight.to(head_device), batch, rewards_per_func, rewards, completion_ids)
+        self.completion_log.record(
+            texts,
+            completions,
+            {name: rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)},
+            batch["advantages"][:, 0].tolist(),  # a sequence's advantage (its first token's; constant without k1)
+        )
+        return batch
+
+    def _sample_rollout(self, prompts: list):
+        """``(prompt texts, Rollout)``: the prompts tokenized (left-padded) and completed from ``nu_theta``."""
         texts, plain = self._prompt_texts(prompts)
         device = self._model_device(self.target)
         encoded = self.tokenizer(
@@ -319,77 +284,34 @@ class DiversedTrainer(Trainer):
             generator=self._rollout_generator,
         )
         head.train(was_training)
+        return texts, rollout
 
-        head_device = self.accelerator.device
-        mask = rollout.completion_mask.to(head_device).float()  # (B, T)
-        lengths = rollout.completion_mask.sum(dim=1).tolist()
-        completion_ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)]
-        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        rewards_per_func = scoring.score_completions(
-            self.reward_funcs, self.reward_func_names, inputs, prompts, completions, completion_ids, self.state,
-            log_metric=self.step_metrics.log_metric, log_extra=self.completion_log.log_extra,
-        )  # (B, F), NaN where a function did not score a completion; fmt: skip
-        rewards = scoring.weighted_rewards(rewards_per_func, self.reward_weights).to(head_device)  # (B,)
-
-        target_token_probs = rollout.target_token_probs.to(head_device)
-        draft_token_probs = rollout.draft_token_probs.to(head_device)
-        old_logprobs = rollout.logprobs.to(head_device)
-        # The head trains in float32, whatever dtype the models run in (bfloat16, float64).
-        draft_hidden = rollout.draft_hidden.to(head_device, torch.float32)  # (B, T, d_draft)
-        target_hidden = rollout.target_hidden.to(head_device, torch.float32)  # (B, T, d_target)
-        features = rollout.features.to(head_device, torch.float32)  # (B, T, F): the head's inputs as generation computes them
-        with torch.no_grad():
-            ref_w = self.ref_head(draft_hidden, target_hidden, features)  # (B, T)
-            ref_logprobs = mixture_logprobs(ref_w, target_token_probs, draft_token_probs)  # (B, T)
-        token_kl = objective.kl_k1(old_logprobs, ref_logprobs) if self.beta else None
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = self._global_advantages(rewards, mask, token_kl, group_size)  # (B, T)
-
-        # Metrics ---------------------------------------------------------------------------------
-        w = rollout.target_weight.to(head_device)
-        tv = rollout.total_variation.to(head_device)
+    def _log_rollout(self, mode, w, batch, rewards_per_func, rewards, completion_ids) -> None:
+        """A rollout batch's metrics, over every process: rewards, ``mean_w``, acceptance, lengths, tokens."""
+        mask, tv = batch["completion_mask"], batch["total_variation"]
         metrics = self.step_metrics[mode]
-        gathered = self.accelerator.gather(rewards_per_func.to(head_device))
+        gathered = self.accelerator.gather(rewards_per_func.to(mask.device))
         for i, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"].append(gathered[:, i].nanmean().item())  # over the completions it scored
         all_rewards = self.accelerator.gather(rewards)
         metrics["reward"].append(all_rewards.mean().item())
         metrics["reward_std"].append(all_rewards.std().item() if all_rewards.numel() > 1 else 0.0)
-        sums = self.accelerator.reduce(
-            torch.stack([mask.sum(), (w * mask).sum(), (objective.expected_acceptance(w, tv) * mask).sum(), ((1 - tv) * mask).sum()]),
-            reduction="sum",
+        sums = torch.stack(
+            [mask.sum(), (w * mask).sum(), (objective.expected_acceptance(w, tv) * mask).sum(), ((1 - tv) * mask).sum()]
         )
+        sums = self.accelerator.reduce(sums, reduction="sum")
         count = sums[0].clamp(min=1)
         metrics["mean_w"].append((sums[1] / count).item())
         metrics["acceptance_proxy"].append((sums[2] / count).item())
         metrics["acceptance_exact_sd"].append((sums[3] / count).item())
         all_lengths = self.accelerator.gather(mask.sum(dim=1))
         metrics["completions/mean_length"].append(all_lengths.mean().item())
-        ended = torch.tensor([any(t in self.eos_token_ids for t in ids) for ids in completion_ids], device=head_device)
+        ended = torch.tensor([any(t in self.eos_token_ids for t in ids) for ids in completion_ids], device=mask.device)
         metrics["completions/clipped_ratio"].append(1.0 - self.accelerator.gather(ended.float()).mean().item())
         if mode == "train":
             self.total_train_tokens += int(self.accelerator.gather(mask.sum()).sum().item())
             metrics["num_tokens"] = [self.total_train_tokens]
         self.step_metrics.flush_pending(self.accelerator, mode)  # what reward functions logged, over every process
-        self.completion_log.record(
-            texts,
-            completions,
-            {name: rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)},
-            advantages[:, 0].tolist(),  # a sequence's advantage (its first token's; constant along it without k1)
-        )
-
-        return {
-            "completion_mask": mask,
-            "target_token_probs": target_token_probs,
-            "draft_token_probs": draft_token_probs,
-            "total_variation": tv,
-            "draft_hidden": draft_hidden,
-            "target_hidden": target_hidden,
-            "features": features,
-            "old_logprobs": old_logprobs,
-            "ref_logprobs": ref_logprobs,
-            "advantages": advantages,
-        }
 
     # ---------------------------------------------------------------------------------------------
     # Trainer's public hooks: batches, steps, evaluation, logs
@@ -433,7 +355,9 @@ class DiversedTrainer(Trainer):
 
     def compute_loss(self, model: nn.Module, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
         if return_outputs:  # the loss is :meth:`compute_head_loss`'s; there are no model outputs
-            raise ValueError("DiversedTrainer.compute_loss has no model outputs to return; call it with return_outputs=False.")
+            raise ValueError(
+                "DiversedTrainer.compute_loss has no model outputs to return; call it with return_outputs=False."
+            )
         return self.compute_head_loss(model, inputs)
 
     def prediction_step(self, model: nn.Module, inputs: list[dict], prediction_loss_only: bool, ignore_keys=None):
@@ -494,7 +418,8 @@ class DiversedTrainer(Trainer):
             if sums[3] > 0:
                 raise FloatingPointError(
                     f"The loss is not finite at step {self.state.global_step} (this process's policy term, acceptance "
-                    f"term and loss: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, check the rewards, "
+                    f"term and loss: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, check "
+                    "the rewards, "
                     "and check that the models' hidden states are finite in their dtype (bfloat16 overflows sooner)."
                 )
             count = sums[0].clamp(min=1)
@@ -543,7 +468,8 @@ class DiversedTrainer(Trainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def save_checkpoint_extras(self, checkpoint_dir: str) -> None:
-        """Before the head and ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and the loop's state.
+        """Before the head and ``Trainer``'s files (which end with ``trainer_state.json``): the initial head and
+        the loop's state.
 
         Called on every process: the main one writes the initial head and its loop state, every other process its
         own loop state (its rollout buffer and sampling RNG differ from the main one's).
@@ -585,5 +511,6 @@ class DiversedTrainer(Trainer):
         self._rollout_generator.set_state(extra["rollout_generator"])
 
     def create_model_card(self, *args, **kwargs) -> None:
-        """No TRL causal-LM card: a head's card comes from ``DiversedHead.save_pretrained`` (see training/train_head.py)."""
+        """No TRL causal-LM card: a head's card comes from ``DiversedHead.save_pretrained`` (see
+        training/train_head.py)."""
         return

@@ -41,7 +41,8 @@ def verification_logits(
 def _target_probs(draft_probs: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:  # (T, vocab) p_t
     if draft_probs.shape != target_logits.shape:
         raise ValueError(
-            f"The draft's probabilities {tuple(draft_probs.shape)} and the target's logits {tuple(target_logits.shape)} "
+            f"The draft's probabilities {tuple(draft_probs.shape)} and the target's logits "
+            f"{tuple(target_logits.shape)} "
             "at the drafted positions differ in shape: the draft and the target must share one vocabulary "
             "(same vocab_size in both configs)."
         )
@@ -139,7 +140,9 @@ def mixture_rejection_sample(
     drafted_q = draft_probs.gather(-1, safe_ids).squeeze(-1)  # (T,)
     choice = verify_probs.argmax(dim=-1)  # (T,) argmax nu_t
     greedy = is_greedy[request]  # (T,)
-    accepted = torch.where(greedy, draft_token_ids.long() == choice, (drafted_q > 0) & (uniform.to(ratio.dtype) < ratio))
+    accepted = torch.where(
+        greedy, draft_token_ids.long() == choice, (drafted_q > 0) & (uniform.to(ratio.dtype) < ratio)
+    )
     accepted &= draft_token_ids >= 0  # (T,)
     recovered = (residual / recovery_noise[request]).argmax(dim=-1)  # (T,)
     replacement = torch.where(greedy, choice, recovered)  # (T,)

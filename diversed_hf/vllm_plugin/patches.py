@@ -111,7 +111,9 @@ def check_engine(vllm_config) -> DiversedVllmSettings | None:
         '"draft_sample_method": "probabilistic"}'
     )
     if spec is None:
-        raise ValueError(f'additional_config["{CONFIG_KEY}"] verifies drafts, but the engine drafts none: pass {example}.')
+        raise ValueError(
+            f'additional_config["{CONFIG_KEY}"] verifies drafts, but the engine drafts none: pass {example}.'
+        )
     if spec.method != "draft_model":
         raise ValueError(
             f'additional_config["{CONFIG_KEY}"] needs a draft model, whose distribution q_t enters the mixture; '
@@ -149,7 +151,8 @@ def sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) ->
         if temperature is None or temperature.shape[0] != logits.shape[0]:
             raise RuntimeError(
                 f"DIVERSED drafting expects one draft row per request, got {logits.shape[0]} rows for "
-                f"{None if temperature is None else temperature.shape[0]} requests (parallel drafting is not supported)."
+                f"{None if temperature is None else temperature.shape[0]} requests (parallel drafting is not "
+                "supported)."
             )
         is_greedy = temperature < _SAMPLING_EPS  # (batch,)
         logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
@@ -259,12 +262,32 @@ class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
 
 def _wrap_rejection_sample(original):
     @functools.wraps(original)
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        *args,
+        **kwargs,
+    ):
         round_ = _ACTIVE_ROUND.get()
         if round_ is None:
-            return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                            target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
+            return original(
+                draft_token_ids,
+                num_draft_tokens,
+                max_spec_len,
+                cu_num_draft_tokens,
+                draft_probs,
+                target_logits,
+                bonus_token_ids,
+                sampling_metadata,
+                *args,
+                **kwargs,
+            )
         batch_size, device = len(num_draft_tokens), target_logits.device
         if sampling_metadata.all_greedy or sampling_metadata.all_random:
             is_greedy = torch.full((batch_size,), sampling_metadata.all_greedy, dtype=torch.bool, device=device)
@@ -278,9 +301,18 @@ def _wrap_rejection_sample(original):
             if num_draft_tokens[row] > 0:
                 noise[row].exponential_(generator=generator)
         return mixture_rejection_sample(
-            round_.verifiers, draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits,
-            bonus_token_ids, is_greedy, uniform, noise,
-            draft_hidden=round_.draft_hidden, target_hidden=round_.target_hidden,
+            round_.verifiers,
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            is_greedy,
+            uniform,
+            noise,
+            draft_hidden=round_.draft_hidden,
+            target_hidden=round_.target_hidden,
         )
 
     return rejection_sample

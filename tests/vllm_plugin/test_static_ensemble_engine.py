@@ -4,11 +4,17 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
 
-from vllm_helpers import (  # noqa: E402
-    check_greedy_parity, check_law_and_acceptance, engine, law_candidates, pair, prompt_ids, shutdown,
+from vllm_helpers import (
+    check_greedy_parity,
+    check_law_and_acceptance,
+    engine,
+    law_candidates,
+    pair,
+    prompt_ids,
+    shutdown,
 )
 
-from diversed_hf.verifiers import StaticEnsembleVerifier  # noqa: E402
+from diversed_hf.verifiers import StaticEnsembleVerifier
 
 TARGET_WEIGHT = 0.4
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_models' tv_bound, the project's standard
 
-import torch  # noqa: E402
+import torch
 
-from diversed_hf import testbed  # noqa: E402
+from diversed_hf import testbed
 
 NUM_DRAFT_TOKENS = 3
 ASSETS = testbed.ASSETS_DIR
@@ -29,12 +26,21 @@ def engine(additional_config: dict | None, **overrides):
     from vllm import LLM
 
     speculative_config = {
-        "method": "draft_model", "model": str(ASSETS / "draft"), "num_speculative_tokens": NUM_DRAFT_TOKENS,
+        "method": "draft_model",
+        "model": str(ASSETS / "draft"),
+        "num_speculative_tokens": NUM_DRAFT_TOKENS,
         "draft_sample_method": "probabilistic",
     }
     options = dict(
-        model=str(ASSETS / "target"), tokenizer=str(ASSETS / "tokenizer"), dtype="float32", max_model_len=256,
-        enforce_eager=True, max_num_seqs=128, seed=0, disable_log_stats=False, speculative_config=speculative_config,
+        model=str(ASSETS / "target"),
+        tokenizer=str(ASSETS / "tokenizer"),
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        max_num_seqs=128,
+        seed=0,
+        disable_log_stats=False,
+        speculative_config=speculative_config,
         additional_config=additional_config or {},
     )
     options.update(overrides)
@@ -100,7 +106,9 @@ def mixture_at(verifier, target, draft, ids: list[int]) -> tuple[torch.Tensor, t
     target_probs, draft_probs = next_probs(target, ids), next_probs(draft, ids)  # (vocab,), (vocab,)
     hidden = {}
     if verifier.requires_hidden_states:
-        hidden = dict(draft_hidden=next_hidden(draft, ids)[None, None], target_hidden=next_hidden(target, ids)[None, None])
+        hidden = dict(
+            draft_hidden=next_hidden(draft, ids)[None, None], target_hidden=next_hidden(target, ids)[None, None]
+        )
     verify_probs, _ = verifier.verification_probs(draft_probs[None, None], target_probs[None, None], **hidden)
     return verify_probs[0, 0].double(), target_probs, draft_probs
 
@@ -135,10 +143,10 @@ def check_rules_law_and_acceptance(llm, rules, target, draft, candidates, num_re
     ``max_tokens=2`` each request has exactly one verification round, so vLLM's per-position counter at position 1
     divided by its number of drafts is the empirical acceptance of the first draft.
     """
+    from tiny_models import empirical, tv_bound
     from vllm import SamplingParams
 
     from diversed_hf import ops
-    from tiny_models import empirical, tv_bound
 
     exact = [getattr(verifier, "target_weight", None) == 1.0 for verifier, _ in rules]  # nu = p: no gap to find
     prompts = [
@@ -203,8 +211,13 @@ def check_greedy_parity(
         assert emitted[0] == int(next_probs(target, ids).argmax())
         context = torch.tensor([ids + emitted[:1]])
         expected = target.generate(
-            context, attention_mask=torch.ones_like(context), assistant_model=draft, verifier=verifier,
-            do_sample=False, max_new_tokens=max_tokens - 1 + NUM_DRAFT_TOKENS, num_assistant_tokens=NUM_DRAFT_TOKENS,
+            context,
+            attention_mask=torch.ones_like(context),
+            assistant_model=draft,
+            verifier=verifier,
+            do_sample=False,
+            max_new_tokens=max_tokens - 1 + NUM_DRAFT_TOKENS,
+            num_assistant_tokens=NUM_DRAFT_TOKENS,
             num_assistant_tokens_schedule="constant",
         )[0, context.shape[1] :].tolist()[: len(emitted) - 1]
         assert emitted[1:] == expected, f"prompt {ids}: vLLM {emitted[1:]} vs generate {expected}"

@@ -1,4 +1,5 @@
-"""DIVERSED (relaxed speculative decoding with a learned ensemble verifier) as a transformers ``custom_generate`` method.
+"""DIVERSED (relaxed speculative decoding with a learned ensemble verifier) as a transformers ``custom_generate``
+method.
 
     model.generate(input_ids, custom_generate="<this repo or a local copy>", trust_remote_code=True,
                    assistant_model=draft, diversed_head=head)
@@ -23,5 +24,7 @@ def generate(*args, **kwargs):
     elif args:
         model, args = args[0], args[1:]
     else:
-        raise TypeError("`generate` needs the model: `generate(model, input_ids, ...)` or `generate(input_ids, model=model)`.")
+        raise TypeError(
+            "`generate` needs the model: `generate(model, input_ids, ...)` or `generate(input_ids, model=model)`."
+        )
     return diversed_generate(model, *args, **kwargs)

@@ -15,17 +15,61 @@ import importlib
 import inspect
 import random
 
-from ..tasks import load_task_dataset
-from ..tasks.chat import chat_prompt
+from .chat import chat_prompt
+from .registry import load_task_dataset
 
 __all__ = ["STDLIB_MODULES", "docstring_prompts", "eagle_prompts"]
 
 STDLIB_MODULES = (
-    "os", "os.path", "shutil", "json", "re", "string", "textwrap", "random", "statistics", "math", "itertools",
-    "functools", "collections", "heapq", "bisect", "datetime", "calendar", "fractions", "decimal", "pathlib",
-    "glob", "fnmatch", "csv", "base64", "hashlib", "zlib", "gzip", "tarfile", "zipfile", "urllib.parse",
-    "html", "difflib", "pprint", "copy", "operator", "secrets", "uuid", "shlex", "tempfile", "inspect", "ast",
-    "logging", "argparse", "configparser", "sqlite3", "unicodedata", "colorsys", "email.utils", "http.cookies",
+    "os",
+    "os.path",
+    "shutil",
+    "json",
+    "re",
+    "string",
+    "textwrap",
+    "random",
+    "statistics",
+    "math",
+    "itertools",
+    "functools",
+    "collections",
+    "heapq",
+    "bisect",
+    "datetime",
+    "calendar",
+    "fractions",
+    "decimal",
+    "pathlib",
+    "glob",
+    "fnmatch",
+    "csv",
+    "base64",
+    "hashlib",
+    "zlib",
+    "gzip",
+    "tarfile",
+    "zipfile",
+    "urllib.parse",
+    "html",
+    "difflib",
+    "pprint",
+    "copy",
+    "operator",
+    "secrets",
+    "uuid",
+    "shlex",
+    "tempfile",
+    "inspect",
+    "ast",
+    "logging",
+    "argparse",
+    "configparser",
+    "sqlite3",
+    "unicodedata",
+    "colorsys",
+    "email.utils",
+    "http.cookies",
 )
 
 
@@ -59,12 +103,27 @@ def docstring_prompts(num_prompts: int, seed: int = 0) -> list[str]:
     ]
 
 
-def eagle_prompts(num_arith: int, code_samples: int, num_docstrings: int, *, arith_max_new_tokens: int = 96,
-                  code_max_new_tokens: int = 160, docstring_max_new_tokens: int = 128, seed: int = 0) -> list[tuple[str, int]]:
+def eagle_prompts(
+    num_arith: int,
+    code_samples: int,
+    num_docstrings: int,
+    *,
+    arith_max_new_tokens: int = 96,
+    code_max_new_tokens: int = 160,
+    docstring_max_new_tokens: int = 128,
+    seed: int = 0,
+) -> list[tuple[str, int]]:
     """``(chat prompt, max new tokens)`` for the target to answer, interleaved by source so every shard mixes them."""
     sources = [
-        [(p, arith_max_new_tokens) for p in load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"]],
-        [(p, code_max_new_tokens) for p in load_task_dataset("humaneval", split="train")["prompt"] for _ in range(code_samples)],
+        [
+            (p, arith_max_new_tokens)
+            for p in load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"]
+        ],
+        [
+            (p, code_max_new_tokens)
+            for p in load_task_dataset("humaneval", split="train")["prompt"]
+            for _ in range(code_samples)
+        ],
         [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed)],
     ]
     jobs = [job for source in sources for job in source]

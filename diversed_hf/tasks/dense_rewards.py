@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..cli_utils import write_text_atomic
-from ..tasks import get_task, reward_for_task
-from ..tasks.rewards import exact_match, extract_final_number, rouge2
+from .registry import get_task, reward_for_task
+from .rewards import exact_match, extract_final_number, rouge2
 
 __all__ = ["REWARD_MODES", "add_target_columns", "dense_reward", "target_completions"]
 
@@ -54,8 +54,14 @@ def check_reward_mode(mode: str, task: str) -> None:
 
 
 def target_completions(
-    target, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 32, cache: str | os.PathLike,
-) -> list[str]:  # fmt: skip
+    target,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 32,
+    cache: str | os.PathLike,
+) -> list[str]:
     """The target's greedy completion of every prompt, read from ``cache`` (a JSON object keyed by the prompt's
     SHA-256) where it has one and computed for the rest, batch by batch, each batch saved before the next."""
     cache = Path(cache)
@@ -68,7 +74,9 @@ def target_completions(
     completions = known.get("completions", {})
     todo = sorted({p for p in prompts if _key(p) not in completions})
     if todo:
-        logger.info("the target's greedy completions: %d prompts to generate, %d cached", len(todo), len(prompts) - len(todo))
+        logger.info(
+            "the target's greedy completions: %d prompts to generate, %d cached", len(todo), len(prompts) - len(todo)
+        )
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
@@ -76,8 +84,9 @@ def target_completions(
             batch = todo[start : start + batch_size]
             encoded = tokenizer(batch, return_tensors="pt", padding=True).to(target.device)
             with torch.no_grad():
-                output = target.generate(**encoded, do_sample=False, max_new_tokens=max_new_tokens,
-                                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+                output = target.generate(
+                    **encoded, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
+                )
             texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
             completions.update({_key(p): t for p, t in zip(batch, texts)})
             write_text_atomic(cache, json.dumps({"max_new_tokens": max_new_tokens, "completions": completions}))
