@@ -170,6 +170,13 @@ class Realignment:
     new_length: int  # L + A + 1
     leading: int  # all-padding columns dropped after the shift
 
+    def edit_cache(self, cache, *, lag: int | None = None, length: int | None = None) -> None:
+        """Apply the round to a model's cache: the one place a cache follows the realignment (the target's in the
+        loop, the draft's in the candidate generator). The cache keeps ``new_length - lag`` columns before the shift
+        (``length`` columns, when given: a draft whose cache stops at the round's start)."""
+        length = self.new_length - lag if length is None else length
+        compat.realign_cache(cache, kept=self.kept, length=length, shifts=self.shifts, leading=self.leading)
+
 
 class DraftCandidates(tuple):
     """What :meth:`DiversedCandidateGenerator.get_candidates` returns: transformers' pair
@@ -209,6 +216,25 @@ class DraftCandidates(tuple):
     @property
     def candidate_logits(self) -> torch.Tensor | None:  # (batch, N_r, vocab), None without drafts
         return self[1]
+
+
+def _generator_policy(policy, assistant_model, num_assistant_tokens, schedule, confidence_threshold, costs):
+    """The generator's :class:`DraftLengthPolicy`: the one passed (the batched loop's, resolved once per call), else
+    resolved from the keywords or the assistant's config (transformers' own loop)."""
+    if policy is None:
+        return DraftLengthPolicy.resolve(
+            assistant_model,
+            num_assistant_tokens=num_assistant_tokens,
+            schedule=schedule,
+            confidence_threshold=confidence_threshold,
+            costs=costs,
+        )
+    if any(value is not None for value in (num_assistant_tokens, schedule, confidence_threshold, costs)):
+        raise TypeError(
+            "Pass the draft-length knobs either as `policy` or as `num_assistant_tokens` / `schedule` / "
+            "`confidence_threshold` / `costs`, not both."
+        )
+    return policy
 
 
 class DiversedCandidateGenerator(CandidateGenerator):
@@ -290,19 +316,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 "`input_ids` must be the prompt as a (batch, length) tensor, the first argument as transformers passes "
                 f"it; got {type(input_ids).__name__}{shape}."
             )
-        if policy is None:  # transformers' own loop: the knobs from the keywords or the assistant's config
-            policy = DraftLengthPolicy.resolve(
-                assistant_model,
-                num_assistant_tokens=num_assistant_tokens,
-                schedule=schedule,
-                confidence_threshold=confidence_threshold,
-                costs=costs,
-            )
-        elif any(value is not None for value in (num_assistant_tokens, schedule, confidence_threshold, costs)):
-            raise TypeError(
-                "Pass the draft-length knobs either as `policy` or as `num_assistant_tokens` / `schedule` / "
-                "`confidence_threshold` / `costs`, not both."
-            )
+        policy = _generator_policy(policy, assistant_model, num_assistant_tokens, schedule, confidence_threshold, costs)
         num_assistant_tokens, schedule = policy.num_assistant_tokens, policy.schedule
         self.policy = policy
         if max_new_tokens is None:
@@ -393,15 +407,43 @@ class DiversedCandidateGenerator(CandidateGenerator):
         """The draft cache after a round: it keeps every column but the last two of the new sequence (before the
         realignment's shift), or of ``input_ids`` in transformers' loop."""
         if realignment is not None:
-            compat.realign_cache(
-                self.cache,
-                kept=realignment.kept,
-                length=realignment.new_length - 2,
-                shifts=realignment.shifts,
-                leading=realignment.leading,
-            )
+            realignment.edit_cache(self.cache, lag=2)
         else:
             compat.crop_cache(self.cache, input_ids.shape[1] - 2)
+
+    def _check_round_start(self, input_ids: torch.Tensor) -> None:
+        if self.awaiting_update:
+            raise RuntimeError(
+                "`get_candidates` was called again before `update_candidate_strategy`: the draft's cache still holds "
+                "the last round's drafts. The contract (transformers' CandidateGenerator) is one "
+                "`get_candidates(input_ids)`, then one `update_candidate_strategy(input_ids, scores, num_matches)` "
+                "with the verified round, per round."
+            )
+        if input_ids.shape[0] != self.draft_lengths.shape[0]:
+            raise ValueError(
+                f"`input_ids` has {input_ids.shape[0]} rows but the generator drafts for "
+                f"{self.draft_lengths.shape[0]}: rows leave the batch only through "
+                "`update_candidate_strategy(..., realignment=Realignment(kept=...))`."
+            )
+
+    def _shorten(self, step, step_probs, token, lengths, reach, rule, scalar_rule: bool, row_length: int):
+        """After draft ``step``: each row's draft length cut to ``step + 1`` where the confidence threshold or the
+        ``"optimal"`` stopping rule stops it; returns ``(lengths (batch,), reach)``."""
+        if scalar_rule:  # one row, no threshold: the rule on Python floats (no tensor operations per draft step)
+            reach = rule.update_reach_scalar(reach, float(step_probs[0, token[0]]))
+            if step + 1 < row_length and not rule.keep_drafting_scalar(reach, step):
+                lengths = torch.full_like(lengths, step + 1)
+            return lengths, reach
+        confidence = step_probs.gather(1, token[:, None]).squeeze(1)  # (batch,) q_t(x_t)
+        unsure = torch.zeros_like(confidence, dtype=torch.bool)  # (batch,)
+        if self.confidence_threshold is not None:
+            unsure |= confidence < self.confidence_threshold
+        drafting = lengths > step + 1  # (batch,) rows whose length goes further
+        if rule is not None:  # the batch decides: the step is computed for every row, so all or none go on
+            reach = rule.update_reach(reach, confidence)
+            unsure |= ~rule.keep_drafting_batch(reach, drafting, step)
+        unsure &= drafting
+        return torch.where(unsure, torch.full_like(lengths, step + 1), lengths), reach
 
     # CandidateGenerator -------------------------------------------------------------------------
     def get_candidates(
@@ -416,19 +458,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         ``candidate_ids`` is ``input_ids`` followed by the drafts and ``candidate_logits`` the draft's
         processed scores; row ``b`` counts only its first ``draft_lengths[b]`` drafts.
         """
-        if self.awaiting_update:
-            raise RuntimeError(
-                "`get_candidates` was called again before `update_candidate_strategy`: the draft's cache still holds "
-                "the last round's drafts. The contract (transformers' CandidateGenerator) is one "
-                "`get_candidates(input_ids)`, then one `update_candidate_strategy(input_ids, scores, num_matches)` "
-                "with the verified round, per round."
-            )
-        if input_ids.shape[0] != self.draft_lengths.shape[0]:
-            raise ValueError(
-                f"`input_ids` has {input_ids.shape[0]} rows but the generator drafts for "
-                f"{self.draft_lengths.shape[0]}: "
-                "rows leave the batch only through `update_candidate_strategy(..., realignment=Realignment(kept=...))`."
-            )
+        self._check_round_start(input_ids)
         if attention_mask is None:
             attention_mask = self._prompt_mask_to(input_ids)
         batch_size = input_ids.shape[0]
@@ -461,22 +491,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
             candidate_ids = torch.cat([candidate_ids, token[:, None]], dim=1)
             candidate_mask = torch.cat([candidate_mask, torch.ones_like(token[:, None])], dim=1)
             chunk = token[:, None]  # (batch, 1)
-            if scalar_rule:
-                reach = rule.update_reach_scalar(reach, float(step_probs[0, token[0]]))
-                if step + 1 < row_length and not rule.keep_drafting_scalar(reach, step):
-                    lengths = torch.full_like(lengths, step + 1)
-                    break
-            elif self.confidence_threshold is not None or rule is not None:
-                confidence = step_probs.gather(1, token[:, None]).squeeze(1)  # (batch,) q_t(x_t)
-                unsure = torch.zeros_like(confidence, dtype=torch.bool)  # (batch,)
-                if self.confidence_threshold is not None:
-                    unsure |= confidence < self.confidence_threshold
-                drafting = lengths > step + 1  # (batch,) rows whose length goes further
-                if rule is not None:  # the batch decides: the step is computed for every row, so all or none go on
-                    reach = rule.update_reach(reach, confidence)
-                    unsure |= ~rule.keep_drafting_batch(reach, drafting, step)
-                unsure &= drafting
-                lengths = torch.where(unsure, torch.full_like(lengths, step + 1), lengths)
+            if scalar_rule or self.confidence_threshold is not None or rule is not None:
+                lengths, reach = self._shorten(step, step_probs, token, lengths, reach, rule, scalar_rule, row_length)
                 if not bool((lengths > step + 1).any()):  # no row drafts further
                     break
         self.draft_lengths = lengths

@@ -142,11 +142,5 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
             leading=realignment.leading,
         )
         # entries up to the round's start were computed from the target's features; later ones from the draft's own
-        compat.realign_cache(
-            self.cache,
-            kept=realignment.kept,
-            length=self.round_length,
-            shifts=realignment.shifts,
-            leading=realignment.leading,
-        )
+        realignment.edit_cache(self.cache, length=self.round_length)
         self.round_hidden = None

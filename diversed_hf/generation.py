@@ -242,46 +242,14 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
     )
 
 
-def _diversed_generate(
-    self,
-    base_generate,
-    args,
-    kwargs,
-    diversed_head,
-    verifier,
-    output_target_weights,
-    generator,
-    block_verification=False,
-):
-    """``generate`` with a head or verifier on ``self`` (the target); ``base_generate`` prepares the call and runs
-    the loop as its ``custom_generate``."""
-    bound = inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs)
-    arguments = dict(bound.arguments)
-    arguments.pop("self")
-    extra = arguments.pop("kwargs", {})
-    assistant_model = arguments.pop("assistant_model", None)
-    which = "diversed_head" if diversed_head is not None else "verifier"
-    if assistant_model is None:
-        raise ValueError(
-            f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."
-        )
-    if not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config"):
-        raise TypeError(
-            f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
-            f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
-        )
-    if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
-        raise ValueError(
-            f"`{which}` needs `input_ids`: the draft and the target verify token ids, so `inputs_embeds` alone cannot "
-            "be used. Pass the prompt's `input_ids` instead."
-        )
+def _call_verifier(target, assistant_model, diversed_head, verifier, block_verification: bool) -> Verifier:
+    """The call's verifier (``diversed_head=head`` is ``HeadVerifier(head)``), wrapped for block verification when
+    asked, its head checked against the pair."""
     if diversed_head is not None and verifier is not None:
         raise ValueError(
             "Pass either `diversed_head` or `verifier`, not both: `diversed_head=head` is shorthand for "
             "`verifier=HeadVerifier(head)`."
         )
-    if arguments.get("custom_generate") is not None:
-        raise ValueError("`custom_generate` cannot be combined with `diversed_head`/`verifier`; remove one of them.")
     if diversed_head is not None:
         if not isinstance(diversed_head, DiversedHead):
             raise TypeError(f"`diversed_head` must be a DiversedHead, got {type(diversed_head).__name__}.")
@@ -295,21 +263,12 @@ def _diversed_generate(
         verifier = BlockVerifier(verifier)
     checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
     if isinstance(checked, HeadVerifier):
-        check_head_matches(checked.head, self, assistant_model)
-    tokenizer = extra.pop("tokenizer", None)
-    vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
-    _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
-    policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
-        assistant_model,
-        arguments.get("generation_config"),
-        num_assistant_tokens=extra.pop("num_assistant_tokens", None),
-        schedule=extra.pop("num_assistant_tokens_schedule", None),
-        confidence_threshold=extra.pop("assistant_confidence_threshold", None),
-        costs=extra.pop("assistant_costs", None),  # a `generate` keyword only
-    )
-    if policy.costs is not None:
-        policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
-    streamer = arguments.pop("streamer", None)
+        check_head_matches(checked.head, target, assistant_model)
+    return verifier
+
+
+def _check_loop_options(arguments: dict, extra: dict) -> None:
+    """Options of ``generate`` the speculative loop cannot honour, refused with the fix."""
     for name in ("cache", "past_key_values"):
         if extra.get(name) is not None:
             raise ValueError(
@@ -323,6 +282,10 @@ def _diversed_generate(
             "processes in step (rows end after different numbers of rounds). Remove `synced_gpus`, and generate with a "
             "full copy of both models in each process."
         )
+
+
+def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights):
+    """The ``custom_generate`` function ``generate`` runs once it has prepared the call: the speculative loop."""
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         _check_generation_config(generation_config)
@@ -374,6 +337,61 @@ def _diversed_generate(
             )
         return sequences
 
+    return decode
+
+
+def _diversed_generate(
+    self,
+    base_generate,
+    args,
+    kwargs,
+    diversed_head,
+    verifier,
+    output_target_weights,
+    generator,
+    block_verification=False,
+):
+    """``generate`` with a head or verifier on ``self`` (the target); ``base_generate`` prepares the call and runs
+    the loop as its ``custom_generate``."""
+    bound = inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    arguments.pop("self")
+    extra = arguments.pop("kwargs", {})
+    assistant_model = arguments.pop("assistant_model", None)
+    which = "diversed_head" if diversed_head is not None else "verifier"
+    if assistant_model is None:
+        raise ValueError(
+            f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."
+        )
+    if not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config"):
+        raise TypeError(
+            f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
+            f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
+        )
+    if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
+        raise ValueError(
+            f"`{which}` needs `input_ids`: the draft and the target verify token ids, so `inputs_embeds` alone cannot "
+            "be used. Pass the prompt's `input_ids` instead."
+        )
+    if arguments.get("custom_generate") is not None:
+        raise ValueError("`custom_generate` cannot be combined with `diversed_head`/`verifier`; remove one of them.")
+    verifier = _call_verifier(self, assistant_model, diversed_head, verifier, block_verification)
+    tokenizer = extra.pop("tokenizer", None)
+    vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
+    _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
+    policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
+        assistant_model,
+        arguments.get("generation_config"),
+        num_assistant_tokens=extra.pop("num_assistant_tokens", None),
+        schedule=extra.pop("num_assistant_tokens_schedule", None),
+        confidence_threshold=extra.pop("assistant_confidence_threshold", None),
+        costs=extra.pop("assistant_costs", None),  # a `generate` keyword only
+    )
+    if policy.costs is not None:
+        policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
+    streamer = arguments.pop("streamer", None)
+    _check_loop_options(arguments, extra)
+    decode = _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights)
     # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
     # holds it, and transformers' checks for its own assisted decoding (one sequence per prompt) do not apply, so
     # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).

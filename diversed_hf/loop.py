@@ -519,9 +519,7 @@ class _SpeculativeLoop:
         realignment = Realignment(
             kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading
         )
-        compat.realign_cache(
-            self.target_cache, kept=kept, length=new_length - 1, shifts=realignment.shifts, leading=leading
-        )
+        realignment.edit_cache(self.target_cache, lag=1)  # the target cache lacks the last token
         compat.realign_logits_processors(self.logits_processor, kept=kept, shifts=realignment.shifts, leading=leading)
         seconds = None
         if self.round_clock is not None:  # (drafting, the rest of the round: verification, commit, realignment)

@@ -107,6 +107,65 @@ def check_trainable_mixing(head) -> None:
         )
 
 
+class _MixtureStep:
+    """One token of :func:`sample_from_mixture` for every row: both models' pass over ``chunk`` on their caches, the
+    head's ``w``, a token drawn from ``nu``, and what the rollout records of it."""
+
+    def __init__(self, target, draft, head, caches, warpers, vocab_size, needs_hidden, feature_names, generator):
+        self.target, self.draft, self.head = target, draft, head
+        self.target_cache, self.draft_cache = caches
+        self.warpers, self.vocab_size, self.generator = warpers, vocab_size, generator
+        self.needs_hidden, self.feature_names = needs_hidden, feature_names
+        parameter = next(head.parameters())
+        self.head_place = dict(device=parameter.device, dtype=parameter.dtype)
+
+    def __call__(self, seq, chunk, mask, finished, pad_token_id, records) -> torch.Tensor:  # (B,) the tokens
+        batch_size, device, vocab_size = seq.shape[0], seq.device, self.vocab_size
+        target_out = compat.forward_with_cache(
+            self.target, chunk, mask, self.target_cache, logits_to_keep=1, output_hidden_states=self.needs_hidden
+        )
+        draft_out = compat.forward_with_cache(
+            self.draft,
+            draft_input_ids(self.draft, chunk, vocab_size),
+            mask,
+            self.draft_cache,
+            logits_to_keep=1,
+            output_hidden_states=self.needs_hidden,
+        )
+        if self.needs_hidden:
+            target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
+            draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
+        else:
+            target_hidden = draft_hidden = target_out.logits.new_zeros(batch_size, 0)  # (B, 0)
+        target_scores = target_out.logits[:, -1, :vocab_size].float()  # (B, V)
+        draft_scores = ops.fit_vocabulary(draft_out.logits[:, -1], vocab_size).float()  # (B, V)
+        if len(self.warpers):
+            target_scores = self.warpers(seq, target_scores)
+            draft_scores = self.warpers(seq, draft_scores)
+        target_probs = target_scores.softmax(dim=-1)  # (B, V)
+        draft_probs = draft_scores.softmax(dim=-1)  # (B, V)
+        # (B, F), as the verifier computes them
+        features = distribution_features(draft_probs, target_probs, self.feature_names)
+        inputs = (draft_hidden[:, None], target_hidden[:, None], features[:, None])  # (B, 1, d_draft | d_target | F)
+        w = self.head(*(x.to(**self.head_place) for x in inputs))[:, 0].to(device=device, dtype=torch.float32)  # (B,)
+        mixture = ops.mix_probs(draft_probs, target_probs, w)  # (B, V)
+        token = ops.sample(mixture, self.generator)  # (B,)
+        token = torch.where(finished, torch.full_like(token, pad_token_id), token)
+
+        head_device = self.head_place["device"]
+        records["ids"].append(token)
+        records["live"].append(~finished)
+        records["p"].append(target_probs.gather(1, token[:, None])[:, 0])
+        records["q"].append(draft_probs.gather(1, token[:, None])[:, 0])
+        records["tv"].append(ops.total_variation(target_probs, draft_probs))
+        records["hq"].append(draft_hidden.to(head_device))
+        records["hp"].append(target_hidden.to(head_device))
+        records["f"].append(features.to(head_device))
+        records["w"].append(w)
+        records["logp"].append(mixture.gather(1, token[:, None])[:, 0].clamp(min=torch.finfo(torch.float32).tiny).log())
+        return token
+
+
 @torch.no_grad()
 def sample_from_mixture(
     target,
@@ -145,64 +204,19 @@ def sample_from_mixture(
         dtype=torch.long,
     )
     warpers = build_logits_warpers(temperature, top_k, top_p)
-    head_param = next(head.parameters())
-    head_place = dict(device=head_param.device, dtype=head_param.dtype)
     needs_hidden = bool(getattr(head.config, "use_hidden_states", True))
     feature_names = list(getattr(head.config, "features", []))
 
     seq, mask = input_ids, attention_mask.to(input_ids.dtype)  # (B, L), growing
-    target_cache, draft_cache = compat.new_cache(), compat.new_cache()
+    caches = (compat.new_cache(), compat.new_cache())  # target's, draft's
     chunk = input_ids  # the prefill feeds the whole prompt
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
     records: dict[str, list[torch.Tensor]] = {
         k: [] for k in ("ids", "live", "p", "q", "tv", "hq", "hp", "f", "w", "logp")
     }
-
+    step = _MixtureStep(target, draft, head, caches, warpers, vocab_size, needs_hidden, feature_names, generator)
     for _ in range(max_new_tokens):
-        target_out = compat.forward_with_cache(
-            target, chunk, mask, target_cache, logits_to_keep=1, output_hidden_states=needs_hidden
-        )
-        draft_out = compat.forward_with_cache(
-            draft,
-            draft_input_ids(draft, chunk, vocab_size),
-            mask,
-            draft_cache,
-            logits_to_keep=1,
-            output_hidden_states=needs_hidden,
-        )
-        if needs_hidden:
-            target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
-            draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
-        else:
-            target_hidden = draft_hidden = target_out.logits.new_zeros(batch_size, 0)  # (B, 0)
-        target_scores = target_out.logits[:, -1, :vocab_size].float()  # (B, V)
-        draft_scores = ops.fit_vocabulary(draft_out.logits[:, -1], vocab_size).float()  # (B, V)
-        if len(warpers):
-            target_scores = warpers(seq, target_scores)
-            draft_scores = warpers(seq, draft_scores)
-        target_probs = target_scores.softmax(dim=-1)  # (B, V)
-        draft_probs = draft_scores.softmax(dim=-1)  # (B, V)
-
-        features = distribution_features(
-            draft_probs, target_probs, feature_names
-        )  # (B, F), as the verifier computes them
-        inputs = (draft_hidden[:, None], target_hidden[:, None], features[:, None])  # (B, 1, d_draft | d_target | F)
-        w = head(*(x.to(**head_place) for x in inputs))[:, 0].to(device=device, dtype=torch.float32)  # (B,)
-        mixture = ops.mix_probs(draft_probs, target_probs, w)  # (B, V)
-        token = ops.sample(mixture, generator)  # (B,)
-        token = torch.where(finished, torch.full_like(token, pad_token_id), token)
-
-        records["ids"].append(token)
-        records["live"].append(~finished)
-        records["p"].append(target_probs.gather(1, token[:, None])[:, 0])
-        records["q"].append(draft_probs.gather(1, token[:, None])[:, 0])
-        records["tv"].append(ops.total_variation(target_probs, draft_probs))
-        records["hq"].append(draft_hidden.to(head_param.device))
-        records["hp"].append(target_hidden.to(head_param.device))
-        records["f"].append(features.to(head_param.device))
-        records["w"].append(w)
-        records["logp"].append(mixture.gather(1, token[:, None])[:, 0].clamp(min=torch.finfo(torch.float32).tiny).log())
-
+        token = step(seq, chunk, mask, finished, pad_token_id, records)  # (B,)
         finished = finished | torch.isin(token, eos)
         if bool(finished.all()):
             break

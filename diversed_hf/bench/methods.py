@@ -190,6 +190,64 @@ def _fmt(value: float) -> str:
     return f"{value:g}"
 
 
+def _swept_methods(spec: str, kind: str, values: str) -> list[Method]:
+    """The methods of a spec that sweeps one value: ``lossy:L,...``, ``static:W,...``, ``cascade[-RULE]:A,...``,
+    ``typical:EPS,...``."""
+    if kind == "lossy":
+        return [
+            Method(f"lossy SD l={_fmt(lenience)}", "lossy-sd", LenientVerifier(lenience), lenience)
+            for lenience in _parse_values(spec, values)
+        ]
+    if kind == "static":
+        return [
+            Method(f"static w={_fmt(weight)}", "static-ensemble", StaticEnsembleVerifier(weight), weight)
+            for weight in _parse_values(spec, values)
+        ]
+    if kind == "typical":
+        return [
+            Method(f"typical eps={_fmt(eps)}", "typical", TypicalAcceptanceVerifier(posterior_threshold=eps), eps)
+            for eps in _parse_values(spec, values)
+        ]
+    rules = CASCADE_RULES if kind == "cascade" else (kind[len("cascade-") :],)
+    methods = []
+    for rule in rules:
+        if rule not in CASCADE_RULES:
+            raise ValueError(f"Method spec {spec!r}: unknown cascade rule {rule!r}; use one of {CASCADE_RULES}.")
+        for alpha in _parse_values(spec, values):
+            methods.append(
+                Method(f"cascade {rule} a={_fmt(alpha)}", "speccascade", SpecCascadeVerifier(rule, alpha), alpha)
+            )
+    return methods
+
+
+def _block_methods(spec: str, values: str, inner: list[Method]) -> list[Method]:
+    """``block:<spec>``: each token-wise method of ``<spec>`` (already parsed into ``inner``), block-verified."""
+    if not values:
+        raise ValueError(
+            f"Method spec {spec!r}: name the method to block-verify, e.g. 'block:sd' or 'block:static:0.5'."
+        )
+    methods = []
+    for method in inner:
+        if method.verifier is None:
+            raise ValueError(f"Method spec {spec!r}: target-only decoding drafts nothing to block-verify.")
+        if method.family == "block":
+            raise ValueError(
+                f"Method spec {spec!r}: block verification applies to a token-wise method once; write "
+                f"'block:{values.partition(':')[2]}'."
+            )
+        methods.append(
+            replace(
+                method,
+                name=f"block {method.name}",
+                family="block",
+                verifier=BlockVerifier(method.verifier),
+                paired_with=method.name,
+                base_family=method.family,
+            )
+        )
+    return methods
+
+
 def parse_methods(
     specs: Sequence[str],
     head: DiversedHead | None = None,
@@ -213,31 +271,8 @@ def parse_methods(
             methods.append(Method("target-only", "target-only"))
         elif kind == "sd":
             methods.append(Method("SD", "sd", ExactVerifier(), 1.0))
-        elif kind == "lossy":
-            for lenience in _parse_values(spec, values):
-                methods.append(Method(f"lossy SD l={_fmt(lenience)}", "lossy-sd", LenientVerifier(lenience), lenience))
-        elif kind == "static":
-            for weight in _parse_values(spec, values):
-                methods.append(
-                    Method(f"static w={_fmt(weight)}", "static-ensemble", StaticEnsembleVerifier(weight), weight)
-                )
-        elif kind == "cascade" or kind.startswith("cascade-"):
-            rules = CASCADE_RULES if kind == "cascade" else (kind[len("cascade-") :],)
-            for rule in rules:
-                if rule not in CASCADE_RULES:
-                    raise ValueError(
-                        f"Method spec {spec!r}: unknown cascade rule {rule!r}; use one of {CASCADE_RULES}."
-                    )
-                for alpha in _parse_values(spec, values):
-                    methods.append(
-                        Method(
-                            f"cascade {rule} a={_fmt(alpha)}", "speccascade", SpecCascadeVerifier(rule, alpha), alpha
-                        )
-                    )
-        elif kind == "typical":
-            for threshold in _parse_values(spec, values):
-                verifier = TypicalAcceptanceVerifier(posterior_threshold=threshold)
-                methods.append(Method(f"typical eps={_fmt(threshold)}", "typical", verifier, threshold))
+        elif kind in ("lossy", "static", "typical", "cascade") or kind.startswith("cascade-"):
+            methods += _swept_methods(spec, kind, values)
         elif kind in ("sd-ft", "sd-finetuned"):
             if has_finetuned_draft:
                 methods.append(Method("SD (fine-tuned draft)", "sd-finetuned", ExactVerifier(), 1.0, draft="finetuned"))
@@ -255,30 +290,9 @@ def parse_methods(
                     f"DIVERSED with the {head_task} head: skipped, no head was given or found for {head_task!r}."
                 )
         elif kind == "block":
-            if not values:
-                raise ValueError(
-                    f"Method spec {spec!r}: name the method to block-verify, e.g. 'block:sd' or 'block:static:0.5'."
-                )
-            inner, inner_notes = parse_methods([values], head, has_finetuned_draft, other_heads)
+            inner, inner_notes = parse_methods([values] if values else [], head, has_finetuned_draft, other_heads)
             notes += [f"block verification: {note}" for note in inner_notes]
-            for method in inner:
-                if method.verifier is None:
-                    raise ValueError(f"Method spec {spec!r}: target-only decoding drafts nothing to block-verify.")
-                if method.family == "block":
-                    raise ValueError(
-                        f"Method spec {spec!r}: block verification applies to a token-wise method once; write "
-                        f"'block:{values.partition(':')[2]}'."
-                    )
-                methods.append(
-                    replace(
-                        method,
-                        name=f"block {method.name}",
-                        family="block",
-                        verifier=BlockVerifier(method.verifier),
-                        paired_with=method.name,
-                        base_family=method.family,
-                    )
-                )
+            methods += _block_methods(spec, values, inner)
         elif kind == "diversed":
             if head is not None:
                 methods.append(Method("DIVERSED", "diversed", HeadVerifier(head)))

@@ -232,6 +232,34 @@ def _tokenize(tokenizer, prompts: list[str], device) -> dict:
     return {key: value.to(device) for key, value in tokenizer(prompts, return_tensors="pt", padding=True).items()}
 
 
+@dataclasses.dataclass
+class _Run:
+    """What every step of one :func:`run_bench` call reads: the models, the prompts, the config, the processes."""
+
+    target: Any
+    drafts: dict
+    tokenizer: Any
+    config: BenchConfig
+    state: Any
+    prompts: list[str]
+    show: bool
+    heuristic_state: dict = dataclasses.field(default_factory=dict)
+
+    def run_batch(self, method: Method, batch_indices: list[int], seed: int, want_weights: bool = False):
+        batch = _tokenize(self.tokenizer, [self.prompts[i] for i in batch_indices], self.target.device)
+        return _run_batch(
+            self.target,
+            self.drafts,
+            method,
+            batch,
+            self.config,
+            self.tokenizer,
+            seed,
+            want_weights,
+            heuristic_state=self.heuristic_state,
+        )
+
+
 def run_bench(
     target,
     draft,
@@ -249,8 +277,6 @@ def run_bench(
     Under ``accelerate launch`` every process must call this with the same arguments; prompts are split
     between processes and every process returns the same gathered result.
     """
-    from tqdm.auto import tqdm
-
     config = config or BenchConfig()
     methods = list(methods)
     if not methods:
@@ -267,103 +293,18 @@ def run_bench(
     state = process_state()
     enable_diversed(target)
     tokenizer.padding_side = "left"
-    drafts = {"draft": draft, "finetuned": finetuned_draft}
-    show = progress and state.is_main_process
-    prompts = task.prompts[: config.num_prompts]
-    keep_tokens = set(range(config.num_html_examples))
-    heuristic_state: dict[str, int] = {}
-
-    # 1. Cost ratio c = draft token / target token (single-token forwards with a KV cache), and the
-    #    verification pass over n + 1 tokens, for one drafted token and for each policy's length bound.
-    cost_ids = tokenizer(prompts[0], return_tensors="pt")["input_ids"].to(target.device)  # (1, L)
-    costs = {"target_token_seconds": measure_cost(target, cost_ids, config.cost_tokens)}
-    costs["verify_pass_seconds"] = measure_cost(target, cost_ids, config.cost_tokens, chunk=config.num_draft_tokens + 1)
-    bounds = {1, config.num_draft_tokens} | {
-        m.schedule.num_tokens for m in methods if m.schedule is not None and m.schedule.num_tokens
-    }
-    for n in sorted(bounds):
-        costs[f"verify_pass_seconds_{n + 1}"] = (
-            costs["verify_pass_seconds"]
-            if n == config.num_draft_tokens
-            else measure_cost(target, cost_ids, config.cost_tokens, chunk=n + 1)
-        )
-    for name, model in drafts.items():
-        if model is not None:
-            costs[f"{name}_token_seconds"] = measure_cost(model, cost_ids, config.cost_tokens)
-    costs = {key: statistics.mean(values) for key, values in _merge_dicts(_gather(state, [costs])).items()}
-
-    # 2. Quality pass: batched, untimed; sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + first index.
-    #    Target-only, SD and the task's DIVERSED get every prompt (the paired quality comparison needs them),
-    #    the other methods the first `num_baseline_prompts`.
-    def scored(method: Method) -> int:
-        every = (method.base_family or method.family) in ("target-only", "sd") or method.own_head  # block: as its pair
-        return len(prompts) if every else config.num_baseline_prompts
-
-    shards = {count: _shard(state, list(range(count))) for count in {scored(m) for m in methods}}
-    records: dict[str, list[dict]] = {}
-    bar = tqdm(
-        total=sum(len(shards[scored(m)]) for m in methods) * config.num_samples,
-        desc=f"{task.name}: quality",
-        disable=not show,
-        unit="prompt",
+    run = _Run(
+        target,
+        {"draft": draft, "finetuned": finetuned_draft},
+        tokenizer,
+        config,
+        state,
+        task.prompts[: config.num_prompts],
+        show=progress and state.is_main_process,
     )
-    for method in methods:
-        mine = []
-        want_weights = method.verifier is not None and method.family not in ("sd", "sd-finetuned")
-        for sample in range(config.num_samples):
-            for batch_indices in _batches(shards[scored(method)], config.batch_size):
-                batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
-                seed = config.seed + sample * SAMPLE_SEED_STRIDE + batch_indices[0]
-                new_tokens, lengths, stats = _run_batch(
-                    target, drafts, method, batch, config, tokenizer, seed, want_weights, heuristic_state
-                )
-                batch_records = _records(
-                    method, batch_indices, new_tokens, lengths, stats, tokenizer, keep_tokens if sample == 0 else set()
-                )
-                mine += [{**record, "sample": sample} for record in batch_records]
-                bar.update(len(batch_indices))
-        records[method.name] = sorted(_gather(state, mine), key=lambda r: (r["sample"], r["index"]))
-    bar.close()
-
-    # 3. Timing: a warm-up (one untimed run of the timing prompts per method: kernels, caches, and the state a
-    # draft-length policy keeps across calls), then interleaved repeats; wall time of a run = the slowest process's.
-    timing_indices = _shard(state, list(range(config.num_timing_prompts)))
-    timings: dict[str, list[float]] = {m.name: [] for m in methods}
-    timed_tokens: dict[str, int] = {}
-
-    def timed_run(method: Method) -> tuple[float, int]:  # seconds, tokens of one run over this process's prompts
-        tokens = 0
-        start = time.perf_counter()
-        for batch_indices in _batches(timing_indices, config.timing_batch_size):
-            batch = _tokenize(tokenizer, [prompts[i] for i in batch_indices], target.device)
-            _, lengths, _ = _run_batch(
-                target,
-                drafts,
-                method,
-                batch,
-                config,
-                tokenizer,
-                config.seed + batch_indices[0],
-                heuristic_state=heuristic_state,
-            )
-            tokens += int(lengths.sum())
-        return time.perf_counter() - start, tokens
-
-    if config.num_timing_prompts:
-        bar = tqdm(total=len(methods) * (config.repeats + 1), desc=f"{task.name}: timing", disable=not show, unit="run")
-        for method in methods:
-            timed_run(method)
-            bar.update(1)
-        for repeat in range(config.repeats):
-            shift = repeat % len(methods)
-            for method in methods[shift:] + methods[:shift]:
-                state.wait_for_everyone()
-                seconds, tokens = timed_run(method)
-                gathered = _gather(state, [(seconds, tokens)])
-                timings[method.name].append(max(s for s, _ in gathered))
-                timed_tokens[method.name] = sum(t for _, t in gathered)
-                bar.update(1)
-        bar.close()
+    costs = _measure_costs(run, methods)
+    records = _quality_pass(run, task, methods)
+    timings, timed_tokens = _timing_pass(run, task, methods)
 
     # 4. Rows, and each method's quality against the target distribution, paired over prompts.
     rewards = {
@@ -391,6 +332,116 @@ def run_bench(
     }
     add_paired_differences(rows, paired_rewards, num_resamples=config.num_bootstrap, seed=config.seed)
     add_block_differences(rows, paired_rewards, records, num_resamples=config.num_bootstrap, seed=config.seed)
+    examples = _examples(run, methods, records)
+    meta = _meta(run, task, methods, costs, draft, finetuned_draft)
+    return BenchResult(task.name, rows, examples, list(notes), meta)
+
+
+def _measure_costs(run: _Run, methods: list[Method]) -> dict[str, float]:
+    """1. Cost ratio c = draft token / target token (single-token forwards with a KV cache), and the verification
+    pass over n + 1 tokens, for one drafted token and for each policy's length bound."""
+    config, target = run.config, run.target
+    cost_ids = run.tokenizer(run.prompts[0], return_tensors="pt")["input_ids"].to(target.device)  # (1, L)
+    costs = {"target_token_seconds": measure_cost(target, cost_ids, config.cost_tokens)}
+    costs["verify_pass_seconds"] = measure_cost(target, cost_ids, config.cost_tokens, chunk=config.num_draft_tokens + 1)
+    bounds = {1, config.num_draft_tokens} | {
+        m.schedule.num_tokens for m in methods if m.schedule is not None and m.schedule.num_tokens
+    }
+    for n in sorted(bounds):
+        costs[f"verify_pass_seconds_{n + 1}"] = (
+            costs["verify_pass_seconds"]
+            if n == config.num_draft_tokens
+            else measure_cost(target, cost_ids, config.cost_tokens, chunk=n + 1)
+        )
+    for name, model in run.drafts.items():
+        if model is not None:
+            costs[f"{name}_token_seconds"] = measure_cost(model, cost_ids, config.cost_tokens)
+    return {key: statistics.mean(values) for key, values in _merge_dicts(_gather(run.state, [costs])).items()}
+
+
+def _quality_pass(run: _Run, task: BenchTask, methods: list[Method]) -> dict[str, list[dict]]:
+    """2. Quality pass: batched, untimed; sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + first index.
+    Target-only, SD and the task's DIVERSED get every prompt (the paired quality comparison needs them), the other
+    methods the first `num_baseline_prompts`."""
+    from tqdm.auto import tqdm
+
+    config = run.config
+
+    def scored(method: Method) -> int:
+        every = (method.base_family or method.family) in ("target-only", "sd") or method.own_head  # block: as its pair
+        return len(run.prompts) if every else config.num_baseline_prompts
+
+    keep_tokens = set(range(config.num_html_examples))
+    shards = {count: _shard(run.state, list(range(count))) for count in {scored(m) for m in methods}}
+    records: dict[str, list[dict]] = {}
+    bar = tqdm(
+        total=sum(len(shards[scored(m)]) for m in methods) * config.num_samples,
+        desc=f"{task.name}: quality",
+        disable=not run.show,
+        unit="prompt",
+    )
+    for method in methods:
+        mine = []
+        want_weights = method.verifier is not None and method.family not in ("sd", "sd-finetuned")
+        for sample in range(config.num_samples):
+            for batch_indices in _batches(shards[scored(method)], config.batch_size):
+                seed = config.seed + sample * SAMPLE_SEED_STRIDE + batch_indices[0]
+                new_tokens, lengths, stats = run.run_batch(method, batch_indices, seed, want_weights)
+                batch_records = _records(
+                    method,
+                    batch_indices,
+                    new_tokens,
+                    lengths,
+                    stats,
+                    run.tokenizer,
+                    keep_tokens if sample == 0 else set(),
+                )
+                mine += [{**record, "sample": sample} for record in batch_records]
+                bar.update(len(batch_indices))
+        records[method.name] = sorted(_gather(run.state, mine), key=lambda r: (r["sample"], r["index"]))
+    bar.close()
+    return records
+
+
+def _timing_pass(run: _Run, task: BenchTask, methods: list[Method]) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """3. Timing: a warm-up (one untimed run of the timing prompts per method: kernels, caches, and the state a
+    draft-length policy keeps across calls), then interleaved repeats; wall time of a run = the slowest process's."""
+    from tqdm.auto import tqdm
+
+    config, state = run.config, run.state
+    timing_indices = _shard(state, list(range(config.num_timing_prompts)))
+    timings: dict[str, list[float]] = {m.name: [] for m in methods}
+    timed_tokens: dict[str, int] = {}
+    if not config.num_timing_prompts:
+        return timings, timed_tokens
+
+    def timed_run(method: Method) -> tuple[float, int]:  # seconds, tokens of one run over this process's prompts
+        tokens = 0
+        start = time.perf_counter()
+        for batch_indices in _batches(timing_indices, config.timing_batch_size):
+            _, lengths, _ = run.run_batch(method, batch_indices, config.seed + batch_indices[0])
+            tokens += int(lengths.sum())
+        return time.perf_counter() - start, tokens
+
+    bar = tqdm(total=len(methods) * (config.repeats + 1), desc=f"{task.name}: timing", disable=not run.show, unit="run")
+    for method in methods:
+        timed_run(method)
+        bar.update(1)
+    for repeat in range(config.repeats):
+        shift = repeat % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            state.wait_for_everyone()
+            seconds, tokens = timed_run(method)
+            gathered = _gather(state, [(seconds, tokens)])
+            timings[method.name].append(max(s for s, _ in gathered))
+            timed_tokens[method.name] = sum(t for _, t in gathered)
+            bar.update(1)
+    bar.close()
+    return timings, timed_tokens
+
+
+def _examples(run: _Run, methods: list[Method], records: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The records kept with their tokens (the first ``num_html_examples`` prompts), with their prompt."""
     examples = {
         method.name: [r for r in records[method.name] if "tokens" in r]
         for method in methods
@@ -398,22 +449,26 @@ def run_bench(
     }
     for method_examples in examples.values():
         for record in method_examples:
-            record["prompt"] = prompts[record["index"]]
+            record["prompt"] = run.prompts[record["index"]]
             record.pop("position_acceptance", None)
             record.pop("drafted_acceptance", None)
-    meta = {
+    return examples
+
+
+def _meta(run: _Run, task: BenchTask, methods: list[Method], costs: dict, draft, finetuned_draft) -> dict:
+    return {
         "task": task.name,
         "quality_metric": task.quality_metric,
         "quality_label": metric_label(task.quality_metric),
-        "target": _model_name(target),
+        "target": _model_name(run.target),
         "draft": _model_name(draft),
         "finetuned_draft": _model_name(finetuned_draft) if finetuned_draft is not None else None,
-        "num_processes": state.num_processes,
+        "num_processes": run.state.num_processes,
         "torch_threads": torch.get_num_threads(),
         "costs": costs,
         "cost_ratio": costs.get("draft_token_seconds", float("nan")) / costs["target_token_seconds"],
         "verify_cost_ratio": costs["verify_pass_seconds"] / costs["target_token_seconds"],
-        "config": dataclasses.asdict(config),
+        "config": dataclasses.asdict(run.config),
         "head": next(
             (
                 dataclasses.asdict(m.verifier.head.config)
@@ -423,7 +478,6 @@ def run_bench(
             None,
         ),
     }
-    return BenchResult(task.name, rows, examples, list(notes), meta)
 
 
 def _merge_dicts(dicts: list[dict]) -> dict[str, list[float]]:

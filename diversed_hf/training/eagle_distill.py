@@ -167,6 +167,76 @@ def _latest_checkpoint(directory: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
+def _draft_ids(target, training: list, settings: DistillSettings) -> torch.Tensor | None:
+    """The ids the draft scores (``settings.draft_vocab_size`` most frequent in the training responses, EOS always),
+    or ``None`` for the whole vocabulary."""
+    if settings.draft_vocab_size is None:
+        return None
+    eos = target.generation_config.eos_token_id
+    always = [i for i in (eos if isinstance(eos, list) else [eos]) if i is not None]
+    return draft_vocabulary(training, settings.draft_vocab_size, target.config.get_text_config().vocab_size, always)
+
+
+def _id_to_draft(draft: EagleDraft, vocab_size: int, device) -> torch.Tensor:  # (vocab,) draft row of each id, or -1
+    id_to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    kept_ids = draft.draft_vocab_ids if draft.draft_vocab_ids is not None else torch.arange(vocab_size, device=device)
+    id_to_draft[kept_ids] = torch.arange(kept_ids.numel(), device=device)
+    return id_to_draft
+
+
+def _split(sequences: list, settings: DistillSettings) -> tuple[list, list]:
+    """``(held out, training)``: a seeded split of the collection, each in collection order."""
+    order = list(range(len(sequences)))
+    random.Random(f"eagle-split/{settings.seed}").shuffle(order)
+    num_held_out = max(1, round(settings.held_out * len(sequences)))
+    return [sequences[i] for i in sorted(order[:num_held_out])], [sequences[i] for i in sorted(order[num_held_out:])]
+
+
+def _optimizer(draft: EagleDraft, settings: DistillSettings, total_steps: int):
+    """AdamW on the draft's own weights, linear warm-up then cosine decay."""
+    optimizer = torch.optim.AdamW(_trainable(draft).values(), lr=settings.learning_rate, weight_decay=0.0)
+    warmup = max(1, int(settings.warmup_fraction * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps))))
+    )
+    return optimizer, scheduler
+
+
+def _resume(checkpoint_dir: Path, draft, optimizer, scheduler, total_steps: int) -> int:
+    """Load the newest checkpoint of ``checkpoint_dir`` (weights, optimizer, scheduler, both RNGs); its step, or 0."""
+    latest = _latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        return 0
+    state = torch.load(latest / "state.pt", weights_only=False)
+    draft.load_state_dict(state["weights"], strict=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    random.setstate(state["python_rng"])
+    logger.info("resuming from %s (step %d of %d)", latest, state["step"], total_steps)
+    return state["step"]
+
+
+def _train_step(draft, training, step: int, steps_per_epoch: int, settings, id_to_draft, optimizer):
+    """One optimizer step on the ``step``-th batch (epochs reshuffled by seed): ``(loss, overlap per step, count)``."""
+    epoch, index = divmod(step, steps_per_epoch)
+    batches = list(range(len(training)))
+    random.Random(f"eagle-epoch/{settings.seed}/{epoch}").shuffle(batches)
+    chunk = batches[index * settings.batch_size : (index + 1) * settings.batch_size]
+    batch = _batch([training[i] for i in chunk], id_to_draft.device)
+    loss, overlap, _, count = eagle_loss(draft, batch, settings, id_to_draft)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(_trainable(draft).values(), settings.max_grad_norm)
+    optimizer.step()
+    return loss, overlap, count
+
+
+def _append_json_line(path: Path, entry: dict) -> None:
+    with path.open("a") as log:
+        log.write(json.dumps(entry) + "\n")
+
+
 def distill(
     target,
     data_dir,
@@ -183,17 +253,8 @@ def distill(
     started = time.time()
     data_dir, checkpoint_dir, save_to = Path(data_dir), Path(checkpoint_dir), Path(save_to)
     sequences = load_sequences(data_dir)
-    order = list(range(len(sequences)))
-    random.Random(f"eagle-split/{settings.seed}").shuffle(order)
-    num_held_out = max(1, round(settings.held_out * len(sequences)))
-    held_out = [sequences[i] for i in sorted(order[:num_held_out])]
-    training = [sequences[i] for i in sorted(order[num_held_out:])]
-    vocab_size = target.config.get_text_config().vocab_size
-    eos = target.generation_config.eos_token_id
-    always = [i for i in (eos if isinstance(eos, list) else [eos]) if i is not None]
-    ids = None
-    if settings.draft_vocab_size is not None:
-        ids = draft_vocabulary(training, settings.draft_vocab_size, vocab_size, always)
+    held_out, training = _split(sequences, settings)
+    ids = _draft_ids(target, training, settings)
     claim_directory(
         checkpoint_dir,
         "run.json",
@@ -207,46 +268,20 @@ def distill(
     torch.manual_seed(settings.seed)
     device = target.device
     draft = EagleDraft.for_target(target, num_layers=settings.num_layers, draft_vocab_ids=ids).float().train()
-    id_to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
-    kept_ids = draft.draft_vocab_ids if draft.draft_vocab_ids is not None else torch.arange(vocab_size, device=device)
-    id_to_draft[kept_ids] = torch.arange(kept_ids.numel(), device=device)
+    id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, device)
     steps_per_epoch = math.ceil(len(training) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs
-    optimizer = torch.optim.AdamW(_trainable(draft).values(), lr=settings.learning_rate, weight_decay=0.0)
-    warmup = max(1, int(settings.warmup_fraction * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps))))
-    )
-    step = 0
-    before = None
-    latest = _latest_checkpoint(checkpoint_dir)
-    if latest is not None:
-        state = torch.load(latest / "state.pt", weights_only=False)
-        draft.load_state_dict(state["weights"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        random.setstate(state["python_rng"])
-        step = state["step"]
-        logger.info("resuming from %s (step %d of %d)", latest, step, total_steps)
-    else:
+    optimizer, scheduler = _optimizer(draft, settings, total_steps)
+    step = _resume(checkpoint_dir, draft, optimizer, scheduler, total_steps)
+    if step == 0:
         before = evaluate(draft, held_out, settings, id_to_draft, device)
         (checkpoint_dir / "before.json").write_text(json.dumps(before) + "\n")
         logger.info("held out, untrained: %s", before)
-    before = before or json.loads((checkpoint_dir / "before.json").read_text())
+    before = json.loads((checkpoint_dir / "before.json").read_text())
     log_path = checkpoint_dir / "train_log.jsonl"
     bar = tqdm(total=total_steps, initial=step, desc="eagle distillation", disable=not progress)
     while step < total_steps:
-        epoch, index = divmod(step, steps_per_epoch)
-        batches = list(range(len(training)))
-        random.Random(f"eagle-epoch/{settings.seed}/{epoch}").shuffle(batches)
-        chunk = batches[index * settings.batch_size : (index + 1) * settings.batch_size]
-        batch = _batch([training[i] for i in chunk], device)
-        loss, overlap, agree, count = eagle_loss(draft, batch, settings, id_to_draft)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(_trainable(draft).values(), settings.max_grad_norm)
-        optimizer.step()
+        loss, overlap, count = _train_step(draft, training, step, steps_per_epoch, settings, id_to_draft, optimizer)
         scheduler.step()
         step += 1
         bar.update(1)
@@ -258,8 +293,7 @@ def distill(
                 "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
                 "lr": scheduler.get_last_lr()[0],
             }
-            with log_path.open("a") as log:
-                log.write(json.dumps(entry) + "\n")
+            _append_json_line(log_path, entry)
             bar.set_postfix(loss=entry["loss"], acc=entry["acceptance_t1"][0])
         if step % settings.save_steps == 0 or step == total_steps:
             _save_checkpoint(checkpoint_dir, step, draft, optimizer, scheduler)
