@@ -313,8 +313,8 @@ def _head_fields(config: "DiversedHeadConfig | Mapping[str, Any]") -> SimpleName
         values = dict(config)
     else:
         raise TypeError(
-            f"`config` must be a DiversedHeadConfig or the dict of a head's config.json, got {type(config).__name__}; "
-            "pass `head.config`."
+            "`config` must be a DiversedHeadConfig or the dict of a head's config.json, got "
+            f"{type(config).__name__}; pass `head.config`."
         )
     missing = [name for name in hub.REQUIRED_FILE_FIELDS if name not in values]
     if missing:

@@ -127,8 +127,7 @@ def check_round_inputs(
             row, position = zero.nonzero()[0].tolist()
             raise ValueError(
                 f"`draft_ids[{row}, {position}]` = {int(draft_ids[row, position])} has probability 0 under "
-                "`draft_probs`: "
-                "drafts must be drawn from the draft distribution they are verified with."
+                "`draft_probs`: drafts must be drawn from the draft distribution they are verified with."
             )
 
 
@@ -175,8 +174,7 @@ def check_verification_output(
         got = tuple(verify_probs.shape) if isinstance(verify_probs, torch.Tensor) else type(verify_probs).__name__
         raise ValueError(
             f"{where} must return `verify_probs` of shape (batch, N, vocab) = {tuple(shape)}, the shape of "
-            "`draft_probs`, "
-            f"got {got}."
+            f"`draft_probs`, got {got}."
         )
     if not verify_probs.is_floating_point():
         raise TypeError(

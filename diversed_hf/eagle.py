@@ -92,9 +92,8 @@ class EagleDraftConfig(PretrainedConfig):
         """The target's config cut to the draft's layers, as the config of its base model (without embeddings)."""
         if not self.target_config.get("model_type"):
             raise ValueError(
-                "This EagleDraftConfig has no `target_config`: build drafts with `EagleDraft.for_target(target)` "
-                "or load "
-                "a saved one with `EagleDraft.from_pretrained(path)`."
+                "This EagleDraftConfig has no `target_config`: build drafts with `EagleDraft.for_target(target)` or "
+                "load a saved one with `EagleDraft.from_pretrained(path)`."
             )
         values = copy.deepcopy(self.target_config)
         model_type = values.pop("model_type")
@@ -192,8 +191,8 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
             draft_vocab_ids = torch.as_tensor(draft_vocab_ids, dtype=torch.long).flatten()
             if draft_vocab_size is not None and draft_vocab_size != draft_vocab_ids.numel():
                 raise ValueError(
-                    f"`draft_vocab_size={draft_vocab_size}` but `draft_vocab_ids` holds {draft_vocab_ids.numel()} ids: "
-                    "pass one of them."
+                    f"`draft_vocab_size={draft_vocab_size}` but `draft_vocab_ids` holds {draft_vocab_ids.numel()} "
+                    "ids: pass one of them."
                 )
             draft_vocab_size = draft_vocab_ids.numel()
         config = EagleDraftConfig(
@@ -230,9 +229,9 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
             if mine != theirs:
                 raise ValueError(
                     f"This EagleDraft was built for a target with {name}={mine}, and `target` has {name}={theirs}: a "
-                    f"feature draft fits only its own target ({self.config.target_model_id or 'unknown id'}). "
-                    "Build one "
-                    "for this target with `EagleDraft.for_target(target)` and train it (training/train_eagle_draft.py)."
+                    f"feature draft fits only its own target ({self.config.target_model_id or 'unknown id'}). Build "
+                    "one for this target with `EagleDraft.for_target(target)` and train it "
+                    "(training/train_eagle_draft.py)."
                 )
         embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embeddings is None or head is None or getattr(head, "weight", None) is None:
@@ -338,9 +337,9 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         if target_hidden is None:
             raise ValueError(
                 "An EagleDraft reads the target's hidden states (`target_hidden`, the feature of the column before "
-                "each "
-                "token), which a token-only drafting loop (transformers' assisted decoding) does not pass. Use it as "
-                "`target.generate(..., assistant_model=draft)` on a model with `enable_diversed`, which feeds them."
+                "each token), which a token-only drafting loop (transformers' assisted decoding) does not pass. Use "
+                "it as `target.generate(..., assistant_model=draft)` on a model with `enable_diversed`, which feeds "
+                "them."
             )
         cache = cache if cache is not None else past_key_values
         features = self.features(input_ids, target_hidden, attention_mask, position_ids, cache, use_cache)

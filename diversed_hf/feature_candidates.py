@@ -83,8 +83,7 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         if self.features is None:
             raise ValueError(
                 "This draft reads the target's hidden states (an EagleDraft), which transformers' own assisted "
-                "decoding "
-                "does not pass to a candidate generator: run it through diversed_hf's loop, "
+                "decoding does not pass to a candidate generator: run it through diversed_hf's loop, "
                 "`target.generate(..., assistant_model=draft)` on a model with `enable_diversed`."
             )
         if self.features.shape[1] != input_ids.shape[1]:

@@ -77,10 +77,10 @@ def _check_cache_options(cache_implementation, use_cache) -> None:
     refused, as is decoding without one (transformers' assisted decoding needs a cache too)."""
     if cache_implementation not in (None, "dynamic"):
         raise ValueError(
-            f"`cache_implementation={cache_implementation!r}` cannot be combined with `diversed_head`/`verifier`: the "
-            "speculative loop keeps a dynamic cache for each model and edits it per row after every round (rejected "
-            "drafts cropped, rows shifted and dropped), which a fixed-size, paged, offloaded or quantized cache "
-            "does not "
+            f"`cache_implementation={cache_implementation!r}` cannot be combined with `diversed_head`/`verifier`: "
+            "the speculative loop keeps a dynamic cache for each model and edits it per row after every round "
+            "(rejected drafts cropped, rows shifted and dropped), which a fixed-size, paged, offloaded or quantized "
+            "cache does not "
             'allow. Remove `cache_implementation` (or set it to "dynamic").'
         )
     if use_cache is False:
@@ -107,8 +107,7 @@ def _check_batch(
         raise ValueError(
             f"`attention_mask` has shape {tuple(attention_mask.shape)} but `input_ids` has shape "
             f"{tuple(input_ids.shape)}: each token needs its mask entry. Pass the mask the tokenizer returned with "
-            "these "
-            "ids (`tokenizer(texts, return_tensors='pt', padding=True)` gives both)."
+            "these ids (`tokenizer(texts, return_tensors='pt', padding=True)` gives both)."
         )
     empty = None if attention_mask is None else ~attention_mask.bool().any(dim=1)  # (B,)
     if empty is not None and bool(empty.any()):

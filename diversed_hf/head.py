@@ -175,16 +175,14 @@ class DiversedHead(
             raise ValueError(
                 f"This head reads the features {config.features}: `features` must be (batch, tokens, "
                 f"{len(config.features)}), got {None if features is None else tuple(features.shape)}. Compute them "
-                "with "
-                "`diversed_hf.features.distribution_features(draft_probs, target_probs, head.config.features)`."
+                "with `diversed_hf.features.distribution_features(draft_probs, target_probs, head.config.features)`."
             )
         if num_features:
             parts.append(features.to(self.net[-1].weight.dtype))
         if any(part.shape[:-1] != parts[0].shape[:-1] for part in parts):
             raise ValueError(
-                f"The head's inputs {[tuple(part.shape) for part in parts]} (draft hidden, target hidden, "
-                "features) must "
-                "agree on every dimension but the last: (batch, tokens, size)."
+                f"The head's inputs {[tuple(part.shape) for part in parts]} (draft hidden, target hidden, features) "
+                "must agree on every dimension but the last: (batch, tokens, size)."
             )
         inputs = torch.cat(parts, dim=-1)  # (batch, tokens, d_draft + d_target + F)
         return self.net(inputs).squeeze(-1)  # (batch, tokens)
@@ -252,8 +250,8 @@ class DiversedHead(
         if push_to_hub_kwargs and not push_to_hub:
             raise TypeError(
                 f"save_pretrained got unexpected arguments {sorted(push_to_hub_kwargs)}; it takes results, "
-                "training_config, "
-                "repo_id, push_to_hub and model_card_kwargs (arguments of push_to_hub only with push_to_hub=True)."
+                "training_config, repo_id, push_to_hub and model_card_kwargs (arguments of push_to_hub only with "
+                "push_to_hub=True)."
             )
         card_kwargs = dict(model_card_kwargs or {})
         results = card_kwargs.pop("results", None) if results is None else results
@@ -403,8 +401,7 @@ class DiversedHead(
         if missing or unexpected:
             message = (
                 f"The weights in {weights_path} do not match a {config.architecture!r} head: missing "
-                f"{sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}."
+                f"{sorted(missing)}, unexpected {sorted(unexpected)}."
             )
             if strict:
                 raise ValueError(message + " Re-save the head, or pass strict=False to load what matches.")

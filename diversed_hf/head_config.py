@@ -78,8 +78,8 @@ class DiversedHeadConfig:
             if value > MAX_SIZE:
                 raise ValueError(
                     f"`{name}` is {value}, above {MAX_SIZE}: no model's hidden states are that wide, and the head "
-                    "would "
-                    "not fit in memory. Use the sizes of the models' last layers (and a small `mlp_hidden_size`)."
+                    "would not fit in memory. Use the sizes of the models' last layers (and a small "
+                    "`mlp_hidden_size`)."
                 )
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"`architecture` must be one of {ARCHITECTURES}, got {self.architecture!r}.")

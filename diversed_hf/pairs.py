@@ -88,9 +88,9 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
         return smaller
     if larger - smaller > max(256, 0.01 * larger):
         raise ValueError(
-            f"The target scores {target_size} tokens and the draft {draft_size}: too different to be padded embedding "
-            "matrices of one tokenizer. Verification needs the same token ids; use a draft that shares the target's "
-            "tokenizer."
+            f"The target scores {target_size} tokens and the draft {draft_size}: too different to be padded "
+            "embedding matrices of one tokenizer. Verification needs the same token ids; use a draft that shares "
+            "the target's tokenizer."
         )
     return smaller
 

@@ -236,8 +236,8 @@ def per_row_processors(
             raise ValueError(
                 f"`{type(processor).__name__}` (classifier-free guidance, `guidance_scale`) cannot be combined with "
                 "`diversed_head`/`verifier`: it runs the model on its own cache one token per call, while a "
-                "speculative "
-                "round scores several positions at once. Remove `guidance_scale` (or set it to 1) and the processor."
+                "speculative round scores several positions at once. Remove `guidance_scale` (or set it to 1) and "
+                "the processor."
             )
         if isinstance(processor, MinNewTokensLengthLogitsProcessor):
             processor = RowMinLength(processor.min_new_tokens, processor.eos_token_id)

@@ -180,10 +180,8 @@ def block_tokens_per_round(
         if values.numel() > max_states:
             raise ValueError(
                 f"the running weight takes more than `max_states`={max_states} values after {len(draft_probs)} "
-                "positions "
-                f"of {draft_probs.shape[1]} tokens; raise `max_states`, use fewer positions, or estimate from "
-                "simulated "
-                "rounds with `expected_tokens_per_round`."
+                f"positions of {draft_probs.shape[1]} tokens; raise `max_states`, use fewer positions, or estimate "
+                "from simulated rounds with `expected_tokens_per_round`."
             )
     return expected
 

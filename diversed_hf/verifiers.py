@@ -508,9 +508,9 @@ class HeadVerifier(_MixtureVerifier):
         target_weight = self.head(*hidden, features.to(**place))  # (batch, N)
         if not bool(((target_weight >= 0) & (target_weight <= 1)).all()):  # also False for NaN
             raise ValueError(
-                "The head returned target weights outside [0, 1] (or NaN) for these hidden states: its parameters or "
-                "its inputs are not finite. Check the head (`torch.isfinite(p).all()` for each parameter) and the "
-                "models."
+                "The head returned target weights outside [0, 1] (or NaN) for these hidden states: its parameters "
+                "or its inputs are not finite. Check the head (`torch.isfinite(p).all()` for each parameter) and "
+                "the models."
             )
         return target_weight.to(device=target_probs.device, dtype=target_probs.dtype)
 

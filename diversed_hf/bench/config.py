@@ -117,8 +117,7 @@ class BenchConfig:
             raise ValueError(
                 f"`num_baseline_prompts` ({self.num_baseline_prompts}) must be between `num_timing_prompts` "
                 f"({self.num_timing_prompts}) and `num_prompts` ({self.num_prompts}): the baselines are scored on "
-                "the first "
-                "prompts and timed on the first of those."
+                "the first prompts and timed on the first of those."
             )
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"`temperature` must be >= 0 (0 = greedy), got {self.temperature!r}.")

@@ -316,8 +316,8 @@ def write_results_page(
         lines += [
             "## Heads on another task",
             "",
-            "The paper's transfer experiment: each task's head verifying the other task, next to lossless SD and the "
-            "task's own head, on the same prompts (quality against the target distribution with its paired 95 % "
+            "The paper's transfer experiment: each task's head verifying the other task, next to lossless SD and "
+            "the task's own head, on the same prompts (quality against the target distribution with its paired 95 % "
             "interval, as above).",
             "",
             transfer,

@@ -51,8 +51,8 @@ WITHDRAWN_HEADS = {
         "A head that ignores the target is not an operating point; see docs/real_pair.md, 'The heads'"
     ),
     ("smollm2", "synopsis"): (
-        "its head (training/configs/smollm2_synopsis.yaml) accepts 2.8x SD's drafts at temperature 1 but its ROUGE-2 "
-        "is significantly below the target's: -0.4 [-0.7, -0.1] points against the target distribution (200 "
+        "its head (training/configs/smollm2_synopsis.yaml) accepts 2.8x SD's drafts at temperature 1 but its "
+        "ROUGE-2 is significantly below the target's: -0.4 [-0.7, -0.1] points against the target distribution (200 "
         "held-out prompts x 2; RESULTS.md, 'Real pair'), so it is not an operating point; see docs/real_pair.md, "
         "'The heads'"
     ),
@@ -93,9 +93,8 @@ def asset_path(name: str) -> Path:
     path = ASSETS_DIR / name
     if not path.is_dir():
         raise FileNotFoundError(
-            f"testbed asset {name!r} not found at {path}; rebuild the testbed with "
-            "`python training/build_testbed.py --output-dir diversed_hf/testbed/assets` (or reinstall the package with "
-            "its data files)."
+            f"testbed asset {name!r} not found at {path}; rebuild the testbed with `python training/build_testbed.py "
+            "--output-dir diversed_hf/testbed/assets` (or reinstall the package with its data files)."
         )
     return path
 
@@ -129,8 +128,8 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draf
         return load_smollm2_pair(torch_dtype=torch_dtype, device=device, draft=draft)
     if draft is not None:
         raise ValueError(
-            f"`draft` is {draft!r}; the testbed pair has one draft (leave `draft` unset). The smollm2 pair "
-            "takes 'eagle' or 'self'."
+            f"`draft` is {draft!r}; the testbed pair has one draft (leave `draft` unset). The smollm2 pair takes "
+            "'eagle' or 'self'."
         )
     target, draft = (_load_model(asset_path(name), name, torch_dtype, device) for name in MODEL_NAMES)
     logger.debug("loaded testbed target and draft from %s", ASSETS_DIR)
@@ -206,8 +205,7 @@ def load_head(name: str, pair: str = "testbed"):
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"no shipped head for {name!r} on the smollm2 pair at {path}; train it with `python "
-                "training/train_head.py "
-                f"--config training/configs/smollm2_{name}.yaml` (or reinstall the package)."
+                f"training/train_head.py --config training/configs/smollm2_{name}.yaml` (or reinstall the package)."
             )
         return DiversedHead.from_pretrained(str(path))
     path = ASSETS_DIR / "heads" / name

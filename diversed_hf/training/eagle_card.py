@@ -35,10 +35,9 @@ def render_eagle_card(config, record: dict) -> str:
         f"# EAGLE-style feature draft for {target}",
         "",
         f"An `EagleDraft` ({config.num_layers} decoder layer(s) of the target's architecture, reading the target's "
-        "last "
-        f"hidden state and the next token's embedding; the target's embeddings and LM head, scoring {vocab}), for "
-        "speculative decoding with `diversed_hf`. Its weights hold only what it trained; the embeddings and LM head "
-        "are the target's, attached when it runs:",
+        f"last hidden state and the next token's embedding; the target's embeddings and LM head, scoring {vocab}), "
+        "for speculative decoding with `diversed_hf`. Its weights hold only what it trained; the embeddings and LM "
+        "head are the target's, attached when it runs:",
         "",
         "```python",
         "from diversed_hf import EagleDraft, enable_diversed",
@@ -53,13 +52,12 @@ def render_eagle_card(config, record: dict) -> str:
         f"{record.get('num_sequences', {}).get('train', '?')} training sequences, "
         f"{record.get('train_positions', '?')} response positions; "
         f"{record.get('num_sequences', {}).get('held_out', '?')} held out). Loss per position: smooth L1 on the "
-        "feature + cross-entropy to the target's top-k distribution + "
-        f"{settings.get('tv_weight', '?')} x total variation, over {settings.get('unroll', '?')} unrolled steps "
-        "(steps after the first read the draft's own features: training-time test). "
-        f"{record.get('steps', '?')} steps of batch {settings.get('batch_size', '?')}, learning rate "
-        f"{settings.get('learning_rate', '?')}, seed {settings.get('seed', '?')}. Time on a 2-core CPU: data "
-        f"{record.get('data_seconds', '?')} s, distillation {record.get('distill_seconds_this_run', '?')} s (last "
-        "run).",
+        f"feature + cross-entropy to the target's top-k distribution + {settings.get('tv_weight', '?')} x total "
+        f"variation, over {settings.get('unroll', '?')} unrolled steps (steps after the first read the draft's own "
+        f"features: training-time test). {record.get('steps', '?')} steps of batch "
+        f"{settings.get('batch_size', '?')}, learning rate {settings.get('learning_rate', '?')}, seed "
+        f"{settings.get('seed', '?')}. Time on a 2-core CPU: data {record.get('data_seconds', '?')} s, distillation "
+        f"{record.get('distill_seconds_this_run', '?')} s (last run).",
         "",
         "Held-out acceptance estimates per draft step (step 1 reads the target's feature, later steps the draft's "
         "own):",

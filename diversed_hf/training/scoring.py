@@ -145,8 +145,7 @@ def score_completions(
         if got is None:  # iterating a dict would score its keys, a string its characters
             raise TypeError(
                 f"The reward function {name!r} returned a {type(values).__name__} ({str(values)[:80]!r}); it must "
-                "return "
-                f"a list of {len(prompts)} floats, one per completion, in order."
+                f"return a list of {len(prompts)} floats, one per completion, in order."
             )
         if got != len(prompts):
             raise ValueError(
@@ -163,8 +162,8 @@ def score_completions(
         raise ValueError(
             f"No reward function scored completion {j} ({completions[j][:80]!r}): every one returned None "
             f"({list(names)}), and {len(unscored)} completion(s) of this batch are in that case; rewards must be "
-            "finite "
-            "floats. Make at least one function score every completion (give failed or unscorable ones a low reward)."
+            "finite floats. Make at least one function score every completion (give failed or unscorable ones a low "
+            "reward)."
         )
     return rewards
 

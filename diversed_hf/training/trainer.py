@@ -155,10 +155,9 @@ class DiversedTrainer(Trainer):
         )
         if args.n_gpu > 1:
             raise ValueError(
-                f"{args.n_gpu} GPUs are visible to one process, so `Trainer` would wrap the head in "
-                "nn.DataParallel, which "
-                "the rollout does not support. Launch with `accelerate launch` or `torchrun`, or make one GPU visible "
-                "with CUDA_VISIBLE_DEVICES."
+                f"{args.n_gpu} GPUs are visible to one process, so `Trainer` would wrap the head in nn.DataParallel, "
+                "which the rollout does not support. Launch with `accelerate launch` or `torchrun`, or make one GPU "
+                "visible with CUDA_VISIBLE_DEVICES."
             )
         self.ref_head.to(self.accelerator.device)
         self.run = run_record(args, self.pair, asdict(head.config), self.reward_func_names, train_rows)
@@ -180,9 +179,8 @@ class DiversedTrainer(Trainer):
             return texts, False
         kinds = sorted({type(p).__name__ for p in prompts})
         raise TypeError(
-            f"every `prompt` must be a string, or a list of chat messages ({{'role': ..., 'content': ...}}); this "
-            "batch "
-            f"has prompts of types {kinds}. Make the dataset's 'prompt' column all text or all conversations."
+            "every `prompt` must be a string, or a list of chat messages ({'role': ..., 'content': ...}); this "
+            f"batch has prompts of types {kinds}. Make the dataset's 'prompt' column all text or all conversations."
         )
 
     def _global_advantages(
@@ -417,10 +415,10 @@ class DiversedTrainer(Trainer):
             )  # every process sees a non-finite loss anywhere, and stops with the others
             if sums[3] > 0:
                 raise FloatingPointError(
-                    f"The loss is not finite at step {self.state.global_step} (this process's policy term, acceptance "
-                    f"term and loss: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, check "
-                    "the rewards, "
-                    "and check that the models' hidden states are finite in their dtype (bfloat16 overflows sooner)."
+                    f"The loss is not finite at step {self.state.global_step} (this process's policy term, "
+                    f"acceptance term and loss: {terms.tolist()}): the head would become NaN. Lower `learning_rate`, "
+                    "check the rewards, and check that the models' hidden states are finite in their dtype "
+                    "(bfloat16 overflows sooner)."
                 )
             count = sums[0].clamp(min=1)
             metrics["clip_fraction"].append((sums[1] / count).item())
