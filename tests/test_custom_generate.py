@@ -29,9 +29,9 @@ REPO_ID = "someone/diversed-custom-generate"
 
 @pytest.fixture
 def modules_cache(monkeypatch, tmp_path):
-    """transformers copies remote code into its modules cache before importing it: a fresh one per test."""
+    """transformers copies remote code into its modules cache before importing it: a fresh one per test (transformers
+    puts each on the import path; the tests leave that to it)."""
     monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    monkeypatch.setattr(sys, "path", list(sys.path))
     for name in [m for m in sys.modules if m.startswith("transformers_modules")]:
         monkeypatch.delitem(sys.modules, name)
 
