@@ -117,7 +117,7 @@ def dense_reward(task: str, mode: str) -> Callable[..., list[float]]:
         if target_completion is None or target_reward is None:
             raise ValueError(
                 f"the {mode!r} reward reads the columns 'target_completion' and 'target_reward'; add them with "
-                "`diversed_hf.training.dense_rewards.add_target_columns`."
+                "`diversed_hf.tasks.dense_rewards.add_target_columns`."
             )
         if mode == "task_minus_target":
             scores = task_reward(prompts=prompts, completions=completions, reference=reference)
