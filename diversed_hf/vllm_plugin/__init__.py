@@ -21,9 +21,9 @@ drafted positions and ``p`` at bonus positions; greedy output is ``generate(...,
 §2). Acceptance shows in vLLM's own spec-decoding metrics (``vllm:spec_decode_num_accepted_tokens`` and friends).
 
 Modules: :mod:`.settings` (the ``additional_config["diversed"]`` and per-request keys, checked), :mod:`.mixture`
-(``log nu_t`` from vLLM's tensors, via the project's verifiers), :mod:`.patches` (every vLLM internal touched, with
-the vLLM release it was written for), :mod:`.versions` (the tested vLLM releases; other releases refuse only the
-engines asking for DIVERSED). Nothing else in ``diversed_hf`` imports this package.
+(``nu_t`` from vLLM's tensors, each request by its own rule, via the project's verifiers), :mod:`.patches` (every
+vLLM internal touched, with the vLLM release it was written for), :mod:`.versions` (the tested vLLM releases; other
+releases refuse only the engines asking for DIVERSED). Nothing else in ``diversed_hf`` imports this package.
 """
 
 from __future__ import annotations

@@ -20,22 +20,7 @@ import torch
 
 from ..verifiers import Verifier
 
-__all__ = ["mixture_rejection_sample", "mixture_verification", "verification_logits"]
-
-
-def verification_logits(
-    verifier: Verifier,
-    draft_probs: torch.Tensor,  # (T, vocab) q_t, the probabilities each drafted token was sampled from
-    target_logits: torch.Tensor,  # (T, vocab) z_t, the target's processed logits at the drafted positions
-    *,
-    draft_hidden: torch.Tensor | None = None,  # (T, d_draft) the draft's last hidden state that produced q_t
-    target_hidden: torch.Tensor | None = None,  # (T, d_target) the target's last hidden state that produced p_t
-) -> tuple[torch.Tensor, torch.Tensor]:  # (T, vocab) log nu_t, (T,) w_t
-    """``log nu_t`` (``-inf`` where ``nu_t = 0``) and the target weight ``w_t`` of each drafted position."""
-    verify_probs, target_weight = _verification_probs(
-        verifier, draft_probs.to(torch.float32), _target_probs(draft_probs, target_logits), draft_hidden, target_hidden
-    )
-    return verify_probs.log(), target_weight
+__all__ = ["mixture_rejection_sample", "mixture_verification"]
 
 
 def _target_probs(draft_probs: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:  # (T, vocab) p_t
@@ -49,8 +34,8 @@ def _target_probs(draft_probs: torch.Tensor, target_logits: torch.Tensor) -> tor
     return target_logits.softmax(dim=-1, dtype=torch.float32)
 
 
-def _verification_probs(verifier, draft_probs, target_probs, draft_hidden, target_hidden):
-    """``nu_t`` ``(T, vocab)`` and ``w_t`` ``(T,)`` by one verifier (hidden states only for a rule that reads them)."""
+def _verification_probs(verifier, draft_probs, target_probs, draft_hidden, target_hidden) -> torch.Tensor:
+    """``nu_t`` ``(T, vocab)`` by one verifier (hidden states only for a rule that reads them)."""
     hidden = {}
     if verifier.requires_hidden_states:
         if draft_hidden is None or target_hidden is None:
@@ -59,10 +44,8 @@ def _verification_probs(verifier, draft_probs, target_probs, draft_hidden, targe
                 "hidden states for engines with such a head. Report this with the request pattern that caused it."
             )
         hidden = dict(draft_hidden=draft_hidden[None], target_hidden=target_hidden[None])  # (1, T, d)
-    verify_probs, target_weight = verifier.verification_probs(draft_probs[None], target_probs[None], **hidden)
-    if target_weight is None:
-        target_weight = verify_probs.new_full(verify_probs.shape[:2], float("nan"))
-    return verify_probs[0], target_weight[0]  # (T, vocab), (T,)
+    verify_probs, _ = verifier.verification_probs(draft_probs[None], target_probs[None], **hidden)
+    return verify_probs[0]
 
 
 def mixture_verification(
@@ -80,19 +63,17 @@ def mixture_verification(
     if len(verifiers) != len(num_draft_tokens):
         raise ValueError(f"{len(verifiers)} verifiers for {len(num_draft_tokens)} requests: pass one per request.")
     verify_probs, residual = torch.empty_like(target_probs), torch.empty_like(target_probs)
-    groups: dict[int, list[int]] = {}  # id(verifier) -> the flattened drafted positions it verifies
-    by_id, start = {}, 0
+    groups: dict[int, tuple[Verifier, list[int]]] = {}  # id(rule) -> (rule, the flattened positions it verifies)
+    start = 0
     for verifier, count in zip(verifiers, num_draft_tokens):
-        groups.setdefault(id(verifier), []).extend(range(start, start + count))
-        by_id[id(verifier)] = verifier
+        groups.setdefault(id(verifier), (verifier, []))[1].extend(range(start, start + count))
         start += count
-    for key, positions in groups.items():
+    for verifier, positions in groups.values():
         if not positions:
             continue
         index = torch.tensor(positions, device=target_probs.device)  # (T_g,)
-        verifier = by_id[key]
         hidden = [None if states is None else states[index] for states in (draft_hidden, target_hidden)]
-        probs, _ = _verification_probs(verifier, draft_probs[index], target_probs[index], *hidden)  # (T_g, vocab)
+        probs = _verification_probs(verifier, draft_probs[index], target_probs[index], *hidden)  # (T_g, vocab)
         verify_probs[index] = probs
         residual[index] = verifier.residual_probs(draft_probs[index], target_probs[index], probs)
     return verify_probs, residual

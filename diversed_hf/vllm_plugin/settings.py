@@ -187,7 +187,7 @@ class DiversedVllmSettings:
         ``target_hidden_size`` / ``draft_hidden_size`` (the engine's models') are checked against each head that
         reads hidden states, so a head trained for another pair fails here, at start, and not on the first request.
         """
-        heads, identities = {}, []
+        heads, identities = {}, {}
         for name, (source, revision) in self.head_sources.items():
             head = DiversedHead.from_pretrained(
                 source, revision=revision, local_files_only=self.local_files_only, device=device
@@ -204,13 +204,16 @@ class DiversedVllmSettings:
                         "a head trained for this pair, or one on distribution features (use_hidden_states=False)."
                     )
             heads[name] = HeadVerifier(head)
-            label = name if name == source else f"{name}={source}"
-            identities.append(f"{label}{'@' + revision if revision else ''} ({_head_identity(head, source)})")
+            identities[name] = _head_identity(head, source)  # digests the weights: once per head
         rules = VerificationRules(self, heads)
         identity = self.describe()
         if self.head is not None:
-            identity += f" ({_head_identity(heads[self.head].head, self.head)})"
-        extra = [line for name, line in zip(heads, identities) if name != self.head]
+            identity += f" ({identities[self.head]})"
+        extra = [
+            f"{name if name == source else f'{name}={source}'}{'@' + revision if revision else ''} ({identities[name]})"
+            for name, (source, revision) in self.head_sources.items()
+            if name != self.head
+        ]
         if extra:
             identity += "; requests may pick the heads " + "; ".join(extra)
         return rules, identity

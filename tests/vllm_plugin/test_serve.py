@@ -1,12 +1,8 @@
 """`vllm serve` (its OpenAI server module) with the plugin answers OpenAI-style completions on 127.0.0.1, and its log names the head."""
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,14 +13,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vL
 
 import torch
 from vllm_helpers import ASSETS, NUM_DRAFT_TOKENS
+from vllm_load import Server, free_port
 
 from diversed_hf import DiversedHead
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def complete(port: int, temperature: float = 0.0, **body) -> dict:
@@ -82,23 +73,9 @@ def test_vllm_serve_answers_completions_with_a_diversed_head(tmp_path):
         "--additional-config",
         json.dumps({"diversed": {"head": str(tmp_path / "head")}}),
     ]
-    environment = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
-        )
+    server = Server(command, port, log_path)  # training/vllm_load.py's: its own process group, logs to log_path
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, f"vllm serve exited:\n{log_path.read_text()[-4000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"vllm serve did not come up:\n{log_path.read_text()[-4000:]}"
-            time.sleep(2)
+        server.wait_ready()
         answer = complete(port)
         assert answer["object"] == "text_completion"
         assert answer["choices"][0]["text"].strip(), answer
@@ -112,12 +89,8 @@ def test_vllm_serve_answers_completions_with_a_diversed_head(tmp_path):
         assert "target_weight" in message and "must be a number in [0, 1]" in message, message
         assert complete(port)["usage"]["completion_tokens"] > 0, "the server serves on after a refused request"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop = server.stop()
+    assert stop["exit_code"] == 0, stop
     logs = log_path.read_text()
     lines = [line for line in logs.splitlines() if "DIVERSED verification" in line]
     assert lines, f"no DIVERSED line in the server's log:\n{logs[-4000:]}"

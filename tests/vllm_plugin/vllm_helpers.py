@@ -95,20 +95,20 @@ def vllm_prompts(ids_list: list[list[int]]) -> list[dict]:
 
 
 @torch.no_grad()
-def next_hidden(model, ids: list[int]) -> torch.Tensor:  # (d,) the last-layer hidden state that gives next_probs
-    return model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0, -1]
+def next_state(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs (vocab,) float64 at temperature 1, last-layer hidden state (d,))`` at the position after ``ids``."""
+    out = model(torch.tensor([ids]), output_hidden_states=True)
+    return out.logits[0, -1].double().softmax(-1), out.hidden_states[-1][0, -1]
 
 
 @torch.no_grad()
 def mixture_at(verifier, target, draft, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(nu, p, q)`` at the position after ``ids``, by the project's verifier on the transformers models (a head
     that reads hidden states gets both models' last-layer hidden states there, as ``generate`` gives it)."""
-    target_probs, draft_probs = next_probs(target, ids), next_probs(draft, ids)  # (vocab,), (vocab,)
+    (target_probs, target_hidden), (draft_probs, draft_hidden) = next_state(target, ids), next_state(draft, ids)
     hidden = {}
     if verifier.requires_hidden_states:
-        hidden = dict(
-            draft_hidden=next_hidden(draft, ids)[None, None], target_hidden=next_hidden(target, ids)[None, None]
-        )
+        hidden = dict(draft_hidden=draft_hidden[None, None], target_hidden=target_hidden[None, None])
     verify_probs, _ = verifier.verification_probs(draft_probs[None, None], target_probs[None, None], **hidden)
     return verify_probs[0, 0].double(), target_probs, draft_probs
 
