@@ -24,6 +24,12 @@ keeps exactly those, so a loss evaluation (and every PPO inner epoch) runs only 
 and temperature is applied identically in rollouts and log-probabilities by construction.
 Only the probability-space mixture (``mixing="probs"``, the paper's) is supported here: the
 geometric pool of the official code needs whole distributions and has no such closed forms.
+
+A draft that reads the target's features (an :class:`~diversed_hf.eagle.EagleDraft`) gets, at every step, the
+target's last hidden state of the column before each token it reads, as at a round's first drafted position in
+``generate``; ``h^q_t`` is its predicted feature. Inside ``generate`` the later drafted positions of a round read the
+draft's own predicted features instead, so there ``q_t`` drifts a little from the rollout's: the verifier's law is
+exact either way, and the rollout trains the head on the round's first-position ``q`` (docs/training.md).
 """
 
 from __future__ import annotations
@@ -116,14 +122,34 @@ class _MixtureStep:
         self.target_cache, self.draft_cache = caches
         self.warpers, self.vocab_size, self.generator = warpers, vocab_size, generator
         self.needs_hidden, self.feature_names = needs_hidden, feature_names
+        self.reads_features = bool(getattr(draft, "reads_target_features", False))  # an EagleDraft
+        self.last_feature = None  # (B, 1, d) the target's feature of the column before the next chunk
         parameter = next(head.parameters())
         self.head_place = dict(device=parameter.device, dtype=parameter.dtype)
+
+    def draft_features(self, target_hidden: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, chunk, d)``: for each column of the chunk, the target's last hidden state of the column before it
+        (zeros before the first column and after padding), as :class:`~diversed_hf.FeatureCandidateGenerator`
+        builds them."""
+        hidden = target_hidden * chunk_mask[:, :, None].to(target_hidden.dtype)  # (B, chunk, d)
+        before = hidden.new_zeros(hidden[:, :1].shape) if self.last_feature is None else self.last_feature
+        self.last_feature = hidden[:, -1:]
+        return torch.cat([before, hidden[:, :-1]], dim=1)
 
     def __call__(self, seq, chunk, mask, finished, pad_token_id, records) -> torch.Tensor:  # (B,) the tokens
         batch_size, device, vocab_size = seq.shape[0], seq.device, self.vocab_size
         target_out = compat.forward_with_cache(
-            self.target, chunk, mask, self.target_cache, logits_to_keep=1, output_hidden_states=self.needs_hidden
+            self.target,
+            chunk,
+            mask,
+            self.target_cache,
+            logits_to_keep=1,
+            output_hidden_states=self.needs_hidden or self.reads_features,
         )
+        extra = {}
+        if self.reads_features:
+            chunk_mask = mask[:, -chunk.shape[1] :]  # (B, chunk)
+            extra["target_hidden"] = self.draft_features(target_out.hidden_states[-1], chunk_mask)
         draft_out = compat.forward_with_cache(
             self.draft,
             draft_input_ids(self.draft, chunk, vocab_size),
@@ -131,6 +157,7 @@ class _MixtureStep:
             self.draft_cache,
             logits_to_keep=1,
             output_hidden_states=self.needs_hidden,
+            **extra,
         )
         if self.needs_hidden:
             target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)

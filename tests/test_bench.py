@@ -686,3 +686,13 @@ def test_block_specs_pair_with_their_token_wise_method(pair_dir):
     table = bench.block_table([result])
     assert table.count("\n") == 1 + 2 and "| arith | SD @ heuristic |" in table and " → " in table
     assert bench.block_table([bench.BenchResult("arith", [rows["SD @ heuristic"]], {}, [], {})]) is None
+
+
+def test_quality_batches_are_ordered_by_prompt_length():
+    """The quality pass batches prompts of similar length together (a batch's prefill costs its longest prompt per
+    row); ties keep the prompts' order."""
+    from diversed_hf.bench.runner import by_length
+
+    prompts = ["a b c d e", "a", "a b c", "a b", "a b c"]
+    assert by_length(load_tokenizer(), prompts, [0, 1, 2, 3, 4]) == [1, 3, 2, 4, 0]
+    assert by_length(load_tokenizer(), prompts, [4, 0, 2]) == [2, 4, 0]

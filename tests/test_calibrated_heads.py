@@ -155,3 +155,20 @@ def test_front_gap_reads_the_static_front_at_the_heads_acceptance():
     assert front_gap(result, {"acceptance_rate": 0.4, "quality": 0.05}) == pytest.approx(1.0)  # front: 4 points there
     assert front_gap(result, {"acceptance_rate": 0.8, "quality": 0.01}) == pytest.approx(-1.0)
     assert front_gap(result, {"acceptance_rate": 0.1, "quality": 0.05}) is None
+
+
+def test_make_real_results_measures_the_default_draft_at_the_papers_temperature(tmp_path):
+    """By default the real pair's table is measured with its default draft (the EagleDraft) on synopsis and
+    arith_chat, both at temperature 1 with 200 prompts x 2 samples; a task that draft's table has no place for is
+    refused with the tasks it has."""
+    from make_real_results import SETUPS, _argv, main
+
+    eagle = SETUPS["eagle"]
+    assert eagle.tasks == ("synopsis", "arith_chat") and eagle.output_name != SETUPS["self"].output_name
+    for task in eagle.tasks:
+        argv = _argv(task, eagle.full[task], tmp_path, 1, draft="eagle", methods=["sd"])
+        flags = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
+        assert flags["--draft"] == "eagle" and float(flags["--temperature"]) == 1.0
+        assert (int(flags["--num-prompts"]), int(flags["--num-samples"])) == (200, 2)
+    with pytest.raises(SystemExit):
+        main(["--task", "humaneval", "--skip-speed"])

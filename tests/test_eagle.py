@@ -179,6 +179,33 @@ def test_sampled_law_at_drafted_positions_is_the_declared_one(weight):
         assert float(ops.total_variation(observed, declared)) < tv_bound(declared, num_rows)
 
 
+def test_training_rollouts_read_the_targets_features():
+    """``sample_from_mixture`` with a feature draft: at every sampled token of a left-padded batch, ``q_t`` and
+    ``h^q_t`` are the draft's after the sequence so far with the target's features (the reference without caches),
+    ``p_t`` the target's, and the head's ``w`` reads that ``h^q_t``."""
+    from diversed_hf.rollout import sample_from_mixture
+
+    target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(2, 60))
+    head = DiversedHead.for_pair(target, draft, w_0=0.4, use_hidden_states=True)
+    rows, input_ids, attention_mask = left_padded_batch([4, 7, 5], seed=3)
+    rollout = sample_from_mixture(
+        target, draft, head, input_ids, attention_mask, max_new_tokens=6, generator=torch.Generator().manual_seed(0)
+    )
+    for b, row in enumerate(rows):
+        tokens = rollout.completion_ids[b].tolist()
+        for t, token in enumerate(tokens):
+            seq = torch.cat([row, torch.tensor(tokens[:t], dtype=torch.long)])[None]
+            with torch.no_grad():
+                p = target(seq).logits[0, -1].softmax(-1)
+                q = reference_draft(target, draft, seq, [])[0]
+                predicted = draft.features(seq, reference_features(target, draft, seq))[:, -1]  # (1, d)
+                w = head(predicted[:, None], target(seq, output_hidden_states=True).hidden_states[-1][:, -1:])[0, 0]
+            torch.testing.assert_close(rollout.draft_token_probs[b, t], q[token], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(rollout.target_token_probs[b, t], p[token], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(rollout.draft_hidden[b, t], predicted[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(rollout.target_weight[b, t], w.float(), atol=1e-5, rtol=1e-4)
+
+
 def test_draft_ids_outside_its_vocabulary_have_probability_zero():
     target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(10, 30))
     out = target.generate(
@@ -300,3 +327,24 @@ def test_a_token_only_loop_gets_a_clear_error():
     plain = make_model("llama", hidden_size=32, num_layers=2)  # no enable_diversed: transformers' own assisted loop
     with pytest.raises(TypeError, match="assistant_model"):
         plain.generate(prompt(3), assistant_model=EagleDraft.for_target(plain), max_new_tokens=4)
+
+
+def test_bench_measures_a_feature_drafts_cost():
+    """``diversed-hf bench`` times each model's one-token forward; a feature draft is timed with zero features."""
+    from diversed_hf.bench.runner import measure_cost
+
+    target, draft = eagle_pair("llama")
+    seconds = measure_cost(draft, prompt(6), num_tokens=2, repeats=1)
+    assert seconds > 0 and seconds == seconds
+
+
+def test_a_feature_draft_has_a_fingerprint_of_its_own():
+    """Training checkpoints record both models' fingerprints; an EagleDraft has no output embeddings of its own (it
+    uses the target's), so its fingerprint comes from its own weights and tells two drafts apart."""
+    from diversed_hf.training.checkpoint import model_fingerprint
+
+    target, draft = eagle_pair("llama", seed=0)
+    _, other = eagle_pair("llama", seed=1)
+    other.attach_target(target)
+    assert model_fingerprint(draft) != model_fingerprint(other)
+    assert model_fingerprint(draft) != model_fingerprint(target)

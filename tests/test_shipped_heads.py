@@ -109,12 +109,27 @@ def test_shipped_arith_head_accepts_more_than_lossless_sd():
     [("humaneval", "accepts every draft"), ("arith_chat", "within 1 point"), ("synopsis", "significantly below")],
 )
 def test_a_withdrawn_head_is_refused_with_its_reason(task, reason):
-    """The real pair's humaneval head accepted every draft (w -> 0), no arith_chat head kept the target's exact match
-    within 1 point, and the synopsis head's ROUGE-2 is significantly below the target's: none is an operating point,
-    so none is shipped, and asking for one says why."""
+    """The real pair's self-draft heads: the humaneval head accepted every draft (w -> 0), no arith_chat head kept the
+    target's exact match within 1 point, and the synopsis head's ROUGE-2 is significantly below the target's: none is
+    an operating point, so none is shipped, and asking for one says why."""
     from diversed_hf import testbed
 
-    assert task not in testbed.HEAD_TASKS["smollm2"]
-    with pytest.raises(ValueError, match=f"No head is shipped for '{task}' on the smollm2 pair: .*{reason}"):
-        testbed.load_head(task, pair="smollm2")
-    assert not (testbed.ASSETS_DIR / "smollm2" / "heads" / task).exists()
+    with pytest.raises(
+        ValueError, match=f"No head is shipped for '{task}' on the smollm2 pair with the self draft: .*{reason}"
+    ):
+        testbed.load_head(task, pair="smollm2", draft="self")
+
+
+def test_the_real_pairs_heads_are_for_its_default_draft():
+    """``load_head(task, pair="smollm2")`` is the EagleDraft's head (load_pair's default draft); a draft the pair has
+    no heads for, or a draft for the one-draft testbed, is refused with the fix."""
+    from diversed_hf import testbed
+
+    with pytest.raises(ValueError, match="`draft` is 'tiny'; .* use one of"):
+        testbed.load_head("synopsis", pair="smollm2", draft="tiny")
+    with pytest.raises(ValueError, match="leave `draft` unset"):
+        testbed.load_head("arith", draft="eagle")
+    for task in testbed.HEAD_TASKS["smollm2"]:
+        assert (testbed.ASSETS_DIR / "smollm2" / "heads" / task / "config.json").is_file()
+    for pair, draft, task in testbed.WITHDRAWN_HEADS:
+        assert task not in testbed.HEAD_TASKS[pair] or draft != "eagle"

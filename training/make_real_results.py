@@ -1,8 +1,15 @@
-"""The paper's evaluation on the real pair (SmolLM2-135M-Instruct and its self-draft): RESULTS.md's "Real pair" section.
+"""The paper's evaluation on the real pair (SmolLM2-135M-Instruct): RESULTS.md's "Real pair" sections.
 
-    python training/make_real_results.py                 # results/smollm2/ and the section in RESULTS.md
-    python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2/
+    python training/make_real_results.py --skip-speed --extra-runs   # the EagleDraft: results/smollm2_eagle/
+    python training/make_real_results.py --draft self    # the self-draft: results/smollm2/ (its heads were withdrawn)
+    python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2_eagle/
     python training/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
+
+``--draft eagle`` (the default, the pair's default draft) measures ``synopsis`` and ``arith_chat`` at temperature 1,
+the paper's setting, with the heads shipped for the EagleDraft (``testbed.load_head(task, pair="smollm2")``), 200
+prompts x 2 samples for target-only, SD and DIVERSED and the first 100 x 2 for the other methods; ``--extra-runs``
+adds ``synopsis`` at temperature 0.7. Its section is "Real pair: the paper's table with the EagleDraft". What follows
+describes ``--draft self``, the first evaluation, kept as it was measured:
 
 Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat``, ``humaneval`` and ``synopsis`` (held-out splits).
 ``arith_chat`` and ``humaneval`` run at temperature 0.7 (the temperature the self-draft and their heads were trained
@@ -33,6 +40,7 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from make_results import bench_flags, refresh_head_sections, run_bench_argv
@@ -133,17 +141,49 @@ QUICK = {
 #: table joins the section under its title
 EXTRA_RUNS = (("synopsis_t07", "synopsis", "synopsis at temperature 0.7", dict(FULL["synopsis"], temperature=0.7)),)
 SECTION_TITLE = "Real pair: SmolLM2-135M-Instruct and its self-draft"
+
+
+@dataclass(frozen=True)
+class DraftSetup:
+    """What ``--draft`` measures: the tasks, their sizes, where the results and the RESULTS.md section go."""
+
+    draft: str
+    tasks: tuple[str, ...]
+    output_name: str  # results/<output_name>/
+    section: str  # results/<section>.md, carried into RESULTS.md by make_results.py
+    title: str
+    full: dict
+    extra_runs: tuple
+
+
+EAGLE_FULL = {
+    "synopsis": FULL["synopsis"],
+    "arith_chat": dict(FULL["synopsis"], max_new_tokens=64, batch_size=20),  # 200 x 2 at T = 1, as synopsis
+    "speed": FULL["speed"],
+}
+SETUPS = {
+    "self": DraftSetup("self", TASKS, "smollm2", "real_pair", SECTION_TITLE, FULL, EXTRA_RUNS),
+    "eagle": DraftSetup(
+        "eagle",
+        ("synopsis", "arith_chat"),
+        "smollm2_eagle",
+        "real_pair_eagle",
+        "Real pair: the paper's table with the EagleDraft",
+        EAGLE_FULL,
+        EXTRA_RUNS,
+    ),
+}
 GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance, quality within 1 point of the target
 #: per task where it differs: summarization, where the wording is free, should accept more at a finer tolerance
 GOALS = {"synopsis": (2.0, 0.5)}
 
 
-def _argv(task: str, sizes: dict, output_dir: Path, threads: int, **options) -> list[str]:
+def _argv(task: str, sizes: dict, output_dir: Path, threads: int, draft: str = "self", **options) -> list[str]:
     argv = [
         "--pair",
         "smollm2",
         "--draft",
-        "self",
+        draft,
         "--task",
         task,
         "--split",
@@ -161,7 +201,7 @@ def _run(argv: list[str]):
     return run_bench_argv(argv)[1]
 
 
-def earlier_results(bench_json: Path, task: str) -> dict:
+def earlier_results(bench_json: Path, task: str, tasks: tuple[str, ...] = TASKS) -> dict:
     """The results of every task but ``task`` from the last methods run (its ``bench.json``), by task."""
     if not bench_json.is_file():
         raise FileNotFoundError(
@@ -169,7 +209,7 @@ def earlier_results(bench_json: Path, task: str) -> dict:
             "run without --task once first."
         )
     kept = {result.task: result for result in read_results(bench_json) if result.task != task}
-    missing = sorted(set(TASKS) - {task} - set(kept))
+    missing = sorted(set(tasks) - {task} - set(kept))
     if missing:
         raise ValueError(
             f"{bench_json} has no results for {', '.join(missing)}: run without --task to measure every task."
@@ -207,7 +247,7 @@ def front_gap(result, head: dict) -> float | None:
     return None
 
 
-def head_summary(result, head_dir: Path) -> str:
+def head_summary(result, head_dir: Path, draft: str = "self") -> str:
     """One paragraph on the task's shipped head against the goal (at least GOAL_RATIO x SD's acceptance, the paired
     interval against the target reaching 0 and the point estimate at most GOAL_POINTS below it; :data:`GOALS` per
     task), from ``result``;
@@ -232,7 +272,8 @@ def head_summary(result, head_dir: Path) -> str:
     metric = result.meta.get("quality_metric", "quality").replace("_", " ")
     from diversed_hf import testbed
 
-    which = "the withdrawn" if ("smollm2", result.task) in testbed.WITHDRAWN_HEADS else "the shipped"
+    shipped = draft == "eagle" and result.task in testbed.HEAD_TASKS["smollm2"]
+    which = "the shipped" if shipped else "the withdrawn"
     text = (
         f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
         f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
@@ -387,7 +428,14 @@ def update_cards(results, output_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/smollm2/.")
+    parser.add_argument(
+        "--draft",
+        choices=sorted(SETUPS),
+        default="eagle",
+        help="The pair's draft to measure: 'eagle' (the default draft, with the heads shipped for it) or 'self' (the "
+        "first evaluation, whose heads were withdrawn).",
+    )
+    parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/<the draft's>/.")
     phases = parser.add_mutually_exclusive_group()
     phases.add_argument("--skip-speed", action="store_true", help="Only the methods runs (no batch / thread table).")
     phases.add_argument(
@@ -402,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--task",
-        choices=TASKS,
+        choices=sorted(set(TASKS)),
         default=None,
         help="Run only this task's methods again; the other tasks' results come from the last run's "
         "bench.json (the speed runs, unless skipped, cover every task).",
@@ -419,35 +467,45 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--extra-runs runs methods; --speed-only and --section-only run none.")
     if args.task and (args.speed_only or args.section_only):
         parser.error("--task selects which methods runs to repeat; --speed-only and --section-only run none.")
+    setup = SETUPS[args.draft]
+    if args.task and args.task not in setup.tasks:
+        parser.error(f"--task {args.task}: --draft {args.draft} measures {', '.join(setup.tasks)}.")
     started = time.perf_counter()
-    sizes = QUICK if args.quick else FULL
+    sizes = QUICK if args.quick else setup.full
     root = REPO / ("results_quick" if args.quick else "results")
-    output_dir = root / "smollm2"
+    output_dir = root / setup.output_name
     page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
+    if setup.draft == "eagle":  # every task at the paper's temperature
+        sizes = {task: dict(value, temperature=1.0) if task != "speed" else value for task, value in sizes.items()}
+    command_flags = "" if setup.draft == "eagle" else f" --draft {setup.draft}"
     load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
 
     if not (args.speed_only or args.section_only):
-        kept = earlier_results(output_dir / "bench.json", args.task) if args.task else {}
+        kept = earlier_results(output_dir / "bench.json", args.task, setup.tasks) if args.task else {}
         results = []
-        for task in TASKS:
+        for task in setup.tasks:
             methods = TASK_METHODS.get(task, METHODS)
-            results += (
-                [kept[task]] if task in kept else _run(_argv(task, sizes[task], output_dir / task, 1, methods=methods))
-            )
-        command = "python training/make_real_results.py --skip-speed" + (" --quick" if args.quick else "")
+            if setup.draft == "eagle":
+                methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
+            argv = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
+            results += [kept[task]] if task in kept else _run(argv)
+        command = (
+            "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
+        )
         if args.task:
             command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
         write_results_page(
             results, output_dir, page, command=command, seconds=None if args.task else time.perf_counter() - started
         )
-        if not args.quick:
+        if not args.quick and setup.draft == "eagle":  # the self-draft's heads were withdrawn
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
     if args.extra_runs:
-        for name, task, _, extra_sizes in EXTRA_RUNS:
+        for name, task, _, extra_sizes in setup.extra_runs:
             sizes_here = QUICK[task] if args.quick else extra_sizes
-            extra = _run(_argv(task, sizes_here, output_dir / name, 1, methods=TASK_METHODS.get(task, METHODS)))
+            methods = TASK_METHODS.get(task, METHODS)
+            extra = _run(_argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods))
             write_results(extra, output_dir / name)  # bench.json, the table and the plots, read by the section below
 
     if not (args.skip_speed or args.section_only):
@@ -455,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (1, 8):
             for threads in (1, 2):
                 speed[(batch, threads)] = []
-                for task in TASKS:
+                for task in setup.tasks:
                     limits = dict(
                         sizes["speed"],
                         max_new_tokens=sizes["speed"]["max_new_tokens"][task],
@@ -466,12 +524,15 @@ def main(argv: list[str] | None = None) -> int:
                         num_prompts=max(batch, sizes["speed"]["num_prompts"]),
                     )
                     run_dir = output_dir / "speed" / f"batch{batch}_threads{threads}" / task
-                    outcome = _run(_argv(task, limits, run_dir, threads, methods=SPEED_METHODS, no_plots=True))
+                    outcome = _run(
+                        _argv(task, limits, run_dir, threads, draft=setup.draft, methods=SPEED_METHODS, no_plots=True)
+                    )
                     write_results(outcome, run_dir, plots=False)
                     speed[(batch, threads)] += outcome
         speed_page.write_text(
             "### Speed by batch size and threads\n\n"
             "Regenerate with `python training/make_real_results.py --speed-only"
+            + command_flags
             + (" --quick" if args.quick else "")
             + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
             "(8 at batch 8; at most "
@@ -495,32 +556,33 @@ def main(argv: list[str] | None = None) -> int:
     summaries = {}
     for result in read_results(output_dir / "bench.json"):
         head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
-        summaries[result.task] = head_summary(result, head_dir)
+        summaries[result.task] = head_summary(result, head_dir, setup.draft)
         extra = [calibration_table(head_dir, output_dir, result.task), training_curves(head_dir, result.task)]
         body = body.replace(f"\n### {result.task}\n", f"\n### {result.task}\n\n{summaries[result.task]}\n", 1)
         body += "".join("\n\n" + text for text in extra if text)
-    for name, task, title, _ in EXTRA_RUNS:
+    for name, task, title, _ in setup.extra_runs:
         run_dir = output_dir / name
         if (run_dir / "bench.json").is_file() and (run_dir / f"{task}_table.md").is_file():
             [extra] = [r for r in read_results(run_dir / "bench.json") if r.task == task]
             table = (run_dir / f"{task}_table.md").read_text().strip()
             table = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix + name + "/", table)
             body += (
-                f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed --task "
-                f"{task} --extra-runs` (it also runs {task}'s main rows again). "
-                + head_summary(extra, testbed.ASSETS_DIR / "smollm2" / "heads" / task)
+                f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed{command_flags} "
+                f"--task {task} --extra-runs` (it also runs {task}'s main rows again). "
+                + head_summary(extra, testbed.ASSETS_DIR / "smollm2" / "heads" / task, setup.draft)
                 + "\n\n"
                 + table
             )
     if speed_page.is_file():
         body += "\n\n" + speed_page.read_text()
-    section = root / "real_pair.md"
+    section = root / f"{setup.section}.md"
     section.write_text(body.strip() + "\n")
     if not args.quick:
         refresh_head_sections(REPO / "RESULTS.md", root)
         for task, text in summaries.items():
+            key = task if setup.draft == "self" else f"{setup.draft}:{task}"
             for doc in (REPO / "README.md", REPO / "docs" / "real_pair.md"):
-                if update_marked(doc, task, text):
+                if update_marked(doc, key, text):
                     print(f"Updated the {task} summary in {doc.relative_to(REPO)}")
     print(
         f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "

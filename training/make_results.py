@@ -147,6 +147,8 @@ HEAD_SECTIONS = (
 
 #: the real pair's section, written by training/make_real_results.py
 REAL_PAIR_SECTION = ("real_pair", "Real pair: SmolLM2-135M-Instruct and its self-draft")
+#: the real pair's table with its default draft, the EagleDraft, and the heads shipped for it
+REAL_PAIR_EAGLE_SECTION = ("real_pair_eagle", "Real pair: the paper's table with the EagleDraft")
 #: block against token-wise verification, written by training/block_results.py
 BLOCK_SECTION = ("block", "Block verification")
 #: vLLM against the project's generate, written by training/vllm_results.py (run in the vLLM environment)
@@ -156,7 +158,14 @@ VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
 #: the real pair's feature draft against its self-draft, written by training/eagle_results.py
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
 #: sections written by their own commands, carried over as they are
-CARRIED_SECTIONS = (REAL_PAIR_SECTION, EAGLE_SECTION, BLOCK_SECTION, VLLM_SECTION, VLLM_LOAD_SECTION)
+CARRIED_SECTIONS = (
+    REAL_PAIR_EAGLE_SECTION,
+    REAL_PAIR_SECTION,
+    EAGLE_SECTION,
+    BLOCK_SECTION,
+    VLLM_SECTION,
+    VLLM_LOAD_SECTION,
+)
 
 
 def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:

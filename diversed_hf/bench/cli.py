@@ -162,15 +162,17 @@ def load_finetuned_draft(
         return None
 
 
-def load_head(spec: str | None, task: str, testbed_default: bool = True, pair: str = "testbed"):
+def load_head(
+    spec: str | None, task: str, testbed_default: bool = True, pair: str = "testbed", draft: str | None = None
+):
     """The DIVERSED head for ``task``: from ``spec`` (a directory, or ``task=dir,task=dir``), else (with
-    ``testbed_default``, for a shipped pair) ``testbed.load_head(task, pair)``; ``None`` when there is none."""
+    ``testbed_default``, for a shipped pair) ``testbed.load_head(task, pair, draft)``; ``None`` when there is none."""
     if spec or not testbed_default:
         return models.load_head(spec, task)
     from .. import testbed
 
     try:
-        return testbed.load_head(task, pair=pair)
+        return testbed.load_head(task, pair=pair, draft=draft)
     except (FileNotFoundError, KeyError, ValueError) as error:
         logger.info("no testbed head for %s: %s", task, error)
         return None
@@ -229,15 +231,17 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
     results = []
     shipped = arguments.target is None  # a shipped pair's heads and drafts only fit that pair
     pair = arguments.pair
+    named_draft = arguments.draft if shipped and pair == "smollm2" else None  # the real pair's 'eagle' / 'self'
     # Heads of other tasks, for the transfer specs `diversed@TASK`.
     head_tasks = {
         spec.strip().partition("@")[2] for spec in config.methods if spec.strip().lower().startswith("diversed@")
     }
     other_heads = {
-        name: load_head(arguments.head, name, testbed_default=shipped, pair=pair) for name in sorted(head_tasks)
+        name: load_head(arguments.head, name, testbed_default=shipped, pair=pair, draft=named_draft)
+        for name in sorted(head_tasks)
     }
     for task in tasks:
-        head = load_head(arguments.head, task.name, testbed_default=shipped, pair=pair)
+        head = load_head(arguments.head, task.name, testbed_default=shipped, pair=pair, draft=named_draft)
         finetuned = load_finetuned_draft(
             arguments.finetuned_draft, task.name, dtype, state.device, testbed_default=shipped and pair == "testbed"
         )

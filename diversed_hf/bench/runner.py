@@ -90,26 +90,35 @@ def _gather(state, items: list) -> list:
 def measure_cost(model, input_ids: torch.Tensor, num_tokens: int = 32, chunk: int = 1, repeats: int = 3) -> float:
     """Median seconds of one forward of ``chunk`` new tokens on a KV cache holding ``input_ids`` (1, L).
 
-    Each timed forward is undone (the cache is cropped back), so every call sees the same context.
+    Each timed forward is undone (the cache is cropped back), so every call sees the same context. A draft that reads
+    the target's features (an EagleDraft) gets zero features of the right shape: the cost does not depend on them.
     """
     if num_tokens == 0:
         return float("nan")
     length = input_ids.shape[1]
     mask = torch.ones(1, length + chunk, dtype=torch.long, device=input_ids.device)  # (1, L + chunk)
     tokens = input_ids[:, -1:].repeat(1, chunk)  # (1, chunk)
+
+    def features(width: int) -> dict:
+        if not getattr(model, "reads_target_features", False):
+            return {}
+        return {"target_hidden": torch.zeros(1, width, model.config.hidden_size, device=input_ids.device)}
+
     times = []
     for _ in range(repeats):
         cache = compat.new_cache()
         compat.forward_with_cache(
-            model, input_ids, mask[:, :length], cache, logits_to_keep=1, output_hidden_states=False
+            model, input_ids, mask[:, :length], cache, logits_to_keep=1, output_hidden_states=False, **features(length)
         )
         compat.forward_with_cache(
-            model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False
+            model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False, **features(chunk)
         )  # warm-up
         compat.crop_cache(cache, length)
         start = time.perf_counter()
         for _ in range(num_tokens):
-            compat.forward_with_cache(model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False)
+            compat.forward_with_cache(
+                model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False, **features(chunk)
+            )
             compat.crop_cache(cache, length)
         times.append((time.perf_counter() - start) / num_tokens)
     return statistics.median(times)
@@ -359,10 +368,18 @@ def _measure_costs(run: _Run, methods: list[Method]) -> dict[str, float]:
     return {key: statistics.mean(values) for key, values in _merge_dicts(_gather(run.state, [costs])).items()}
 
 
+def by_length(tokenizer, prompts: list[str], indices: list[int]) -> list[int]:
+    """``indices`` ordered by their prompt's length in tokens (ties by index): consecutive batches then pad little,
+    which matters for long prompts (a batch's prefill costs its longest prompt's length per row)."""
+    lengths = [len(ids) for ids in tokenizer([prompts[i] for i in indices])["input_ids"]]
+    return [index for _, index in sorted(zip(lengths, indices))]
+
+
 def _quality_pass(run: _Run, task: BenchTask, methods: list[Method]) -> dict[str, list[dict]]:
-    """2. Quality pass: batched, untimed; sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + first index.
-    Target-only, SD and the task's DIVERSED get every prompt (the paired quality comparison needs them), the other
-    methods the first `num_baseline_prompts`."""
+    """2. Quality pass: batched, untimed, each process's prompts batched in order of length (:func:`by_length`);
+    sample k of a batch is seeded seed + k * SAMPLE_SEED_STRIDE + its first index. Target-only, SD and the task's
+    DIVERSED get every prompt (the paired quality comparison needs them), the other methods the first
+    `num_baseline_prompts`."""
     from tqdm.auto import tqdm
 
     config = run.config
@@ -372,7 +389,10 @@ def _quality_pass(run: _Run, task: BenchTask, methods: list[Method]) -> dict[str
         return len(run.prompts) if every else config.num_baseline_prompts
 
     keep_tokens = set(range(config.num_html_examples))
-    shards = {count: _shard(run.state, list(range(count))) for count in {scored(m) for m in methods}}
+    shards = {
+        count: by_length(run.tokenizer, run.prompts, _shard(run.state, list(range(count))))
+        for count in {scored(m) for m in methods}
+    }
     records: dict[str, list[dict]] = {}
     bar = tqdm(
         total=sum(len(shards[scored(m)]) for m in methods) * config.num_samples,

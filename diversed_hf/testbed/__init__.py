@@ -41,22 +41,25 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
 PAIRS = ("testbed", "smollm2")
+#: (the real pair's heads are for its default draft, the EagleDraft: ``assets/smollm2/heads/<task>``)
 HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ()}
-#: Tasks with a head trained and not shipped, and why: a shipped head is an operating point (docs/real_pair.md,
-#: "The heads"), the most accepting head whose paired interval against the target reaches 0
+#: The drafts each pair's heads may be asked for (``None``: the pair's only draft)
+HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "self")}
+#: Heads trained and not shipped, and why, by ``(pair, draft, task)``: a shipped head is an operating point
+#: (docs/real_pair.md, "The heads"), the most accepting head whose paired interval against the target reaches 0
 WITHDRAWN_HEADS = {
-    ("smollm2", "humaneval"): (
+    ("smollm2", "self", "humaneval"): (
         "the recipe's head (training/configs/smollm2_humaneval.yaml) accepts every draft (w -> 0): the target passes "
         "none of the training problems, so the task reward was always 0 and only the acceptance bonus trained it. "
         "A head that ignores the target is not an operating point; see docs/real_pair.md, 'The heads'"
     ),
-    ("smollm2", "synopsis"): (
+    ("smollm2", "self", "synopsis"): (
         "its head (training/configs/smollm2_synopsis.yaml) accepts 2.8x SD's drafts at temperature 1 but its "
         "ROUGE-2 is significantly below the target's: -0.4 [-0.7, -0.1] points against the target distribution (200 "
         "held-out prompts x 2; RESULTS.md, 'Real pair'), so it is not an operating point; see docs/real_pair.md, "
         "'The heads'"
     ),
-    ("smollm2", "arith_chat"): (
+    ("smollm2", "self", "arith_chat"): (
         "no head trained for it keeps the target's exact match within 1 point. The calibrated head measured -1.6 "
         "[-5.3, +2.2] points against the target distribution for 1.05x SD's acceptance (RESULTS.md, 'Real pair'), "
         "and a head trained on agreement with the target's answers accepted 2.4x SD's at -5.3 [-9.4, -1.6] points; "
@@ -66,6 +69,7 @@ WITHDRAWN_HEADS = {
 
 __all__ = [
     "ASSETS_DIR",
+    "HEAD_DRAFTS",
     "HEAD_TASKS",
     "WITHDRAWN_HEADS",
     "PAIRS",
@@ -185,27 +189,44 @@ def reward(name: str, completions: Sequence[str], references: Sequence[str]) -> 
     return rewards.REWARDS[name](completions, references)
 
 
-def load_head(name: str, pair: str = "testbed"):
+def load_head(name: str, pair: str = "testbed", draft: str | None = None):
     """The DIVERSED head shipped for task ``name`` on ``pair``, in eval mode.
 
     ``pair="testbed"``: ``"arith"`` or ``"summary"``, trained with ``python training/train_head.py --config
-    training/configs/testbed_<name>.yaml``; ``pair="smollm2"``: none at present (every head trained for it was
-    withdrawn; the recipes are ``training/configs/smollm2_<name>.yaml``, with the self-draft). Use a head with its
-    pair as ``target.generate(..., assistant_model=draft, diversed_head=head)``. A task whose head was withdrawn
-    (:data:`WITHDRAWN_HEADS`) raises a ValueError saying why.
+    training/configs/testbed_<name>.yaml``. ``pair="smollm2"``: the heads for its default draft, the EagleDraft
+    (``draft="eagle"``, the default; recipes ``training/configs/smollm2_eagle_<name>.yaml``); those trained with the
+    self-draft (``draft="self"``) were all withdrawn. Use a head with its pair as ``target.generate(...,
+    assistant_model=draft, diversed_head=head)``. A head that was trained and withdrawn (:data:`WITHDRAWN_HEADS`)
+    raises a ValueError saying why.
     """
     if pair not in PAIRS:
         raise ValueError(f"`pair` is {pair!r}; pairs are {PAIRS}.")
-    if (pair, name) in WITHDRAWN_HEADS:
-        raise ValueError(f"No head is shipped for {name!r} on the {pair} pair: {WITHDRAWN_HEADS[pair, name]}.")
+    if pair == "smollm2" and draft is None:
+        draft = "eagle"  # load_pair's default draft
+    if draft not in HEAD_DRAFTS[pair]:
+        fix = "leave `draft` unset" if pair == "testbed" else f"use one of {HEAD_DRAFTS[pair]}"
+        raise ValueError(f"`draft` is {draft!r}; the {pair} pair's heads are for its drafts: {fix}.")
+    with_draft = f" with the {draft} draft" if draft else ""
+    if (pair, draft, name) in WITHDRAWN_HEADS:
+        raise ValueError(
+            f"No head is shipped for {name!r} on the {pair} pair{with_draft}: {WITHDRAWN_HEADS[pair, draft, name]}."
+        )
+    if pair == "smollm2" and draft != "eagle":
+        raise ValueError(
+            f"No head is shipped for {name!r} on the smollm2 pair{with_draft}: the pair's heads are for its default "
+            "draft, the EagleDraft (`draft='eagle'`)."
+        )
     if name not in HEAD_TASKS[pair]:
-        raise ValueError(f"`name` is {name!r}; shipped heads for the {pair} pair exist for {HEAD_TASKS[pair]}.")
+        raise ValueError(
+            f"`name` is {name!r}; shipped heads for the {pair} pair{with_draft} exist for {HEAD_TASKS[pair]}."
+        )
     if pair == "smollm2":
         path = ASSETS_DIR / "smollm2" / "heads" / name
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"no shipped head for {name!r} on the smollm2 pair at {path}; train it with `python "
-                f"training/train_head.py --config training/configs/smollm2_{name}.yaml` (or reinstall the package)."
+                f"training/train_head.py --config training/configs/smollm2_eagle_{name}.yaml` (or reinstall the "
+                "package)."
             )
         return DiversedHead.from_pretrained(str(path))
     path = ASSETS_DIR / "heads" / name
