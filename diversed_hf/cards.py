@@ -250,7 +250,7 @@ def _describe_model(model_id: str | None) -> str:
     return f"`{model_id}` (local path)"
 
 
-def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> str:
+def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, temperature: float = 0.7) -> str:
     load_head = f'head = DiversedHead.from_pretrained("{head_source}")'
     generate = (
         "output = target.generate(\n"
@@ -289,7 +289,7 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int) -> 
             "enable_diversed(target)\n\n"
             f'prompt = load_task_dataset("{config.task or "arith_chat"}", num_examples=1)["prompt"][0]  # a chat turn\n'
             'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)\n'
-            f"{generate.replace('do_sample=True', 'do_sample=True, temperature=0.7')}"
+            f"{generate.replace('do_sample=True', f'do_sample=True, temperature={temperature:g}')}"
         )
     target = config.target_model_id or "TARGET_MODEL_ID"
     draft = config.draft_model_id or "DRAFT_MODEL_ID"
@@ -432,7 +432,13 @@ def render_card(
         goal=goal_text(training, results),
         selection=_format_selection(results.get("selection")) if results else None,
         calibration=_format_calibration(calibration, "calibration", metric or (spec.metric if spec else None)),
-        usage=_usage(head, repo_id or head_source or "path/to/head", num_draft_tokens),
+        usage=_usage(
+            head,
+            repo_id or head_source or "path/to/head",
+            num_draft_tokens,
+            # the real pair's snippet samples at the temperature the head was trained at
+            float((training or {}).get("temperature") or 0.7),
+        ),
         citation=CITATION,
     )
 

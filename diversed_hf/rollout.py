@@ -30,6 +30,9 @@ target's last hidden state of the column before each token it reads, as at a rou
 ``generate``; ``h^q_t`` is its predicted feature. Inside ``generate`` the later drafted positions of a round read the
 draft's own predicted features instead, so there ``q_t`` drifts a little from the rollout's: the verifier's law is
 exact either way, and the rollout trains the head on the round's first-position ``q`` (docs/training.md).
+
+Rows with the same prompt (the ``G`` samples of a group) share one prefill: each distinct prompt is read once and
+its caches copied to its rows, which saves ``G - 1`` of every ``G`` prompt passes on long prompts.
 """
 
 from __future__ import annotations
@@ -138,6 +141,15 @@ class _MixtureStep:
 
     def __call__(self, seq, chunk, mask, finished, pad_token_id, records) -> torch.Tensor:  # (B,) the tokens
         batch_size, device, vocab_size = seq.shape[0], seq.device, self.vocab_size
+        rows = None  # the prefill reads each distinct prompt once (a group's G samples share one), then copies its rows
+        if self.target_cache.get_seq_length() == 0:
+            distinct, rows = torch.unique(torch.cat([chunk, mask], dim=1), dim=0, return_inverse=True)  # rows: (B,)
+            if distinct.shape[0] == batch_size:
+                rows = None
+            else:
+                first = torch.full((distinct.shape[0],), batch_size, dtype=torch.long, device=device)
+                first = first.scatter_reduce(0, rows, torch.arange(batch_size, device=device), reduce="amin")
+                chunk, mask = chunk[first], mask[first]
         target_out = compat.forward_with_cache(
             self.target,
             chunk,
@@ -159,13 +171,21 @@ class _MixtureStep:
             output_hidden_states=self.needs_hidden,
             **extra,
         )
+        target_logits, draft_logits = target_out.logits[:, -1], draft_out.logits[:, -1]  # (B, V_target | V_draft)
         if self.needs_hidden:
             target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
             draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
         else:
-            target_hidden = draft_hidden = target_out.logits.new_zeros(batch_size, 0)  # (B, 0)
-        target_scores = target_out.logits[:, -1, :vocab_size].float()  # (B, V)
-        draft_scores = ops.fit_vocabulary(draft_out.logits[:, -1], vocab_size).float()  # (B, V)
+            target_hidden = draft_hidden = target_logits.new_zeros(target_logits.shape[0], 0)  # (B, 0)
+        if rows is not None:  # every row gets its prompt's caches and outputs
+            self.target_cache.batch_select_indices(rows)
+            self.draft_cache.batch_select_indices(rows)
+            target_logits, draft_logits = target_logits[rows], draft_logits[rows]
+            target_hidden, draft_hidden = target_hidden[rows], draft_hidden[rows]
+            if self.last_feature is not None:
+                self.last_feature = self.last_feature[rows]
+        target_scores = target_logits[:, :vocab_size].float()  # (B, V)
+        draft_scores = ops.fit_vocabulary(draft_logits, vocab_size).float()  # (B, V)
         if len(self.warpers):
             target_scores = self.warpers(seq, target_scores)
             draft_scores = self.warpers(seq, draft_scores)

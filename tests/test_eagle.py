@@ -188,6 +188,8 @@ def test_training_rollouts_read_the_targets_features():
     target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(2, 60))
     head = DiversedHead.for_pair(target, draft, w_0=0.4, use_hidden_states=True)
     rows, input_ids, attention_mask = left_padded_batch([4, 7, 5], seed=3)
+    order = [0, 1, 0, 2, 1]  # repeated prompts, as a group's samples: the prefill reads each one once
+    rows, input_ids, attention_mask = [rows[i] for i in order], input_ids[order], attention_mask[order]
     rollout = sample_from_mixture(
         target, draft, head, input_ids, attention_mask, max_new_tokens=6, generator=torch.Generator().manual_seed(0)
     )

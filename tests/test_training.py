@@ -143,14 +143,19 @@ def test_kl_estimators():
 # Rollouts
 
 
-def test_rollout_matches_teacher_forced_mixture():
-    """Cached, left-padded, batched sampling gives exactly the nu, TV and w of a full forward pass."""
+@pytest.mark.parametrize("repeated", [False, True])
+def test_rollout_matches_teacher_forced_mixture(repeated):
+    """Cached, left-padded, batched sampling gives exactly the nu, TV and w of a full forward pass; with repeated
+    prompts (a group's samples: the prefill reads each distinct prompt once) every row still continues its own."""
     target, draft = make_pair(noise=0.5)
     head = DiversedHead.for_pair(target, draft, w_0=0.3)
     torch.nn.init.normal_(head.net[-1].weight, std=0.1)
     ids = torch.randint(4, VOCAB_SIZE, (3, 6), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     ids[0, :2], mask[0, :2] = 0, 0
+    if repeated:  # rows 0..5: prompts 1, 0, 1, 2, 0, 1
+        order = torch.tensor([1, 0, 1, 2, 0, 1])
+        ids, mask = ids[order], mask[order]
     temperature, top_k = 0.7, 20
     rollout = sample_from_mixture(
         target,
@@ -165,7 +170,7 @@ def test_rollout_matches_teacher_forced_mixture():
         generator=torch.Generator().manual_seed(0),
     )
     warpers = build_logits_warpers(temperature, top_k)
-    for row in range(3):
+    for row in range(ids.shape[0]):
         prompt = ids[row][mask[row].bool()]
         length = int(rollout.completion_mask[row].sum())
         tokens = rollout.completion_ids[row, :length]

@@ -201,6 +201,19 @@ def _run(argv: list[str]):
     return run_bench_argv(argv)[1]
 
 
+def _run_all(runs: dict[str, list[str]], jobs: int) -> dict[str, list]:
+    """Each named bench command line's results; ``jobs`` > 1 runs that many at once, each in a process of its own
+    (one torch thread each, as ``--threads 1`` asks)."""
+    if jobs == 1 or len(runs) < 2:
+        return {name: _run(argv) for name, argv in runs.items()}
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {name: pool.submit(_run, argv) for name, argv in runs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 def earlier_results(bench_json: Path, task: str, tasks: tuple[str, ...] = TASKS) -> dict:
     """The results of every task but ``task`` from the last methods run (its ``bench.json``), by task."""
     if not bench_json.is_file():
@@ -461,8 +474,17 @@ def main(argv: list[str] | None = None) -> int:
         help="Also run " + ", ".join(title for _, _, title, _ in EXTRA_RUNS) + " (their tables join the "
         "section whenever they exist).",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="Bench runs of the methods phase (each task, each extra run) at once, one torch thread each; their "
+        "results do not depend on it.",
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs is {args.jobs}; give at least 1.")
     if args.extra_runs and (args.speed_only or args.section_only):
         parser.error("--extra-runs runs methods; --speed-only and --section-only run none.")
     if args.task and (args.speed_only or args.section_only):
@@ -483,13 +505,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if not (args.speed_only or args.section_only):
         kept = earlier_results(output_dir / "bench.json", args.task, setup.tasks) if args.task else {}
-        results = []
+        runs = {}
         for task in setup.tasks:
             methods = TASK_METHODS.get(task, METHODS)
             if setup.draft == "eagle":
                 methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
-            argv = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
-            results += [kept[task]] if task in kept else _run(argv)
+            if task not in kept:
+                runs[task] = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
+        if args.extra_runs:
+            for name, task, _, extra_sizes in setup.extra_runs:
+                sizes_here = QUICK[task] if args.quick else extra_sizes
+                methods = TASK_METHODS.get(task, METHODS)
+                runs[name] = _argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods)
+        measured = _run_all(runs, args.jobs)
+        results = [result for task in setup.tasks for result in ([kept[task]] if task in kept else measured[task])]
         command = (
             "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
         )
@@ -501,12 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick and setup.draft == "eagle":  # the self-draft's heads were withdrawn
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
-    if args.extra_runs:
-        for name, task, _, extra_sizes in setup.extra_runs:
-            sizes_here = QUICK[task] if args.quick else extra_sizes
-            methods = TASK_METHODS.get(task, METHODS)
-            extra = _run(_argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods))
-            write_results(extra, output_dir / name)  # bench.json, the table and the plots, read by the section below
+        for name, _, _, _ in setup.extra_runs if args.extra_runs else ():
+            # bench.json, the table and the plots, read by the section below
+            write_results(measured[name], output_dir / name)
 
     if not (args.skip_speed or args.section_only):
         speed = {}
