@@ -379,9 +379,13 @@ def goal_text(training: dict | None, results: dict | None) -> str | None:
         short.append(f"acceptance {ratio - measured:.2f}x short")
     if delta < -100 * allowed:
         short.append(f"quality {-100 * allowed - delta:.1f} points beyond the allowed loss")
+    high = head.get("quality_delta_high")
+    if high is not None and high < 0:
+        short.append(f"the paired interval {-100 * high:.1f} points below 0")
     verdict = "**met**" if not short else "**missed**: " + ", ".join(short)
     return (
         f"Goal (recorded with the training configuration): acceptance at least {ratio:g}x lossless SD's with "
-        f"quality within {100 * allowed:g} point{'s' if allowed != 0.01 else ''} of the target distribution. "
+        f"quality within {100 * allowed:g} point{'s' if allowed != 0.01 else ''} of the target distribution and "
+        "its paired 95 % interval reaching 0. "
         f"Measured above: {measured:.2f}x at {delta:+.1f}{interval} points: {verdict}."
     )

@@ -265,8 +265,13 @@ def _with_delta(delta, low, high):
     [
         ((1.6, 0.01), -0.004, "1.63x at -0.4 [-1.0, +0.2] points: **met**."),
         ((1.7, 0.01), -0.004, "**missed**: acceptance 0.07x short."),
-        ((1.6, 0.01), -0.025, "**missed**: quality 1.5 points beyond the allowed loss."),
-        ((1.7, 0.02), -0.025, "**missed**: acceptance 0.07x short, quality 0.5 points beyond the allowed loss."),
+        (
+            (1.6, 0.01),
+            -0.025,
+            "**missed**: quality 1.5 points beyond the allowed loss, the paired interval 1.9 points ",
+        ),
+        ((1.7, 0.02), -0.025, "**missed**: acceptance 0.07x short, quality 0.5 points beyond the allowed loss, the "),
+        ((1.6, 0.03), -0.025, "**missed**: the paired interval 1.9 points below 0."),
     ],
 )
 def test_card_says_whether_the_results_meet_the_goal_recorded_with_training(goal, delta, verdict):

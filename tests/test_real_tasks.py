@@ -138,10 +138,13 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
         draft_model_id=REAL_PAIR_MODEL_IDS["draft"],
     )
     text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "synopsis")))
-    assert (
-        'testbed.load_pair("smollm2", draft="self")' in text and 'testbed.load_head("synopsis", pair="smollm2")' in text
-    )
+    assert 'testbed.load_pair("smollm2", draft="self")' in text
+    assert 'testbed.load_head("synopsis", pair="smollm2", draft="self")' in text
     assert "SmolLM2-135M-Instruct (" in text and str(ASSETS_DIR) not in text
+    config.draft_model_id = REAL_PAIR_MODEL_IDS["eagle"]  # the shipped heads' draft, the pair's default
+    text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "synopsis")))
+    assert 'testbed.load_pair("smollm2", draft="eagle")' in text
+    assert 'testbed.load_head("synopsis", pair="smollm2")\n' in text
 
 
 def test_bench_pair_and_models_are_exclusive():

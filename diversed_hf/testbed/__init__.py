@@ -42,7 +42,7 @@ MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
 PAIRS = ("testbed", "smollm2")
 #: (the real pair's heads are for its default draft, the EagleDraft: ``assets/smollm2/heads/<task>``)
-HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ()}
+HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("synopsis", "arith_chat")}
 #: The drafts each pair's heads may be asked for (``None``: the pair's only draft)
 HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "self")}
 #: Heads trained and not shipped, and why, by ``(pair, draft, task)``: a shipped head is an operating point
