@@ -120,13 +120,24 @@ def test_a_withdrawn_head_is_refused_with_its_reason(task, reason):
         testbed.load_head(task, pair="smollm2", draft="self")
 
 
+def test_the_eagle_drafts_synopsis_head_is_withdrawn_with_its_measurement():
+    """The EagleDraft's synopsis head accepts 5.7x SD's drafts but loses ROUGE-2 beyond its interval: not shipped."""
+    from diversed_hf import testbed
+
+    assert "synopsis" not in testbed.HEAD_TASKS["smollm2"]
+    with pytest.raises(ValueError, match=r"with the eagle draft: .*significantly below the target's: -0.9"):
+        testbed.load_head("synopsis", pair="smollm2")
+    assert not (testbed.ASSETS_DIR / "smollm2" / "heads" / "synopsis").exists()
+
+
 def test_the_real_pairs_heads_are_for_its_default_draft():
     """``load_head(task, pair="smollm2")`` is the EagleDraft's head (load_pair's default draft); a draft the pair has
     no heads for, or a draft for the one-draft testbed, is refused with the fix."""
     from diversed_hf import testbed
 
     with pytest.raises(ValueError, match="`draft` is 'tiny'; .* use one of"):
-        testbed.load_head("synopsis", pair="smollm2", draft="tiny")
+        testbed.load_head("arith_chat", pair="smollm2", draft="tiny")
+    assert testbed.load_head("arith_chat", pair="smollm2").config.draft_model_id.endswith("-eagle")
     with pytest.raises(ValueError, match="leave `draft` unset"):
         testbed.load_head("arith", draft="eagle")
     for task in testbed.HEAD_TASKS["smollm2"]:

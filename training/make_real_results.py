@@ -323,7 +323,9 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
             f"front (w = 0 .. 1, joined by straight lines; the static rows on the first {static.get('num_prompts')} "
             "prompts). "
         )
-    return text + ("Goal met." if not misses else "Goal missed: " + "; ".join(misses) + ".")
+    text += "Goal met." if not misses else "Goal missed: " + "; ".join(misses) + "."
+    reason = testbed.WITHDRAWN_HEADS.get(("smollm2", draft, result.task))
+    return text + (f" Why the head is withdrawn: {reason}." if reason and not shipped else "")
 
 
 def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--extra-runs",
         action="store_true",
-        help="Also run the draft's runs at temperature 0.7 ("
+        help="Also run the draft's runs at temperature 0.7 (with --task: that task's; "
         + "; ".join(f"{draft}: " + ", ".join(run[2] for run in setup.extra_runs) for draft, setup in SETUPS.items())
         + "); their tables join the section whenever they exist.",
     )
@@ -523,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                 methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
             if task not in kept:
                 runs[task] = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
-        if args.extra_runs:
-            for name, task, _, extra_sizes in setup.extra_runs:
+        extra_runs = [run for run in setup.extra_runs if args.extra_runs and args.task in (None, run[1])]
+        if extra_runs:
+            for name, task, _, extra_sizes in extra_runs:
                 sizes_here = QUICK[task] if args.quick else extra_sizes
                 methods = TASK_METHODS.get(task, METHODS)
                 runs[name] = _argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods)
@@ -541,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick and setup.draft == "eagle":  # the self-draft's heads were withdrawn
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
-        for name, _, _, _ in setup.extra_runs if args.extra_runs else ():
+        for name, _, _, _ in extra_runs:
             # bench.json, the table and the plots, read by the section below
             write_results(measured[name], output_dir / name)
 
