@@ -64,6 +64,7 @@ def parse_args(argv=None):
 def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int = 7, repeats: int = 3) -> dict:
     """``c`` per draft and ``c_verify(n)`` for ``n = 1..max_tokens``, from warm-cache single steps (best of repeats)."""
     from diversed_hf import compat
+    from diversed_hf.bench.runner import timing_features
 
     def best(run) -> float:
         times = []
@@ -106,13 +107,7 @@ def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int =
     target_steps = timed_steps(target, lambda n: {})
     costs = {"target_ms": 1000 * target_steps[0], "c_verify": [s / target_steps[0] for s in target_steps]}
     for name, draft in drafts.items():
-        size = target.config.hidden_size
-        extra = (
-            (lambda n: {"target_hidden": torch.zeros(1, n, size)})
-            if getattr(draft, "reads_target_features", False)
-            else (lambda n: {})
-        )
-        costs[f"c_{name}"] = timed_steps(draft, extra)[0] / target_steps[0]
+        costs[f"c_{name}"] = timed_steps(draft, lambda n, draft=draft: timing_features(draft, n))[0] / target_steps[0]
     return costs
 
 

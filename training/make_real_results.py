@@ -8,8 +8,9 @@
 ``--draft eagle`` (the default, the pair's default draft) measures ``synopsis`` and ``arith_chat`` at temperature 1,
 the paper's setting, with the heads shipped for the EagleDraft (``testbed.load_head(task, pair="smollm2")``), 200
 prompts x 2 samples for target-only, SD and DIVERSED and the first 100 x 2 for the other methods; ``--extra-runs``
-adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2`` runs two bench runs at once. Its section is "Real pair: the paper's table with the EagleDraft". What follows
-describes ``--draft self``, the first evaluation, kept as it was measured:
+adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2`` runs two bench runs at once. Its section
+is "Real pair: the paper's table with the EagleDraft". What follows describes ``--draft self``, the first evaluation,
+kept as it was measured:
 
 Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat``, ``humaneval`` and ``synopsis`` (held-out splits).
 ``arith_chat`` and ``humaneval`` run at temperature 0.7 (the temperature the self-draft and their heads were trained

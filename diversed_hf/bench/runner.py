@@ -30,7 +30,7 @@ from .stats import add_block_differences, add_paired_differences, add_relative_s
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["end_processes", "measure_cost", "process_state", "run_bench"]
+__all__ = ["end_processes", "measure_cost", "process_state", "run_bench", "timing_features"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -86,6 +86,14 @@ def _gather(state, items: list) -> list:
 # Measuring
 
 
+def timing_features(model, width: int, device=None) -> dict:
+    """Extra forward inputs for timing ``width`` columns of ``model``: zero features for a draft that reads the
+    target's (an EagleDraft; its cost does not depend on their values), nothing for any other model."""
+    if not getattr(model, "reads_target_features", False):
+        return {}
+    return {"target_hidden": torch.zeros(1, width, model.config.hidden_size, device=device)}
+
+
 @torch.no_grad()
 def measure_cost(model, input_ids: torch.Tensor, num_tokens: int = 32, chunk: int = 1, repeats: int = 3) -> float:
     """Median seconds of one forward of ``chunk`` new tokens on a KV cache holding ``input_ids`` (1, L).
@@ -98,26 +106,40 @@ def measure_cost(model, input_ids: torch.Tensor, num_tokens: int = 32, chunk: in
     length = input_ids.shape[1]
     mask = torch.ones(1, length + chunk, dtype=torch.long, device=input_ids.device)  # (1, L + chunk)
     tokens = input_ids[:, -1:].repeat(1, chunk)  # (1, chunk)
-
-    def features(width: int) -> dict:
-        if not getattr(model, "reads_target_features", False):
-            return {}
-        return {"target_hidden": torch.zeros(1, width, model.config.hidden_size, device=input_ids.device)}
-
+    prompt_inputs = timing_features(model, length, input_ids.device)
+    step_inputs = timing_features(model, chunk, input_ids.device)  # built once, outside the timed loop
     times = []
     for _ in range(repeats):
         cache = compat.new_cache()
         compat.forward_with_cache(
-            model, input_ids, mask[:, :length], cache, logits_to_keep=1, output_hidden_states=False, **features(length)
+            model,
+            input_ids,
+            mask[:, :length],
+            cache,
+            logits_to_keep=1,
+            output_hidden_states=False,
+            **prompt_inputs,
         )
         compat.forward_with_cache(
-            model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False, **features(chunk)
+            model,
+            tokens,
+            mask,
+            cache,
+            logits_to_keep=chunk,
+            output_hidden_states=False,
+            **step_inputs,
         )  # warm-up
         compat.crop_cache(cache, length)
         start = time.perf_counter()
         for _ in range(num_tokens):
             compat.forward_with_cache(
-                model, tokens, mask, cache, logits_to_keep=chunk, output_hidden_states=False, **features(chunk)
+                model,
+                tokens,
+                mask,
+                cache,
+                logits_to_keep=chunk,
+                output_hidden_states=False,
+                **step_inputs,
             )
             compat.crop_cache(cache, length)
         times.append((time.perf_counter() - start) / num_tokens)
