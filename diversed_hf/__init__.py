@@ -1,43 +1,55 @@
-"""diversed_hf: relaxed speculative decoding (DIVERSED and baselines) for Hugging Face Transformers."""
+"""diversed_hf: relaxed speculative decoding (DIVERSED and baselines) for Hugging Face Transformers.
 
-from . import verifiers
-from .candidates import DiversedCandidateGenerator
-from .compat import check_transformers_version
-from .eagle import EagleDraft, EagleDraftConfig
-from .feature_candidates import FeatureCandidateGenerator
-from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
-from .head import DiversedHead, DiversedHeadConfig
-from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
-from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
-from .verifiers import (
-    BlockVerifier,
-    ExactVerifier,
-    HeadVerifier,
-    LenientVerifier,
-    SpecCascadeVerifier,
-    StaticEnsembleVerifier,
-    TypicalAcceptanceVerifier,
-    Verifier,
-)
+The public names below load on first use (PEP 562), so that ``import diversed_hf`` and ``diversed-hf --help`` do not
+pay for torch and transformers; :mod:`diversed_hf.compat` checks the transformers version when it loads.
+"""
 
-check_transformers_version()
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    "BlockVerifier": "verifiers",
+    "DiversedCandidateGenerator": "candidates",
+    "DraftCosts": "policies",
+    "EagleDraft": "eagle",
+    "EagleDraftConfig": "eagle",
+    "FeatureCandidateGenerator": "feature_candidates",
+    "clear_draft_statistics": "policies",
+    "measured_draft_costs": "policies",
+    "DiversedGenerationMixin": "generation",
+    "DiversedGenerateDecoderOnlyOutput": "outputs",
+    "DiversedHead": "head",
+    "DiversedHeadConfig": "head",
+    "ExactVerifier": "verifiers",
+    "HeadVerifier": "verifiers",
+    "LenientVerifier": "verifiers",
+    "SpecCascadeVerifier": "verifiers",
+    "SpeculationStats": "outputs",
+    "StaticEnsembleVerifier": "verifiers",
+    "TypicalAcceptanceVerifier": "verifiers",
+    "Verifier": "verifiers",
+    "check_transformers_version": "compat",
+    "enable_diversed": "generation",
+    "speculative_decode": "generation",
+}
 
 __all__ = [
     "BlockVerifier",
     "DiversedCandidateGenerator",
+    "DiversedGenerateDecoderOnlyOutput",
+    "DiversedGenerationMixin",
+    "DiversedHead",
+    "DiversedHeadConfig",
     "DraftCosts",
     "EagleDraft",
     "EagleDraftConfig",
-    "FeatureCandidateGenerator",
-    "clear_draft_statistics",
-    "measured_draft_costs",
-    "DiversedGenerationMixin",
-    "DiversedGenerateDecoderOnlyOutput",
-    "DiversedHead",
-    "DiversedHeadConfig",
     "ExactVerifier",
+    "FeatureCandidateGenerator",
     "HeadVerifier",
     "LenientVerifier",
     "SpecCascadeVerifier",
@@ -45,7 +57,46 @@ __all__ = [
     "StaticEnsembleVerifier",
     "TypicalAcceptanceVerifier",
     "Verifier",
+    "clear_draft_statistics",
     "enable_diversed",
+    "measured_draft_costs",
     "speculative_decode",
     "verifiers",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name == "verifiers":
+        value = importlib.import_module(".verifiers", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | {"verifiers"})
+
+
+if TYPE_CHECKING:  # what static tools and IDEs see
+    from . import verifiers
+    from .candidates import DiversedCandidateGenerator
+    from .compat import check_transformers_version  # noqa: F401 (public, not in __all__)
+    from .eagle import EagleDraft, EagleDraftConfig
+    from .feature_candidates import FeatureCandidateGenerator
+    from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
+    from .head import DiversedHead, DiversedHeadConfig
+    from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
+    from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
+    from .verifiers import (
+        BlockVerifier,
+        ExactVerifier,
+        HeadVerifier,
+        LenientVerifier,
+        SpecCascadeVerifier,
+        StaticEnsembleVerifier,
+        TypicalAcceptanceVerifier,
+        Verifier,
+    )

@@ -227,12 +227,17 @@ def _testbed_name(model_id: str | None) -> str | None:
 REAL_PAIR_MODEL_IDS = {
     "target": "diversed_hf/smollm2-135m-instruct",
     "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
-    "eagle": "diversed_hf/smollm2-135m-instruct-eagle",
+    "eagle": "diversed_hf/smollm2-135m-instruct-eagle-chat",
+    "eagle-tasks": "diversed_hf/smollm2-135m-instruct-eagle",
 }
 _REAL_PAIR_NAMES = {
     REAL_PAIR_MODEL_IDS["target"]: ("SmolLM2-135M-Instruct", 'load_pair("smollm2")'),
     REAL_PAIR_MODEL_IDS["draft"]: ("SmolLM2-135M-Instruct's self-draft", 'load_pair("smollm2", draft="self")'),
     REAL_PAIR_MODEL_IDS["eagle"]: ("SmolLM2-135M-Instruct's EagleDraft", 'load_pair("smollm2", draft="eagle")'),
+    REAL_PAIR_MODEL_IDS["eagle-tasks"]: (
+        "SmolLM2-135M-Instruct's task EagleDraft",
+        'load_pair("smollm2", draft="eagle-tasks")',
+    ),
 }
 
 
@@ -274,13 +279,13 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, tem
             'inputs = tokenizer(prompt, return_tensors="pt")\n'
             f"{generate}"
         )
-    real_drafts = {REAL_PAIR_MODEL_IDS["draft"]: "self", REAL_PAIR_MODEL_IDS["eagle"]: "eagle"}
+    real_drafts = {REAL_PAIR_MODEL_IDS[name]: name for name in ("eagle", "eagle-tasks")}
+    real_drafts[REAL_PAIR_MODEL_IDS["draft"]] = "self"
     if config.target_model_id == REAL_PAIR_MODEL_IDS["target"] and config.draft_model_id in real_drafts:
         pair_call = f'load_pair("smollm2", draft="{real_drafts[config.draft_model_id]}")'
         shipped = Path(head_source).parent.parts[-3:] == ("assets", "smollm2", "heads")
-        if shipped:  # the pair's heads are for its default draft, the EagleDraft
-            draft_arg = "" if real_drafts[config.draft_model_id] == "eagle" else ', draft="self"'
-            load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2"{draft_arg})'
+        if shipped:  # a shipped head loads with the draft it was trained with by default
+            load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2")'
         return (
             "import diversed_hf.testbed as testbed\n"
             f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n"

@@ -1,7 +1,7 @@
-"""``diversed-hf`` command line: the subcommands of the modules in :data:`COMMAND_MODULES`.
+"""``diversed-hf`` command line: the subcommands in :data:`COMMANDS`.
 
-Each module exposes ``register(subparsers)`` and adds its subcommands there (``diversed_hf.hub_cli``
-adds two, ``push`` and ``card``).
+Each module of :data:`COMMANDS` exposes ``register(subparsers)`` and adds its subcommands there
+(``diversed_hf.hub_cli`` adds two, ``push`` and ``card``); only the module of the command being run is imported.
 
 A registered subcommand sets ``func`` on its parser (``parser.set_defaults(func=...)``); ``func`` takes the
 parsed namespace and returns an exit code (or ``None`` for 0).
@@ -23,26 +23,53 @@ import sys
 
 from .cli_utils import USAGE_ERROR, USER_ERRORS, ArgumentParser, error_line
 
-# Modules that add subcommands. Append yours; imports happen lazily at parse time.
-COMMAND_MODULES = [
-    "diversed_hf.bench.cli",
-    "diversed_hf.demo",
-    "diversed_hf.hub_cli",
-    "diversed_hf.throughput",
-]
+#: subcommand -> (the module that registers it, its one-line help). A module's ``register`` adds the full parser;
+#: only the chosen command's module is imported, so ``diversed-hf --help`` loads neither torch nor transformers.
+COMMANDS = {
+    "bench": ("diversed_hf.bench.cli", "Speed and quality of every decoding method on a model pair and task."),
+    "demo": ("diversed_hf.demo", "Target-only, SD, static ensemble and DIVERSED side by side: speed and text."),
+    "push": (
+        "diversed_hf.hub_cli",
+        "Upload a saved head, or the custom_generate method, to the Hugging Face Hub (needs the Hub and a token).",
+    ),
+    "card": ("diversed_hf.hub_cli", "Re-render the model card (README.md) of saved heads."),
+    "throughput": ("diversed_hf.throughput", "Tokens/s of batched speculative decoding on the testbed."),
+}
+#: the modules that add commands
+COMMAND_MODULES = sorted({module for module, _ in COMMANDS.values()})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="diversed-hf", description="Relaxed speculative decoding for transformers.")
+def _chosen_command(argv: list[str]) -> str | None:
+    """The first argument that names a command (the top-level options come before it)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``diversed-hf`` parser; the command named in ``argv`` gets its full parser, the others a summary line
+    (``argv=None``: every command gets its full parser)."""
+    parser = ArgumentParser(
+        prog="diversed-hf",
+        description="Relaxed speculative decoding for transformers. `diversed-hf COMMAND --help` shows a command's "
+        "options.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="Log progress (INFO level) to stderr.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    chosen = None if argv is None else _chosen_command(argv)
+    to_load = {module for name, (module, _) in COMMANDS.items() if argv is None or name == chosen}
+    registered = set()
+    for name, (module, help_text) in COMMANDS.items():
+        if module in to_load:
+            if module not in registered:  # a module may add several commands (hub_cli: push and card)
+                importlib.import_module(module).register(subparsers)
+                registered.add(module)
+        else:
+            subparsers.add_parser(name, help=help_text, description=help_text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from .checks import is_integer, is_real
 from .costs import DraftCosts, check_draft_costs
 
-__all__ = ["DRAFT_LENGTH_DEFAULTS", "SCHEDULES", "DraftLengthPolicy", "check_draft_length_policy"]
+__all__ = [
+    "DEFAULT_DRAFT_TOKENS",
+    "DRAFT_LENGTH_DEFAULTS",
+    "SCHEDULES",
+    "DraftLengthPolicy",
+    "check_draft_length_policy",
+    "draft_length_of",
+]
 
 #: transformers' draft-length knobs and the values used when neither ``generate`` nor a generation config sets them
 DRAFT_LENGTH_DEFAULTS = {
@@ -18,9 +25,20 @@ DRAFT_LENGTH_DEFAULTS = {
     "num_assistant_tokens_schedule": "constant",
     "assistant_confidence_threshold": None,
 }
-
+#: drafts per round the bench and the demo use for a draft whose generation config names no length of its own
+DEFAULT_DRAFT_TOKENS = 5
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient", "optimal")
+
+
+def draft_length_of(draft) -> int:
+    """The draft length a draft ships with: the ``num_assistant_tokens`` its ``generation_config.json`` sets (the
+    EagleDraft's measured best), else :data:`DEFAULT_DRAFT_TOKENS` (transformers' default, 20, measures nothing about
+    this draft)."""
+    config = getattr(draft, "generation_config", None)
+    if config is not None and "num_assistant_tokens" in config.to_diff_dict():
+        return int(config.num_assistant_tokens)
+    return DEFAULT_DRAFT_TOKENS
 
 
 def check_draft_length_policy(schedule: str, confidence_threshold: float | None) -> None:

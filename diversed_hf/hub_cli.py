@@ -32,7 +32,7 @@ CUSTOM_GENERATE_FILES = ("README.md", "custom_generate/generate.py", "custom_gen
 def register(subparsers) -> None:
     push = subparsers.add_parser(
         "push",
-        help="Upload a saved head directory, or the custom_generate method, to the Hugging Face Hub.",
+        help="Upload a saved head, or the custom_generate method, to the Hugging Face Hub (needs the Hub and a token).",
         description="Load the head in DIR strictly, re-render its card for the repo, and upload config.json, "
         "model.safetensors, README.md, results.json and training_config.json in one commit; or, with "
         "--custom-generate, upload the DIVERSED custom_generate repository (README.md, custom_generate/generate.py, "

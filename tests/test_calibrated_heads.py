@@ -163,12 +163,12 @@ def test_make_real_results_measures_the_default_draft_at_the_papers_temperature(
     refused with the tasks it has."""
     from make_real_results import SETUPS, _argv, main
 
-    eagle = SETUPS["eagle"]
+    eagle = SETUPS["eagle-tasks"]
     assert eagle.tasks == ("synopsis", "arith_chat") and eagle.output_name != SETUPS["self"].output_name
     for task in eagle.tasks:
-        argv = _argv(task, eagle.full[task], tmp_path, 1, draft="eagle", methods=["sd"])
+        argv = _argv(task, eagle.full[task], tmp_path, 1, draft="eagle-tasks", methods=["sd"])
         flags = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
-        assert flags["--draft"] == "eagle" and float(flags["--temperature"]) == 1.0
+        assert flags["--draft"] == "eagle-tasks" and float(flags["--temperature"]) == 1.0
         assert (int(flags["--num-prompts"]), int(flags["--num-samples"])) == (200, 2)
     with pytest.raises(SystemExit):
         main(["--task", "humaneval", "--skip-speed"])

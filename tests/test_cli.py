@@ -202,3 +202,46 @@ def test_run_script_reports_user_errors_in_one_line_and_keeps_tracebacks_for_bug
     with pytest.raises(RuntimeError, match="a bug"):
         cli_utils.run_script(main, ["bug"], prog="script.py")
     assert cli_utils.run_script(main, ["ok"]) == 0 and cli_utils.run_script(main, []) == 3
+
+
+def test_top_level_help_lists_every_command_without_loading_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from diversed_hf import cli\n"
+        "try:\n"
+        "    cli.main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('LOADED', 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "LOADED False False" in out
+    for name in cli.COMMANDS:
+        assert name in out
+
+
+def test_lazy_command_summaries_match_the_commands_own():
+    full = cli.build_parser()  # every module loaded
+    lazy = cli.build_parser([])  # none loaded
+
+    def summaries(parser):
+        action = next(a for a in parser._actions if a.dest == "command")
+        return {choice.dest: choice.help for choice in action._choices_actions}
+
+    assert summaries(lazy) == summaries(full)
+    assert list(summaries(full)) == list(cli.COMMANDS)
+
+
+def test_every_command_has_a_description_and_shows_defaults(capsys):
+    for name in cli.COMMANDS:
+        with pytest.raises(SystemExit):
+            cli.main([name, "--help"])
+        out = capsys.readouterr().out
+        description = out.split("\n\n")[1]
+        assert description.strip() and not description.startswith(("positional", "options")), name
+        assert "``" not in out and ":func:" not in out and ":class:" not in out, name
+        for line in out.splitlines():
+            assert line.count("(default") <= 1, (name, line)

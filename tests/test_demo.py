@@ -8,25 +8,47 @@ from diversed_hf import cli
 from diversed_hf.demo import run_demo
 
 
-def test_demo_command_prints_outputs_and_acceptance(capsys):
+def test_demo_command_prints_target_only_and_speed_against_it(capsys):
     assert cli.main(["demo", "--num-prompts", "2", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
-    assert "Testbed pair, task 'arith', 2 held-out prompts" in out
+    assert "Testbed pair (9M), task 'arith': 2 prompts, batch 1, temperature 1" in out
+    assert "1 torch thread(s)" in out and "warm-up" in out and "new tokens written (up to EOS)" in out
+    assert "| method | new tokens | seconds | tokens/s | x target-only |" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for method in ("target-only", "SD (ExactVerifier)", "static ensemble w=0.5", "DIVERSED head"):
+        assert method in rows
+    assert "| 1.00x |" in rows["target-only"]
+    assert "Quality on 2 prompts cannot tell the methods apart" in out
     for method in ("SD (ExactVerifier)", "static ensemble w=0.5", "DIVERSED head"):
-        assert f"=== {method}: acceptance " in out
-    assert out.count("[prompt]  'Question:") == 6 and out.count("[output]") == 6
-    assert "acceptance by draft position:" in out
+        assert f"=== {method}: acceptance by draft position: " in out
+    assert out.count("[prompt]  'Question:") == 8 and out.count("[output]") == 8
 
 
 @pytest.mark.parametrize("random_models", [False, True])
-def test_run_demo_returns_texts_and_statistics(random_models):
-    results = run_demo("summary", num_prompts=2, max_new_tokens=8, random_models=random_models)
-    assert len(results) == 3
+def test_run_demo_returns_speed_texts_and_statistics(random_models):
+    setup, results = run_demo("summary", num_prompts=2, max_new_tokens=8, random_models=random_models)
+    assert [r["method"] for r in results][0] == "target-only" and len(results) == 4
+    assert results[0]["stats"] is None and results[0]["speedup"] == pytest.approx(1.0)
     for result in results:
         assert len(result["texts"]) == 2 and all(isinstance(text, str) for text in result["texts"])
+        assert 0 < result["new_tokens"] <= 2 * 8 and result["seconds"] > 0
+        assert result["tokens_per_second"] == pytest.approx(result["new_tokens"] / result["seconds"])
+    for result in results[1:]:
         stats = result["stats"]
-        assert 0.0 <= stats["acceptance_rate"] <= 1.0 and 0 < stats["num_generated"] <= 2 * 8
-        assert len(stats["position_acceptance_rate"]) == 5
+        assert 0.0 <= stats["acceptance_rate"] <= 1.0
+        assert len(stats["position_acceptance_rate"]) == stats["num_draft_tokens"]
+    assert (setup.references is None) == random_models
+
+
+def test_demo_uses_the_drafts_own_length_unless_told():
+    from diversed_hf.draft_length import DEFAULT_DRAFT_TOKENS
+
+    _, results = run_demo("arith", num_prompts=1, max_new_tokens=8)
+    assert {r["stats"]["num_draft_tokens"] for r in results[1:]} == {
+        DEFAULT_DRAFT_TOKENS
+    }  # the testbed draft names none
+    _, results = run_demo("arith", num_prompts=1, max_new_tokens=8, num_draft_tokens=2)
+    assert {r["stats"]["num_draft_tokens"] for r in results[1:]} == {2}
 
 
 def test_demo_rejects_bad_counts(capsys):
@@ -50,10 +72,25 @@ def test_user_errors_are_one_line_with_status_2(argv, message, capsys):
     assert err.strip() == message and "Traceback" not in err
 
 
-def test_demo_prints_quality_per_method(capsys):
-    assert cli.main(["demo", "--task", "arith", "--num-prompts", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "| method | exact match (%) | acceptance | tokens / round | seconds |" in out
-    rows = [line for line in out.splitlines() if line.startswith("| SD (ExactVerifier)")]
-    assert rows and rows[0].split("|")[2].strip().replace(".", "").isdigit()
-    assert "Loading weights" not in out
+def test_demo_prints_quality_per_method_with_its_sample_size(capsys):
+    assert cli.main(["demo", "--task", "arith", "--num-prompts", "2", "--no-texts"]) == 0
+    captured = capsys.readouterr()
+    assert "| acceptance | tokens / round | exact match (%), 2 prompts |" in captured.out
+    rows = [line for line in captured.out.splitlines() if line.startswith("| SD (ExactVerifier)")]
+    assert rows and rows[0].split("|")[-2].strip().replace(".", "").isdigit()
+    assert "[output]" not in captured.out
+    assert "Loading weights" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--task", "synopsis"], "--task is 'synopsis'; the testbed pair's tasks are"),
+        (["demo", "--pair", "smollm2", "--task", "arith"], "with --pair smollm2 use everyday (default)"),
+        (["demo", "--pair", "smollm2", "--num-prompts", "65"], "the everyday set has 64"),
+        (["demo", "--num-draft-tokens", "0"], "--num-draft-tokens is 0"),
+    ],
+)
+def test_demo_refuses_bad_choices_before_loading(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err

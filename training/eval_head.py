@@ -100,16 +100,17 @@ def load_task_data(task: str, split: str, num_examples: int | None, seed: int, *
 
 def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", device: str = "cpu"):
     """(target, draft, tokenizer); ``target_id`` ``"testbed"`` / ``"smollm2"`` loads that shipped pair
-    (``testbed.load_pair``), with its own draft (``smollm2``: ``draft_id`` ``"self"`` or ``"eagle"`` picks one of its
-    two shipped drafts; its shipped heads were trained with ``"self"``)."""
+    (``testbed.load_pair``), with its own draft (``smollm2``: ``draft_id`` names one of its shipped drafts,
+    ``testbed.smollm2.DRAFTS``)."""
     if target_id in ("testbed", "smollm2"):
         import diversed_hf.testbed as testbed
+        from diversed_hf.testbed import smollm2
 
-        named = target_id == "smollm2" and draft_id in ("self", "eagle")
+        named = target_id == "smollm2" and draft_id in smollm2.DRAFTS
         if draft_id is not None and not named:
             raise ValueError(
                 f"`--draft {draft_id}` with `--target {target_id}`: the shipped pair brings its own draft "
-                "(smollm2: 'self' or 'eagle'); drop --draft."
+                f"(smollm2: one of {smollm2.DRAFTS}); drop --draft."
             )
         target, draft, tokenizer = testbed.load_pair(
             target_id, torch_dtype=getattr(torch, dtype), device=device, draft=draft_id if named else None

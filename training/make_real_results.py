@@ -5,7 +5,7 @@
     python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2_eagle/
     python training/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
 
-``--draft eagle`` (the default, the pair's default draft) measures ``synopsis`` and ``arith_chat`` at temperature 1,
+``--draft eagle-tasks`` (the default: the task EagleDraft, the draft the shipped heads were trained with) measures ``synopsis`` and ``arith_chat`` at temperature 1,
 the paper's setting, with the heads shipped for the EagleDraft (``testbed.load_head(task, pair="smollm2")``), 200
 prompts x 2 samples for target-only, SD and DIVERSED and the first 100 x 2 for the other methods; ``--extra-runs``
 adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2`` runs two bench runs at once. Its section
@@ -170,7 +170,7 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
     metric = result.meta.get("quality_metric", "quality").replace("_", " ")
     from diversed_hf import testbed
 
-    shipped = draft == "eagle" and result.task in testbed.HEAD_TASKS["smollm2"]
+    shipped = draft == "eagle-tasks" and result.task in testbed.HEAD_TASKS["smollm2"]
     which = "the shipped" if shipped else "the withdrawn"
     text = (
         f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--draft",
         choices=sorted(SETUPS),
-        default="eagle",
+        default="eagle-tasks",
         help="The pair's draft to measure: 'eagle' (the default draft, with the heads shipped for it) or 'self' (the "
         "first evaluation, whose heads were withdrawn).",
     )
@@ -385,9 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     root = REPO / ("results_quick" if args.quick else "results")
     output_dir = root / setup.output_name
     page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
-    if setup.draft == "eagle":  # every task at the paper's temperature
+    if setup.draft == "eagle-tasks":  # every task at the paper's temperature
         sizes = {task: dict(value, temperature=1.0) if task != "speed" else value for task, value in sizes.items()}
-    command_flags = "" if setup.draft == "eagle" else f" --draft {setup.draft}"
+    command_flags = "" if setup.draft == "eagle-tasks" else f" --draft {setup.draft}"
     load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
 
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {}
         for task in setup.tasks:
             methods = TASK_METHODS.get(task, METHODS)
-            if setup.draft == "eagle":
+            if setup.draft == "eagle-tasks":
                 methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
             if task not in kept:
                 runs[task] = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         write_results_page(
             results, output_dir, page, command=command, seconds=None if args.task else time.perf_counter() - started
         )
-        if not args.quick and setup.draft == "eagle":  # the self-draft's heads were withdrawn
+        if not args.quick and setup.draft == "eagle-tasks":  # the self-draft's heads were withdrawn
             for path in update_cards(results, output_dir):
                 print(f"Wrote {path.relative_to(REPO)}")
         for name, _, _, _ in extra_runs:

@@ -130,8 +130,8 @@ EAGLE_EXTRA_RUNS = tuple(
 )
 SETUPS = {
     "self": DraftSetup("self", TASKS, "smollm2", "real_pair", SECTION_TITLE, FULL, EXTRA_RUNS),
-    "eagle": DraftSetup(
-        "eagle",
+    "eagle-tasks": DraftSetup(
+        "eagle-tasks",
         ("synopsis", "arith_chat"),
         "smollm2_eagle",
         "real_pair_eagle",

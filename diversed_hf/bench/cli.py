@@ -31,6 +31,9 @@ from .runner import end_processes, process_state, run_bench
 
 logger = logging.getLogger(__name__)
 
+#: the real pair's shipped drafts (``diversed_hf.testbed.smollm2.DRAFTS``; the first is its default)
+DRAFT_NAMES = ("eagle", "eagle-tasks", "self")
+
 __all__ = [
     "BenchArguments",
     "build_parser",
@@ -50,34 +53,37 @@ class BenchArguments:
     pair: Literal["testbed", "smollm2"] = field(
         default="testbed",
         metadata={
-            "help": "Shipped pair to run without --target/--draft: the 9M testbed pair, or smollm2 (the real pair: "
-            "SmolLM2-135M-Instruct and its self-draft, with its shipped heads)."
+            "help": "Shipped pair to run without --target/--draft: testbed (the 9M pair) or smollm2 (the real pair: "
+            "SmolLM2-135M-Instruct and its EagleDraft by default; --draft picks another of its drafts)."
         },
     )
     target: str | None = field(
-        default=None, metadata={"help": "Target model path or Hub id (default: the --pair pair)."}
+        default=None, metadata={"help": "Target model path or Hub id (default: the --pair pair's target)."}
     )
     draft: str | None = field(
         default=None,
         metadata={
-            "help": "Draft model path or Hub id (with --target); with "
-            "--pair smollm2, 'eagle' or 'self' picks its shipped draft."
+            "help": "Draft model path or Hub id (with --target); with --pair smollm2, one of its shipped drafts: "
+            + ", ".join(DRAFT_NAMES)
+            + f" (default: {DRAFT_NAMES[0]}, the EagleDraft distilled on everyday chat and the tasks)."
         },
     )
     finetuned_draft: str | None = field(
         default=None,
         metadata={
             "help": "Fine-tuned draft for 'sd-ft': a directory, or 'task=dir,task=dir' "
-            "(default: the testbed's, if any)."
+            "(default: the testbed's, if it ships one for the task)."
         },
     )
     head: str | None = field(
-        default=None, metadata={"help": "DIVERSED head directory, or 'task=dir,task=dir' (default: testbed heads)."}
+        default=None,
+        metadata={"help": "DIVERSED head directory, or 'task=dir,task=dir' (default: the shipped pair's heads)."},
     )
     task: list[str] = field(
         default_factory=lambda: ["arith"],
         metadata={
-            "help": "Task(s): the testbed's arith, summary; gsm8k, cnn_dailymail, xsum, mbpp (Hub or --data-files)."
+            "help": "Task(s) by registered name (listed above); the paper's gsm8k, cnn_dailymail, xsum and mbpp "
+            "read the Hub or --data-files."
         },
     )
     data_files: list[str] | None = field(
@@ -88,7 +94,7 @@ class BenchArguments:
     dtype: Literal["float32", "bfloat16", "float16"] = field(
         default="float32", metadata={"help": "Model weights dtype."}
     )
-    threads: int = field(default=0, metadata={"help": "torch threads per process (0: torch's default)."})
+    threads: int = field(default=0, metadata={"help": "torch threads per process (0: as many as torch chooses)."})
     output_dir: str = field(default="runs/bench", metadata={"help": "Where results.json, tables and plots go."})
     results_page: str | None = field(
         default=None, metadata={"help": "Also write a Markdown results page here (e.g. RESULTS.md)."}
@@ -114,7 +120,7 @@ class BenchArguments:
             raise ValueError(
                 f"`--pair {self.pair}` and `--target {self.target}` both name the models; pass one of them."
             )
-        named_draft = self.target is None and self.pair == "smollm2" and self.draft in ("eagle", "self")
+        named_draft = self.target is None and self.pair == "smollm2" and self.draft in DRAFT_NAMES
         if (self.target is None) != (self.draft is None) and not named_draft:
             raise ValueError(
                 f"`--target` is {self.target!r} but `--draft` is {self.draft!r}; pass both (paths or Hub ids), or "
@@ -135,7 +141,7 @@ def load_models(
 ):
     """``(target, draft, tokenizer)``: a shipped pair (``testbed.load_pair(pair)``) by default, else local paths or
     Hub ids (:func:`diversed_hf.bench.models.load_models`)."""
-    named = target is None and pair == "smollm2" and draft in ("eagle", "self")  # the real pair's shipped drafts
+    named = target is None and pair == "smollm2" and draft in DRAFT_NAMES  # the real pair's shipped drafts
     if (target is None) != (draft is None) and not named:
         raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for a shipped pair.")
     if target is None:
@@ -182,8 +188,57 @@ def load_head(
 # Command line
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The package docstring as written, and every flag's default."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written, and one default note per flag: the one its help gives, else the value (none for
+    an unset or off flag)."""
+
+    def _get_help_string(self, action):
+        help_text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "default" in help_text or unset or not action.option_strings:
+            return help_text
+        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+        return f"{help_text} (default: {default})"
+
+
+def help_description() -> str:
+    """What ``diversed-hf bench --help`` says before the flags: plain text, tasks and pairs from the registries."""
+    from ..tasks import task_names
+
+    return f"""Speed and quality of every decoding method on one model pair and task(s).
+
+Every method decodes the same prompts and is scored on acceptance (accepted / drafted tokens, and by
+draft position), quality (the task's metric, and paired against the target distribution with a 95 %
+bootstrap interval), tokens/s at batch 1 and the speedup over target-only decoding and over SD; tokens
+per round next to the theory's prediction. Results go to --output-dir: results.json, one Markdown
+table per task and the plots (docs/method.md, "Evaluation").
+
+Models: --pair testbed (the shipped 9M pair, the default) or --pair smollm2 (SmolLM2-135M-Instruct;
+its drafts: {", ".join(DRAFT_NAMES)}; default {DRAFT_NAMES[0]}), or --target and --draft (paths or Hub ids).
+Tasks: {", ".join(task_names())}.
+
+Methods (--methods):
+  target                  target-only decoding (plain transformers generate)
+  sd                      lossless speculative decoding
+  lossy:0.3,0.6           lossy SD, one run per lenience
+  static:0,0.25,0.5,0.75  static ensemble, one run per target weight w
+  cascade:0.1,0.3         SpecCascade, every rule, one run per alpha
+  cascade-opt:0.1,0.3     SpecCascade, one rule
+  typical:0.05,0.09       typical acceptance (Medusa), one run per posterior threshold
+  sd-ft                   SD with the fine-tuned draft (skipped when there is none)
+  diversed                DIVERSED with the task's head (skipped when there is none)
+  diversed@summary        DIVERSED with the head trained for another task (transfer)
+  block:sd                block verification of any speculative spec (block:static:0.5, block:diversed)
+
+Draft-length policies (--schedules; every speculative method runs once per policy):
+  constant:3,5,8          one run per constant N
+  heuristic               transformers' heuristic (+2 after a round that kept every draft, else -1)
+  heuristic_transient     the same, reset every call
+  confidence:0.4          a row stops drafting after a token the draft gives less than 0.4
+  optimal:12              per row, the length in 1..12 with the most expected tokens per second
+
+Example: diversed-hf bench --pair smollm2 --task arith_chat --methods target sd diversed
+"""
 
 
 def build_parser(**kwargs) -> HfArgumentParser:
@@ -196,8 +251,8 @@ def register(subparsers) -> None:
     parent."""
     parser = subparsers.add_parser(
         "bench",
-        help="Speed/quality benchmark of every decoding method on a model pair and task.",
-        description=sys.modules[__package__].__doc__,  # the package's docstring; the package is loaded already
+        help="Speed and quality of every decoding method on a model pair and task.",
+        description=help_description(),
         formatter_class=_HelpFormatter,
         parents=[build_parser(add_help=False)],
     )

@@ -11,12 +11,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..draft_length import DEFAULT_DRAFT_TOKENS, draft_length_of
 from ..tasks import get_task
 from .methods import DEFAULT_METHODS, parse_schedules
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_TIMING_PROMPTS", "SAMPLE_SEED_STRIDE", "BenchConfig", "BenchTask", "load_task"]
+__all__ = [
+    "DEFAULT_DRAFT_TOKENS",
+    "DEFAULT_TIMING_PROMPTS",
+    "SAMPLE_SEED_STRIDE",
+    "BenchConfig",
+    "BenchTask",
+    "draft_length_of",
+    "load_task",
+]
 
 DEFAULT_TIMING_PROMPTS = 8  # timed prompts unless `num_timing_prompts` says otherwise (never more than scored)
 SAMPLE_SEED_STRIDE = 1_000_003  # seed offset between the quality pass's samples of one prompt
@@ -27,13 +36,13 @@ class BenchConfig:
     """What to run and how to time it (also the ``diversed-hf bench`` flags: ``num_prompts`` is ``--num-prompts``)."""
 
     methods: list[str] = field(
-        default_factory=lambda: list(DEFAULT_METHODS), metadata={"help": "Method specs (see `diversed-hf bench -h`)."}
+        default_factory=lambda: list(DEFAULT_METHODS), metadata={"help": "Method specs (listed above)."}
     )
     schedules: list[str] = field(
         default_factory=lambda: ["constant"],
         metadata={
             "help": "Draft-length policies, each speculative method runs once per policy: constant[:N,...], "
-            "heuristic[:N0], heuristic_transient[:N0], confidence:T,..., optimal[:N] (see `diversed-hf bench -h`)."
+            "heuristic[:N0], heuristic_transient[:N0], confidence:T,..., optimal[:N] (listed above)."
         },
     )
     num_prompts: int = field(default=64, metadata={"help": "Prompts scored for quality and acceptance."})
@@ -52,7 +61,13 @@ class BenchConfig:
         default=None, metadata={"help": "Of those, how many (the first) are timed (default: 8, at most num_prompts)."}
     )
     max_new_tokens: int = field(default=96, metadata={"help": "Generation budget per prompt."})
-    num_draft_tokens: int = field(default=5, metadata={"help": "Drafted tokens per round, N."})
+    num_draft_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Drafted tokens per round, N (default: the draft's own, num_assistant_tokens in its "
+            "generation_config.json, else 5)."
+        },
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; 0 means greedy."})
     top_k: int = field(default=0, metadata={"help": "top-k filtering (0: off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus filtering (1: off)."})
@@ -85,7 +100,6 @@ class BenchConfig:
             "num_prompts",
             "num_samples",
             "max_new_tokens",
-            "num_draft_tokens",
             "batch_size",
             "timing_batch_size",
             "repeats",
@@ -93,6 +107,15 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.num_draft_tokens is not None and (
+            isinstance(self.num_draft_tokens, bool)
+            or not isinstance(self.num_draft_tokens, int)
+            or self.num_draft_tokens < 1
+        ):
+            raise ValueError(
+                f"`num_draft_tokens` must be a positive integer (or None: the draft's own), got "
+                f"{self.num_draft_tokens!r}."
+            )
         if self.num_timing_prompts is None:
             self.num_timing_prompts = min(DEFAULT_TIMING_PROMPTS, self.num_prompts)
         if self.num_baseline_prompts is None:

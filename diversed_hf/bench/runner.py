@@ -23,7 +23,7 @@ from .. import compat
 from ..generation import enable_diversed
 from ..tasks import metric_label
 from ..verifiers import HeadVerifier
-from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask
+from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, draft_length_of
 from .methods import Method, parse_schedules, with_schedules
 from .schema import BenchResult
 from .stats import add_block_differences, add_paired_differences, add_relative_speedups, method_row
@@ -309,6 +309,8 @@ def run_bench(
     between processes and every process returns the same gathered result.
     """
     config = config or BenchConfig()
+    if config.num_draft_tokens is None:  # the draft's own length
+        config = dataclasses.replace(config, num_draft_tokens=draft_length_of(draft))
     methods = list(methods)
     if not methods:
         raise ValueError("`methods` is empty; pass at least one method, e.g. parse_methods(['target', 'sd'])[0].")

@@ -1,8 +1,9 @@
 """Prompts the target answers to make an EagleDraft's distillation data (:mod:`diversed_hf.training.eagle_data`).
 
-An EAGLE draft learns the target's own continuations, so the prompts should look like what it will be asked. Three
+An EAGLE draft learns the target's own continuations, so the prompts should look like what it will be asked. Four
 offline sources, all chat-formatted with the target's template:
 
+- everyday requests of the broad chat set (:mod:`diversed_hf.tasks.chat_prompts`), or a user's own prompts;
 - ``arith_chat`` training problems (the real pair's arithmetic task; its test split is never used);
 - ``humaneval`` training problems (the real pair's code task, its training split);
 - requests to explain functions of the Python standard library from their docstrings (real English and code
@@ -108,13 +109,24 @@ def eagle_prompts(
     code_samples: int,
     num_docstrings: int,
     *,
+    num_chat: int = 0,
+    chat_prompts: list[str] | None = None,
+    chat_max_new_tokens: int = 128,
     arith_max_new_tokens: int = 96,
     code_max_new_tokens: int = 160,
     docstring_max_new_tokens: int = 128,
     seed: int = 0,
 ) -> list[tuple[str, int]]:
-    """``(chat prompt, max new tokens)`` for the target to answer, interleaved by source so every shard mixes them."""
+    """``(chat prompt, max new tokens)`` for the target to answer, interleaved by source so every shard mixes them.
+
+    The chat part is ``chat_prompts`` when given (a user's own, already rendered), else the first ``num_chat``
+    requests of the broad set.
+    """
+    from .chat_prompts import broad_chat_prompts
+
+    chat = chat_prompts if chat_prompts is not None else broad_chat_prompts(num_chat, seed=seed) if num_chat else []
     sources = [
+        [(p, chat_max_new_tokens) for p in chat],
         [
             (p, arith_max_new_tokens)
             for p in load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"]

@@ -41,10 +41,13 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
 PAIRS = ("testbed", "smollm2")
-#: (the real pair's heads are for its default draft, the EagleDraft: ``assets/smollm2/heads/<task>``)
+#: (the real pair's heads: ``assets/smollm2/heads/<task>``, each for the draft in :data:`SHIPPED_HEAD_DRAFTS`)
 HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat",)}
 #: The drafts each pair's heads may be asked for (``None``: the pair's only draft)
-HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "self")}
+HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "eagle-tasks", "self")}
+#: The draft each shipped real-pair head was trained with, and the one :func:`load_head` assumes by default: a head
+#: reads its draft's features, so it holds for that draft alone
+SHIPPED_HEAD_DRAFTS = {"arith_chat": "eagle-tasks"}
 #: Heads trained and not shipped, and why, by ``(pair, draft, task)``: a shipped head is an operating point
 #: (docs/real_pair.md, "The heads"), the most accepting head whose paired interval against the target reaches 0
 WITHDRAWN_HEADS = {
@@ -59,7 +62,7 @@ WITHDRAWN_HEADS = {
         "held-out prompts x 2; RESULTS.md, 'Real pair'), so it is not an operating point; see docs/real_pair.md, "
         "'The heads'"
     ),
-    ("smollm2", "eagle", "synopsis"): (
+    ("smollm2", "eagle-tasks", "synopsis"): (
         "its head (training/configs/smollm2_eagle_synopsis.yaml) accepts 5.7x SD's drafts at temperature 1 (68.5 % "
         "against 12.0 %) but its ROUGE-2 is significantly below the target's: -0.9 [-1.3, -0.5] points against the "
         "target distribution (200 held-out prompts x 2; RESULTS.md, 'Real pair: the paper's table with the "
@@ -79,6 +82,7 @@ __all__ = [
     "ASSETS_DIR",
     "HEAD_DRAFTS",
     "HEAD_TASKS",
+    "SHIPPED_HEAD_DRAFTS",
     "WITHDRAWN_HEADS",
     "PAIRS",
     "TASKS",
@@ -201,16 +205,17 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
     """The DIVERSED head shipped for task ``name`` on ``pair``, in eval mode.
 
     ``pair="testbed"``: ``"arith"`` or ``"summary"``, trained with ``python training/train_head.py --config
-    training/configs/testbed_<name>.yaml``. ``pair="smollm2"``: the heads for its default draft, the EagleDraft
-    (``draft="eagle"``, the default; recipes ``training/configs/smollm2_eagle_<name>.yaml``); those trained with the
-    self-draft (``draft="self"``) were all withdrawn. Use a head with its pair as ``target.generate(...,
+    training/configs/testbed_<name>.yaml``. ``pair="smollm2"``: each head holds for the draft it was trained with
+    (:data:`SHIPPED_HEAD_DRAFTS`; ``arith_chat``: ``"eagle-tasks"``, recipe
+    ``training/configs/smollm2_eagle_arith_chat.yaml``), which ``draft=None`` means; load the pair with that draft
+    (``load_pair("smollm2", draft="eagle-tasks")``). Use a head with its pair as ``target.generate(...,
     assistant_model=draft, diversed_head=head)``. A head that was trained and withdrawn (:data:`WITHDRAWN_HEADS`)
     raises a ValueError saying why.
     """
     if pair not in PAIRS:
         raise ValueError(f"`pair` is {pair!r}; pairs are {PAIRS}.")
     if pair == "smollm2" and draft is None:
-        draft = "eagle"  # load_pair's default draft
+        draft = SHIPPED_HEAD_DRAFTS.get(name, "eagle")
     if draft not in HEAD_DRAFTS[pair]:
         fix = "leave `draft` unset" if pair == "testbed" else f"use one of {HEAD_DRAFTS[pair]}"
         raise ValueError(f"`draft` is {draft!r}; the {pair} pair's heads are for its drafts: {fix}.")
@@ -219,10 +224,11 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
         raise ValueError(
             f"No head is shipped for {name!r} on the {pair} pair{with_draft}: {WITHDRAWN_HEADS[pair, draft, name]}."
         )
-    if pair == "smollm2" and draft != "eagle":
+    if pair == "smollm2" and name in SHIPPED_HEAD_DRAFTS and draft != SHIPPED_HEAD_DRAFTS[name]:
         raise ValueError(
-            f"No head is shipped for {name!r} on the smollm2 pair{with_draft}: the pair's heads are for its default "
-            "draft, the EagleDraft (`draft='eagle'`)."
+            f"No head is shipped for {name!r} on the smollm2 pair{with_draft}: the {name!r} head was trained with "
+            f"the {SHIPPED_HEAD_DRAFTS[name]!r} draft and reads its features. Leave `draft` unset and load the pair "
+            f'with `load_pair("smollm2", draft="{SHIPPED_HEAD_DRAFTS[name]}")`.'
         )
     if name not in HEAD_TASKS[pair]:
         raise ValueError(

