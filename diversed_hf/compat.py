@@ -38,6 +38,9 @@ def check_transformers_version() -> None:
     _check_tested("transformers", transformers.__version__, TESTED_TRANSFORMERS, "diversed_hf's speculative loop")
 
 
+check_transformers_version()  # every module that reaches transformers' internals comes through here
+
+
 def new_cache() -> DynamicCache:
     """An empty cache whose layers all keep every position (no sliding-window eviction)."""
     return DynamicCache()
@@ -304,3 +307,30 @@ def check_trl_version() -> None:
     import trl
 
     _check_tested("trl", trl.__version__, TESTED_TRL, "diversed_hf.training (its DiversedConfig is a GRPOConfig)")
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers' progress bars and deprecation notices off while a shipped model loads (``testbed.load_pair``):
+    its own switch (``disable_progress_bar``), the GGUF reader's bar, which ignores that switch (a module-level
+    ``tqdm``), and the ``is_gradient_checkpointing`` FutureWarning peft triggers when it wraps a model."""
+    import functools
+    import warnings
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    reader_bar = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if reader_bar is not None:
+        gguf_utils.tqdm = functools.partial(reader_bar, disable=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if reader_bar is not None:
+            gguf_utils.tqdm = reader_bar
+        if enabled:
+            hf_logging.enable_progress_bar()
