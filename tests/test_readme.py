@@ -46,3 +46,89 @@ def test_the_custom_verifier_takes_ten_lines():
     assert len(blocks) == 1, "README.md should hold exactly one custom-verifier example"
     verifier_lines = blocks[0].split("class UnsureTargetVerifier")[1].split("target, draft")[0]
     assert len([line for line in verifier_lines.strip().splitlines() if line.strip()]) <= 10
+
+
+# ------------------------------------------------------------------------------------------------
+# Bash blocks: each command runs offline as written, or its block (first line) or its line (trailing comment) says
+# what it needs with "# needs ...": the Hub, GPUs, a file of yours.
+
+REPO = README.parent
+INPUT_FLAGS = ("--results", "--head", "--config", "--prompts", "--data-files", "--data_files")
+HUB_FLAGS = ("--target", "--draft", "--repo-id", "--model")  # a value of the form org/name that is no local path
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+PLACEHOLDER = re.compile(r"(^|[\s=/'\"])(\.\.\.|[A-Z][A-Z0-9]*_?[A-Z0-9]*(_DIR|\.yaml)|DIR)([\s,'\"]|$)")
+
+
+def bash_commands() -> list[tuple[int, str, list[str]]]:
+    """``(line, command, earlier commands of its block)`` of every unmarked command in a ```bash block."""
+    text = README.read_text()
+    found = []
+    for match in re.finditer(r"```bash\n(.*?)```", text, flags=re.DOTALL):
+        first = text[: match.start()].count("\n") + 2
+        block = match.group(1)
+        if block.lstrip().startswith("# needs"):
+            continue
+        joined, start = "", None
+        earlier = []
+        for offset, raw in enumerate(block.splitlines()):
+            start = first + offset if start is None else start
+            joined += raw.rstrip("\\").rstrip() + " "
+            if raw.rstrip().endswith("\\"):
+                continue
+            command = joined.strip()
+            joined, line_number = "", start
+            start = None
+            if not command or command.startswith("#"):
+                continue
+            if re.search(r"\s#\s*needs\b", command):
+                earlier.append(command)
+                continue
+            found.append((line_number, command, list(earlier)))
+            earlier.append(command)
+    return found
+
+
+COMMANDS = bash_commands()
+
+
+def _argv(command: str, program: str) -> list[str]:
+    import shlex
+
+    code = re.split(r"\s#\s", command, maxsplit=1)[0]
+    tokens = shlex.split(code.split("&&")[-1] if program == "diversed-hf" else code)
+    at = next(i for i, token in enumerate(tokens) if token.endswith(program))
+    return tokens[at + 1 :]
+
+
+@pytest.mark.parametrize("line, command, earlier", COMMANDS, ids=[f"README.md:{line}" for line, _, _ in COMMANDS])
+def test_readme_bash_command_runs_as_written_or_says_what_it_needs(line, command, earlier):
+    code = re.split(r"\s#\s", command, maxsplit=1)[0]
+    assert not PLACEHOLDER.search(code), f"README.md:{line}: a placeholder in an unmarked command: {command}"
+    words = code.split()
+    if any(word.endswith("diversed-hf") for word in words):
+        from diversed_hf import cli
+
+        argv = _argv(command, "diversed-hf")
+        try:
+            cli.build_parser(argv).parse_args(argv)
+        except SystemExit as error:
+            raise AssertionError(f"README.md:{line}: diversed-hf does not take {argv}") from error
+    scripts = [word for word in words if word.startswith("training/") and word.endswith(".py")]
+    for script in scripts:
+        assert (REPO / script).is_file(), f"README.md:{line}: {script} does not exist"
+    hub = [words[i + 1] for i, word in enumerate(words[:-1]) if word in HUB_FLAGS and HUB_ID.match(words[i + 1])]
+    hub = [value for value in hub if not (REPO / value).exists()]
+    assert not hub, f"README.md:{line}: {hub} are Hub ids: mark the line '# needs the Hub'"
+    if len(words) > 1 and words[0].endswith("diversed-hf") and words[1] == "push":
+        raise AssertionError(f"README.md:{line}: push needs the Hub: mark the line '# needs the Hub'")
+    inputs = [words[i + 1] for i, word in enumerate(words[:-1]) if word in INPUT_FLAGS]
+    if len(words) > 2 and words[0].endswith("diversed-hf") and words[1] in ("card", "push"):
+        inputs.append(words[2])
+    for path in inputs:
+        if "=" in path:  # task=dir
+            path = path.split("=", 1)[1]
+        made_earlier = any(path.startswith(token.rstrip("/")) for c in earlier for token in c.split() if "/" in token)
+        assert (REPO / path).exists() or made_earlier, (
+            f"README.md:{line}: {path} is neither in the repository nor written by an earlier command of the block: "
+            "add the command that makes it, or mark the line '# needs ...'"
+        )

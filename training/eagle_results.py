@@ -1,10 +1,12 @@
 """The real pair's drafts side by side: the EagleDraft against the self-draft (RESULTS.md, "Real pair: feature draft
 against self-draft").
 
-    python training/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the draft's card
+    python training/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the task draft's card
     python training/eagle_results.py --quick         # a smoke run into results_quick/eagle (nothing shipped changes)
 
-On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with each draft against the target alone:
+On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with each draft against the target alone. The
+EagleDraft here is the task EagleDraft (``load_pair("smollm2", draft="eagle-tasks")``), distilled on the tasks alone;
+the pair's default EagleDraft, distilled on everyday chat too, is measured by ``training/everyday_results.py``.
 
 1. **Costs** (batch 1, warm caches, best of 3): ``c`` = one draft step / one target step; ``c_verify(n)`` = one target
    pass over ``n`` tokens / one target step.
@@ -15,9 +17,9 @@ On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with ea
    and the speed model ``E[T] / (N c + c_verify(N + 1))``.
 3. **Batch 8** (one thread) and **two threads** (batch 1): each draft at its best constant length from step 2.
 
-Then each shipped draft carries its best constant length at temperature 0.7 (the EagleDraft in its
+Then each draft measured carries its best constant length at temperature 0.7 (the task EagleDraft in its
 ``generation_config.json``, the self-draft in ``self_draft.json``, which ``load_pair`` puts into its generation config),
-and the EagleDraft's card gets the measured summary (unless ``--quick`` or ``--no-ship``).
+and the task EagleDraft's card gets the measured summary (unless ``--quick`` or ``--no-ship``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, 
 
 logger = logging.getLogger("eagle_results")
 REPO = Path(__file__).resolve().parents[1]
-DRAFT_NAMES = {"self": "self-draft (6 layers + LoRA)", "eagle": "EagleDraft (1 layer on the target's features)"}
+DRAFT_NAMES = {"self": "self-draft (6 layers + LoRA)", "eagle": "task EagleDraft (1 layer on the target's features)"}
 
 
 def parse_args(argv=None):
@@ -111,7 +113,7 @@ def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int =
     return costs
 
 
-def _run(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
+def timed_generate(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
     from diversed_hf.verifiers import ExactVerifier
 
     start = time.perf_counter()
@@ -156,7 +158,7 @@ def _run(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
     return record
 
 
-def _aggregate(records: list[dict]) -> dict:
+def aggregate_runs(records: list[dict]) -> dict:
     total = {k: sum(r[k] for r in records) for k in ("seconds", "tokens")}
     out = {"tokens_per_second": total["tokens"] / total["seconds"], **total}
     if "drafted" in records[0]:
@@ -190,12 +192,12 @@ def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: s
     records = {key: [] for key, _, _ in configs}
     warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
     for key, name, kwargs in configs:  # warm-up: one short call each
-        _run(target, drafts.get(name), warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
+        timed_generate(target, drafts.get(name), warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
     for i, prompt in enumerate(tqdm(prompts, desc=label)):
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
         for key, name, kwargs in configs:
-            records[key].append(_run(target, drafts.get(name), inputs, sampling, args.seed + i, **kwargs))
-    return {key: _aggregate(value) for key, value in records.items()}
+            records[key].append(timed_generate(target, drafts.get(name), inputs, sampling, args.seed + i, **kwargs))
+    return {key: aggregate_runs(value) for key, value in records.items()}
 
 
 def batched(target, drafts, tokenizer, prompts, best: dict, sampling: dict, batch_size: int, seed: int) -> dict:
@@ -210,9 +212,9 @@ def batched(target, drafts, tokenizer, prompts, best: dict, sampling: dict, batc
             prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
         )
         for key, name, kwargs in configs:
-            records[key].append(_run(target, drafts.get(name), inputs, sampling, seed + start, **kwargs))
+            records[key].append(timed_generate(target, drafts.get(name), inputs, sampling, seed + start, **kwargs))
     for key, value in records.items():
-        results[key] = _aggregate(value)
+        results[key] = aggregate_runs(value)
     return results
 
 
@@ -338,7 +340,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     target, self_draft, tokenizer = smollm2.load_smollm2_pair(draft="self")
     enable_diversed(target)
-    drafts = {"self": self_draft, "eagle": smollm2.load_eagle_draft(target)}
+    # the EagleDraft of this section: the task EagleDraft ("eagle-tasks"), distilled on arith_chat, humaneval and
+    # docstrings; the pair's default EagleDraft, distilled on everyday chat too, is measured by everyday_results.py
+    drafts = {"self": self_draft, "eagle": smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle-tasks"])}
     prompts = list(
         load_task_dataset(
             "arith_chat", split="test", num_examples=max(args.num_prompts, args.batch_prompts), seed=args.seed
@@ -422,8 +426,9 @@ def summary_paragraph(results: dict) -> str:
     )
 
 
-def _replace_marked(path: Path, text: str) -> None:
-    start, end = "<!-- eagle-draft -->", "<!-- /eagle-draft -->"
+def _replace_marked(path: Path, text: str, marker: str = "eagle-draft") -> None:
+    """Put ``text`` between the ``<!-- marker -->`` and ``<!-- /marker -->`` lines of ``path``."""
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
     page = path.read_text()
     if start not in page or end not in page:
         raise ValueError(f"{path} has no {start} ... {end} block to put the summary in.")
@@ -438,7 +443,8 @@ def ship(results: dict, command: str) -> None:
     from transformers import GenerationConfig
 
     from diversed_hf.eagle import EagleDraftConfig
-    from diversed_hf.testbed.smollm2 import DRAFT_DIR, EAGLE_DIR
+    from diversed_hf.testbed.smollm2 import DRAFT_DIR
+    from diversed_hf.testbed.smollm2 import EAGLE_TASKS_DIR as EAGLE_DIR  # the task EagleDraft (see main)
     from diversed_hf.training.eagle_card import render_eagle_card
 
     self_config = json.loads((DRAFT_DIR / "self_draft.json").read_text())  # the self-draft's best length too
@@ -471,9 +477,8 @@ def ship(results: dict, command: str) -> None:
     write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
     card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
     write_text_atomic(EAGLE_DIR / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
-    for page in (REPO / "README.md", REPO / "docs" / "eagle.md"):
-        _replace_marked(page, summary_paragraph(results))
+    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_tasks_draft.md", card)
+    _replace_marked(REPO / "docs" / "eagle.md", summary_paragraph(results))
 
 
 if __name__ == "__main__":

@@ -157,8 +157,11 @@ VLLM_SECTION = ("vllm", "Serving with vLLM")
 VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
 #: the real pair's feature draft against its self-draft, written by training/eagle_results.py
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
+#: training/everyday_results.py: the default EagleDraft on held-out everyday prompts and on arith_chat
+EVERYDAY_SECTION = ("everyday", "Real pair: the EagleDraft on everyday prompts")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
+    EVERYDAY_SECTION,
     REAL_PAIR_EAGLE_SECTION,
     REAL_PAIR_SECTION,
     EAGLE_SECTION,

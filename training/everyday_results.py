@@ -1,0 +1,284 @@
+"""The real pair's default EagleDraft on the prompts a user brings (RESULTS.md, "Real pair: the EagleDraft on everyday
+prompts").
+
+    python training/everyday_results.py            # results/everyday/{results.json,everyday.md}, RESULTS.md, the card
+    python training/everyday_results.py --quick    # a smoke run into results_quick/everyday (nothing shipped changes)
+
+Lossless SD (``ExactVerifier``) against the target alone (SmolLM2-135M-Instruct), batch 1, one torch thread, on two
+prompt sets:
+
+- **everyday**: the held-out everyday chat prompts (``diversed_hf.tasks.chat_prompts.everyday_prompts``: 64 prompts
+  written apart from the broad set the draft was distilled on);
+- **arith_chat**: held-out ``arith_chat`` test prompts (the task rows the earlier draft was measured on).
+
+Two drafts: the pair's default EagleDraft (``"eagle"``, distilled on everyday chat and the tasks) at every constant
+length of ``--draft_lengths``, and the task EagleDraft (``"eagle-tasks"``, distilled on the tasks alone) at its own
+length; greedy and at temperature 0.7 (top-k 0, top-p 1). Every configuration runs on each prompt in turn
+(interleaved, so load changes hit all alike), after one short warm-up call each. Tokens are the new tokens up to EOS.
+
+Then (unless ``--quick`` or ``--no_ship``) the default EagleDraft carries the length with the most tokens/s on
+everyday prompts at temperature 0.7 in its ``generation_config.json``, and its ``training.json``, card
+(``README.md``, ``model_cards/smollm2_eagle_draft.md``) and the README's headline (``<!-- everyday-draft -->``) get
+the measured summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from eagle_results import aggregate_runs, step_costs, timed_generate
+
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+
+logger = logging.getLogger("everyday_results")
+REPO = Path(__file__).resolve().parents[1]
+DRAFT_LABELS = {"eagle": "EagleDraft (everyday + tasks)", "eagle-tasks": "task EagleDraft (tasks only)"}
+GOALS = {"greedy": (0.50, 1.3), "t0.7": (0.45, 1.2)}  # (acceptance, x target-only) on everyday prompts
+MODES = {"greedy": "greedy", "t0.7": "temperature 0.7"}
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num_prompts", type=int, default=32, help="held-out everyday prompts (at most 64)")
+    parser.add_argument("--task_prompts", type=int, default=12, help="held-out arith_chat prompts")
+    parser.add_argument("--max_new_tokens", type=int, default=96, help="new tokens per prompt")
+    parser.add_argument("--draft_lengths", type=int, nargs="+", default=[1, 2, 3, 4], help="the default draft's N")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the task prompts and of sampling")
+    parser.add_argument("--output_dir", default=None, help="default results/everyday (results_quick/... with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a few prompts and tokens: a smoke run")
+    parser.add_argument("--no_ship", action="store_true", help="leave the shipped draft's files and the README")
+    args = parser.parse_args(argv)
+    for name in ("num_prompts", "task_prompts", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if args.num_prompts > 64:
+        parser.error(f"--num_prompts must be at most 64 (the everyday set's size), got {args.num_prompts}")
+    if min(args.draft_lengths) < 1:
+        parser.error(f"--draft_lengths must be positive integers, got {args.draft_lengths}")
+    if args.quick:
+        args.num_prompts, args.task_prompts, args.max_new_tokens, args.draft_lengths = 2, 2, 16, [2]
+    return args
+
+
+def measure(target, drafts: dict, tokenizer, prompts: list[str], configs: list, sampling: dict, seed: int, label: str):
+    """``configs``: ``(key, draft name or None, generate kwargs)``; each prompt runs every configuration in turn."""
+    from tqdm.auto import tqdm
+
+    warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
+    for _, name, kwargs in configs:
+        timed_generate(target, drafts.get(name), warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
+    records = {key: [] for key, _, _ in configs}
+    for i, prompt in enumerate(tqdm(prompts, desc=label)):
+        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        for key, name, kwargs in configs:
+            records[key].append(timed_generate(target, drafts.get(name), inputs, sampling, seed + i, **kwargs))
+    return {key: aggregate_runs(value) for key, value in records.items()}
+
+
+def _row(block: dict, key: str) -> str:
+    row, base = block[key], block["target"]["tokens_per_second"]
+    if key == "target":
+        return f"| target only | – | – | 1.00 | {row['tokens_per_second']:.1f} | 1.00x |"
+    name, _, setting = key.partition(":N=")
+    return (
+        f"| {DRAFT_LABELS[name]} | {setting} | {100 * row['acceptance']:.1f} % | {row['tokens_per_round']:.2f} | "
+        f"{row['tokens_per_second']:.1f} | {row['tokens_per_second'] / base:.2f}x |"
+    )
+
+
+def render(results: dict, command: str) -> str:
+    costs = results["costs"]
+    lines = [
+        "Regenerate with:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"SmolLM2-135M-Instruct as target, lossless SD (`ExactVerifier`), batch 1, one torch thread, at most "
+        f"{results['max_new_tokens']} new tokens (counted up to EOS), nothing else running; every configuration runs on "
+        "each prompt in turn after a warm-up call. " + results["environment"],
+        "",
+        f"Draft step / target step: c = {costs['c_eagle']:.3f} (EagleDraft), {costs['c_eagle-tasks']:.3f} (task "
+        f"EagleDraft); target {costs['target_ms']:.1f} ms per token.",
+        "",
+    ]
+    for prompts, title in (
+        ("everyday", f"{results['num_prompts']} held-out everyday chat prompts"),
+        ("arith_chat", f"{results['task_prompts']} held-out `arith_chat` prompts"),
+    ):
+        for mode, mode_title in MODES.items():
+            block = results[prompts][mode]
+            lines += [
+                f"### {title}, {mode_title}",
+                "",
+                "| draft | N | acceptance | tokens/round | tokens/s | x target-only |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            lines += [_row(block, key) for key in block]
+            lines.append("")
+    lines += ["### Against the goals (everyday prompts, the default draft at its shipped N)", ""]
+    n = results["best"]
+    for mode, (acceptance_goal, speed_goal) in GOALS.items():
+        row = results["everyday"][mode][f"eagle:N={n}"]
+        speedup = row["tokens_per_second"] / results["everyday"][mode]["target"]["tokens_per_second"]
+        verdicts = [
+            f"acceptance {100 * row['acceptance']:.1f} % (goal {100 * acceptance_goal:.0f} %: "
+            + (
+                "met"
+                if row["acceptance"] >= acceptance_goal
+                else f"missed by {100 * (acceptance_goal - row['acceptance']):.1f} points"
+            )
+            + ")",
+            f"{speedup:.2f}x target-only (goal {speed_goal:.1f}x: "
+            + ("met" if speedup >= speed_goal else f"missed by {speed_goal - speedup:.2f}x")
+            + ")",
+        ]
+        lines.append(f"- {MODES[mode]}, N = {n}: " + ", ".join(verdicts) + ".")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def summary_paragraph(results: dict) -> str:
+    """The README's headline on the default draft (between ``<!-- everyday-draft -->`` markers)."""
+    n = results["best"]
+    parts = []
+    for prompts, label in (("everyday", "held-out everyday chat prompts"), ("arith_chat", "held-out `arith_chat`")):
+        for mode in MODES:
+            block = results[prompts][mode]
+            row = block[f"eagle:N={n}"]
+            parts.append(
+                f"{label}, {MODES[mode]}: {100 * row['acceptance']:.1f} % accepted, "
+                f"{row['tokens_per_second'] / block['target']['tokens_per_second']:.2f}x target-only tokens/s"
+            )
+    old = results["everyday"]["greedy"]
+    old_key = next(k for k in old if k.startswith("eagle-tasks:"))
+    return (
+        f'**Measured** (`python training/everyday_results.py`, RESULTS.md "Real pair: the EagleDraft on everyday '
+        f'prompts"; lossless SD with the default EagleDraft at its shipped N = {n}, batch 1, one thread): '
+        + "; ".join(parts)
+        + f". The task EagleDraft it replaces, distilled on the tasks alone, is accepted "
+        f"{100 * old[old_key]['acceptance']:.1f} % on the same everyday prompts (greedy)."
+    )
+
+
+def ship(results: dict, command: str) -> None:
+    from eagle_results import _replace_marked
+    from transformers import GenerationConfig
+
+    from diversed_hf.eagle import EagleDraftConfig
+    from diversed_hf.testbed.smollm2 import EAGLE_DIR
+    from diversed_hf.training.eagle_card import render_eagle_card
+
+    n = results["best"]
+    config = GenerationConfig.from_pretrained(EAGLE_DIR)
+    config.num_assistant_tokens = n
+    config.num_assistant_tokens_schedule = "constant"
+    config.save_pretrained(EAGLE_DIR)
+    record = json.loads((EAGLE_DIR / "training.json").read_text())
+    record["measured"] = {
+        "summary": summary_paragraph(results).split("): ", 1)[1],
+        "prompts": "the held-out everyday chat prompts (diversed_hf.tasks.chat_prompts.everyday_prompts) and held-out "
+        "arith_chat test prompts",
+        "command": command,
+        "best_draft_length": n,
+    }
+    write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
+    card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
+    write_text_atomic(EAGLE_DIR / "README.md", card)
+    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
+    _replace_marked(REPO / "README.md", summary_paragraph(results), marker="everyday-draft")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from diversed_hf import enable_diversed
+    from diversed_hf.tasks import load_task_dataset
+    from diversed_hf.tasks.chat_prompts import everyday_prompts
+    from diversed_hf.testbed import smollm2
+
+    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "everyday")
+    check_output_dir(output_dir, "--output_dir")
+    torch.set_num_threads(1)
+    target, draft, tokenizer = smollm2.load_smollm2_pair(draft="eagle")
+    enable_diversed(target)
+    drafts = {"eagle": draft, "eagle-tasks": smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle-tasks"])}
+    old_n = int(drafts["eagle-tasks"].generation_config.num_assistant_tokens)
+    configs = [("target", None, {})]
+    configs += [(f"eagle:N={n}", "eagle", {"num_assistant_tokens": n}) for n in args.draft_lengths]
+    configs.append((f"eagle-tasks:N={old_n}", "eagle-tasks", {"num_assistant_tokens": old_n}))
+    prompt_sets = {
+        "everyday": everyday_prompts(args.num_prompts),
+        "arith_chat": list(
+            load_task_dataset("arith_chat", split="test", num_examples=args.task_prompts, seed=args.seed)["prompt"]
+        ),
+    }
+    modes = {
+        "greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
+        "t0.7": {
+            "do_sample": True,
+            "temperature": 0.7,
+            "top_k": 0,
+            "top_p": 1.0,
+            "max_new_tokens": args.max_new_tokens,
+        },
+    }
+    probe = tokenizer(prompt_sets["everyday"][0], return_tensors="pt", add_special_tokens=False)["input_ids"]
+    costs = step_costs(target, {"eagle": drafts["eagle"], "eagle-tasks": drafts["eagle-tasks"]}, probe)
+    results = {
+        "num_prompts": args.num_prompts,
+        "task_prompts": args.task_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "costs": costs,
+        "environment": f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} "
+        f"thread, {platform.machine()}.",
+    }
+    started = time.time()
+    everyday = {}
+    for mode, sampling in modes.items():
+        everyday[mode] = measure(
+            target, drafts, tokenizer, prompt_sets["everyday"], configs, sampling, args.seed, f"everyday {mode}"
+        )
+    results["everyday"] = everyday
+    results["best"] = max(
+        args.draft_lengths, key=lambda n: everyday["t0.7"][f"eagle:N={n}"]["tokens_per_second"]
+    )  # the shipped length: the fastest on everyday prompts at temperature 0.7
+    task_configs = [c for c in configs if c[0] in ("target", f"eagle:N={results['best']}") or c[1] == "eagle-tasks"]
+    results["arith_chat"] = {
+        mode: measure(
+            target,
+            drafts,
+            tokenizer,
+            prompt_sets["arith_chat"],
+            task_configs,
+            sampling,
+            args.seed,
+            f"arith_chat {mode}",
+        )
+        for mode, sampling in modes.items()
+    }
+    results["seconds"] = round(time.time() - started)
+    command = "python training/everyday_results.py" + (" --quick" if args.quick else "")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    section = render(results, command)
+    write_text_atomic(output_dir / "everyday.md", section + "\n")
+    print(section)
+    if args.quick or args.no_ship:
+        return 0
+    write_text_atomic(REPO / "results" / "everyday.md", section + "\n")
+    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+    ship(results, command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
