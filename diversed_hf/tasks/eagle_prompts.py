@@ -19,7 +19,7 @@ import random
 from .chat import chat_prompt
 from .registry import load_task_dataset
 
-__all__ = ["STDLIB_MODULES", "docstring_prompts", "eagle_prompts"]
+__all__ = ["STDLIB_MODULES", "docstring_prompts", "eagle_prompt_mix", "eagle_prompts", "interleave"]
 
 STDLIB_MODULES = (
     "os",
@@ -104,7 +104,7 @@ def docstring_prompts(num_prompts: int, seed: int = 0) -> list[str]:
     ]
 
 
-def eagle_prompts(
+def eagle_prompt_mix(
     num_arith: int,
     code_samples: int,
     num_docstrings: int,
@@ -116,28 +116,32 @@ def eagle_prompts(
     code_max_new_tokens: int = 160,
     docstring_max_new_tokens: int = 128,
     seed: int = 0,
-) -> list[tuple[str, int]]:
-    """``(chat prompt, max new tokens)`` for the target to answer, interleaved by source so every shard mixes them.
-
-    The chat part is ``chat_prompts`` when given (a user's own, already rendered), else the first ``num_chat``
-    requests of the broad set.
-    """
+) -> dict[str, list[tuple[str, int]]]:
+    """``(chat prompt, max new tokens)`` by source: ``"chat"`` (``chat_prompts`` when given, a user's own, already
+    rendered; else the first ``num_chat`` requests of the broad set), ``"arith_chat"``, ``"humaneval"``,
+    ``"docstrings"``."""
     from .chat_prompts import broad_chat_prompts
 
     chat = chat_prompts if chat_prompts is not None else broad_chat_prompts(num_chat, seed=seed) if num_chat else []
-    sources = [
-        [(p, chat_max_new_tokens) for p in chat],
-        [
-            (p, arith_max_new_tokens)
-            for p in load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"]
-        ],
-        [
-            (p, code_max_new_tokens)
-            for p in load_task_dataset("humaneval", split="train")["prompt"]
-            for _ in range(code_samples)
-        ],
-        [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed)],
-    ]
-    jobs = [job for source in sources for job in source]
+    arith = (
+        load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"] if num_arith else []
+    )
+    code = load_task_dataset("humaneval", split="train")["prompt"] if code_samples else []
+    return {
+        "chat": [(p, chat_max_new_tokens) for p in chat],
+        "arith_chat": [(p, arith_max_new_tokens) for p in arith],
+        "humaneval": [(p, code_max_new_tokens) for p in code for _ in range(code_samples)],
+        "docstrings": [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed)],
+    }
+
+
+def interleave(mix: dict[str, list[tuple[str, int]]], seed: int = 0) -> list[tuple[str, int]]:
+    """The sources of :func:`eagle_prompt_mix` in one seeded shuffle, so every shard mixes them."""
+    jobs = [job for source in mix.values() for job in source]
     random.Random(f"eagle-prompts/{seed}").shuffle(jobs)
     return jobs
+
+
+def eagle_prompts(num_arith: int, code_samples: int, num_docstrings: int, *, seed: int = 0, **options):
+    """:func:`eagle_prompt_mix` interleaved: what the target answers, in collection order."""
+    return interleave(eagle_prompt_mix(num_arith, code_samples, num_docstrings, seed=seed, **options), seed)
