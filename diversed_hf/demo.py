@@ -40,8 +40,9 @@ REAL_PAIR_HEAD_TASK = "arith_chat"  # the real pair's shipped head
 
 @dataclass
 class DemoSetup:
-    """What the demo runs: the target, each method's ``(draft, verifier)`` (``(None, None)``: target-only), the
-    prompts as token ids, their text, references (``None``: no quality column) and the sampling temperature."""
+    """What the demo runs: the target, each method's ``(draft, verifier)`` or ``(draft, verifier, N)`` (``(None,
+    None)``: target-only; ``N``: the length a head was measured with), the prompts as token ids, their text,
+    references (``None``: no quality column) and the sampling temperature."""
 
     description: str
     target: object
@@ -98,9 +99,9 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
     target, draft, tokenizer = testbed.load_pair("smollm2")
     head_draft = testbed.SHIPPED_HEAD_DRAFTS[REAL_PAIR_HEAD_TASK]
     head = testbed.load_head(REAL_PAIR_HEAD_TASK, pair="smollm2")
-    temperature = float(
-        json.loads((_head_dir(REAL_PAIR_HEAD_TASK) / "training_config.json").read_text())["temperature"]
-    )
+    head_dir = _head_dir(REAL_PAIR_HEAD_TASK)
+    temperature = float(json.loads((head_dir / "training_config.json").read_text())["temperature"])
+    head_length = json.loads((head_dir / "results.json").read_text())["setting"]["num_draft_tokens"]
     from .testbed.smollm2 import EAGLE_DRAFTS, load_eagle_draft
 
     own_draft = load_eagle_draft(target, *EAGLE_DRAFTS[head_draft]) if head_draft in EAGLE_DRAFTS else draft
@@ -115,12 +116,13 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
         TARGET_ONLY: (None, None),
         "SD (ExactVerifier)": (draft, ExactVerifier()),
         "static ensemble w=0.5": (draft, StaticEnsembleVerifier(0.5)),
-        f"DIVERSED ({REAL_PAIR_HEAD_TASK} head, {head_draft} draft)": (own_draft, HeadVerifier(head)),
+        f"DIVERSED ({REAL_PAIR_HEAD_TASK} head, {head_draft} draft)": (own_draft, HeadVerifier(head), head_length),
     }
     notes = [
         f"the {REAL_PAIR_HEAD_TASK} head was trained with the {head_draft!r} draft and reads its features, so its "
-        f"row drafts with that one; the other rows use the pair's default EagleDraft. The head is an operating point "
-        f"on {REAL_PAIR_HEAD_TASK} (RESULTS.md); on other prompts it is shown, not vouched for."
+        f"row drafts with that one, at the length the head was measured with (N = {head_length}); the other rows use "
+        f"the pair's default EagleDraft at its own length. The head is an operating point on {REAL_PAIR_HEAD_TASK} "
+        "(RESULTS.md); on other prompts it is shown, not vouched for."
     ]
     return DemoSetup(
         f"Real pair (SmolLM2-135M-Instruct), {where}",
@@ -175,12 +177,12 @@ def _random_setup(num_prompts: int, seed: int) -> DemoSetup:
 
 
 def _generate(setup: DemoSetup, method: str, ids: torch.Tensor, max_new_tokens: int, num_draft_tokens, seed: int):
-    draft, verifier = setup.methods[method]
+    draft, verifier, *length = setup.methods[method]
     kwargs = dict(do_sample=True, temperature=setup.temperature, top_k=0, max_new_tokens=max_new_tokens)
     pad = getattr(setup.tokenizer, "pad_token_id", None)
     kwargs["pad_token_id"] = pad if pad is not None else 0
     if draft is not None:
-        n = num_draft_tokens or draft_length_of(draft)
+        n = num_draft_tokens or (length[0] if length else draft_length_of(draft))
         kwargs.update(assistant_model=draft, verifier=verifier, num_assistant_tokens=n)
         kwargs["generator"] = torch.Generator().manual_seed(seed)
     else:
