@@ -115,13 +115,18 @@ def check_round_inputs(
         if "probs" in name:
             rows = counted["draft" if "draft" in name else "target"]
             _check_distribution(name, value if rows is None else value[rows.to(value.device)])
-    if draft_ids.numel() and (int(draft_ids.min()) < 0 or int(draft_ids.max()) >= vocab_size):
+    # ids after a row's draft_lengths are placeholders (vLLM pads them with -1): not read, not checked
+    counted_ids = draft_ids if counted["draft"] is None else draft_ids[counted["draft"]]  # (batch * N,) or fewer
+    if counted_ids.numel() and (int(counted_ids.min()) < 0 or int(counted_ids.max()) >= vocab_size):
         raise ValueError(
             f"`draft_ids` must be token ids in [0, {vocab_size}) (the vocabulary of `draft_probs`), got values in "
-            f"[{int(draft_ids.min())}, {int(draft_ids.max())}]."
+            f"[{int(counted_ids.min())}, {int(counted_ids.max())}]"
+            + ("" if counted["draft"] is None else " among each row's first `draft_lengths`")
+            + "."
         )
     if draft_ids.numel():
-        drafted = draft_probs.gather(-1, draft_ids.long().unsqueeze(-1)).squeeze(-1)  # (batch, N) q_t(x_t)
+        safe_ids = draft_ids if counted["draft"] is None else draft_ids.where(counted["draft"], 0)  # (batch, N)
+        drafted = draft_probs.gather(-1, safe_ids.long().unsqueeze(-1)).squeeze(-1)  # (batch, N) q_t(x_t)
         zero = drafted <= 0 if counted["draft"] is None else (drafted <= 0) & counted["draft"]  # (batch, N)
         if bool(zero.any()):
             row, position = zero.nonzero()[0].tolist()

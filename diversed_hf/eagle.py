@@ -97,6 +97,8 @@ class EagleDraftConfig(PretrainedConfig):
             )
         values = copy.deepcopy(self.target_config)
         model_type = values.pop("model_type")
+        for name in ("dtype", "torch_dtype"):  # the draft's dtype is its own (the saved one), not the target's
+            values.pop(name, None)
         values["num_hidden_layers"] = self.num_layers
         if isinstance(values.get("layer_types"), list):  # per-layer attention kinds (sliding windows): the first ones
             values["layer_types"] = values["layer_types"][: self.num_layers]
@@ -139,9 +141,16 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: EagleDraftConfig):
         super().__init__(config)
+        layers_config = config.layers_config()  # refuses a config without the target's
         hidden = config.hidden_size
+        if isinstance(hidden, bool) or not isinstance(hidden, int):
+            raise ValueError(
+                _unsupported(layers_config.model_type, f"its config has no `hidden_size` (got {hidden!r})")
+            )
         self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
-        self.model = AutoModel.from_config(config.layers_config())
+        # every weight in one dtype: the current default (from_pretrained's: the saved one), never the target config's
+        self.model = AutoModel.from_config(layers_config, dtype=torch.get_default_dtype())
+        _check_layout(self.model, layers_config.model_type)
         self.model.embed_tokens = None  # the target's embeddings are attached, never copied or saved
         if not config.input_norm:
             self.model.layers[0].input_layernorm = nn.Identity()
@@ -159,16 +168,23 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
             self.generation_config = GenerationConfig()
 
     def generate(self, *args, **kwargs):  # a GenerationMixin so its generation_config (draft-length knobs) is kept
+        # reached when called directly, or from transformers' own assisted decoding (a target without enable_diversed)
         raise TypeError(
-            "An EagleDraft drafts from the target's features and cannot generate on its own: pass it as the target's "
-            "`assistant_model` (`target.generate(..., assistant_model=draft)`)."
+            "An EagleDraft drafts from the target's features: it cannot generate on its own, nor as the "
+            "`assistant_model` of transformers' own assisted decoding, which feeds it tokens only. Call "
+            "`diversed_hf.enable_diversed(target)` once, then `target.generate(..., assistant_model=draft)`."
         )
 
     # Construction -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs) -> EagleDraft:
         """``PreTrainedModel.from_pretrained`` (with the saved ``generation_config.json``: the draft-length knobs it
-        carries, e.g. its measured best ``num_assistant_tokens``) and, with ``target=``, :meth:`attach_target`."""
+        carries, e.g. its measured best ``num_assistant_tokens``) and, with ``target=``, :meth:`attach_target`.
+
+        Every weight is loaded in one dtype: ``dtype=`` when given, else the target's with ``target=``, else the saved
+        one (``train_eagle_draft.py`` saves bfloat16)."""
+        if target is not None and kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
+            kwargs["dtype"] = target.dtype
         draft = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         return draft.attach_target(target) if target is not None else draft
 
@@ -347,6 +363,30 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         return EagleDraftOutput(
             logits=self.full_logits(kept), last_hidden_state=features, hidden_states=(features,), cache=cache
         )
+
+
+#: architectures with the Llama layout the draft builds on that the tests run it with (tests/test_eagle.py)
+TESTED_ARCHITECTURES = ("llama", "qwen3", "gemma3_text")
+
+
+def _unsupported(model_type: str, why: str) -> str:
+    return (
+        f"EagleDraft builds its layers from the target's architecture, and the target's {model_type!r} does not have "
+        f"the layout it needs ({why}): a `hidden_size` and a base model with `embed_tokens`, `layers` (each with an "
+        f"`input_layernorm`) and `norm`, as Llama-style decoders have (tested: {', '.join(TESTED_ARCHITECTURES)}). "
+        "Use a target of such an architecture, or a separate small causal LM as `assistant_model`."
+    )
+
+
+def _check_layout(model: nn.Module, model_type: str) -> None:
+    """Refuse a base model without the Llama layout (``embed_tokens``, ``layers`` with ``input_layernorm``, ``norm``)
+    the draft's construction and forward rely on, naming the architecture."""
+    layers = getattr(model, "layers", None)
+    if not (isinstance(layers, nn.ModuleList) and len(layers) > 0 and hasattr(layers[0], "input_layernorm")):
+        raise ValueError(_unsupported(model_type, f"{type(model).__name__} has no `layers` of decoder layers"))
+    missing = [name for name in ("norm", "embed_tokens") if not hasattr(model, name)]
+    if missing:
+        raise ValueError(_unsupported(model_type, f"{type(model).__name__} has no {', '.join(missing)}"))
 
 
 AutoConfig.register(EagleDraftConfig.model_type, EagleDraftConfig, exist_ok=True)

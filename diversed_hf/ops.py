@@ -153,3 +153,13 @@ def sample(
 def num_leading_true(mask: torch.Tensor) -> torch.Tensor:  # (batch, n) bool -> (batch,)
     """Length of the all-true prefix of each row: the number of drafts kept before the first rejection."""
     return mask.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def without_placeholders(
+    draft_ids: torch.Tensor,  # (batch, N)
+    draft_lengths: torch.Tensor,  # (batch,) N_b
+) -> torch.Tensor:  # (batch, N)
+    """``draft_ids`` with id 0 after each row's first ``N_b``: those slots are placeholders (vLLM pads them with -1)
+    that no rule reads, and an id inside the vocabulary keeps every gather valid."""
+    counted = torch.arange(draft_ids.shape[1], device=draft_ids.device) < draft_lengths[:, None]  # (batch, N)
+    return torch.where(counted, draft_ids, torch.zeros_like(draft_ids))

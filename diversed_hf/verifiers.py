@@ -182,6 +182,8 @@ class Verifier:
         rows = torch.arange(batch_size, device=draft_ids.device)  # (batch,)
         if draft_lengths is None:
             draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)
+        else:
+            draft_ids = ops.without_placeholders(draft_ids, draft_lengths)  # (batch, N)
         bonus_probs = target_probs[rows, draft_lengths]  # (batch, vocab)
         if num_draft_tokens == 0:
             next_tokens = ops.sample(bonus_probs, generator) if do_sample else bonus_probs.argmax(dim=-1)
@@ -582,6 +584,8 @@ class BlockVerifier(Verifier):
         batch_size, num_draft_tokens = draft_ids.shape
         if draft_lengths is None:
             draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)
+        else:
+            draft_ids = ops.without_placeholders(draft_ids, draft_lengths)  # (batch, N)
         verify_probs, target_weight = self.base._round_verification_probs(draft_probs, target_probs, **context)
         bonus_probs = target_probs[torch.arange(batch_size, device=draft_ids.device), draft_lengths]  # (batch, vocab)
         num_accepted, next_tokens, position_acceptance, drafted_factor = block.block_round(

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
 
 pytest.importorskip("trl")
@@ -82,11 +83,53 @@ def test_the_targets_greedy_answers_are_cached_and_reused(tmp_path):
     cache = tmp_path / "target_completions.json"
     prompts = ["a b c", "a c", "b b a c"]
     first = target_completions(target, tokenizer, prompts, max_new_tokens=5, batch_size=2, cache=cache)
-    assert len(first) == 3 and json.loads(cache.read_text())["max_new_tokens"] == 5
+    assert len(first) == 3 and json.loads(cache.read_text())["key"]["max_new_tokens"] == 5
     target.generate = lambda *a, **k: pytest.fail("a cached completion was generated again")
     assert target_completions(target, tokenizer, prompts, max_new_tokens=5, cache=cache) == first
-    with pytest.raises(ValueError, match="holds completions of 5 new tokens, not 6"):
+    with pytest.raises(
+        ValueError, match=f"cache {cache} holds .* other generation settings .*max_new_tokens: cached 5"
+    ):
         target_completions(target, tokenizer, prompts, max_new_tokens=6, cache=cache)
+
+
+def test_the_cache_serves_only_the_target_and_settings_that_wrote_it(tmp_path):
+    """Another model, the same model in another dtype, or with an adapter's weights: each is refused, naming the
+    file, instead of serving the first target's answers."""
+    import copy
+
+    from test_training import tiny_tokenizer
+    from tiny_models import make_model, make_pair
+
+    target, _ = make_pair("llama")
+    tokenizer = tiny_tokenizer()
+    cache = tmp_path / "target_completions.json"
+    prompts = ["a b c", "a c"]
+    target_completions(target, tokenizer, prompts, max_new_tokens=4, cache=cache)
+    adapted = copy.deepcopy(target)
+    adapted.lm_head.register_parameter("lora_B", torch.nn.Parameter(torch.ones(2)))  # an adapter's extra weights
+    for other in (make_model("llama", seed=5), copy.deepcopy(target).to(torch.bfloat16), adapted):
+        other.generate = lambda *a, **k: pytest.fail("refused before generating")
+        with pytest.raises(ValueError, match=f"cache {cache} holds the completions of another target .*target_finger"):
+            target_completions(other, tokenizer, prompts, max_new_tokens=4, cache=cache)
+    assert target_completions(target, tokenizer, prompts, max_new_tokens=4, cache=cache)  # its own target: served
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('{"key": {}, "completions": {"ab', "is not valid JSON .*cut short"),
+        ("[1, 2]", "holds a JSON list, not the object"),
+        ('{"max_new_tokens": 4, "completions": {}}', "does not record which target wrote it"),
+    ],
+)
+def test_a_damaged_or_old_cache_is_refused_naming_the_file(tmp_path, text, match):
+    from test_training import tiny_tokenizer
+    from tiny_models import make_pair
+
+    cache = tmp_path / "target_completions.json"
+    cache.write_text(text)
+    with pytest.raises(ValueError, match=f"cache {cache} {match}.*Remove it"):
+        target_completions(make_pair("llama")[0], tiny_tokenizer(), ["a b"], max_new_tokens=4, cache=cache)
 
 
 def test_train_head_trains_with_target_agreement(tmp_path):
@@ -127,7 +170,7 @@ def test_train_head_trains_with_target_agreement(tmp_path):
         ]
     )
     cached = json.loads((out / "target_completions.json").read_text())
-    assert len(cached["completions"]) == 16 and cached["max_new_tokens"] == 6
+    assert len(cached["completions"]) == 16 and cached["key"]["max_new_tokens"] == 6
     assert json.loads((out / "head" / "training_config.json").read_text())["reward"] == "target_agreement"
     with pytest.raises(ValueError, match="`reward` is 'nope'"):
         train_head.parse_arguments(["--task", "testbed_arith", "--reward", "nope"])

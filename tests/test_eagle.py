@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import VOCAB_SIZE, empirical, left_padded_batch, make_model, prompt, tv_bound
+from tiny_models import VOCAB_SIZE, empirical, left_padded_batch, make_model, make_other_model, prompt, tv_bound
 
 from diversed_hf import DiversedHead, EagleDraft, EagleDraftConfig, enable_diversed
 from diversed_hf.verifiers import BlockVerifier, ExactVerifier, StaticEnsembleVerifier, Verifier
@@ -327,8 +327,40 @@ def test_a_token_only_loop_gets_a_clear_error():
     with pytest.raises(ValueError, match="reads the target's hidden states"):
         draft(prompt(3))
     plain = make_model("llama", hidden_size=32, num_layers=2)  # no enable_diversed: transformers' own assisted loop
-    with pytest.raises(TypeError, match="assistant_model"):
+    with pytest.raises(TypeError, match=r"transformers' own assisted decoding.*enable_diversed\(target\)"):
         plain.generate(prompt(3), assistant_model=EagleDraft.for_target(plain), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_saved_draft_loads_in_one_dtype_and_drafts(tmp_path, dtype):
+    """Saved in ``dtype`` (train_eagle_draft.py saves bfloat16) for a float32 target whose config records its dtype:
+    loaded as documented, every weight is in the saved dtype (not the target config's), and ``generate`` runs; with
+    ``target=`` every weight is in the target's dtype and greedy exact verification is the target's greedy output."""
+    target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(2, 50))
+    target.config.dtype = torch.float32  # as from_pretrained records it: the draft's target_config carries it
+    draft = EagleDraft.for_target(target, draft_vocab_ids=torch.arange(2, 50))
+    draft.to(dtype).save_pretrained(tmp_path)
+    loaded = EagleDraft.from_pretrained(tmp_path)
+    assert {p.dtype for p in loaded.parameters()} == {dtype}
+    inputs = prompt(5, batch=2, seed=5)
+    out = target.generate(inputs, assistant_model=loaded, verifier=StaticEnsembleVerifier(0.5), max_new_tokens=6)
+    assert out.shape == (2, 11)
+    attached = EagleDraft.from_pretrained(tmp_path, target=target)
+    assert {p.dtype for p in attached.parameters()} == {torch.float32} and attached.is_attached_to(target)
+    greedy = target.generate(
+        inputs, assistant_model=attached, verifier=ExactVerifier(), do_sample=False, max_new_tokens=8
+    )
+    assert torch.equal(greedy, target.generate(inputs, do_sample=False, max_new_tokens=8))
+
+
+def test_drafts_for_unsupported_targets_or_configs_are_refused_naming_them():
+    with pytest.raises(ValueError, match="no `target_config`.*EagleDraft.for_target"):
+        EagleDraft(EagleDraftConfig())
+    for architecture in ("gpt2", "opt"):
+        with pytest.raises(ValueError, match=rf"target's '{architecture}' does not have the layout.*tested: llama"):
+            EagleDraft.for_target(make_other_model(architecture))
+    for architecture in ("llama", "qwen3", "gemma3"):  # the supported layout builds
+        assert EagleDraft.for_target(make_model(architecture)).config.hidden_size == 32
 
 
 def test_bench_measures_a_feature_drafts_cost():

@@ -106,3 +106,12 @@ def test_the_data_file_rebuilds_bit_identically(tmp_path):
         timeout=300,
     )
     assert out.read_bytes() == synopsis.DATA_FILE.read_bytes()
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path, monkeypatch):
+    for bad in (2.5, "3", True):
+        with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer or None .*got {bad!r}"):
+            synopsis.load_synopsis(num_examples=bad)
+    monkeypatch.setattr(synopsis_build, "build_pairs", lambda *a, **k: pytest.fail("the standard library was read"))
+    with pytest.raises(ValueError, match=r"`--output` .* is a directory; pass the file to write, e.g. .*synopsis"):
+        synopsis_build.main(["--output", str(tmp_path)])

@@ -8,6 +8,7 @@ from diversed_hf import ops, theory
 from diversed_hf.head import DiversedHead
 from diversed_hf.verifiers import (
     CASCADE_RULES,
+    BlockVerifier,
     ExactVerifier,
     HeadVerifier,
     LenientVerifier,
@@ -242,6 +243,37 @@ def test_draft_lengths_and_zero_probability_drafts_are_checked():
     draft_probs[0, 0, (draft_ids[0, 0] + 1) % 5] = 1.0
     with pytest.raises(ValueError, match=r"`draft_ids\[0, 0\]`.*has probability 0"):
         ExactVerifier()(draft_ids, draft_probs, target_probs)
+
+
+@pytest.mark.parametrize("do_sample", [True, False])
+@pytest.mark.parametrize(
+    "make", [ExactVerifier, lambda: StaticEnsembleVerifier(0.5), lambda: BlockVerifier(StaticEnsembleVerifier(0.5))]
+)
+def test_placeholder_ids_after_a_rows_drafts_are_ignored(make, do_sample):
+    """vLLM pads the slots after each request's drafts with -1: ids beyond ``draft_lengths`` are not checked and
+    not read (the round equals one with valid filler there); ids within it still are."""
+    draft_ids, draft_probs, target_probs = _round()
+    lengths = torch.tensor([2, 1])
+    padded = draft_ids.clone()
+    padded[0, 2:], padded[1, 1:] = -1, -1
+    filled = draft_ids.clone()
+    filled[0, 2:], filled[1, 1:] = 0, 0
+    rounds = [
+        make()(
+            ids,
+            draft_probs,
+            target_probs,
+            draft_lengths=lengths,
+            do_sample=do_sample,
+            generator=torch.Generator().manual_seed(3),
+        )
+        for ids in (padded, filled)
+    ]
+    assert torch.equal(rounds[0].num_accepted, rounds[1].num_accepted)
+    assert torch.equal(rounds[0].next_tokens, rounds[1].next_tokens)
+    padded[1, 0] = -1  # within row 1's length: refused
+    with pytest.raises(ValueError, match=r"`draft_ids` must be token ids in \[0, 5\).*first `draft_lengths`"):
+        make()(padded, draft_probs, target_probs, draft_lengths=lengths)
 
 
 def test_constructors_check_types_before_ranges():

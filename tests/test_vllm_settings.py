@@ -125,3 +125,31 @@ def test_a_features_only_head_loads_with_its_identity(tmp_path):
     assert isinstance(verifier, HeadVerifier)
     assert torch.equal(verifier.head.net[-1].weight, head.net[-1].weight)
     assert str(tmp_path) in identity and "features=['tv', 'draft_top1']" in identity and "weights sha256=" in identity
+
+
+def test_a_named_head_may_not_rename_the_default_head():
+    """``{"head": A, "heads": {A: B}}`` would verify requests naming A with B while the logs say A: refused."""
+    with pytest.raises(ValueError, match=r"""\["heads"\]\['a'\] is 'b' .*\["head"\] 'a'.*Rename the entry"""):
+        settings_from_additional_config({"diversed": {"head": "a", "heads": {"a": "b"}}})
+    with pytest.raises(ValueError, match="revision 'v2'.*revision None"):
+        settings_from_additional_config({"diversed": {"head": "a", "heads": {"a": {"head": "a", "revision": "v2"}}}})
+    same = settings_from_additional_config({"diversed": {"head": "a", "heads": {"a": "a", "other": "b"}}})
+    assert same.head_sources == {"a": ("a", None), "other": ("b", None)}
+
+
+def test_an_engine_keeps_a_bounded_number_of_static_rules():
+    """A client may send any weight: the engine keeps the most recently used few verifiers, not one per weight."""
+    from diversed_hf.vllm_plugin.settings import MAX_CACHED_RULES, VerificationRules
+
+    settings = settings_from_additional_config({"diversed": {"target_weight": 1.0}})
+    rules = VerificationRules(settings, {}, max_cached=4)
+    for i in range(1000):
+        verifier = rules.for_request({"diversed": {"target_weight": i / 1000}})
+        assert verifier == StaticEnsembleVerifier(i / 1000)
+        assert len(rules._verifiers) <= 4
+    assert rules.for_request({"diversed": {"target_weight": 0.999}}) is verifier  # recent ones are shared
+    assert rules.for_request({"diversed": {"target_weight": 1.0}}) is rules.default
+    assert rules.for_request(None) is rules.default and rules.default == StaticEnsembleVerifier(1.0)
+    assert VerificationRules(settings, {}).max_cached == MAX_CACHED_RULES
+    with pytest.raises(ValueError, match="`max_cached` must be a positive integer"):
+        VerificationRules(settings, {}, max_cached=0)

@@ -111,3 +111,29 @@ def left_padded_batch(lengths, seed=0):
         input_ids[i, width - len(row) :] = row
         attention_mask[i, width - len(row) :] = 1
     return rows, input_ids, attention_mask
+
+
+def make_other_model(architecture: str, hidden_size: int = 32, vocab_size: int = VOCAB_SIZE):
+    """A tiny causal LM without the Llama layout (GPT-2 or OPT): what an EagleDraft refuses."""
+    from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    if architecture == "gpt2":
+        config = GPT2Config(
+            n_embd=hidden_size, n_layer=1, n_head=4, vocab_size=vocab_size, bos_token_id=2, eos_token_id=1
+        )
+        return GPT2LMHeadModel(config).eval()
+    if architecture == "opt":
+        config = OPTConfig(
+            hidden_size=hidden_size,
+            ffn_dim=2 * hidden_size,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            vocab_size=vocab_size,
+            word_embed_proj_dim=hidden_size,
+            pad_token_id=PAD_TOKEN_ID,
+            bos_token_id=2,
+            eos_token_id=EOS_TOKEN_ID,
+        )
+        return OPTForCausalLM(config).eval()
+    raise ValueError(f"unknown architecture {architecture!r}; choose from ('gpt2', 'opt')")

@@ -412,13 +412,14 @@ def summary_paragraph(results: dict) -> str:
             n = results["best"][mode][name]
             row = block[f"{name}:N={n}"]
             rows.append(
-                f"{'the EagleDraft' if name == 'eagle' else 'the self-draft'} {row['tokens_per_second'] / target_tps:.2f}x "
+                f"{'the task EagleDraft' if name == 'eagle' else 'the self-draft'} {row['tokens_per_second'] / target_tps:.2f}x "
                 f"(acceptance {100 * row['acceptance']:.1f} %, {row['tokens_per_round']:.2f} tokens per round, N = {n})"
             )
         parts.append(f"{label}: " + ", ".join(rows))
     return (
         '**Measured** (`python training/eagle_results.py`, RESULTS.md "Real pair: feature draft against self-draft"; '
-        f"{results['num_prompts']} held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the EagleDraft costs "
+        f"{results['num_prompts']} held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the task "
+        f"EagleDraft costs "
         f"c = {costs['c_eagle']:.3f} of the target per draft step against {costs['c_self']:.3f} for the self-draft, and "
         f"a target pass over 4 tokens costs {costs['c_verify'][3]:.2f} target steps. Tokens/s against the target alone, "
         + "; ".join(parts)
@@ -478,7 +479,8 @@ def ship(results: dict, command: str) -> None:
     card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
     write_text_atomic(EAGLE_DIR / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_tasks_draft.md", card)
-    _replace_marked(REPO / "docs" / "eagle.md", summary_paragraph(results))
+    for page in (REPO / "README.md", REPO / "docs" / "eagle.md"):
+        _replace_marked(page, summary_paragraph(results))
 
 
 if __name__ == "__main__":

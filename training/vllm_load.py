@@ -18,7 +18,8 @@ number of held-out prompts of the task, ``--max-concurrency`` clients at a time 
 rate, completions API, temperature 1. Per cell: requests/s, output tokens/s, time to first token and time per output
 token (median and p95), completed and failed requests, and acceptance from the server's spec-decoding counters
 (accepted / drafted tokens, and tokens per round). Defaults: the testbed pair, its ``arith`` head, ``arith`` prompts.
-One thread for the server (``OMP_NUM_THREADS=1``).
+One thread for the server (``OMP_NUM_THREADS=1``). The models, tokenizer and head are checked before a server starts
+(the head against the models' hidden sizes, as the server would).
 """
 
 from __future__ import annotations
@@ -62,6 +63,59 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def diversed_config(args) -> dict:
+    """The DIVERSED server's ``additional_config``: lossless by default, the head for requests to pick."""
+    return {"diversed": {"target_weight": 1.0, "heads": {"head": str(args.head)}}}
+
+
+def check_inputs(args) -> None:
+    """Refuse, before a server starts, a model, tokenizer or head directory that is missing or wrong, and a head the
+    DIVERSED server would refuse (another pair's hidden sizes)."""
+    from diversed_hf.vllm_plugin.settings import settings_from_additional_config
+
+    hidden_sizes = {}
+    for flag, value, what, files in (
+        ("--target", args.target, "model", ("config.json",)),
+        ("--draft", args.draft, "model", ("config.json",)),
+        ("--tokenizer", args.tokenizer, "tokenizer", ("tokenizer.json", "tokenizer_config.json")),
+        ("--head", args.head, "DIVERSED head (written by DiversedHead.save_pretrained)", ("config.json",)),
+    ):
+        path = Path(value).expanduser()
+        if not any((path / name).is_file() for name in files):
+            found = "does not exist" if not path.exists() else f"has no {' or '.join(files)}"
+            raise ValueError(f"`{flag}` {value} {found}: pass the directory of the {what} (default: the testbed's).")
+        if what == "model":
+            try:
+                hidden_sizes[flag] = json.loads((path / "config.json").read_text()).get("hidden_size")
+            except (ValueError, AttributeError) as error:
+                raise ValueError(f"`{flag}` {value}: config.json is not a model config ({error}).") from error
+    settings = settings_from_additional_config(diversed_config(args))
+    try:
+        settings.build_rules(target_hidden_size=hidden_sizes["--target"], draft_hidden_size=hidden_sizes["--draft"])
+    except (ValueError, OSError) as error:
+        raise ValueError(f"`--head` {args.head} would be refused by the DIVERSED server: {error}") from error
+
+
+def read_runs(runs_file: Path) -> tuple[list[dict], dict]:
+    """``(rows, meta)`` of a saved ``runs.json`` (``--section-only``), refused with the fix when missing or damaged."""
+    if not runs_file.is_file():
+        raise ValueError(
+            f"`--section-only` rebuilds the section from {runs_file}, which does not exist: run without "
+            "--section-only first."
+        )
+    try:
+        saved = json.loads(runs_file.read_text())
+        rows, meta = saved["rows"], saved["meta"]
+        if not isinstance(rows, list) or not isinstance(meta, dict):
+            raise TypeError(f"rows is a {type(rows).__name__}, meta a {type(meta).__name__}")
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"`--section-only`: {runs_file} is not a complete runs file ({type(error).__name__}: {error}); it was cut "
+            "short or edited. Run without --section-only to measure again."
+        ) from error
+    return rows, meta
+
+
 def server_command(args, port: int, speculative: bool) -> list[str]:
     command = [
         sys.executable,
@@ -99,7 +153,7 @@ def server_command(args, port: int, speculative: bool) -> list[str]:
                 }
             ),
             "--additional-config",
-            json.dumps({"diversed": {"target_weight": 1.0, "heads": {"head": str(args.head)}}}),
+            json.dumps(diversed_config(args)),
         ]
     return command
 
@@ -120,7 +174,10 @@ class Server:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited at start:\n{self.log_path.read_text()[-4000:]}")
+                raise RuntimeError(
+                    f"the server exited at start (exit code {self.process.returncode}, log {self.log_path}):\n"
+                    f"{self.log_path.read_text()[-4000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
                     if response.status == 200:
@@ -135,18 +192,26 @@ class Server:
 
     def stop(self, timeout: float = 60.0) -> dict:
         """SIGTERM, then wait: ``{"exit_code", "seconds"}``; a server that does not exit in time is killed and the
-        run fails."""
+        run fails. A server that already exited (it failed at start) only reports its code, so the error that ended
+        the run, with the server's log, is the one shown."""
         start = time.monotonic()
-        os.killpg(self.process.pid, signal.SIGTERM)
+        self._signal(signal.SIGTERM)
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL)
             self.process.wait()
             raise RuntimeError(
                 f"the server did not stop within {timeout:.0f} s of SIGTERM (killed); see {self.log_path}"
             )
         return {"exit_code": code, "seconds": round(time.monotonic() - start, 1)}
+
+    def _signal(self, signum: int) -> None:
+        """Signal the server's whole process group (its workers too); nothing when all of it has exited already."""
+        try:
+            os.killpg(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def complete(url: str, prompt: str, max_tokens: int, rule: dict | None = None) -> dict:
@@ -356,9 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     output_dir.mkdir(parents=True, exist_ok=True)
     runs_file = output_dir / "runs.json"
     if args.section_only:
-        saved = json.loads(runs_file.read_text())
-        rows, meta = saved["rows"], saved["meta"]
+        rows, meta = read_runs(runs_file)
     else:
+        check_inputs(args)
         rows, meta = run_all(args, sizes, output_dir)
         runs_file.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     check_rows(rows, meta)

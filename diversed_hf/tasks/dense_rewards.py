@@ -3,7 +3,8 @@
 A task's own reward fires rarely when the target itself is weak: SmolLM2-135M-Instruct solves about 9 % of
 ``arith_chat``, so most groups of ``G`` samples all score 0 and carry no signal. Each mode here is a reward in
 TRL's convention that reads columns :func:`add_target_columns` adds to the training set once, from the target's
-own greedy completion of every prompt (cached in a JSON file, so a resumed run does not redo it):
+own greedy completion of every prompt (cached in a JSON file, so a resumed run does not redo it; the file records the
+target's fingerprint and the generation settings, and another target's or other settings' file is refused):
 
 ``"task"``               the task's reward ``R(x, reference)`` (the paper's);
 ``"task_minus_target"``  ``R(x, reference) - R(y_target, reference)``: the same ranking within a prompt, centred on
@@ -29,7 +30,7 @@ from ..cli_utils import write_text_atomic
 from .registry import get_task, reward_for_task
 from .rewards import exact_match, extract_final_number, rouge2
 
-__all__ = ["REWARD_MODES", "add_target_columns", "dense_reward", "target_completions"]
+__all__ = ["REWARD_MODES", "add_target_columns", "dense_reward", "target_completions", "target_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,66 @@ def check_reward_mode(mode: str, task: str) -> None:
         )
 
 
+def target_fingerprint(model) -> str:
+    """What tells two targets apart: a digest of the model's class and of every parameter's name, shape, dtype and
+    first 64 values (another checkpoint, dtype, or an adapter, attached or merged, changes it)."""
+    digest = hashlib.sha256(type(model).__name__.encode())
+    for name, parameter in model.named_parameters():
+        digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype}".encode())
+        values = parameter.detach().reshape(-1)[:64].to(device="cpu", dtype=torch.float32)  # (<= 64,)
+        digest.update(values.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _cache_key(target, tokenizer, max_new_tokens: int) -> dict:
+    """What the cached completions depend on: the target and the greedy generation's settings."""
+    generation = target.generation_config
+    return {
+        "target_fingerprint": target_fingerprint(target),
+        "target_dtype": str(target.dtype),
+        "max_new_tokens": max_new_tokens,
+        "eos_token_id": generation.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "repetition_penalty": generation.repetition_penalty,
+        "no_repeat_ngram_size": generation.no_repeat_ngram_size,
+        "tokenizer_size": len(tokenizer),
+    }
+
+
+def _read_cache(cache: Path, key: dict) -> dict:
+    """The cached completions ``{prompt sha256: text}`` of ``cache`` (``{}`` without one), refused when the file is
+    damaged or was written for another target or other settings."""
+    if not cache.is_file():
+        return {}
+    fix = "Remove it to generate the target's completions again, or point the cache elsewhere."
+    try:
+        known = json.loads(cache.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"The target's completion cache {cache} is not valid JSON ({error}): it was cut short. {fix}"
+        ) from error
+    if not isinstance(known, dict) or not isinstance(known.get("completions", {}), dict):
+        raise ValueError(
+            f"The target's completion cache {cache} holds a JSON {type(known).__name__}, not the object "
+            f'{{"key": ..., "completions": {{...}}}} this function writes. {fix}'
+        )
+    if "key" not in known:
+        raise ValueError(
+            f"The target's completion cache {cache} does not record which target wrote it (an older version's file): "
+            f"its answers may be another model's. {fix}"
+        )
+    cached = known["key"] if isinstance(known["key"], dict) else {}
+    differing = [
+        f"{name}: cached {cached.get(name)!r}, now {now!r}" for name, now in key.items() if cached.get(name) != now
+    ]
+    if differing:
+        raise ValueError(
+            f"The target's completion cache {cache} holds the completions of another target or other generation "
+            f"settings ({'; '.join(differing)}). {fix}"
+        )
+    return known.get("completions", {})
+
+
 def target_completions(
     target,
     tokenizer,
@@ -63,15 +124,12 @@ def target_completions(
     cache: str | os.PathLike,
 ) -> list[str]:
     """The target's greedy completion of every prompt, read from ``cache`` (a JSON object keyed by the prompt's
-    SHA-256) where it has one and computed for the rest, batch by batch, each batch saved before the next."""
+    SHA-256, recording the target's fingerprint and the generation settings) where it has one and computed for the
+    rest, batch by batch, each batch saved before the next. A cache written by another target or with other settings
+    is refused, naming the file and what differs."""
     cache = Path(cache)
-    known = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
-    if known.get("max_new_tokens", max_new_tokens) != max_new_tokens:
-        raise ValueError(
-            f"{cache} holds completions of {known['max_new_tokens']} new tokens, not {max_new_tokens}: remove it or "
-            "point the cache elsewhere."
-        )
-    completions = known.get("completions", {})
+    key = _cache_key(target, tokenizer, max_new_tokens)
+    completions = _read_cache(cache, key)
     todo = sorted({p for p in prompts if _key(p) not in completions})
     if todo:
         logger.info(
@@ -89,7 +147,7 @@ def target_completions(
                 )
             texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
             completions.update({_key(p): t for p, t in zip(batch, texts)})
-            write_text_atomic(cache, json.dumps({"max_new_tokens": max_new_tokens, "completions": completions}))
+            write_text_atomic(cache, json.dumps({"key": key, "completions": completions}))
     finally:
         tokenizer.padding_side = side
     return [completions[_key(p)] for p in prompts]

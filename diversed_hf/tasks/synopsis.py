@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from ..checks import is_integer
 from .chat import chat_prompt
 from .registry import TaskSpec, register_task
 from .rewards import _check, rouge2, rouge_scorer
@@ -44,6 +45,8 @@ def load_synopsis(split: str = "test", num_examples: int | None = None, seed: in
 
     if split not in SPLITS:
         raise ValueError(f"`split` is {split!r}; synopsis has {list(SPLITS)}.")
+    if num_examples is not None and not is_integer(num_examples):
+        raise ValueError(f"`num_examples` must be a positive integer or None (every pair), got {num_examples!r}.")
     rows = [row for row in synopsis_rows() if row["split"] == split]
     dataset = Dataset.from_dict(
         {

@@ -32,6 +32,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from ..cli_utils import check_output_file, run_script
+
 __all__ = ["build_pairs", "docstring_pairs", "main", "split_of"]
 
 SKIPPED = re.compile(r"(^|/)(test|tests|idlelib|lib2to3|site-packages|turtledemo|__phello__|ensurepip|pydoc_data)(/|$)")
@@ -183,6 +185,12 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True, help="the .jsonl.gz to write")
     parser.add_argument("--seed", type=int, default=0, help="salts the module -> split assignment")
     args = parser.parse_args(argv)
+    output = Path(args.output).expanduser()  # checked before the whole standard library is read
+    if output.is_dir():
+        raise ValueError(
+            f"`--output` {output} is a directory; pass the file to write, e.g. {output / 'synopsis.jsonl.gz'}."
+        )
+    check_output_file(output, "--output")
     rows = build_pairs(seed=args.seed)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     # mtime=0: the same pairs give the same bytes
@@ -195,4 +203,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, prog="synopsis_build"))

@@ -48,7 +48,13 @@ def render_eagle_card(config, record: dict) -> str:
         "",
         "## Training",
         "",
-        f"Distilled from the target on its own responses ({record.get('num_prompts', '?')} chat prompts; "
+        f"Distilled from the target on its own responses ({record.get('num_prompts', '?')} chat prompts"
+        + (
+            ": " + ", ".join(f"{count} {source}" for source, count in record["prompt_mix"].items())
+            if record.get("prompt_mix")
+            else ""
+        )
+        + "; "
         f"{record.get('num_sequences', {}).get('train', '?')} training sequences, "
         f"{record.get('train_positions', '?')} response positions; "
         f"{record.get('num_sequences', {}).get('held_out', '?')} held out). Loss per position: smooth L1 on the "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .. import compat, ops
+from ..checks import is_integer, is_real
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,22 @@ class CollectionSettings:
     batch_size: int = 16  # prompts decoded together
     shard_size: int = 64  # sequences per shard file
     seed: int = 0
+
+    def __post_init__(self):
+        if not is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature <= 0:
+            raise ValueError(
+                f"`temperature` must be a positive finite number, got {self.temperature!r}: the sampled answers are "
+                "drawn at it (temperature 0 divides the logits by zero). Greedy answers come from `greedy_fraction` "
+                "(1.0 answers every prompt greedily)."
+            )
+        if not is_real(self.greedy_fraction) or not 0 <= self.greedy_fraction <= 1:
+            raise ValueError(f"`greedy_fraction` must be in [0, 1], got {self.greedy_fraction!r}.")
+        for name in ("top_k", "batch_size", "shard_size"):
+            value = getattr(self, name)
+            if not is_integer(value) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if not is_integer(self.seed):
+            raise ValueError(f"`seed` must be an integer, got {self.seed!r}.")
 
 
 @dataclass
@@ -82,6 +100,16 @@ def load_sequences(directory: str | Path) -> list[Sequence]:
     directory = Path(directory)
     shards = sorted(directory.glob("shard-*.safetensors"))
     if not shards:
+        manifest = directory / "manifest.json"
+        try:
+            num_prompts = json.loads(manifest.read_text()).get("num_prompts") if manifest.is_file() else None
+        except (ValueError, AttributeError):
+            num_prompts = None
+        if num_prompts == 0:
+            raise ValueError(
+                f"The collection in {directory} is empty: it was made from 0 prompts ({manifest}). Collect again "
+                "with prompts for the target to answer, into a new directory or after removing this one."
+            )
         raise FileNotFoundError(
             f"no shard-*.safetensors in {directory}: run the collection first (train_eagle_draft.py)."
         )
@@ -207,6 +235,13 @@ def collect(
     in ``directory`` (same settings and prompts) are kept and their prompts skipped.
     """
     directory = Path(directory)
+    if not isinstance(settings, CollectionSettings):
+        raise TypeError(f"`settings` must be a CollectionSettings, got {type(settings).__name__}.")
+    if not prompts:
+        raise ValueError(
+            "`prompts` is empty: the collection needs prompts for the target to answer, (text, max new tokens) pairs "
+            "(e.g. diversed_hf.tasks.eagle_prompts.eagle_prompts)."
+        )
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
     manifest = {"settings": asdict(settings), "num_prompts": len(prompts), "prompts_sha256": digest}
     claim_directory(directory, "manifest.json", manifest, "a collection made with other settings")

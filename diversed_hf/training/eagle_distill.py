@@ -16,14 +16,21 @@ The draft's ids (FR-Spec): the ``draft_vocab_size`` ids the target writes most o
 always among them. Held-out sequences (a seeded split) give ``sum_x min(p, q)`` (temperature 1) and the top-1
 agreement per unrolled step, before and after training. Checkpoints (``checkpoint-<step>``: trainable weights,
 optimizer, scheduler, RNG, step) are written whole or not at all; a rerun resumes from the newest.
+
+The draft is saved into ``save_to`` (replaced whole: :func:`check_save_to` refuses, before anything runs, a directory
+that holds anything but an earlier draft or that overlaps the data or the checkpoints).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
+import os
+import pickle
 import random
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -31,14 +38,21 @@ from pathlib import Path
 
 import torch
 
+from ..checks import is_integer, is_real
 from ..eagle import EagleDraft
 from .eagle_data import Sequence, claim_directory, load_sequences
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistillSettings", "distill", "draft_vocabulary", "evaluate", "eagle_loss"]
+__all__ = ["DistillSettings", "check_save_to", "distill", "draft_vocabulary", "evaluate", "eagle_loss", "save_draft"]
 
 STEP_DECAY = 0.8
+#: what a saved draft's directory holds (save_pretrained may shard the weights)
+DRAFT_FILES = re.compile(
+    r"config\.json|generation_config\.json|model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors"
+    r"|README\.md|training\.json"
+)
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,35 @@ class DistillSettings:
     held_out: float = 0.05
     save_steps: int = 200
     seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_layers", "unroll", "epochs", "batch_size", "save_steps"):
+            value = getattr(self, name)
+            if not is_integer(value) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.draft_vocab_size is not None and (not is_integer(self.draft_vocab_size) or self.draft_vocab_size < 1):
+            raise ValueError(
+                f"`draft_vocab_size` must be a positive integer or None (every id), got {self.draft_vocab_size!r}."
+            )
+        if not is_integer(self.seed):
+            raise ValueError(f"`seed` must be an integer, got {self.seed!r}.")
+        for name, low, closed in (
+            ("learning_rate", 0.0, False),
+            ("max_grad_norm", 0.0, False),
+            ("feature_weight", 0.0, True),
+            ("tv_weight", 0.0, True),
+        ):
+            value = getattr(self, name)
+            if not is_real(value) or not math.isfinite(value) or value < low or (value == low and not closed):
+                bound = ">= 0" if closed else "> 0"
+                raise ValueError(f"`{name}` must be a finite number {bound}, got {value!r}.")
+        if not is_real(self.warmup_fraction) or not 0 <= self.warmup_fraction <= 1:
+            raise ValueError(f"`warmup_fraction` must be in [0, 1], got {self.warmup_fraction!r}.")
+        if not is_real(self.held_out) or not 0 < self.held_out < 1:
+            raise ValueError(
+                f"`held_out` must be in (0, 1) (the fraction of sequences kept out to measure acceptance), got "
+                f"{self.held_out!r}."
+            )
 
 
 def draft_vocabulary(sequences: list[Sequence], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
@@ -158,13 +201,23 @@ def _save_checkpoint(directory: Path, step: int, draft, optimizer, scheduler, ke
     torch.save(state, staging / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)  # whole or not at all
-    for old in sorted(directory.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep]:
+    for _, old in _checkpoints(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of the ``checkpoint-<step>`` folders of ``directory``, oldest first (other names ignored)."""
+    found = []
+    for path in directory.glob("checkpoint-*"):
+        match = _CHECKPOINT.fullmatch(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
 def _latest_checkpoint(directory: Path) -> Path | None:
-    found = sorted(directory.glob("checkpoint-*/state.pt"), key=lambda p: int(p.parent.name.split("-")[1]))
-    return found[-1].parent if found else None
+    found = [path for _, path in _checkpoints(directory) if (path / "state.pt").is_file()]
+    return found[-1] if found else None
 
 
 def _draft_ids(target, training: list, settings: DistillSettings) -> torch.Tensor | None:
@@ -184,11 +237,17 @@ def _id_to_draft(draft: EagleDraft, vocab_size: int, device) -> torch.Tensor:  #
     return id_to_draft
 
 
-def _split(sequences: list, settings: DistillSettings) -> tuple[list, list]:
+def _split(sequences: list, settings: DistillSettings, data_dir: Path) -> tuple[list, list]:
     """``(held out, training)``: a seeded split of the collection, each in collection order."""
+    num_held_out = max(1, round(settings.held_out * len(sequences)))
+    if len(sequences) - num_held_out < 1:
+        raise ValueError(
+            f"The collection in {data_dir} holds {len(sequences)} sequence(s): too few for a held-out split "
+            f"(held_out={settings.held_out} keeps {num_held_out} out and leaves none to train on). Collect more "
+            "prompts: at least 2, a few hundred for a useful draft."
+        )
     order = list(range(len(sequences)))
     random.Random(f"eagle-split/{settings.seed}").shuffle(order)
-    num_held_out = max(1, round(settings.held_out * len(sequences)))
     return [sequences[i] for i in sorted(order[:num_held_out])], [sequences[i] for i in sorted(order[num_held_out:])]
 
 
@@ -207,7 +266,16 @@ def _resume(checkpoint_dir: Path, draft, optimizer, scheduler, total_steps: int)
     latest = _latest_checkpoint(checkpoint_dir)
     if latest is None:
         return 0
-    state = torch.load(latest / "state.pt", weights_only=False)
+    try:
+        state = torch.load(latest / "state.pt", weights_only=False)
+        missing = [k for k in ("step", "weights", "optimizer", "scheduler", "rng", "python_rng") if k not in state]
+    except (RuntimeError, EOFError, pickle.UnpicklingError, TypeError, ValueError) as error:
+        missing = [f"unreadable: {error}"]
+    if missing:
+        raise ValueError(
+            f"The checkpoint {latest / 'state.pt'} is truncated or damaged ({'; '.join(map(str, missing))}). Remove "
+            f"{latest} to resume from the checkpoint before it (or from the start), then rerun."
+        )
     draft.load_state_dict(state["weights"], strict=False)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -251,9 +319,12 @@ def distill(
     from tqdm.auto import tqdm
 
     started = time.time()
-    data_dir, checkpoint_dir, save_to = Path(data_dir), Path(checkpoint_dir), Path(save_to)
+    if not isinstance(settings, DistillSettings):
+        raise TypeError(f"`settings` must be a DistillSettings, got {type(settings).__name__}.")
+    data_dir, checkpoint_dir = Path(data_dir), Path(checkpoint_dir)
+    save_to = check_save_to(save_to, data_dir, checkpoint_dir)
     sequences = load_sequences(data_dir)
-    held_out, training = _split(sequences, settings)
+    held_out, training = _split(sequences, settings, data_dir)
     ids = _draft_ids(target, training, settings)
     claim_directory(
         checkpoint_dir,
@@ -314,12 +385,56 @@ def distill(
     return save_to
 
 
+def check_save_to(save_to, data_dir, checkpoint_dir, flag: str = "save_to") -> Path:
+    """``save_to`` as a path, refused (before anything runs) when saving the draft there would delete something: it
+    is, holds or lies in ``data_dir`` or ``checkpoint_dir``, or it holds files that are not an earlier draft's
+    (:func:`save_draft` replaces the directory whole). ``flag`` names the argument in the messages."""
+    save_to = Path(save_to).expanduser()
+    if save_to.exists() and not save_to.is_dir():
+        raise ValueError(f"`{flag}` {save_to} is a file, not a directory: pass a directory for the draft.")
+    where = save_to.resolve()
+    for what, path in (("collected data", data_dir), ("checkpoints", checkpoint_dir)):
+        path = Path(path).expanduser().resolve()
+        if where == path or where in path.parents or path in where.parents:
+            raise ValueError(
+                f"`{flag}` {save_to} overlaps the {what} in {path}: the draft replaces `{flag}` whole, which would "
+                "delete them. Pass a directory of its own (the default is <output_dir>/draft)."
+            )
+    _check_replaceable(save_to, flag)
+    return save_to
+
+
+def _check_replaceable(save_to: Path, flag: str) -> None:
+    """Refuse an existing ``save_to`` that holds anything but an earlier EagleDraft (an empty one is fine)."""
+    if not save_to.is_dir():
+        return
+    entries = sorted(save_to.iterdir())
+    if not entries:
+        return
+    foreign = [p.name for p in entries if not (p.is_file() and DRAFT_FILES.fullmatch(p.name))]
+    config = save_to / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    except (ValueError, AttributeError, OSError):
+        model_type = None
+    if foreign or model_type != EagleDraft.config_class.model_type:
+        what = f"files that are not an EagleDraft's ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})"
+        if not foreign:
+            what = f"another model (config.json's model_type is {model_type!r}, not an EagleDraft's)"
+        raise ValueError(
+            f"`{flag}` {save_to} holds {what}: saving the draft replaces the directory whole and would delete them. "
+            "Pass a new or empty directory, or one holding an earlier draft, or move those files away."
+        )
+
+
 def save_draft(draft: EagleDraft, save_to: Path, record: dict, dtype=torch.bfloat16) -> None:
     """The draft in the Hub format (weights in ``dtype``), ``training.json`` and its card, written whole into
-    ``save_to`` (staged beside it, then moved)."""
+    ``save_to`` (staged beside it, then swapped in: an earlier draft there is replaced at once; a directory holding
+    anything else is refused)."""
     from .eagle_card import render_eagle_card
 
     save_to = Path(save_to)
+    _check_replaceable(save_to, "save_to")
     staging = save_to.parent / f".{save_to.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     generation_config = draft.generation_config
@@ -329,6 +444,37 @@ def save_draft(draft: EagleDraft, save_to: Path, record: dict, dtype=torch.bfloa
     copy.to(dtype).save_pretrained(staging)
     (staging / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     (staging / "README.md").write_text(render_eagle_card(draft.config, record))
-    if save_to.exists():
-        shutil.rmtree(save_to)
-    staging.rename(save_to)
+    _replace_directory(staging, save_to)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange) == 0
+
+
+def _replace_directory(staging: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Move the complete directory ``staging`` to ``path``, replacing what is there: readers see the old directory or
+    the new one, never a part (one exchange where the system has it; else two renames, the old directory kept beside
+    as ``.<name>.replaced`` until the new one is in place, and put back if that fails)."""
+    staging, path = Path(staging), Path(path)
+    if not path.exists():
+        staging.rename(path)
+        return path
+    if _exchange(staging, path):
+        shutil.rmtree(staging)  # now the old directory
+        return path
+    backup = path.parent / f".{path.name}.replaced"
+    shutil.rmtree(backup, ignore_errors=True)
+    path.rename(backup)
+    try:
+        staging.rename(path)
+    except BaseException:
+        backup.rename(path)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+    return path

@@ -21,7 +21,8 @@ Engine keys:
                      ``{name: {"head": source, "revision": rev}}``
 ==================== ==========================================================================================
 
-Exactly one of ``target_weight`` and ``head`` (the default rule). Heads may read hidden states
+Exactly one of ``target_weight`` and ``head`` (the default rule); a name in ``heads`` equal to ``head`` must name the
+same source and revision. Heads may read hidden states
 (``use_hidden_states=True``): the plugin hands them the target's and the draft's last-layer hidden states at the
 verified positions; their recorded hidden sizes must be the engine's models' (:meth:`DiversedVllmSettings.build_rules`
 checks).
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,8 @@ _HEAD_KEYS = ("head", "revision")
 _REQUEST_KEYS = ("target_weight", "mixing", "head")
 _EXAMPLE = '{"diversed": {"target_weight": 0.5}} or {"diversed": {"head": "<dir or repo id>"}}'
 _REQUEST_EXAMPLE = '{"diversed": {"target_weight": 1.0}} or {"diversed": {"head": "<a head the engine loaded>"}}'
+#: static-ensemble verifiers an engine keeps for the weights its requests ask for (the least recently used go first)
+MAX_CACHED_RULES = 64
 
 
 def _check_weight(where: str, value: Any) -> None:
@@ -156,7 +160,15 @@ class DiversedVllmSettings:
         _check_mixing(where, self.mixing, self.target_weight)
         if not isinstance(self.local_files_only, bool):
             raise ValueError(f'{where}["local_files_only"] must be true or false, got {self.local_files_only!r}.')
-        _named_heads(where, self.heads)
+        named = _named_heads(where, self.heads)
+        if self.head is not None and self.head in named and named[self.head] != (self.head, self.revision):
+            source, revision = named[self.head]
+            raise ValueError(
+                f'{where}["heads"][{self.head!r}] is {source!r} (revision {revision!r}), but {where}["head"] '
+                f"{self.head!r} (revision {self.revision!r}) makes that name the default head's: a request naming "
+                f"{self.head!r} would get one head and the logs would name the other. Rename the entry in `heads`, or "
+                "make it the same source and revision."
+            )
 
     @property
     def head_sources(self) -> dict[str, tuple[str, str | None]]:
@@ -225,13 +237,24 @@ class DiversedVllmSettings:
 
 
 class VerificationRules:
-    """An engine's verifiers: the default rule's and one per rule its requests ask for (heads loaded once)."""
+    """An engine's verifiers: the default rule's, every head's (loaded once), and the static ensembles its requests
+    ask for, the ``max_cached`` most recently used kept (a client may send any weight in [0, 1]; requests of a batch
+    that share a rule share its verifier and are verified together)."""
 
-    def __init__(self, settings: DiversedVllmSettings, heads: dict[str, HeadVerifier]):
+    def __init__(
+        self, settings: DiversedVllmSettings, heads: dict[str, HeadVerifier], max_cached: int = MAX_CACHED_RULES
+    ):
+        if isinstance(max_cached, bool) or not isinstance(max_cached, int) or max_cached < 1:
+            raise ValueError(f"`max_cached` must be a positive integer, got {max_cached!r}.")
         self.settings = settings
         self.heads = heads
-        self._verifiers: dict[RequestRule, Verifier] = {}
-        self.default = self.verifier(settings.default_rule())
+        self.max_cached = max_cached
+        self._verifiers: OrderedDict[RequestRule, Verifier] = OrderedDict()  # static rules, least recently used first
+        default = settings.default_rule()
+        if default.head is not None:
+            self.default = self.heads[default.head]
+        else:
+            self.default = StaticEnsembleVerifier(default.target_weight, mixing=default.mixing)
 
     @property
     def requires_hidden_states(self) -> bool:
@@ -239,12 +262,20 @@ class VerificationRules:
         return any(verifier.requires_hidden_states for verifier in self.heads.values())
 
     def verifier(self, rule: RequestRule) -> Verifier:
-        if rule not in self._verifiers:
-            if rule.head is not None:
-                self._verifiers[rule] = self.heads[rule.head]
-            else:
-                self._verifiers[rule] = StaticEnsembleVerifier(rule.target_weight, mixing=rule.mixing)
-        return self._verifiers[rule]
+        if rule.head is not None:
+            return self.heads[rule.head]
+        if rule == self.settings.default_rule():
+            return self.default
+        return self._static(rule)
+
+    def _static(self, rule: RequestRule) -> Verifier:
+        verifier = self._verifiers.get(rule)
+        if verifier is None:
+            verifier = self._verifiers[rule] = StaticEnsembleVerifier(rule.target_weight, mixing=rule.mixing)
+            while len(self._verifiers) > self.max_cached:
+                self._verifiers.popitem(last=False)
+        self._verifiers.move_to_end(rule)
+        return verifier
 
     def for_request(self, extra_args: Any) -> Verifier:
         """The verifier of a request with these ``SamplingParams.extra_args`` (checked: :func:`request_rule`)."""

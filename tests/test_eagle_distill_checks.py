@@ -1,0 +1,137 @@
+"""Distilling an EagleDraft with bad settings, data or directories: each refused early with the argument and the fix
+(tiny models, a word-level tokenizer; a collection of a few short answers)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+import train_eagle_draft  # noqa: E402
+from test_training import tiny_tokenizer  # noqa: E402
+from tiny_models import make_model  # noqa: E402
+
+from diversed_hf import EagleDraft  # noqa: E402
+from diversed_hf.training import eagle_distill  # noqa: E402
+from diversed_hf.training.eagle_data import CollectionSettings, collect, load_sequences  # noqa: E402
+from diversed_hf.training.eagle_distill import DistillSettings, check_save_to, distill, save_draft  # noqa: E402
+
+PROMPTS = [("t5 t6 t7", 4), ("t8 t9", 4), ("t10 t11 t12 t13", 4), ("t14 t15", 4)]
+FAST = DistillSettings(draft_vocab_size=None, epochs=1, batch_size=2, save_steps=1, held_out=0.25)
+
+
+def collection(directory, prompts=PROMPTS):
+    target = make_model("llama")
+    collect(target, tiny_tokenizer(), prompts, directory, CollectionSettings(batch_size=4, top_k=4), progress=False)
+    return target
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, -0.5, math.nan, math.inf])
+def test_collection_refuses_a_temperature_that_is_not_positive_and_finite(temperature):
+    with pytest.raises(ValueError, match=r"`temperature` must be a positive finite number.*`greedy_fraction`"):
+        CollectionSettings(temperature=temperature)
+    with pytest.raises(SystemExit):
+        train_eagle_draft.parse_args(["--temperature", str(temperature)])
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        (dict(learning_rate=math.nan), "`learning_rate` must be a finite number > 0"),
+        (dict(learning_rate=0.0), "`learning_rate` must be a finite number > 0"),
+        (dict(tv_weight=-1.0), "`tv_weight` must be a finite number >= 0"),
+        (dict(epochs=0), "`epochs` must be a positive integer"),
+        (dict(held_out=1.0), r"`held_out` must be in \(0, 1\)"),
+        (dict(draft_vocab_size=0), "`draft_vocab_size` must be a positive integer or None"),
+    ],
+)
+def test_distill_settings_are_checked_when_made(values, match):
+    with pytest.raises(ValueError, match=match):
+        DistillSettings(**values)
+
+
+def test_an_empty_collection_is_named_empty(tmp_path):
+    with pytest.raises(ValueError, match="`prompts` is empty"):
+        collect(make_model("llama"), tiny_tokenizer(), [], tmp_path / "data", progress=False)
+    (tmp_path / "old").mkdir()  # what an earlier version wrote for 0 prompts: a manifest and no shard
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps({"num_prompts": 0}))
+    with pytest.raises(ValueError, match="collection in .*old is empty: it was made from 0 prompts"):
+        load_sequences(tmp_path / "old")
+
+
+def test_one_sequence_is_too_few_for_a_held_out_split(tmp_path):
+    target = collection(tmp_path / "data", PROMPTS[:1])
+    with pytest.raises(ValueError, match=r"holds 1 sequence\(s\): too few for a held-out split"):
+        distill(target, tmp_path / "data", tmp_path / "checkpoints", tmp_path / "draft", FAST, progress=False)
+
+
+def test_checkpoints_stray_folders_are_ignored_and_a_truncated_one_is_named(tmp_path):
+    target = collection(tmp_path / "data")
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "checkpoint-best").mkdir(parents=True)  # a user's folder: not a checkpoint-<step>
+    (checkpoints / "checkpoint-best" / "state.pt").write_bytes(b"")
+    saved = distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", FAST, progress=False)
+    assert (saved / "model.safetensors").is_file() and (checkpoints / "checkpoint-best").is_dir()
+    latest = max(checkpoints.glob("checkpoint-[0-9]*"), key=lambda p: int(p.name.split("-")[1]))
+    state = latest / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # cut short, as by a full disk
+    with pytest.raises(ValueError, match=rf"checkpoint {state} is truncated or damaged.*Remove {latest}"):
+        distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", FAST, progress=False)
+
+
+def test_save_to_holding_other_files_or_overlapping_the_run_is_refused(tmp_path):
+    data, checkpoints = tmp_path / "run" / "data", tmp_path / "run" / "checkpoints"
+    for save_to, match in (
+        (tmp_path / "run", "overlaps the collected data"),  # --save_to equal to --output_dir
+        (data / "draft", "overlaps the collected data"),
+        (checkpoints, "overlaps the checkpoints"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            check_save_to(save_to, data, checkpoints)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    with pytest.raises(ValueError, match=r"holds files that are not an EagleDraft's \(notes.txt\)"):
+        check_save_to(mine, data, checkpoints)
+    model = tmp_path / "model"
+    make_model("llama").save_pretrained(model)  # config.json, model.safetensors, ...: another model's
+    with pytest.raises(ValueError, match="holds another model .*'llama'"):
+        check_save_to(model, data, checkpoints)
+    draft = EagleDraft.for_target(make_model("llama"))
+    with pytest.raises(ValueError, match="notes.txt"):
+        save_draft(draft, mine, {})  # the library refuses too
+    assert (mine / "notes.txt").read_text() == "my notes"
+    assert check_save_to(tmp_path / "new", data, checkpoints) == tmp_path / "new"
+
+
+@pytest.mark.parametrize("exchange", [True, False])  # one renameat2 exchange, or the two renames where it is missing
+def test_an_earlier_draft_is_replaced_whole(tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(eagle_distill, "_exchange", lambda first, second: False)
+    target = make_model("llama")
+    first, second = (EagleDraft.for_target(target) for _ in range(2))
+    save_draft(first, tmp_path / "draft", {"run": 1})
+    check_save_to(tmp_path / "draft", tmp_path / "data", tmp_path / "checkpoints")  # an earlier draft: accepted
+    save_draft(second, tmp_path / "draft", {"run": 2})
+    assert json.loads((tmp_path / "draft" / "training.json").read_text()) == {"run": 2}
+    loaded = EagleDraft.from_pretrained(tmp_path / "draft", target=target)
+    torch.testing.assert_close(loaded.fc.weight, second.fc.weight.to(torch.bfloat16).float())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # nothing staged or kept beside it
+
+
+def test_train_eagle_draft_checks_save_to_before_the_target_loads(tmp_path, monkeypatch):
+    from diversed_hf.testbed import smollm2
+
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: pytest.fail("the target was loaded"))
+    output_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match="`--save_to` .* overlaps the collected data"):
+        train_eagle_draft.main(["--output_dir", str(output_dir), "--save_to", str(output_dir)])
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("")
+    with pytest.raises(ValueError, match=r"`--save_to` .*mine holds files that are not an EagleDraft's \(thesis"):
+        train_eagle_draft.main(["--output_dir", str(output_dir), "--save_to", str(tmp_path / "mine")])
+    assert (tmp_path / "mine" / "thesis.tex").is_file()
