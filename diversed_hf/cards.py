@@ -257,12 +257,16 @@ def _describe_model(model_id: str | None) -> str:
 
 def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, temperature: float = 0.7) -> str:
     load_head = f'head = DiversedHead.from_pretrained("{head_source}")'
-    generate = (
+    generate = (  # laid out as `ruff format` lays it out (it formats the Python blocks of Markdown files too)
         "output = target.generate(\n"
-        "    **inputs, assistant_model=draft, diversed_head=head,\n"
-        f"    num_assistant_tokens={num_draft_tokens}, do_sample=True, max_new_tokens=128,\n"
+        "    **inputs,\n"
+        "    assistant_model=draft,\n"
+        "    diversed_head=head,\n"
+        f"    num_assistant_tokens={num_draft_tokens},\n"
+        "    do_sample=True,\n"
+        "    max_new_tokens=128,\n"
         ")\n"
-        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
+        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))'
     )
     if _testbed_name(config.target_model_id) and _testbed_name(config.draft_model_id):
         task = config.task if config.task in ("arith", "summary") else "arith"
@@ -295,7 +299,7 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, tem
             "enable_diversed(target)\n\n"
             f'prompt = load_task_dataset("{config.task or "arith_chat"}", num_examples=1)["prompt"][0]  # a chat turn\n'
             'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)\n'
-            f"{generate.replace('do_sample=True', f'do_sample=True, temperature={temperature:g}')}"
+            f"{generate.replace('do_sample=True,', f'do_sample=True,{chr(10)}    temperature={temperature:g},')}"
         )
     target = config.target_model_id or "TARGET_MODEL_ID"
     draft = config.draft_model_id or "DRAFT_MODEL_ID"
