@@ -288,8 +288,9 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, tem
     if config.target_model_id == REAL_PAIR_MODEL_IDS["target"] and config.draft_model_id in real_drafts:
         pair_call = f'load_pair("smollm2", draft="{real_drafts[config.draft_model_id]}")'
         shipped = Path(head_source).parent.parts[-3:] == ("assets", "smollm2", "heads")
-        if shipped:  # a shipped head loads with the draft it was trained with by default
-            load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2")'
+        if shipped:  # a shipped head, with the draft it was trained with named
+            draft_name = real_drafts[config.draft_model_id]
+            load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2", draft="{draft_name}")'
         return (
             "import diversed_hf.testbed as testbed\n"
             f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n"

@@ -141,10 +141,10 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
     assert 'testbed.load_pair("smollm2", draft="self")' in text
     assert 'testbed.load_head("synopsis", pair="smollm2", draft="self")' in text
     assert "SmolLM2-135M-Instruct (" in text and str(ASSETS_DIR) not in text
-    config.draft_model_id = REAL_PAIR_MODEL_IDS["eagle"]  # the shipped heads' draft, the pair's default
+    config.draft_model_id = REAL_PAIR_MODEL_IDS["eagle-tasks"]  # the shipped heads' draft
     text = str(render_card(config, head_source=str(ASSETS_DIR / "smollm2" / "heads" / "synopsis")))
-    assert 'testbed.load_pair("smollm2", draft="eagle")' in text
-    assert 'testbed.load_head("synopsis", pair="smollm2")\n' in text
+    assert 'testbed.load_pair("smollm2", draft="eagle-tasks")' in text
+    assert 'testbed.load_head("synopsis", pair="smollm2", draft="eagle-tasks")\n' in text
 
 
 def test_bench_pair_and_models_are_exclusive():

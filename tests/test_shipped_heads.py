@@ -125,22 +125,26 @@ def test_the_eagle_drafts_synopsis_head_is_withdrawn_with_its_measurement():
     from diversed_hf import testbed
 
     assert "synopsis" not in testbed.HEAD_TASKS["smollm2"]
-    with pytest.raises(ValueError, match=r"with the eagle draft: .*significantly below the target's: -0.9"):
+    with pytest.raises(ValueError, match=r"with the eagle-tasks draft: .*significantly below the target's: -0.9"):
         testbed.load_head("synopsis", pair="smollm2")
     assert not (testbed.ASSETS_DIR / "smollm2" / "heads" / "synopsis").exists()
 
 
-def test_the_real_pairs_heads_are_for_its_default_draft():
-    """``load_head(task, pair="smollm2")`` is the EagleDraft's head (load_pair's default draft); a draft the pair has
-    no heads for, or a draft for the one-draft testbed, is refused with the fix."""
+def test_the_real_pairs_heads_are_for_the_draft_they_were_trained_with():
+    """``load_head(task, pair="smollm2")`` is the head for the draft it was trained with (the task EagleDraft); the
+    default EagleDraft has none yet, and a draft the pair has no heads for, or a draft for the one-draft testbed, is
+    refused with the fix."""
     from diversed_hf import testbed
 
     with pytest.raises(ValueError, match="`draft` is 'tiny'; .* use one of"):
         testbed.load_head("arith_chat", pair="smollm2", draft="tiny")
     assert testbed.load_head("arith_chat", pair="smollm2").config.draft_model_id.endswith("-eagle")
+    assert testbed.SHIPPED_HEAD_DRAFTS["arith_chat"] == "eagle-tasks"
+    with pytest.raises(ValueError, match=r'trained with the task EagleDraft.*draft="eagle-tasks"'):
+        testbed.load_head("arith_chat", pair="smollm2", draft="eagle")
     with pytest.raises(ValueError, match="leave `draft` unset"):
         testbed.load_head("arith", draft="eagle")
     for task in testbed.HEAD_TASKS["smollm2"]:
         assert (testbed.ASSETS_DIR / "smollm2" / "heads" / task / "config.json").is_file()
     for pair, draft, task in testbed.WITHDRAWN_HEADS:
-        assert task not in testbed.HEAD_TASKS[pair] or draft != "eagle"
+        assert task not in testbed.HEAD_TASKS[pair] or draft != testbed.SHIPPED_HEAD_DRAFTS.get(task)

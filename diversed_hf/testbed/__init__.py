@@ -48,6 +48,8 @@ HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "eagle-tasks", "self")}
 #: The draft each shipped real-pair head was trained with, and the one :func:`load_head` assumes by default: a head
 #: reads its draft's features, so it holds for that draft alone
 SHIPPED_HEAD_DRAFTS = {"arith_chat": "eagle-tasks"}
+#: the draft the real pair's heads were trained with (shipped or withdrawn); none is trained for the default draft yet
+HEADS_DRAFT = "eagle-tasks"
 #: Heads trained and not shipped, and why, by ``(pair, draft, task)``: a shipped head is an operating point
 #: (docs/real_pair.md, "The heads"), the most accepting head whose paired interval against the target reaches 0
 WITHDRAWN_HEADS = {
@@ -81,6 +83,7 @@ WITHDRAWN_HEADS = {
 __all__ = [
     "ASSETS_DIR",
     "HEAD_DRAFTS",
+    "HEADS_DRAFT",
     "HEAD_TASKS",
     "SHIPPED_HEAD_DRAFTS",
     "WITHDRAWN_HEADS",
@@ -215,7 +218,7 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
     if pair not in PAIRS:
         raise ValueError(f"`pair` is {pair!r}; pairs are {PAIRS}.")
     if pair == "smollm2" and draft is None:
-        draft = SHIPPED_HEAD_DRAFTS.get(name, "eagle")
+        draft = SHIPPED_HEAD_DRAFTS.get(name, HEADS_DRAFT)
     if draft not in HEAD_DRAFTS[pair]:
         fix = "leave `draft` unset" if pair == "testbed" else f"use one of {HEAD_DRAFTS[pair]}"
         raise ValueError(f"`draft` is {draft!r}; the {pair} pair's heads are for its drafts: {fix}.")
@@ -223,6 +226,13 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
     if (pair, draft, name) in WITHDRAWN_HEADS:
         raise ValueError(
             f"No head is shipped for {name!r} on the {pair} pair{with_draft}: {WITHDRAWN_HEADS[pair, draft, name]}."
+        )
+    if pair == "smollm2" and draft == "eagle":
+        raise ValueError(
+            f"No head is shipped for {name!r} on the smollm2 pair with the default EagleDraft ('eagle', distilled on "
+            f"everyday chat): a head reads its draft's features, and the pair's heads were trained with the task "
+            f"EagleDraft. Leave `draft` unset and load the pair with "
+            f'`load_pair("smollm2", draft="{SHIPPED_HEAD_DRAFTS.get(name, HEADS_DRAFT)}")`.'
         )
     if pair == "smollm2" and name in SHIPPED_HEAD_DRAFTS and draft != SHIPPED_HEAD_DRAFTS[name]:
         raise ValueError(
