@@ -135,3 +135,52 @@ def test_train_eagle_draft_checks_save_to_before_the_target_loads(tmp_path, monk
     with pytest.raises(ValueError, match=r"`--save_to` .*mine holds files that are not an EagleDraft's \(thesis"):
         train_eagle_draft.main(["--output_dir", str(output_dir), "--save_to", str(tmp_path / "mine")])
     assert (tmp_path / "mine" / "thesis.tex").is_file()
+
+
+def test_train_eagle_draft_distils_on_a_users_own_prompts(tmp_path, monkeypatch):
+    """``--prompts`` (a JSON-lines file of conversations and plain prompts) replaces the broad chat set; the
+    record says what the mix was."""
+    from diversed_hf.testbed import smollm2
+
+    target = make_model("llama")
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: (target, tiny_tokenizer()))
+    prompts = tmp_path / "mine.jsonl"
+    rows = [{"prompt": f"t{i} t{i + 1} t{i + 2}"} for i in range(4, 10)]
+    rows.append({"conversations": [{"from": "human", "value": "t20 t21"}, {"from": "gpt", "value": "t22"}]})
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    save_to = tmp_path / "draft"
+    argv = ["--output_dir", str(tmp_path / "run"), "--save_to", str(save_to), "--prompts", str(prompts)]
+    argv += ["--num_arith", "0", "--code_samples", "0", "--num_docstrings", "0", "--chat_max_new_tokens", "3"]
+    argv += ["--epochs", "1", "--batch_size", "2", "--top_k", "4", "--draft_vocab_size", "0", "--held_out", "0.3"]
+    assert train_eagle_draft.main(argv) == save_to
+    record = json.loads((save_to / "training.json").read_text())
+    assert record["prompt_mix"] == {f"your prompts ({prompts})": 7} and record["num_prompts"] == 7
+    assert "--prompts" in record["recipe"] and f"7 your prompts ({prompts})" in (save_to / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--num_chat", "0", "--num_arith", "0", "--code_samples", "0", "--num_docstrings", "0"],
+            "the prompt mix is empty",
+        ),
+        (["--num_chat", "-1"], "--num_chat must be 0 or a positive integer"),
+        (["--learning_rate", "nan"], "--learning_rate must be a positive finite number"),
+        (["--tv_weight", "-1"], "--tv_weight must be a finite number >= 0"),
+        (["--chat_max_new_tokens", "0"], "--chat_max_new_tokens must be a positive integer"),
+        (["--num_user_prompts", "0"], "--num_user_prompts must be a positive integer"),
+    ],
+)
+def test_train_eagle_draft_refuses_bad_options_before_anything_loads(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train_eagle_draft.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_prompts_file_is_refused_before_the_target_loads(tmp_path, monkeypatch):
+    from diversed_hf.testbed import smollm2
+
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: pytest.fail("the target was loaded"))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        train_eagle_draft.main(["--output_dir", str(tmp_path / "run"), "--prompts", str(tmp_path / "none.jsonl")])
