@@ -90,6 +90,19 @@ def other_spelling(option: str) -> str | None:
     return None
 
 
+class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written, and one default note per option: the one its help gives, else the value (none for
+    an unset or off option)."""
+
+    def _get_help_string(self, action):
+        help_text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "default" in help_text or unset or not action.option_strings:
+            return help_text
+        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+        return f"{help_text} (default: {default})"
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` that takes every long option in both spellings, ``--num-examples`` and
     ``--num_examples``; ``--help`` shows the spelling the script declares. Subparsers are of this class too."""

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from .cli_utils import DefaultsHelpFormatter
 from .draft_length import draft_length_of
 from .generation import enable_diversed
 from .tasks import get_task
@@ -354,10 +356,13 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="Target-only, SD, static ensemble and DIVERSED side by side: speed and text.",
-        description="Target-only generate, lossless SD, the static ensemble (w = 0.5) and DIVERSED with a shipped head "
-        "on the same prompts at batch 1: new tokens, tokens/s, x target-only, acceptance and the texts. --pair "
-        "smollm2 runs the real pair on held-out everyday chat prompts.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=textwrap.fill(
+            "Target-only generate, lossless SD, the static ensemble (w = 0.5) and DIVERSED with a shipped head "
+            "on the same prompts at batch 1: new tokens, tokens/s, x target-only, acceptance and the texts. --pair "
+            "smollm2 runs the real pair on held-out everyday chat prompts.",
+            width=100,
+        ),
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--pair", default="testbed", choices=["testbed", "smollm2"], help="the model pair")
     parser.add_argument(
@@ -367,13 +372,13 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts, each decoded alone (batch 1)")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=None, help="new tokens per prompt (None: the task's; everyday 64)"
+        "--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: the task's; everyday 64)"
     )
     parser.add_argument(
-        "--num-draft-tokens", type=int, default=None, help="drafts per round, N (None: the draft's own length)"
+        "--num-draft-tokens", type=int, default=None, help="drafts per round, N (default: the draft's own length)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: as many as torch chooses)")
     parser.add_argument("--no-texts", action="store_true", help="print the table only")
     parser.add_argument("--random-models", action="store_true", help="tiny random models instead of a shipped pair")
     parser.set_defaults(func=main)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import textwrap
 import time
 
 import torch
 
-from .cli_utils import check_output_file, write_text_atomic
+from .cli_utils import DefaultsHelpFormatter, check_output_file, write_text_atomic
 from .generation import enable_diversed
 from .verifiers import ExactVerifier, StaticEnsembleVerifier
 
@@ -131,10 +132,13 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "throughput",
         help="Tokens/s of batched speculative decoding on the testbed.",
-        description="Tokens/s of speculative decoding on the testbed pair at several batch sizes: held-out prompts of "
-        "--task split into batches, sampled at temperature 1, lossless SD (or the static ensemble with "
-        "--target-weight); one untimed warm-up pass, then the median of --repeats timed runs. Prints a table.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=textwrap.fill(
+            "Tokens/s of speculative decoding on the testbed pair at several batch sizes: held-out prompts of "
+            "--task split into batches, sampled at temperature 1, lossless SD (or the static ensemble with "
+            "--target-weight); one untimed warm-up pass, then the median of --repeats timed runs. Prints a table.",
+            width=100,
+        ),
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--task", default="arith", choices=["arith", "summary"], help="the testbed task's prompts")
     parser.add_argument("--num-prompts", type=int, default=32, help="prompts decoded at every batch size")
@@ -142,10 +146,10 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--num-draft-tokens", type=int, default=5, help="drafts per round, N")
     parser.add_argument(
-        "--target-weight", type=float, default=None, help="static ensemble weight w (unset: lossless SD)"
+        "--target-weight", type=float, default=None, help="static ensemble weight w (default: unset, lossless SD)"
     )
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per batch size; the median is kept")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as many as torch chooses)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     parser.set_defaults(func=main)

@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from transformers import HfArgumentParser
 
-from ..cli_utils import check_output_dir, check_output_file
+from ..cli_utils import DefaultsHelpFormatter, check_output_dir, check_output_file
 from . import models
 from .config import BenchConfig, load_task
 from .methods import parse_methods
@@ -188,19 +188,6 @@ def load_head(
 # Command line
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description as written, and one default note per flag: the one its help gives, else the value (none for
-    an unset or off flag)."""
-
-    def _get_help_string(self, action):
-        help_text = action.help or ""
-        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if "default" in help_text or unset or not action.option_strings:
-            return help_text
-        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
-        return f"{help_text} (default: {default})"
-
-
 def help_description() -> str:
     """What ``diversed-hf bench --help`` says before the flags: plain text, tasks and pairs from the registries."""
     from ..tasks import task_names
@@ -253,7 +240,7 @@ def register(subparsers) -> None:
         "bench",
         help="Speed and quality of every decoding method on a model pair and task.",
         description=help_description(),
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         parents=[build_parser(add_help=False)],
     )
     parser.set_defaults(func=main)
