@@ -109,7 +109,7 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
     own_draft = load_eagle_draft(target, *EAGLE_DRAFTS[head_draft]) if head_draft in EAGLE_DRAFTS else draft
     if task in (None, "everyday"):
         prompts, shown, references, task = everyday_prompts(num_prompts), list(everyday_messages()), None, None
-        where = f"{num_prompts} held-out everyday chat prompts"
+        where = "held-out everyday chat prompts"
     else:
         data = testbed.load_task(task, split="test", num_examples=num_prompts, seed=seed)
         prompts, references = list(data["prompt"]), list(data["reference"])
@@ -270,7 +270,7 @@ def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True) -> No
     n = len(setup.prompt_ids)
     draft_lengths = sorted({r["stats"]["num_draft_tokens"] for r in results if r["stats"]})
     print(
-        f"{setup.description}: {n} prompts, batch 1, temperature {setup.temperature:g}, N = "
+        f"{setup.description}: {n} prompt{'s' if n != 1 else ''}, batch 1, temperature {setup.temperature:g}, N = "
         f"{'/'.join(map(str, draft_lengths))} drafts per round, {torch.get_num_threads()} torch thread(s). Each method "
         "ran once untimed (warm-up), then the prompts ran every method in turn; tokens are the new tokens written "
         "(up to EOS), seconds their wall-clock total."

@@ -152,3 +152,29 @@ def test_eagle_draft_greedy_parity_batched_and_accepts_more_than_the_self_draft(
         **kwargs,
     )
     assert eagle.speculation.total_acceptance_rate > own.speculation.total_acceptance_rate
+
+
+def test_every_eagle_draft_keeps_greedy_parity_on_everyday_prompts(pair):
+    """Both shipped EagleDrafts, at their own lengths, on held-out everyday prompts: the target's greedy text."""
+    from diversed_hf.tasks.chat_prompts import everyday_prompts
+
+    target, _, tokenizer = pair
+    tokenizer.padding_side = "left"
+    batch = tokenizer(everyday_prompts(3), return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(max_new_tokens=20, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    reference = target.generate(**batch, **kwargs)
+    for name, (path, model_id) in smollm2.EAGLE_DRAFTS.items():
+        draft = smollm2.load_eagle_draft(target, path)
+        assert draft.config._name_or_path == model_id
+        out = target.generate(**batch, assistant_model=draft, verifier=ExactVerifier(), **kwargs)
+        assert torch.equal(out, reference), name
+
+
+def test_demo_runs_the_real_pair_on_everyday_prompts(capsys):
+    from diversed_hf import cli
+
+    assert cli.main(["demo", "--pair", "smollm2", "--num-prompts", "1", "--max-new-tokens", "8", "--no-texts"]) == 0
+    out = capsys.readouterr().out
+    assert "Real pair (SmolLM2-135M-Instruct), held-out everyday chat prompts: 1 prompt, batch 1" in out
+    assert "| target-only |" in out and "| 1.00x |" in out and "| SD (ExactVerifier) |" in out
+    assert "DIVERSED (arith_chat head, eagle-tasks draft)" in out and "temperature 1" in out

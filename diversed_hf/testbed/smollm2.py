@@ -259,11 +259,12 @@ def load_smollm2_target(torch_dtype=None, device: str = "cpu", download: bool = 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = ensure_target(download=download)
     dtype = torch.float32 if torch_dtype is None else torch_dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.float32.")
-    target = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    with _quietly():
+        path = ensure_target(download=download)
+        target = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     target.config._name_or_path = MODEL_IDS["target"]
     return target.to(device).eval(), AutoTokenizer.from_pretrained(str(path))
 
@@ -345,7 +346,8 @@ def load_eagle_draft(target, path: Path | str = EAGLE_DIR, model_id: str | None 
         raise FileNotFoundError(
             f"no EagleDraft at {path}: train it with `python training/train_eagle_draft.py` (or reinstall the package)."
         )
-    draft = EagleDraft.from_pretrained(str(path), dtype=target.dtype).to(target.device)
+    with _quietly():
+        draft = EagleDraft.from_pretrained(str(path), dtype=target.dtype).to(target.device)
     draft.config._name_or_path = model_id
     return draft.attach_target(target).eval()
 
@@ -362,12 +364,18 @@ def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = Tr
     draft = DEFAULT_DRAFT if draft is None else draft
     if draft not in DRAFTS:
         raise ValueError(f"`draft` is {draft!r}; the real pair's drafts are {DRAFTS}.")
-    if logger.isEnabledFor(logging.INFO):  # progress bars and transformers' notices only when asked for
+    with _quietly():
         return _load_pair(torch_dtype, device, download, draft)
+
+
+def _quietly():
+    """transformers' progress bars and notices off while loading (:func:`diversed_hf.compat.quiet_loading`), unless
+    this module's logger is at INFO or below: what a user sees at default verbosity is the result, not the steps."""
+    import contextlib
+
     from .. import compat
 
-    with compat.quiet_loading():
-        return _load_pair(torch_dtype, device, download, draft)
+    return contextlib.nullcontext() if logger.isEnabledFor(logging.INFO) else compat.quiet_loading()
 
 
 def _load_pair(torch_dtype, device: str, download: bool, draft: str):
