@@ -184,3 +184,55 @@ def test_a_missing_prompts_file_is_refused_before_the_target_loads(tmp_path, mon
     monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: pytest.fail("the target was loaded"))
     with pytest.raises(FileNotFoundError, match="no such file"):
         train_eagle_draft.main(["--output_dir", str(tmp_path / "run"), "--prompts", str(tmp_path / "none.jsonl")])
+
+
+def test_a_second_collection_on_new_prompts_is_distilled_with_the_first(tmp_path, monkeypatch):
+    """``--data_only`` writes ``collection.json``; ``--extra_data`` distils on that collection too, and the record sums
+    both mixes and names both commands in order."""
+    from diversed_hf.testbed import smollm2
+
+    target = make_model("llama")
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: (target, tiny_tokenizer()))
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("\n".join(json.dumps({"prompt": f"t{i} t{i + 1} t{i + 2}"}) for i in range(4, 9)))
+    second.write_text("\n".join(json.dumps({"prompt": f"t{i} t{i + 3}"}) for i in range(10, 14)))
+    common = ["--num_arith", "0", "--code_samples", "0", "--num_docstrings", "0", "--chat_max_new_tokens", "3"]
+    common += ["--top_k", "4", "--generation_batch_size", "4"]
+    assert train_eagle_draft.main(
+        ["--output_dir", str(tmp_path / "a"), "--prompts", str(first), "--data_only", *common]
+    ) == (tmp_path / "a" / "data")
+    made = json.loads((tmp_path / "a" / "collection.json").read_text())
+    assert made["num_prompts"] == 5 and made["dtype"] == "bfloat16" and "--data_only" in made["recipe"]
+
+    save_to = tmp_path / "draft"
+    argv = ["--output_dir", str(tmp_path / "b"), "--prompts", str(second), "--save_to", str(save_to), *common]
+    argv += ["--extra_data", str(tmp_path / "a" / "data"), "--epochs", "1", "--batch_size", "2"]
+    argv += ["--draft_vocab_size", "0", "--held_out", "0.2"]
+    assert train_eagle_draft.main(argv) == save_to
+    record = json.loads((save_to / "training.json").read_text())
+    assert record["num_prompts"] == 9 and record["num_sequences"] == {"train": 7, "held_out": 2}
+    assert record["prompt_mix"] == {f"your prompts ({first})": 5, f"your prompts ({second})": 4}
+    assert record["recipe"].index("--data_only") < record["recipe"].index("--extra_data")
+    assert [c["num_prompts"] for c in record["collections"]] == [4, 5]
+    run = json.loads((tmp_path / "b" / "checkpoints" / "run.json").read_text())
+    assert isinstance(run["data_manifest"], list) and len(run["data_manifest"]) == 2
+
+
+def test_extra_data_must_be_a_collection(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train_eagle_draft.parse_args(["--extra_data", str(tmp_path)])
+    assert f"--extra_data {tmp_path} is not a collection (no manifest.json)" in capsys.readouterr().err
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"collection.json is missing or unreadable.*--data_only"):
+        train_eagle_draft._collection_record(tmp_path / "data")
+
+
+def test_chat_offset_takes_requests_after_the_first():
+    from diversed_hf.tasks.chat_prompts import broad_chat_prompts
+    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix
+
+    mix = eagle_prompt_mix(0, 0, 0, num_chat=3, chat_offset=5)
+    assert [p for p, _ in mix["chat"]] == broad_chat_prompts(8)[5:]
+    with pytest.raises(ValueError, match="`chat_offset` must be a non-negative integer"):
+        eagle_prompt_mix(0, 0, 0, num_chat=3, chat_offset=-1)

@@ -28,7 +28,8 @@ def pair():
         smollm2.ensure_target()
     except (FileNotFoundError, ImportError) as error:
         pytest.skip(f"SmolLM2-135M-Instruct is not available here: {error}")
-    target, draft, tokenizer = testbed.load_pair("smollm2", draft="self")
+    # float32: greedy parity is token for token (in bfloat16, the default, it holds up to rounding)
+    target, draft, tokenizer = testbed.load_pair("smollm2", draft="self", torch_dtype=torch.float32)
     return enable_diversed(target), draft, tokenizer
 
 
@@ -178,3 +179,23 @@ def test_demo_runs_the_real_pair_on_everyday_prompts(capsys):
     assert "Real pair (SmolLM2-135M-Instruct), held-out everyday chat prompts: 1 prompt, batch 1" in out
     assert "| target-only |" in out and "| 1.00x |" in out and "| SD (ExactVerifier) |" in out
     assert "DIVERSED (arith_chat head, eagle-tasks draft)" in out and "temperature 1" in out
+
+
+def test_the_real_pair_loads_in_bfloat16_by_default_and_speculates():
+    """bfloat16 by default (verification nearly free on a CPU); the EagleDraft follows the target's dtype."""
+    from diversed_hf.tasks.chat_prompts import everyday_prompts
+
+    target, draft, tokenizer = testbed.load_pair("smollm2")
+    assert smollm2.DEFAULT_DTYPE == "bfloat16"
+    assert target.dtype == torch.bfloat16 and {p.dtype for p in draft.parameters()} == {torch.bfloat16}
+    enable_diversed(target)
+    inputs = tokenizer(everyday_prompts(1), return_tensors="pt", add_special_tokens=False)
+    out = target.generate(
+        **inputs,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        max_new_tokens=16,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[1] > inputs["input_ids"].shape[1] and out.speculation.num_accepted.sum() > 0

@@ -207,7 +207,7 @@ def main(argv=None) -> Path:
     check_output_dir(save_to, "--save_to")
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    target, tokenizer = smollm2.load_smollm2_target()
+    target, tokenizer = smollm2.load_smollm2_target(torch_dtype=torch.float32)  # distilled in float32
 
     corpus_settings = {
         k: getattr(args, k)

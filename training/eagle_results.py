@@ -141,7 +141,7 @@ def timed_generate(target, draft, inputs, sampling: dict, seed: int, **kwargs) -
     for row in new:  # up to and including the first EOS
         hits = torch.isin(row, torch.tensor(eos)).nonzero()
         tokens += int(hits[0]) + 1 if hits.numel() else row.numel()
-    record = {"seconds": seconds, "tokens": tokens}
+    record = {"seconds": seconds, "tokens": tokens, "new_ids": new.tolist()}
     if speculation is not None:
         per_row = torch.nan_to_num(speculation.expected_tokens_per_round, nan=0.0)  # (batch,) mean over its rounds
         betas = [b for r in speculation.position_acceptance for b in r.flatten().tolist() if b == b]
@@ -338,7 +338,8 @@ def main(argv=None) -> int:
     output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "eagle")
     check_output_dir(output_dir, "--output_dir")
     torch.set_num_threads(1)
-    target, self_draft, tokenizer = smollm2.load_smollm2_pair(draft="self")
+    # float32, as this script's RESULTS.md section was measured (the pair's default is bfloat16: everyday_results.py)
+    target, self_draft, tokenizer = smollm2.load_smollm2_pair(draft="self", torch_dtype=torch.float32)
     enable_diversed(target)
     # the EagleDraft of this section: the task EagleDraft ("eagle-tasks"), distilled on arith_chat, humaneval and
     # docstrings; the pair's default EagleDraft, distilled on everyday chat too, is measured by everyday_results.py

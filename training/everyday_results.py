@@ -53,6 +53,12 @@ def parse_args(argv=None):
         "--draft_lengths", type=int, nargs="+", default=[2, 3], help="the default draft's N (the fastest ships)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the task prompts and of sampling")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="the pair's dtype (a float32 target-only row is measured beside a bfloat16 run)",
+    )
     parser.add_argument("--output_dir", default=None, help="default results/everyday (results_quick/... with --quick)")
     parser.add_argument("--quick", action="store_true", help="a few prompts and tokens: a smoke run")
     parser.add_argument("--no_ship", action="store_true", help="leave the shipped draft's files and the README")
@@ -69,25 +75,35 @@ def parse_args(argv=None):
     return args
 
 
-def measure(target, drafts: dict, tokenizer, prompts: list[str], configs: list, sampling: dict, seed: int, label: str):
-    """``configs``: ``(key, draft name or None, generate kwargs)``; each prompt runs every configuration in turn."""
+def measure(tokenizer, prompts: list[str], configs: list, sampling: dict, seed: int, label: str) -> dict:
+    """``configs``: ``(key, target, draft or None, generate kwargs)``; each prompt runs every configuration in turn.
+
+    Aggregated per configuration (:func:`eagle_results.aggregate_runs`); a speculative configuration also counts the
+    prompts whose new tokens equal those of the first configuration (target-only in the same dtype)."""
     from tqdm.auto import tqdm
 
     warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
-    for _, name, kwargs in configs:
-        timed_generate(target, drafts.get(name), warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
-    records = {key: [] for key, _, _ in configs}
+    for _, target, draft, kwargs in configs:
+        timed_generate(target, draft, warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
+    records = {key: [] for key, *_ in configs}
     for i, prompt in enumerate(tqdm(prompts, desc=label)):
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        for key, name, kwargs in configs:
-            records[key].append(timed_generate(target, drafts.get(name), inputs, sampling, seed + i, **kwargs))
-    return {key: aggregate_runs(value) for key, value in records.items()}
+        for key, target, draft, kwargs in configs:
+            records[key].append(timed_generate(target, draft, inputs, sampling, seed + i, **kwargs))
+    reference = [r["new_ids"] for r in records[configs[0][0]]]
+    block = {}
+    for key, _, draft, _ in configs:
+        block[key] = aggregate_runs(records[key])
+        if draft is not None:
+            block[key]["same_text"] = sum(r["new_ids"] == ids for r, ids in zip(records[key], reference))
+    return block
 
 
 def _row(block: dict, key: str) -> str:
     row, base = block[key], block["target"]["tokens_per_second"]
-    if key == "target":
-        return f"| target only | – | – | 1.00 | {row['tokens_per_second']:.1f} | 1.00x |"
+    if key.startswith("target"):
+        label = "target only" if key == "target" else "target only, float32"
+        return f"| {label} | – | – | 1.00 | {row['tokens_per_second']:.1f} | {row['tokens_per_second'] / base:.2f}x |"
     name, _, setting = key.partition(":N=")
     return (
         f"| {DRAFT_LABELS[name]} | {setting} | {100 * row['acceptance']:.1f} % | {row['tokens_per_round']:.2f} | "
@@ -104,13 +120,15 @@ def render(results: dict, command: str) -> str:
         command,
         "```",
         "",
-        f"SmolLM2-135M-Instruct as target, lossless SD (`ExactVerifier`), batch 1, one torch thread, at most "
+        f"SmolLM2-135M-Instruct as target in {results['dtype']}, lossless SD (`ExactVerifier`), batch 1, one torch "
+        "thread, at most "
         f"{results['max_new_tokens']} new tokens (counted up to EOS), nothing else running; every configuration runs on "
         "each prompt in turn after a warm-up call. " + results["environment"],
         "",
         f"Draft step / target step: c = {costs['c_eagle']:.3f} (EagleDraft), {costs['c_eagle-tasks']:.3f} (task "
         f"EagleDraft); target {costs['target_ms']:.1f} ms per token.",
         "",
+        *_verification_costs(results),
     ]
     for prompts, title in (
         ("everyday", f"{results['num_prompts']} held-out everyday chat prompts"),
@@ -126,6 +144,8 @@ def render(results: dict, command: str) -> str:
             ]
             lines += [_row(block, key) for key in block]
             lines.append("")
+            if mode == "greedy":
+                lines += [_same_text(results, block, len(prompts_of(results, prompts))), ""]
     lines += ["### Against the goals (everyday prompts, the default draft at its shipped N)", ""]
     n = results["best"]
     for mode, (acceptance_goal, speed_goal) in GOALS.items():
@@ -148,6 +168,46 @@ def render(results: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+def _verification_costs(results: dict) -> list[str]:
+    """A forward over n new tokens in units of a one-token forward, per dtype measured (warm cache, best of 3)."""
+    costs = results["costs"]
+    dtypes = [d for d in ("bfloat16", "float32") if d in costs]
+    n = len(costs[dtypes[0]])
+    lines = [
+        "A target forward over n new tokens (a verification of n - 1 drafts), in one-token forwards of the same "
+        "dtype ("
+        + ", ".join(
+            f"{d}: {costs['target_ms' if d == results['dtype'] else 'target_ms_float32']:.1f} ms" for d in dtypes
+        )
+        + "):",
+        "",
+        "| dtype | " + " | ".join(f"n = {i + 1}" for i in range(n)) + " |",
+        "|---|" + "---:|" * n,
+    ]
+    lines += [f"| {d} | " + " | ".join(f"{c:.2f}" for c in costs[d]) + " |" for d in dtypes]
+    return [*lines, ""]
+
+
+def prompts_of(results: dict, prompts: str) -> range:
+    return range(results["num_prompts"] if prompts == "everyday" else results["task_prompts"])
+
+
+def _same_text(results: dict, block: dict, count: int) -> str:
+    """How many greedy SD texts equal target-only's in the same dtype, and why bfloat16 may differ."""
+    counts = ", ".join(
+        f"{DRAFT_LABELS[k.partition(':')[0]]} at N = {k.partition('=')[2]}: {block[k]['same_text']}"
+        for k in block
+        if not k.startswith("target")
+    )
+    line = f"Greedy texts identical to target-only's ({results['dtype']}), of {count} prompts: {counts}."
+    if results["dtype"] != "float32":
+        line += (
+            " bfloat16 rounds a forward over several tokens differently from one over a single token, so at a "
+            "near-tie the texts part; in float32 they are identical (tests/test_real_pair.py)."
+        )
+    return line
+
+
 def summary_paragraph(results: dict) -> str:
     """The README's headline on the default draft (between ``<!-- everyday-draft -->`` markers)."""
     n = results["best"]
@@ -164,7 +224,7 @@ def summary_paragraph(results: dict) -> str:
     old_key = next(k for k in old if k.startswith("eagle-tasks:"))
     return (
         f'**Measured** (`python training/everyday_results.py`, RESULTS.md "Real pair: the EagleDraft on everyday '
-        f'prompts"; lossless SD with the default EagleDraft at its shipped N = {n}, batch 1, one thread): '
+        f'prompts"; lossless SD with the default EagleDraft at its shipped N = {n}, {results["dtype"]}, batch 1, one thread): '
         + "; ".join(parts)
         + f". The task EagleDraft it replaces, distilled on the tasks alone, is accepted "
         f"{100 * old[old_key]['acceptance']:.1f} % on the same everyday prompts (greedy)."
@@ -183,8 +243,8 @@ def headline(results: dict) -> str:
         speed = [b[f"eagle:N={n}"]["tokens_per_second"] / b["target"]["tokens_per_second"] for b in (greedy, sampled)]
         parts.append(f"{speed[0]:.2f}x greedy and {speed[1]:.2f}x at temperature 0.7 on {label}")
     return (
-        "On a real model (SmolLM2-135M-Instruct, batch 1, one CPU thread), lossless speculative decoding with the "
-        "shipped EagleDraft keeps the target's output distribution (greedy: its exact text) and runs at "
+        f"On a real model (SmolLM2-135M-Instruct in {results['dtype']}, batch 1, one CPU thread), lossless "
+        "speculative decoding with the shipped EagleDraft keeps the target's output distribution and runs at "
         + ", and ".join(parts)
         + ", the tokens/s of `generate` alone ([A real model](#a-real-model-smollm2-135m-instruct); "
         "`python training/everyday_results.py`)."
@@ -231,13 +291,15 @@ def main(argv=None) -> int:
     output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "everyday")
     check_output_dir(output_dir, "--output_dir")
     torch.set_num_threads(1)
-    target, draft, tokenizer = smollm2.load_smollm2_pair(draft="eagle")
+    target, draft, tokenizer = smollm2.load_smollm2_pair(draft="eagle", torch_dtype=getattr(torch, args.dtype))
     enable_diversed(target)
     drafts = {"eagle": draft, "eagle-tasks": smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle-tasks"])}
     old_n = int(drafts["eagle-tasks"].generation_config.num_assistant_tokens)
-    configs = [("target", None, {})]
-    configs += [(f"eagle:N={n}", "eagle", {"num_assistant_tokens": n}) for n in args.draft_lengths]
-    configs.append((f"eagle-tasks:N={old_n}", "eagle-tasks", {"num_assistant_tokens": old_n}))
+    configs = [("target", target, None, {})]
+    if args.dtype != "float32":  # the fastest target-only in the other dtype, for reference
+        configs.append(("target-float32", smollm2.load_smollm2_target(torch_dtype=torch.float32)[0], None, {}))
+    configs += [(f"eagle:N={n}", target, draft, {"num_assistant_tokens": n}) for n in args.draft_lengths]
+    configs.append((f"eagle-tasks:N={old_n}", target, drafts["eagle-tasks"], {"num_assistant_tokens": old_n}))
     prompt_sets = {
         "everyday": everyday_prompts(args.num_prompts),
         "arith_chat": list(
@@ -256,7 +318,12 @@ def main(argv=None) -> int:
     }
     probe = tokenizer(prompt_sets["everyday"][0], return_tensors="pt", add_special_tokens=False)["input_ids"]
     costs = step_costs(target, {"eagle": drafts["eagle"], "eagle-tasks": drafts["eagle-tasks"]}, probe)
+    costs = {args.dtype: costs["c_verify"], **costs}
+    if configs[1][0] == "target-float32":  # what a verification costs in the other dtype
+        reference = step_costs(configs[1][1], {}, probe)
+        costs["float32"], costs["target_ms_float32"] = reference["c_verify"], reference["target_ms"]
     results = {
+        "dtype": args.dtype,
         "num_prompts": args.num_prompts,
         "task_prompts": args.task_prompts,
         "max_new_tokens": args.max_new_tokens,
@@ -267,18 +334,15 @@ def main(argv=None) -> int:
     started = time.time()
     everyday = {}
     for mode, sampling in modes.items():
-        everyday[mode] = measure(
-            target, drafts, tokenizer, prompt_sets["everyday"], configs, sampling, args.seed, f"everyday {mode}"
-        )
+        everyday[mode] = measure(tokenizer, prompt_sets["everyday"], configs, sampling, args.seed, f"everyday {mode}")
     results["everyday"] = everyday
     results["best"] = max(
         args.draft_lengths, key=lambda n: everyday["t0.7"][f"eagle:N={n}"]["tokens_per_second"]
     )  # the shipped length: the fastest on everyday prompts at temperature 0.7
-    task_configs = [c for c in configs if c[0] in ("target", f"eagle:N={results['best']}") or c[1] == "eagle-tasks"]
+    keep = ("target", "target-float32", f"eagle:N={results['best']}")
+    task_configs = [c for c in configs if c[0] in keep or c[0].startswith("eagle-tasks")]
     results["arith_chat"] = {
         mode: measure(
-            target,
-            drafts,
             tokenizer,
             prompt_sets["arith_chat"],
             task_configs,

@@ -28,6 +28,7 @@ Seeded (prompts, sampling, split, initialisation, batch order). Every option has
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("train_eagle_draft")
 
@@ -52,6 +53,7 @@ OPTIONS = [
         "name (rows with messages / conversations, or prompt / instruction / question / text)",
     ),
     ("num_user_prompts", int, None, "read only the first rows of --prompts"),
+    ("chat_offset", int, 0, "skip this many requests of the broad set (a second collection on new ones)"),
     ("chat_max_new_tokens", int, 96, "response length limit of the chat prompts"),
     ("num_arith", int, 250, "arith_chat training problems the target answers"),
     ("code_samples", int, 1, "target answers per humaneval training problem"),
@@ -79,6 +81,19 @@ def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, kind, default, help_text in OPTIONS:
         parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)
+    parser.add_argument(
+        "--extra_data",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="earlier collections (another run's <output_dir>/data) to distil on as well",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="the target's dtype while it answers (the real pair's default: bfloat16)",
+    )
     parser.add_argument("--data_only", action="store_true", help="stop after collecting the data")
     args = parser.parse_args(argv)
     for name in (
@@ -93,7 +108,7 @@ def parse_args(argv=None):
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
-    for name in ("num_chat", "num_arith", "code_samples", "num_docstrings"):
+    for name in ("num_chat", "chat_offset", "num_arith", "code_samples", "num_docstrings"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be 0 or a positive integer, got {getattr(args, name)}")
     if args.num_user_prompts is not None and args.num_user_prompts < 1:
@@ -114,6 +129,12 @@ def parse_args(argv=None):
             "the prompt mix is empty (--num_chat, --num_arith, --code_samples and --num_docstrings are all 0, and no "
             "--prompts): give the target something to answer"
         )
+    for directory in args.extra_data:
+        if not (Path(directory) / "manifest.json").is_file():
+            parser.error(
+                f"--extra_data {directory} is not a collection (no manifest.json): name another run's data "
+                "directory, <output_dir>/data"
+            )
     if args.draft_vocab_size < 0:
         parser.error(f"--draft_vocab_size must be 0 (all ids) or positive, got {args.draft_vocab_size}")
     if not 0 < args.held_out < 1:
@@ -138,7 +159,8 @@ def main(argv=None) -> Path:
     check_output_dir(output_dir, "--output_dir")
     check_output_dir(save_to, "--save_to")
     # the draft replaces --save_to whole: neither the data nor the checkpoints, nor files not an earlier draft's
-    check_save_to(save_to, output_dir / "data", output_dir / "checkpoints", "--save_to")
+    for data_dir in [output_dir / "data", *map(Path, args.extra_data)]:
+        check_save_to(save_to, data_dir, output_dir / "checkpoints", "--save_to")
     # every setting is checked before the target loads, not after the collection
     settings = CollectionSettings(
         temperature=args.temperature,
@@ -171,6 +193,7 @@ def main(argv=None) -> Path:
         args.code_samples,
         args.num_docstrings,
         num_chat=args.num_chat,
+        chat_offset=args.chat_offset,
         chat_prompts=user_prompts,
         chat_max_new_tokens=args.chat_max_new_tokens,
         seed=args.seed,
@@ -178,27 +201,58 @@ def main(argv=None) -> Path:
     prompts = interleave(mix, args.seed)
     chat_source = f"your prompts ({args.prompts})" if args.prompts else "everyday requests of the broad chat set"
     prompt_mix = {chat_source if name == "chat" else name: len(jobs) for name, jobs in mix.items() if jobs}
-    target, tokenizer = smollm2.load_smollm2_target()
+    target, tokenizer = smollm2.load_smollm2_target(torch_dtype=getattr(torch, args.dtype))
     collect(target, tokenizer, prompts, output_dir / "data", settings)
-    data_seconds = collection_seconds(output_dir / "data") or (time.time() - started)
-    logger.info("data: %d prompts, %.0f s of decoding", len(prompts), data_seconds)
+    recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    own = {
+        "data": str(output_dir / "data"),
+        "num_prompts": len(prompts),
+        "prompt_mix": prompt_mix,
+        "data_seconds": round(collection_seconds(output_dir / "data") or (time.time() - started)),
+        "dtype": args.dtype,
+        "recipe": recipe.strip(),
+    }
+    write_text_atomic(output_dir / "collection.json", json.dumps(own, indent=1) + "\n")
+    logger.info("data: %d prompts, %d s of decoding", own["num_prompts"], own["data_seconds"])
     if args.data_only:
         return output_dir / "data"
-    recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    collections = [own, *(_collection_record(Path(d)) for d in args.extra_data)]
+    merged_mix: dict[str, int] = {}
+    for record in collections:
+        for source, count in record["prompt_mix"].items():
+            merged_mix[source] = merged_mix.get(source, 0) + count
     return distill(
         target,
-        output_dir / "data",
+        [output_dir / "data", *map(Path, args.extra_data)],
         output_dir / "checkpoints",
         save_to,
         distill_settings,
         extra_record={
-            "data_seconds": round(data_seconds),
-            "num_prompts": len(prompts),
-            "prompt_mix": prompt_mix,
-            "recipe": recipe.strip(),
+            "data_seconds": sum(record["data_seconds"] for record in collections),
+            "num_prompts": sum(record["num_prompts"] for record in collections),
+            "prompt_mix": merged_mix,
+            # the commands in order: the earlier collections' first, then this one
+            "recipe": " && ".join([record["recipe"] for record in collections[1:]] + [own["recipe"]]),
             "collection": dataclasses.asdict(settings),
+            **({"collections": collections} if len(collections) > 1 else {}),
         },
     )
+
+
+def _collection_record(data_dir: Path) -> dict:
+    """What an earlier run wrote of its collection (``collection.json`` beside its ``data``)."""
+    file = data_dir.parent / "collection.json"
+    try:
+        record = json.loads(file.read_text())
+        if not isinstance(record, dict) or not {"num_prompts", "prompt_mix", "data_seconds", "recipe"} <= set(record):
+            raise ValueError("missing fields")
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"--extra_data {data_dir}: {file} is missing or unreadable ({error}); it records the prompts and the "
+            "command of that collection. Rerun that collection's command (with --data_only: the shards already "
+            "written are kept) to write it."
+        ) from error
+    return record
 
 
 if __name__ == "__main__":

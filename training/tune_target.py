@@ -363,7 +363,7 @@ def main(argv=None, load_target=None) -> Path:
         from diversed_hf.testbed import smollm2
 
         load_target = smollm2.load_smollm2_target
-    target, tokenizer = load_target()
+    target, tokenizer = load_target(torch_dtype=torch.float32)  # trained in float32, as the recipe was measured
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "run.json", json.dumps(settings, indent=2) + "\n")
 

@@ -110,6 +110,7 @@ def eagle_prompt_mix(
     num_docstrings: int,
     *,
     num_chat: int = 0,
+    chat_offset: int = 0,
     chat_prompts: list[str] | None = None,
     chat_max_new_tokens: int = 128,
     arith_max_new_tokens: int = 96,
@@ -118,11 +119,15 @@ def eagle_prompt_mix(
     seed: int = 0,
 ) -> dict[str, list[tuple[str, int]]]:
     """``(chat prompt, max new tokens)`` by source: ``"chat"`` (``chat_prompts`` when given, a user's own, already
-    rendered; else the first ``num_chat`` requests of the broad set), ``"arith_chat"``, ``"humaneval"``,
-    ``"docstrings"``."""
+    rendered; else ``num_chat`` requests of the broad set after its first ``chat_offset``: a second collection on
+    requests the first did not use), ``"arith_chat"``, ``"humaneval"``, ``"docstrings"``."""
     from .chat_prompts import broad_chat_prompts
 
-    chat = chat_prompts if chat_prompts is not None else broad_chat_prompts(num_chat, seed=seed) if num_chat else []
+    if isinstance(chat_offset, bool) or not isinstance(chat_offset, int) or chat_offset < 0:
+        raise ValueError(f"`chat_offset` must be a non-negative integer, got {chat_offset!r}.")
+    chat = chat_prompts
+    if chat is None:
+        chat = broad_chat_prompts(chat_offset + num_chat, seed=seed)[chat_offset:] if num_chat else []
     arith = (
         load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"] if num_arith else []
     )

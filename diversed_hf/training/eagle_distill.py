@@ -300,6 +300,12 @@ def _train_step(draft, training, step: int, steps_per_epoch: int, settings, id_t
     return loss, overlap, count
 
 
+def _manifests(data_dirs: list[Path]) -> dict | list[dict]:
+    """The collections' manifests: one dict for one collection (as before several were allowed), else a list."""
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in data_dirs]
+    return manifests[0] if len(manifests) == 1 else manifests
+
+
 def _append_json_line(path: Path, entry: dict) -> None:
     with path.open("a") as log:
         log.write(json.dumps(entry) + "\n")
@@ -314,17 +320,22 @@ def distill(
     extra_record: dict | None = None,
     progress: bool = True,
 ) -> Path:
-    """Train an EagleDraft for ``target`` on the collection in ``data_dir``; save it (Hub format, card, record) in
-    ``save_to`` and return that path. Resumes from the newest checkpoint in ``checkpoint_dir``."""
+    """Train an EagleDraft for ``target`` on the collection in ``data_dir`` (or on several: a list of collections,
+    e.g. a second one on new prompts); save it (Hub format, card, record) in ``save_to`` and return that path.
+    Resumes from the newest checkpoint in ``checkpoint_dir``."""
     from tqdm.auto import tqdm
 
     started = time.time()
     if not isinstance(settings, DistillSettings):
         raise TypeError(f"`settings` must be a DistillSettings, got {type(settings).__name__}.")
-    data_dir, checkpoint_dir = Path(data_dir), Path(checkpoint_dir)
-    save_to = check_save_to(save_to, data_dir, checkpoint_dir)
-    sequences = load_sequences(data_dir)
-    held_out, training = _split(sequences, settings, data_dir)
+    data_dirs = [Path(d) for d in data_dir] if isinstance(data_dir, (list, tuple)) else [Path(data_dir)]
+    if not data_dirs:
+        raise ValueError("`data_dir` is an empty list: name at least one collection to distil on.")
+    checkpoint_dir = Path(checkpoint_dir)
+    for directory in data_dirs:
+        save_to = check_save_to(save_to, directory, checkpoint_dir)
+    sequences = [sequence for directory in data_dirs for sequence in load_sequences(directory)]
+    held_out, training = _split(sequences, settings, ", ".join(map(str, data_dirs)))
     ids = _draft_ids(target, training, settings)
     claim_directory(
         checkpoint_dir,
@@ -332,7 +343,7 @@ def distill(
         {
             "settings": asdict(settings),
             "num_sequences": len(sequences),
-            "data_manifest": json.loads((data_dir / "manifest.json").read_text()),
+            "data_manifest": _manifests(data_dirs),
         },
         "checkpoints of another run",
     )
