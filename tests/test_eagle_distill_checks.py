@@ -214,6 +214,10 @@ def test_a_second_collection_on_new_prompts_is_distilled_with_the_first(tmp_path
     assert record["prompt_mix"] == {f"your prompts ({first})": 5, f"your prompts ({second})": 4}
     assert record["recipe"].index("--data_only") < record["recipe"].index("--extra_data")
     assert [c["num_prompts"] for c in record["collections"]] == [4, 5]
+    card = (save_to / "README.md").read_text()
+    assert "The data is 2 collections" in card and "held-out figures below lean optimistic" in card
+    rebuild = card.split("## Rebuild", 1)[1]
+    assert rebuild.index("--data_only") < rebuild.index("--extra_data") and " && " not in rebuild
     run = json.loads((tmp_path / "b" / "checkpoints" / "run.json").read_text())
     assert isinstance(run["data_manifest"], list) and len(run["data_manifest"]) == 2
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
+from transformers import TrainingArguments
 from trl import GRPOConfig
 
 from .. import compat
@@ -12,6 +13,33 @@ from ..features import FEATURE_NAMES, check_feature_names
 from ..head import ARCHITECTURES, MLP_HIDDEN_SIZE
 
 KL_ESTIMATORS = ("k1", "k3")
+#: GRPO's own fields (beyond ``TrainingArguments``) that DIVERSED reads; any other GRPO field set away from GRPO's
+#: default is refused, naming it (``DiversedConfig.__post_init__``): nothing is accepted and silently ignored
+HONOURED_GRPO_FIELDS = frozenset(
+    {
+        "beta",  # KL to the initial head (`kl_estimator` says how)
+        "epsilon",
+        "epsilon_high",  # the PPO clip
+        "num_iterations",  # inner epochs over one rollout batch
+        "num_generations",
+        "num_generations_eval",  # G in training and evaluation
+        "generation_batch_size",
+        "steps_per_generation",  # how rollouts are batched
+        "max_completion_length",
+        "temperature",
+        "top_k",
+        "top_p",  # rollouts and log-probabilities, both models
+        "reward_weights",
+        "shuffle_dataset",
+        "log_completions",
+        "num_completions_to_print",
+        "log_unique_prompts",
+        "log_completions_hub_repo",  # refused below with its own message
+        "use_vllm",
+        "use_transformers_continuous_batching",
+        "use_transformers_paged",  # generation backends: refused below with their own message
+    }
+)
 #: fields that take "no": YAML 1.1 (PyYAML, which TRL's ``--config`` loader uses) reads a bare `no` as False
 STRATEGY_FIELDS = ("save_strategy", "eval_strategy", "logging_strategy")
 
@@ -101,6 +129,7 @@ class DiversedConfig(GRPOConfig):
                     f"'no', 'steps' or 'epoch' (quote it in YAML: `{name}: \"steps\"`)."
                 )
         self._check_finite()
+        self._refuse_unimplemented_grpo_fields()
         super().__post_init__()
         if self.lambda_acceptance < 0:
             raise ValueError(
@@ -153,6 +182,26 @@ class DiversedConfig(GRPOConfig):
             raise ValueError(
                 "`activation_checkpointing=True` (or `gradient_checkpointing=True`) does not apply: only the head "
                 "trains and the models run without gradients. Set it to False."
+            )
+
+    def _refuse_unimplemented_grpo_fields(self) -> None:
+        """A GRPO field this trainer does not read, set away from GRPO's default, is an error naming it (GRPO's loss
+        variants, importance sampling, entropy terms, reference-model sync, vLLM settings, ...): the advantage and
+        loss are REINFORCE++'s (docs/training.md, "What GRPO's configuration means here")."""
+        base = {spec.name for spec in fields(TrainingArguments)}
+        changed = []
+        for spec in fields(GRPOConfig):
+            if spec.name in base or spec.name in HONOURED_GRPO_FIELDS or not hasattr(self, spec.name):
+                continue
+            default = spec.default_factory() if spec.default_factory is not MISSING else spec.default
+            if default is MISSING:
+                continue
+            if getattr(self, spec.name) != default:
+                changed.append(f"`{spec.name}={getattr(self, spec.name)!r}` (GRPO's default: {default!r})")
+        if changed:
+            raise ValueError(
+                "DiversedTrainer does not implement " + ", ".join(changed) + ": these GRPO options have no effect on "
+                "REINFORCE++ with the acceptance term (docs/method.md §5). Remove them."
             )
 
     def _check_finite(self) -> None:

@@ -65,6 +65,7 @@ def render_eagle_card(config, record: dict) -> str:
         f"{settings.get('seed', '?')}. Time on a 2-core CPU: data {record.get('data_seconds', '?')} s, distillation "
         f"{record.get('distill_seconds_this_run', '?')} s (last run).",
         "",
+        _collections_line(record.get("collections")),
         "Held-out acceptance estimates per draft step (step 1 reads the target's feature, later steps the draft's "
         "own):",
         "",
@@ -85,6 +86,21 @@ def render_eagle_card(config, record: dict) -> str:
             "",
         ]
     if record.get("recipe"):
-        lines += ["## Rebuild", "", "```bash", record["recipe"], "```", ""]
+        lines += ["## Rebuild", "", "```bash", *record["recipe"].split(" && "), "```", ""]
     lines += ["Settings: `" + json.dumps(settings, sort_keys=True) + "`", ""]
     return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def _collections_line(collections: list[dict] | None) -> str | None:
+    """Several collections (``train_eagle_draft.py --extra_data``): what each holds, and what that means for the
+    held-out split."""
+    if not collections:
+        return None
+    parts = [
+        f"{c['num_prompts']} prompts answered in {c.get('dtype', '?')} ({c['data_seconds']} s)" for c in collections
+    ]
+    return (
+        f"The data is {len(collections)} collections, one command each (Rebuild): " + "; ".join(parts) + ". A prompt "
+        "answered in two collections can put one answer in the held-out split and the other in training, so the "
+        "held-out figures below lean optimistic; the measured figures are on prompts the draft never saw.\n"
+    )
