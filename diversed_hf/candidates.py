@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from . import compat, ops
+from . import compat, ops, round_profile
 from .checks import check_finite_mass
 from .draft_length import (  # noqa: F401 - re-exported: the generator's knobs
     DRAFT_LENGTH_DEFAULTS,
@@ -396,9 +396,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         row_length = int(lengths[0]) if scalar_rule else 0
         reach = 1.0 if scalar_rule else torch.ones(batch_size, device=input_ids.device)  # the rule's P(all pass)
         for step in range(num_round_drafts):
-            step_logits, step_hidden = self.draft_forward(
-                chunk, candidate_mask
-            )  # (batch, V'), (batch, d_draft) or None
+            with round_profile.phase("draft forward"):
+                step_logits, step_hidden = self.draft_forward(chunk, candidate_mask)  # (batch, V'), (batch, d) or None
             step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, step_logits, self.vocab_size)
             step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
             check_finite_mass(step_probs, "draft", first_position=len(probs))

@@ -127,7 +127,7 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
         "(RESULTS.md); on other prompts it is shown, not vouched for."
     ]
     return DemoSetup(
-        f"Real pair (SmolLM2-135M-Instruct), {where}",
+        f"Real pair (SmolLM2-135M-Instruct in {str(target.dtype).removeprefix('torch.')}), {where}",
         target,
         methods,
         _tokenized(tokenizer, prompts, add_special_tokens=False),

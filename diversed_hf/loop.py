@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import compat
+from . import compat, round_profile
 from .candidates import (
     DiversedCandidateGenerator,
     DraftCandidates,
@@ -299,16 +299,25 @@ class _SpeculativeLoop:
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
         self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
+        profile, began = round_profile.active(), time.perf_counter()  # a profile (docs/profile.md) or None
         if self.candidates.reads_target_features:
-            self.prefill()
+            with round_profile.phase("prefill"):
+                self.prefill()
         timed = self.candidates.schedule == "optimal"  # the schedule reads the measured round costs
         while self.active.numel() > 0:
             started = _clock(device) if timed else 0.0
-            candidates = self.draft()  # (candidate_ids (B, L + N_r), candidate_logits (B, N_r, V)) and extras
+            with round_profile.phase("drafting"):
+                candidates = self.draft()  # (candidate_ids (B, L + N_r), candidate_logits (B, N_r, V)) and extras
             self.round_clock = (started, _clock(device)) if timed else None  # realign reads the rest of the round
             result, target_probs, target_scores = self.verify(candidates)
-            emitted, finished = self.commit(candidates, result, target_scores)
-            self.realign(candidates, emitted, finished, result, target_probs)
+            with round_profile.phase("commit"):
+                emitted, finished = self.commit(candidates, result, target_scores)
+            with round_profile.phase("realign"):
+                self.realign(candidates, emitted, finished, result, target_probs)
+            if profile is not None:
+                profile.rounds += 1
+        if profile is not None:
+            profile.wall += round_profile.clock(profile.device) - began
         if self.streamer is not None:
             self.streamer.end()
         num_new = int(self.state.num_generated.max()) if batch_size else 0
@@ -357,14 +366,21 @@ class _SpeculativeLoop:
         length = self.seq.shape[1]  # L
         num_round_drafts = candidate_ids.shape[1] - length  # N_r
         needs_hidden = self.verifier.requires_hidden_states or self.candidates.reads_target_features
-        out = compat.forward_with_cache(
-            self.target,
-            candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
-            candidates.attention_mask,  # (B, L + N_r)
-            self.target_cache,
-            logits_to_keep=num_round_drafts + 1,
-            output_hidden_states=needs_hidden,
-        )
+        with round_profile.phase("target forward"):
+            out = compat.forward_with_cache(
+                self.target,
+                candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
+                candidates.attention_mask,  # (B, L + N_r)
+                self.target_cache,
+                logits_to_keep=num_round_drafts + 1,
+                output_hidden_states=needs_hidden,
+            )
+        with round_profile.phase("verification math"):
+            return self._verification(candidates, out, length, num_round_drafts, needs_hidden)
+
+    def _verification(self, candidates, out, length: int, num_round_drafts: int, needs_hidden: bool):
+        """Step 3 of :meth:`verify`: the target's distributions from its logits ``out``, then the verifier."""
+        candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
         target_probs, target_untempered, processed = self._target_distributions(candidate_ids, out.logits, length)
         check_finite_mass(target_probs, "target")
         if candidate_logits is None:  # no draft this round: only the target's token

@@ -176,7 +176,7 @@ def test_demo_runs_the_real_pair_on_everyday_prompts(capsys):
 
     assert cli.main(["demo", "--pair", "smollm2", "--num-prompts", "1", "--max-new-tokens", "8", "--no-texts"]) == 0
     out = capsys.readouterr().out
-    assert "Real pair (SmolLM2-135M-Instruct), held-out everyday chat prompts: 1 prompt, batch 1" in out
+    assert "Real pair (SmolLM2-135M-Instruct in bfloat16), held-out everyday chat prompts: 1 prompt, batch 1" in out
     assert "| target-only |" in out and "| 1.00x |" in out and "| SD (ExactVerifier) |" in out
     assert "DIVERSED (arith_chat head, eagle-tasks draft)" in out and "temperature 1" in out
 

@@ -362,8 +362,10 @@ def main(argv=None, load_target=None) -> Path:
     if load_target is None:
         from diversed_hf.testbed import smollm2
 
-        load_target = smollm2.load_smollm2_target
-    target, tokenizer = load_target(torch_dtype=torch.float32)  # trained in float32, as the recipe was measured
+        def load_target():  # trained in float32, as the recipe was measured
+            return smollm2.load_smollm2_target(torch_dtype=torch.float32)
+
+    target, tokenizer = load_target()
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "run.json", json.dumps(settings, indent=2) + "\n")
 

@@ -339,6 +339,9 @@ def _report(results: list, arguments, started: float) -> None:
         for note in result.notes:
             print(f"- {note}")
         print()
+        for method, profile in result.meta.get("profile", {}).items():
+            print(f"### Where a round's time goes: {method} ({result.task}; docs/profile.md)\n")
+            print(profile["table"] + "\n")
     print(
         f"Wrote {arguments.output_dir}/results.json"
         + (f" and {arguments.results_page}" if arguments.results_page else "")

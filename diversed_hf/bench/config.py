@@ -74,6 +74,13 @@ class BenchConfig:
     batch_size: int = field(default=16, metadata={"help": "Batch size of the (untimed) quality pass."})
     timing_batch_size: int = field(default=1, metadata={"help": "Batch size of the timed runs (1: latency)."})
     repeats: int = field(default=2, metadata={"help": "Timed runs per method; the median is kept."})
+    profile: bool = field(
+        default=False,
+        metadata={
+            "help": "After the timed runs, one more run of each speculative method with its rounds profiled: where a "
+            "round's time goes (docs/profile.md)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed of the prompts (for testbed tasks) and of sampling."})
     cost_tokens: int = field(
         default=32, metadata={"help": "Single-token forwards timed per model to measure the cost ratio."}

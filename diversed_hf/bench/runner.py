@@ -275,6 +275,7 @@ class _Run:
     prompts: list[str]
     show: bool
     heuristic_state: dict = dataclasses.field(default_factory=dict)
+    profiles: dict = dataclasses.field(default_factory=dict)  # --profile: per speculative method
 
     def run_batch(self, method: Method, batch_indices: list[int], seed: int, want_weights: bool = False):
         batch = _tokenize(self.tokenizer, [self.prompts[i] for i in batch_indices], self.target.device)
@@ -481,7 +482,29 @@ def _timing_pass(run: _Run, task: BenchTask, methods: list[Method]) -> tuple[dic
             timed_tokens[method.name] = sum(t for _, t in gathered)
             bar.update(1)
     bar.close()
+    if config.profile:
+        run.profiles = _profile_pass(run, methods, timed_run)
     return timings, timed_tokens
+
+
+def _profile_pass(run: _Run, methods: list[Method], timed_run) -> dict[str, dict]:
+    """``--profile``: one more run of the timing prompts per speculative method, its rounds profiled
+    (:mod:`diversed_hf.round_profile`); this process's rows per method."""
+    from ..round_profile import profile_rounds
+
+    profiles = {}
+    for method in methods:
+        if method.verifier is None:
+            continue
+        with profile_rounds(run.target.device) as profile:
+            timed_run(method)
+        profiles[method.name] = {
+            "rounds": profile.rounds,
+            "seconds": profile.wall,
+            "table": profile.table(),
+            "rows": [{"phase": name, "ms_per_round": ms, "share": share} for name, ms, share in profile.rows()],
+        }
+    return profiles
 
 
 def _examples(run: _Run, methods: list[Method], records: dict[str, list[dict]]) -> dict[str, list[dict]]:
@@ -521,6 +544,7 @@ def _meta(run: _Run, task: BenchTask, methods: list[Method], costs: dict, draft,
             ),
             None,
         ),
+        **({"profile": run.profiles} if run.profiles else {}),
     }
 
 
