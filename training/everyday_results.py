@@ -130,9 +130,9 @@ def render(results: dict, command: str) -> str:
         "",
         *_verification_costs(results),
     ]
-    for prompts, title in (
-        ("everyday", f"{results['num_prompts']} held-out everyday chat prompts"),
-        ("arith_chat", f"{results['task_prompts']} held-out `arith_chat` prompts"),
+    for prompts, count, title in (
+        ("everyday", results["num_prompts"], f"{results['num_prompts']} held-out everyday chat prompts"),
+        ("arith_chat", results["task_prompts"], f"{results['task_prompts']} held-out `arith_chat` prompts"),
     ):
         for mode, mode_title in MODES.items():
             block = results[prompts][mode]
@@ -145,7 +145,7 @@ def render(results: dict, command: str) -> str:
             lines += [_row(block, key) for key in block]
             lines.append("")
             if mode == "greedy":
-                lines += [_same_text(results, block, len(prompts_of(results, prompts))), ""]
+                lines += [_same_text(results, block, count), ""]
     lines += ["### Against the goals (everyday prompts, the default draft at its shipped N)", ""]
     n = results["best"]
     for mode, (acceptance_goal, speed_goal) in GOALS.items():
@@ -170,26 +170,19 @@ def render(results: dict, command: str) -> str:
 
 def _verification_costs(results: dict) -> list[str]:
     """A forward over n new tokens in units of a one-token forward, per dtype measured (warm cache, best of 3)."""
-    costs = results["costs"]
-    dtypes = [d for d in ("bfloat16", "float32") if d in costs]
-    n = len(costs[dtypes[0]])
+    measured = [(results["dtype"], results["costs"])]
+    if "float32" in results["costs"]:  # the float32 reference beside a bfloat16 run
+        measured.append(("float32", results["costs"]["float32"]))
+    n = len(measured[0][1]["c_verify"])
     lines = [
         "A target forward over n new tokens (a verification of n - 1 drafts), in one-token forwards of the same "
-        "dtype ("
-        + ", ".join(
-            f"{d}: {costs['target_ms' if d == results['dtype'] else 'target_ms_float32']:.1f} ms" for d in dtypes
-        )
-        + "):",
+        "dtype (" + ", ".join(f"{dtype}: {costs['target_ms']:.1f} ms" for dtype, costs in measured) + "):",
         "",
         "| dtype | " + " | ".join(f"n = {i + 1}" for i in range(n)) + " |",
         "|---|" + "---:|" * n,
     ]
-    lines += [f"| {d} | " + " | ".join(f"{c:.2f}" for c in costs[d]) + " |" for d in dtypes]
+    lines += [f"| {dtype} | " + " | ".join(f"{c:.2f}" for c in costs["c_verify"]) + " |" for dtype, costs in measured]
     return [*lines, ""]
-
-
-def prompts_of(results: dict, prompts: str) -> range:
-    return range(results["num_prompts"] if prompts == "everyday" else results["task_prompts"])
 
 
 def _same_text(results: dict, block: dict, count: int) -> str:
@@ -318,10 +311,8 @@ def main(argv=None) -> int:
     }
     probe = tokenizer(prompt_sets["everyday"][0], return_tensors="pt", add_special_tokens=False)["input_ids"]
     costs = step_costs(target, {"eagle": drafts["eagle"], "eagle-tasks": drafts["eagle-tasks"]}, probe)
-    costs = {args.dtype: costs["c_verify"], **costs}
     if configs[1][0] == "target-float32":  # what a verification costs in the other dtype
-        reference = step_costs(configs[1][1], {}, probe)
-        costs["float32"], costs["target_ms_float32"] = reference["c_verify"], reference["target_ms"]
+        costs["float32"] = step_costs(configs[1][1], {}, probe)
     results = {
         "dtype": args.dtype,
         "num_prompts": args.num_prompts,
