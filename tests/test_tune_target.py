@@ -28,7 +28,7 @@ RECIPE = REPO / "training" / "configs" / "smollm2_tuned_target.yaml"
 FLAGS = ["--num_synopsis", "2", "--num_arith_steps", "2", "--num_chat", "3", "--chat_max_new_tokens", "3"]
 FLAGS += ["--generation_batch_size", "2", "--batch_size", "2", "--gradient_accumulation_steps", "1"]
 FLAGS += ["--max_length", "256", "--lora_r", "2", "--target_modules", "q_proj", "v_proj", "--save_steps", "1"]
-FLAGS += ["--learning_rate", "0.05"]
+FLAGS += ["--learning_rate", "0.05", "--mixed_precision", "bf16"]
 
 
 def tiny_target():
@@ -71,6 +71,7 @@ def test_a_run_saves_its_adapter_record_and_card_then_resumes_where_it_stopped(t
         (saved / "adapter_model.safetensors").stat().st_size
     )
     card = (saved / "README.md").read_text()
+    assert "bfloat16 autocast over float32 weights" in card
     assert "rank 2, alpha 32" in card and "| `arith_steps` (train split) | 2 |" in card and record["recipe"] in card
     lines = answers.read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(line)["max_new_tokens"] == 3 for line in lines)  # the cut line dropped
@@ -115,6 +116,7 @@ def _recipe(tmp_path, text: str) -> str:
         (["--lora_r", "0"], "--lora_r must be a positive integer, got 0"),
         (["--lora_dropout", "1"], r"--lora_dropout must be in \[0, 1\), got 1.0"),
         (["--epochs", "0"], "--epochs must be a positive finite number, got 0.0"),
+        (["--mixed_precision", "fp16"], "--mixed_precision is 'fp16'; use one of no, bf16"),
         (["--max_steps", "0"], "--max_steps must be a positive integer, got 0"),
         (["--num_chat", "-1"], "--num_chat must be 0 or a positive integer, got -1"),
         (["--num_synopsis", "0", "--num_arith_steps", "0", "--num_chat", "0"], "the training mix is empty"),

@@ -61,6 +61,12 @@ OPTIONS = [
     ("lora_alpha", int, 32, "LoRA alpha (the update is scaled by alpha / r)"),
     ("lora_dropout", float, 0.05, "dropout on the LoRA input"),
     ("target_modules", str, list(LLAMA_LINEAR), f"the layers the adapter goes on, among {', '.join(LLAMA_LINEAR)}"),
+    (
+        "mixed_precision",
+        str,
+        "no",
+        "'bf16': bfloat16 autocast over float32 weights (about 1.5x faster on a CPU with AVX512-BF16); 'no': float32",
+    ),
     ("learning_rate", float, 2e-4, "AdamW learning rate (cosine decay after a warm-up of 3 %% of the steps)"),
     ("epochs", float, 2.0, "passes over the training pairs"),
     ("max_steps", int, None, "optimizer steps; overrides --epochs"),
@@ -82,11 +88,13 @@ RUN_KEYS = (
     "lora_dropout",
     "target_modules",
     "learning_rate",
+    "mixed_precision",
     "batch_size",
     "gradient_accumulation_steps",
     "max_length",
     "seed",
 )
+MIXED_PRECISION = ("no", "bf16")
 CHAT_FILE = "chat_answers.jsonl"
 SESSIONS_FILE = "sessions.json"
 SAVED_FILES = {"adapter_config.json", "adapter_model.safetensors", "training.json", "README.md"}
@@ -168,6 +176,8 @@ def parse_args(argv=None):
         parser.error(f"--learning_rate must be a positive finite number, got {args.learning_rate} (the recipe: 2e-4)")
     if not (math.isfinite(args.epochs) and args.epochs > 0):
         parser.error(f"--epochs must be a positive finite number, got {args.epochs}")
+    if args.mixed_precision not in MIXED_PRECISION:
+        parser.error(f"--mixed_precision is {args.mixed_precision!r}; use one of {', '.join(MIXED_PRECISION)}")
     if not 0 <= args.lora_dropout < 1:
         parser.error(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     unknown = [m for m in args.target_modules if m not in LLAMA_LINEAR]
@@ -410,7 +420,8 @@ def main(argv=None, load_target=None) -> Path:
         max_length=args.max_length,
         completion_only_loss=True,
         packing=False,
-        bf16=False,
+        bf16=args.mixed_precision == "bf16",  # autocast: the weights and the optimizer stay float32
+        use_cpu=args.mixed_precision == "bf16" and not torch.cuda.is_available(),  # transformers asks, for CPU bf16
         fp16=False,
         gradient_checkpointing=False,
         logging_steps=5,

@@ -72,7 +72,9 @@ def render_tuned_card(record: dict) -> str:
         f"`{record.get('eos_token', '?')}` only. {record.get('steps', '?')} optimizer steps of "
         f"{settings.get('batch_size', '?')} x {settings.get('gradient_accumulation_steps', '?')} sequences "
         f"({record.get('epochs', '?')} epochs), learning rate "
-        f"{settings.get('learning_rate', '?')} (cosine, warm-up), LoRA dropout {lora.get('dropout', '?')}, seed "
+        f"{settings.get('learning_rate', '?')} (cosine, warm-up), "
+        f"{'bfloat16 autocast over float32 weights' if settings.get('mixed_precision') == 'bf16' else 'float32'}, "
+        f"LoRA dropout {lora.get('dropout', '?')}, seed "
         f"{record.get('seed', '?')}. Last logged training loss: {record.get('final_loss') or '–'}.",
         "",
         f"Time on {record.get('threads', '?')} CPU thread(s): the base model's chat answers "
