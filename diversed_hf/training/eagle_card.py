@@ -41,8 +41,9 @@ def render_eagle_card(config, record: dict) -> str:
         "",
         "```python",
         "from diversed_hf import EagleDraft, enable_diversed",
-        "draft = EagleDraft.from_pretrained(PATH, target=target)   # or let generate attach it",
-        "out = enable_diversed(target).generate(**inputs, assistant_model=draft)   # lossless SD; "
+        "",  # the snippet as ruff formats it (CI formats the cards' code blocks too)
+        "draft = EagleDraft.from_pretrained(PATH, target=target)  # or let generate attach it",
+        "out = enable_diversed(target).generate(**inputs, assistant_model=draft)  # lossless SD; "
         "verifier=/diversed_head= too",
         "```",
         "",
