@@ -10,6 +10,9 @@ draft-length knobs, policies, statistics) whose draft reads, besides each token,
   the first round (the verification passes then feed only ``[last token, drafts]``, so the prompt is read once), and
   extends it after every round with the hidden states the verification pass already computed (``target_hidden`` of
   :meth:`~diversed_hf.candidates.DiversedCandidateGenerator.update_candidate_strategy`): no extra target forward.
+  It lives in a buffer preallocated for the whole call: a round writes its ``N_r + 1`` columns in place, so a round
+  costs O(N) here, not O(L); only a round that drops rows, shifts them or drops leading padding (batches) rebuilds
+  it, as it edits the caches.
 - The draft cache holds only columns computed from the **target's** features. A round's first draft pass feeds
   every column the cache lacks with its target feature (the prompt in the first round, then the accepted drafts and
   the recovered/bonus token: ``A + 1`` columns); later draft steps feed the draft's own predicted feature of the step
@@ -65,7 +68,8 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.features: torch.Tensor | None = None  # (B, L, d): column j holds the target's feature of column j - 1
+        self.buffer: torch.Tensor | None = None  # (B, capacity, d): column j, the target's feature of column j - 1
+        self.length = 0  # the columns of ``buffer`` in use: L
         self.round_length: int | None = None  # L of the round being drafted
         self.round_hidden: torch.Tensor | None = None  # (B, N_r + 1, d) the verification pass's features
         self.step_features: torch.Tensor | None = None  # (B, 1, d) the draft's own feature for its next step
@@ -77,7 +81,18 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
     ) -> None:
         """The target's features of the prompt (all but its last column), zero after padding columns."""
         real = attention_mask[:, : hidden.shape[1], None].to(hidden.dtype)  # (B, L - 1, 1)
-        self.features = torch.cat([hidden.new_zeros(hidden.shape[0], 1, hidden.shape[2]), hidden * real], dim=1)
+        batch_size, length, size = hidden.shape[0], hidden.shape[1] + 1, hidden.shape[2]
+        # room for every token the call may emit (a round drafts at most a row's remaining budget), without
+        # reallocating in the common case; edit_cache grows it if a batch's rows outrun it
+        capacity = length + int(self.remaining.max()) + 1 if batch_size else length
+        self.buffer = hidden.new_zeros(batch_size, capacity, size)
+        self.buffer[:, 1:length] = hidden * real
+        self.length = length
+
+    @property
+    def features(self) -> torch.Tensor | None:  # (B, L, d)
+        """The target's features of the sequence's columns: column ``j`` holds that of column ``j - 1``."""
+        return None if self.buffer is None else self.buffer[:, : self.length]
 
     def get_candidates(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
         if self.features is None:
@@ -131,15 +146,28 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
                 "A draft that reads the target's features runs in diversed_hf's batched loop, which passes "
                 "`realignment=` to `update_candidate_strategy`."
             )
-        # columns [0, L + N_r] of the round: the stored features, then the verification pass's
-        features = torch.cat([self.features, self.round_hidden.to(self.features.dtype)], dim=1)
-        self.features = realign_rows(
-            features,
-            kept=realignment.kept,
-            length=realignment.new_length,
-            shifts=realignment.shifts,
-            leading=realignment.leading,
-        )
+        # columns [0, L + N_r] of the round: the stored features, then the verification pass's, written in place
+        end = self.round_length + self.round_hidden.shape[1]  # L + N_r + 1
+        if end > self.buffer.shape[1]:  # a schedule drafted past the room planned for: grow, doubling
+            grown = self.buffer.new_zeros(
+                self.buffer.shape[0], max(end, 2 * self.buffer.shape[1]), self.buffer.shape[2]
+            )
+            grown[:, : self.length] = self.buffer[:, : self.length]
+            self.buffer = grown
+        self.buffer[:, self.round_length : end] = self.round_hidden
+        if realignment.kept is None and realignment.shifts is None and realignment.leading == 0:
+            self.length = realignment.new_length  # the realignment only crops: O(N_r) this round
+        else:  # rows dropped, shifted or trimmed: rebuilt, as the caches are
+            realigned = realign_rows(
+                self.buffer[:, :end],
+                kept=realignment.kept,
+                length=realignment.new_length,
+                shifts=realignment.shifts,
+                leading=realignment.leading,
+            )  # (kept, L', d)
+            self.buffer = realigned.new_zeros(realigned.shape[0], self.buffer.shape[1], realigned.shape[2])
+            self.buffer[:, : realigned.shape[1]] = realigned
+            self.length = realigned.shape[1]
         # entries up to the round's start were computed from the target's features; later ones from the draft's own
         realignment.edit_cache(self.cache, length=self.round_length)
         self.round_hidden = None

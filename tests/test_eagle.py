@@ -70,6 +70,32 @@ def test_greedy_with_exact_verifier_is_the_targets_greedy_output(architecture, p
             assert torch.equal(new, alone[0, len(row) :]), (architecture, padding_side, n, i)
 
 
+def test_a_features_buffer_that_outgrows_its_room_keeps_greedy_parity(monkeypatch):
+    """The features buffer is sized for the call; should a round outrun it, it grows and the output is unchanged."""
+    from diversed_hf.feature_candidates import FeatureCandidateGenerator
+
+    set_features = FeatureCandidateGenerator.set_target_features
+
+    def no_room(self, hidden, attention_mask):  # a buffer holding only the prompt: every round must grow it
+        set_features(self, hidden, attention_mask)
+        self.buffer = self.buffer[:, : self.length].clone()
+
+    monkeypatch.setattr(FeatureCandidateGenerator, "set_target_features", no_room)
+    target, draft = eagle_pair(draft_vocab_ids=torch.arange(2, 50))
+    rows, input_ids, attention_mask = left_padded_batch([4, 9, 6])
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=24,
+        num_assistant_tokens=3,
+    )
+    for i, row in enumerate(rows):
+        alone = target.generate(row[None], do_sample=False, max_new_tokens=24)
+        assert torch.equal(out[i, input_ids.shape[1] :], alone[0, len(row) :]), i
+
+
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
 def test_drafts_follow_the_reference_through_shifted_rows(architecture):
     """Per-round drafts equal the cache-free reference, with rows accepting different numbers of drafts (so rows are

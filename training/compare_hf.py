@@ -2,6 +2,7 @@
 
     python training/compare_hf.py                  # defaults: 12 prompts, 5 repeats, 1 thread (~2 min)
     python training/compare_hf.py --threads 4 --repeats 5
+    python training/compare_hf.py --num-prompts 16 --max-new-tokens 64 --repeats 2 --profile   # + where a round goes
 
 Two pairings, batch 1, greedy, ``N`` drafts per round (constant schedule):
 
@@ -45,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt (default 96)")
     parser.add_argument("--weight", type=float, default=0.5, help="target weight of the ensemble pairing (default 0.5)")
     parser.add_argument(
+        "--profile", action="store_true", help="then one more run of ours, lossless, its rounds profiled"
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -58,8 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def compare(args: argparse.Namespace, profile: bool = False) -> dict:
+    """``{pairing: {"transformers": s, "ours": s, "ratio": ours / transformers, "identical": bool}}`` (medians over
+    ``args.repeats``), with ``"profile"``: where our lossless round's time goes (one more run, profiled) if asked."""
     torch.set_num_threads(args.threads)
     target, draft, tokenizer = testbed.load_pair()
     enable_diversed(target)
@@ -107,17 +112,42 @@ def main(argv=None) -> int:
                 elapsed, results[side] = run((pairing, side))
                 times[(pairing, side)].append(elapsed)
             identical[pairing] &= all(torch.equal(a, b) for a, b in zip(results["transformers"], results["ours"]))
+    measured = {}
+    for pairing in ("lossless", "ensemble"):
+        theirs = statistics.median(times[(pairing, "transformers")])
+        ours = statistics.median(times[(pairing, "ours")])
+        measured[pairing] = {
+            "transformers": theirs,
+            "ours": ours,
+            "ratio": ours / theirs,
+            "identical": identical[pairing],
+        }
+    if profile:
+        from diversed_hf.round_profile import profile_rounds
 
+        with profile_rounds() as rounds:
+            run(("lossless", "ours"))
+        measured["profile"] = {"rounds": rounds.rounds, "seconds": rounds.wall, "table": rounds.table()}
+    return measured
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    measured = compare(args, profile=args.profile)
     print(
-        f"testbed arith, {len(encoded)} prompts, batch 1, greedy, N={args.num_assistant_tokens}, "
+        f"testbed arith, {args.num_prompts} prompts, batch 1, greedy, N={args.num_assistant_tokens}, "
         f"max_new_tokens={args.max_new_tokens}, threads={args.threads}, {args.clock} clock, median of {args.repeats} repeats"
     )
     print(f"{'pairing':<10} {'transformers (s)':>17} {'ours (s)':>10} {'ours/transformers':>18} {'identical':>10}")
     for pairing in ("lossless", "ensemble"):
-        theirs = statistics.median(times[(pairing, "transformers")])
-        ours = statistics.median(times[(pairing, "ours")])
-        print(f"{pairing:<10} {theirs:>17.3f} {ours:>10.3f} {ours / theirs:>18.3f} {str(identical[pairing]):>10}")
-    return 0 if all(identical.values()) else 1
+        row = measured[pairing]
+        print(
+            f"{pairing:<10} {row['transformers']:>17.3f} {row['ours']:>10.3f} {row['ratio']:>18.3f} "
+            f"{str(row['identical']):>10}"
+        )
+    if args.profile:
+        print(f"\nWhere our lossless round's time goes (docs/profile.md):\n\n{measured['profile']['table']}")
+    return 0 if measured["lossless"]["identical"] and measured["ensemble"]["identical"] else 1
 
 
 if __name__ == "__main__":

@@ -159,9 +159,12 @@ VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
 #: training/everyday_results.py: the default EagleDraft on held-out everyday prompts and on arith_chat
 EVERYDAY_SECTION = ("everyday", "Real pair: the EagleDraft on everyday prompts")
+#: training/overhead_results.py: the loop's per-round overhead (testbed against transformers; the real pair's profile)
+OVERHEAD_SECTION = ("overhead", "Per-round overhead")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     EVERYDAY_SECTION,
+    OVERHEAD_SECTION,
     REAL_PAIR_EAGLE_SECTION,
     REAL_PAIR_SECTION,
     EAGLE_SECTION,
