@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BlockVerifier": "verifiers",
     "DiversedCandidateGenerator": "candidates",
-    "DraftCosts": "policies",
+    "DraftCosts": "costs",
     "EagleDraft": "eagle",
     "EagleDraftConfig": "eagle",
     "FeatureCandidateGenerator": "feature_candidates",
@@ -84,12 +84,13 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from . import verifiers
     from .candidates import DiversedCandidateGenerator
     from .compat import check_transformers_version  # noqa: F401 (public, not in __all__)
+    from .costs import DraftCosts
     from .eagle import EagleDraft, EagleDraftConfig
     from .feature_candidates import FeatureCandidateGenerator
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
     from .head import DiversedHead, DiversedHeadConfig
     from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
-    from .policies import DraftCosts, clear_draft_statistics, measured_draft_costs
+    from .policies import clear_draft_statistics, measured_draft_costs
     from .verifiers import (
         BlockVerifier,
         ExactVerifier,

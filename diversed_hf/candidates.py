@@ -31,6 +31,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from . import compat, ops, round_profile
 from .checks import check_finite_mass
+from .costs import DraftCosts
 from .draft_length import (  # noqa: F401 - re-exported: the generator's knobs
     DRAFT_LENGTH_DEFAULTS,
     SCHEDULES,
@@ -38,15 +39,7 @@ from .draft_length import (  # noqa: F401 - re-exported: the generator's knobs
     check_draft_length_policy,
 )
 from .pairs import draft_input_ids, text_vocab_size
-from .policies import (  # noqa: F401 - re-exported
-    OPTIMAL_WARMUP,
-    DraftCosts,
-    LinearVerifyCost,
-    OptimalSchedule,
-    check_draft_costs,
-    clear_draft_statistics,
-    measured_draft_costs,
-)
+from .policies import OptimalSchedule
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +48,7 @@ __all__ = [
     "DiversedCandidateGenerator",
     "DraftCandidates",
     "DraftLengthPolicy",
-    "DraftCosts",
-    "LinearVerifyCost",
     "Realignment",
-    "clear_draft_statistics",
-    "measured_draft_costs",
     "next_token_scores",
 ]
 
@@ -201,7 +190,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         generator: random source for sampling.
         output_hidden_states: return ``draft_hidden`` with the candidates (the verifier reads hidden states).
         output_untempered_probs: return ``untempered_draft_probs`` with the candidates.
-        costs: ``"optimal"`` only: :class:`~diversed_hf.policies.DraftCosts` to use instead of measured ones.
+        costs: ``"optimal"`` only: :class:`~diversed_hf.costs.DraftCosts` to use instead of measured ones.
         policy: the four knobs above already resolved (:class:`DraftLengthPolicy`; the batched loop passes it), in
             place of them.
         target: ``"optimal"`` only: the target model, the other half of the key of the cross-call statistics.

@@ -302,6 +302,18 @@ def assisted_decoding_candidates(model, build):
 TESTED_TRL = (version.parse("1.0.0"), version.parse("1.17.0"))  # [low, high)
 
 
+def set_hub_mixin_config(model, config) -> None:
+    """Give a ``huggingface_hub.ModelHubMixin`` model the config it saves as ``config.json``: the mixin keeps it in
+    the private ``_hub_mixin_config`` (it fills it itself only from ``__init__`` arguments, and a head built from a
+    config object is given its dataclass whole)."""
+    model._hub_mixin_config = config
+
+
+def hub_mixin_config(model):
+    """The config a ``ModelHubMixin`` model saves (:func:`set_hub_mixin_config`)."""
+    return model._hub_mixin_config
+
+
 def check_trl_version() -> None:
     """Raise an ImportError unless the installed TRL is in :data:`TESTED_TRL` (``diversed_hf.training`` calls it)."""
     import trl

@@ -4,7 +4,7 @@ The draft reads the target's own features. At column ``j`` of a sequence it take
 column ``j - 1`` (``h_{j-1}``: after the final norm, what the target's LM head reads; zeros at the first token) and
 the embedding of token ``j``, maps their concatenation to the hidden size (``fc``), runs ``num_layers`` decoder layers
 of the **target's own architecture** (built from its config: attention, rotary embedding, sliding windows as the target
-has them; EAGLE's layout: no bias in ``fc``, no norm before the first layer or after the last), and so predicts the
+has them; no norm before the first layer or after the last, as EAGLE's; no bias in ``fc``), and so predicts the
 feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
 at ``j + 1``. While drafting, later columns read the draft's own predicted features instead of the target's
 (:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator`; ``docs/eagle.md``).
@@ -49,8 +49,10 @@ class EagleDraftConfig(PretrainedConfig):
         draft_vocab_size: size of the id subset the draft scores; ``None``: the target's whole vocabulary.
         target_model_id: the Hub id or path of the target the draft was trained for (informational, as in cards).
         fc_bias, input_norm, final_norm: a bias in ``fc``; the first layer's input norm; a norm after the last layer.
-            All off by default, as EAGLE (and vLLM's ``eagle`` method, which loads the same layout) has them: ``fc``
-            already sees the target's normed feature, and the output is regressed onto it.
+            All off by default. EAGLE's reference code also has no norm before its first layer and none after its
+            last (``fc`` already sees the target's normed feature, and the output is regressed onto it), but its
+            ``fc`` has a bias by default; ours does not (``fc_bias=True`` gives it one). The saved layout is this
+            project's (``model_type: diversed_eagle``), not one that EAGLE's code or vLLM's ``eagle`` method loads.
     """
 
     model_type = "diversed_eagle"

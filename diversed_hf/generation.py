@@ -34,7 +34,6 @@ logger = logging.getLogger(__name__)
 #: from this local path; ``diversed-hf push --custom-generate --repo-id ORG/NAME`` publishes it
 CUSTOM_GENERATE_REPO = str(Path(__file__).resolve().parent / "hub_repo")
 
-_OUR_KWARGS = ("diversed_head", "verifier", "block_verification", "output_target_weights", "generator")
 # generation-config flags our loop cannot honour, with the value that disables them
 _UNSUPPORTED_CONFIG = {
     "num_beams": 1,

@@ -50,7 +50,7 @@ import torch
 from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
-from . import hub, official
+from . import compat, hub, official
 from .head_config import (  # noqa: F401  (re-exported: diversed_hf.head has always named them)
     ARCHITECTURES,
     MAX_SIZE,
@@ -105,14 +105,14 @@ class DiversedHead(
             raise TypeError(f"Pass either a `config` or keyword arguments, not both (got {sorted(kwargs)}).")
         if not isinstance(config, DiversedHeadConfig):
             raise TypeError(f"`config` must be a DiversedHeadConfig, got {type(config).__name__}.")
-        self._hub_mixin_config = config  # what ModelHubMixin writes as config.json (as `dataclasses.asdict`)
+        compat.set_hub_mixin_config(self, config)  # what ModelHubMixin writes as config.json (`dataclasses.asdict`)
         self.net = build_net(config)
         self.reset_output_layer()
 
     @property
     def config(self) -> DiversedHeadConfig:
         """The head's configuration: the dataclass ``ModelHubMixin`` saves as ``config.json``."""
-        return self._hub_mixin_config
+        return compat.hub_mixin_config(self)
 
     def reset_output_layer(self) -> None:
         """Zero the output layer and set its bias to ``logit(w_0)``: the head then outputs ``w_0`` everywhere."""
@@ -206,7 +206,7 @@ class DiversedHead(
 
     # Hub: save / load / push -----------------------------------------------------------------------
     #
-    # huggingface_hub.ModelHubMixin does the work: it writes `config` (the dataclass, as `_hub_mixin_config`) to
+    # huggingface_hub.ModelHubMixin does the work: it writes `config` (the dataclass, kept by the mixin; compat) to
     # config.json and reads it back; `_save_pretrained` / `_from_pretrained` write and read the weights and
     # `generate_model_card` renders the card. The public methods are overridden only for what the mixin has no hook
     # for, each saying what; every override checks or adds its arguments and calls the mixin's method.

@@ -14,7 +14,7 @@ from torch import nn
 from . import hub
 from .features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
 from .hub import HEAD_FORMAT_VERSION
-from .verifiers import MIXING_SPACES
+from .ops import MIXING_SPACES
 
 __all__ = ["ARCHITECTURES", "MAX_SIZE", "MLP_HIDDEN_SIZE", "DiversedHeadConfig", "build_net", "config_from_file"]
 
@@ -143,4 +143,4 @@ def config_from_file(values: Any, where: str) -> DiversedHeadConfig:
     try:
         return DiversedHeadConfig(**values)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"Invalid head config {where}: {error}") from None
+        raise ValueError(f"Invalid head config {where}: {error}") from error

@@ -127,7 +127,7 @@ def check_source(
     except HFValidationError as error:
         raise ValueError(
             f"{source!r} is neither an existing directory nor a valid Hub repo id ('org/name'): {error}"
-        ) from None
+        ) from error
     if force_download and (local_files_only or is_offline()):
         raise ValueError(
             "`force_download=True` needs network access, but offline mode is on (HF_HUB_OFFLINE=1 or "
@@ -180,7 +180,7 @@ def download_errors(
     where = f"{source!r}" + (f" at revision {revision!r}" if revision else "")
     try:
         yield
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as error:
         cache = Path(cache_dir or constants.HF_HUB_CACHE)
         if local_files_only or is_offline():
             if is_offline():
@@ -193,28 +193,28 @@ def download_errors(
                 f"`{filename}` of head {where} is not in the Hugging Face cache ({cache}) and {reason}. Download it "
                 f"once with network access (`hf download {source}`), point `cache_dir` at the cache that has it, "
                 "or pass a local directory."
-            ) from None
+            ) from error
         raise FileNotFoundError(
             f"Could not download `{filename}` of head {where} (the Hub is unreachable) and it is not in the Hugging "
             f"Face cache ({cache}). Check your network, or pass a local directory (with HF_HUB_OFFLINE=1 cached heads "
             "load without any network attempt)."
-        ) from None
-    except (GatedRepoError, RepositoryNotFoundError):
+        ) from error
+    except (GatedRepoError, RepositoryNotFoundError) as error:
         raise FileNotFoundError(
             f"Head repo {where} was not found on the Hub, or it is private/gated and your token has no access. "
             "Check the repo id, or log in with `hf auth login` / pass `token=`."
-        ) from None
-    except RevisionNotFoundError:
-        raise FileNotFoundError(f"Revision {revision!r} not found in head repo {source!r}.") from None
-    except EntryNotFoundError:
-        raise FileNotFoundError(f"Head repo {where} has no `{filename}`. {_save_hint(filename)}") from None
+        ) from error
+    except RevisionNotFoundError as error:
+        raise FileNotFoundError(f"Revision {revision!r} not found in head repo {source!r}.") from error
+    except EntryNotFoundError as error:
+        raise FileNotFoundError(f"Head repo {where} has no `{filename}`. {_save_hint(filename)}") from error
     except HfHubHTTPError as error:
-        raise OSError(f"The Hub refused to serve `{filename}` of head {where}: {error}") from None
+        raise OSError(f"The Hub refused to serve `{filename}` of head {where}: {error}") from error
     except _network_error_types() as error:
         raise ConnectionError(
             f"Could not reach the Hub to download `{filename}` of head {where}: {error}. Check your network, or "
             "set HF_HUB_OFFLINE=1 to load from the cache."
-        ) from None
+        ) from error
 
 
 def _save_hint(filename: str) -> str:
@@ -230,7 +230,7 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{what} {path} is not valid JSON ({error}); re-save the head or fix the file.") from None
+        raise ValueError(f"{what} {path} is not valid JSON ({error}); re-save the head or fix the file.") from error
 
 
 def check_format_version(version) -> None:
@@ -260,7 +260,7 @@ def check_head_config(values: Any, where: str) -> dict:
     try:
         check_format_version(values.get("format_version", HEAD_FORMAT_VERSION))
     except ValueError as error:
-        raise ValueError(f"Head config {where}: {error}") from None
+        raise ValueError(f"Head config {where}: {error}") from error
     required = REQUIRED_FILE_FIELDS + (("mlp_hidden_size",) if values.get("architecture") == "mlp" else ())
     missing = [name for name in required if name not in values]
     if missing:
@@ -293,7 +293,7 @@ def config_fetch_errors(
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(
             f"Head config {source}/{CONFIG_NAME} is not valid JSON ({error}); re-save the head or fix the file."
-        ) from None
+        ) from error
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -312,7 +312,7 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(
             f"{path} is not a readable safetensors file ({error}): it is truncated or corrupted. Re-save the head "
             "with `head.save_pretrained(dir)`, or re-download it with `force_download=True`."
-        ) from None
+        ) from error
 
 
 def config_digest(values: dict) -> str:
@@ -386,7 +386,7 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise ValueError(
             f"{path} is not a readable safetensors file ({error}): it is truncated or corrupted. Re-save the head "
             "with `head.save_pretrained(dir)`, or re-download it with `force_download=True`."
-        ) from None
+        ) from error
 
 
 def holds_head(directory: Path, config: dict, state_dict: dict[str, torch.Tensor]) -> bool:
@@ -489,7 +489,7 @@ def check_push(repo_id: str, token: str | None) -> str:
     try:
         huggingface_hub.utils.validate_repo_id(repo_id)
     except HFValidationError as error:
-        raise ValueError(f"`repo_id` {repo_id!r} is not a valid Hub repo id ('org/name'): {error}") from None
+        raise ValueError(f"`repo_id` {repo_id!r} is not a valid Hub repo id ('org/name'): {error}") from error
     token = require_token(token)
     if is_offline():
         raise ConnectionError(
@@ -508,14 +508,14 @@ def push_errors(repo_id: str) -> Iterator[None]:
         raise ConnectionError(
             f"Could not reach the Hub ({constants.ENDPOINT}) to push {repo_id!r}: {error}. Check your network "
             "connection and retry."
-        ) from None
+        ) from error
     except HfHubHTTPError as error:
         status = getattr(getattr(error, "response", None), "status_code", None)
         if status in (401, 403):
             raise PermissionError(
                 f"The Hub refused the push to {repo_id!r} (HTTP {status}): the token is invalid or cannot write to "
                 "this namespace. Use a write token (`hf auth login`) for an org you belong to."
-            ) from None
+            ) from error
         raise
 
 

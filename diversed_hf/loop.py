@@ -51,11 +51,12 @@ from .candidates import (
     next_token_scores,
 )
 from .checks import check_finite_mass
+from .costs import DraftCosts
 from .feature_candidates import FeatureCandidateGenerator
 from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
 from .pairs import text_vocab_size
-from .policies import DraftCosts, acceptance_setting
+from .policies import acceptance_setting
 from .processors import per_row_processors, sync_row_lengths
 from .verifiers import VerificationResult, Verifier
 

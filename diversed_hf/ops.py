@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import torch
 
+#: how a weight ``w`` pools ``p`` and ``q``: ``"probs"`` (the mixture :func:`mix_probs`) or ``"logits"`` (the geometric
+#: pool :func:`geometric_pool_probs` of the official DIVERSED code); heads and verifiers read it here
+MIXING_SPACES = ("probs", "logits")
+
 
 def fit_vocabulary(
     logits: torch.Tensor,  # (..., model_vocab)

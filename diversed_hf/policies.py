@@ -60,15 +60,12 @@ from collections.abc import Hashable
 
 import torch
 
-from .costs import CostSamples, DraftCosts, LinearVerifyCost, check_draft_costs
+from .costs import CostSamples, DraftCosts
 
 __all__ = [
-    "DraftCosts",
-    "LinearVerifyCost",
     "OptimalSchedule",
     "StoppingRule",
     "acceptance_setting",
-    "check_draft_costs",
     "clear_draft_statistics",
     "measured_draft_costs",
 ]

@@ -87,7 +87,7 @@ __all__ = [
     "check_round_inputs",
 ]
 
-MIXING_SPACES = ("probs", "logits")
+MIXING_SPACES = ops.MIXING_SPACES  # re-exported: diversed_hf.verifiers has always named it
 CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
 
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 from tiny_models import left_padded_batch, make_pair, prompt
 
-from diversed_hf import ExactVerifier, enable_diversed, theory
-from diversed_hf.candidates import DraftCosts, LinearVerifyCost, clear_draft_statistics, measured_draft_costs
-from diversed_hf.costs import CostSamples
+from diversed_hf import DraftCosts, ExactVerifier, clear_draft_statistics, enable_diversed, measured_draft_costs, theory
+from diversed_hf.costs import CostSamples, LinearVerifyCost
 from diversed_hf.policies import _STATISTICS, OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _pair_statistics
 
 OPTIMAL = dict(num_assistant_tokens_schedule="optimal", return_dict_in_generate=True)

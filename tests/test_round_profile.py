@@ -44,5 +44,6 @@ def test_the_overhead_section_reports_the_testbed_against_transformers_and_its_g
     verdict = "met" if lossless["ratio"] <= 0.80 else f"missed by {lossless['ratio'] - 0.80:.2f}"
     assert f"(lossless): {lossless['ratio']:.2f}x, {verdict}." in section
     assert "| target forward |" in section and "python training/overhead_results.py --quick" in section
+    assert "a loop with no overhead at all would take" in section
     with pytest.raises(SystemExit):
         overhead_results.parse_args(["--repeats", "0"])

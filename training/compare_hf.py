@@ -127,7 +127,12 @@ def compare(args: argparse.Namespace, profile: bool = False) -> dict:
 
         with profile_rounds() as rounds:
             run(("lossless", "ours"))
-        measured["profile"] = {"rounds": rounds.rounds, "seconds": rounds.wall, "table": rounds.table()}
+        measured["profile"] = {
+            "rounds": rounds.rounds,
+            "seconds": rounds.wall,
+            "table": rounds.table(),
+            "rows": [{"phase": name, "ms_per_round": ms, "share": share} for name, ms, share in rounds.rows()],
+        }
     return measured
 
 

@@ -48,7 +48,8 @@ from typing import Any
 
 from ..checks import is_real
 from ..head import DiversedHead
-from ..verifiers import MIXING_SPACES, HeadVerifier, StaticEnsembleVerifier, Verifier
+from ..ops import MIXING_SPACES
+from ..verifiers import HeadVerifier, StaticEnsembleVerifier, Verifier
 
 __all__ = [
     "CONFIG_KEY",
