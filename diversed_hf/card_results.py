@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hub
-from .tasks import canonical_metric, get_task
+from .metrics import canonical_metric
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +287,8 @@ def _task_spec(task: str | None):
     """The registry's :class:`~diversed_hf.tasks.TaskSpec` of ``task``, or None for an unrecorded or unknown task."""
     if not task:
         return None
+    from .tasks import get_task  # the registry, and the task's own module, only for a head that names a task
+
     try:
         return get_task(task)
     except (TypeError, ValueError):

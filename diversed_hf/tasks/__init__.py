@@ -7,11 +7,12 @@
     scores = spec.reward(completions, data["reference"])                 # one float in [0, 1] each
 
 The paper's tasks live in :mod:`.paper`, HumanEval in :mod:`.humaneval`, real-text one-line summaries in
-:mod:`.synopsis` (chat prompts: :mod:`.chat`), the pure reward functions in :mod:`.rewards`.
+:mod:`.synopsis` (chat prompts: :mod:`.chat`), the pure reward functions in :mod:`.rewards`. Each is imported on
+first use (a task lookup imports its own module only), so reading the registry costs nothing of the others.
 """
 
-from . import chat, humaneval, paper, rewards, synopsis
-from .paper import PROMPT_FORMATS, PromptFormat, format_prompt
+import importlib
+
 from .registry import (
     METRIC_LABELS,
     TaskSpec,
@@ -45,3 +46,15 @@ __all__ = [
     "synopsis",
     "task_names",
 ]
+
+#: submodules, and names defined in one, imported on first use: looking up a task loads only its own module
+_SUBMODULES = ("chat", "humaneval", "paper", "rewards", "synopsis")
+_FROM_PAPER = ("PROMPT_FORMATS", "PromptFormat", "format_prompt")
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _FROM_PAPER:
+        return getattr(importlib.import_module(f"{__name__}.paper"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -148,8 +148,9 @@ def load_user_prompts(
                 raise ValueError(f"`--prompts` {source}, line {number}: not JSON ({error.msg}).") from None
             rows.append(row if isinstance(row, dict) else {"prompt": row})
     else:
-        import datasets
+        from .registry import require
 
+        datasets = require("datasets")
         if path.is_dir():
             dataset = datasets.load_from_disk(str(path))
             if isinstance(dataset, datasets.DatasetDict):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .chat import chat_prompt
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, require
 from .rewards import _check, extract_code, run_programs
 
 __all__ = ["HUMANEVAL", "humaneval_pass_at_1", "humaneval_program", "load_humaneval", "split_of"]
@@ -143,7 +143,7 @@ def load_humaneval(
 ):
     """A ``datasets.Dataset`` of HumanEval problems of ``split``: ``prompt``, ``reference`` (the row as JSON),
     ``task_id``, ``entry_point``."""
-    from datasets import Dataset
+    Dataset = require("datasets").Dataset
 
     if split not in ("train", "test"):
         raise ValueError(f"`split` is {split!r}; HumanEval here has 'train' (44 problems) and 'test' (120).")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import rewards
-from .registry import TaskSpec, check_columns, register_task
+from .registry import TaskSpec, check_columns, register_task, require
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "
 
 
 def _load_files(data_files) -> "datasets.Dataset":  # noqa: F821
-    from datasets import load_dataset
+    load_dataset = require("datasets").load_dataset
 
     files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
     if not files:
@@ -182,7 +182,7 @@ def _load(
         dataset = _load_files(data_files)
         what = f"the {task} data in {data_files}"
     else:
-        from datasets import load_dataset
+        load_dataset = require("datasets").load_dataset
 
         dataset = load_dataset(fmt.hub_path, fmt.hub_name, split=split)
         what = f"{fmt.hub_path} split {split!r}"
@@ -202,7 +202,7 @@ def _load(
                 "schema)."
             )
         else:
-            from datasets import load_dataset
+            load_dataset = require("datasets").load_dataset
 
             shot_data = load_dataset(fmt.hub_path, fmt.hub_name, split=fmt.shots_split)
         check_columns(shot_data, fmt.columns, "the few-shot exemplars")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..checks import check_columns
+from ..metrics import METRIC_ALIASES, METRIC_LABELS, canonical_metric, metric_label  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -37,35 +38,18 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "diversed_hf.tasks"
-
-#: Quality metrics and how tables, plots and cards label them (values are shown x 100).
-METRIC_LABELS: dict[str, str] = {
-    "exact_match": "exact match (%)",
-    "rouge2_f1": "ROUGE-2 F1 (x100)",
-    "pass@1": "pass@1 (%)",
-}
-#: Other spellings of the metrics that results files may carry.
-METRIC_ALIASES: dict[str, str] = {
-    "accuracy": "exact_match",
-    "rouge2": "rouge2_f1",
-    "rouge-2": "rouge2_f1",
-    "pass_at_1": "pass@1",
+#: the built-in tasks, registered when their module is first imported: each name (aliases included) -> its module
+BUILTIN_TASKS: dict[str, str] = {
+    "gsm8k": "paper",
+    "cnn_dailymail": "paper",
+    "cnndm": "paper",
+    "xsum": "paper",
+    "mbpp": "paper",
+    "humaneval": "humaneval",
+    "synopsis": "synopsis",
 }
 
 Reward = Callable[[Sequence[str], Sequence[str]], list]
-
-
-def canonical_metric(metric: str | None) -> str | None:
-    """The canonical name of a quality metric (``"accuracy"`` -> ``"exact_match"``); unknown names pass through."""
-    if metric is None:
-        return None
-    return METRIC_ALIASES.get(metric, metric)
-
-
-def metric_label(metric: str | None) -> str:
-    """How tables, plots and cards name a quality metric (values shown x 100)."""
-    metric = canonical_metric(metric)
-    return METRIC_LABELS.get(metric or "", f"{metric or 'quality'} (x100)")
 
 
 @dataclass(frozen=True)
@@ -122,12 +106,54 @@ class TaskSpec:
 _REGISTRY: dict[str, TaskSpec] = {}
 _ALIASES: dict[str, str] = {}
 _entry_points_loaded = False
+_builtins_loading: set[str] = set()  # modules being imported now (their register_task calls must not recurse)
+
+
+def _load_builtin(module: str) -> None:
+    """Import the built-in task module ``module`` (its tasks register themselves), once."""
+    import importlib
+    import sys
+
+    qualified = f"{__package__}.{module}"
+    if qualified in sys.modules or module in _builtins_loading:
+        return
+    _builtins_loading.add(module)
+    try:
+        importlib.import_module(qualified)
+    finally:
+        _builtins_loading.discard(module)
+
+
+def _load_builtins() -> None:
+    """Every built-in task registered (listing them, or before a task of yours claims one of their names)."""
+    for module in sorted(set(BUILTIN_TASKS.values())):
+        _load_builtin(module)
+
+
+#: the packages of the ``tasks`` extra, which task data and rewards import on first use
+TASK_PACKAGES = {"datasets": "datasets", "rouge_score": "rouge-score"}
+
+
+def require(module: str):
+    """Import ``module`` of the ``tasks`` extra (``datasets``, ``rouge_score``), or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        package = TASK_PACKAGES.get(module.split(".")[0], module)
+        raise ImportError(
+            f"`{package}` is needed for task data and rewards and is not installed: "
+            '`pip install "diversed_hf[tasks]"` (the train, bench and dev extras include it).'
+        ) from error
 
 
 def register_task(spec: TaskSpec, *, overwrite: bool = False) -> TaskSpec:
     """Add ``spec`` to the registry (under its name and aliases); returns it."""
     if not isinstance(spec, TaskSpec):
         raise TypeError(f"`spec` must be a TaskSpec, got {type(spec).__name__}.")
+    if not _builtins_loading:  # a name of a built-in task stays taken, whichever registers first
+        _load_builtins()
     for key in (spec.name, *spec.aliases):
         owner = _ALIASES.get(key)
         if owner is not None and owner != spec.name and not overwrite:
@@ -161,6 +187,7 @@ def _load_entry_points() -> None:
 
 def task_names() -> list[str]:
     """Names of every registered task (plugins included), sorted."""
+    _load_builtins()
     _load_entry_points()
     return sorted(_REGISTRY)
 
@@ -171,7 +198,10 @@ def get_task(name: str) -> TaskSpec:
         return name
     if not isinstance(name, str):
         raise TypeError(f"`task` must be a task name (str), got {type(name).__name__} {name!r}.")
+    if name not in _ALIASES and name in BUILTIN_TASKS:
+        _load_builtin(BUILTIN_TASKS[name])
     if name not in _ALIASES:
+        _load_builtins()  # an alias of a built-in task, or a plugin's task
         _load_entry_points()
     if name not in _ALIASES:
         raise ValueError(

@@ -27,8 +27,6 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from .sandbox import run_program, sandbox_mode, sandbox_network_mode
-
 __all__ = [
     "exact_match",
     "rouge2",
@@ -36,12 +34,20 @@ __all__ = [
     "run_programs",
     "extract_code",
     "extract_final_number",
-    "run_program",
-    "sandbox_mode",
-    "sandbox_network_mode",
     "rouge2_f1",
     "rouge_scorer",
 ]
+
+_SANDBOX_NAMES = ("run_program", "sandbox_mode", "sandbox_network_mode")  # :mod:`.sandbox`'s, imported on first use
+
+
+def __getattr__(name: str):
+    if name in _SANDBOX_NAMES:
+        from . import sandbox
+
+        return getattr(sandbox, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -119,7 +125,9 @@ _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 @functools.lru_cache(maxsize=None)
 def rouge_scorer(kind: str):
     """``rouge_score``'s scorer of ``kind`` (``"rouge2"``, ``"rougeL"``), without stemming, built once."""
-    from rouge_score import rouge_scorer as scorers
+    from .registry import require
+
+    scorers = require("rouge_score.rouge_scorer")
 
     return scorers.RougeScorer([kind], use_stemmer=False)
 
@@ -214,6 +222,8 @@ def run_programs(
     programs: Sequence[str], *, timeout: float = 10.0, memory_mb: int = 1024, max_workers: int | None = None
 ) -> list[float]:
     """1.0 for each program that runs to its end in the sandbox (:func:`run_program`), in parallel processes."""
+    from .sandbox import run_program  # the sandbox loads only when programs run
+
     workers = max_workers or min(len(programs), os.cpu_count() or 1) or 1
     run = functools.partial(run_program, timeout=timeout, memory_mb=memory_mb)
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from ..checks import is_integer
 from .chat import chat_prompt
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, require
 from .rewards import _check, rouge2, rouge_scorer
 
 __all__ = ["DATA_FILE", "INSTRUCTION", "SPLITS", "SYNOPSIS", "load_synopsis", "rougeL", "synopsis_rows"]
@@ -41,7 +41,7 @@ def synopsis_rows() -> tuple[dict, ...]:
 def load_synopsis(split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2"):
     """A ``datasets.Dataset`` of ``split``: ``prompt``, ``reference`` (the human summary), ``document``, ``id``.
     ``num_examples`` picks rows by a ``seed``-ed shuffle."""
-    from datasets import Dataset
+    Dataset = require("datasets").Dataset
 
     if split not in SPLITS:
         raise ValueError(f"`split` is {split!r}; synopsis has {list(SPLITS)}.")

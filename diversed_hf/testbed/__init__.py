@@ -196,7 +196,9 @@ def load_task(name: str, split: str = "test", num_examples: int = 200, seed: int
     ``style`` picks the phrasing mix of the completions: ``"uniform"`` (default), or the mix the
     ``"target"`` / ``"draft"`` was trained on.
     """
-    from datasets import Dataset
+    from ..tasks.registry import require
+
+    Dataset = require("datasets").Dataset
 
     examples = tasks.generate(name, split=split, num_examples=num_examples, seed=seed, style=style)
     return Dataset.from_dict(

@@ -65,7 +65,9 @@ def load_arith_chat(
 ):
     """A ``datasets.Dataset``: ``prompt`` (the chat-formatted question), ``reference`` (``"#### <answer>"``),
     ``question`` and ``answer``."""
-    from datasets import Dataset
+    from ..tasks.registry import require
+
+    Dataset = require("datasets").Dataset
 
     problems = generate(split, 200 if num_examples is None else num_examples, seed)
     return Dataset.from_dict(

@@ -173,7 +173,9 @@ def load_arith_steps(
 ):
     """A ``datasets.Dataset``: ``prompt`` (the chat-formatted question), ``reference`` (the worked solution ending
     in ``#### <answer>``), ``question``, ``answer`` and ``steps``."""
-    from datasets import Dataset
+    from ..tasks.registry import require
+
+    Dataset = require("datasets").Dataset
 
     problems = generate(split, 200 if num_examples is None else num_examples, seed)
     return Dataset.from_dict(

@@ -1,0 +1,36 @@
+"""Quality metrics: their canonical names and how tables, plots and cards label them.
+
+The lowest module that needs them: the head's cards (core) read them without loading the task registry, which
+re-exports them (:mod:`diversed_hf.tasks`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["METRIC_ALIASES", "METRIC_LABELS", "canonical_metric", "metric_label"]
+
+#: Quality metrics and how tables, plots and cards label them (values are shown x 100).
+METRIC_LABELS: dict[str, str] = {
+    "exact_match": "exact match (%)",
+    "rouge2_f1": "ROUGE-2 F1 (x100)",
+    "pass@1": "pass@1 (%)",
+}
+#: Other spellings of the metrics that results files may carry.
+METRIC_ALIASES: dict[str, str] = {
+    "accuracy": "exact_match",
+    "rouge2": "rouge2_f1",
+    "rouge-2": "rouge2_f1",
+    "pass_at_1": "pass@1",
+}
+
+
+def canonical_metric(metric: str | None) -> str | None:
+    """The canonical name of a quality metric (``"accuracy"`` -> ``"exact_match"``); unknown names pass through."""
+    if metric is None:
+        return None
+    return METRIC_ALIASES.get(metric, metric)
+
+
+def metric_label(metric: str | None) -> str:
+    """How tables, plots and cards name a quality metric (values shown x 100)."""
+    metric = canonical_metric(metric)
+    return METRIC_LABELS.get(metric or "", f"{metric or 'quality'} (x100)")
