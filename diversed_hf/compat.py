@@ -315,8 +315,15 @@ def hub_mixin_config(model):
 
 
 def check_trl_version() -> None:
-    """Raise an ImportError unless the installed TRL is in :data:`TESTED_TRL` (``diversed_hf.training`` calls it)."""
-    import trl
+    """Raise an ImportError unless TRL is installed and in :data:`TESTED_TRL` (``diversed_hf.training.config``, whose
+    ``DiversedConfig`` is a TRL ``GRPOConfig``, calls it before importing TRL)."""
+    try:
+        import trl
+    except ImportError as error:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "DiversedConfig and DiversedTrainer need TRL: install the training extra, "
+            '`pip install "diversed_hf[train]"`.'
+        ) from error
 
     _check_tested("trl", trl.__version__, TESTED_TRL, "diversed_hf.training (its DiversedConfig is a GRPOConfig)")
 

@@ -332,3 +332,19 @@ def test_the_cores_dependencies_name_no_lab_package_and_a_missing_one_names_its_
     monkeypatch.setattr(importlib, "import_module", no_datasets)
     with pytest.raises(ImportError, match=r"`datasets` is needed .*pip install \"diversed_hf\[tasks\]\""):
         require("datasets")
+
+
+def test_distilling_an_eagle_draft_and_loading_a_head_checkpoint_never_need_trl():
+    code = (
+        "import sys\n"
+        "sys.modules['trl'] = None  # as if TRL were not installed\n"
+        "import diversed_hf.training as training\n"
+        "from diversed_hf.training import eagle_data, eagle_distill, load_head, save_head\n"
+        "try:\n"
+        "    training.DiversedConfig\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 'need TRL: install the training extra, `pip install "diversed_hf[train]"`' in done.stdout

@@ -1,23 +1,28 @@
-"""Training DIVERSED heads (docs/method.md §5): ``DiversedConfig`` (a TRL ``GRPOConfig``) / ``DiversedTrainer``.
+"""Training: DIVERSED heads (docs/method.md §5: ``DiversedConfig``, a TRL ``GRPOConfig``, and ``DiversedTrainer``),
+EagleDraft distillation (``eagle_data``, ``eagle_distill``, ``eagle_card``) and the tuned target's card.
 
-Needs the ``train`` extra (TRL, in the tested range ``diversed_hf.compat.TESTED_TRL``, checked on import):
-``pip install "diversed_hf[train]"``. ``import diversed_hf`` never imports this package.
+Each name loads its module on first use, so distilling an EagleDraft or loading a head checkpoint never imports TRL;
+``DiversedConfig`` / ``DiversedTrainer`` need the ``train`` extra (TRL, in the tested range
+``diversed_hf.compat.TESTED_TRL``, checked when they load): ``pip install "diversed_hf[train]"``. ``import diversed_hf``
+never imports this package.
 """
 
-try:
-    import trl  # noqa: F401
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        'diversed_hf.training needs TRL: install the training extra with `pip install "diversed_hf[train]"`.'
-    ) from error
+import importlib
 
-from ..compat import check_trl_version
-
-check_trl_version()
-
-from . import objective  # noqa: E402
-from .checkpoint import load_head, save_head  # noqa: E402
-from .config import DiversedConfig  # noqa: E402
-from .trainer import DiversedTrainer  # noqa: E402
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    "DiversedConfig": "config",
+    "DiversedTrainer": "trainer",
+    "load_head": "checkpoint",
+    "save_head": "checkpoint",
+}
 
 __all__ = ["DiversedConfig", "DiversedTrainer", "load_head", "objective", "save_head"]
+
+
+def __getattr__(name: str):
+    if name == "objective":
+        return importlib.import_module(f"{__name__}.objective")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
