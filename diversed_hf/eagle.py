@@ -1,4 +1,7 @@
-"""``EagleDraft``: an EAGLE-style feature draft (Li et al., 2024) for any causal LM, as a transformers model.
+"""``EagleDraft``: an EAGLE-style feature draft (Li et al., 2024) for a causal LM, as a transformers model.
+
+It supports the decoder architectures :data:`LAYOUTS` names (Llama, Mistral, Qwen2/3, Gemma 3, Phi-3, GPT-NeoX), each
+tested for greedy parity; another is refused with a ``ValueError`` naming it and the entry to add.
 
 The draft reads the target's own features. At column ``j`` of a sequence it takes the target's last hidden state at
 column ``j - 1`` (``h_{j-1}``: after the final norm, what the target's LM head reads; zeros at the first token) and
@@ -144,20 +147,22 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
     def __init__(self, config: EagleDraftConfig):
         super().__init__(config)
         layers_config = config.layers_config()  # refuses a config without the target's
+        layout = layout_of(layers_config.model_type)  # an architecture without a layout: refused, naming it
         hidden = config.hidden_size
         if isinstance(hidden, bool) or not isinstance(hidden, int):
             raise ValueError(
-                _unsupported(layers_config.model_type, f"its config has no `hidden_size` (got {hidden!r})")
+                f"The target's config ({layers_config.model_type!r}) has no integer `hidden_size` (got {hidden!r}): "
+                "an EagleDraft reads the target's features of that width."
             )
         self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
         # every weight in one dtype: the current default (from_pretrained's: the saved one), never the target config's
         self.model = AutoModel.from_config(layers_config, dtype=torch.get_default_dtype())
-        _check_layout(self.model, layers_config.model_type)
-        self.model.embed_tokens = None  # the target's embeddings are attached, never copied or saved
+        _check_layout(self.model, layers_config.model_type, layout)
+        setattr(self.model, layout.embeddings, None)  # the target's embeddings are attached, never copied or saved
         if not config.input_norm:
-            self.model.layers[0].input_layernorm = nn.Identity()
+            setattr(getattr(self.model, layout.layers)[0], layout.input_norm, nn.Identity())
         if not config.final_norm:
-            self.model.norm = nn.Identity()
+            setattr(self.model, layout.final_norm, nn.Identity())
         if config.draft_vocab_size is not None:
             self.register_buffer("draft_vocab_ids", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         else:
@@ -198,8 +203,8 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         draft_vocab_size: int | None = None,
         draft_vocab_ids: torch.Tensor | None = None,
     ) -> EagleDraft:
-        """An untrained draft for ``target`` (any causal LM with ``get_input_embeddings`` / ``get_output_embeddings``),
-        attached to it, in the target's dtype and on its device.
+        """An untrained draft for ``target`` (a causal LM of an architecture in :data:`LAYOUTS`, with
+        ``get_input_embeddings`` / ``get_output_embeddings``), attached to it, in the target's dtype and on its device.
 
         ``draft_vocab_ids``: the ids the draft scores (e.g. the most frequent in its training data); with only
         ``draft_vocab_size`` the first ``draft_vocab_size`` ids; neither: every id.
@@ -367,28 +372,55 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         )
 
 
-#: architectures with the Llama layout the draft builds on that the tests run it with (tests/test_eagle.py)
-TESTED_ARCHITECTURES = ("llama", "qwen3", "gemma3_text")
+@dataclass(frozen=True)
+class EagleLayout:
+    """Where the parts a draft drops or replaces live on an architecture's base model (``AutoModel``): the token
+    embeddings (the target's are attached instead), the decoder layers, each layer's input norm (the first one's is
+    dropped) and the final norm (dropped)."""
+
+    embeddings: str = "embed_tokens"
+    layers: str = "layers"
+    input_norm: str = "input_layernorm"
+    final_norm: str = "norm"
 
 
-def _unsupported(model_type: str, why: str) -> str:
-    return (
-        f"EagleDraft builds its layers from the target's architecture, and the target's {model_type!r} does not have "
-        f"the layout it needs ({why}): a `hidden_size` and a base model with `embed_tokens`, `layers` (each with an "
-        f"`input_layernorm`) and `norm`, as Llama-style decoders have (tested: {', '.join(TESTED_ARCHITECTURES)}). "
-        "Use a target of such an architecture, or a separate small causal LM as `assistant_model`."
-    )
+LLAMA_LAYOUT = EagleLayout()
+#: the architectures an EagleDraft is built for, by the target's (text) ``model_type``; each runs the greedy-parity
+#: test (tests/test_eagle.py). Another decoder: add its entry here, with its attribute names.
+LAYOUTS: dict[str, EagleLayout] = {
+    **{name: LLAMA_LAYOUT for name in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")},
+    "gpt_neox": EagleLayout(embeddings="embed_in", final_norm="final_layer_norm"),
+}
+#: kept for callers of the earlier name: the architectures the tests run a draft with
+TESTED_ARCHITECTURES = tuple(LAYOUTS)
 
 
-def _check_layout(model: nn.Module, model_type: str) -> None:
-    """Refuse a base model without the Llama layout (``embed_tokens``, ``layers`` with ``input_layernorm``, ``norm``)
-    the draft's construction and forward rely on, naming the architecture."""
-    layers = getattr(model, "layers", None)
-    if not (isinstance(layers, nn.ModuleList) and len(layers) > 0 and hasattr(layers[0], "input_layernorm")):
-        raise ValueError(_unsupported(model_type, f"{type(model).__name__} has no `layers` of decoder layers"))
-    missing = [name for name in ("norm", "embed_tokens") if not hasattr(model, name)]
+def layout_of(model_type: str) -> EagleLayout:
+    """The :class:`EagleLayout` of ``model_type``; a ``ValueError`` naming it and what to add for any other."""
+    if model_type not in LAYOUTS:
+        raise ValueError(
+            f"EagleDraft builds its layers from the target's architecture and has no layout for model_type "
+            f"{model_type!r} (it has: {', '.join(LAYOUTS)}). Add an entry to `diversed_hf.eagle.LAYOUTS` naming where "
+            "its base model keeps the token embeddings, the decoder layers, each layer's input norm and the final "
+            "norm (an `EagleLayout`), or use a separate small causal LM as `assistant_model`."
+        )
+    return LAYOUTS[model_type]
+
+
+def _check_layout(model: nn.Module, model_type: str, layout: EagleLayout) -> None:
+    """The base model has what ``layout`` names (a mismatch between the table and the installed transformers)."""
+    layers = getattr(model, layout.layers, None)
+    if not (isinstance(layers, nn.ModuleList) and len(layers) > 0 and hasattr(layers[0], layout.input_norm)):
+        raise ValueError(
+            f"{type(model).__name__} ({model_type!r}) has no `{layout.layers}` of decoder layers with "
+            f"`{layout.input_norm}`, as `diversed_hf.eagle.LAYOUTS` says; fix its entry for this transformers version."
+        )
+    missing = [name for name in (layout.embeddings, layout.final_norm) if not hasattr(model, name)]
     if missing:
-        raise ValueError(_unsupported(model_type, f"{type(model).__name__} has no {', '.join(missing)}"))
+        raise ValueError(
+            f"{type(model).__name__} ({model_type!r}) has no {', '.join(f'`{m}`' for m in missing)}, as "
+            "`diversed_hf.eagle.LAYOUTS` says; fix its entry for this transformers version."
+        )
 
 
 AutoConfig.register(EagleDraftConfig.model_type, EagleDraftConfig, exist_ok=True)

@@ -12,6 +12,7 @@ import torch
 from tiny_models import VOCAB_SIZE, empirical, left_padded_batch, make_model, make_other_model, prompt, tv_bound
 
 from diversed_hf import DiversedHead, EagleDraft, EagleDraftConfig, enable_diversed
+from diversed_hf.eagle import LAYOUTS
 from diversed_hf.verifiers import BlockVerifier, ExactVerifier, StaticEnsembleVerifier, Verifier
 
 
@@ -383,10 +384,50 @@ def test_drafts_for_unsupported_targets_or_configs_are_refused_naming_them():
     with pytest.raises(ValueError, match="no `target_config`.*EagleDraft.for_target"):
         EagleDraft(EagleDraftConfig())
     for architecture in ("gpt2", "opt"):
-        with pytest.raises(ValueError, match=rf"target's '{architecture}' does not have the layout.*tested: llama"):
+        with pytest.raises(ValueError, match=rf"no layout for model_type '{architecture}' .*diversed_hf.eagle.LAYOUTS"):
             EagleDraft.for_target(make_other_model(architecture))
     for architecture in ("llama", "qwen3", "gemma3"):  # the supported layout builds
         assert EagleDraft.for_target(make_model(architecture)).config.hidden_size == 32
+
+
+def layout_target(model_type: str):
+    """A tiny causal LM of ``model_type`` (every entry of ``LAYOUTS``), hidden size 32, 2 layers."""
+    import transformers
+
+    sizes = dict(
+        vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    kv = dict(num_key_value_heads=2)
+    configs = {
+        "llama": transformers.LlamaConfig(**sizes, **kv),
+        "mistral": transformers.MistralConfig(**sizes, **kv),
+        "qwen2": transformers.Qwen2Config(**sizes, **kv),
+        "qwen3": transformers.Qwen3Config(**sizes, **kv, head_dim=8),
+        "gemma3_text": transformers.Gemma3TextConfig(**sizes, **kv, head_dim=8),
+        "phi3": transformers.Phi3Config(**sizes, **kv, pad_token_id=0),
+        "gpt_neox": transformers.GPTNeoXConfig(**sizes),
+    }
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs[model_type]).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return enable_diversed(model)
+
+
+@pytest.mark.parametrize("model_type", sorted(LAYOUTS))
+def test_every_layout_in_the_table_builds_drafts_and_keeps_greedy_parity(model_type):
+    target = layout_target(model_type)
+    draft = EagleDraft.for_target(target, draft_vocab_ids=torch.arange(2, 50)).eval()
+    layout = LAYOUTS[model_type]
+    assert getattr(draft.model, layout.embeddings) is None
+    assert isinstance(getattr(draft.model, layout.final_norm), torch.nn.Identity)
+    rows, input_ids, attention_mask = left_padded_batch([4, 7])
+    out = target.generate(
+        input_ids, attention_mask=attention_mask, assistant_model=draft, do_sample=False, max_new_tokens=12
+    )
+    for i, row in enumerate(rows):
+        alone = target.generate(row[None], do_sample=False, max_new_tokens=12)
+        assert torch.equal(out[i, input_ids.shape[1] :], alone[0, len(row) :]), (model_type, i)
 
 
 def test_bench_measures_a_feature_drafts_cost():
