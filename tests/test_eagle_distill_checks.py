@@ -240,3 +240,18 @@ def test_chat_offset_takes_requests_after_the_first():
     assert [p for p, _ in mix["chat"]] == broad_chat_prompts(8)[5:]
     with pytest.raises(ValueError, match="`chat_offset` must be a non-negative integer"):
         eagle_prompt_mix(0, 0, 0, num_chat=3, chat_offset=-1)
+
+
+def test_the_tuned_targets_task_prompts_join_the_mix_from_their_training_splits():
+    from diversed_hf.tasks import get_task, load_task_dataset
+    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix
+
+    mix = eagle_prompt_mix(0, 0, 0, num_synopsis=3, num_arith_steps=2)
+    assert set(mix) == {"chat", "arith_chat", "humaneval", "docstrings", "synopsis", "arith_steps"}
+    assert [p for p, _ in mix["arith_steps"]] == list(
+        load_task_dataset("arith_steps", split="train", num_examples=2)["prompt"]
+    )
+    assert {n for _, n in mix["synopsis"]} == {get_task("synopsis").max_new_tokens} and len(mix["synopsis"]) == 3
+    assert "synopsis" not in eagle_prompt_mix(0, 0, 0)  # the default mix is unchanged
+    with pytest.raises(ValueError, match="`num_arith_steps` must be a non-negative integer"):
+        eagle_prompt_mix(0, 0, 0, num_arith_steps=-2)

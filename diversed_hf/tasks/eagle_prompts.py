@@ -7,7 +7,9 @@ offline sources, all chat-formatted with the target's template:
 - ``arith_chat`` training problems (the real pair's arithmetic task; its test split is never used);
 - ``humaneval`` training problems (the real pair's code task, its training split);
 - requests to explain functions of the Python standard library from their docstrings (real English and code
-  text; the PSF licence), taken from a fixed list of modules in a fixed order.
+  text; the PSF licence), taken from a fixed list of modules in a fixed order;
+- for the task-tuned target, ``synopsis`` and ``arith_steps`` training prompts (the tasks it was tuned on; their
+  test splits are never used).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import inspect
 import random
 
 from .chat import chat_prompt
-from .registry import load_task_dataset
+from .registry import get_task, load_task_dataset
 
 __all__ = ["STDLIB_MODULES", "docstring_prompts", "eagle_prompt_mix", "eagle_prompts", "interleave"]
 
@@ -116,11 +118,14 @@ def eagle_prompt_mix(
     arith_max_new_tokens: int = 96,
     code_max_new_tokens: int = 160,
     docstring_max_new_tokens: int = 128,
+    num_synopsis: int = 0,
+    num_arith_steps: int = 0,
     seed: int = 0,
 ) -> dict[str, list[tuple[str, int]]]:
     """``(chat prompt, max new tokens)`` by source: ``"chat"`` (``chat_prompts`` when given, a user's own, already
     rendered; else ``num_chat`` requests of the broad set after its first ``chat_offset``: a second collection on
-    requests the first did not use), ``"arith_chat"``, ``"humaneval"``, ``"docstrings"``."""
+    requests the first did not use), ``"arith_chat"``, ``"humaneval"``, ``"docstrings"``, and, when asked for,
+    ``"synopsis"`` / ``"arith_steps"`` (training prompts, each at its task's generation length)."""
     from .chat_prompts import broad_chat_prompts
 
     if isinstance(chat_offset, bool) or not isinstance(chat_offset, int) or chat_offset < 0:
@@ -132,11 +137,20 @@ def eagle_prompt_mix(
         load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"] if num_arith else []
     )
     code = load_task_dataset("humaneval", split="train")["prompt"] if code_samples else []
+    tuned_tasks = {}
+    for task, count in (("synopsis", num_synopsis), ("arith_steps", num_arith_steps)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"`num_{task}` must be a non-negative integer, got {count!r}.")
+        if count:
+            spec = get_task(task)
+            prompts = load_task_dataset(task, split="train", num_examples=count, seed=seed)["prompt"]
+            tuned_tasks[task] = [(p, spec.max_new_tokens) for p in prompts]
     return {
         "chat": [(p, chat_max_new_tokens) for p in chat],
         "arith_chat": [(p, arith_max_new_tokens) for p in arith],
         "humaneval": [(p, code_max_new_tokens) for p in code for _ in range(code_samples)],
         "docstrings": [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed)],
+        **tuned_tasks,
     }
 
 
