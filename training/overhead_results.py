@@ -78,6 +78,12 @@ def real_pair_rows(args, dtype: str, output_dir: Path) -> dict:
     return measured
 
 
+def _load(stage: dict) -> str:
+    """The load average when a stage started (stages measured before it was recorded have none)."""
+    value = stage.get("load_average")
+    return f"{value:.2f}" if value is not None else "not recorded"
+
+
 def forward_share(profile: dict) -> float:
     """The share of a profiled round spent in the models' forwards (prefill, draft, target)."""
     models = ("prefill", "draft forward", "target forward")
@@ -93,12 +99,14 @@ def render(results: dict, command: str) -> str:
         command,
         "```",
         "",
-        f"Batch 1, greedy, one torch thread. {results['environment']} Load average when the run started: "
-        f"{results['load_average']:.2f} (each busy core adds about 1; the speed figures assume nothing else runs).",
+        f"Batch 1, greedy, one torch thread. {results['environment']} The load average when each measurement started "
+        "is given with it: each busy core adds about 1, and the speed figures assume nothing else runs.",
         "",
         f"### Testbed: our loop against transformers' assisted decoding ({results['num_prompts']} held-out `arith` "
         f"prompts x {results['max_new_tokens']} new tokens, N = 5, median of {results['repeats']} interleaved "
         "repeats)",
+        "",
+        f"Load average {_load(testbed)}.",
         "",
         "| pairing | transformers (s) | ours (s) | ours / transformers | identical output |",
         "|---|---:|---:|---:|---|",
@@ -128,12 +136,13 @@ def render(results: dict, command: str) -> str:
             f"### Real pair: measured against the speed model (SmolLM2-135M-Instruct, its EagleDraft, lossless, "
             f"{results['real_prompts']} held-out `arith_chat` prompts x {results['max_new_tokens']} new tokens)",
             "",
-            "| dtype | acceptance | tokens/round | tokens/s speedup | predicted, measured c_verify | measured / predicted |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| dtype | load average | acceptance | tokens/round | tokens/s speedup | predicted, measured c_verify "
+            "| measured / predicted |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for dtype, row in results["real_pair"].items():
             lines.append(
-                f"| {dtype} | {100 * row['acceptance_rate']:.1f} % | {row['tokens_per_round']:.2f} | "
+                f"| {dtype} | {_load(row)} | {100 * row['acceptance_rate']:.1f} % | {row['tokens_per_round']:.2f} | "
                 f"{row['throughput_speedup_vs_target']:.2f}x | {row['predicted_speedup_measured_verify']:.2f}x | "
                 f"{row['measured_over_predicted']:.2f} |"
             )
@@ -169,7 +178,6 @@ def main(argv=None) -> int:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "real_prompts": args.real_prompts,
-        "load_average": os.getloadavg()[0],
         "environment": f"Python {platform.python_version()}, torch {torch.__version__}, {platform.machine()}.",
     }
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -185,7 +193,9 @@ def main(argv=None) -> int:
             logger.info("%s: kept from %s (remove it to measure again)", name, done)
             value = kept
         else:
+            load = os.getloadavg()[0]  # what else ran when this stage started
             value = measure()
+            value["load_average"] = load
         if name == "testbed":
             results["testbed"] = value
         else:
