@@ -43,7 +43,7 @@ import yaml
 from diversed_hf import DiversedHead, testbed
 from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench
 from diversed_hf.bench.report import _cell, _delta_cell
-from diversed_hf.bench.schema import task_setting
+from diversed_hf.bench.schema import BenchResult, task_setting
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 from diversed_hf.tasks import metric_label
 from diversed_hf.verifiers import HeadVerifier
@@ -284,7 +284,8 @@ def _pct(value) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> ArgumentParser:
+    """The command line: the heads, the held-out prompts, where the table goes and what it shows."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, help="arith or summary (the testbed's tasks)")
     parser.add_argument("--heads", required=True, nargs="+", type=_head_spec, help="NAME=DIR or NAME=testbed:TASK")
@@ -316,58 +317,87 @@ def main(argv: list[str] | None = None) -> int:
         help="re-render the table from the rows of an earlier run (its ablation_<task>.json) instead of decoding",
     )
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    output = check_output_dir(args.output_dir)  # before the run, not after it
-    torch.set_num_threads(args.threads)
-    heads = {name: _load(path) for name, path in args.heads}
-    stem = f"front_{args.task}" if args.front else f"ablation_{args.task}"
-    if args.front:
-        unknown = [name for name, (_, training) in heads.items() if _lambda(training) is None]
-        if unknown:
-            raise ValueError(
-                f"--front: the heads {unknown} record no lambda_acceptance in their training_config.json; "
-                "a front is a lambda sweep of heads train_head.py saved."
-            )
-    result = None
-    if args.rows_from:
-        saved = json.loads(Path(args.rows_from).read_text())
-        rows = saved["rows"] if isinstance(saved, dict) else saved
-        if args.front:
-            from diversed_hf.bench.schema import BenchResult
+    return parser
 
-            result = BenchResult(task=args.task, rows=rows, examples={}, notes=[], meta=saved["meta"])
-    else:
-        target, draft, tokenizer = testbed.load_pair()
-        task = load_task(args.task, args.num_prompts, seed=args.seed)
-        methods, _ = parse_methods(["target", "sd"])
-        methods += [Method(name, "diversed", HeadVerifier(head)) for name, (head, _) in heads.items()]
-        finetuned = testbed.load_finetuned_draft(args.task) if args.finetuned_draft else None
-        if finetuned is not None:
-            methods += parse_methods(["sd-ft"], has_finetuned_draft=True)[0]
-            methods += [
-                Method(name + FINETUNED, "diversed", HeadVerifier(head), draft="finetuned")
-                for name, (head, _) in heads.items()
-                if not head.config.use_hidden_states
-            ]
-        config = BenchConfig(
-            num_prompts=args.num_prompts,
-            num_samples=args.num_samples,
-            num_timing_prompts=0,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            num_html_examples=0,
-            cost_tokens=4,
+
+def _check_front(heads: dict[str, tuple[DiversedHead, dict]]) -> None:
+    """``--front`` orders the heads by their recorded ``lambda_acceptance``: refuse heads without one."""
+    unknown = [name for name, (_, training) in heads.items() if _lambda(training) is None]
+    if unknown:
+        raise ValueError(
+            f"--front: the heads {unknown} record no lambda_acceptance in their training_config.json; "
+            "a front is a lambda sweep of heads train_head.py saved."
         )
-        result = run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, progress=True)
-        rows = result.rows
-        output.mkdir(parents=True, exist_ok=True)
-        saved = {"rows": rows, "meta": result.meta} if args.front else rows  # the front re-renders with its setting
-        (output / f"{stem}.json").write_text(json.dumps(saved, indent=2, default=str) + "\n")
+
+
+def _saved_rows(path: str, task: str, front: bool) -> tuple[list[dict], BenchResult | None]:
+    """The rows of an earlier run (``--rows-from``), and with ``--front`` its bench result (the chosen head's
+    results need the run's setting); ``None`` without ``--front``."""
+    saved = json.loads(Path(path).read_text())
+    rows = saved["rows"] if isinstance(saved, dict) else saved
+    if not front:
+        return rows, None
+    return rows, BenchResult(task=task, rows=rows, examples={}, notes=[], meta=saved["meta"])
+
+
+def _decode(
+    args: argparse.Namespace, heads: dict[str, tuple[DiversedHead, dict]], output: Path, stem: str
+) -> BenchResult:
+    """One untimed bench run: target-only, SD and every head on the same held-out prompts (with
+    ``--finetuned-draft`` also SD and the features-only heads with the fine-tuned draft); its rows are saved as
+    ``<stem>.json`` (with ``--front`` together with the run's setting, which the front re-renders with)."""
+    target, draft, tokenizer = testbed.load_pair()
+    task = load_task(args.task, args.num_prompts, seed=args.seed)
+    methods, _ = parse_methods(["target", "sd"])
+    methods += [Method(name, "diversed", HeadVerifier(head)) for name, (head, _) in heads.items()]
+    finetuned = testbed.load_finetuned_draft(args.task) if args.finetuned_draft else None
+    if finetuned is not None:
+        methods += parse_methods(["sd-ft"], has_finetuned_draft=True)[0]
+        methods += [
+            Method(name + FINETUNED, "diversed", HeadVerifier(head), draft="finetuned")
+            for name, (head, _) in heads.items()
+            if not head.config.use_hidden_states
+        ]
+    config = BenchConfig(
+        num_prompts=args.num_prompts,
+        num_samples=args.num_samples,
+        num_timing_prompts=0,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        num_html_examples=0,
+        cost_tokens=4,
+    )
+    result = run_bench(target, draft, tokenizer, task, methods, config, finetuned_draft=finetuned, progress=True)
+    output.mkdir(parents=True, exist_ok=True)
+    saved = {"rows": result.rows, "meta": result.meta} if args.front else result.rows
+    (output / f"{stem}.json").write_text(json.dumps(saved, indent=2, default=str) + "\n")
+    return result
+
+
+def _command(argv: list[str] | None) -> str:
+    """The command line that decodes these rows (without ``--rows-from``: not the one that re-rendered them)."""
     given = list(argv if argv is not None else sys.argv[1:])
-    for flag in ("--rows-from", "--rows_from"):  # the command that decodes, not the one that re-rendered
+    for flag in ("--rows-from", "--rows_from"):
         if flag in given:
             index = given.index(flag)
             del given[index : index + 2]
+    return "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
+
+
+def _front_text(args: argparse.Namespace, rows: list[dict], heads: dict, command: str) -> str:
+    """``front_<task>.md``: the setting, the rule, the command, the front by lambda and each head's recipe."""
+    return (
+        f"On `{args.task}`: one recipe (`training/configs/testbed_{args.task}.yaml`) trained with several values of "
+        f"`lambda_acceptance`, the weight of the acceptance bonus; {args.num_prompts} held-out prompts (seed "
+        f"{args.seed}) x {args.num_samples} samples, temperature 1, N = 5, at most {args.max_new_tokens} new tokens, "
+        f"every head on the same prompts as target-only and SD. The shipped head is {SELECTION_RULE}. "
+        f"Regenerate with:\n\n```bash\n{command}\n```\n\n{front_table(rows, heads)}\n\nThe heads (`runs/` is "
+        f"not shipped; each line rebuilds one):\n\n{recipes(args.task, heads)}\n"
+    )
+
+
+def _ablation_text(args: argparse.Namespace, rows: list[dict], heads: dict, command: str) -> str:
+    """``ablation_<task>.md``: the setting, the command, the head table and each head's recipe."""
     transfer_note = (
         "; rows marked *(fine-tuned draft)* decode with the task's fine-tuned draft instead (a features-only head "
         "does not read the pair's hidden states, so it runs with any draft sharing the tokenizer; its x SD is "
@@ -375,24 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(r["method"].endswith(FINETUNED) for r in rows)
         else ""
     )
-    command = "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
-    if args.front:
-        text = (
-            f"On `{args.task}`: one recipe (`training/configs/testbed_{args.task}.yaml`) trained with several values of "
-            f"`lambda_acceptance`, the weight of the acceptance bonus; {args.num_prompts} held-out prompts (seed "
-            f"{args.seed}) x {args.num_samples} samples, temperature 1, N = 5, at most {args.max_new_tokens} new tokens, "
-            f"every head on the same prompts as target-only and SD. The shipped head is {SELECTION_RULE}. "
-            f"Regenerate with:\n\n```bash\n{command}\n```\n\n{front_table(rows, heads)}\n\nThe heads (`runs/` is "
-            f"not shipped; each line rebuilds one):\n\n{recipes(args.task, heads)}\n"
-        )
-        card_results = front_results(result, heads, command)
-        output.mkdir(parents=True, exist_ok=True)
-        (output / f"{stem}.md").write_text(text)
-        if card_results is not None:
-            (output / f"{stem}_results.json").write_text(json.dumps(card_results, indent=2, default=str) + "\n")
-        print(text)
-        return 0
-    text = (
+    return (
         f"On `{args.task}`: {args.num_prompts} held-out prompts (seed {args.seed}) x {args.num_samples} samples, "
         f"temperature 1, N = 5, at most {args.max_new_tokens} new tokens; every head on the same prompts as "
         f"target-only and SD{transfer_note}. Training times are as recorded by `train_head.py` on this shared 2-core machine "
@@ -400,6 +413,32 @@ def main(argv: list[str] | None = None) -> int:
         f"```bash\n{command}\n```\n\n{table(rows, heads)}\n\nThe heads (`runs/` is not shipped; each line "
         f"rebuilds one):\n\n{recipes(args.task, heads)}\n"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    output = check_output_dir(args.output_dir)  # before the run, not after it
+    torch.set_num_threads(args.threads)
+    heads = {name: _load(path) for name, path in args.heads}
+    stem = f"front_{args.task}" if args.front else f"ablation_{args.task}"
+    if args.front:
+        _check_front(heads)
+    if args.rows_from:
+        rows, result = _saved_rows(args.rows_from, args.task, args.front)
+    else:
+        result = _decode(args, heads, output, stem)
+        rows = result.rows
+    command = _command(argv)
+    if args.front:
+        text = _front_text(args, rows, heads, command)
+        card_results = front_results(result, heads, command)
+        output.mkdir(parents=True, exist_ok=True)
+        (output / f"{stem}.md").write_text(text)
+        if card_results is not None:
+            (output / f"{stem}_results.json").write_text(json.dumps(card_results, indent=2, default=str) + "\n")
+        print(text)
+        return 0
+    text = _ablation_text(args, rows, heads, command)
     output.mkdir(parents=True, exist_ok=True)
     (output / f"{stem}.md").write_text(text)
     print(text)

@@ -140,19 +140,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    if args.reuse and not Path(args.reuse).is_file():
-        raise FileNotFoundError(f"--reuse {args.reuse}: no such file (the calibration.json an earlier run wrote).")
-    if args.output_dir:
-        check_output_dir(args.output_dir)  # before the measurement, not after it
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, draft, tokenizer = load_models(args.target, args.draft, args.dtype, args.device)
-    head = load_any_head(args.head).to(args.device)
-    data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
-    prompts, references = list(data["prompt"]), list(data["reference"])
+def measure(
+    args: argparse.Namespace, target, draft, tokenizer, head, prompts: list[str], references: list[str]
+) -> tuple[float, list[dict]]:
+    """Target-only quality and one row (offset, quality, acceptance) per ``--offsets`` value on the same prompts;
+    with ``--reuse`` what the earlier run measured is taken from it."""
     common = dict(
         temperature=args.temperature,
         num_draft_tokens=args.num_draft_tokens,
@@ -184,10 +176,15 @@ def main(argv=None) -> dict:
             **common,
         )["rows"][0]
         rows.append({"offset": offset, "quality": row["quality"], "acceptance_rate": row["acceptance_rate"]})
-    chosen = choose_offset(target_quality, rows, args.tolerance)
+    return target_quality, rows
 
+
+def calibration_table(
+    args: argparse.Namespace, num_prompts: int, target_quality: float, rows: list[dict], chosen: dict
+) -> str:
+    """The measurements as a Markdown table, the chosen offset marked."""
     table = [
-        f"{args.task}, {args.split} split, {len(prompts)} prompts x {args.num_sampling_seeds} seeds: "
+        f"{args.task}, {args.split} split, {num_prompts} prompts x {args.num_sampling_seeds} seeds: "
         f"target-only quality {target_quality:.3f}",
         "| offset | quality | acceptance |",
         "|---:|---:|---:|",
@@ -195,40 +192,64 @@ def main(argv=None) -> dict:
     for row in rows:
         mark = " (chosen)" if row is chosen else ""
         table.append(f"| {row['offset']:g}{mark} | {row['quality']:.3f} | {row['acceptance_rate']:.3f} |")
-    logger.info("calibration:\n%s", "\n".join(table))
-    summary = {"target_quality": target_quality, "rows": rows, "chosen_offset": chosen["offset"]}
+    return "\n".join(table)
 
+
+def save_calibrated(args: argparse.Namespace, head, summary: dict, chosen: dict, num_prompts: int) -> None:
+    """The head with the chosen offset folded into its bias in ``--output-dir``, with the source head's training
+    record (the choice added), its training curve and ``calibration.json``; a stale ``results.json`` is removed."""
+    target_quality = summary["target_quality"]
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    source = Path(args.head)
+    record = {}
+    if (source / "training_config.json").is_file():
+        record = json.loads((source / "training_config.json").read_text())
+    previous = float(record.get("calibration_logit_offset") or 0.0)
+    record["calibration_logit_offset"] = previous + chosen["offset"]
+    bar = f"target-only {target_quality:.3f}{f' - {args.tolerance:g}' if args.tolerance else ''}"
+    rule = (
+        f"the highest acceptance with quality >= {bar}"
+        if chosen["quality"] >= target_quality - args.tolerance
+        else f"no offset reached {bar}, so the best quality"
+    )
+    record["calibration_note"] = (
+        f"offset {chosen['offset']:g} chosen among {args.offsets} on {num_prompts} {args.split}-split prompts "
+        f"(seed {args.seed}) x {args.num_sampling_seeds} sampling seeds: {rule} (python training/calibrate_head.py)"
+    )
+    (output / "calibration.json").write_text(json.dumps({**summary, "settings": vars(args)}, indent=2) + "\n")
+    if (source / "train_log.jsonl").is_file() and source.resolve() != output.resolve():
+        shutil.copyfile(source / "train_log.jsonl", output / "train_log.jsonl")
+    stale = output / "results.json"
+    if stale.is_file():  # results of another head: the calibrated one must be measured again
+        stale.unlink()
+    with_offset(head, chosen["offset"]).save_pretrained(str(output), training_config=record)
+    logger.info(
+        "saved the calibrated head to %s; measure it with training/eval_head.py --output %s",
+        output,
+        output / "results.json",
+    )
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.reuse and not Path(args.reuse).is_file():
+        raise FileNotFoundError(f"--reuse {args.reuse}: no such file (the calibration.json an earlier run wrote).")
     if args.output_dir:
-        output = Path(args.output_dir)
-        output.mkdir(parents=True, exist_ok=True)
-        source = Path(args.head)
-        record = {}
-        if (source / "training_config.json").is_file():
-            record = json.loads((source / "training_config.json").read_text())
-        previous = float(record.get("calibration_logit_offset") or 0.0)
-        record["calibration_logit_offset"] = previous + chosen["offset"]
-        bar = f"target-only {target_quality:.3f}{f' - {args.tolerance:g}' if args.tolerance else ''}"
-        rule = (
-            f"the highest acceptance with quality >= {bar}"
-            if chosen["quality"] >= target_quality - args.tolerance
-            else f"no offset reached {bar}, so the best quality"
-        )
-        record["calibration_note"] = (
-            f"offset {chosen['offset']:g} chosen among {args.offsets} on {len(prompts)} {args.split}-split prompts "
-            f"(seed {args.seed}) x {args.num_sampling_seeds} sampling seeds: {rule} (python training/calibrate_head.py)"
-        )
-        (output / "calibration.json").write_text(json.dumps({**summary, "settings": vars(args)}, indent=2) + "\n")
-        if (source / "train_log.jsonl").is_file() and source.resolve() != output.resolve():
-            shutil.copyfile(source / "train_log.jsonl", output / "train_log.jsonl")
-        stale = output / "results.json"
-        if stale.is_file():  # results of another head: the calibrated one must be measured again
-            stale.unlink()
-        with_offset(head, chosen["offset"]).save_pretrained(str(output), training_config=record)
-        logger.info(
-            "saved the calibrated head to %s; measure it with training/eval_head.py --output %s",
-            output,
-            output / "results.json",
-        )
+        check_output_dir(args.output_dir)  # before the measurement, not after it
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer = load_models(args.target, args.draft, args.dtype, args.device)
+    head = load_any_head(args.head).to(args.device)
+    data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
+    prompts, references = list(data["prompt"]), list(data["reference"])
+    target_quality, rows = measure(args, target, draft, tokenizer, head, prompts, references)
+    chosen = choose_offset(target_quality, rows, args.tolerance)
+    logger.info("calibration:\n%s", calibration_table(args, len(prompts), target_quality, rows, chosen))
+    summary = {"target_quality": target_quality, "rows": rows, "chosen_offset": chosen["offset"]}
+    if args.output_dir:
+        save_calibrated(args, head, summary, chosen, len(prompts))
     return summary
 
 

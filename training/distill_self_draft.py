@@ -196,19 +196,8 @@ def evaluate(draft, corpus, args, pad_id) -> float:
     return float(torch.cat(overlaps).mean())
 
 
-def main(argv=None) -> Path:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    output_dir = Path(args.output_dir)
-    save_to = Path(args.save_to or output_dir / "draft")
-    check_output_dir(output_dir, "--output_dir")  # before the model loads, not after the corpus
-    check_output_dir(save_to, "--save_to")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    target, tokenizer = smollm2.load_smollm2_target(torch_dtype=torch.float32)  # distilled in float32
-
+def corpus_for(target, tokenizer, args, corpus_file: Path) -> list[dict]:
+    """The corpus in ``corpus_file`` when it was built with these settings; else a new one, saved there."""
     corpus_settings = {
         k: getattr(args, k)
         for k in (
@@ -222,7 +211,6 @@ def main(argv=None) -> Path:
             "generation_batch_size",
         )
     }
-    corpus_file = output_dir / "corpus.pt"
     saved = torch.load(corpus_file) if corpus_file.is_file() else None
     if saved is not None and saved["settings"] == corpus_settings:
         corpus = saved["corpus"]
@@ -230,23 +218,12 @@ def main(argv=None) -> Path:
     else:
         corpus = build_corpus(target, tokenizer, args)
         torch.save({"settings": corpus_settings, "corpus": corpus}, corpus_file)
-    corpus_seconds = time.time() - started
+    return corpus
 
-    generator = torch.Generator().manual_seed(args.seed)
-    order = torch.randperm(len(corpus), generator=generator).tolist()
-    num_held_out = max(1, int(args.held_out * len(corpus)))
-    held_out, train = [corpus[i] for i in order[:num_held_out]], [corpus[i] for i in order[num_held_out:]]
 
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(args.seed)
-    draft = smollm2.build_self_draft(target, args.num_layers, args.draft_vocab_size)
-    del target
-    pad_id = tokenizer.pad_token_id
-    acceptance_before = evaluate(draft, held_out, args, pad_id)
-    logger.info("held-out acceptance before distillation: %.3f", acceptance_before)
-    lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS)
-    model = get_peft_model(draft, lora)
+def distil(model, train: list[dict], args, pad_id: int, generator: torch.Generator, log_path: Path) -> None:
+    """``--epochs`` passes of AdamW on :func:`kd_loss` over ``train`` (batch order from ``generator``; warm-up, then
+    cosine decay; gradients clipped at 1), the loss and acceptance logged to ``log_path`` every 20 steps."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     steps = args.epochs * math.ceil(len(train) / args.batch_size)
@@ -254,9 +231,8 @@ def main(argv=None) -> Path:
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
     )
-    log = open(output_dir / "train_log.jsonl", "w")
+    log = open(log_path, "w")
     step = 0
-    train_started = time.time()
     for epoch in range(args.epochs):
         model.train()
         permutation = torch.randperm(len(train), generator=generator).tolist()
@@ -280,9 +256,11 @@ def main(argv=None) -> Path:
                 log.flush()
                 logger.info("step %d/%d loss %.4f acceptance %.3f", step, steps, loss.item(), overlap.mean().item())
     log.close()
-    acceptance_after = evaluate(model, held_out, args, pad_id)
-    logger.info("held-out acceptance after distillation: %.3f (before %.3f)", acceptance_after, acceptance_before)
 
+
+def save_draft(model, save_to: Path, args, measured: dict, train_started: float) -> None:
+    """The adapter, ``self_draft.json`` (what the draft is, its recipe and settings, then ``measured``, the training
+    time since ``train_started`` and the threads) and the card ``README.md``, in ``save_to``."""
     save_to.mkdir(parents=True, exist_ok=True)
     # Only the LoRA weights: the pruned head's base rows are the target's and are rebuilt from it.
     model.save_pretrained(str(save_to), save_embedding_layers=False)
@@ -296,10 +274,7 @@ def main(argv=None) -> Path:
                 "recipe": "python training/distill_self_draft.py "
                 + " ".join(f"--{k} {v}" for k, v in settings.items()),
                 "settings": settings,
-                "corpus_answers": len(corpus),
-                "held_out_acceptance_before": round(acceptance_before, 4),
-                "held_out_acceptance_after": round(acceptance_after, 4),
-                "corpus_seconds": round(corpus_seconds),
+                **measured,
                 "train_seconds": round(time.time() - train_started),
                 "threads": torch.get_num_threads(),
             },
@@ -308,6 +283,50 @@ def main(argv=None) -> Path:
         + "\n"
     )
     (save_to / "README.md").write_text(CARD.format(**json.loads((save_to / "self_draft.json").read_text())))
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    output_dir = Path(args.output_dir)
+    save_to = Path(args.save_to or output_dir / "draft")
+    check_output_dir(output_dir, "--output_dir")  # before the model loads, not after the corpus
+    check_output_dir(save_to, "--save_to")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    target, tokenizer = smollm2.load_smollm2_target(torch_dtype=torch.float32)  # distilled in float32
+    corpus = corpus_for(target, tokenizer, args, output_dir / "corpus.pt")
+    corpus_seconds = time.time() - started
+
+    generator = torch.Generator().manual_seed(args.seed)
+    order = torch.randperm(len(corpus), generator=generator).tolist()
+    num_held_out = max(1, int(args.held_out * len(corpus)))
+    held_out, train = [corpus[i] for i in order[:num_held_out]], [corpus[i] for i in order[num_held_out:]]
+
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(args.seed)
+    draft = smollm2.build_self_draft(target, args.num_layers, args.draft_vocab_size)
+    del target
+    pad_id = tokenizer.pad_token_id
+    acceptance_before = evaluate(draft, held_out, args, pad_id)
+    logger.info("held-out acceptance before distillation: %.3f", acceptance_before)
+    lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    model = get_peft_model(draft, lora)
+    train_started = time.time()
+    distil(model, train, args, pad_id, generator, output_dir / "train_log.jsonl")
+    acceptance_after = evaluate(model, held_out, args, pad_id)
+    logger.info("held-out acceptance after distillation: %.3f (before %.3f)", acceptance_after, acceptance_before)
+
+    measured = {
+        "corpus_answers": len(corpus),
+        "held_out_acceptance_before": round(acceptance_before, 4),
+        "held_out_acceptance_after": round(acceptance_after, 4),
+        "corpus_seconds": round(corpus_seconds),
+    }
+    save_draft(model, save_to, args, measured, train_started)
     logger.info("saved the adapter and self_draft.json to %s", save_to)
     return save_to
 

@@ -224,9 +224,10 @@ def _speed_model(row: dict, n: float, c: float, c_verify: list[float]) -> float:
     return row["expected_tokens_per_round"] / (n * c + c_verify[index])
 
 
-def render(results: dict, args, command: str) -> str:
+def _preamble(results: dict, args, command: str) -> list[str]:
+    """The command, the setting, the measured costs and what each column means."""
     costs = results["costs"]
-    lines = [
+    return [
         "Regenerate with:",
         "",
         "```bash",
@@ -248,33 +249,43 @@ def render(results: dict, args, command: str) -> str:
         "estimator; *predicted* = `E[T] / (N c + c_verify(N + 1))`; *speedup* = tokens/s over target-only tokens/s.",
         "",
     ]
-    for mode in ("greedy", "t0.7"):
-        block = results["batch1"][mode]
-        target_tps = block["target"]["tokens_per_second"]
-        title = "greedy" if mode == "greedy" else "temperature 0.7"
-        lines += [
-            f"### Batch 1, one thread, {title}",
-            "",
-            "| draft | N | acceptance | a | tokens/round | i.i.d. | E[T] est. | tokens/s | speedup | predicted |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            f"| target only | – | – | – | 1.00 | – | – | {target_tps:.1f} | 1.00x | – |",
-        ]
-        for key, row in block.items():
-            if key == "target":
-                continue
-            name, _, setting = key.partition(":")
-            n = row["mean_draft_length"]
-            a = row["alpha"]
-            iid = (1 - a ** (n + 1)) / (1 - a) if a < 1 else n + 1
-            predicted = _speed_model(row, n, costs[f"c_{name}"], [0.0] + costs["c_verify"])
-            label = f"{setting.split('=')[1]}" if setting.startswith("N=") else f"optimal ({n:.2f})"
-            lines.append(
-                f"| {DRAFT_NAMES[name]} | {label} | {100 * row['acceptance']:.1f} % | {a:.2f} | "
-                f"{row['tokens_per_round']:.2f} | {iid:.2f} | {row['expected_tokens_per_round']:.2f} | "
-                f"{row['tokens_per_second']:.1f} | {row['tokens_per_second'] / target_tps:.2f}x | {predicted:.2f}x |"
-            )
-        lines.append("")
-    lines += ["### Against the goal", ""]
+
+
+def _batch_one_table(results: dict, mode: str) -> list[str]:
+    """The batch-1 table of one sampling mode: every configuration against the i.i.d. theory and the speed model."""
+    costs = results["costs"]
+    block = results["batch1"][mode]
+    target_tps = block["target"]["tokens_per_second"]
+    title = "greedy" if mode == "greedy" else "temperature 0.7"
+    lines = [
+        f"### Batch 1, one thread, {title}",
+        "",
+        "| draft | N | acceptance | a | tokens/round | i.i.d. | E[T] est. | tokens/s | speedup | predicted |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| target only | – | – | – | 1.00 | – | – | {target_tps:.1f} | 1.00x | – |",
+    ]
+    for key, row in block.items():
+        if key == "target":
+            continue
+        name, _, setting = key.partition(":")
+        n = row["mean_draft_length"]
+        a = row["alpha"]
+        iid = (1 - a ** (n + 1)) / (1 - a) if a < 1 else n + 1
+        predicted = _speed_model(row, n, costs[f"c_{name}"], [0.0] + costs["c_verify"])
+        label = f"{setting.split('=')[1]}" if setting.startswith("N=") else f"optimal ({n:.2f})"
+        lines.append(
+            f"| {DRAFT_NAMES[name]} | {label} | {100 * row['acceptance']:.1f} % | {a:.2f} | "
+            f"{row['tokens_per_round']:.2f} | {iid:.2f} | {row['expected_tokens_per_round']:.2f} | "
+            f"{row['tokens_per_second']:.1f} | {row['tokens_per_second'] / target_tps:.2f}x | {predicted:.2f}x |"
+        )
+    lines.append("")
+    return lines
+
+
+def _goal_lines(results: dict) -> list[str]:
+    """The EagleDraft at its best constant N against the speed-up goal of each mode, with the speed model."""
+    costs = results["costs"]
+    lines = ["### Against the goal", ""]
     for mode, goal in (("greedy", 1.3), ("t0.7", 1.1)):
         block = results["batch1"][mode]
         n = results["best"][mode]["eagle"]
@@ -289,7 +300,12 @@ def render(results: dict, args, command: str) -> str:
             f"c_verify({n + 1}) = {costs['c_verify'][min(n, len(costs['c_verify']) - 1)]:.2f}; the speed model predicts "
             f"{model:.2f}x, the rest is the loop's per-round overhead (sampling, cache edits, Python)."
         )
-    lines += [
+    return lines
+
+
+def _best_length_table(results: dict) -> list[str]:
+    """Each draft's best constant N against the ``optimal`` policy, per mode (batch 1)."""
+    lines = [
         "",
         "### Best constant N against the `optimal` policy (batch 1, one thread)",
         "",
@@ -305,27 +321,58 @@ def render(results: dict, args, command: str) -> str:
                 f"{block[f'{name}:optimal']['mean_draft_length']:.2f} | {block[f'{name}:optimal']['tokens_per_second']:.1f} |"
             )
     lines.append("")
+    return lines
+
+
+def _best_length_runs(results: dict, label: str, key: str) -> list[str]:
+    """The table of the runs ``key`` (``batch8`` or ``threads2``): each draft at its best constant N, per mode."""
+    lines = [
+        f"### {label} (each draft at its best constant N)",
+        "",
+        "| mode | configuration | acceptance | tokens/round | tokens/s | speedup |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for mode in ("greedy", "t0.7"):
+        block = results[key][mode]
+        target_tps = block["target"]["tokens_per_second"]
+        for config, row in block.items():
+            name = config.partition(":")[0]
+            shown = "target only" if config == "target" else f"{DRAFT_NAMES[name]}, {config.partition(':')[2]}"
+            acc = f"{100 * row['acceptance']:.1f} %" if "acceptance" in row else "–"
+            tpr = f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "1.00"
+            lines.append(
+                f"| {mode} | {shown} | {acc} | {tpr} | {row['tokens_per_second']:.1f} | "
+                f"{row['tokens_per_second'] / target_tps:.2f}x |"
+            )
+    lines.append("")
+    return lines
+
+
+def render(results: dict, args, command: str) -> str:
+    """The RESULTS.md section: the setting and costs, the batch-1 tables, the goals, the best constant N against
+    ``optimal``, then batch 8 and two threads."""
+    lines = _preamble(results, args, command)
+    for mode in ("greedy", "t0.7"):
+        lines += _batch_one_table(results, mode)
+    lines += _goal_lines(results)
+    lines += _best_length_table(results)
     for label, key in (("Batch 8, one thread", "batch8"), ("Batch 1, two threads", "threads2")):
-        lines += [
-            f"### {label} (each draft at its best constant N)",
-            "",
-            "| mode | configuration | acceptance | tokens/round | tokens/s | speedup |",
-            "|---|---|---:|---:|---:|---:|",
-        ]
-        for mode in ("greedy", "t0.7"):
-            block = results[key][mode]
-            target_tps = block["target"]["tokens_per_second"]
-            for config, row in block.items():
-                name = config.partition(":")[0]
-                shown = "target only" if config == "target" else f"{DRAFT_NAMES[name]}, {config.partition(':')[2]}"
-                acc = f"{100 * row['acceptance']:.1f} %" if "acceptance" in row else "–"
-                tpr = f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "1.00"
-                lines.append(
-                    f"| {mode} | {shown} | {acc} | {tpr} | {row['tokens_per_second']:.1f} | "
-                    f"{row['tokens_per_second'] / target_tps:.2f}x |"
-                )
-        lines.append("")
+        lines += _best_length_runs(results, label, key)
     return "\n".join(lines)
+
+
+def sampling_modes(max_new_tokens: int) -> dict[str, dict]:
+    """``generate`` settings of the two modes measured: greedy, and sampling at temperature 0.7 (top-k, top-p off)."""
+    return {
+        "greedy": {"do_sample": False, "max_new_tokens": max_new_tokens},
+        "t0.7": {
+            "do_sample": True,
+            "temperature": 0.7,
+            "top_k": 0,
+            "top_p": 1.0,
+            "max_new_tokens": max_new_tokens,
+        },
+    }
 
 
 def main(argv=None) -> int:
@@ -349,16 +396,7 @@ def main(argv=None) -> int:
             "arith_chat", split="test", num_examples=max(args.num_prompts, args.batch_prompts), seed=args.seed
         )["prompt"]
     )
-    modes = {
-        "greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
-        "t0.7": {
-            "do_sample": True,
-            "temperature": 0.7,
-            "top_k": 0,
-            "top_p": 1.0,
-            "max_new_tokens": args.max_new_tokens,
-        },
-    }
+    modes = sampling_modes(args.max_new_tokens)
     probe = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)["input_ids"]
     results = {
         "drafts": list(drafts),

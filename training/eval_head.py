@@ -201,6 +201,64 @@ def run_method(
     return completions, totals
 
 
+def _method_plan(methods, head: DiversedHead | None, static_weights: tuple[float, ...]) -> list[tuple]:
+    """``(method, verifier, head)`` of every method to run, in the order asked (``diversed`` only with a head),
+    then one static ensemble per weight."""
+    plan = []
+    for method in methods:
+        if method == "autoregressive":
+            plan.append((method, None, None))
+        elif method == "sd":
+            plan.append((method, ExactVerifier(), None))
+        elif method == "diversed":
+            if head is not None:
+                plan.append((method, None, head))
+        else:
+            raise ValueError(
+                f"`methods` contains {method!r}; use 'autoregressive', 'sd' and 'diversed' (static ensembles come from "
+                "`static_weights`)."
+            )
+    plan += [(f"static_{w:g}", StaticEnsembleVerifier(target_weight=w), None) for w in static_weights]
+    return plan
+
+
+def _sample_method(
+    target, draft, tokenizer, prompts: list[str], references: list[str], score, seeds: range, **decoding
+) -> tuple[list[float], list[tuple[int, float]], dict]:
+    """One method on every prompt once per sampling seed of ``seeds`` (``decoding``: :func:`run_method`'s other
+    keywords): the rewards, the same with each one's prompt index, and the totals summed over the seeds."""
+    totals = {"num_drafted": 0, "num_accepted": 0, "num_rounds": 0, "num_generated": 0, "seconds": 0.0}
+    scores, indexed = [], []
+    for sampling_seed in seeds:
+        completions, run_totals = run_method(target, draft, tokenizer, prompts, seed=sampling_seed, **decoding)
+        run_scores = score(completions, references)
+        scores += run_scores
+        indexed.extend(enumerate(run_scores))
+        totals = {k: totals[k] + run_totals[k] for k in totals}
+    return scores, indexed, totals
+
+
+def _result_row(method: str, metric: str, scores: list[float], totals: dict) -> dict:
+    """A method's row in the model-card results format: quality with its standard error, speed, and (when it
+    drafted) acceptance and tokens per round."""
+    quality = sum(scores) / len(scores)
+    row = {
+        "method": method,
+        "family": FAMILIES.get(method, "static-ensemble"),
+        "quality": quality,
+        "quality_metric": metric,
+        "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5
+        if metric in BINARY_METRICS
+        else (sum((x - quality) ** 2 for x in scores) / max(len(scores) - 1, 1) / len(scores)) ** 0.5,
+        "seconds_per_sample": totals["seconds"] / len(scores),
+        "tokens_per_second": totals["num_generated"] / max(totals["seconds"], 1e-9),
+    }
+    if totals["num_drafted"]:
+        row["acceptance_rate"] = totals["num_accepted"] / totals["num_drafted"]
+        row["tokens_per_round"] = totals["num_generated"] / max(totals["num_rounds"], 1)
+    return row
+
+
 def evaluate(
     task: str,
     target,
@@ -227,59 +285,27 @@ def evaluate(
     """
     spec = get_task(task)
     score, metric = spec.reward, spec.metric
-    plan = []
-    for method in methods:
-        if method == "autoregressive":
-            plan.append((method, None, None))
-        elif method == "sd":
-            plan.append((method, ExactVerifier(), None))
-        elif method == "diversed":
-            if head is not None:
-                plan.append((method, None, head))
-        else:
-            raise ValueError(
-                f"`methods` contains {method!r}; use 'autoregressive', 'sd' and 'diversed' (static ensembles come from "
-                "`static_weights`)."
-            )
-    plan += [(f"static_{w:g}", StaticEnsembleVerifier(target_weight=w), None) for w in static_weights]
+    plan = _method_plan(methods, head, static_weights)
+    decoding = dict(
+        temperature=temperature, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
     rows = []
     per_prompt: dict[str, list[tuple[int, float]]] = {}  # method -> (prompt index, reward) of every sample
     for method, verifier, method_head in plan:
-        totals = {"num_drafted": 0, "num_accepted": 0, "num_rounds": 0, "num_generated": 0, "seconds": 0.0}
-        scores = []
-        for sampling_seed in range(seed, seed + num_sampling_seeds):
-            completions, run_totals = run_method(
-                target,
-                draft,
-                tokenizer,
-                prompts,
-                verifier=verifier,
-                head=method_head,
-                temperature=temperature,
-                num_draft_tokens=num_draft_tokens,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                seed=sampling_seed,
-            )
-            run_scores = score(completions, references)
-            scores += run_scores
-            per_prompt.setdefault(method, []).extend(enumerate(run_scores))
-            totals = {k: totals[k] + run_totals[k] for k in totals}
-        quality = sum(scores) / len(scores)
-        row = {
-            "method": method,
-            "family": FAMILIES.get(method, "static-ensemble"),
-            "quality": quality,
-            "quality_metric": metric,
-            "quality_stderr": (quality * (1 - quality) / len(scores)) ** 0.5
-            if metric in BINARY_METRICS
-            else (sum((x - quality) ** 2 for x in scores) / max(len(scores) - 1, 1) / len(scores)) ** 0.5,
-            "seconds_per_sample": totals["seconds"] / len(scores),
-            "tokens_per_second": totals["num_generated"] / max(totals["seconds"], 1e-9),
-        }
-        if totals["num_drafted"]:
-            row["acceptance_rate"] = totals["num_accepted"] / totals["num_drafted"]
-            row["tokens_per_round"] = totals["num_generated"] / max(totals["num_rounds"], 1)
+        scores, indexed, totals = _sample_method(
+            target,
+            draft,
+            tokenizer,
+            prompts,
+            references,
+            score,
+            range(seed, seed + num_sampling_seeds),
+            verifier=verifier,
+            head=method_head,
+            **decoding,
+        )
+        per_prompt.setdefault(method, []).extend(indexed)
+        row = _result_row(method, metric, scores, totals)
         rows.append(row)
         logger.info("%s: %s", method, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     # Quality minus the target distribution's (autoregressive and SD pooled), paired over prompts, 95 % interval.

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from eagle_results import aggregate_runs, step_costs, timed_generate
+from eagle_results import aggregate_runs, sampling_modes, step_costs, timed_generate
 
 from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
@@ -273,6 +273,45 @@ def ship(results: dict, command: str) -> None:
     _replace_marked(REPO / "README.md", headline(results), marker="headline")
 
 
+def _configs(args, target, draft, task_draft) -> list:
+    """The configurations :func:`measure` runs: target-only (beside another dtype also target-only in float32), the
+    default draft at every ``--draft_lengths`` and the task draft at its own length."""
+    from diversed_hf.testbed import smollm2
+
+    old_n = int(task_draft.generation_config.num_assistant_tokens)
+    configs = [("target", target, None, {})]
+    if args.dtype != "float32":  # the fastest target-only in the other dtype, for reference
+        configs.append(("target-float32", smollm2.load_smollm2_target(torch_dtype=torch.float32)[0], None, {}))
+    configs += [(f"eagle:N={n}", target, draft, {"num_assistant_tokens": n}) for n in args.draft_lengths]
+    configs.append((f"eagle-tasks:N={old_n}", target, task_draft, {"num_assistant_tokens": old_n}))
+    return configs
+
+
+def _measure_prompt_sets(args, tokenizer, prompt_sets: dict, configs: list, modes: dict) -> dict:
+    """Every configuration on the everyday prompts in each mode, the default draft's length to ship (the fastest
+    there at temperature 0.7), then target-only, that length and the task draft on the ``arith_chat`` prompts."""
+    everyday = {}
+    for mode, sampling in modes.items():
+        everyday[mode] = measure(tokenizer, prompt_sets["everyday"], configs, sampling, args.seed, f"everyday {mode}")
+    best = max(
+        args.draft_lengths, key=lambda n: everyday["t0.7"][f"eagle:N={n}"]["tokens_per_second"]
+    )  # the shipped length: the fastest on everyday prompts at temperature 0.7
+    keep = ("target", "target-float32", f"eagle:N={best}")
+    task_configs = [c for c in configs if c[0] in keep or c[0].startswith("eagle-tasks")]
+    arith_chat = {
+        mode: measure(
+            tokenizer,
+            prompt_sets["arith_chat"],
+            task_configs,
+            sampling,
+            args.seed,
+            f"arith_chat {mode}",
+        )
+        for mode, sampling in modes.items()
+    }
+    return {"everyday": everyday, "best": best, "arith_chat": arith_chat}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -287,28 +326,14 @@ def main(argv=None) -> int:
     target, draft, tokenizer = smollm2.load_smollm2_pair(draft="eagle", torch_dtype=getattr(torch, args.dtype))
     enable_diversed(target)
     drafts = {"eagle": draft, "eagle-tasks": smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle-tasks"])}
-    old_n = int(drafts["eagle-tasks"].generation_config.num_assistant_tokens)
-    configs = [("target", target, None, {})]
-    if args.dtype != "float32":  # the fastest target-only in the other dtype, for reference
-        configs.append(("target-float32", smollm2.load_smollm2_target(torch_dtype=torch.float32)[0], None, {}))
-    configs += [(f"eagle:N={n}", target, draft, {"num_assistant_tokens": n}) for n in args.draft_lengths]
-    configs.append((f"eagle-tasks:N={old_n}", target, drafts["eagle-tasks"], {"num_assistant_tokens": old_n}))
+    configs = _configs(args, target, draft, drafts["eagle-tasks"])
     prompt_sets = {
         "everyday": everyday_prompts(args.num_prompts),
         "arith_chat": list(
             load_task_dataset("arith_chat", split="test", num_examples=args.task_prompts, seed=args.seed)["prompt"]
         ),
     }
-    modes = {
-        "greedy": {"do_sample": False, "max_new_tokens": args.max_new_tokens},
-        "t0.7": {
-            "do_sample": True,
-            "temperature": 0.7,
-            "top_k": 0,
-            "top_p": 1.0,
-            "max_new_tokens": args.max_new_tokens,
-        },
-    }
+    modes = sampling_modes(args.max_new_tokens)
     probe = tokenizer(prompt_sets["everyday"][0], return_tensors="pt", add_special_tokens=False)["input_ids"]
     costs = step_costs(target, {"eagle": drafts["eagle"], "eagle-tasks": drafts["eagle-tasks"]}, probe)
     if configs[1][0] == "target-float32":  # what a verification costs in the other dtype
@@ -323,26 +348,7 @@ def main(argv=None) -> int:
         f"thread, {platform.machine()}.",
     }
     started = time.time()
-    everyday = {}
-    for mode, sampling in modes.items():
-        everyday[mode] = measure(tokenizer, prompt_sets["everyday"], configs, sampling, args.seed, f"everyday {mode}")
-    results["everyday"] = everyday
-    results["best"] = max(
-        args.draft_lengths, key=lambda n: everyday["t0.7"][f"eagle:N={n}"]["tokens_per_second"]
-    )  # the shipped length: the fastest on everyday prompts at temperature 0.7
-    keep = ("target", "target-float32", f"eagle:N={results['best']}")
-    task_configs = [c for c in configs if c[0] in keep or c[0].startswith("eagle-tasks")]
-    results["arith_chat"] = {
-        mode: measure(
-            tokenizer,
-            prompt_sets["arith_chat"],
-            task_configs,
-            sampling,
-            args.seed,
-            f"arith_chat {mode}",
-        )
-        for mode, sampling in modes.items()
-    }
+    results.update(_measure_prompt_sets(args, tokenizer, prompt_sets, configs, modes))
     results["seconds"] = round(time.time() - started)
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["python training/everyday_results.py", *given])

@@ -326,7 +326,8 @@ def update_cards(results, output_dir: Path) -> list[Path]:
     return hub_cli.render_shipped_cards(REPO / "model_cards")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a combination of options that contradict each other ends as a usage error."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--draft",
@@ -380,94 +381,97 @@ def main(argv: list[str] | None = None) -> int:
     setup = SETUPS[args.draft]
     if args.task and args.task not in setup.tasks:
         parser.error(f"--task {args.task}: --draft {args.draft} measures {', '.join(setup.tasks)}.")
-    started = time.perf_counter()
-    sizes = QUICK if args.quick else setup.full
-    root = REPO / ("results_quick" if args.quick else "results")
-    output_dir = root / setup.output_name
-    page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
-    if setup.draft == "eagle-tasks":  # every task at the paper's temperature
-        sizes = {task: dict(value, temperature=1.0) if task != "speed" else value for task, value in sizes.items()}
-    command_flags = "" if setup.draft == "eagle-tasks" else f" --draft {setup.draft}"
-    load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
-    check_output_dir(output_dir, "results directory")  # before the runs, not after them
+    return args
 
-    if not (args.speed_only or args.section_only):
-        kept = earlier_results(output_dir / "bench.json", args.task, setup.tasks) if args.task else {}
-        runs = {}
-        for task in setup.tasks:
+
+def _run_methods(args, setup, sizes: dict, output_dir: Path, page: Path, command_flags: str, started: float) -> None:
+    """The methods runs of every task (with ``--task`` only that task's; the others' results come from the last
+    run's ``bench.json``) and, with ``--extra-runs``, the extra runs; then the methods page, the shipped heads'
+    cards and each extra run's tables."""
+    kept = earlier_results(output_dir / "bench.json", args.task, setup.tasks) if args.task else {}
+    runs = {}
+    for task in setup.tasks:
+        methods = TASK_METHODS.get(task, METHODS)
+        if setup.draft == "eagle-tasks":
+            methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
+        if task not in kept:
+            runs[task] = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
+    extra_runs = [run for run in setup.extra_runs if args.extra_runs and args.task in (None, run[1])]
+    if extra_runs:
+        for name, task, _, extra_sizes in extra_runs:
+            sizes_here = QUICK[task] if args.quick else extra_sizes
             methods = TASK_METHODS.get(task, METHODS)
-            if setup.draft == "eagle-tasks":
-                methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
-            if task not in kept:
-                runs[task] = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
-        extra_runs = [run for run in setup.extra_runs if args.extra_runs and args.task in (None, run[1])]
-        if extra_runs:
-            for name, task, _, extra_sizes in extra_runs:
-                sizes_here = QUICK[task] if args.quick else extra_sizes
-                methods = TASK_METHODS.get(task, METHODS)
-                runs[name] = _argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods)
-        measured = _run_all(runs, args.jobs)
-        results = [result for task in setup.tasks for result in ([kept[task]] if task in kept else measured[task])]
-        command = (
-            "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
-        )
-        if args.task:
-            command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
-        write_results_page(
-            results, output_dir, page, command=command, seconds=None if args.task else time.perf_counter() - started
-        )
-        if not args.quick and setup.draft == "eagle-tasks":  # the self-draft's heads were withdrawn
-            for path in update_cards(results, output_dir):
-                print(f"Wrote {path.relative_to(REPO)}")
-        for name, _, _, _ in extra_runs:
-            # bench.json, the table and the plots, read by the section below
-            write_results(measured[name], output_dir / name)
+            runs[name] = _argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods)
+    measured = _run_all(runs, args.jobs)
+    results = [result for task in setup.tasks for result in ([kept[task]] if task in kept else measured[task])]
+    command = "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
+    if args.task:
+        command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
+    write_results_page(
+        results, output_dir, page, command=command, seconds=None if args.task else time.perf_counter() - started
+    )
+    if not args.quick and setup.draft == "eagle-tasks":  # the self-draft's heads were withdrawn
+        for path in update_cards(results, output_dir):
+            print(f"Wrote {path.relative_to(REPO)}")
+    for name, _, _, _ in extra_runs:
+        # bench.json, the table and the plots, read by the section (_section_body)
+        write_results(measured[name], output_dir / name)
 
-    if not (args.skip_speed or args.section_only):
-        speed = {}
-        for batch in (1, 8):
-            for threads in (1, 2):
-                speed[(batch, threads)] = []
-                for task in setup.tasks:
-                    limits = dict(
-                        sizes["speed"],
-                        max_new_tokens=sizes["speed"]["max_new_tokens"][task],
-                        temperature=sizes[task].get("temperature", COMMON["temperature"]),
-                        timing_batch_size=batch,
-                        batch_size=8,
-                        num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
-                        num_prompts=max(batch, sizes["speed"]["num_prompts"]),
-                    )
-                    run_dir = output_dir / "speed" / f"batch{batch}_threads{threads}" / task
-                    outcome = _run(
-                        _argv(task, limits, run_dir, threads, draft=setup.draft, methods=SPEED_METHODS, no_plots=True)
-                    )
-                    write_results(outcome, run_dir, plots=False)
-                    speed[(batch, threads)] += outcome
-        speed_page.write_text(
-            "### Speed by batch size and threads\n\n"
-            "Regenerate with `python training/make_real_results.py --speed-only"
-            + command_flags
-            + (" --quick" if args.quick else "")
-            + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
-            "(8 at batch 8; at most "
-            + ", ".join(f"{n} new tokens on {t}" for t, n in sizes["speed"]["max_new_tokens"].items())
-            + "), median of "
-            f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two "
-            f"(load average {load:.1f} on {os.cpu_count()} cores when the runs started):\n\n"
-            + speed_table(speed)
-            + "\n"
-        )
 
-    if not page.is_file():  # --speed-only before any methods run: the section waits for it
-        print(f"Wrote {speed_page.relative_to(REPO)}; the section needs the methods run (without --speed-only).")
-        return 0
+def _measure_speed(setup, sizes: dict, output_dir: Path) -> dict[tuple[int, int], list]:
+    """Target-only, SD and DIVERSED on every task at batch 1 and 8, with one torch thread and with two, by
+    ``(batch, threads)``; each run's tables (no plots) go under ``<output_dir>/speed``."""
+    speed = {}
+    for batch in (1, 8):
+        for threads in (1, 2):
+            speed[(batch, threads)] = []
+            for task in setup.tasks:
+                limits = dict(
+                    sizes["speed"],
+                    max_new_tokens=sizes["speed"]["max_new_tokens"][task],
+                    temperature=sizes[task].get("temperature", COMMON["temperature"]),
+                    timing_batch_size=batch,
+                    batch_size=8,
+                    num_timing_prompts=max(batch, sizes["speed"]["num_timing_prompts"]),
+                    num_prompts=max(batch, sizes["speed"]["num_prompts"]),
+                )
+                run_dir = output_dir / "speed" / f"batch{batch}_threads{threads}" / task
+                outcome = _run(
+                    _argv(task, limits, run_dir, threads, draft=setup.draft, methods=SPEED_METHODS, no_plots=True)
+                )
+                write_results(outcome, run_dir, plots=False)
+                speed[(batch, threads)] += outcome
+    return speed
+
+
+def _speed_text(quick: bool, sizes: dict, command_flags: str, load: float, speed: dict) -> str:
+    """``speed.md``: how the speed runs were made (with the load average when they started), then their table."""
+    return (
+        "### Speed by batch size and threads\n\n"
+        "Regenerate with `python training/make_real_results.py --speed-only"
+        + command_flags
+        + (" --quick" if quick else "")
+        + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
+        "(8 at batch 8; at most "
+        + ", ".join(f"{n} new tokens on {t}" for t, n in sizes["speed"]["max_new_tokens"].items())
+        + "), median of "
+        f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two "
+        f"(load average {load:.1f} on {os.cpu_count()} cores when the runs started):\n\n" + speed_table(speed) + "\n"
+    )
+
+
+def _section_body(
+    setup, root: Path, output_dir: Path, page: Path, speed_page: Path, command_flags: str
+) -> tuple[str, dict[str, str]]:
+    """The section's Markdown and each task's head summary by task. The section is the methods page (its task
+    sections as subsections, its links resolved from RESULTS.md's folder), each task with its head's summary,
+    calibration table and training curve, then the extra runs' tables and the speed table."""
+    from diversed_hf import testbed
+
     body = page.read_text().split("\n", 1)[1]  # the page without its title
     body = body.replace("\n## ", "\n### ")  # its task sections become subsections of this one
     prefix = output_dir.relative_to(root.parent).as_posix() + "/"  # links now resolve from RESULTS.md's folder
     body = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix, body)
-    from diversed_hf import testbed
-
     summaries = {}
     for result in read_results(output_dir / "bench.json"):
         head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
@@ -490,15 +494,48 @@ def main(argv: list[str] | None = None) -> int:
             )
     if speed_page.is_file():
         body += "\n\n" + speed_page.read_text()
+    return body, summaries
+
+
+def _publish(setup, root: Path, summaries: dict[str, str]) -> None:
+    """RESULTS.md's carried sections again, and each task's head summary between its markers in README.md and
+    docs/real_pair.md."""
+    refresh_head_sections(REPO / "RESULTS.md", root)
+    for task, text in summaries.items():
+        key = task if setup.draft == "self" else f"{setup.draft}:{task}"
+        for doc in (REPO / "README.md", REPO / "docs" / "real_pair.md"):
+            if update_marked(doc, key, text):
+                print(f"Updated the {task} summary in {doc.relative_to(REPO)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup = SETUPS[args.draft]
+    started = time.perf_counter()
+    sizes = QUICK if args.quick else setup.full
+    root = REPO / ("results_quick" if args.quick else "results")
+    output_dir = root / setup.output_name
+    page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
+    if setup.draft == "eagle-tasks":  # every task at the paper's temperature
+        sizes = {task: dict(value, temperature=1.0) if task != "speed" else value for task, value in sizes.items()}
+    command_flags = "" if setup.draft == "eagle-tasks" else f" --draft {setup.draft}"
+    load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
+    check_output_dir(output_dir, "results directory")  # before the runs, not after them
+
+    if not (args.speed_only or args.section_only):
+        _run_methods(args, setup, sizes, output_dir, page, command_flags, started)
+    if not (args.skip_speed or args.section_only):
+        speed = _measure_speed(setup, sizes, output_dir)
+        speed_page.write_text(_speed_text(args.quick, sizes, command_flags, load, speed))
+
+    if not page.is_file():  # --speed-only before any methods run: the section waits for it
+        print(f"Wrote {speed_page.relative_to(REPO)}; the section needs the methods run (without --speed-only).")
+        return 0
+    body, summaries = _section_body(setup, root, output_dir, page, speed_page, command_flags)
     section = root / f"{setup.section}.md"
     section.write_text(body.strip() + "\n")
     if not args.quick:
-        refresh_head_sections(REPO / "RESULTS.md", root)
-        for task, text in summaries.items():
-            key = task if setup.draft == "self" else f"{setup.draft}:{task}"
-            for doc in (REPO / "README.md", REPO / "docs" / "real_pair.md"):
-                if update_marked(doc, key, text):
-                    print(f"Updated the {task} summary in {doc.relative_to(REPO)}")
+        _publish(setup, root, summaries)
     print(
         f"Wrote {section.relative_to(REPO)} and {output_dir.relative_to(REPO)}/ in "
         f"{(time.perf_counter() - started) / 60:.1f} min."

@@ -206,7 +206,8 @@ def refresh_head_sections(page: Path, output_dir: Path) -> None:
     page.write_text("".join(kept[:at] + new + kept[at:]))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> ArgumentParser:
+    """The command line; arguments it does not know go to every bench run."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--quick", action="store_true", help="Small smoke run into results_quick/ and RESULTS_quick.md."
@@ -223,6 +224,50 @@ def main(argv: list[str] | None = None) -> int:
         "into the existing RESULTS.md; runs no bench.",
     )
     add_debug_flag(parser)
+    return parser
+
+
+def _policy_section(sizes: dict, output_dir: Path, threads: int, extra: list[str]) -> tuple[str, str] | None:
+    """The draft-length policies of SD and DIVERSED at batch 1 and at batch 8 (every process runs them); the main
+    process writes their tables and gets the section ``(title, Markdown)``, the others ``None``."""
+    policy_dir = output_dir / "policies"
+    _, at_one = run_bench_argv(
+        _bench_argv(
+            sizes["policies"],
+            policy_dir / "batch1",
+            threads,
+            extra,
+            methods=["sd", "diversed"],
+            schedules=SCHEDULES,
+            no_plots=True,
+        )
+    )
+    _, at_eight = run_bench_argv(
+        _bench_argv(
+            sizes["policies_batch"],
+            policy_dir / "batch8",
+            threads,
+            extra,
+            methods=["sd", "diversed"],
+            schedules=SCHEDULES,
+            no_plots=True,
+        )
+    )
+    if not process_state().is_main_process:
+        return None
+    write_results(at_one, policy_dir / "batch1", plots=False)
+    write_results(at_eight, policy_dir / "batch8", plots=False)
+    note = POLICY_NOTE.format(
+        prompts=sizes["policies"]["num_prompts"],
+        timed=sizes["policies"]["num_timing_prompts"],
+        repeats=sizes["policies"]["repeats"],
+        batch_timed=sizes["policies_batch"]["num_timing_prompts"],
+    )
+    return ("Draft-length policies", note + "\n\n" + policy_table({1: at_one, 8: at_eight}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.head_sections_only:
         if extra:
@@ -243,39 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     _, results = run_bench_argv(_bench_argv(sizes["methods"], output_dir, args.threads, extra, methods=METHODS))
     sections = []
     if not args.skip_policies:
-        policy_dir = output_dir / "policies"
-        _, at_one = run_bench_argv(
-            _bench_argv(
-                sizes["policies"],
-                policy_dir / "batch1",
-                args.threads,
-                extra,
-                methods=["sd", "diversed"],
-                schedules=SCHEDULES,
-                no_plots=True,
-            )
-        )
-        _, at_eight = run_bench_argv(
-            _bench_argv(
-                sizes["policies_batch"],
-                policy_dir / "batch8",
-                args.threads,
-                extra,
-                methods=["sd", "diversed"],
-                schedules=SCHEDULES,
-                no_plots=True,
-            )
-        )
-        if process_state().is_main_process:
-            write_results(at_one, policy_dir / "batch1", plots=False)
-            write_results(at_eight, policy_dir / "batch8", plots=False)
-            note = POLICY_NOTE.format(
-                prompts=sizes["policies"]["num_prompts"],
-                timed=sizes["policies"]["num_timing_prompts"],
-                repeats=sizes["policies"]["repeats"],
-                batch_timed=sizes["policies_batch"]["num_timing_prompts"],
-            )
-            sections.append(("Draft-length policies", note + "\n\n" + policy_table({1: at_one, 8: at_eight})))
+        policies = _policy_section(sizes, output_dir, args.threads, extra)
+        if policies is not None:
+            sections.append(policies)
     if not args.quick:
         sections += trained_head_sections(output_dir)
     if process_state().is_main_process:

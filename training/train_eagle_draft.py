@@ -144,24 +144,12 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> Path:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix, interleave
-    from diversed_hf.testbed import smollm2  # registers the testbed's tasks
-    from diversed_hf.training.eagle_data import CollectionSettings, collect, collection_seconds
-    from diversed_hf.training.eagle_distill import DistillSettings, check_save_to, distill
+def _settings(args):
+    """The collection's and the distillation's settings (``CollectionSettings``, ``DistillSettings``), which refuse
+    a bad value when they are made."""
+    from diversed_hf.training.eagle_data import CollectionSettings
+    from diversed_hf.training.eagle_distill import DistillSettings
 
-    output_dir = Path(args.output_dir)
-    save_to = Path(args.save_to or output_dir / "draft")
-    check_output_dir(output_dir, "--output_dir")
-    check_output_dir(save_to, "--save_to")
-    # the draft replaces --save_to whole: neither the data nor the checkpoints, nor files not an earlier draft's
-    for data_dir in [output_dir / "data", *map(Path, args.extra_data)]:
-        check_save_to(save_to, data_dir, output_dir / "checkpoints", "--save_to")
-    # every setting is checked before the target loads, not after the collection
     settings = CollectionSettings(
         temperature=args.temperature,
         greedy_fraction=args.greedy_fraction,
@@ -182,7 +170,14 @@ def main(argv=None) -> Path:
         save_steps=args.save_steps,
         seed=args.seed,
     )
-    started = time.time()
+    return settings, distill_settings
+
+
+def _prompts(args) -> tuple[list, dict[str, int]]:
+    """The prompts the target answers, the sources interleaved, and how many come from each source (the chat ones
+    named after where they come from)."""
+    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix, interleave
+
     user_prompts = None
     if args.prompts:
         from diversed_hf.tasks.chat_prompts import load_user_prompts
@@ -198,9 +193,50 @@ def main(argv=None) -> Path:
         chat_max_new_tokens=args.chat_max_new_tokens,
         seed=args.seed,
     )
-    prompts = interleave(mix, args.seed)
     chat_source = f"your prompts ({args.prompts})" if args.prompts else "everyday requests of the broad chat set"
     prompt_mix = {chat_source if name == "chat" else name: len(jobs) for name, jobs in mix.items() if jobs}
+    return interleave(mix, args.seed), prompt_mix
+
+
+def _data_record(collections: list[dict], settings) -> dict:
+    """What the draft's ``training.json`` records of its data: the collections (this run's first) merged, their
+    commands in the order they ran, and this run's collection settings."""
+    own = collections[0]
+    merged_mix: dict[str, int] = {}
+    for record in collections:
+        for source, count in record["prompt_mix"].items():
+            merged_mix[source] = merged_mix.get(source, 0) + count
+    return {
+        "data_seconds": sum(record["data_seconds"] for record in collections),
+        "num_prompts": sum(record["num_prompts"] for record in collections),
+        "prompt_mix": merged_mix,
+        # the commands in order: the earlier collections' first, then this one
+        "recipe": " && ".join([record["recipe"] for record in collections[1:]] + [own["recipe"]]),
+        "collection": dataclasses.asdict(settings),
+        **({"collections": collections} if len(collections) > 1 else {}),
+    }
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from diversed_hf.testbed import smollm2  # registers the testbed's tasks
+    from diversed_hf.training.eagle_data import collect, collection_seconds
+    from diversed_hf.training.eagle_distill import check_save_to, distill
+
+    output_dir = Path(args.output_dir)
+    save_to = Path(args.save_to or output_dir / "draft")
+    check_output_dir(output_dir, "--output_dir")
+    check_output_dir(save_to, "--save_to")
+    # the draft replaces --save_to whole: neither the data nor the checkpoints, nor files not an earlier draft's
+    for data_dir in [output_dir / "data", *map(Path, args.extra_data)]:
+        check_save_to(save_to, data_dir, output_dir / "checkpoints", "--save_to")
+    # every setting is checked before the target loads, not after the collection
+    settings, distill_settings = _settings(args)
+    started = time.time()
+    prompts, prompt_mix = _prompts(args)
     target, tokenizer = smollm2.load_smollm2_target(torch_dtype=getattr(torch, args.dtype))
     collect(target, tokenizer, prompts, output_dir / "data", settings)
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -217,25 +253,13 @@ def main(argv=None) -> Path:
     if args.data_only:
         return output_dir / "data"
     collections = [own, *(_collection_record(Path(d)) for d in args.extra_data)]
-    merged_mix: dict[str, int] = {}
-    for record in collections:
-        for source, count in record["prompt_mix"].items():
-            merged_mix[source] = merged_mix.get(source, 0) + count
     return distill(
         target,
         [output_dir / "data", *map(Path, args.extra_data)],
         output_dir / "checkpoints",
         save_to,
         distill_settings,
-        extra_record={
-            "data_seconds": sum(record["data_seconds"] for record in collections),
-            "num_prompts": sum(record["num_prompts"] for record in collections),
-            "prompt_mix": merged_mix,
-            # the commands in order: the earlier collections' first, then this one
-            "recipe": " && ".join([record["recipe"] for record in collections[1:]] + [own["recipe"]]),
-            "collection": dataclasses.asdict(settings),
-            **({"collections": collections} if len(collections) > 1 else {}),
-        },
+        extra_record=_data_record(collections, settings),
     )
 
 

@@ -305,6 +305,60 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
     return values
 
 
+def with_target_answers(train, target, tokenizer, script: ScriptArguments, config: DiversedConfig, task: str):
+    """``train`` with the target's greedy answers and their task reward as columns, for the rewards that compare
+    with the target (docs/training.md, "Rewards for weak targets"); generated once, cached in the output directory."""
+    completions = target_completions(
+        target,
+        tokenizer,
+        list(train["prompt"]),
+        max_new_tokens=config.max_completion_length,
+        batch_size=script.eval_batch_size,
+        cache=Path(config.output_dir) / "target_completions.json",
+    )
+    train = add_target_columns(train, task, completions)
+    logger.info(
+        "the target's greedy task reward on the training prompts: %.4f", sum(train["target_reward"]) / len(train)
+    )
+    return train
+
+
+def run_training(trainer, config: DiversedConfig) -> float:
+    """Train, from ``--resume_from_checkpoint`` when given (``true`` / ``last``: the last checkpoint in output_dir);
+    the seconds it took."""
+    began = time.perf_counter()
+    resume = config.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "last"):
+        resume = True  # the last checkpoint in output_dir
+    trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - began
+    logger.info("trained in %.0f s (%d steps)", seconds, trainer.state.global_step)
+    return seconds
+
+
+def held_out_results(script: ScriptArguments, config: DiversedConfig, target, draft, tokenizer, head) -> dict:
+    """The trained head against target-only and lossless SD on the held-out prompts (model-card results format)."""
+    from eval_head import evaluate
+
+    held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
+    results = evaluate(
+        script.task,
+        target,
+        draft,
+        tokenizer,
+        head,
+        list(held_out["prompt"]),
+        list(held_out["reference"]),
+        temperature=config.temperature,
+        num_draft_tokens=config.num_draft_tokens,
+        max_new_tokens=script.eval_max_new_tokens,
+        batch_size=script.eval_batch_size,
+        seed=script.eval_seed,
+    )
+    logger.info("held-out results:\n%s", json.dumps(results, indent=2))
+    return results
+
+
 def main(argv=None):
     script, config = parse_arguments(argv)
     head_dir = Path(script.head_dir or os.path.join(config.output_dir, "head"))
@@ -313,7 +367,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
-    from eval_head import evaluate, load_models  # also registers the testbed's tasks
+    from eval_head import load_models  # also registers the testbed's tasks
 
     spec = get_task(script.task)  # an unknown task fails here, before any model is loaded
     device = script.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -330,19 +384,8 @@ def main(argv=None):
         use_hidden_states=config.head_use_hidden_states,
         task=spec.name,
     )
-    if script.reward != "task":  # the target's greedy answers, once (docs/training.md, "Rewards for weak targets")
-        completions = target_completions(
-            target,
-            tokenizer,
-            list(train["prompt"]),
-            max_new_tokens=config.max_completion_length,
-            batch_size=script.eval_batch_size,
-            cache=Path(config.output_dir) / "target_completions.json",
-        )
-        train = add_target_columns(train, spec.name, completions)
-        logger.info(
-            "the target's greedy task reward on the training prompts: %.4f", sum(train["target_reward"]) / len(train)
-        )
+    if script.reward != "task":  # the target's greedy answers, once
+        train = with_target_answers(train, target, tokenizer, script, config, spec.name)
     trainer = DiversedTrainer(
         target,
         draft,
@@ -354,13 +397,7 @@ def main(argv=None):
         callbacks=[JsonlLogger(log_path).callback],
     )
     head_dir.mkdir(parents=True, exist_ok=True)  # fail now, not after training, if it cannot be created
-    began = time.perf_counter()
-    resume = config.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() in ("true", "last"):
-        resume = True  # the last checkpoint in output_dir
-    trainer.train(resume_from_checkpoint=resume)
-    seconds = time.perf_counter() - began
-    logger.info("trained in %.0f s (%d steps)", seconds, trainer.state.global_step)
+    seconds = run_training(trainer, config)
 
     if not trainer.accelerator.is_main_process:  # under accelerate launch: one process evaluates and saves
         trainer.accelerator.wait_for_everyone()
@@ -372,24 +409,7 @@ def main(argv=None):
             head.net[-1].bias.add_(script.calibration_logit_offset)  # w = sigmoid(logit + offset)
     results = None
     if script.eval_num_examples:
-        held_out = load_data(
-            script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files
-        )
-        results = evaluate(
-            script.task,
-            target,
-            draft,
-            tokenizer,
-            head,
-            list(held_out["prompt"]),
-            list(held_out["reference"]),
-            temperature=config.temperature,
-            num_draft_tokens=config.num_draft_tokens,
-            max_new_tokens=script.eval_max_new_tokens,
-            batch_size=script.eval_batch_size,
-            seed=script.eval_seed,
-        )
-        logger.info("held-out results:\n%s", json.dumps(results, indent=2))
+        results = held_out_results(script, config, target, draft, tokenizer, head)
     record = training_record(script, config, seconds, trainer)
     with torch.random.fork_rng(devices=[]):
         head.save_pretrained(str(head_dir), results=results, training_config=record)

@@ -350,6 +350,129 @@ def save_adapter(model, save_to: Path, record: dict) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def training_columns(pairs: dict[str, tuple[list[str], list[str]]], used: list[dict], eos: str) -> dict[str, list]:
+    """The training pairs as ``prompt`` / ``completion`` columns: the tasks' pairs, then the chat answers kept;
+    every completion ends with ``eos`` (the end-of-turn token)."""
+    columns = {"prompt": [], "completion": []}
+    for task_prompts, references in pairs.values():
+        columns["prompt"] += task_prompts
+        columns["completion"] += [reference + eos for reference in references]
+    columns["prompt"] += [row["prompt"] for row in used]
+    columns["completion"] += [row["answer"] + eos for row in used]
+    return columns
+
+
+def lora_model(target, args):
+    """``target`` with a new LoRA adapter (``--lora_r``, ``--lora_alpha``, ``--lora_dropout`` on
+    ``--target_modules``), initialised from ``--seed``; and its number of trainable parameters."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import set_seed
+
+    set_seed(args.seed)
+    lora = LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=list(args.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(target, lora)
+    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info("LoRA: %d parameters (%.1f MB in bfloat16)", parameters, 2 * parameters / 1e6)
+    return model, parameters
+
+
+def sft_config(args, output_dir: Path, num_pairs: int):
+    """TRL's ``SFTConfig`` of the recipe (loss on the completion only, cosine schedule after a warm-up of 3 % of the
+    steps, a checkpoint every ``--save_steps`` into ``<output_dir>/checkpoints``) for ``num_pairs`` training pairs."""
+    from trl import SFTConfig
+
+    steps_per_epoch = math.ceil(num_pairs / (args.batch_size * args.gradient_accumulation_steps))
+    total_steps = args.max_steps or math.ceil(args.epochs * steps_per_epoch)
+    return SFTConfig(
+        output_dir=str(output_dir / "checkpoints"),
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, round(0.03 * total_steps)),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps or -1,
+        max_length=args.max_length,
+        completion_only_loss=True,
+        packing=False,
+        bf16=args.mixed_precision == "bf16",  # autocast: the weights and the optimizer stay float32
+        use_cpu=args.mixed_precision == "bf16" and not torch.cuda.is_available(),  # transformers asks, for CPU bf16
+        fp16=False,
+        gradient_checkpointing=False,
+        logging_steps=5,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        seed=args.seed,
+        report_to="none",
+        disable_tqdm=False,
+        dataloader_pin_memory=False,
+    )
+
+
+def data_counts(pairs: dict, answers: list[dict], used: list[dict], num_pairs: int, num_sequences: int) -> dict:
+    """``training.json``'s ``data``: the pairs per task, what became of the chat answers, and the totals."""
+    return {
+        "tasks": {task: len(task_prompts) for task, (task_prompts, _) in pairs.items()},
+        "chat": {
+            "prompts": len(answers),
+            "used": len(used),
+            "cut_off": sum(not row["finished"] for row in answers),
+            "empty": sum(row["finished"] and not row["answer"].strip() for row in answers),
+        },
+        "train_pairs": num_pairs,
+        "train_sequences": num_sequences,  # those whose completion starts within --max_length
+    }
+
+
+def training_record(
+    args, argv: list[str], target, trainer, checkpoint, *, eos, data, parameters, chat_seconds, sessions
+) -> dict:
+    """``training.json``: the base model, the settings and the command, the data, the adapter, the training's steps
+    and loss, and its time summed over the ``sessions``."""
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    base_id = getattr(target.config, "_name_or_path", None) or None
+    smollm2_base = base_id == REAL_PAIR_MODEL_IDS["target"]
+    record = {
+        "base_model": base_id,
+        "base_model_name": "SmolLM2-135M-Instruct" if smollm2_base else base_id,
+        "base_model_hub_id": SMOLLM2_HUB_ID if smollm2_base else None,
+        "load_call": 'target, draft, tokenizer = testbed.load_pair("smollm2-tuned")' if smollm2_base else None,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("config", "output_dir", "save_to", "threads")},
+        "seed": args.seed,
+        "recipe": "python training/tune_target.py " + " ".join(argv),
+        "eos_token": eos,
+        "data": data,
+        "lora": {
+            "r": args.lora_r,
+            "alpha": args.lora_alpha,
+            "dropout": args.lora_dropout,
+            "target_modules": list(args.target_modules),
+            "parameters": parameters,
+            "dtype": "bfloat16",
+        },
+        "steps": trainer.state.global_step,
+        "epochs": round(trainer.state.epoch or 0.0, 3),
+        "final_loss": round(losses[-1], 4) if losses else None,
+        "resumed_from": checkpoint.name if checkpoint else None,
+        "sessions": len(sessions),
+        "session_log": sessions,
+        "seconds": {
+            "chat_answers": round(chat_seconds, 1),
+            "training": round(sum(s["seconds"] for s in sessions), 1),
+        },
+        "threads": torch.get_num_threads(),
+    }
+    record["seconds"]["total"] = round(record["seconds"]["chat_answers"] + record["seconds"]["training"], 1)
+    return record
+
+
 def main(argv=None, load_target=None) -> Path:
     """Run the recipe; ``load_target() -> (model, tokenizer)`` replaces SmolLM2-135M-Instruct (tests pass a tiny one)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -382,60 +505,16 @@ def main(argv=None, load_target=None) -> Path:
     answers, chat_seconds = chat_answers(target, tokenizer, prompts, output_dir / CHAT_FILE, args)
     used = [row for row in answers if row["finished"] and row["answer"].strip()]
     eos = tokenizer.eos_token
-    columns = {"prompt": [], "completion": []}
-    for task_prompts, references in pairs.values():
-        columns["prompt"] += task_prompts
-        columns["completion"] += [reference + eos for reference in references]
-    columns["prompt"] += [row["prompt"] for row in used]
-    columns["completion"] += [row["answer"] + eos for row in used]
+    columns = training_columns(pairs, used, eos)
 
     from datasets import Dataset
-    from peft import LoraConfig, get_peft_model
-    from transformers import set_seed
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    set_seed(args.seed)
-    lora = LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=list(args.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(target, lora)
-    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    logger.info("LoRA: %d parameters (%.1f MB in bfloat16)", parameters, 2 * parameters / 1e6)
+    model, parameters = lora_model(target, args)
     dataset = Dataset.from_dict(columns)
-    steps_per_epoch = math.ceil(len(dataset) / (args.batch_size * args.gradient_accumulation_steps))
-    total_steps = args.max_steps or math.ceil(args.epochs * steps_per_epoch)
-    config = SFTConfig(
-        output_dir=str(output_dir / "checkpoints"),
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=max(1, round(0.03 * total_steps)),
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps or -1,
-        max_length=args.max_length,
-        completion_only_loss=True,
-        packing=False,
-        bf16=args.mixed_precision == "bf16",  # autocast: the weights and the optimizer stay float32
-        use_cpu=args.mixed_precision == "bf16" and not torch.cuda.is_available(),  # transformers asks, for CPU bf16
-        fp16=False,
-        gradient_checkpointing=False,
-        logging_steps=5,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        seed=args.seed,
-        report_to="none",
-        disable_tqdm=False,
-        dataloader_pin_memory=False,
-    )
     trainer = SFTTrainer(
         model=model,
-        args=config,
+        args=sft_config(args, output_dir, len(dataset)),
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[session_clock(output_dir / SESSIONS_FILE)],
@@ -446,50 +525,19 @@ def main(argv=None, load_target=None) -> Path:
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     sessions = json.loads((output_dir / SESSIONS_FILE).read_text())
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    base_id = getattr(target.config, "_name_or_path", None) or None
-    smollm2_base = base_id == REAL_PAIR_MODEL_IDS["target"]
-    record = {
-        "base_model": base_id,
-        "base_model_name": "SmolLM2-135M-Instruct" if smollm2_base else base_id,
-        "base_model_hub_id": SMOLLM2_HUB_ID if smollm2_base else None,
-        "load_call": 'target, draft, tokenizer = testbed.load_pair("smollm2-tuned")' if smollm2_base else None,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("config", "output_dir", "save_to", "threads")},
-        "seed": args.seed,
-        "recipe": "python training/tune_target.py " + " ".join(argv),
-        "eos_token": eos,
-        "data": {
-            "tasks": {task: len(task_prompts) for task, (task_prompts, _) in pairs.items()},
-            "chat": {
-                "prompts": len(answers),
-                "used": len(used),
-                "cut_off": sum(not row["finished"] for row in answers),
-                "empty": sum(row["finished"] and not row["answer"].strip() for row in answers),
-            },
-            "train_pairs": len(dataset),
-            "train_sequences": len(trainer.train_dataset),  # those whose completion starts within --max_length
-        },
-        "lora": {
-            "r": args.lora_r,
-            "alpha": args.lora_alpha,
-            "dropout": args.lora_dropout,
-            "target_modules": list(args.target_modules),
-            "parameters": parameters,
-            "dtype": "bfloat16",
-        },
-        "steps": trainer.state.global_step,
-        "epochs": round(trainer.state.epoch or 0.0, 3),
-        "final_loss": round(losses[-1], 4) if losses else None,
-        "resumed_from": checkpoint.name if checkpoint else None,
-        "sessions": len(sessions),
-        "session_log": sessions,
-        "seconds": {
-            "chat_answers": round(chat_seconds, 1),
-            "training": round(sum(s["seconds"] for s in sessions), 1),
-        },
-        "threads": torch.get_num_threads(),
-    }
-    record["seconds"]["total"] = round(record["seconds"]["chat_answers"] + record["seconds"]["training"], 1)
+    data = data_counts(pairs, answers, used, len(dataset), len(trainer.train_dataset))
+    record = training_record(
+        args,
+        argv,
+        target,
+        trainer,
+        checkpoint,
+        eos=eos,
+        data=data,
+        parameters=parameters,
+        chat_seconds=chat_seconds,
+        sessions=sessions,
+    )
     save_adapter(trainer.model, save_to, record)
     logger.info(
         "saved the adapter (%d bytes), training.json and the card to %s", record["lora"]["adapter_bytes"], save_to
