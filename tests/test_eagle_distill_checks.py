@@ -255,3 +255,19 @@ def test_the_tuned_targets_task_prompts_join_the_mix_from_their_training_splits(
     assert "synopsis" not in eagle_prompt_mix(0, 0, 0)  # the default mix is unchanged
     with pytest.raises(ValueError, match="`num_arith_steps` must be a non-negative integer"):
         eagle_prompt_mix(0, 0, 0, num_arith_steps=-2)
+
+
+def test_the_tuned_target_is_named_and_its_adapter_checked_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    from diversed_hf.testbed import smollm2, smollm2_tuned
+
+    with pytest.raises(SystemExit):
+        train_eagle_draft.parse_args(["--adapter", str(tmp_path)])
+    assert "is for the tuned target: add --target smollm2-tuned" in capsys.readouterr().err
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = ["--target", "smollm2-tuned", "--adapter", str(tmp_path / "none"), "--output_dir", str(tmp_path / "run")]
+    with pytest.raises(FileNotFoundError, match=r"no task-tuned adapter .*tune_target\.py"):
+        train_eagle_draft.main(argv)
+    assert "--target smollm2-tuned" in smollm2_tuned.TUNED_EAGLE_COMMAND
+    args = train_eagle_draft.parse_args(["--target", "smollm2-tuned", "--num_synopsis", "3", "--num_arith_steps", "2"])
+    _, mix = train_eagle_draft._prompts(args)
+    assert mix["synopsis"] == 3 and mix["arith_steps"] == 2

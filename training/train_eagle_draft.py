@@ -4,6 +4,8 @@
     python training/train_eagle_draft.py --save_to diversed_hf/testbed/assets/smollm2/eagle   # replaces the shipped one
 
     python training/train_eagle_draft.py --prompts my_chats.jsonl --num_chat 0   # on your own conversations
+    python training/train_eagle_draft.py --target smollm2-tuned --num_synopsis 1000 --num_arith_steps 1000 \
+        --num_arith 0 --code_samples 0 --num_docstrings 0 --output_dir runs/tuned_eagle   # the task-tuned target's
 
 1. **Data** (``--output_dir``/data): SmolLM2-135M-Instruct answers chat prompts (``--num_chat`` everyday requests of
    the broad chat set, or your own with ``--prompts``; ``arith_chat`` and ``humaneval`` training problems;
@@ -58,6 +60,8 @@ OPTIONS = [
     ("num_arith", int, 250, "arith_chat training problems the target answers"),
     ("code_samples", int, 1, "target answers per humaneval training problem"),
     ("num_docstrings", int, 40, "standard-library functions the target explains"),
+    ("num_synopsis", int, 0, "synopsis training prompts the target answers (the tuned target's task)"),
+    ("num_arith_steps", int, 0, "arith_steps training problems the target answers (the tuned target's task)"),
     ("temperature", float, 0.7, "sampling temperature of the responses"),
     ("greedy_fraction", float, 0.25, "share of prompts answered greedily"),
     ("top_k", int, 32, "target log-probabilities kept per position"),
@@ -94,6 +98,16 @@ def parse_args(argv=None):
         default="bfloat16",
         help="the target's dtype while it answers (the real pair's default: bfloat16)",
     )
+    parser.add_argument(
+        "--target",
+        choices=("smollm2", "smollm2-tuned"),
+        default="smollm2",
+        help="the target the draft is distilled from: SmolLM2-135M-Instruct, or it with a task-tuning adapter "
+        "merged (--adapter)",
+    )
+    parser.add_argument(
+        "--adapter", default=None, help="with --target smollm2-tuned: the LoRA adapter (default: the shipped one)"
+    )
     parser.add_argument("--data_only", action="store_true", help="stop after collecting the data")
     args = parser.parse_args(argv)
     for name in (
@@ -108,7 +122,18 @@ def parse_args(argv=None):
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
-    for name in ("num_chat", "chat_offset", "num_arith", "code_samples", "num_docstrings"):
+    if args.adapter and args.target != "smollm2-tuned":
+        parser.error(f"--adapter {args.adapter} is for the tuned target: add --target smollm2-tuned")
+    counts = (
+        "num_chat",
+        "chat_offset",
+        "num_arith",
+        "code_samples",
+        "num_docstrings",
+        "num_synopsis",
+        "num_arith_steps",
+    )
+    for name in counts:
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be 0 or a positive integer, got {getattr(args, name)}")
     if args.num_user_prompts is not None and args.num_user_prompts < 1:
@@ -124,7 +149,8 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             parser.error(f"--{name} must be a finite number >= 0, got {value}")
-    if not args.prompts and args.num_chat + args.num_arith + args.code_samples + args.num_docstrings == 0:
+    sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings
+    if not args.prompts and sources + args.num_synopsis + args.num_arith_steps == 0:
         parser.error(
             "the prompt mix is empty (--num_chat, --num_arith, --code_samples and --num_docstrings are all 0, and no "
             "--prompts): give the target something to answer"
@@ -191,6 +217,8 @@ def _prompts(args) -> tuple[list, dict[str, int]]:
         chat_offset=args.chat_offset,
         chat_prompts=user_prompts,
         chat_max_new_tokens=args.chat_max_new_tokens,
+        num_synopsis=args.num_synopsis,
+        num_arith_steps=args.num_arith_steps,
         seed=args.seed,
     )
     chat_source = f"your prompts ({args.prompts})" if args.prompts else "everyday requests of the broad chat set"
@@ -217,12 +245,25 @@ def _data_record(collections: list[dict], settings) -> dict:
     }
 
 
+def _load_target(args):
+    """``(target, tokenizer)``: SmolLM2-135M-Instruct, or the task-tuned target (``--adapter`` merged), in ``--dtype``."""
+    dtype = getattr(torch, args.dtype)
+    if args.target == "smollm2-tuned":
+        from diversed_hf.testbed import smollm2_tuned
+
+        adapter = args.adapter or smollm2_tuned.TUNED_DIR
+        return smollm2_tuned.load_tuned_target(torch_dtype=dtype, adapter=adapter)
+    from diversed_hf.testbed import smollm2
+
+    return smollm2.load_smollm2_target(torch_dtype=dtype)
+
+
 def main(argv=None) -> Path:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from diversed_hf.testbed import smollm2  # registers the testbed's tasks
+    from diversed_hf.testbed import smollm2_tuned  # the testbed: registers its tasks
     from diversed_hf.training.eagle_data import collect, collection_seconds
     from diversed_hf.training.eagle_distill import check_save_to, distill
 
@@ -235,9 +276,11 @@ def main(argv=None) -> Path:
         check_save_to(save_to, data_dir, output_dir / "checkpoints", "--save_to")
     # every setting is checked before the target loads, not after the collection
     settings, distill_settings = _settings(args)
+    if args.target == "smollm2-tuned":  # its adapter, before any prompt is built or model loads
+        smollm2_tuned.check_tuned_files(args.adapter or smollm2_tuned.TUNED_DIR, eagle=None)
     started = time.time()
     prompts, prompt_mix = _prompts(args)
-    target, tokenizer = smollm2.load_smollm2_target(torch_dtype=getattr(torch, args.dtype))
+    target, tokenizer = _load_target(args)
     collect(target, tokenizer, prompts, output_dir / "data", settings)
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
     own = {

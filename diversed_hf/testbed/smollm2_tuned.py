@@ -47,6 +47,11 @@ TUNE_COMMAND = (
     "python training/tune_target.py --config training/configs/smollm2_tuned_target.yaml "
     "--save_to diversed_hf/testbed/assets/smollm2/tuned"
 )
+#: the command that distils the tuned target's EagleDraft (its tasks' training prompts and everyday requests)
+TUNED_EAGLE_COMMAND = (
+    "python training/train_eagle_draft.py --target smollm2-tuned --output_dir runs/tuned_eagle "
+    "--num_synopsis 1000 --num_arith_steps 1000 --num_arith 0 --code_samples 0 --num_docstrings 0"
+)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -63,8 +68,7 @@ def check_tuned_files(adapter: Path | str = TUNED_DIR, eagle: Path | str | None 
     if eagle is not None and not (Path(eagle) / "config.json").is_file():
         raise FileNotFoundError(
             f"no EagleDraft for the task-tuned target at {eagle} (missing config.json): distil one from the tuned "
-            f"target with `python training/train_eagle_draft.py ... --save_to {eagle}` (the script distils from the "
-            "base target until it takes the tuned one, issue 40), or reinstall the package."
+            f"target with `{TUNED_EAGLE_COMMAND} --save_to {eagle}`, or reinstall the package."
         )
 
 
