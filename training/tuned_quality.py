@@ -12,8 +12,8 @@ table gives each target's mean and the tuned minus the untuned one, paired over 
 (:func:`diversed_hf.bench.stats.paired_difference`), and the goals at temperature 1 (``synopsis`` >= 8,
 ``arith_steps`` >= 50 %).
 
-**Resumable.** Each completion is appended to ``<output_dir>/records/<target>_<mode>_<task>.jsonl`` as its batch
-finishes; a rerun scores only what is missing. The tuned target's records are keyed by a hash of the adapter's weights,
+**Resumable.** Each completion is appended to ``<output_dir>/records/<target>_<dtype>_<mode>_<task>_seed<seed>.jsonl``
+as its batch finishes; a rerun scores only what is missing. The tuned target's records are keyed by a hash of the adapter's weights,
 so another adapter never reuses them. Sampling is seeded per batch from ``--seed`` and the batch's first prompt.
 """
 
