@@ -52,6 +52,37 @@ _UNSUPPORTED_CONFIG = {
 }
 
 
+#: transformers' drafters our loop does not run yet (README, "Verifiers"), by the argument that asks for each
+_TRANSFORMERS_DRAFTERS = {
+    "prompt_lookup_num_tokens": "prompt lookup",
+    "assistant_early_exit": "self-speculation from an early layer",
+    "use_mtp": "the checkpoint's multi-token-prediction layers",
+    "speculation_type": "a block drafter",
+}
+#: assistant classes that draft from the target's shared KV states (transformers' SinglePositionMultiToken generator)
+_KV_SHARING_ASSISTANTS = ("Gemma4Assistant", "Gemma4UnifiedAssistant")
+
+
+def _check_drafter(which: str, assistant_model, extra: dict, generation_config) -> None:
+    """Refuse, before any forward pass, a drafter of transformers' that ``which`` (``verifier`` / ``diversed_head``)
+    cannot verify yet, naming the argument and what to do."""
+    asked = []
+    for name, drafter in _TRANSFORMERS_DRAFTERS.items():
+        value = extra.get(name, getattr(generation_config, name, None))
+        if value is not None and value is not False:
+            asked.append(f"`{name}={value!r}` ({drafter})")
+    if assistant_model is not None and type(assistant_model).__name__.startswith(_KV_SHARING_ASSISTANTS):
+        asked.append(
+            f"`assistant_model` is a {type(assistant_model).__name__} (it drafts from the target's shared KV states)"
+        )
+    if asked:
+        raise ValueError(
+            f"{'; '.join(asked)}: diversed_hf's loop does not run this drafter yet, so `{which}` cannot verify its "
+            f"drafts. Drop `{which}` to use transformers' own lossless path, or pass a causal LM or an EagleDraft as "
+            "`assistant_model`."
+        )
+
+
 def _check_generation_config(generation_config: GenerationConfig) -> None:
     for name, neutral in _UNSUPPORTED_CONFIG.items():
         value = getattr(generation_config, name, neutral)
@@ -357,6 +388,7 @@ def _diversed_generate(
     extra = arguments.pop("kwargs", {})
     assistant_model = arguments.pop("assistant_model", None)
     which = "diversed_head" if diversed_head is not None else "verifier"
+    _check_drafter(which, assistant_model, extra, arguments.get("generation_config"))
     if assistant_model is None:
         raise ValueError(
             f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."

@@ -929,6 +929,52 @@ def test_classifier_free_guidance_is_refused(pair):
     )
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"prompt_lookup_num_tokens": 3}, r"`prompt_lookup_num_tokens=3` \(prompt lookup\)"),
+        ({"assistant_early_exit": 1}, r"`assistant_early_exit=1` \(self-speculation from an early layer\)"),
+        ({"use_mtp": True}, r"`use_mtp=True` \(the checkpoint's multi-token-prediction layers\)"),
+        ({"speculation_type": "dflash"}, r"`speculation_type='dflash'` \(a block drafter\)"),
+    ],
+)
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_transformers_other_drafters_are_refused_before_any_forward_naming_the_argument(
+    pair, kwargs, match, with_draft
+):
+    target, draft = pair
+    target = enable_diversed(target)
+    calls = []
+    hook = target.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=match + r".*does not run this drafter yet.*Drop `verifier`"):
+            target.generate(
+                prompt(4),
+                max_new_tokens=4,
+                verifier=ExactVerifier(),
+                **({"assistant_model": draft} if with_draft else {}),
+                **kwargs,
+            )
+    finally:
+        hook.remove()
+    assert not calls
+
+
+def test_a_kv_sharing_assistant_is_refused_naming_its_class(pair):
+    target, draft = pair
+
+    class Gemma4AssistantForCausalLM(torch.nn.Module):  # the class name is what transformers dispatches on
+        config = draft.config
+
+    with pytest.raises(ValueError, match=r"`assistant_model` is a Gemma4AssistantForCausalLM .*`diversed_head`"):
+        enable_diversed(target).generate(
+            prompt(4),
+            assistant_model=Gemma4AssistantForCausalLM(),
+            diversed_head=DiversedHead.for_pair(target, draft),
+            max_new_tokens=4,
+        )
+
+
 def test_empty_prompts_are_refused_early(pair):
     """An empty prompt used to return tokens (transformers fails on it); an empty-string row of a padded batch
     failed deep in the model."""
