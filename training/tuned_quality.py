@@ -100,9 +100,8 @@ def answer(model, tokenizer, prompts: list[str], references: list[str], task, mo
         for start in range(0, len(todo), args.batch_size):
             batch = todo[start : start + args.batch_size]
             first = batch[0]
-            torch.manual_seed(
-                args.seed * 1_000_003 + first[1] * len(prompts) + first[0]
-            )  # per batch, from its first prompt
+            # seeded per batch, from its first prompt
+            torch.manual_seed(args.seed * 1_000_003 + first[1] * len(prompts) + first[0])
             encoded = tokenizer([prompts[i] for i, _ in batch], return_tensors="pt", padding=True)
             encoded.pop("token_type_ids", None)
             with torch.no_grad():
