@@ -26,6 +26,7 @@ from pathlib import Path
 
 __all__ = [
     "USAGE_ERROR",
+    "regenerate_lines",
     "USER_ERRORS",
     "ArgumentParser",
     "add_debug_flag",
@@ -181,3 +182,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
             os.unlink(temporary)
         raise
     return path
+
+
+def regenerate_lines(command: str) -> list[str]:
+    """The opening of a results section: the command that rebuilds it, as a Markdown code block."""
+    return ["Regenerate with:", "", "```bash", command, "```", ""]

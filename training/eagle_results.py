@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("eagle_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -228,12 +228,7 @@ def _preamble(results: dict, args, command: str) -> list[str]:
     """The command, the setting, the measured costs and what each column means."""
     costs = results["costs"]
     return [
-        "Regenerate with:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+        *regenerate_lines(command),
         f"SmolLM2-135M-Instruct as target; held-out `arith_chat` chat prompts ({args.num_prompts} at batch 1, "
         f"{args.batch_prompts} at batch 8), at most {args.max_new_tokens} new tokens, lossless SD (`ExactVerifier`); "
         "every configuration runs on each prompt in turn. " + results["environment"],

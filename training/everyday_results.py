@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from eagle_results import aggregate_runs, sampling_modes, step_costs, timed_generate
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("everyday_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -114,12 +114,7 @@ def _row(block: dict, key: str) -> str:
 def render(results: dict, command: str) -> str:
     costs = results["costs"]
     lines = [
-        "Regenerate with:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+        *regenerate_lines(command),
         f"SmolLM2-135M-Instruct as target in {results['dtype']}, lossless SD (`ExactVerifier`), batch 1, one torch "
         "thread, at most "
         f"{results['max_new_tokens']} new tokens (counted up to EOS), nothing else running; every configuration runs on "

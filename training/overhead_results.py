@@ -30,7 +30,7 @@ import compare_hf
 import torch
 from make_results import run_bench_argv
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 #: the issue's goals: our time against transformers' on the testbed; measured / predicted on the real pair
@@ -93,12 +93,7 @@ def forward_share(profile: dict) -> float:
 def render(results: dict, command: str) -> str:
     testbed = results["testbed"]
     lines = [
-        "Regenerate with:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+        *regenerate_lines(command),
         f"Batch 1, greedy, one torch thread. {results['environment']} The load average when each measurement started "
         "is given with it: each busy core adds about 1, and the speed figures assume nothing else runs.",
         "",

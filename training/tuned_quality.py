@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("tuned_quality")
 
@@ -142,12 +142,7 @@ def summarise(scores: dict, tasks) -> dict:
 
 def render(results: dict, command: str) -> str:
     lines = [
-        "Regenerate with:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+        *regenerate_lines(command),
         f"SmolLM2-135M-Instruct untuned and with the adapter {results['adapter']} merged, in {results['dtype']}, on "
         f"the test splits ({', '.join(f'{t}: {n} prompts' for t, n in results['prompts'].items())}); temperature 1 "
         f"with top-k 0 and top-p 1, {results['samples']} sample(s) per prompt, and greedy. {results['environment']}",
