@@ -18,6 +18,7 @@ _EXPORTS = {
     "DraftCosts": "costs",
     "EagleDraft": "eagle",
     "EagleDraftConfig": "eagle",
+    "EarlyExitDraft": "drafters",
     "FeatureCandidateGenerator": "feature_candidates",
     "clear_draft_statistics": "policies",
     "measured_draft_costs": "policies",
@@ -48,6 +49,7 @@ __all__ = [
     "DraftCosts",
     "EagleDraft",
     "EagleDraftConfig",
+    "EarlyExitDraft",
     "ExactVerifier",
     "FeatureCandidateGenerator",
     "HeadVerifier",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .candidates import DiversedCandidateGenerator
     from .compat import check_transformers_version  # noqa: F401 (public, not in __all__)
     from .costs import DraftCosts
+    from .drafters import EarlyExitDraft
     from .eagle import EagleDraft, EagleDraftConfig
     from .feature_candidates import FeatureCandidateGenerator
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode

@@ -19,12 +19,18 @@ from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList
 
 from . import compat
 from .candidates import DraftLengthPolicy
+from .drafters import EarlyExitDraft, PromptLookup
 from .head import DiversedHead
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
-from .pairs import check_head_matches, shared_vocab_size, verification_vocab_size  # noqa: F401 - re-exported
+from .pairs import (  # noqa: F401 - re-exported
+    check_head_matches,
+    shared_vocab_size,
+    text_vocab_size,
+    verification_vocab_size,
+)
 from .verifiers import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
@@ -41,8 +47,6 @@ _UNSUPPORTED_CONFIG = {
     "penalty_alpha": None,
     "constraints": None,
     "force_words_ids": None,
-    "prompt_lookup_num_tokens": None,
-    "assistant_early_exit": None,
     "assistant_ensemble_weight": None,
     "output_attentions": False,
     "output_hidden_states": False,
@@ -54,8 +58,6 @@ _UNSUPPORTED_CONFIG = {
 
 #: transformers' drafters our loop does not run yet (README, "Verifiers"), by the argument that asks for each
 _TRANSFORMERS_DRAFTERS = {
-    "prompt_lookup_num_tokens": "prompt lookup",
-    "assistant_early_exit": "self-speculation from an early layer",
     "use_mtp": "the checkpoint's multi-token-prediction layers",
     "speculation_type": "a block drafter",
 }
@@ -81,6 +83,41 @@ def _check_drafter(which: str, assistant_model, extra: dict, generation_config) 
             f"drafts. Drop `{which}` to use transformers' own lossless path, or pass a causal LM or an EagleDraft as "
             "`assistant_model`."
         )
+
+
+def _model_free_drafter(target, assistant_model, extra: dict, generation_config):
+    """``assistant_model``, or the drafter ``prompt_lookup_num_tokens`` / ``assistant_early_exit`` ask for (read from
+    the keywords, else the call's ``generation_config``, else the target's, as transformers merges them; the keywords
+    are consumed)."""
+    asked = {}
+    for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit"):
+        value = extra.pop(name, None)
+        for config in (generation_config, target.generation_config):
+            if value is None and config is not None:
+                value = getattr(config, name, None)
+        asked[name] = value
+    lookup, early_exit = asked["prompt_lookup_num_tokens"], asked["assistant_early_exit"]
+    given = [
+        text
+        for text, on in (
+            (f"`prompt_lookup_num_tokens={lookup!r}`", lookup is not None),
+            (f"`assistant_early_exit={early_exit!r}`", early_exit is not None),
+            ("`assistant_model`", assistant_model is not None),
+        )
+        if on
+    ]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} each choose the drafter: pass one of them.")
+    if lookup is not None:
+        if extra.get("num_assistant_tokens") is not None:
+            raise ValueError(
+                f"`num_assistant_tokens={extra['num_assistant_tokens']!r}` does not apply to prompt lookup, which "
+                f"drafts `prompt_lookup_num_tokens={lookup!r}` tokens a round: remove it."
+            )
+        return PromptLookup(lookup, asked["max_matching_ngram_size"])
+    if early_exit is not None:
+        return EarlyExitDraft(target, early_exit)
+    return assistant_model
 
 
 def _check_generation_config(generation_config: GenerationConfig) -> None:
@@ -291,7 +328,14 @@ def _call_verifier(target, assistant_model, diversed_head, verifier, block_verif
     if block_verification and not isinstance(verifier, BlockVerifier):
         verifier = BlockVerifier(verifier)
     checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
-    if isinstance(checked, HeadVerifier):
+    if isinstance(assistant_model, PromptLookup) and checked.requires_hidden_states:
+        raise ValueError(
+            f"`{'diversed_head' if diversed_head is not None else 'verifier'}` reads the draft's hidden states, and "
+            "prompt lookup copies tokens without any: use a head built without hidden states "
+            "(`DiversedHead.for_pair(..., use_hidden_states=False)`), another verifier, or a draft model "
+            "(`assistant_model=` or `assistant_early_exit=k`)."
+        )
+    if isinstance(checked, HeadVerifier) and not isinstance(assistant_model, PromptLookup):
         check_head_matches(checked.head, target, assistant_model)
     return verifier
 
@@ -389,11 +433,14 @@ def _diversed_generate(
     assistant_model = arguments.pop("assistant_model", None)
     which = "diversed_head" if diversed_head is not None else "verifier"
     _check_drafter(which, assistant_model, extra, arguments.get("generation_config"))
+    assistant_model = _model_free_drafter(self, assistant_model, extra, arguments.get("generation_config"))
     if assistant_model is None:
         raise ValueError(
-            f"`{which}` needs a draft model: call `model.generate(..., assistant_model=draft, {which}=...)`."
+            f"`{which}` needs a drafter: call `model.generate(..., assistant_model=draft, {which}=...)`, or draft "
+            f"without a model: `prompt_lookup_num_tokens=N` or `assistant_early_exit=k` (docs/drafters.md)."
         )
-    if not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config"):
+    lookup = isinstance(assistant_model, PromptLookup)
+    if not lookup and (not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config")):
         raise TypeError(
             f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
             f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
@@ -407,12 +454,18 @@ def _diversed_generate(
         raise ValueError("`custom_generate` cannot be combined with `diversed_head`/`verifier`; remove one of them.")
     verifier = _call_verifier(self, assistant_model, diversed_head, verifier, block_verification)
     tokenizer = extra.pop("tokenizer", None)
-    vocab_size = verification_vocab_size(self, assistant_model, tokenizer, extra.pop("assistant_tokenizer", None))
+    assistant_tokenizer = extra.pop("assistant_tokenizer", None)
+    # a lookup draft copies the target's own tokens: nothing to compare
+    vocab_size = (
+        text_vocab_size(self)
+        if lookup
+        else verification_vocab_size(self, assistant_model, tokenizer, assistant_tokenizer)
+    )
     _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
     policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
         assistant_model,
         arguments.get("generation_config"),
-        num_assistant_tokens=extra.pop("num_assistant_tokens", None),
+        num_assistant_tokens=assistant_model.num_tokens if lookup else extra.pop("num_assistant_tokens", None),
         schedule=extra.pop("num_assistant_tokens_schedule", None),
         confidence_threshold=extra.pop("assistant_confidence_threshold", None),
         costs=extra.pop("assistant_costs", None),  # a `generate` keyword only

@@ -195,7 +195,9 @@ def speculative_decode(
     reads_features = getattr(draft, "reads_target_features", False)  # an EagleDraft: the target's features too
     if reads_features and not draft.is_attached_to(target):
         draft.attach_target(target)  # its embeddings and LM head are the target's
-    generator_class = FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
+    generator_class = getattr(draft, "candidate_generator_class", None) or (  # prompt lookup has its own
+        FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
+    )
     candidate_generator = generator_class(
         input_ids,
         draft,

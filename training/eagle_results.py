@@ -113,19 +113,25 @@ def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int =
     return costs
 
 
-def timed_generate(target, draft, inputs, sampling: dict, seed: int, **kwargs) -> dict:
+#: ``generate`` keywords that draft without a draft model (diversed_hf.drafters)
+MODEL_FREE_DRAFTERS = ("prompt_lookup_num_tokens", "assistant_early_exit")
+
+
+def timed_generate(target, draft, inputs, sampling: dict, seed: int, verifier=None, **kwargs) -> dict:
+    """One timed ``generate``: target-only without a drafter (a draft model, or a model-free drafter's keyword in
+    ``kwargs``), else speculative with ``verifier`` (lossless SD by default)."""
     from diversed_hf.verifiers import ExactVerifier
 
     start = time.perf_counter()
-    if draft is None:
+    if draft is None and not any(name in kwargs for name in MODEL_FREE_DRAFTERS):
         torch.manual_seed(seed)
         out = target.generate(**inputs, return_dict_in_generate=True, **sampling)
         speculation = None
     else:
         out = target.generate(
             **inputs,
-            assistant_model=draft,
-            verifier=ExactVerifier(),
+            **({"assistant_model": draft} if draft is not None else {}),
+            verifier=verifier or ExactVerifier(),
             return_dict_in_generate=True,
             generator=torch.Generator().manual_seed(seed),
             **sampling,

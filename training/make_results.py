@@ -161,9 +161,12 @@ EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
 EVERYDAY_SECTION = ("everyday", "Real pair: the EagleDraft on everyday prompts")
 #: training/overhead_results.py: the loop's per-round overhead (testbed against transformers; the real pair's profile)
 OVERHEAD_SECTION = ("overhead", "Per-round overhead")
+#: training/drafter_results.py: transformers' model-free drafters (prompt lookup, early exit) against the EagleDraft
+DRAFTERS_SECTION = ("drafters", "Drafters")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     EVERYDAY_SECTION,
+    DRAFTERS_SECTION,
     OVERHEAD_SECTION,
     REAL_PAIR_EAGLE_SECTION,
     REAL_PAIR_SECTION,

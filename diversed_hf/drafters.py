@@ -1,0 +1,215 @@
+"""transformers' drafters without a separate draft model, in the batched loop: early exit and prompt lookup.
+
+- **Early exit** (``generate(..., assistant_early_exit=k)``, self-speculation as LayerSkip): the target's first ``k``
+  decoder layers, its final norm and its LM head draft. :class:`EarlyExitDraft` is that view of the target (no weight
+  copied), an ordinary token draft with a cache of its own: drafts are sampled from its distribution (or taken
+  greedily), and that distribution is what verification receives, as for any draft model. It has hidden states (the
+  target's width), so heads apply.
+- **Prompt lookup** (``generate(..., prompt_lookup_num_tokens=N)``): each row copies the tokens that followed the
+  first earlier occurrence of its last n-gram (:class:`LookupCandidateGenerator`). A copied token was not drawn from a
+  distribution: its proposal is a point mass, ``q_t = 1`` at the token. Lossless SD then accepts it with probability
+  ``p_t(x_t)`` and otherwise samples ``p_t`` without it, so the target's law holds exactly; a relaxed verifier emits
+  its declared ``nu_t = w p_t + (1 - w) q_t``. A lookup draft has no hidden state, so a head that reads hidden states
+  cannot verify it.
+
+Both run at any batch size, rows drafting and advancing independently (transformers runs both at batch 1 only).
+``docs/drafters.md`` says which of transformers' candidate generators are reused and why these two are our own.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import GenerationConfig
+
+from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
+from .checks import is_integer
+
+__all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PromptLookup"]
+
+
+class EarlyExitDraft(nn.Module):
+    """The target's first ``num_layers`` decoder layers, final norm and LM head, as a causal LM draft.
+
+    It holds the target (not as a submodule: no weight is copied, moved or saved) and runs the target's own forward
+    with the base model's ``config.num_hidden_layers`` set to ``num_layers`` for the call, as transformers'
+    ``EarlyExitCandidateGenerator`` does; its cache (the loop's, separate from the target's) holds those layers only.
+    """
+
+    reads_target_features = False
+
+    def __init__(self, target, num_layers: int):
+        super().__init__()
+        base = getattr(target, getattr(target, "base_model_prefix", ""), None)
+        total = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+        if not isinstance(total, int):
+            raise ValueError(
+                f"`assistant_early_exit` needs a target whose base model counts its decoder layers in "
+                f"`config.num_hidden_layers`; {type(target).__name__} has none. Use `assistant_model=` instead."
+            )
+        if not is_integer(num_layers) or not 1 <= int(num_layers) < total:
+            raise ValueError(
+                f"`assistant_early_exit` must be an integer in [1, {total - 1}] (the layers the draft runs, fewer than "
+                f"the target's {total}), got {num_layers!r}."
+            )
+        self.__dict__["target"] = target  # not registered: the weights stay the target's alone
+        self.__dict__["_base_config"] = base.config
+        self.num_layers = int(num_layers)
+        config = copy.deepcopy(target.config)
+        config.get_text_config().num_hidden_layers = self.num_layers
+        config._name_or_path = (
+            f"{getattr(target.config, '_name_or_path', '') or type(target).__name__}:exit{num_layers}"
+        )
+        self.config = config
+        self.generation_config = GenerationConfig()  # the call's knobs (num_assistant_tokens) come from generate
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.dtype
+
+    def get_input_embeddings(self):
+        return self.target.get_input_embeddings()
+
+    def get_output_embeddings(self):
+        return self.target.get_output_embeddings()
+
+    def forward(self, *args, **kwargs):
+        config = self._base_config
+        total = config.num_hidden_layers
+        config.num_hidden_layers = self.num_layers
+        try:
+            return self.target(*args, **kwargs)
+        finally:
+            config.num_hidden_layers = total
+
+
+class PromptLookup:
+    """What ``prompt_lookup_num_tokens=N`` (and ``max_matching_ngram_size``) ask for: the loop's stand-in for a
+    draft model. It drafts with :class:`LookupCandidateGenerator`; it has no weights, cache or hidden states."""
+
+    reads_target_features = False
+    candidate_generator_class = None  # set below: LookupCandidateGenerator
+
+    def __init__(self, num_tokens: int, max_ngram_size: int | None = None):
+        max_ngram_size = 2 if max_ngram_size is None else max_ngram_size  # transformers' default
+        for name, value in (("prompt_lookup_num_tokens", num_tokens), ("max_matching_ngram_size", max_ngram_size)):
+            if not is_integer(value) or int(value) < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        self.num_tokens, self.max_ngram_size = int(num_tokens), int(max_ngram_size)
+        self.generation_config = GenerationConfig(num_assistant_tokens=self.num_tokens)
+
+    def __repr__(self) -> str:
+        return f"PromptLookup(num_tokens={self.num_tokens}, max_ngram_size={self.max_ngram_size})"
+
+
+def lookup_continuations(
+    tokens: torch.Tensor,  # (length,) one row's tokens, no padding
+    max_ngram_size: int,
+    limit: int,
+) -> torch.Tensor:  # (at most limit,)
+    """The tokens that followed the first earlier occurrence of the row's last n-gram, the longest n first
+    (transformers' ``PromptLookupCandidateGenerator`` rule): empty when no n-gram recurs or ``limit`` is 0."""
+    length = tokens.numel()
+    if limit <= 0:
+        return tokens[:0]
+    for size in range(min(max_ngram_size, length - 1), 0, -1):
+        windows = tokens[: length - 1].unfold(0, size, 1)  # (length - size, size): windows followed by a token
+        starts = (windows == tokens[length - size :]).all(dim=1).nonzero().flatten() + size  # (matches,)
+        if starts.numel():
+            start = int(starts[0])
+            return tokens[start : min(start + limit, length)]
+    return tokens[:0]
+
+
+class LookupCandidateGenerator(DiversedCandidateGenerator):
+    """Prompt-lookup drafting for the batched loop: row ``b`` drafts up to ``N_b = min(N, remaining_b - 1)`` copied
+    tokens (fewer when its n-gram's continuation is shorter, none without a match), each with a point-mass proposal.
+
+    A copied token the call's logits processors forbid (its processed score is ``-inf`` after the drafts before it,
+    e.g. EOS under ``min_new_tokens``) ends the row's drafts there, as in transformers: the target would never emit it,
+    and a relaxed verifier must not either. Arguments as :class:`~diversed_hf.candidates.DiversedCandidateGenerator`,
+    with a :class:`PromptLookup` as ``assistant_model``; the schedule is ``"constant"``.
+    """
+
+    def __init__(self, input_ids, assistant_model: PromptLookup, *args, **kwargs):
+        policy = kwargs.get("policy")
+        if policy is not None and (policy.schedule != "constant" or policy.confidence_threshold is not None):
+            raise ValueError(
+                f"prompt lookup drafts a fixed `prompt_lookup_num_tokens` a round: `num_assistant_tokens_schedule="
+                f"{policy.schedule!r}` and `assistant_confidence_threshold={policy.confidence_threshold!r}` do not "
+                "apply (no draft model, no confidence). Remove them."
+            )
+        if kwargs.get("output_hidden_states"):
+            raise ValueError(
+                "prompt lookup copies tokens and has no hidden states, which this verifier reads (a head built on "
+                "hidden states): use a verifier without hidden states (ExactVerifier, StaticEnsembleVerifier, ...) "
+                "or a draft model as `assistant_model`."
+            )
+        super().__init__(input_ids, assistant_model, *args, **kwargs)
+        self.max_ngram_size = assistant_model.max_ngram_size
+
+    def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
+        """No cache: the next round reads the sequence as it is."""
+
+    def get_candidates(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        self._check_round_start(input_ids)
+        if attention_mask is None:
+            attention_mask = self._prompt_mask_to(input_ids)
+        batch_size, length = input_ids.shape
+        planned = self.draft_lengths.tolist()  # (batch,) N_b before lookup
+        copied = [
+            lookup_continuations(input_ids[b][attention_mask[b].bool()], self.max_ngram_size, planned[b])
+            for b in range(batch_size)
+        ]
+        width = max((row.numel() for row in copied), default=0)  # N_r
+        lengths = torch.tensor([row.numel() for row in copied], dtype=torch.long, device=input_ids.device)
+        drafts = input_ids.new_zeros(batch_size, width)  # filler after a row's own drafts: verified, never counted
+        for b, row in enumerate(copied):
+            drafts[b, : row.numel()] = row
+            drafts[b, row.numel() :] = input_ids[b, -1]
+        candidate_ids = torch.cat([input_ids, drafts], dim=1)  # (batch, L + N_r)
+        candidate_mask = torch.cat([attention_mask, torch.ones_like(drafts)], dim=1)
+        lengths = self._allowed_lengths(candidate_ids, length, lengths)
+        width = int(lengths.max()) if batch_size else 0  # a forbidden copy may have shortened every row
+        candidate_ids, candidate_mask, drafts = (
+            candidate_ids[:, : length + width],
+            candidate_mask[:, : length + width],
+            drafts[:, :width],
+        )
+        self.draft_lengths = lengths
+        self.awaiting_update = True
+        logits = None
+        if width:  # point masses: 0 at the copied token, -inf elsewhere (softmax is one-hot)
+            logits = torch.full((batch_size, width, self.vocab_size), float("-inf"), device=input_ids.device)
+            logits.scatter_(2, drafts[:, :, None], 0.0)
+        probs = None if logits is None or not self.output_untempered_probs else logits.softmax(dim=-1)
+        return DraftCandidates(
+            candidate_ids,
+            logits,
+            draft_lengths=lengths,
+            attention_mask=candidate_mask,
+            untempered_draft_probs=probs,
+        )
+
+    def _allowed_lengths(self, candidate_ids: torch.Tensor, length: int, lengths: torch.Tensor) -> torch.Tensor:
+        """Each row's draft count cut before its first copied token the logits processors forbid."""
+        if not len(self.logits_processor) or candidate_ids.shape[1] == length:
+            return lengths
+        ones = torch.zeros(candidate_ids.shape[0], self.vocab_size, device=candidate_ids.device)  # (batch, vocab)
+        allowed = lengths.clone()
+        for step in range(candidate_ids.shape[1] - length):
+            scores = self.logits_processor(candidate_ids[:, : length + step], ones.clone())  # (batch, vocab)
+            token = candidate_ids[:, length + step]  # (batch,)
+            score = scores.gather(1, token[:, None]).squeeze(1)  # (batch,)
+            forbidden = (score <= torch.finfo(score.dtype).min) & (allowed > step)  # -inf, or the dtype's lowest
+            allowed = torch.where(forbidden, torch.full_like(allowed, step), allowed)
+        return allowed
+
+
+PromptLookup.candidate_generator_class = LookupCandidateGenerator
