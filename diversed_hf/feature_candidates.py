@@ -21,8 +21,14 @@ draft-length knobs, policies, statistics) whose draft reads, besides each token,
 - ``q_t`` is the distribution each draft token was drawn from, over the target's vocabulary (0 outside the draft's
   ids), so lossless verification keeps the target's law; a head reads ``h^q_t`` = the predicted feature ``f_t``.
 
-transformers' own ``_assisted_decoding`` does not hand a candidate generator the target's hidden states, so this one
-runs in the batched loop only (``generate(..., assistant_model=eagle_draft)``).
+transformers' own ``_assisted_decoding`` (5.24) can drive it too, at batch 1, through its contract for generators
+that read the target: :attr:`~FeatureCandidateGenerator.requires_model_outputs` asks the loop for the hidden states of
+each verification pass (``model_kwargs_overrides``) and to pass its outputs to ``get_candidates(...,
+model_outputs=..., is_first_iteration=..., n_last_matches=...)``. The first call, before any target pass, drafts
+nothing (the target reads the prompt and emits one token); each later call appends the features of the columns the
+last round kept. transformers offers no public way to choose its loop's generator, so users run the draft through the
+batched loop (``generate(..., assistant_model=eagle_draft)``); ``tests/test_candidate_contract.py`` drives it through
+transformers' loop with :func:`diversed_hf.compat.assisted_decoding_candidates`.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from . import compat
-from .candidates import DiversedCandidateGenerator, Realignment
+from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
 
 __all__ = ["FeatureCandidateGenerator", "realign_rows"]
 
@@ -65,9 +71,13 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
     """
 
     reads_target_features = True
+    #: transformers' contract for a generator that reads the target's outputs (its ``_assisted_decoding``)
+    requires_model_outputs = True
+    model_kwargs_overrides = {"output_hidden_states": True}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.driven_by_transformers = False  # features arrive with get_candidates' model_outputs, not the loop's
         self.buffer: torch.Tensor | None = None  # (B, capacity, d): column j, the target's feature of column j - 1
         self.length = 0  # the columns of ``buffer`` in use: L
         self.round_length: int | None = None  # L of the round being drafted
@@ -94,7 +104,20 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         """The target's features of the sequence's columns: column ``j`` holds that of column ``j - 1``."""
         return None if self.buffer is None else self.buffer[:, : self.length]
 
-    def get_candidates(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+    def get_candidates(
+        self,
+        input_ids: torch.Tensor,  # (B, L)
+        attention_mask: torch.Tensor | None = None,  # (B, L)
+        model_outputs=None,  # transformers' loop: the target's outputs of the last pass
+        is_first_iteration: bool | None = None,  # transformers' loop: before any target pass
+        n_last_matches=None,  # transformers' loop: drafts the last round kept
+        **kwargs,
+    ):
+        if is_first_iteration is not None:  # transformers' loop hands the target's outputs here (its contract)
+            self.driven_by_transformers = True
+            if is_first_iteration:  # no features yet: the target reads the prompt first and emits one token
+                return self._no_drafts(input_ids, attention_mask)
+            self._take_target_outputs(input_ids, model_outputs, n_last_matches)
         if self.features is None:
             raise ValueError(
                 "This draft reads the target's hidden states (an EagleDraft), which transformers' own assisted "
@@ -132,7 +155,44 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         self.step_features = out.last_hidden_state[:, -1:]  # (B, 1, d)
         return out.logits[:, -1], self.step_features[:, 0]
 
+    def _no_drafts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> DraftCandidates:
+        """A round without drafts (``candidate_logits`` ``None``), as transformers' generators return one."""
+        self._check_round_start(input_ids)
+        self.round_length = input_ids.shape[1]
+        self.awaiting_update = True
+        mask = attention_mask if attention_mask is not None else self._prompt_mask_to(input_ids)
+        return DraftCandidates(input_ids, None, draft_lengths=torch.zeros_like(self.draft_lengths), attention_mask=mask)
+
+    def _take_target_outputs(self, input_ids: torch.Tensor, model_outputs, n_last_matches) -> None:
+        """transformers' loop: the features of the columns its last pass kept (the prompt after the first pass,
+        then the last token and the accepted drafts of each round)."""
+        hidden = getattr(model_outputs, "hidden_states", None)
+        if not hidden:
+            raise ValueError(
+                "transformers' loop passed no target hidden states to this generator: it asks for them with "
+                "`model_kwargs_overrides` (transformers >= 5.24's `requires_model_outputs` contract)."
+            )
+        hidden = hidden[-1]  # (B, columns fed, d)
+        if self.buffer is None:  # the first pass read the whole prompt
+            self.set_target_features(hidden, self._prompt_mask_to(input_ids))
+        else:
+            self._append_features(hidden[:, : int(n_last_matches) + 1])
+
+    def _append_features(self, hidden: torch.Tensor) -> None:  # (B, k, d)
+        """Write ``k`` new columns after the buffer's last, growing it (doubling) when full."""
+        end = self.length + hidden.shape[1]
+        if end > self.buffer.shape[1]:
+            grown = self.buffer.new_zeros(
+                self.buffer.shape[0], max(end, 2 * self.buffer.shape[1]), self.buffer.shape[2]
+            )
+            grown[:, : self.length] = self.buffer[:, : self.length]
+            self.buffer = grown
+        self.buffer[:, self.length : end] = hidden
+        self.length = end
+
     def observe_target_features(self, target_hidden, num_matches, realignment) -> None:
+        if target_hidden is None and self.driven_by_transformers:
+            return  # they come with the next get_candidates' model_outputs
         if target_hidden is None:
             raise ValueError(
                 "`update_candidate_strategy` needs `target_hidden=` (the target's last hidden states of the round's "
@@ -141,25 +201,21 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         self.round_hidden = target_hidden
 
     def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
+        if realignment is None and self.driven_by_transformers:  # batch 1, no shifts: back to the round's start
+            compat.crop_cache(self.cache, self.round_length)
+            return
         if realignment is None:
             raise ValueError(
                 "A draft that reads the target's features runs in diversed_hf's batched loop, which passes "
                 "`realignment=` to `update_candidate_strategy`."
             )
         # columns [0, L + N_r] of the round: the stored features, then the verification pass's, written in place
-        end = self.round_length + self.round_hidden.shape[1]  # L + N_r + 1
-        if end > self.buffer.shape[1]:  # a schedule drafted past the room planned for: grow, doubling
-            grown = self.buffer.new_zeros(
-                self.buffer.shape[0], max(end, 2 * self.buffer.shape[1]), self.buffer.shape[2]
-            )
-            grown[:, : self.length] = self.buffer[:, : self.length]
-            self.buffer = grown
-        self.buffer[:, self.round_length : end] = self.round_hidden
+        self._append_features(self.round_hidden)  # the buffer held the round's L columns
         if realignment.kept is None and realignment.shifts is None and realignment.leading == 0:
             self.length = realignment.new_length  # the realignment only crops: O(N_r) this round
         else:  # rows dropped, shifted or trimmed: rebuilt, as the caches are
             realigned = realign_rows(
-                self.buffer[:, :end],
+                self.buffer[:, : self.length],
                 kept=realignment.kept,
                 length=realignment.new_length,
                 shifts=realignment.shifts,

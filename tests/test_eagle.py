@@ -449,3 +449,33 @@ def test_a_feature_draft_has_a_fingerprint_of_its_own():
     other.attach_target(target)
     assert model_fingerprint(draft) != model_fingerprint(other)
     assert model_fingerprint(draft) != model_fingerprint(target)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_transformers_assisted_decoding_drives_the_feature_generator(architecture):
+    """transformers' own loop (its ``requires_model_outputs`` contract) hands the generator the target's hidden states:
+    greedy output is the target's, and every round's drafts are the cache-free reference draft's greedy tokens."""
+    from transformers import GenerationMixin
+
+    from diversed_hf import compat
+    from diversed_hf.feature_candidates import FeatureCandidateGenerator
+
+    rounds = []
+
+    class Recording(FeatureCandidateGenerator):
+        def get_candidates(self, input_ids, **kwargs):
+            candidates = super().get_candidates(input_ids, **kwargs)
+            rounds.append((input_ids, candidates.candidate_ids[0, input_ids.shape[1] :].tolist()))
+            return candidates
+
+    target, draft = eagle_pair(architecture)
+    draft.generation_config.num_assistant_tokens = 3
+    input_ids = prompt(9, seed=3)  # crosses Gemma3's sliding window of 6
+    expected = target.generate(input_ids, do_sample=False, max_new_tokens=20)
+    with compat.assisted_decoding_candidates(target, Recording):
+        output = GenerationMixin.generate(target, input_ids, assistant_model=draft, do_sample=False, max_new_tokens=20)
+    assert torch.equal(output, expected)
+    assert rounds[0][1] == [] and len(rounds) > 3  # the first call drafts nothing: the target reads the prompt
+    for seq, drafts in (r for r in rounds[1:] if r[1]):  # the last rounds may draft nothing (budget)
+        reference = [int(probs.argmax()) for probs in reference_draft(target, draft, seq, drafts[:-1])]
+        assert drafts == reference
