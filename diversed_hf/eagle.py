@@ -24,7 +24,8 @@ What is the target's and what is the draft's:
 
 Saved in the Hub format (``config.json`` with ``model_type: "diversed_eagle"`` and the target's config,
 ``model.safetensors``, ``generation_config.json``, a card ``README.md``); ``AutoConfig`` / ``AutoModel`` know the type
-once :mod:`diversed_hf` is imported.
+once :mod:`diversed_hf` is imported. :meth:`EagleDraft.save_for_vllm` writes the layout vLLM's ``eagle`` method loads
+instead (:mod:`diversed_hf.eagle_export`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class EagleDraftConfig(PretrainedConfig):
         fc_bias, input_norm, final_norm: a bias in ``fc``; the first layer's input norm; a norm after the last layer.
             All off by default. EAGLE's reference code also has no norm before its first layer and none after its
             last (``fc`` already sees the target's normed feature, and the output is regressed onto it), but its
-            ``fc`` has a bias by default; ours does not (``fc_bias=True`` gives it one). The saved layout is this
-            project's (``model_type: diversed_eagle``), not one that EAGLE's code or vLLM's ``eagle`` method loads.
+            ``fc`` has a bias by default; ours does not (``fc_bias=True`` gives it one). ``save_pretrained`` writes
+            this project's layout (``model_type: diversed_eagle``); :meth:`EagleDraft.save_for_vllm` writes the one
+            vLLM's ``eagle`` method loads (Llama targets).
     """
 
     model_type = "diversed_eagle"
@@ -267,6 +269,19 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         self.__dict__["_attached_to"] = weakref.ref(target)
         self.logit_softcapping = getattr(text_config, "final_logit_softcapping", None)
         return self
+
+    def save_for_vllm(self, save_directory, *, full_vocab: bool = False):
+        """Write the draft as vLLM's ``eagle`` method loads it (a Llama target): ``config.json`` (the target's Llama
+        config with this draft's layers, ``EagleLlamaForCausalLM``) and ``model.safetensors`` (``fc`` and the layers;
+        vLLM shares the target's embeddings and LM head). Returns the directory; serve it with
+        ``speculative_config={"method": "eagle", "model": <directory>, ...}``.
+
+        vLLM's EAGLE-1 draft scores every id: a draft with ``draft_vocab_ids`` is refused unless ``full_vocab=True``
+        (:mod:`diversed_hf.eagle_export`; docs/eagle.md, "Serving with vLLM's ``eagle`` method").
+        """
+        from .eagle_export import save_for_vllm
+
+        return save_for_vllm(self, save_directory, full_vocab=full_vocab)
 
     def is_attached_to(self, target) -> bool:
         """Whether :meth:`attach_target` was last called with this very model."""

@@ -1,6 +1,7 @@
 """DIVERSED inside vLLM: a ``vllm.general_plugins`` plugin (``pip install "diversed_hf[vllm]"``).
 
-With the plugin installed, a vLLM engine with a draft model verifies drafts against the mixture
+With the plugin installed, a vLLM engine with a draft model (``"method": "draft_model"``, or ``"eagle"`` with an
+``EagleDraft.save_for_vllm`` export) verifies drafts against the mixture
 ``nu_t = w_t p_t + (1 - w_t) q_t`` of target ``p`` and draft ``q`` instead of ``p`` when its ``additional_config``
 asks for it (README, "Serving with vLLM")::
 

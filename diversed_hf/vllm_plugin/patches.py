@@ -30,9 +30,11 @@ Why patch at all: vLLM verifies drafts only losslessly (``rejection_sample_metho
    0.32.0's CPU ``expand_kernel`` casts its float output to int64 and writes a copy, so the per-token temperature it
    returns is uninitialised memory and the target's logits are divided by garbage (every sampled request with drafts;
    greedy requests skip it). The wrapper expands with ``torch.repeat_interleave``.
-3. The drafter (``SpecDecodeBaseProposer._sample_draft_tokens``) samples from ``q_t`` after the target's own
-   processors (temperature, top-k, top-p; vLLM's probabilistic drafting applies temperature only) and keeps ``q_t``
-   for greedy requests too (vLLM keeps none there, but ``argmax nu_t`` needs it).
+3. The drafter (``SpecDecodeBaseProposer._sample_draft_tokens``, shared by the ``draft_model`` and ``eagle``
+   methods' proposers: :data:`DRAFT_METHODS`) samples from ``q_t`` after the target's own processors (temperature,
+   top-k, top-p; vLLM's probabilistic drafting applies temperature only) and keeps ``q_t`` for greedy requests too
+   (vLLM keeps none there, but ``argmax nu_t`` needs it). For ``eagle`` the hidden state a step samples from is the
+   EAGLE draft's predicted feature, what a head trained with an EagleDraft reads as ``h^q_t``.
 4. ``VllmConfig.use_v2_model_runner`` is False for a DIVERSED engine: the rejection sampler above belongs to the V1
    runner (the V2 runner, vLLM's default where Triton is installed, has its own).
 5. ``vllm.v1.engine.input_processor.InputProcessor._validate_params`` (the front end, every process that takes
@@ -88,6 +90,10 @@ __all__ = [
 # vLLM's logger tree ("vllm.*") is the one its processes print, so the plugin logs under it.
 logger = init_logger(f"vllm.{__name__}")
 
+#: vLLM's drafting methods whose drafter samples each token from a distribution over the target's vocabulary through
+#: ``SpecDecodeBaseProposer._sample_draft_tokens`` (patched below): a separate draft model, and EAGLE-1 (its LM head is
+#: the target's; EAGLE-3's maps a pruned vocabulary and is not verified here)
+DRAFT_METHODS = ("draft_model", "eagle")
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a temperature means greedy
 _ACTIVE_ROUND: contextvars.ContextVar["_Round | None"] = contextvars.ContextVar("diversed_round", default=None)
 _installed = False
@@ -114,10 +120,11 @@ def check_engine(vllm_config) -> DiversedVllmSettings | None:
         raise ValueError(
             f'additional_config["{CONFIG_KEY}"] verifies drafts, but the engine drafts none: pass {example}.'
         )
-    if spec.method != "draft_model":
+    if spec.method not in DRAFT_METHODS:
         raise ValueError(
-            f'additional_config["{CONFIG_KEY}"] needs a draft model, whose distribution q_t enters the mixture; '
-            f'speculative_config["method"] is {spec.method!r}. Pass {example}.'
+            f'additional_config["{CONFIG_KEY}"] needs a draft whose distribution q_t over the target\'s vocabulary '
+            f'enters the mixture (speculative_config["method"] in {list(DRAFT_METHODS)}); it is {spec.method!r}. '
+            f'Pass {example}, or "method": "eagle" with an EagleDraft.save_for_vllm export.'
         )
     if spec.draft_sample_method != "probabilistic":
         raise ValueError(
