@@ -27,7 +27,7 @@ from transformers import GenerationConfig
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
 from .checks import is_integer
 
-__all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PromptLookup"]
+__all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PointMassCandidateGenerator", "PromptLookup"]
 
 
 class EarlyExitDraft(nn.Module):
@@ -127,56 +127,61 @@ def lookup_continuations(
     return tokens[:0]
 
 
-class LookupCandidateGenerator(DiversedCandidateGenerator):
-    """Prompt-lookup drafting for the batched loop: row ``b`` drafts up to ``N_b = min(N, remaining_b - 1)`` copied
-    tokens (fewer when its n-gram's continuation is shorter, none without a match), each with a point-mass proposal.
+class PointMassCandidateGenerator(DiversedCandidateGenerator):
+    """The batched loop's generator for drafts that are tokens, not samples (prompt lookup, a draft translated from
+    another tokenizer): each proposal is a point mass at its token. Row ``b`` drafts up to ``N_b = min(N,
+    remaining_b - 1)`` tokens that :meth:`propose` returns (fewer, or none, when it has fewer).
 
-    A copied token the call's logits processors forbid (its processed score is ``-inf`` after the drafts before it,
+    A proposed token the call's logits processors forbid (its processed score is ``-inf`` after the drafts before it,
     e.g. EOS under ``min_new_tokens``) ends the row's drafts there, as in transformers: the target would never emit it,
-    and a relaxed verifier must not either. Arguments as :class:`~diversed_hf.candidates.DiversedCandidateGenerator`,
-    with a :class:`PromptLookup` as ``assistant_model``; the schedule is ``"constant"``.
+    and a relaxed verifier must not either. Arguments as :class:`~diversed_hf.candidates.DiversedCandidateGenerator`.
     """
 
-    def __init__(self, input_ids, assistant_model: PromptLookup, *args, **kwargs):
+    #: what the messages call the drafter
+    drafter_name = "this drafter"
+    #: the schedules it follows (no draft confidence: no threshold, no "optimal")
+    schedules = ("constant",)
+
+    def __init__(self, input_ids, assistant_model, *args, **kwargs):
         policy = kwargs.get("policy")
-        if policy is not None and (policy.schedule != "constant" or policy.confidence_threshold is not None):
+        if policy is not None and (policy.schedule not in self.schedules or policy.confidence_threshold is not None):
             raise ValueError(
-                f"prompt lookup drafts a fixed `prompt_lookup_num_tokens` a round: `num_assistant_tokens_schedule="
+                f"{self.drafter_name} proposes tokens without a confidence: `num_assistant_tokens_schedule="
                 f"{policy.schedule!r}` and `assistant_confidence_threshold={policy.confidence_threshold!r}` do not "
-                "apply (no draft model, no confidence). Remove them."
+                f"apply (it follows {' / '.join(map(repr, self.schedules))}, without a threshold). Remove them."
             )
         if kwargs.get("output_hidden_states"):
             raise ValueError(
-                "prompt lookup copies tokens and has no hidden states, which this verifier reads (a head built on "
-                "hidden states): use a verifier without hidden states (ExactVerifier, StaticEnsembleVerifier, ...) "
-                "or a draft model as `assistant_model`."
+                f"{self.drafter_name} has no hidden state for its tokens, which this verifier reads (a head built on "
+                "hidden states): use a verifier without hidden states (ExactVerifier, StaticEnsembleVerifier, a "
+                "features-only head) or a draft model of the target's tokenizer as `assistant_model`."
             )
         super().__init__(input_ids, assistant_model, *args, **kwargs)
-        self.max_ngram_size = assistant_model.max_ngram_size
+
+    def propose(self, rows: list[torch.Tensor], limits: list[int]) -> list[torch.Tensor]:
+        """Each row's proposed tokens (at most its limit) after its tokens ``rows[b]`` (no padding)."""
+        raise NotImplementedError
 
     def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
-        """No cache: the next round reads the sequence as it is."""
+        """No cache kept across rounds: the next round reads the sequence as it is."""
 
     def get_candidates(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
         self._check_round_start(input_ids)
         if attention_mask is None:
             attention_mask = self._prompt_mask_to(input_ids)
         batch_size, length = input_ids.shape
-        planned = self.draft_lengths.tolist()  # (batch,) N_b before lookup
-        copied = [
-            lookup_continuations(input_ids[b][attention_mask[b].bool()], self.max_ngram_size, planned[b])
-            for b in range(batch_size)
-        ]
-        width = max((row.numel() for row in copied), default=0)  # N_r
-        lengths = torch.tensor([row.numel() for row in copied], dtype=torch.long, device=input_ids.device)
+        rows = [input_ids[b][attention_mask[b].bool()] for b in range(batch_size)]
+        proposed = self.propose(rows, self.draft_lengths.tolist())  # at most N_b each
+        width = max((row.numel() for row in proposed), default=0)  # N_r
+        lengths = torch.tensor([row.numel() for row in proposed], dtype=torch.long, device=input_ids.device)
         drafts = input_ids.new_zeros(batch_size, width)  # filler after a row's own drafts: verified, never counted
-        for b, row in enumerate(copied):
+        for b, row in enumerate(proposed):
             drafts[b, : row.numel()] = row
             drafts[b, row.numel() :] = input_ids[b, -1]
         candidate_ids = torch.cat([input_ids, drafts], dim=1)  # (batch, L + N_r)
         candidate_mask = torch.cat([attention_mask, torch.ones_like(drafts)], dim=1)
         lengths = self._allowed_lengths(candidate_ids, length, lengths)
-        width = int(lengths.max()) if batch_size else 0  # a forbidden copy may have shortened every row
+        width = int(lengths.max()) if batch_size else 0  # a forbidden token may have shortened every row
         candidate_ids, candidate_mask, drafts = (
             candidate_ids[:, : length + width],
             candidate_mask[:, : length + width],
@@ -185,7 +190,7 @@ class LookupCandidateGenerator(DiversedCandidateGenerator):
         self.draft_lengths = lengths
         self.awaiting_update = True
         logits = None
-        if width:  # point masses: 0 at the copied token, -inf elsewhere (softmax is one-hot)
+        if width:  # point masses: 0 at the proposed token, -inf elsewhere (softmax is one-hot)
             logits = torch.full((batch_size, width, self.vocab_size), float("-inf"), device=input_ids.device)
             logits.scatter_(2, drafts[:, :, None], 0.0)
         probs = None if logits is None or not self.output_untempered_probs else logits.softmax(dim=-1)
@@ -210,6 +215,21 @@ class LookupCandidateGenerator(DiversedCandidateGenerator):
             forbidden = (score <= torch.finfo(score.dtype).min) & (allowed > step)  # -inf, or the dtype's lowest
             allowed = torch.where(forbidden, torch.full_like(allowed, step), allowed)
         return allowed
+
+
+class LookupCandidateGenerator(PointMassCandidateGenerator):
+    """Prompt-lookup drafting for the batched loop: each row copies the tokens that followed the first earlier
+    occurrence of its last n-gram (:func:`lookup_continuations`), none without a match. Arguments as
+    :class:`PointMassCandidateGenerator`, with a :class:`PromptLookup` as ``assistant_model``."""
+
+    drafter_name = "prompt lookup (`prompt_lookup_num_tokens`)"
+
+    def __init__(self, input_ids, assistant_model: PromptLookup, *args, **kwargs):
+        super().__init__(input_ids, assistant_model, *args, **kwargs)
+        self.max_ngram_size = assistant_model.max_ngram_size
+
+    def propose(self, rows: list[torch.Tensor], limits: list[int]) -> list[torch.Tensor]:
+        return [lookup_continuations(row, self.max_ngram_size, limit) for row, limit in zip(rows, limits)]
 
 
 PromptLookup.candidate_generator_class = LookupCandidateGenerator

@@ -31,6 +31,7 @@ from .pairs import (  # noqa: F401 - re-exported
     text_vocab_size,
     verification_vocab_size,
 )
+from .translated import TranslatedDraft
 from .verifiers import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
@@ -85,10 +86,15 @@ def _check_drafter(which: str, assistant_model, extra: dict, generation_config) 
         )
 
 
-def _model_free_drafter(target, assistant_model, extra: dict, generation_config):
-    """``assistant_model``, or the drafter ``prompt_lookup_num_tokens`` / ``assistant_early_exit`` ask for (read from
-    the keywords, else the call's ``generation_config``, else the target's, as transformers merges them; the keywords
-    are consumed)."""
+#: drafters whose proposals are tokens, not samples: point masses, without hidden states (diversed_hf.drafters)
+_POINT_MASS_DRAFTERS = (PromptLookup, TranslatedDraft)
+
+
+def _drafter(target, assistant_model, extra: dict, generation_config):
+    """``assistant_model`` (a :class:`~diversed_hf.translated.TranslatedDraft` when ``tokenizer`` and
+    ``assistant_tokenizer`` have different vocabularies), or the drafter ``prompt_lookup_num_tokens`` /
+    ``assistant_early_exit`` ask for (read from the keywords, else the call's ``generation_config``, else the target's,
+    as transformers merges them; those keywords are consumed)."""
     asked = {}
     for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit"):
         value = extra.pop(name, None)
@@ -117,6 +123,10 @@ def _model_free_drafter(target, assistant_model, extra: dict, generation_config)
         return PromptLookup(lookup, asked["max_matching_ngram_size"])
     if early_exit is not None:
         return EarlyExitDraft(target, early_exit)
+    tokenizer, assistant_tokenizer = extra.get("tokenizer"), extra.get("assistant_tokenizer")
+    if assistant_model is not None and tokenizer is not None and assistant_tokenizer is not None:
+        if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():  # universal assisted decoding
+            return TranslatedDraft(assistant_model, tokenizer, assistant_tokenizer)
     return assistant_model
 
 
@@ -328,14 +338,16 @@ def _call_verifier(target, assistant_model, diversed_head, verifier, block_verif
     if block_verification and not isinstance(verifier, BlockVerifier):
         verifier = BlockVerifier(verifier)
     checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
-    if isinstance(assistant_model, PromptLookup) and checked.requires_hidden_states:
+    point_mass = isinstance(assistant_model, _POINT_MASS_DRAFTERS)
+    if point_mass and checked.requires_hidden_states:
+        drafter = "prompt lookup" if isinstance(assistant_model, PromptLookup) else "a draft with another tokenizer"
         raise ValueError(
             f"`{'diversed_head' if diversed_head is not None else 'verifier'}` reads the draft's hidden states, and "
-            "prompt lookup copies tokens without any: use a head built without hidden states "
-            "(`DiversedHead.for_pair(..., use_hidden_states=False)`), another verifier, or a draft model "
-            "(`assistant_model=` or `assistant_early_exit=k`)."
+            f"{drafter} proposes target tokens without any: use a head built without hidden states "
+            "(`DiversedHead.for_pair(..., use_hidden_states=False)`), another verifier, or a draft model of the "
+            "target's tokenizer (`assistant_model=` or `assistant_early_exit=k`)."
         )
-    if isinstance(checked, HeadVerifier) and not isinstance(assistant_model, PromptLookup):
+    if isinstance(checked, HeadVerifier) and not point_mass:
         check_head_matches(checked.head, target, assistant_model)
     return verifier
 
@@ -433,17 +445,18 @@ def _diversed_generate(
     assistant_model = arguments.pop("assistant_model", None)
     which = "diversed_head" if diversed_head is not None else "verifier"
     _check_drafter(which, assistant_model, extra, arguments.get("generation_config"))
-    assistant_model = _model_free_drafter(self, assistant_model, extra, arguments.get("generation_config"))
+    if assistant_model is not None and (
+        not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config")
+    ):
+        raise TypeError(
+            f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
+            f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
+        )
+    assistant_model = _drafter(self, assistant_model, extra, arguments.get("generation_config"))
     if assistant_model is None:
         raise ValueError(
             f"`{which}` needs a drafter: call `model.generate(..., assistant_model=draft, {which}=...)`, or draft "
             f"without a model: `prompt_lookup_num_tokens=N` or `assistant_early_exit=k` (docs/drafters.md)."
-        )
-    lookup = isinstance(assistant_model, PromptLookup)
-    if not lookup and (not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config")):
-        raise TypeError(
-            f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
-            f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
         )
     if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
         raise ValueError(
@@ -455,17 +468,19 @@ def _diversed_generate(
     verifier = _call_verifier(self, assistant_model, diversed_head, verifier, block_verification)
     tokenizer = extra.pop("tokenizer", None)
     assistant_tokenizer = extra.pop("assistant_tokenizer", None)
-    # a lookup draft copies the target's own tokens: nothing to compare
+    # point-mass drafts are the target's own token ids: nothing to compare
     vocab_size = (
         text_vocab_size(self)
-        if lookup
+        if isinstance(assistant_model, _POINT_MASS_DRAFTERS)
         else verification_vocab_size(self, assistant_model, tokenizer, assistant_tokenizer)
     )
     _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
     policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
         assistant_model,
         arguments.get("generation_config"),
-        num_assistant_tokens=assistant_model.num_tokens if lookup else extra.pop("num_assistant_tokens", None),
+        num_assistant_tokens=assistant_model.num_tokens
+        if isinstance(assistant_model, PromptLookup)
+        else extra.pop("num_assistant_tokens", None),
         schedule=extra.pop("num_assistant_tokens_schedule", None),
         confidence_threshold=extra.pop("assistant_confidence_threshold", None),
         costs=extra.pop("assistant_costs", None),  # a `generate` keyword only

@@ -209,7 +209,7 @@ def test_bad_drafter_arguments_are_refused_before_any_forward():
         (dict(verifier=ExactVerifier(), prompt_lookup_num_tokens=0), "positive integer"),
         (dict(verifier=ExactVerifier(), num_assistant_tokens=4, **LOOKUP), "does not apply to prompt lookup"),
         (dict(diversed_head=hidden_head, **LOOKUP), "hidden states"),
-        (dict(verifier=ExactVerifier(), num_assistant_tokens_schedule="heuristic", **LOOKUP), "fixed"),
+        (dict(verifier=ExactVerifier(), num_assistant_tokens_schedule="heuristic", **LOOKUP), "without a confidence"),
         (dict(verifier=ExactVerifier()), "needs a drafter"),
     ]
     for kwargs, match in cases:
