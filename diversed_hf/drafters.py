@@ -64,6 +64,7 @@ class EarlyExitDraft(nn.Module):
         )
         self.config = config
         self.generation_config = GenerationConfig()  # the call's knobs (num_assistant_tokens) come from generate
+        self.fingerprint_extra = f"early exit after {self.num_layers} layers"  # its weights are the target's
 
     @property
     def device(self) -> torch.device:

@@ -178,6 +178,20 @@ def test_early_exit_drafts_in_training_rollouts():
     assert sum(p.numel() for p in draft.parameters()) == 0  # the target's weights, not the draft's
 
 
+def test_the_trainer_trains_a_head_for_an_early_exit_draft(tmp_path):
+    from test_training import head_params, trainer_for
+
+    from diversed_hf.training.checkpoint import model_fingerprint
+
+    target = target_of()
+    draft = EarlyExitDraft(target, 2)
+    assert model_fingerprint(draft) != model_fingerprint(EarlyExitDraft(target, 1))  # a resume checks the exit layer
+    trainer = trainer_for(tmp_path, target=target, draft=draft, max_steps=1)
+    before = head_params(trainer.model)
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in head_params(trainer.model).items())
+
+
 def test_a_forbidden_copied_token_is_never_emitted():
     """The lookup would copy EOS, which ``min_new_tokens`` forbids: with ``w = 0`` (emit the draft) the copy is cut
     there, so EOS does not appear before the minimum."""

@@ -137,11 +137,13 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> tuple[list[Path], lis
 def model_fingerprint(model) -> str:
     """sha256 of the first 4096 output-embedding values, rounded to bf16: tells two models apart cheaply. A model
     without output embeddings of its own (an EagleDraft, which uses the target's) is told apart by its first own
-    parameter."""
+    parameter; a view of another model by its ``fingerprint_extra`` too (an early-exit draft: its layer count)."""
     output = model.get_output_embeddings()
     weight = output.weight if output is not None else next(model.parameters())
     values = weight.detach().reshape(-1)[:4096].to(device="cpu", dtype=torch.bfloat16).to(torch.float32)
-    return hashlib.sha256(values.numpy().tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(values.numpy().tobytes())
+    digest.update(str(getattr(model, "fingerprint_extra", "")).encode())  # a view of another model (early exit)
+    return digest.hexdigest()[:16]
 
 
 def pair_record(target, draft, vocab_size: int) -> dict:
