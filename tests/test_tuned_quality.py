@@ -66,3 +66,19 @@ def test_a_missing_adapter_is_named_before_any_model_loads(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no task-tuned adapter"):
         tuned_quality.main(["--adapter", str(tmp_path / "none"), "--output_dir", str(tmp_path)], targets=no_model)
+
+
+def test_the_cards_quality_section_comes_from_the_measured_table(tmp_path):
+    from diversed_hf.training.tuned_card import render_tuned_card
+
+    adapter = an_adapter(tmp_path / "adapter", b"weights")
+    output_dir = tmp_path / "out"
+    argv = ["--adapter", str(adapter), "--num_examples", "2", "--tasks", "arith_steps", "--output_dir", str(output_dir)]
+    tuned_quality.main(argv, targets=tiny_targets)
+    results = json.loads((output_dir / "results.json").read_text())
+    summary = tuned_quality.summary_line(results)
+    row = results["table"]["arith_steps/t1"]
+    assert f"`arith_steps` temperature 1: {row['tuned']:.1f} tuned against {row['untuned']:.1f} untuned" in summary
+    measured = {"summary": summary, "prompts": "arith_steps: all 2", "metrics": "exact match", "command": "python x"}
+    card = render_tuned_card({"measured": measured})
+    assert "## Quality" in card and summary in card and "`python x`" in card

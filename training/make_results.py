@@ -163,8 +163,11 @@ EVERYDAY_SECTION = ("everyday", "Real pair: the EagleDraft on everyday prompts")
 OVERHEAD_SECTION = ("overhead", "Per-round overhead")
 #: training/drafter_results.py: transformers' model-free drafters (prompt lookup, early exit) against the EagleDraft
 DRAFTERS_SECTION = ("drafters", "Drafters")
+#: training/tuned_quality.py: the task-tuned target beside the untuned one
+TUNED_QUALITY_SECTION = ("tuned_quality", "Real pair: the task-tuned target")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
+    TUNED_QUALITY_SECTION,
     EVERYDAY_SECTION,
     DRAFTERS_SECTION,
     OVERHEAD_SECTION,

@@ -2,6 +2,7 @@
 task-tuned target").
 
     python training/tuned_quality.py                                   # the shipped adapter, full test splits
+                                                                       # (then its card and RESULTS.md get the table)
     python training/tuned_quality.py --adapter runs/tuned_target/checkpoints/checkpoint-100   # a run on the way
     python training/tuned_quality.py --num_examples 16                 # a quick look
 
@@ -215,11 +216,50 @@ def main(argv=None, targets=None) -> int:
         "table": summarise(scores, args.tasks),
     }
     given = sys.argv[1:] if argv is None else list(argv)
-    section = render(results, " ".join(["python training/tuned_quality.py", *given]))
+    command = " ".join(["python training/tuned_quality.py", *given])
+    section = render(results, command)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     write_text_atomic(output_dir / "quality.md", section + "\n")
     print(section)
+    shipped = adapter.resolve() == smollm2_tuned.TUNED_DIR.resolve() and targets is None
+    if shipped and args.num_examples is None and set(args.tasks) == set(TASKS) and args.output_dir is None:
+        ship(results, command, adapter)
     return 0
+
+
+def summary_line(results: dict) -> str:
+    """One sentence per task and decoding: tuned beside untuned, with the paired interval."""
+    parts = []
+    for key, row in results["table"].items():
+        task, mode = key.split("/")
+        diff = row["difference"]
+        parts.append(
+            f"`{task}` {MODE_NAMES[mode]}: {row['tuned']:.1f} tuned against {row['untuned']:.1f} untuned "
+            f"({diff['delta']:+.1f} [{diff['low']:+.1f}, {diff['high']:+.1f}])"
+        )
+    return "; ".join(parts)
+
+
+def ship(results: dict, command: str, adapter: Path) -> None:
+    """The shipped adapter's ``training.json`` and card (beside it and in ``model_cards/``) get the measured quality;
+    RESULTS.md its section."""
+    import subprocess
+
+    from diversed_hf.training.tuned_card import render_tuned_card
+
+    record = json.loads((adapter / "training.json").read_text())
+    record["measured"] = {
+        "summary": summary_line(results),
+        "prompts": ", ".join(f"{task}: all {n} test prompts" for task, n in results["prompts"].items()),
+        "metrics": "ROUGE-2 F1 x 100 (synopsis), exact match of the final number in % (arith_steps)",
+        "command": command,
+    }
+    write_text_atomic(adapter / "training.json", json.dumps(record, indent=2) + "\n")
+    card = render_tuned_card(record)
+    write_text_atomic(adapter / "README.md", card)
+    write_text_atomic(REPO / "model_cards" / "smollm2_tuned_target.md", card)
+    write_text_atomic(REPO / "results" / "tuned_quality.md", render(results, command) + "\n")
+    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,17 @@ def render_tuned_card(record: dict) -> str:
         f"{record.get('sessions', '?')} session(s) (a run resumes from its newest checkpoint).",
         "",
     ]
+    measured = record.get("measured")
+    if measured:
+        lines += [
+            "## Quality",
+            "",
+            f"Measured on {measured['prompts']} at temperature 1 (top-k 0, top-p 1) and greedily, in "
+            f"{measured['metrics']}, paired 95 % intervals: {measured['summary']}.",
+            "",
+            f"`{measured['command']}`",
+            "",
+        ]
     if record.get("recipe"):
         lines += ["## Rebuild", "", "```bash", record["recipe"], "```", ""]
     lines += ["Settings: `" + json.dumps(settings, sort_keys=True) + "`", ""]
