@@ -187,3 +187,28 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 def regenerate_lines(command: str) -> list[str]:
     """The opening of a results section: the command that rebuilds it, as a Markdown code block."""
     return ["Regenerate with:", "", "```bash", command, "```", ""]
+
+
+def replace_marked_block(path: str | os.PathLike, text: str, marker: str) -> None:
+    """Put ``text`` between the ``<!-- marker -->`` and ``<!-- /marker -->`` lines of ``path`` (a README's figures
+    that a results command writes)."""
+    path = Path(path)
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    page = path.read_text()
+    if start not in page or end not in page:
+        raise ValueError(f"{path} has no {start} ... {end} block to put the text in.")
+    head, _, rest = page.partition(start)
+    _, _, tail = rest.partition(end)
+    write_text_atomic(path, f"{head}{start}\n{text}\n{end}{tail}")
+
+
+def add_command(subparsers, name: str, help: str, description: str, func) -> argparse.ArgumentParser:
+    """A ``diversed-hf`` subcommand: its one-line ``help``, its ``description`` wrapped to 100 columns, one default
+    note per option (:class:`DefaultsHelpFormatter`), and ``func`` run with the parsed arguments."""
+    import textwrap
+
+    parser = subparsers.add_parser(
+        name, help=help, description=textwrap.fill(description, width=100), formatter_class=DefaultsHelpFormatter
+    )
+    parser.set_defaults(func=func)
+    return parser

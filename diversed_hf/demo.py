@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .cli_utils import DefaultsHelpFormatter
+from .cli_utils import add_command
 from .draft_length import draft_length_of
 from .generation import enable_diversed
 from .tasks import get_task
@@ -353,16 +352,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "demo",
         help="Target-only, SD, static ensemble and DIVERSED side by side: speed and text.",
-        description=textwrap.fill(
+        description=(
             "Target-only generate, lossless SD, the static ensemble (w = 0.5) and DIVERSED with a shipped head "
             "on the same prompts at batch 1: new tokens, tokens/s, x target-only, acceptance and the texts. --pair "
-            "smollm2 runs the real pair on held-out everyday chat prompts.",
-            width=100,
+            "smollm2 runs the real pair on held-out everyday chat prompts."
         ),
-        formatter_class=DefaultsHelpFormatter,
+        func=main,
     )
     parser.add_argument("--pair", default="testbed", choices=["testbed", "smollm2"], help="the model pair")
     parser.add_argument(
@@ -381,4 +380,3 @@ def register(subparsers) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: as many as torch chooses)")
     parser.add_argument("--no-texts", action="store_true", help="print the table only")
     parser.add_argument("--random-models", action="store_true", help="tiny random models instead of a shipped pair")
-    parser.set_defaults(func=main)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import textwrap
 import time
 
 import torch
 
-from .cli_utils import DefaultsHelpFormatter, check_output_file, write_text_atomic
+from .cli_utils import add_command, check_output_file, write_text_atomic
 from .generation import enable_diversed
 from .verifiers import ExactVerifier, StaticEnsembleVerifier
 
@@ -129,16 +128,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "throughput",
         help="Tokens/s of batched speculative decoding on the testbed.",
-        description=textwrap.fill(
+        description=(
             "Tokens/s of speculative decoding on the testbed pair at several batch sizes: held-out prompts of "
             "--task split into batches, sampled at temperature 1, lossless SD (or the static ensemble with "
-            "--target-weight); one untimed warm-up pass, then the median of --repeats timed runs. Prints a table.",
-            width=100,
+            "--target-weight); one untimed warm-up pass, then the median of --repeats timed runs. Prints a table."
         ),
-        formatter_class=DefaultsHelpFormatter,
+        func=main,
     )
     parser.add_argument("--task", default="arith", choices=["arith", "summary"], help="the testbed task's prompts")
     parser.add_argument("--num-prompts", type=int, default=32, help="prompts decoded at every batch size")
@@ -152,4 +151,3 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as many as torch chooses)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    parser.set_defaults(func=main)

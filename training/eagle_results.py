@@ -34,7 +34,14 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.cli_utils import (
+    ArgumentParser,
+    check_output_dir,
+    regenerate_lines,
+    replace_marked_block,
+    run_script,
+    write_text_atomic,
+)
 
 logger = logging.getLogger("eagle_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -181,29 +188,38 @@ def aggregate_runs(records: list[dict]) -> dict:
     return out
 
 
-def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: str) -> dict:
-    """Every configuration on every prompt, interleaved per prompt; aggregated per configuration."""
+def measure(tokenizer, prompts: list[str], configs: list, sampling: dict, seed: int, label: str) -> dict:
+    """``configs``: ``(key, target, draft or None, generate kwargs)``; each prompt runs every configuration in turn.
+
+    Aggregated per configuration (:func:`eagle_results.aggregate_runs`); a speculative configuration also counts the
+    prompts whose new tokens equal those of the first configuration (target-only in the same dtype)."""
     from tqdm.auto import tqdm
 
-    configs = [("target", None, {})]
-    for name in drafts:
-        configs += [(f"{name}:N={n}", name, {"num_assistant_tokens": n}) for n in args.draft_lengths]
-        configs.append(
-            (
-                f"{name}:optimal",
-                name,
-                {"num_assistant_tokens": max(args.draft_lengths), "num_assistant_tokens_schedule": "optimal"},
-            )
-        )
-    records = {key: [] for key, _, _ in configs}
     warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
-    for key, name, kwargs in configs:  # warm-up: one short call each
-        timed_generate(target, drafts.get(name), warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
+    for _, target, draft, kwargs in configs:
+        timed_generate(target, draft, warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
+    records = {key: [] for key, *_ in configs}
     for i, prompt in enumerate(tqdm(prompts, desc=label)):
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        for key, name, kwargs in configs:
-            records[key].append(timed_generate(target, drafts.get(name), inputs, sampling, args.seed + i, **kwargs))
-    return {key: aggregate_runs(value) for key, value in records.items()}
+        for key, target, draft, kwargs in configs:
+            records[key].append(timed_generate(target, draft, inputs, sampling, seed + i, **kwargs))
+    reference = [r["new_ids"] for r in records[configs[0][0]]]
+    block = {}
+    for key, _, draft, _ in configs:
+        block[key] = aggregate_runs(records[key])
+        if draft is not None:
+            block[key]["same_text"] = sum(r["new_ids"] == ids for r, ids in zip(records[key], reference))
+    return block
+
+
+def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: str) -> dict:
+    """Target-only, each draft at every ``--draft_lengths`` and under the "optimal" schedule: :func:`measure`."""
+    configs = [("target", target, None, {})]
+    for name, draft in drafts.items():
+        configs += [(f"{name}:N={n}", target, draft, {"num_assistant_tokens": n}) for n in args.draft_lengths]
+        optimal = {"num_assistant_tokens": max(args.draft_lengths), "num_assistant_tokens_schedule": "optimal"}
+        configs.append((f"{name}:optimal", target, draft, optimal))
+    return measure(tokenizer, prompts, configs, sampling, args.seed, label)
 
 
 def batched(target, drafts, tokenizer, prompts, best: dict, sampling: dict, batch_size: int, seed: int) -> dict:
@@ -467,17 +483,6 @@ def summary_paragraph(results: dict) -> str:
     )
 
 
-def _replace_marked(path: Path, text: str, marker: str = "eagle-draft") -> None:
-    """Put ``text`` between the ``<!-- marker -->`` and ``<!-- /marker -->`` lines of ``path``."""
-    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
-    page = path.read_text()
-    if start not in page or end not in page:
-        raise ValueError(f"{path} has no {start} ... {end} block to put the summary in.")
-    head, _, rest = page.partition(start)
-    _, _, tail = rest.partition(end)
-    write_text_atomic(path, f"{head}{start}\n{text}\n{end}{tail}")
-
-
 def ship(results: dict, command: str) -> None:
     """The shipped EagleDraft: its best draft length at temperature 0.7 into ``generation_config.json``, the measured
     summary into ``training.json`` and its card."""
@@ -520,7 +525,7 @@ def ship(results: dict, command: str) -> None:
     write_text_atomic(EAGLE_DIR / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_tasks_draft.md", card)
     for page in (REPO / "README.md", REPO / "docs" / "eagle.md"):
-        _replace_marked(page, summary_paragraph(results))
+        replace_marked_block(page, summary_paragraph(results), marker="eagle-draft")
 
 
 if __name__ == "__main__":

@@ -33,9 +33,16 @@ import time
 from pathlib import Path
 
 import torch
-from eagle_results import aggregate_runs, sampling_modes, step_costs, timed_generate
+from eagle_results import measure, sampling_modes, step_costs
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.cli_utils import (
+    ArgumentParser,
+    check_output_dir,
+    regenerate_lines,
+    replace_marked_block,
+    run_script,
+    write_text_atomic,
+)
 
 logger = logging.getLogger("everyday_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -73,30 +80,6 @@ def parse_args(argv=None):
     if args.quick:
         args.num_prompts, args.task_prompts, args.max_new_tokens, args.draft_lengths = 2, 2, 16, [2]
     return args
-
-
-def measure(tokenizer, prompts: list[str], configs: list, sampling: dict, seed: int, label: str) -> dict:
-    """``configs``: ``(key, target, draft or None, generate kwargs)``; each prompt runs every configuration in turn.
-
-    Aggregated per configuration (:func:`eagle_results.aggregate_runs`); a speculative configuration also counts the
-    prompts whose new tokens equal those of the first configuration (target-only in the same dtype)."""
-    from tqdm.auto import tqdm
-
-    warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
-    for _, target, draft, kwargs in configs:
-        timed_generate(target, draft, warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
-    records = {key: [] for key, *_ in configs}
-    for i, prompt in enumerate(tqdm(prompts, desc=label)):
-        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        for key, target, draft, kwargs in configs:
-            records[key].append(timed_generate(target, draft, inputs, sampling, seed + i, **kwargs))
-    reference = [r["new_ids"] for r in records[configs[0][0]]]
-    block = {}
-    for key, _, draft, _ in configs:
-        block[key] = aggregate_runs(records[key])
-        if draft is not None:
-            block[key]["same_text"] = sum(r["new_ids"] == ids for r, ids in zip(records[key], reference))
-    return block
 
 
 def _row(block: dict, key: str) -> str:
@@ -240,7 +223,6 @@ def headline(results: dict) -> str:
 
 
 def ship(results: dict, command: str) -> None:
-    from eagle_results import _replace_marked
     from transformers import GenerationConfig
 
     from diversed_hf.eagle import EagleDraftConfig
@@ -264,8 +246,8 @@ def ship(results: dict, command: str) -> None:
     card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
     write_text_atomic(EAGLE_DIR / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
-    _replace_marked(REPO / "README.md", summary_paragraph(results), marker="everyday-draft")
-    _replace_marked(REPO / "README.md", headline(results), marker="headline")
+    replace_marked_block(REPO / "README.md", summary_paragraph(results), marker="everyday-draft")
+    replace_marked_block(REPO / "README.md", headline(results), marker="headline")
 
 
 def _configs(args, target, draft, task_draft) -> list:
