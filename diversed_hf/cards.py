@@ -112,6 +112,7 @@ __all__ = [
     "load_results",
     "load_training_config",
     "render_card",
+    "render_template",
     "stage_result_files",
     "write_card",
     "write_results",
@@ -497,3 +498,12 @@ def write_card(
     card.save(str(path))
     logger.info("wrote model card %s", path)
     return path
+
+
+def render_template(template: str, metadata: dict, **context) -> str:
+    """A card of this package's other artifacts (drafts, adapters) from ``templates/<template>``, as heads' cards are
+    rendered: huggingface_hub's ``ModelCard.from_template`` with ``metadata`` (``ModelCardData`` fields) as its YAML
+    header and ``context`` filling the template."""
+    path = TEMPLATE_PATH.parent / template
+    card = ModelCard.from_template(ModelCardData(**metadata), template_path=str(path), **context)
+    return str(card).rstrip("\n") + "\n"

@@ -66,7 +66,11 @@ def register(subparsers) -> None:
         "training_config.json (result file format: see `python -c 'import diversed_hf.cards as c; help(c)'`).",
     )
     card.add_argument("directories", nargs="*", metavar="DIR", help="Head directories.")
-    card.add_argument("--shipped", action="store_true", help="Also render every head shipped with the testbed.")
+    card.add_argument(
+        "--shipped",
+        action="store_true",
+        help="Also render every head shipped with the testbed, and the real pair's drafts and adapter.",
+    )
     card.add_argument(
         "--results", default=None, metavar="FILE", help="Results file to use (copied to DIR/results.json)."
     )
@@ -187,6 +191,48 @@ def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[
     return written
 
 
+def shipped_models() -> list[tuple[Path, str, str]]:
+    """``(directory, kind, card name in model_cards/)`` of the drafts and adapters shipped with the real pair."""
+    from .testbed import smollm2, smollm2_tuned
+
+    return [
+        (smollm2.EAGLE_DIR, "eagle", "smollm2_eagle_draft.md"),
+        (smollm2.EAGLE_TASKS_DIR, "eagle", "smollm2_eagle_tasks_draft.md"),
+        (smollm2_tuned.TUNED_DIR, "tuned", "smollm2_tuned_target.md"),
+        (smollm2_tuned.TUNED_EAGLE_DIR, "eagle", "smollm2_tuned_eagle_draft.md"),
+    ]
+
+
+def shipped_model_cards() -> list[tuple[Path, str, str]]:
+    """``(directory, card name, card)`` of every shipped draft and adapter, rendered from its ``training.json``
+    through the same template system as the heads' cards; those not shipped are left out."""
+    from .eagle import EagleDraftConfig
+    from .training.eagle_card import render_eagle_card
+    from .training.tuned_card import render_tuned_card
+
+    rendered = []
+    for directory, kind, name in shipped_models():
+        if not (directory / "training.json").is_file():
+            continue
+        record = json.loads((directory / "training.json").read_text())
+        card = (
+            render_eagle_card(EagleDraftConfig.from_pretrained(directory), record)
+            if kind == "eagle"
+            else render_tuned_card(record)
+        )
+        rendered.append((directory, name, card))
+    return rendered
+
+
+def render_shipped_model_cards(output_dir: str | os.PathLike = "model_cards") -> list[Path]:
+    """Write each shipped draft's and adapter's card (:func:`shipped_model_cards`) beside it (``README.md``) and
+    into ``<output_dir>/<name>``."""
+    written = []
+    for directory, name, card in shipped_model_cards():
+        written += [write_text_atomic(path, card) for path in (directory / "README.md", Path(output_dir) / name)]
+    return written
+
+
 @contextlib.contextmanager
 def _type_errors_as_value_errors():
     """A wrong type in a file the user gave (a config value, a result field) is a user error: one line, status 2."""
@@ -261,5 +307,8 @@ def _run_card(args) -> int:
             continue  # --results DIR/results.json: already in place
         write_text_atomic(path, text)
         if path.suffix == ".md":
+            print(path)
+    if args.shipped:  # the shipped drafts' and adapter's cards too, into model_cards/ with --output-dir
+        for path in render_shipped_model_cards(args.output_dir or "model_cards"):
             print(path)
     return 0

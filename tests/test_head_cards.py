@@ -321,3 +321,19 @@ def test_card_without_a_selection_has_no_operating_point_section():
         make_head(task="arith").generate_model_card(results={"rows": [{"method": "sd", "acceptance_rate": 0.5}]}).text
     )
     assert "Operating point" not in text
+
+
+def test_shipped_drafts_and_adapters_cards_match_their_training_records():
+    """The drafts' and the adapter's cards come from the same template system as the heads' and from their
+    ``training.json``: the shipped ``README.md`` and ``model_cards/`` copies are what rendering gives
+    (``diversed-hf card --shipped`` rewrites them)."""
+    from pathlib import Path
+
+    from diversed_hf import hub_cli
+
+    rendered = hub_cli.shipped_model_cards()
+    assert rendered, "the real pair ships EagleDrafts with cards"
+    model_cards = Path(__file__).resolve().parents[1] / "model_cards"
+    for directory, name, card in rendered:
+        assert (directory / "README.md").read_text() == card, directory
+        assert (model_cards / name).read_text() == card, name

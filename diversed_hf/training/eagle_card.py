@@ -1,4 +1,5 @@
-"""The model card of a trained :class:`~diversed_hf.eagle.EagleDraft` (``README.md`` beside its weights).
+"""The model card of a trained :class:`~diversed_hf.eagle.EagleDraft` (``README.md`` beside its weights), rendered
+from ``templates/eagle_draft_card.md`` as heads' cards are from theirs (:func:`diversed_hf.cards.render_template`).
 
 Everything in it comes from the draft's config and its ``training.json`` (what ``train_eagle_draft.py`` recorded, plus
 the ``measured`` block a measurement command adds): nothing is typed in by hand.
@@ -16,7 +17,9 @@ def _steps(values) -> str:
 
 
 def render_eagle_card(config, record: dict) -> str:
-    """The card's Markdown, with Hub metadata."""
+    """The card's Markdown, with Hub metadata (``templates/eagle_draft_card.md``)."""
+    from ..cards import render_template
+
     target = config.target_model_id or "its target"
     settings = record.get("settings", {})
     before, after = record.get("held_out_before", {}), record.get("held_out_after", {})
@@ -25,71 +28,42 @@ def render_eagle_card(config, record: dict) -> str:
         if config.draft_vocab_size
         else "every id"
     )
-    lines = [
-        "---",
-        "library_name: diversed_hf",
-        "tags: [speculative-decoding, eagle, diversed_hf]",
-        f"base_model: {target}" if config.target_model_id else "",
-        "---",
-        "",
-        f"# EAGLE-style feature draft for {target}",
-        "",
-        f"An `EagleDraft` ({config.num_layers} decoder layer(s) of the target's architecture, reading the target's "
-        f"last hidden state and the next token's embedding; the target's embeddings and LM head, scoring {vocab}), "
-        "for speculative decoding with `diversed_hf`. Its weights hold only what it trained; the embeddings and LM "
-        "head are the target's, attached when it runs:",
-        "",
-        "```python",
-        "from diversed_hf import EagleDraft, enable_diversed",
-        "",  # the snippet as ruff formats it (CI formats the cards' code blocks too)
-        "draft = EagleDraft.from_pretrained(PATH, target=target)  # or let generate attach it",
-        "out = enable_diversed(target).generate(**inputs, assistant_model=draft)  # lossless SD; "
-        "verifier=/diversed_head= too",
-        "```",
-        "",
-        "## Training",
-        "",
+    metadata = {"library_name": "diversed_hf", "tags": ["speculative-decoding", "eagle", "diversed_hf"]}
+    if config.target_model_id:
+        metadata["base_model"] = config.target_model_id
+    return render_template(
+        "eagle_draft_card.md",
+        metadata,
+        target=target,
+        num_layers=config.num_layers,
+        vocab=vocab,
+        training=_training_paragraph(record, settings),
+        collections=_collections_line(record.get("collections")),
+        before_acceptance=_steps(before.get("acceptance_t1")),
+        before_top1=_steps(before.get("top1_agreement")),
+        after_acceptance=_steps(after.get("acceptance_t1")),
+        after_top1=_steps(after.get("top1_agreement")),
+        measured=record.get("measured"),
+        recipe=record["recipe"].split(" && ") if record.get("recipe") else None,
+        settings=json.dumps(settings, sort_keys=True),
+    )
+
+
+def _training_paragraph(record: dict, settings: dict) -> str:
+    """What the draft was distilled on, the loss, the optimisation and the time."""
+    mix = record.get("prompt_mix")
+    sequences = record.get("num_sequences", {})
+    return (
         f"Distilled from the target on its own responses ({record.get('num_prompts', '?')} chat prompts"
-        + (
-            ": " + ", ".join(f"{count} {source}" for source, count in record["prompt_mix"].items())
-            if record.get("prompt_mix")
-            else ""
-        )
-        + "; "
-        f"{record.get('num_sequences', {}).get('train', '?')} training sequences, "
-        f"{record.get('train_positions', '?')} response positions; "
-        f"{record.get('num_sequences', {}).get('held_out', '?')} held out). Loss per position: smooth L1 on the "
-        f"feature + cross-entropy to the target's top-k distribution + {settings.get('tv_weight', '?')} x total "
-        f"variation, over {settings.get('unroll', '?')} unrolled steps (steps after the first read the draft's own "
-        f"features: training-time test). {record.get('steps', '?')} steps of batch "
-        f"{settings.get('batch_size', '?')}, learning rate {settings.get('learning_rate', '?')}, seed "
-        f"{settings.get('seed', '?')}. Time on a 2-core CPU: data {record.get('data_seconds', '?')} s, distillation "
-        f"{record.get('distill_seconds_this_run', '?')} s (last run).",
-        "",
-        _collections_line(record.get("collections")),
-        "Held-out acceptance estimates per draft step (step 1 reads the target's feature, later steps the draft's "
-        "own):",
-        "",
-        "| | sum min(p, q), T = 1 | top-1 agreement (greedy) |",
-        "|---|---|---|",
-        f"| untrained | {_steps(before.get('acceptance_t1'))} | {_steps(before.get('top1_agreement'))} |",
-        f"| trained | {_steps(after.get('acceptance_t1'))} | {_steps(after.get('top1_agreement'))} |",
-        "",
-    ]
-    measured = record.get("measured")
-    if measured:
-        lines += [
-            "## Measured in generate",
-            "",
-            measured.get("summary", ""),
-            "",
-            f"Command: `{measured.get('command', '')}`",
-            "",
-        ]
-    if record.get("recipe"):
-        lines += ["## Rebuild", "", "```bash", *record["recipe"].split(" && "), "```", ""]
-    lines += ["Settings: `" + json.dumps(settings, sort_keys=True) + "`", ""]
-    return "\n".join(line for line in lines if line is not None) + "\n"
+        + (": " + ", ".join(f"{count} {source}" for source, count in mix.items()) if mix else "")
+        + f"; {sequences.get('train', '?')} training sequences, {record.get('train_positions', '?')} response "
+        f"positions; {sequences.get('held_out', '?')} held out). Loss per position: smooth L1 on the feature + "
+        f"cross-entropy to the target's top-k distribution + {settings.get('tv_weight', '?')} x total variation, over "
+        f"{settings.get('unroll', '?')} unrolled steps (steps after the first read the draft's own features: "
+        f"training-time test). {record.get('steps', '?')} steps of batch {settings.get('batch_size', '?')}, learning "
+        f"rate {settings.get('learning_rate', '?')}, seed {settings.get('seed', '?')}. Time on a 2-core CPU: data "
+        f"{record.get('data_seconds', '?')} s, distillation {record.get('distill_seconds_this_run', '?')} s (last run)."
+    )
 
 
 def _collections_line(collections: list[dict] | None) -> str | None:
@@ -103,5 +77,5 @@ def _collections_line(collections: list[dict] | None) -> str | None:
     return (
         f"The data is {len(collections)} collections, one command each (Rebuild): " + "; ".join(parts) + ". A prompt "
         "answered in two collections can put one answer in the held-out split and the other in training, so the "
-        "held-out figures below lean optimistic; the measured figures are on prompts the draft never saw.\n"
+        "held-out figures below lean optimistic; the measured figures are on prompts the draft never saw."
     )
