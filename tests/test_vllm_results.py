@@ -111,3 +111,24 @@ def test_the_section_replaces_only_its_own_section_before_reading(tmp_path):
     assert replace_section(new, "Serving with vLLM", "new table") == new
     added = replace_section("# Results\n\n## A\n\na\n", "Serving with vLLM", "x")
     assert added.endswith("## Serving with vLLM\n\nx\n\n")
+
+
+def test_the_eagle_draft_run_says_its_draft_and_writes_its_own_section():
+    from make_results import VLLM_EAGLE_SECTION
+    from vllm_results import DRAFTS, section_text
+
+    meta = dict(
+        command=".venv-vllm/bin/python training/vllm_results.py --draft eagle",
+        minutes=1.0,
+        load=0.5,
+        cores=2,
+        vllm="0.32.0",
+        transformers="5.19.0",
+        torch="2.13.0",
+        sizes={"num_prompts": 2, "sequential_prompts": 1, "max_new_tokens": 4, "concurrency": [1]},
+        draft="eagle",
+    )
+    rows = [summarize(TARGET, 0.0, 1, seconds=1.0, token_ids=[[1] * 4], exact_match=[0.0])]
+    text = section_text(rows, meta, {})
+    assert "save_for_vllm" in text and "results/vllm_eagle/" in text and "export_self_draft()" not in text
+    assert DRAFTS["eagle"] == ("eagle", VLLM_EAGLE_SECTION)

@@ -153,6 +153,8 @@ REAL_PAIR_EAGLE_SECTION = ("real_pair_eagle", "Real pair: the paper's table with
 BLOCK_SECTION = ("block", "Block verification")
 #: vLLM against the project's generate, written by training/vllm_results.py (run in the vLLM environment)
 VLLM_SECTION = ("vllm", "Serving with vLLM")
+#: the same with the pair's EagleDraft through vLLM's eagle method (training/vllm_results.py --draft eagle)
+VLLM_EAGLE_SECTION = ("vllm_eagle", "Serving with vLLM: the EagleDraft")
 #: vLLM's OpenAI server under concurrent load, written by training/vllm_load.py
 VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
 #: the real pair's feature draft against its self-draft, written by training/eagle_results.py
@@ -176,6 +178,7 @@ CARRIED_SECTIONS = (
     EAGLE_SECTION,
     BLOCK_SECTION,
     VLLM_SECTION,
+    VLLM_EAGLE_SECTION,
     VLLM_LOAD_SECTION,
 )
 

