@@ -63,7 +63,8 @@ from the task registry (:func:`diversed_hf.tasks.get_task`, :func:`diversed_hf.t
 
 Re-render after adding a results file with ``diversed-hf card DIR`` (or :func:`write_card`);
 render the cards of the heads shipped with the package into ``model_cards/`` with
-``diversed-hf card --shipped --output-dir model_cards``.
+``diversed-hf card --shipped --output-dir model_cards`` (which re-renders the real pair's drafts' and adapter's cards
+too: :func:`render_template`).
 """
 
 from __future__ import annotations
