@@ -316,7 +316,14 @@ def session_clock(path: Path):
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.began = time.time()
-            self.sessions.append({"start_step": state.global_step, "end_step": state.global_step, "seconds": 0.0})
+            self.sessions.append(
+                {
+                    "start_step": state.global_step,
+                    "end_step": state.global_step,
+                    "seconds": 0.0,
+                    "threads": torch.get_num_threads(),
+                }
+            )
             self._write(state)
 
         def on_step_end(self, args, state, control, **kwargs):

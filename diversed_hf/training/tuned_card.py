@@ -83,9 +83,17 @@ def _training_paragraph(record: dict, settings: dict, lora: dict) -> str:
 
 
 def _timing(record: dict) -> str:
+    """Wall time, with the thread counts the starts ran on (recorded per start; older logs have the last start's)."""
     seconds = record.get("seconds", {})
+    counts = sorted({s["threads"] for s in record.get("session_log", []) if isinstance(s.get("threads"), int)})
+    threads = (
+        f"{' or '.join(map(str, counts))} CPU thread(s)"
+        if counts
+        else f"CPU threads ({record.get('threads', '?')} in its last start)"
+    )
     return (
-        f"Time on {record.get('threads', '?')} CPU thread(s): the base model's chat answers "
+        f"Wall time on {threads}, other jobs running at times: the base model's chat answers "
         f"{_duration(seconds.get('chat_answers'))}, training {_duration(seconds.get('training'))} over "
-        f"{record.get('sessions', '?')} session(s) (a run resumes from its newest checkpoint)."
+        f"{record.get('sessions', '?')} start(s) (a run resumes from its newest checkpoint; a start killed between "
+        "checkpoints repeats its last steps)."
     )
