@@ -108,7 +108,7 @@ def test_first_token_follows_the_declared_law(drafter, weight):
     target = target_of()
     input_ids = repeating_prompt(seed=2)
     verifier = ExactVerifier() if weight == 1.0 else StaticEnsembleVerifier(weight)
-    num_rows = 6000
+    num_rows = 4000
     tokens = _first_tokens(target, verifier, input_ids, num_rows, **DRAFTERS[drafter])
     with torch.no_grad():
         p1 = target(input_ids).logits[0, -1].softmax(-1).double()

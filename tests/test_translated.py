@@ -103,7 +103,7 @@ def test_first_token_follows_the_declared_law(pair, weight):
     target, draft, target_tokenizer, draft_tokenizer = pair
     input_ids = _prompt(target_tokenizer)
     verifier = ExactVerifier() if weight == 1.0 else StaticEnsembleVerifier(weight)
-    num_rows = 6000
+    num_rows = 4000
     tokens = _generate(
         pair,
         input_ids.repeat(num_rows, 1),

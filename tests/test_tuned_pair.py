@@ -34,24 +34,26 @@ def tuned():
 
 
 def test_the_adapter_is_merged_into_the_target(tuned):
-    target, tokenizer = tuned
-    base, _ = smollm2.load_smollm2_target(torch_dtype=torch.float32)
+    from safetensors import safe_open
+
+    target, _ = tuned
     assert target.config._name_or_path == smollm2_tuned.TUNED_MODEL_ID
     assert not any(name.startswith("base_model") or "lora" in name for name, _ in target.named_parameters())
-    inputs = tokenizer("The capital of France is", return_tensors="pt")
-    with torch.no_grad():
-        assert not torch.allclose(target(**inputs).logits, base(**inputs).logits, atol=1e-3)
+    name = "model.layers.0.self_attn.q_proj.weight"  # a layer the adapter tunes, against the base model's file
+    with safe_open(str(smollm2.target_dir() / "model.safetensors"), "pt") as weights:
+        base = weights.get_tensor(name).float()
+    assert not torch.allclose(target.get_parameter(name), base, atol=1e-4)
 
 
 def test_greedy_exact_verification_is_the_tuned_targets_greedy_output(tuned):
     target, tokenizer = tuned
     draft = smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle"])  # the tuned draft: once it ships
-    prompts = list(load_task_dataset("arith_steps", split="test", num_examples=2)["prompt"])
+    prompts = list(load_task_dataset("arith_steps", split="test", num_examples=1)["prompt"])
     for prompt in prompts:
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        expected = target.generate(**inputs, do_sample=False, max_new_tokens=24)
+        expected = target.generate(**inputs, do_sample=False, max_new_tokens=16)
         out = target.generate(
-            **inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=24
+            **inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=16
         )
         assert torch.equal(out, expected)
 
