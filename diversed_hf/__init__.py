@@ -9,7 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import _moved
+
 __version__ = "0.1.0"
+
+_moved.install()  # old import paths of moved modules (diversed_hf.tasks, diversed_hf.bench, ...), for a release
 
 #: public name -> the submodule that defines it
 _EXPORTS = {

@@ -8,7 +8,8 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Mapping
 
 from . import hub
 from .metrics import canonical_metric
@@ -283,19 +284,30 @@ def write_results(path: Path, results: Any) -> None:
         hub.write_json(path, results)
 
 
-def _task_spec(task: str | None):
-    """The registry's :class:`~diversed_hf.tasks.TaskSpec` of ``task``, or None for an unrecorded or unknown task."""
-    if not task:
+#: the key of ``training_config.json`` that records what a card says of the head's task (its name, aliases,
+#: description, metric and Hub datasets): the lab writes it from its task registry when it trains or re-cards a head,
+#: so rendering a card never loads a task
+TASK_CARD_KEY = "task_card"
+
+
+def task_facts(task: str | None, recorded: Any) -> SimpleNamespace | None:
+    """What a card says of ``task``: ``recorded`` (a ``task_card`` mapping) when it is about ``task`` (by name or
+    alias), else None (an unrecorded task, or a record of another task)."""
+    if not task or not isinstance(recorded, Mapping) or not isinstance(recorded.get("name"), str):
         return None
-    from .tasks import get_task  # the registry, and the task's own module, only for a head that names a task
-
-    try:
-        return get_task(task)
-    except (TypeError, ValueError):
+    aliases = tuple(recorded.get("aliases") or ())
+    if task not in (recorded["name"], *aliases):
         return None
+    return SimpleNamespace(
+        name=recorded["name"],
+        aliases=aliases,
+        description=recorded.get("description"),
+        metric=recorded.get("metric"),
+        hub_datasets=tuple(recorded.get("hub_datasets") or ()),
+    )
 
 
-def _quality_metric(results: dict, task: str | None) -> str | None:
+def _quality_metric(results: dict, facts: SimpleNamespace | None) -> str | None:
     metrics = {
         canonical_metric(row["quality_metric"])
         for row in results["rows"]
@@ -311,8 +323,7 @@ def _quality_metric(results: dict, task: str | None) -> str | None:
     setting_metric = results["setting"].get("quality_metric")
     if isinstance(setting_metric, str):
         return canonical_metric(setting_metric)
-    spec = _task_spec(task)
-    return spec.metric if spec is not None else None
+    return facts.metric if facts is not None else None
 
 
 def _format_rows(results: dict) -> list[dict]:

@@ -23,7 +23,7 @@ rendered from the files in the head's directory:
           "quality": 0.67,               # task quality as a fraction in [0, 1] (exact match,
                                          #   ROUGE-2 F1, pass@1); the card shows it x 100
           "quality_metric": "exact_match",   # "exact_match" | "rouge2_f1" | "pass@1" | other (aliases
-                                         #   such as "accuracy" are read as in diversed_hf.tasks)
+                                         #   such as "accuracy" are read as in diversed_hf.lab.tasks)
           "seconds_per_sample": 1.9,     # mean wall-clock seconds per prompt
           "tokens_per_second": 67.4,     # generated tokens / second
           "tokens_per_round": 3.4,       # mean tokens emitted per round (E[T_N] estimate)
@@ -58,8 +58,10 @@ rendered from the files in the head's directory:
     such file per
     task (``results_<task>.json``): copy it next to the head as ``results.json``.
 
-The task's description, Hub datasets and default metric, and the label of the quality column, come
-from the task registry (:func:`diversed_hf.tasks.get_task`, :func:`diversed_hf.tasks.metric_label`).
+The task's description, Hub datasets and default metric come from ``training_config.json``'s ``task_card`` (name,
+aliases, description, metric, hub_datasets), which the lab writes from its task registry when it trains a head or
+re-cards one (``diversed-hf card``; :func:`diversed_hf.lab.tasks.task_card`), or from ``task_card=`` given to
+:func:`render_card`: rendering a card loads no task. Without either the card names the task and no more.
 
 Re-render after adding a results file with ``diversed-hf card DIR`` (or :func:`write_card`);
 render the cards of the heads shipped with the package into ``model_cards/`` with
@@ -84,13 +86,14 @@ from huggingface_hub.utils import validate_repo_id
 from . import hub
 from .card_results import (  # noqa: F401  (re-exported: the results schema is part of the cards' API)
     RESULT_FIELDS,
+    TASK_CARD_KEY,
     _format_calibration,
     _format_rows,
     _format_selection,
     _quality_metric,
-    _task_spec,
     goal_text,
     load_results,
+    task_facts,
     write_results,
 )
 from .hub import HUB_TAGS, LIBRARY_NAME, PAPER_URL  # noqa: F401  (re-exported: the cards' names for them)
@@ -303,7 +306,7 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, tem
         return (
             "import diversed_hf.testbed as testbed\n"
             f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n"
-            "from diversed_hf.tasks import load_task_dataset\n\n"
+            "from diversed_hf.lab.tasks import load_task_dataset\n\n"
             f"{load_head}\n"
             f"target, draft, tokenizer = testbed.{pair_call}\n"
             "enable_diversed(target)\n\n"
@@ -343,10 +346,15 @@ def _head_fields(config: "DiversedHeadConfig | Mapping[str, Any]") -> SimpleName
     return SimpleNamespace(**{**optional, **values})
 
 
-def card_data(config: "DiversedHeadConfig | Mapping[str, Any]", training_config: dict | None = None) -> ModelCardData:
+def card_data(
+    config: "DiversedHeadConfig | Mapping[str, Any]",
+    training_config: dict | None = None,
+    task_card: Mapping[str, Any] | None = None,
+) -> ModelCardData:
     """Hub metadata: library, tags, base models (the pair, when they are Hub ids), datasets, license."""
     config = _head_fields(config)
     training_config = training_config or {}
+    facts = task_facts(config.task, training_config.get(TASK_CARD_KEY)) or task_facts(config.task, task_card)
     tags = {*HUB_TAGS, MIXIN_TAG}
     if isinstance(config.task, str) and config.task:
         tags.add(config.task)
@@ -358,31 +366,30 @@ def card_data(config: "DiversedHeadConfig | Mapping[str, Any]", training_config:
         library_name=LIBRARY_NAME,
         tags=sorted(tags),
         base_model=base_models or None,
-        datasets=_datasets(config, training_config) or None,
+        datasets=_datasets(training_config, facts) or None,
         license=training_config.get("license") if isinstance(training_config.get("license"), str) else None,
         **extra,
     )
 
 
-def _datasets(config: SimpleNamespace, training_config: dict) -> list[str]:
+def _datasets(training_config: dict, facts: SimpleNamespace | None) -> list[str]:
     recorded = training_config.get("datasets", training_config.get("dataset"))
     if isinstance(recorded, str):
         recorded = [recorded]
     if isinstance(recorded, list):
         return [name for name in recorded if isinstance(name, str) and _hub_model_id(name)]
-    spec = _task_spec(config.task)
-    return list(spec.hub_datasets) if spec is not None else []
+    return list(facts.hub_datasets) if facts is not None else []
 
 
-def _check_same_task(task: str | None, results: dict | None) -> None:
-    """A card shows one task: results measured on another task than the head's are refused."""
+def _check_same_task(task: str | None, results: dict | None, facts: SimpleNamespace | None) -> None:
+    """A card shows one task: results measured on another task than the head's are refused (the task's aliases, when
+    recorded, name the same task)."""
     measured = results["setting"].get("task") if results else None
     if not task or not isinstance(measured, str):
         return
 
     def canonical(name: str) -> str:
-        spec = _task_spec(name)
-        return spec.name if spec is not None else name
+        return facts.name if facts is not None and name in (facts.name, *facts.aliases) else name
 
     if canonical(measured) != canonical(task):
         raise ValueError(
@@ -400,9 +407,11 @@ def render_card(
     head_source: str | None = None,
     num_parameters: int | None = None,
     calibration: Any = None,
+    task_card: Mapping[str, Any] | None = None,
 ) -> ModelCard:
     """Render the card of a head with ``config`` (``results`` / ``training_config`` / ``calibration``: content or
-    paths; ``calibration`` is the ``calibration.json`` of ``training/calibrate_head.py``).
+    paths; ``calibration`` is the ``calibration.json`` of ``training/calibrate_head.py``; ``task_card``: what to say
+    of the head's task when ``training_config`` does not record it, e.g. :func:`diversed_hf.lab.tasks.task_card`).
 
     ``config`` is ``head.config`` or the dict of a saved ``config.json``. ``repo_id`` (or else
     ``head_source``, a local path) is what the usage snippet loads. ``num_parameters`` defaults to
@@ -414,10 +423,10 @@ def render_card(
     results = load_results(results) if results is not None else None
     training = load_training_config(training_config) if training_config is not None else None
     task = head.task
-    _check_same_task(task, results)
-    spec = _task_spec(task)
-    if spec is not None:
-        task_description = spec.description
+    facts = task_facts(task, (training or {}).get(TASK_CARD_KEY)) or task_facts(task, task_card)
+    _check_same_task(task, results, facts)
+    if facts is not None and facts.description:
+        task_description = facts.description
     elif task:
         task_description = f"Trained for the task `{task}`."
     else:
@@ -431,9 +440,9 @@ def render_card(
         else "`softmax(w_t z_p + (1 - w_t) z_q)` of the target and draft logits (the official code's logit mixing)"
     )
     name = (repo_id or "").split("/")[-1] or (f"{task} head" if task else "head")
-    metric = _quality_metric(results, task) if results else None
+    metric = _quality_metric(results, facts) if results else None
     return ModelCard.from_template(
-        card_data(config, training),
+        card_data(config, training, facts and vars(facts)),
         template_path=str(TEMPLATE_PATH),
         title=f"DIVERSED ensemble head: {name}",
         paper_url=PAPER_URL,
@@ -444,14 +453,14 @@ def render_card(
         draft_model=_describe_model(head.draft_model_id),
         task_name=f"`{task}`" if task else "an unrecorded task",
         task_description=task_description,
-        datasets=_datasets(head, training or {}),
-        training_rows=_flatten(training) if training else [],
+        datasets=_datasets(training or {}, facts),
+        training_rows=_flatten({k: v for k, v in training.items() if k != TASK_CARD_KEY}) if training else [],
         results_rows=_format_rows(results) if results else [],
         results_setting=", ".join(f"{key} = {value}" for key, value in results["setting"].items()) if results else "",
         quality_label=metric_label(metric),
         goal=goal_text(training, results),
         selection=_format_selection(results.get("selection")) if results else None,
-        calibration=_format_calibration(calibration, "calibration", metric or (spec.metric if spec else None)),
+        calibration=_format_calibration(calibration, "calibration", metric or (facts.metric if facts else None)),
         usage=_usage(
             head,
             repo_id or head_source or "path/to/head",
@@ -470,8 +479,10 @@ def write_card(
     results: Any = None,
     training_config: Any = None,
     output: str | os.PathLike | None = None,
+    task_card: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Render the card of the head saved in ``directory`` and write it (default ``directory/README.md``).
+    """Render the card of the head saved in ``directory`` and write it (default ``directory/README.md``;
+    ``task_card`` as in :func:`render_card`).
 
     ``results`` / ``training_config`` default to ``results.json`` / ``training_config.json`` in the directory;
     the parameter count is read from the header of its ``model.safetensors``.
@@ -493,6 +504,7 @@ def write_card(
         head_source=str(directory),
         num_parameters=num_parameters,
         calibration=calibration,
+        task_card=task_card,
     )
     path = Path(output) if output is not None else directory / hub.CARD_NAME
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """``diversed-hf`` command line: the subcommands in :data:`COMMANDS`.
 
 Each module of :data:`COMMANDS` exposes ``register(subparsers)`` and adds its subcommands there
-(``diversed_hf.hub_cli`` adds two, ``push`` and ``card``); only the module of the command being run is imported.
+(``diversed_hf.lab.hub_cli`` adds two, ``push`` and ``card``); only the module of the command being run is imported.
 
 A registered subcommand sets ``func`` on its parser (``parser.set_defaults(func=...)``); ``func`` takes the
 parsed namespace and returns an exit code (or ``None`` for 0).
@@ -10,7 +10,7 @@ User errors -- a ``ValueError`` (bad argument or data), an ``OSError`` (missing 
 ``ImportError`` (a missing extra) -- end as one line ``diversed-hf <command>: <message>`` on stderr with
 exit status 2, as argparse's usage errors do; ``--verbose`` shows the traceback too. A subcommand reports a
 usage error by raising one of them (never ``SystemExit`` with a message, whose status is 1). Output paths are
-checked before a command's run starts (:func:`diversed_hf.cli_utils.check_output_dir`). Long options take both
+checked before a command's run starts (:func:`diversed_hf.lab.cli_utils.check_output_dir`). Long options take both
 spellings, ``--num-prompts`` and ``--num_prompts``.
 """
 
@@ -21,19 +21,19 @@ import importlib
 import logging
 import sys
 
-from .cli_utils import USAGE_ERROR, USER_ERRORS, ArgumentParser, error_line
+from .lab.cli_utils import USAGE_ERROR, USER_ERRORS, ArgumentParser, error_line
 
 #: subcommand -> (the module that registers it, its one-line help). A module's ``register`` adds the full parser;
 #: only the chosen command's module is imported, so ``diversed-hf --help`` loads neither torch nor transformers.
 COMMANDS = {
-    "bench": ("diversed_hf.bench.cli", "Speed and quality of every decoding method on a model pair and task."),
-    "demo": ("diversed_hf.demo", "Target-only, SD, static ensemble and DIVERSED side by side: speed and text."),
+    "bench": ("diversed_hf.lab.bench.cli", "Speed and quality of every decoding method on a model pair and task."),
+    "demo": ("diversed_hf.lab.demo", "Target-only, SD, static ensemble and DIVERSED side by side: speed and text."),
     "push": (
-        "diversed_hf.hub_cli",
+        "diversed_hf.lab.hub_cli",
         "Upload a saved head, or the custom_generate method, to the Hugging Face Hub (needs the Hub and a token).",
     ),
-    "card": ("diversed_hf.hub_cli", "Re-render the model card (README.md) of saved heads."),
-    "throughput": ("diversed_hf.throughput", "Tokens/s of batched speculative decoding on the testbed."),
+    "card": ("diversed_hf.lab.hub_cli", "Re-render the model card (README.md) of saved heads."),
+    "throughput": ("diversed_hf.lab.throughput", "Tokens/s of batched speculative decoding on the testbed."),
 }
 #: the modules that add commands
 COMMAND_MODULES = sorted({module for module, _ in COMMANDS.values()})

@@ -6,7 +6,7 @@ function, :func:`distribution_features`, from the **verification distributions**
 draft's probabilities after the same logits processors (temperature, top-k, top-p), over the target's
 vocabulary: exactly the ``p_t`` and ``q_t`` the verifier mixes into ``nu_t = w_t p_t + (1 - w_t) q_t``.
 Generation (:class:`~diversed_hf.verifiers.HeadVerifier`) and training rollouts
-(:func:`~diversed_hf.rollout.sample_from_mixture`) both call it on those tensors, so a head sees the same
+(:func:`~diversed_hf.training.rollout.sample_from_mixture`) both call it on those tensors, so a head sees the same
 numbers in both.
 
 Every feature depends on the context only, never on the drafted token ``x_t``: a weight that read the

@@ -1,7 +1,7 @@
 """Quality metrics: their canonical names and how tables, plots and cards label them.
 
 The lowest module that needs them: the head's cards (core) read them without loading the task registry, which
-re-exports them (:mod:`diversed_hf.tasks`).
+re-exports them (:mod:`diversed_hf.lab.tasks`).
 """
 
 from __future__ import annotations

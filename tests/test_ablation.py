@@ -112,7 +112,7 @@ def test_the_front_writes_the_chosen_heads_card_results_with_the_front(tmp_path)
     import ablation
 
     from diversed_hf import cards
-    from diversed_hf.bench.schema import BenchResult
+    from diversed_hf.lab.bench.schema import BenchResult
 
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft, task="arith")

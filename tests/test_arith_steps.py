@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 import diversed_hf.testbed  # noqa: F401  (registers arith_steps)
-from diversed_hf.tasks import get_task, load_task_dataset
-from diversed_hf.tasks.rewards import exact_match, extract_final_number
+from diversed_hf.lab.tasks import get_task, load_task_dataset
+from diversed_hf.lab.tasks.rewards import exact_match, extract_final_number
 from diversed_hf.testbed import arith_steps
 
 #: one arithmetic of a solution line: ``a op b = c``

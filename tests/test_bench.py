@@ -13,8 +13,9 @@ import pytest
 import torch
 from tiny_models import make_model
 
-from diversed_hf import DiversedHead, bench, cli
-from diversed_hf.bench import cli as bench_cli
+from diversed_hf import DiversedHead, cli
+from diversed_hf.lab import bench
+from diversed_hf.lab.bench import cli as bench_cli
 from diversed_hf.testbed import load_tokenizer
 from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier
 
@@ -405,7 +406,7 @@ def test_testbed_heads_are_the_default_only_for_the_testbed_pair():
 
 
 def test_hub_tasks_load_from_local_files(tmp_path):
-    """GSM8K through the task registry (diversed_hf.tasks), from a local file in the Hub schema (no download)."""
+    """GSM8K through the task registry (diversed_hf.lab.tasks), from a local file in the Hub schema (no download)."""
     path = tmp_path / "gsm8k.jsonl"
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -447,8 +448,8 @@ def test_typical_acceptance_is_a_bench_method():
 
 def test_every_method_family_has_a_plot_marker(tmp_path):
     pytest.importorskip("matplotlib")
-    from diversed_hf.bench import plots
-    from diversed_hf.bench.methods import FAMILIES
+    from diversed_hf.lab.bench import plots
+    from diversed_hf.lab.bench.methods import FAMILIES
 
     assert set(plots._MARKERS) == set(FAMILIES)
     rows = [
@@ -502,7 +503,7 @@ def test_bad_schedule_specs_raise(specs, message):
 
 
 def test_paired_difference_is_the_mean_per_prompt_difference_with_a_bootstrap_interval():
-    from diversed_hf.bench.stats import paired_difference
+    from diversed_hf.lab.bench.stats import paired_difference
 
     # Prompt difficulty varies a lot, the method is 0.1 worse on every prompt: the paired interval is tight.
     reference = [(i, float(i % 2)) for i in range(200)] + [(i, float(i % 2)) for i in range(200)]
@@ -522,7 +523,7 @@ def test_paired_difference_is_the_mean_per_prompt_difference_with_a_bootstrap_in
 
 
 def test_rows_carry_paired_differences_to_the_pooled_target_distribution():
-    from diversed_hf.bench.stats import add_paired_differences
+    from diversed_hf.lab.bench.stats import add_paired_differences
 
     rows = [
         {"method": name, "family": family}
@@ -553,7 +554,7 @@ def test_rows_carry_paired_differences_to_the_pooled_target_distribution():
 
 
 def test_verify_cost_interpolates_the_measured_passes():
-    from diversed_hf.bench.stats import verify_cost
+    from diversed_hf.lab.bench.stats import verify_cost
 
     costs = {
         "target_token_seconds": 2.0,
@@ -572,7 +573,7 @@ def test_verify_cost_interpolates_the_measured_passes():
 
 def test_verify_cost_never_extrapolates_below_the_timed_passes():
     """On a busy machine the longer pass can time faster than the shorter one: the cost past it must not fall."""
-    from diversed_hf.bench.stats import verify_cost
+    from diversed_hf.lab.bench.stats import verify_cost
 
     busy = {"target_token_seconds": 1.0, "verify_pass_seconds_2": 3.0, "verify_pass_seconds_4": 1.0}
     assert verify_cost(busy, 3) == pytest.approx(1.0)
@@ -691,7 +692,7 @@ def test_block_specs_pair_with_their_token_wise_method(pair_dir):
 def test_quality_batches_are_ordered_by_prompt_length():
     """The quality pass batches prompts of similar length together (a batch's prefill costs its longest prompt per
     row); ties keep the prompts' order."""
-    from diversed_hf.bench.runner import by_length
+    from diversed_hf.lab.bench.runner import by_length
 
     prompts = ["a b c d e", "a", "a b c", "a b", "a b c"]
     assert by_length(load_tokenizer(), prompts, [0, 1, 2, 3, 4]) == [1, 3, 2, 4, 0]

@@ -11,7 +11,8 @@ from huggingface_hub import ModelCard
 from test_hub import make_head
 
 from diversed_hf import cards
-from diversed_hf.bench.schema import BenchResult, write_json_results
+from diversed_hf.lab.bench.schema import BenchResult, write_json_results
+from diversed_hf.lab.tasks import task_card
 
 CALIBRATION = {
     "target_quality": 0.1,
@@ -40,7 +41,9 @@ RESULTS = {
 
 
 def test_card_of_a_calibrated_head_states_its_offset_rule_and_table(tmp_path):
-    make_head(task="arith").save_pretrained(tmp_path, results=RESULTS)
+    make_head(task="arith").save_pretrained(
+        tmp_path, results=RESULTS, training_config={"task_card": task_card("arith")}
+    )
     assert "calibration offset" not in (tmp_path / "README.md").read_text()  # no calibration.json: no section
     (tmp_path / "calibration.json").write_text(json.dumps(CALIBRATION))
     text = ModelCard.load(cards.write_card(tmp_path)).text
@@ -54,7 +57,8 @@ def test_card_of_a_calibrated_head_states_its_offset_rule_and_table(tmp_path):
 def test_card_says_when_no_offset_reached_the_target():
     missed = dict(CALIBRATION, chosen_offset=4.0, settings=dict(CALIBRATION["settings"], tolerance=0.0))
     config = make_head(task="arith").config
-    text = cards.render_card(config, results=RESULTS, calibration=dict(missed, target_quality=0.2)).text
+    calibration = dict(missed, target_quality=0.2)
+    text = cards.render_card(config, results=RESULTS, calibration=calibration, task_card=task_card("arith")).text
     assert "no offset reached target-only decoding's 20.0 %, so the best quality" in text
 
 

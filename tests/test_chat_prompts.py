@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from diversed_hf.tasks.chat_prompts import (
+from diversed_hf.lab.tasks.chat_prompts import (
     _broad_source,
     broad_chat_messages,
     broad_chat_prompts,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from diversed_hf.tasks import load_task_dataset
+from diversed_hf.lab.tasks import load_task_dataset
 
 GSM8K = [
     {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diversed_hf import cli
-from diversed_hf.demo import run_demo
+from diversed_hf.lab.demo import run_demo
 
 
 def test_demo_command_prints_target_only_and_speed_against_it(capsys):

@@ -13,8 +13,8 @@ from datasets import Dataset
 pytest.importorskip("trl")
 
 import diversed_hf.testbed  # noqa: E402,F401 - registers arith / summary
-from diversed_hf.tasks import get_task
-from diversed_hf.tasks.dense_rewards import (
+from diversed_hf.lab.tasks import get_task
+from diversed_hf.lab.tasks.dense_rewards import (
     REWARD_MODES,
     add_target_columns,
     check_reward_mode,

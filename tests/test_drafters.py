@@ -166,7 +166,7 @@ def test_heads_verify_early_exit_drafts_and_features_only_heads_verify_lookups()
 
 
 def test_early_exit_drafts_in_training_rollouts():
-    from diversed_hf.rollout import sample_from_mixture
+    from diversed_hf.training.rollout import sample_from_mixture
 
     target = target_of()
     draft = EarlyExitDraft(target, 1)

@@ -210,7 +210,7 @@ def test_training_rollouts_read_the_targets_features():
     """``sample_from_mixture`` with a feature draft: at every sampled token of a left-padded batch, ``q_t`` and
     ``h^q_t`` are the draft's after the sequence so far with the target's features (the reference without caches),
     ``p_t`` the target's, and the head's ``w`` reads that ``h^q_t``."""
-    from diversed_hf.rollout import sample_from_mixture
+    from diversed_hf.training.rollout import sample_from_mixture
 
     target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(2, 60))
     head = DiversedHead.for_pair(target, draft, w_0=0.4, use_hidden_states=True)
@@ -432,7 +432,7 @@ def test_every_layout_in_the_table_builds_drafts_and_keeps_greedy_parity(model_t
 
 def test_bench_measures_a_feature_drafts_cost():
     """``diversed-hf bench`` times each model's one-token forward; a feature draft is timed with zero features."""
-    from diversed_hf.bench.runner import measure_cost
+    from diversed_hf.lab.bench.runner import measure_cost
 
     target, draft = eagle_pair("llama")
     seconds = measure_cost(draft, prompt(6), num_tokens=2, repeats=1)

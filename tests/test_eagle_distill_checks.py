@@ -233,8 +233,8 @@ def test_extra_data_must_be_a_collection(tmp_path, capsys):
 
 
 def test_chat_offset_takes_requests_after_the_first():
-    from diversed_hf.tasks.chat_prompts import broad_chat_prompts
-    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix
+    from diversed_hf.lab.tasks.chat_prompts import broad_chat_prompts
+    from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix
 
     mix = eagle_prompt_mix(0, 0, 0, num_chat=3, chat_offset=5)
     assert [p for p, _ in mix["chat"]] == broad_chat_prompts(8)[5:]
@@ -243,8 +243,8 @@ def test_chat_offset_takes_requests_after_the_first():
 
 
 def test_the_tuned_targets_task_prompts_join_the_mix_from_their_training_splits():
-    from diversed_hf.tasks import get_task, load_task_dataset
-    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix
+    from diversed_hf.lab.tasks import get_task, load_task_dataset
+    from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix
 
     mix = eagle_prompt_mix(0, 0, 0, num_synopsis=3, num_arith_steps=2)
     assert set(mix) == {"chat", "arith_chat", "humaneval", "docstrings", "synopsis", "arith_steps"}

@@ -9,8 +9,9 @@ from huggingface_hub import ModelCard
 from test_hub import DRAFT_ID, REPO_ID, RESULTS, TARGET_ID, make_head, saved  # noqa: F401 - saved is a fixture
 from test_hub_push import run_cli
 
-from diversed_hf import DiversedHead, cards, hub_cli
-from diversed_hf.tasks import get_task
+from diversed_hf import DiversedHead, cards
+from diversed_hf.lab import hub_cli
+from diversed_hf.lab.tasks import get_task, task_card
 
 # Model cards ---------------------------------------------------------------------------------------
 
@@ -19,7 +20,9 @@ def test_card_renders_real_metrics_from_a_result_file(tmp_path):
     head = make_head()
     (tmp_path / "bench.json").write_text(json.dumps(RESULTS))
     head.save_pretrained(
-        tmp_path / "head", results=tmp_path / "bench.json", training_config={"lr": 5e-4, "rl": {"clip": 0.2}}
+        tmp_path / "head",
+        results=tmp_path / "bench.json",
+        training_config={"lr": 5e-4, "rl": {"clip": 0.2}, "task_card": task_card("gsm8k")},
     )
     assert json.loads((tmp_path / "head" / "results.json").read_text()) == RESULTS
     card = ModelCard.load(tmp_path / "head" / "README.md")
@@ -38,7 +41,8 @@ def test_card_renders_real_metrics_from_a_result_file(tmp_path):
     for section in ("## Model pair", "## Task and training data", "## Usage", "## Limitations", "## Citation"):
         assert section in text
     assert "Task-dependent" in text and "trades bias for acceptance" in text and "arXiv" in text
-    assert "openai/gsm8k" in text
+    assert "openai/gsm8k" in text  # from the training record's task_card, which is no row of the training table
+    assert "task_card" not in text
 
 
 def test_card_reads_the_per_task_file_diversed_hf_bench_writes(tmp_path):
@@ -111,7 +115,8 @@ def test_card_reads_the_per_task_file_diversed_hf_bench_writes(tmp_path):
 
 def test_card_hub_metadata(saved):
     _, directory = saved
-    data = ModelCard.load(directory / "README.md").data
+    assert ModelCard.load(directory / "README.md").data.datasets is None  # saving reads no task registry
+    data = ModelCard.load(cards.write_card(directory, task_card=hub_cli.registered_task_card(directory))).data
     assert data.library_name == "diversed_hf"
     assert data.base_model == [TARGET_ID, DRAFT_ID]
     assert data.datasets == ["openai/gsm8k"]
@@ -208,18 +213,27 @@ def test_template_ships_inside_the_package():
     assert cards.TEMPLATE_PATH.parent.name == "templates" and cards.TEMPLATE_PATH.parent.parent.name == "diversed_hf"
 
 
-def test_task_facts_and_metric_labels_come_from_the_task_registry(tmp_path):
+def test_task_facts_come_from_the_training_record_or_the_caller_never_from_the_registry(tmp_path):
+    """Rendering reads no task: the facts are the head's training record's ``task_card`` (what ``train_head.py``
+    writes from the registry), or what the caller passes (``diversed-hf card`` passes the registry's)."""
     spec = get_task("xsum")
     rows = [{"method": "sd", "quality": 0.07, "quality_metric": "rouge2"}, {"method": "diversed", "quality": 0.06}]
-    text = make_head(task="xsum").generate_model_card(results=rows).text
+    recorded = {"task_card": task_card("xsum")}
+    text = make_head(task="xsum").generate_model_card(results=rows, training_config=recorded).text
     assert spec.description in text and spec.metric_label in text
     assert all(dataset in text for dataset in spec.hub_datasets)
     # an alias of the metric is the same metric, and the task's own metric fills in when rows carry none
     assert "mix quality metrics" not in text
     rows[0]["quality_metric"] = "rouge2_f1"
-    assert spec.metric_label in make_head(task="cnndm").generate_model_card(results=rows).text
+    given = cards.render_card(make_head(task="cnndm").config, results=rows, task_card=task_card("cnndm")).text
+    assert spec.metric_label in given and get_task("cnndm").description in given
+    bare = make_head(task="xsum").generate_model_card(results=rows).text  # no record: the task's name, no more
+    assert "Trained for the task `xsum`." in bare and spec.description not in bare
+    other = make_head(task="xsum").generate_model_card(training_config={"task_card": task_card("gsm8k")}).text
+    assert "Trained for the task `xsum`." in other  # a record of another task says nothing of this one
     unknown = make_head(task="my_task").generate_model_card(results=[{"method": "sd", "quality": 0.5}]).text
     assert "Trained for the task `my_task`." in unknown and "quality (x100)" in unknown
+    assert task_card("my_task") is None and task_card(None) is None
 
 
 def test_write_card_matches_the_card_save_pretrained_writes(saved, tmp_path):
@@ -329,7 +343,7 @@ def test_shipped_drafts_and_adapters_cards_match_their_training_records():
     (``diversed-hf card --shipped`` rewrites them)."""
     from pathlib import Path
 
-    from diversed_hf import hub_cli
+    from diversed_hf.lab import hub_cli
 
     rendered = hub_cli.shipped_model_cards()
     assert rendered, "the real pair ships EagleDrafts with cards"

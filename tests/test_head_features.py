@@ -24,7 +24,7 @@ from diversed_hf import (
 )
 from diversed_hf.features import FEATURE_NAMES, MARGIN_CAP, distribution_features
 from diversed_hf.hub import HEAD_FORMAT_VERSION
-from diversed_hf.rollout import build_logits_warpers, sample_from_mixture
+from diversed_hf.training.rollout import build_logits_warpers, sample_from_mixture
 
 SOME_FEATURES = ["tv", "target_entropy", "draft_top1", "argmax_agree", "target_margin"]
 

@@ -40,7 +40,7 @@ def eagle_pair(pair):
 
 
 def _prompts(tokenizer, n: int = 2):
-    from diversed_hf.tasks import load_task_dataset
+    from diversed_hf.lab.tasks import load_task_dataset
 
     rows = list(load_task_dataset("arith_chat", num_examples=n, seed=5)["prompt"])
     rows += list(load_task_dataset("humaneval", num_examples=1, seed=5)["prompt"])
@@ -157,7 +157,7 @@ def test_eagle_draft_greedy_parity_batched_and_accepts_more_than_the_self_draft(
 
 def test_every_eagle_draft_keeps_greedy_parity_on_everyday_prompts(pair):
     """Both shipped EagleDrafts, at their own lengths, on held-out everyday prompts: the target's greedy text."""
-    from diversed_hf.tasks.chat_prompts import everyday_prompts
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
 
     target, _, tokenizer = pair
     tokenizer.padding_side = "left"
@@ -183,7 +183,7 @@ def test_demo_runs_the_real_pair_on_everyday_prompts(capsys):
 
 def test_the_real_pair_loads_in_bfloat16_by_default_and_speculates():
     """bfloat16 by default (verification nearly free on a CPU); the EagleDraft follows the target's dtype."""
-    from diversed_hf.tasks.chat_prompts import everyday_prompts
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
 
     target, draft, tokenizer = testbed.load_pair("smollm2")
     assert smollm2.DEFAULT_DTYPE == "bfloat16"

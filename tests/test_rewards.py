@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from diversed_hf.tasks import get_task, reward_for_task, rewards
+from diversed_hf.lab.tasks import get_task, reward_for_task, rewards
 
 
 def test_exact_match():

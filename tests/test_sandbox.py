@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from diversed_hf.tasks import rewards, sandbox
-from diversed_hf.tasks.sandbox import MAX_PROCESSES, OUTPUT_TAIL_BYTES, sandbox_mode
+from diversed_hf.lab.tasks import rewards, sandbox
+from diversed_hf.lab.tasks.sandbox import MAX_PROCESSES, OUTPUT_TAIL_BYTES, sandbox_mode
 
 MODE = sandbox_mode()
 ROOT = os.geteuid() == 0
@@ -375,7 +375,7 @@ def test_tampering_with_the_work_directory_never_raises_and_leaves_nothing(runne
 
 
 def test_removing_a_deep_and_unreadable_tree(shared_tmp):
-    from diversed_hf.tasks.sandbox_files import remove_workdir
+    from diversed_hf.lab.tasks.sandbox_files import remove_workdir
 
     top = os.path.join(shared_tmp, "work")
     os.mkdir(top)

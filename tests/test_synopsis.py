@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rouge_score import rouge_scorer
 
-from diversed_hf.tasks import get_task, load_task_dataset, reward_for_task, synopsis, synopsis_build
+from diversed_hf.lab.tasks import get_task, load_task_dataset, reward_for_task, synopsis, synopsis_build
 
 
 def test_the_shipped_pairs_are_deduplicated_and_split_by_module():
@@ -100,7 +100,7 @@ def test_the_data_file_rebuilds_bit_identically(tmp_path):
 
     out = tmp_path / "synopsis.jsonl.gz"
     subprocess.run(
-        [sys.executable, "-m", "diversed_hf.tasks.synopsis_build", "--output", str(out)],
+        [sys.executable, "-m", "diversed_hf.lab.tasks.synopsis_build", "--output", str(out)],
         check=True,
         capture_output=True,
         timeout=300,

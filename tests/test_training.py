@@ -20,8 +20,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from diversed_hf import DiversedHead, ops
-from diversed_hf.rollout import build_logits_warpers, mixture_logprobs, sample_from_mixture
 from diversed_hf.training import DiversedConfig, DiversedTrainer, load_head, objective
+from diversed_hf.training.rollout import build_logits_warpers, mixture_logprobs, sample_from_mixture
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -589,7 +589,7 @@ def test_yaml_no_is_a_strategy_not_false(tmp_path):
 
 
 def test_import_diversed_hf_does_not_import_trl():
-    code = "import sys, diversed_hf, diversed_hf.rollout, diversed_hf.tasks; print('trl' in sys.modules)"
+    code = "import sys, diversed_hf, diversed_hf.training.rollout, diversed_hf.lab.tasks; print('trl' in sys.modules)"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1]

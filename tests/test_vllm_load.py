@@ -19,6 +19,8 @@ def bed_args(**overrides) -> argparse.Namespace:
         tokenizer=str(testbed.asset_path("tokenizer")),
         head=str(testbed.asset_path("heads/arith")),
         task="arith",
+        pair="testbed",
+        method="draft_model",
     )
     return argparse.Namespace(**{**values, **overrides})
 
@@ -59,3 +61,32 @@ def test_section_only_names_a_missing_or_truncated_runs_file(tmp_path):
     (tmp_path / "runs.json").write_text('{"meta": {"vllm": "0.1"}, "rows": [{"method"')
     with pytest.raises(ValueError, match=r"`--section-only`: .*runs.json is not a complete runs file .*cut short"):
         vllm_load.main(["--section-only", "--output-dir", str(tmp_path)])
+
+
+def test_the_real_pair_serves_the_task_eagle_draft_exported_for_vllms_eagle_method(tmp_path):
+    """``--pair smollm2``: the task EagleDraft exported with every id, vLLM's ``eagle`` method, the ``arith_chat``
+    head and its chat prompts; the head is checked against the export's hidden size as the server would."""
+    import json
+
+    target = tmp_path / "target"  # the converted SmolLM2's config as the check reads it (its size only)
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 576}))
+    args = argparse.Namespace(
+        pair="smollm2",
+        target=str(target),
+        draft=None,
+        tokenizer=str(testbed.asset_path("tokenizer")),
+        head=None,
+        task=None,
+    )
+    vllm_load.resolve_pair(args, tmp_path)
+    assert (args.method, args.task) == ("eagle", "arith_chat")
+    export = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert export["architectures"] == ["EagleLlamaForCausalLM"] and export["vocab_size"] == 49152
+    assert args.head.endswith("smollm2/heads/arith_chat")
+    vllm_load.check_inputs(args)
+    command = vllm_load.server_command(args, 8000, speculative=True)
+    speculative = json.loads(command[command.index("--speculative-config") + 1])
+    assert speculative["method"] == "eagle" and speculative["model"] == args.draft
+    prompts = vllm_load.load_prompts(args.task, 2)
+    assert len(prompts) == 2 and all(prompt.startswith("<|im_start|>") for prompt in prompts)

@@ -85,6 +85,16 @@ def test_table_puts_speed_against_the_same_backends_target_only_and_marks_invali
     assert "2.00x" in sd_line and "50.0 %" in sd_line
     broken = next(line for line in lines if "invalid" in line)
     assert broken.startswith("| 0.7 |") and "90.0 %" in broken
+    assert sd_line.endswith("| 1 / 1 |") and broken.endswith("| – |")  # greedy SD emitted target-only's tokens
+
+
+def test_greedy_rows_count_the_outputs_identical_to_target_only():
+    target = summarize(TARGET, 0.0, 2, seconds=1.0, token_ids=[[1, 2, 3], [4, 5]], exact_match=[1.0, 1.0])
+    sd = summarize(SD, 0.0, 2, seconds=1.0, token_ids=[[1, 2, 3], [4, 6]], exact_match=[1.0, 0.0])
+    line = next(line for line in results_table([target, sd]).splitlines() if "| vLLM SD" in line)
+    assert line.endswith("| 1 / 2 |")
+    del target["token_ids"]  # a run saved before the ids were kept
+    assert results_table([target, sd]).splitlines()[-1].endswith("| – |")
 
 
 def test_every_arm_is_a_known_backend_and_rule_and_the_broken_one_is_marked():

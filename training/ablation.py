@@ -5,7 +5,7 @@
                 "features, linear=runs/abl_arith_f/head" "shipped#seed1=runs/arith_s1/head"
 
 Every head verifies the same ``--num-prompts`` held-out prompts x ``--num-samples`` samples as target-only
-decoding and lossless SD (one ``diversed-hf bench`` run, :func:`diversed_hf.bench.run_bench`; untimed), so
+decoding and lossless SD (one ``diversed-hf bench`` run, :func:`diversed_hf.lab.bench.run_bench`; untimed), so
 each head's quality is compared with the target distribution's on the same prompts (paired, 95 % bootstrap
 interval; target-only and SD pooled). Per head the table shows what it reads (hidden states and/or
 distribution features), its architecture and size, acceptance and its ratio to SD's, quality, and the
@@ -41,11 +41,11 @@ import torch
 import yaml
 
 from diversed_hf import DiversedHead, testbed
-from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench
-from diversed_hf.bench.report import _cell, _delta_cell
-from diversed_hf.bench.schema import BenchResult, task_setting
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.tasks import metric_label
+from diversed_hf.lab.bench import BenchConfig, Method, load_task, parse_methods, run_bench
+from diversed_hf.lab.bench.report import _cell, _delta_cell
+from diversed_hf.lab.bench.schema import BenchResult, task_setting
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.tasks import metric_label
 from diversed_hf.verifiers import HeadVerifier
 
 REPO = Path(__file__).resolve().parents[1]

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 from diversed_hf.testbed import tasks
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 from eval_head import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
 
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.tasks import load_task_dataset
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.tasks import load_task_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 

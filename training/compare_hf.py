@@ -32,7 +32,7 @@ import torch
 
 import diversed_hf.testbed as testbed
 from diversed_hf import ExactVerifier, StaticEnsembleVerifier, enable_diversed
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, run_script
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,8 +33,8 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import SFTConfig, SFTTrainer, TrlParser
 
-from diversed_hf.cli_utils import check_output_dir, run_script
-from diversed_hf.tasks import get_task
+from diversed_hf.lab.cli_utils import check_output_dir, run_script
+from diversed_hf.lab.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ logger = logging.getLogger("distill_draft")
 @dataclass
 class DistillArguments:
     task: str = field(
-        metadata={"help": "Task whose training prompts are completed by the target (see diversed_hf.tasks)."}
+        metadata={"help": "Task whose training prompts are completed by the target (see diversed_hf.lab.tasks)."}
     )
     target_model: str = field(default="testbed", metadata={"help": "Target model id/path, or 'testbed'."})
     draft_model: str | None = field(default=None, metadata={"help": "Draft model id/path (not with the testbed)."})

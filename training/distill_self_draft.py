@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script
-from diversed_hf.tasks import load_task_dataset
+from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script
+from diversed_hf.lab.tasks import load_task_dataset
 from diversed_hf.testbed import smollm2  # noqa: E402  (also registers the testbed's tasks)
 
 logger = logging.getLogger("distill_self_draft")

@@ -5,7 +5,7 @@
 
 SmolLM2-135M-Instruct as target, one torch thread, on two prompt sets: held-out ``synopsis`` test prompts (a summary
 copies words from its source: what prompt lookup feeds on) and the held-out everyday chat prompts
-(``diversed_hf.tasks.chat_prompts.everyday_prompts``). Drafters: the shipped EagleDraft at its shipped length, prompt
+(``diversed_hf.lab.tasks.chat_prompts.everyday_prompts``). Drafters: the shipped EagleDraft at its shipped length, prompt
 lookup (``prompt_lookup_num_tokens``) and early exit (``assistant_early_exit``: the target's first layers, untrained
 for it), each verified losslessly (``ExactVerifier``) and, when sampling, by a static ensemble (``--weight``, the
 declared law ``w p + (1 - w) q``). Greedy and temperature 0.7 (top-k 0, top-p 1); batch 1 (every configuration on
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from eagle_results import aggregate_runs, measure, sampling_modes, timed_generate
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("drafter_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -142,8 +142,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from diversed_hf import enable_diversed
-    from diversed_hf.tasks import load_task_dataset
-    from diversed_hf.tasks.chat_prompts import everyday_prompts
+    from diversed_hf.lab.tasks import load_task_dataset
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
     from diversed_hf.testbed import smollm2
 
     output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "drafters")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import (
+from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     check_output_dir,
     regenerate_lines,
@@ -73,7 +73,7 @@ def parse_args(argv=None):
 def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int = 7, repeats: int = 3) -> dict:
     """``c`` per draft and ``c_verify(n)`` for ``n = 1..max_tokens``, from warm-cache single steps (best of repeats)."""
     from diversed_hf import compat
-    from diversed_hf.bench.runner import timing_features
+    from diversed_hf.lab.bench.runner import timing_features
 
     def best(run) -> float:
         times = []
@@ -396,7 +396,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from diversed_hf import enable_diversed
-    from diversed_hf.tasks import load_task_dataset
+    from diversed_hf.lab.tasks import load_task_dataset
     from diversed_hf.testbed import smollm2
 
     output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "eagle")

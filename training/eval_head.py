@@ -14,9 +14,9 @@ For every method, on the same prompts, at the same temperature (sampling, top-k/
 
 Prints and (with ``--output``) writes rows in the model-card results format of
 :mod:`diversed_hf.cards`: ``acceptance_rate`` (accepted drafted tokens / drafted tokens, summed over
-rounds), ``tokens_per_round``, ``quality`` (the task's metric from :mod:`diversed_hf.tasks`: exact match,
+rounds), ``tokens_per_round``, ``quality`` (the task's metric from :mod:`diversed_hf.lab.tasks`: exact match,
 ROUGE-2 F1 or pass@1, as a fraction) and wall-clock ``seconds_per_sample``; plus the ratio of DIVERSED's
-acceptance to SD's. ``--task`` is any task of the registry (:func:`diversed_hf.tasks.get_task`), the
+acceptance to SD's. ``--task`` is any task of the registry (:func:`diversed_hf.lab.tasks.get_task`), the
 testbed's ``arith`` / ``summary`` (also ``testbed_arith`` / ``testbed_summary``) included.
 
 Options take both spellings (``--num-examples``, ``--num_examples``). ``--output`` is checked before the
@@ -37,15 +37,15 @@ import torch
 
 import diversed_hf.testbed  # noqa: E402,F401 - registers the testbed's tasks (arith, summary)
 from diversed_hf import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed
-from diversed_hf.bench.stats import add_paired_differences
-from diversed_hf.cli_utils import (
+from diversed_hf.lab.bench.stats import add_paired_differences
+from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     add_debug_flag,
     check_output_file,
     run_script,
     write_text_atomic,
 )
-from diversed_hf.tasks import get_task, load_task_dataset, task_names
+from diversed_hf.lab.tasks import get_task, load_task_dataset, task_names
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ FAMILIES = {"autoregressive": "target-only", "sd": "sd", "diversed": "diversed"}
 
 
 def task_argument(name: str) -> str:
-    """argparse ``type`` of ``--task``: a name (or alias) registered in :mod:`diversed_hf.tasks`."""
+    """argparse ``type`` of ``--task``: a name (or alias) registered in :mod:`diversed_hf.lab.tasks`."""
     try:
         get_task(name)
     except ValueError as error:
@@ -68,7 +68,7 @@ def task_argument(name: str) -> str:
 
 
 def task_help() -> str:
-    return f"a task of diversed_hf.tasks: one of {', '.join(task_names())} (testbed tasks also as testbed_<name>)"
+    return f"a task of diversed_hf.lab.tasks: one of {', '.join(task_names())} (testbed tasks also as testbed_<name>)"
 
 
 def check_pair(task: str, target_id: str, head_source: str | None = None) -> None:

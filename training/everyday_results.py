@@ -7,7 +7,7 @@ prompts").
 Lossless SD (``ExactVerifier``) against the target alone (SmolLM2-135M-Instruct), batch 1, one torch thread, on two
 prompt sets:
 
-- **everyday**: the held-out everyday chat prompts (``diversed_hf.tasks.chat_prompts.everyday_prompts``: 64 prompts
+- **everyday**: the held-out everyday chat prompts (``diversed_hf.lab.tasks.chat_prompts.everyday_prompts``: 64 prompts
   written apart from the broad set the draft was distilled on);
 - **arith_chat**: held-out ``arith_chat`` test prompts (the task rows the earlier draft was measured on).
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from eagle_results import measure, sampling_modes, step_costs
 
-from diversed_hf.cli_utils import (
+from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     check_output_dir,
     regenerate_lines,
@@ -237,7 +237,7 @@ def ship(results: dict, command: str) -> None:
     record = json.loads((EAGLE_DIR / "training.json").read_text())
     record["measured"] = {
         "summary": summary_paragraph(results).split("): ", 1)[1],
-        "prompts": "the held-out everyday chat prompts (diversed_hf.tasks.chat_prompts.everyday_prompts) and held-out "
+        "prompts": "the held-out everyday chat prompts (diversed_hf.lab.tasks.chat_prompts.everyday_prompts) and held-out "
         "arith_chat test prompts",
         "command": command,
         "best_draft_length": n,
@@ -293,8 +293,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from diversed_hf import enable_diversed
-    from diversed_hf.tasks import load_task_dataset
-    from diversed_hf.tasks.chat_prompts import everyday_prompts
+    from diversed_hf.lab.tasks import load_task_dataset
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
     from diversed_hf.testbed import smollm2
 
     output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "everyday")

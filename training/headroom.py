@@ -43,10 +43,10 @@ from pathlib import Path
 import torch
 
 from diversed_hf import DiversedHead, testbed
-from diversed_hf.bench import BenchConfig, Method, load_task, parse_methods, run_bench
-from diversed_hf.bench.report import _cell, _delta_cell
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.tasks import metric_label
+from diversed_hf.lab.bench import BenchConfig, Method, load_task, parse_methods, run_bench
+from diversed_hf.lab.bench.report import _cell, _delta_cell
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.tasks import metric_label
 from diversed_hf.testbed import tasks
 from diversed_hf.verifiers import HeadVerifier
 

@@ -57,8 +57,8 @@ from real_pair_runs import (  # what each --draft measures
     TASKS,
 )
 
-from diversed_hf.bench import read_results, write_results, write_results_page
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.bench import read_results, write_results, write_results_page
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     path = head_dir / "calibration.json" if shipped else output_dir / f"calibration_{task}.json"
     if not path.is_file():
         return ""
-    from diversed_hf.tasks import get_task
+    from diversed_hf.lab.tasks import get_task
 
     shown = _format_calibration(path, str(path), get_task(task).metric)
     measured = (
@@ -317,7 +317,8 @@ def speed_table(runs: dict[tuple[int, int], list]) -> str:
 def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the real pair's shipped head for that task; then every shipped
     head's card is rendered again (``model_cards/smollm2_<task>.md`` for these)."""
-    from diversed_hf import hub_cli, testbed
+    from diversed_hf import testbed
+    from diversed_hf.lab import hub_cli
 
     for result in results:
         head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task

@@ -4,7 +4,7 @@
     python training/make_results.py --quick          # a few-minute smoke run into results_quick/
     accelerate launch --multi_gpu --num_processes 2 training/make_results.py   # data parallel, 2 processes
 
-Three runs of ``diversed-hf bench`` (see ``diversed_hf/bench/``) on the testbed pair, tasks ``arith`` and
+Three runs of ``diversed-hf bench`` (see ``diversed_hf/lab/bench/``) on the testbed pair, tasks ``arith`` and
 ``summary``, make one page:
 
 1. **Methods** (:data:`METHODS`): target-only, SD, lossy SD, the static ensemble (with SD as w = 1 they
@@ -43,10 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-from diversed_hf.bench import cli as bench_cli
-from diversed_hf.bench import policy_table, write_results, write_results_page
-from diversed_hf.bench.runner import process_state
-from diversed_hf.cli_utils import (
+from diversed_hf.lab.bench import cli as bench_cli
+from diversed_hf.lab.bench import policy_table, write_results, write_results_page
+from diversed_hf.lab.bench.runner import process_state
+from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     add_debug_flag,
     check_output_dir,
@@ -117,7 +117,8 @@ def run_bench_argv(argv: list[str]):
 def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the testbed's head for that task; then every shipped head's
     card (its README.md and ``model_cards/<name>.md``) is rendered again."""
-    from diversed_hf import hub_cli, testbed
+    from diversed_hf import testbed
+    from diversed_hf.lab import hub_cli
 
     for result in results:
         head_dir = testbed.ASSETS_DIR / "heads" / result.task
@@ -157,6 +158,8 @@ VLLM_SECTION = ("vllm", "Serving with vLLM")
 VLLM_EAGLE_SECTION = ("vllm_eagle", "Serving with vLLM: the EagleDraft")
 #: vLLM's OpenAI server under concurrent load, written by training/vllm_load.py
 VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
+#: the same with the real pair's task EagleDraft through vLLM's eagle method (training/vllm_load.py --pair smollm2)
+VLLM_LOAD_EAGLE_SECTION = ("vllm_load_eagle", "Serving with vLLM under load: the EagleDraft")
 #: the real pair's feature draft against its self-draft, written by training/eagle_results.py
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
 #: training/everyday_results.py: the default EagleDraft on held-out everyday prompts and on arith_chat
@@ -180,6 +183,7 @@ CARRIED_SECTIONS = (
     VLLM_SECTION,
     VLLM_EAGLE_SECTION,
     VLLM_LOAD_SECTION,
+    VLLM_LOAD_EAGLE_SECTION,
 )
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import diversed_hf.testbed as testbed
-from diversed_hf.cli_utils import (
+from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     add_debug_flag,
     check_output_file,

@@ -30,7 +30,7 @@ import compare_hf
 import torch
 from make_results import run_bench_argv
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 #: the issue's goals: our time against transformers' on the testbed; measured / predicted on the real pair

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, run_script
+from diversed_hf.lab.cli_utils import ArgumentParser, run_script
 from diversed_hf.testbed import smollm2
 
 

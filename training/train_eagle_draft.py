@@ -9,7 +9,7 @@
 
 1. **Data** (``--output_dir``/data): SmolLM2-135M-Instruct answers chat prompts (``--num_chat`` everyday requests of
    the broad chat set, or your own with ``--prompts``; ``arith_chat`` and ``humaneval`` training problems;
-   explanations of standard-library functions: ``diversed_hf.tasks.eagle_prompts``), sampled at
+   explanations of standard-library functions: ``diversed_hf.lab.tasks.eagle_prompts``), sampled at
    ``--temperature`` (every ``1/--greedy_fraction``-th prompt greedily); its last hidden state and top-``--top_k``
    log-probabilities are kept at every position from the same passes (``diversed_hf.training.eagle_data``). Resumable
    shard by shard.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("train_eagle_draft")
 
@@ -202,11 +202,11 @@ def _settings(args):
 def _prompts(args) -> tuple[list, dict[str, int]]:
     """The prompts the target answers, the sources interleaved, and how many come from each source (the chat ones
     named after where they come from)."""
-    from diversed_hf.tasks.eagle_prompts import eagle_prompt_mix, interleave
+    from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix, interleave
 
     user_prompts = None
     if args.prompts:
-        from diversed_hf.tasks.chat_prompts import load_user_prompts
+        from diversed_hf.lab.tasks.chat_prompts import load_user_prompts
 
         user_prompts = load_user_prompts(args.prompts, args.num_user_prompts)
     mix = eagle_prompt_mix(

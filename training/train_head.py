@@ -40,9 +40,9 @@ import torch
 from trl import GRPOConfig, TrlParser
 
 from diversed_hf import DiversedHead
-from diversed_hf.cli_utils import check_output_dir, run_script
-from diversed_hf.tasks import get_task
-from diversed_hf.tasks.dense_rewards import (
+from diversed_hf.lab.cli_utils import check_output_dir, run_script
+from diversed_hf.lab.tasks import get_task, task_card
+from diversed_hf.lab.tasks.dense_rewards import (
     add_target_columns,
     check_reward_mode,
     dense_reward,
@@ -59,7 +59,7 @@ logger = logging.getLogger("train_head")
 class ScriptArguments:
     task: str = field(
         metadata={
-            "help": "A task of diversed_hf.tasks (data, reward, metric): gsm8k, cnn_dailymail, xsum, mbpp, or the "
+            "help": "A task of diversed_hf.lab.tasks (data, reward, metric): gsm8k, cnn_dailymail, xsum, mbpp, or the "
             "testbed's testbed_arith / testbed_summary."
         }
     )
@@ -298,6 +298,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         },
         global_steps=trainer.state.global_step,
         torch_threads=torch.get_num_threads(),
+        task_card=task_card(script.task),  # what the head's card says of its task (diversed_hf.cards)
     )
     hub_datasets = get_task(script.task).hub_datasets
     if hub_datasets:

@@ -5,7 +5,7 @@
         --save_to diversed_hf/testbed/assets/smollm2/tuned                                   # the shipped adapter
 
 1. **Chat answers** (``--output_dir``/chat_answers.jsonl): the base model answers ``--num_chat`` everyday requests of
-   the broad chat set (``diversed_hf.tasks.chat_prompts.broad_chat_prompts``) greedily, at most
+   the broad chat set (``diversed_hf.lab.tasks.chat_prompts.broad_chat_prompts``) greedily, at most
    ``--chat_max_new_tokens`` tokens each. Answers cut off there, or empty, are left out of training (a cut-off answer
    would teach the model to stop mid-sentence). Written batch by batch: a rerun answers only what is missing.
 2. **Supervised fine-tuning** (``--output_dir``/checkpoints): TRL's ``SFTTrainer`` on prompt/completion pairs, the loss
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from diversed_hf.cards import REAL_PAIR_MODEL_IDS
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("tune_target")
 
@@ -167,7 +167,7 @@ def parse_args(argv=None):
             parser.error(f"--{name} must be 0 or a positive integer, got {getattr(args, name)}")
     if args.num_synopsis + args.num_arith_steps + args.num_chat == 0:
         parser.error("the training mix is empty (--num_synopsis, --num_arith_steps and --num_chat are all 0)")
-    from diversed_hf.tasks.synopsis import synopsis_rows
+    from diversed_hf.lab.tasks.synopsis import synopsis_rows
 
     available = sum(row["split"] == "train" for row in synopsis_rows())
     if args.num_synopsis > available:
@@ -295,7 +295,7 @@ def chat_answers(target, tokenizer, prompts: list[str], path: Path, args) -> tup
 
 def task_pairs(args) -> dict[str, tuple[list[str], list[str]]]:
     """``{task: (prompts, references)}`` of the training splits."""
-    from diversed_hf.tasks import load_task_dataset
+    from diversed_hf.lab.tasks import load_task_dataset
 
     pairs = {}
     for task, count in (("synopsis", args.num_synopsis), ("arith_steps", args.num_arith_steps)):
@@ -495,7 +495,7 @@ def main(argv=None, load_target=None) -> Path:
     settings = check_run(output_dir, args)  # all before the model loads
     if _newest_checkpoint(output_dir / "checkpoints") is None:  # training starts at step 0: a new chain of sessions
         (output_dir / SESSIONS_FILE).unlink(missing_ok=True)
-    from diversed_hf.tasks.chat_prompts import broad_chat_prompts
+    from diversed_hf.lab.tasks.chat_prompts import broad_chat_prompts
 
     pairs = task_pairs(args)
     prompts = broad_chat_prompts(args.num_chat, seed=args.seed) if args.num_chat else []

@@ -10,7 +10,7 @@ For each task (``synopsis``: ROUGE-2 F1 x 100; ``arith_steps``: exact match of t
 answer every test prompt ``--samples`` times at temperature 1 (top-k 0, top-p 1: the target distribution the paper's
 quality claim is about) and once greedily, ``--batch_size`` prompts at a time, up to the task's length limit. The
 table gives each target's mean and the tuned minus the untuned one, paired over prompts with a 95 % bootstrap interval
-(:func:`diversed_hf.bench.stats.paired_difference`), and the goals at temperature 1 (``synopsis`` >= 8,
+(:func:`diversed_hf.lab.bench.stats.paired_difference`), and the goals at temperature 1 (``synopsis`` >= 8,
 ``arith_steps`` >= 50 %).
 
 **Resumable.** Each completion is appended to ``<output_dir>/records/<target>_<dtype>_<mode>_<task>_seed<seed>.jsonl``
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("tuned_quality")
 
@@ -127,7 +127,7 @@ def answer(model, tokenizer, prompts: list[str], references: list[str], task, mo
 
 def summarise(scores: dict, tasks) -> dict:
     """Per task and mode: each target's mean (x100) and the tuned minus the untuned one, paired over prompts."""
-    from diversed_hf.bench.stats import paired_difference
+    from diversed_hf.lab.bench.stats import paired_difference
 
     table = {}
     for task in tasks:
@@ -198,7 +198,7 @@ def main(argv=None, targets=None) -> int:
     models (tests pass tiny ones)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from diversed_hf.tasks import get_task, load_task_dataset
+    from diversed_hf.lab.tasks import get_task, load_task_dataset
     from diversed_hf.testbed import smollm2_tuned
 
     adapter = Path(args.adapter) if args.adapter else smollm2_tuned.TUNED_DIR

@@ -2,6 +2,7 @@
 
     .venv-vllm/bin/python training/vllm_load.py           # results/vllm_load/runs.json, results/vllm_load.md, RESULTS.md
     .venv-vllm/bin/python training/vllm_load.py --quick   # 4 requests per cell into results_quick/vllm_load/ (CI)
+    .venv-vllm/bin/python training/vllm_load.py --pair smollm2   # the real pair's EagleDraft: results/vllm_load_eagle/
 
 Runs in vLLM's environment (README, "Serving with vLLM"). Two servers on 127.0.0.1, one after the other, each
 started as ``python -m vllm.entrypoints.openai.api_server`` and stopped with SIGTERM (the script fails if one does
@@ -18,6 +19,10 @@ number of held-out prompts of the task, ``--max-concurrency`` clients at a time 
 rate, completions API, temperature 1. Per cell: requests/s, output tokens/s, time to first token and time per output
 token (median and p95), completed and failed requests, and acceptance from the server's spec-decoding counters
 (accepted / drafted tokens, and tokens per round). Defaults: the testbed pair, its ``arith`` head, ``arith`` prompts.
+``--pair smollm2``: the real pair served through vLLM's ``eagle`` method, SmolLM2-135M-Instruct with the task
+EagleDraft (exported by :meth:`~diversed_hf.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True``), the shipped
+``arith_chat`` head and held-out ``arith_chat`` chat prompts: the head's own operating point (the draft it was
+trained with, temperature 1, N = 3; its card), into RESULTS.md's "Serving with vLLM under load: the EagleDraft".
 One thread for the server (``OMP_NUM_THREADS=1``). The models, tokenizer and head are checked before a server starts
 (the head against the models' hidden sizes, as the server would).
 """
@@ -35,10 +40,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from make_results import VLLM_LOAD_SECTION, refresh_head_sections
+from make_results import VLLM_LOAD_EAGLE_SECTION, VLLM_LOAD_SECTION, refresh_head_sections
 
 from diversed_hf import testbed
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,6 +60,50 @@ METHODS = (
     (f"static w = {STATIC_WEIGHT}", "diversed", {"target_weight": STATIC_WEIGHT}),
     ("DIVERSED head", "diversed", {"head": "head"}),
 )
+
+
+#: ``--pair``: vLLM's speculative method, the task whose held-out prompts are sent, and RESULTS.md's section
+PAIRS = {
+    "testbed": ("draft_model", "arith", VLLM_LOAD_SECTION),
+    "smollm2": ("eagle", "arith_chat", VLLM_LOAD_EAGLE_SECTION),
+}
+
+
+def resolve_pair(args, output_dir: Path) -> None:
+    """Fill ``args.target`` / ``draft`` / ``tokenizer`` / ``head`` / ``task`` left unset with ``args.pair``'s: the
+    testbed's shipped files, or the real pair (its converted target, the task EagleDraft exported for vLLM into
+    ``output_dir/export``, the ``arith_chat`` head)."""
+    method, task, _ = PAIRS[args.pair]
+    args.method, args.task = method, args.task or task
+    if args.pair == "testbed":
+        args.target = args.target or str(testbed.asset_path("target"))
+        args.draft = args.draft or str(testbed.asset_path("draft"))
+        args.tokenizer = args.tokenizer or str(testbed.asset_path("tokenizer"))
+        args.head = args.head or str(testbed.asset_path("heads/arith"))
+        return
+    from diversed_hf.testbed.smollm2 import ensure_target
+
+    args.target = args.target or str(ensure_target())
+    args.tokenizer = args.tokenizer or args.target
+    args.head = args.head or str(testbed.ASSETS_DIR / "smollm2" / "heads" / "arith_chat")
+    if args.draft is None:  # vLLM's EAGLE-1 scores every id: the draft's weights over the whole vocabulary
+        import torch
+
+        from diversed_hf import EagleDraft
+        from diversed_hf.testbed.smollm2 import EAGLE_TASKS_DIR
+
+        draft = EagleDraft.from_pretrained(EAGLE_TASKS_DIR, dtype=torch.float32)
+        args.draft = str(draft.save_for_vllm(output_dir / "export", full_vocab=True))
+
+
+def load_prompts(task: str, num_prompts: int) -> list[str]:
+    """Held-out prompts of ``task``: the testbed's plain-text ones, or ``arith_chat``'s, already in the chat
+    template (sent as they are, ``--skip-chat-template``)."""
+    if task == "arith_chat":
+        from diversed_hf.testbed.arith_chat import load_arith_chat
+
+        return list(load_arith_chat("test", num_prompts)["prompt"])
+    return list(testbed.load_task(task, split="test", num_examples=num_prompts, seed=0)["prompt"])
 
 
 def free_port() -> int:
@@ -146,7 +195,7 @@ def server_command(args, port: int, speculative: bool) -> list[str]:
             "--speculative-config",
             json.dumps(
                 {
-                    "method": "draft_model",
+                    "method": args.method,
                     "model": str(args.draft),
                     "num_speculative_tokens": NUM_DRAFT_TOKENS,
                     "draft_sample_method": "probabilistic",
@@ -296,9 +345,9 @@ def summarize(method: str, concurrency: int, result: dict) -> dict:
 
 
 def run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict]:
-    data = testbed.load_task(args.task, split="test", num_examples=sizes["num_prompts"], seed=0)
+    prompts = load_prompts(args.task, sizes["num_prompts"])
     prompts_file = output_dir / "prompts.jsonl"
-    prompts_file.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in data["prompt"]))
+    prompts_file.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in prompts))
     rows, stops = [], {}
     logs = output_dir / "logs"  # the servers' output (not committed)
     logs.mkdir(exist_ok=True)
@@ -310,7 +359,7 @@ def run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict]:
             for method, name, rule in METHODS:
                 if name != server_name:
                     continue
-                complete(server.url, data["prompt"][0], 4, rule)  # warm-up, and the rule is accepted
+                complete(server.url, prompts[0], 4, rule)  # warm-up, and the rule is accepted
                 for concurrency in sizes["concurrency"]:
                     row = summarize(
                         method, concurrency, bench(server.url, args, prompts_file, concurrency, rule, sizes)
@@ -320,6 +369,8 @@ def run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict]:
         finally:
             stops[server_name] = server.stop()
     meta = {
+        "pair": args.pair,
+        "method": args.method,
         "target": _shown(args.target),
         "draft": _shown(args.draft),
         "head": _shown(args.head),
@@ -373,7 +424,8 @@ def section_text(rows: list[dict], meta: dict) -> str:
         f"vLLM {meta['vllm']}'s OpenAI server on 127.0.0.1 with the plugin, loaded by vLLM's own serving benchmark "
         f"(`vllm.benchmarks.serve`): {meta['num_prompts']} held-out `{meta['task']}` prompts per cell, "
         f"`--max-concurrency` clients, up to {meta['max_tokens']} new tokens, temperature {meta['temperature']:g}. "
-        f"Pair: `{meta['target']}` / `{meta['draft']}`, N = {meta['num_draft_tokens']} drafts per round. "
+        f"Pair: `{meta['target']}` / `{meta['draft']}` (vLLM's `{meta.get('method', 'draft_model')}` method), "
+        f"N = {meta['num_draft_tokens']} drafts per round. "
         "target-only is a server without speculative decoding; the other rows are one DIVERSED server "
         '(`additional_config={"diversed": {"target_weight": 1.0, "heads": {"head": ...}}}`, lossless by '
         'default) whose requests choose their rule in the body: `{"diversed": {"target_weight": 0.5}}` and '
@@ -407,29 +459,38 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="4 requests per cell, 1 and 4 clients (RESULTS.md untouched)."
     )
     parser.add_argument("--output-dir", default=None, help="Where runs.json, the section and the logs go.")
-    parser.add_argument("--target", default=str(testbed.asset_path("target")), help="The target model's directory.")
-    parser.add_argument("--draft", default=str(testbed.asset_path("draft")), help="The draft model's directory.")
-    parser.add_argument("--tokenizer", default=str(testbed.asset_path("tokenizer")), help="The pair's tokenizer.")
-    parser.add_argument("--head", default=str(testbed.asset_path("heads/arith")), help="The head requests may pick.")
-    parser.add_argument("--task", default="arith", help="The testbed task whose held-out prompts are sent.")
+    parser.add_argument(
+        "--pair",
+        choices=sorted(PAIRS),
+        default="testbed",
+        help="testbed: the shipped 9M pair (vLLM's draft_model method, the arith head); smollm2: SmolLM2-135M-Instruct "
+        "with the task EagleDraft (vLLM's eagle method) and the arith_chat head. The options below override its files.",
+    )
+    parser.add_argument("--target", default=None, help="The target model's directory (default: the pair's).")
+    parser.add_argument(
+        "--draft", default=None, help="The draft model's directory (with --pair smollm2: an EagleDraft export)."
+    )
+    parser.add_argument("--tokenizer", default=None, help="The pair's tokenizer (default: the pair's).")
+    parser.add_argument("--head", default=None, help="The head requests may pick (default: the pair's).")
+    parser.add_argument("--task", default=None, help="The task whose held-out prompts are sent (default: the pair's).")
     parser.add_argument("--section-only", action="store_true", help="Run nothing: rebuild the section from runs.json.")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     sizes = dict(QUICK if args.quick else FULL)
     root = REPO / ("results_quick" if args.quick else "results")
-    output_dir = check_output_dir(args.output_dir or root / VLLM_LOAD_SECTION[0], "--output-dir")
+    section_name = PAIRS[args.pair][2][0]
+    output_dir = check_output_dir(args.output_dir or root / section_name, "--output-dir")
     output_dir.mkdir(parents=True, exist_ok=True)
     runs_file = output_dir / "runs.json"
     if args.section_only:
         rows, meta = read_runs(runs_file)
     else:
+        resolve_pair(args, output_dir)
         check_inputs(args)
         rows, meta = run_all(args, sizes, output_dir)
         runs_file.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     check_rows(rows, meta)
-    section_file = (
-        output_dir.parent / f"{VLLM_LOAD_SECTION[0]}.md" if args.output_dir is None else output_dir / "section.md"
-    )
+    section_file = output_dir.parent / f"{section_name}.md" if args.output_dir is None else output_dir / "section.md"
     section_file.write_text(section_text(rows, meta))
     if not args.quick and args.output_dir is None:
         refresh_head_sections(REPO / "RESULTS.md", root)

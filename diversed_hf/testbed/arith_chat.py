@@ -3,7 +3,7 @@
 The testbed's ``arith`` problems take three to five steps; the 135M instruct model solves almost none
 of them. These take one addition or subtraction of numbers up to 30, which it solves often enough to
 measure (about a third of the time, greedy). The question is the user turn of a chat
-(:func:`diversed_hf.tasks.chat.chat_prompt`, SmolLM2's template by default); the reference is
+(:func:`diversed_hf.lab.tasks.chat.chat_prompt`, SmolLM2's template by default); the reference is
 ``"#### <answer>"`` and the reward is the testbed's exact match on the final number.
 
 Split: a problem's canonical key is its operation and operands (names and objects left out); it is a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from ..tasks.chat import chat_prompt
+from ..lab.tasks.chat import chat_prompt
 from .tasks import NAMES, OBJECTS, split_of
 
 __all__ = ["MAX_OPERAND", "generate", "load_arith_chat"]
@@ -65,7 +65,7 @@ def load_arith_chat(
 ):
     """A ``datasets.Dataset``: ``prompt`` (the chat-formatted question), ``reference`` (``"#### <answer>"``),
     ``question`` and ``answer``."""
-    from ..tasks.registry import require
+    from ..lab.tasks.registry import require
 
     Dataset = require("datasets").Dataset
 

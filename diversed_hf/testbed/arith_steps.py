@@ -4,9 +4,9 @@ The task the real pair's tuned target is trained on (docs/real_pair.md, "The tas
 with a count of objects and changes it 2 to 4 times: buying or finding more (``+``), giving away or losing some
 (``-``), buying containers of several (``k * m``, then ``+``), doubling or tripling (``*``), sharing equally into
 containers and keeping one (``/``, exact). The question is the user turn of a chat
-(:func:`diversed_hf.tasks.chat.chat_prompt`, SmolLM2's template by default); the reference is the worked solution,
+(:func:`diversed_hf.lab.tasks.chat.chat_prompt`, SmolLM2's template by default); the reference is the worked solution,
 one line per step, ending in ``#### <answer>`` (GSM8K's format), and the reward is the testbed's exact match on the
-final number (:func:`diversed_hf.tasks.rewards.exact_match`).
+final number (:func:`diversed_hf.lab.tasks.rewards.exact_match`).
 
 Every value along the way is an integer in ``[1, MAX_VALUE]``: no negatives, no remainders.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..tasks.chat import chat_prompt
+from ..lab.tasks.chat import chat_prompt
 from .tasks import CONTAINERS, NAMES, OBJECTS, split_of
 
 __all__ = ["MAX_NEW_TOKENS", "MAX_STEPS", "MAX_VALUE", "MIN_STEPS", "Problem", "generate", "load_arith_steps"]
@@ -173,7 +173,7 @@ def load_arith_steps(
 ):
     """A ``datasets.Dataset``: ``prompt`` (the chat-formatted question), ``reference`` (the worked solution ending
     in ``#### <answer>``), ``question``, ``answer`` and ``steps``."""
-    from ..tasks.registry import require
+    from ..lab.tasks.registry import require
 
     Dataset = require("datasets").Dataset
 

@@ -240,7 +240,7 @@ def collect(
     if not prompts:
         raise ValueError(
             "`prompts` is empty: the collection needs prompts for the target to answer, (text, max new tokens) pairs "
-            "(e.g. diversed_hf.tasks.eagle_prompts.eagle_prompts)."
+            "(e.g. diversed_hf.lab.tasks.eagle_prompts.eagle_prompts)."
         )
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
     manifest = {"settings": asdict(settings), "num_prompts": len(prompts), "prompts_sha256": digest}

@@ -11,9 +11,9 @@ from torch import nn
 from ..checks import check_columns
 from ..head import DiversedHead
 from ..pairs import check_head_matches
-from ..rollout import check_trainable_mixing
 from .batches import callable_name
 from .config import DiversedConfig
+from .rollout import check_trainable_mixing
 
 __all__ = ["check_datasets", "checked_head", "checked_rewards", "eos_token_ids", "named_datasets"]
 

@@ -40,7 +40,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..head import DiversedHead
 from ..pairs import verification_vocab_size
-from ..rollout import mixture_logprobs, sample_from_mixture
 from . import objective, scoring
 from .batches import GroupedSampler, RolloutBuffer, rows_collator, rows_loader
 from .checkpoint import (
@@ -58,6 +57,7 @@ from .checkpoint import (
 )
 from .config import DiversedConfig
 from .logs import CompletionLog, MetricLog
+from .rollout import mixture_logprobs, sample_from_mixture
 from .setup import check_datasets, checked_head, checked_rewards, eos_token_ids
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class DiversedTrainer(Trainer):
             ``args.head_architecture`` / ``args.head_w_0`` / ``args.head_features`` / ``args.head_use_hidden_states``.
         reward_funcs: one or more TRL-style reward functions
             ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns) -> list[float]``
-            (e.g. :func:`diversed_hf.tasks.reward_for_task`; what a reward may be: :mod:`.scoring`). Pass
+            (e.g. :func:`diversed_hf.lab.tasks.reward_for_task`; what a reward may be: :mod:`.scoring`). Pass
             ``lambda completions, **_: [0.0] * len(completions)`` to train on acceptance alone.
         args: a :class:`DiversedConfig`.
         train_dataset / eval_dataset: ``datasets.Dataset`` with a ``prompt`` column (plain text or

@@ -1,7 +1,8 @@
 """An EagleDraft served by vLLM's ``eagle`` method (``EagleDraft.save_for_vllm``), with and without DIVERSED.
 
 The draft is an untrained EagleDraft for the testbed target (1 layer, the target's 2436 ids), its ``fc`` sharpened so
-its distributions are not flat. What vLLM serves is checked against the draft under transformers, fed as vLLM feeds
+its distributions are not flat; a fresh head that reads hidden states (the target's, and the draft's predicted
+feature) with small random weights, so its ``w_t`` moves around 0.5. What vLLM serves is checked against the draft under transformers, fed as vLLM feeds
 an EAGLE-1 draft: the token at each position with the target's feature of the position before, from the second token
 on (vLLM drops the first, which this project's loop pairs with a zero feature; docs/eagle.md).
 """
@@ -13,7 +14,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vL
 import torch
 from vllm_helpers import NUM_DRAFT_TOKENS, engine, prompt_ids, shutdown, spec_metrics, vllm_prompts
 
-from diversed_hf import EagleDraft, testbed
+from diversed_hf import DiversedHead, EagleDraft, testbed
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +26,21 @@ def models(tmp_path_factory):
     with torch.no_grad():
         draft.fc.weight.mul_(4.0)
     return target, draft, tokenizer, draft.save_for_vllm(tmp_path_factory.mktemp("eagle") / "export")
+
+
+@pytest.fixture(scope="module")
+def head_dir(models, tmp_path_factory):
+    """A head for the pair that reads both hidden states, its weights small and random around ``w_0 = 0.5``."""
+    target, draft, _, _ = models
+    head = DiversedHead.for_pair(target, draft, w_0=0.5, use_hidden_states=True)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.02)
+    directory = tmp_path_factory.mktemp("head")
+    head.save_pretrained(directory)
+    return directory
 
 
 def eagle_engine(export, additional_config=None):
@@ -45,9 +61,9 @@ def plain_llm(models):
 
 
 @pytest.fixture(scope="module")
-def diversed_llm(models, plain_llm):  # after plain_llm: one engine at a time
+def diversed_llm(models, head_dir, plain_llm):  # after plain_llm: one engine at a time
     shutdown(plain_llm)
-    llm = eagle_engine(models[3], {"diversed": {"target_weight": 1.0}})
+    llm = eagle_engine(models[3], {"diversed": {"target_weight": 1.0, "heads": {"head": str(head_dir)}}})
     yield llm
     shutdown(llm)
 
@@ -110,13 +126,18 @@ def test_the_served_draft_drafts_what_the_exported_draft_drafts(diversed_llm, mo
         assert emitted[1:] == vllm_fed_chain(target, draft, ids, emitted[0]), f"prompt {ids}"
 
 
-def test_a_request_with_a_static_weight_accepts_more_than_lossless_at_temperature_0_7(diversed_llm, models):
+def test_a_request_with_a_static_weight_or_a_head_accepts_more_than_lossless_at_temperature_0_7(diversed_llm, models):
     from vllm import SamplingParams
 
     _, _, tokenizer, _ = models
     prompts = prompt_ids(tokenizer, 16, "arith")
     rates = {}
-    for name, extra in (("lossless", None), ("w=0.5", {"diversed": {"target_weight": 0.5}})):
+    rules = (
+        ("lossless", None),
+        ("w=0.5", {"diversed": {"target_weight": 0.5}}),
+        ("head", {"diversed": {"head": "head"}}),
+    )
+    for name, extra in rules:
         params = [SamplingParams(temperature=0.7, max_tokens=32, seed=i, extra_args=extra) for i in range(len(prompts))]
         before = spec_metrics(diversed_llm)
         llm_outputs(diversed_llm, prompts, params)
@@ -125,8 +146,10 @@ def test_a_request_with_a_static_weight_accepts_more_than_lossless_at_temperatur
         rates[name] = (after["num_accepted_tokens"] - before["num_accepted_tokens"]) / drafted
     # Each draft is kept with min(1, nu/q) >= min(1, p/q), and with w = 0.5 at least 1 - w = 1/2: a round keeps its
     # first k drafts with probability >= 2^-k, so accepted / drafted >= (1/2 + 1/4 + 1/8) / 3 ~ 0.29 in expectation
-    # (measured 0.30 on these prompts), where the untrained draft's lossless rate is ~0 (measured 0.0).
+    # (measured 0.30 on these prompts), where the untrained draft's lossless rate is ~0 (measured 0.0). The head's
+    # w_t stays near 0.5 (its weights are small), reading the target's features and the draft's predicted ones.
     assert rates["w=0.5"] > 0.2 > rates["lossless"], rates
+    assert rates["head"] > 0.2, rates
 
 
 def llm_outputs(llm, prompts, params) -> list[list[int]]:
