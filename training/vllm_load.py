@@ -390,6 +390,15 @@ def _shown(path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+def _pair_text(meta: dict) -> str:
+    if meta.get("pair") == "smollm2":
+        return (
+            "SmolLM2-135M-Instruct (`testbed.smollm2.ensure_target()`) and its task EagleDraft, exported by "
+            f"`EagleDraft.save_for_vllm(..., full_vocab=True)` into `{meta['draft']}`"
+        )
+    return f"`{meta['target']}` / `{meta['draft']}`"
+
+
 def _vllm_version() -> str:
     import vllm
 
@@ -419,12 +428,14 @@ def check_rows(rows: list[dict], meta: dict) -> None:
 
 def section_text(rows: list[dict], meta: dict) -> str:
     lines = [
-        "<!-- Written by `.venv-vllm/bin/python training/vllm_load.py` (vLLM's environment); do not edit by hand. -->",
+        "<!-- Written by `.venv-vllm/bin/python training/vllm_load.py"
+        + (" --pair smollm2" if meta.get("pair") == "smollm2" else "")
+        + "` (vLLM's environment); do not edit by hand. -->",
         "",
         f"vLLM {meta['vllm']}'s OpenAI server on 127.0.0.1 with the plugin, loaded by vLLM's own serving benchmark "
         f"(`vllm.benchmarks.serve`): {meta['num_prompts']} held-out `{meta['task']}` prompts per cell, "
         f"`--max-concurrency` clients, up to {meta['max_tokens']} new tokens, temperature {meta['temperature']:g}. "
-        f"Pair: `{meta['target']}` / `{meta['draft']}` (vLLM's `{meta.get('method', 'draft_model')}` method), "
+        f"Pair: {_pair_text(meta)} (vLLM's `{meta.get('method', 'draft_model')}` method), "
         f"N = {meta['num_draft_tokens']} drafts per round. "
         "target-only is a server without speculative decoding; the other rows are one DIVERSED server "
         '(`additional_config={"diversed": {"target_weight": 1.0, "heads": {"head": ...}}}`, lossless by '
@@ -495,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick and args.output_dir is None:
         refresh_head_sections(REPO / "RESULTS.md", root)
     print(
-        f"Wrote {runs_file} and {section_file}"
+        f"Wrote {'' if args.section_only else f'{runs_file} and '}{section_file}"
         + ("" if args.quick or args.output_dir else " and RESULTS.md's section")
         + "."
     )
