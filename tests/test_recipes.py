@@ -76,6 +76,10 @@ def test_train_head_recipe_writes_a_hub_ready_head(tmp_path, tiny_pair_dirs):
     from diversed_hf.training import load_head
 
     assert load_head(out / "head").config.task == "arith"
+    # the card's task facts travel in the training record, so the head's own card describes its task
+    record = json.loads((out / "head" / "training_config.json").read_text())
+    assert record["task_card"]["name"] == "arith" and record["task_card"]["description"]
+    assert record["task_card"]["description"] in (out / "head" / "README.md").read_text()
 
     import calibrate_head  # the README's next command reads the head where the recipe wrote it
 
