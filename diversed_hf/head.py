@@ -28,9 +28,9 @@ by :mod:`diversed_hf.cards`). It overrides the three public methods only where t
 saying why in a comment (docs/architecture.md lists them): ``save_pretrained`` stages the save and moves it into
 place file by file, the weights last, so an interrupted save never loads as a mix of two heads (the config's digest
 no longer matches the old weights: an error at load), ``from_pretrained`` checks the name and offline mode before
-the mixin fetches config.json, and ``push_to_hub`` checks the token before the mixin creates the repo. Loading is strict (missing or unexpected
-weights are an error) and nothing is printed. Checkpoints of the official DIVERSED code import with
-:meth:`DiversedHead.from_official_checkpoint`.
+the mixin fetches config.json, and ``push_to_hub`` checks the token before the mixin creates the repo. Loading is
+strict (missing or unexpected weights are an error) and nothing is printed. Checkpoints of the official DIVERSED
+code import with :meth:`DiversedHead.from_official_checkpoint`.
 
 Imports point one way: :mod:`~diversed_hf.hub` (files) and :mod:`~diversed_hf.head_config` (the config) <- this
 module. Card rendering (:mod:`diversed_hf.cards`, which reads the task registry) is imported when a head is saved
