@@ -15,8 +15,9 @@ from huggingface_hub import constants
 from tiny_models import left_padded_batch, make_pair, prompt
 from transformers import LlamaForCausalLM, dynamic_module_utils
 
-from diversed_hf import DiversedGenerationMixin, DiversedHead, ExactVerifier, enable_diversed, hub_cli
+from diversed_hf import DiversedGenerationMixin, DiversedHead, ExactVerifier, enable_diversed
 from diversed_hf.generation import CUSTOM_GENERATE_REPO, diversed_generate
+from diversed_hf.lab import hub_cli
 
 try:  # Python 3.11+; before, pytest's own dependency
     import tomllib
