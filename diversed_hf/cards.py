@@ -354,7 +354,7 @@ def card_data(
     """Hub metadata: library, tags, base models (the pair, when they are Hub ids), datasets, license."""
     config = _head_fields(config)
     training_config = training_config or {}
-    facts = task_facts(config.task, training_config.get(TASK_CARD_KEY)) or task_facts(config.task, task_card)
+    facts = _facts(config.task, training_config, task_card)
     tags = {*HUB_TAGS, MIXIN_TAG}
     if isinstance(config.task, str) and config.task:
         tags.add(config.task)
@@ -370,6 +370,12 @@ def card_data(
         license=training_config.get("license") if isinstance(training_config.get("license"), str) else None,
         **extra,
     )
+
+
+def _facts(task: str | None, training_config: dict | None, task_card: Mapping[str, Any] | None):
+    """What the card says of ``task``: the training record's ``task_card`` when it is about ``task``, else the
+    caller's ``task_card``, else None."""
+    return task_facts(task, (training_config or {}).get(TASK_CARD_KEY)) or task_facts(task, task_card)
 
 
 def _datasets(training_config: dict, facts: SimpleNamespace | None) -> list[str]:
@@ -423,7 +429,7 @@ def render_card(
     results = load_results(results) if results is not None else None
     training = load_training_config(training_config) if training_config is not None else None
     task = head.task
-    facts = task_facts(task, (training or {}).get(TASK_CARD_KEY)) or task_facts(task, task_card)
+    facts = _facts(task, training, task_card)
     _check_same_task(task, results, facts)
     if facts is not None and facts.description:
         task_description = facts.description
@@ -442,7 +448,7 @@ def render_card(
     name = (repo_id or "").split("/")[-1] or (f"{task} head" if task else "head")
     metric = _quality_metric(results, facts) if results else None
     return ModelCard.from_template(
-        card_data(config, training, facts and vars(facts)),
+        card_data(config, training, task_card),
         template_path=str(TEMPLATE_PATH),
         title=f"DIVERSED ensemble head: {name}",
         paper_url=PAPER_URL,

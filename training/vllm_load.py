@@ -81,19 +81,12 @@ def resolve_pair(args, output_dir: Path) -> None:
         args.tokenizer = args.tokenizer or str(testbed.asset_path("tokenizer"))
         args.head = args.head or str(testbed.asset_path("heads/arith"))
         return
-    from diversed_hf.testbed.smollm2 import ensure_target
+    from diversed_hf.testbed.smollm2 import EAGLE_TASKS_DIR, ensure_target, export_eagle_draft
 
     args.target = args.target or str(ensure_target())
     args.tokenizer = args.tokenizer or args.target
     args.head = args.head or str(testbed.ASSETS_DIR / "smollm2" / "heads" / "arith_chat")
-    if args.draft is None:  # vLLM's EAGLE-1 scores every id: the draft's weights over the whole vocabulary
-        import torch
-
-        from diversed_hf import EagleDraft
-        from diversed_hf.testbed.smollm2 import EAGLE_TASKS_DIR
-
-        draft = EagleDraft.from_pretrained(EAGLE_TASKS_DIR, dtype=torch.float32)
-        args.draft = str(draft.save_for_vllm(output_dir / "export", full_vocab=True))
+    args.draft = args.draft or str(export_eagle_draft(output_dir / "export", EAGLE_TASKS_DIR))
 
 
 def load_prompts(task: str, num_prompts: int) -> list[str]:

@@ -181,7 +181,7 @@ def _percent(value) -> str:
 def results_table(rows: list[dict]) -> str:
     """The Markdown table: one line per (temperature, arm, concurrency), with tokens/s against the same backend's
     target-only run at the same concurrency (temperature 0)."""
-    base = {(r["backend"], r["concurrency"]): r["tokens_per_second"] for r in rows if r["rule"] == "target"}
+    targets = {(r["backend"], r["concurrency"]): r for r in rows if r["rule"] == "target"}
     lines = [
         "| T | arm | c | prompts | acceptance | tokens/round | tokens/s | x target-only | exact match | id-0 share "
         "| = target-only |",
@@ -189,32 +189,26 @@ def results_table(rows: list[dict]) -> str:
     ]
     order = {arm.name: i for i, arm in enumerate(ARMS)}
     for r in sorted(rows, key=lambda r: (r["temperature"], order.get(r["arm"], len(ARMS)), r["concurrency"])):
-        speed, reference = r["tokens_per_second"], base.get((r["backend"], r["concurrency"]))
+        target = targets.get((r["backend"], r["concurrency"]))
+        speed, reference = r["tokens_per_second"], target and target["tokens_per_second"]
         ratio = f"{speed / reference:.2f}x" if speed and reference else "–"
         name = r["arm"] if r["valid"] else f"**invalid:** {r['arm']}"
         per_round = "–" if r["tokens_per_round"] is None else f"{r['tokens_per_round']:.2f}"
         lines.append(
             f"| {r['temperature']:g} | {name} | {r['concurrency']} | {r['num_prompts']} | {_percent(r['acceptance'])} | "
             f"{per_round} | {speed:.1f} | {ratio} | {_percent(r['exact_match'])} | {_percent(r['token0_share'])} "
-            f"| {_same_as_target(r, rows)} |"
+            f"| {_same_as_target(r, target)} |"
         )
     return "\n".join(lines)
 
 
-def _same_as_target(row: dict, rows: list[dict]) -> str:
-    """At temperature 0, how many of a speculative row's outputs are the same backend's target-only outputs at the
-    same concurrency, token for token ("k / n"); "–" for target-only, sampled rows and runs that kept no ids."""
-    if row["temperature"] != 0 or row["rule"] == "target" or "token_ids" not in row:
+def _same_as_target(row: dict, target: dict | None) -> str:
+    """At temperature 0, how many of a speculative row's outputs are ``target``'s (the same backend's target-only
+    outputs at the same concurrency), token for token ("k / n"); "–" for target-only, sampled rows and runs that kept
+    no ids."""
+    if row["temperature"] != 0 or row["rule"] == "target" or target is None:
         return "–"
-    target = next(
-        (
-            r
-            for r in rows
-            if r["rule"] == "target" and r["backend"] == row["backend"] and r["concurrency"] == row["concurrency"]
-        ),
-        None,
-    )
-    if target is None or "token_ids" not in target:
+    if "token_ids" not in row or "token_ids" not in target:
         return "–"
     same = sum(ours == theirs for ours, theirs in zip(row["token_ids"], target["token_ids"]))
     return f"{same} / {len(row['token_ids'])}"
@@ -517,18 +511,13 @@ def _run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict, dic
     import vllm
     from transformers import AutoTokenizer
 
-    from diversed_hf.testbed.smollm2 import ensure_target, export_self_draft
+    from diversed_hf.testbed.smollm2 import ensure_target, export_eagle_draft, export_self_draft
 
     started, load = time.perf_counter(), os.getloadavg()[0]
     target = ensure_target()
     method = DRAFTS[args.draft][0]
     if args.draft == "eagle":  # vLLM's EAGLE-1 scores every id: the shipped draft's weights over the whole vocabulary
-        from diversed_hf import EagleDraft
-        from diversed_hf.testbed.smollm2 import EAGLE_DIR
-
-        draft = EagleDraft.from_pretrained(EAGLE_DIR, dtype=torch.float32).save_for_vllm(
-            output_dir / "export", full_vocab=True
-        )
+        draft = export_eagle_draft(output_dir / "export")
     else:
         draft = export_self_draft()
     tokenizer = AutoTokenizer.from_pretrained(str(target))

@@ -51,6 +51,7 @@ __all__ = [
     "PACKAGE",
     "build_self_draft",
     "cache_dir",
+    "export_eagle_draft",
     "export_self_draft",
     "find_gguf",
     "load_self_draft_config",
@@ -397,6 +398,17 @@ def _load_pair(torch_dtype, device: str, download: bool, draft: str):
     if config.get("num_assistant_tokens") is not None:  # its measured best draft length (training/eagle_results.py)
         model.generation_config.num_assistant_tokens = int(config["num_assistant_tokens"])
     return target, model, tokenizer
+
+
+def export_eagle_draft(directory: Path | str, path: Path | str = EAGLE_DIR) -> Path:
+    """A shipped EagleDraft (default the everyday one; ``EAGLE_TASKS_DIR`` the task one) exported into ``directory``
+    for vLLM's ``eagle`` method (:meth:`~diversed_hf.eagle.EagleDraft.save_for_vllm`), in float32 and with
+    ``full_vocab=True``: vLLM's EAGLE-1 draft scores every id with the target's LM head (docs/eagle.md)."""
+    import torch
+
+    from ..eagle import EagleDraft
+
+    return EagleDraft.from_pretrained(str(path), dtype=torch.float32).save_for_vllm(directory, full_vocab=True)
 
 
 def export_self_draft(directory: Path | str | None = None, download: bool = True) -> Path:
