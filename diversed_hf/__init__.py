@@ -24,6 +24,7 @@ _EXPORTS = {
     "EagleDraftConfig": "eagle",
     "EarlyExitDraft": "drafters",
     "FeatureCandidateGenerator": "feature_candidates",
+    "MtpDraft": "mtp",
     "clear_draft_statistics": "policies",
     "measured_draft_costs": "policies",
     "DiversedGenerationMixin": "generation",
@@ -58,6 +59,7 @@ __all__ = [
     "FeatureCandidateGenerator",
     "HeadVerifier",
     "LenientVerifier",
+    "MtpDraft",
     "SpecCascadeVerifier",
     "SpeculationStats",
     "StaticEnsembleVerifier",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .feature_candidates import FeatureCandidateGenerator
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
     from .head import DiversedHead, DiversedHeadConfig
+    from .mtp import MtpDraft
     from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
     from .policies import clear_draft_statistics, measured_draft_costs
     from .verifiers import (

@@ -353,3 +353,74 @@ def quiet_loading():
             gguf_utils.tqdm = reader_bar
         if enabled:
             hf_logging.enable_progress_bar()
+
+
+def load_mtp_model(target):
+    """The checkpoint's multi-token-prediction layers as transformers' ``MtpModel`` (what ``use_mtp=True`` loads in
+    its ``MTPCandidateGenerator``), on the device of the target's last decoder layer, tied to the target's embeddings
+    and LM head."""
+    from transformers.modeling_layers import MtpModel
+
+    device = next(target.get_decoder().layers[-1].parameters()).device
+    try:
+        return MtpModel.from_pretrained(target, device_map={"": device})
+    except (ValueError, RuntimeError, OSError) as error:
+        raise ValueError(
+            f"`use_mtp=True`: transformers {transformers.__version__} cannot load the multi-token-prediction layers "
+            f"of {type(target).__name__} from {target.config.name_or_path!r} ({error}). Load the target from its "
+            "checkpoint directory or Hub id, with a transformers release that ships MTP for this family."
+        ) from error
+
+
+def mtp_layer_forward(
+    mtp,
+    layer_idx: int,
+    input_ids: torch.Tensor,  # (batch, chunk)
+    previous_hidden: torch.Tensor,  # (batch, chunk, d): the feature of the column before each token
+    attention_mask: torch.Tensor,  # (batch, cached + chunk) 1 for real columns, 0 for left padding
+    position_ids: torch.Tensor,  # (batch, chunk)
+    cache: DynamicCache,
+) -> torch.Tensor:  # (batch, chunk, d) the layer's output features
+    """One pass of ``MtpModel``'s layer ``layer_idx`` over ``chunk`` new columns on top of ``cache``, as its
+    ``forward_layer`` runs it, but with the padding mask of a left-padded batch: transformers builds the MTP masks
+    without one (its assisted decoding is batch 1)."""
+    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, create_causal_mask
+
+    config = mtp.config.per_layer_config[layer_idx] if getattr(mtp.config, "is_heterogeneous", False) else mtp.config
+    layer_types = getattr(mtp.config, "layer_types", None)
+    layer_type = layer_types[layer_idx] if layer_types is not None else "full_attention"
+    mask_function = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(layer_type, create_causal_mask)
+    if isinstance(mask_function, dict) or layer_type == "linear_attention":
+        raise ValueError(
+            f"This checkpoint's MTP layer is of type {layer_type!r}; diversed_hf's loop drafts with attention MTP "
+            "layers only. Drop `verifier`/`diversed_head` to use transformers' own `use_mtp=True` path."
+        )
+    embeds = mtp.embed_tokens(input_ids).to(previous_hidden.device)  # (batch, chunk, d)
+    mask = mask_function(
+        config=config,
+        inputs_embeds=embeds,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        layer_idx=layer_idx,
+        **{CACHE_KWARG: cache},
+    )
+    position_embeddings = None
+    if mtp.rotary_emb is not None:
+        rope_kwargs = {"layer_type": layer_types[layer_idx]} if getattr(mtp, "has_per_layer_rope", False) else {}
+        position_embeddings = mtp.rotary_emb(embeds, position_ids=position_ids, **rope_kwargs)
+    hidden = mtp.layers[layer_idx](
+        embeds,
+        previous_hidden,
+        position_embeddings=position_embeddings,
+        attention_mask=mask,
+        position_ids=position_ids,
+        **{CACHE_KWARG: cache},
+    )
+    if mtp.use_shared_post_norm:
+        hidden = mtp.shared_post_norm(hidden)
+    return hidden
+
+
+def mtp_logits(mtp, hidden: torch.Tensor) -> torch.Tensor:  # (..., vocab)
+    """The target's LM head applied to MTP features as ``MtpModel`` applies it (muP scaling, unpadded vocabulary)."""
+    return mtp._project_to_logits(hidden)

@@ -22,6 +22,7 @@ from .candidates import DraftLengthPolicy
 from .drafters import EarlyExitDraft, PromptLookup
 from .head import DiversedHead
 from .loop import speculative_decode
+from .mtp import MtpDraft
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
@@ -51,7 +52,6 @@ _UNSUPPORTED_CONFIG = {
     "assistant_ensemble_weight": None,
     "output_attentions": False,
     "output_hidden_states": False,
-    "use_mtp": None,
     "speculation_type": None,
     "dola_layers": None,
 }
@@ -59,7 +59,6 @@ _UNSUPPORTED_CONFIG = {
 
 #: transformers' drafters our loop does not run yet (README, "Verifiers"), by the argument that asks for each
 _TRANSFORMERS_DRAFTERS = {
-    "use_mtp": "the checkpoint's multi-token-prediction layers",
     "speculation_type": "a block drafter",
 }
 #: assistant classes that draft from the target's shared KV states (transformers' SinglePositionMultiToken generator)
@@ -93,21 +92,24 @@ _POINT_MASS_DRAFTERS = (PromptLookup, TranslatedDraft)
 def _drafter(target, assistant_model, extra: dict, generation_config):
     """``assistant_model`` (a :class:`~diversed_hf.translated.TranslatedDraft` when ``tokenizer`` and
     ``assistant_tokenizer`` have different vocabularies), or the drafter ``prompt_lookup_num_tokens`` /
-    ``assistant_early_exit`` ask for (read from the keywords, else the call's ``generation_config``, else the target's,
-    as transformers merges them; those keywords are consumed)."""
+    ``assistant_early_exit`` / ``use_mtp`` ask for (read from the keywords, else the call's ``generation_config``,
+    else the target's, as transformers merges them; those keywords are consumed)."""
     asked = {}
-    for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit"):
+    for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit", "use_mtp"):
         value = extra.pop(name, None)
         for config in (generation_config, target.generation_config):
             if value is None and config is not None:
                 value = getattr(config, name, None)
         asked[name] = value
-    lookup, early_exit = asked["prompt_lookup_num_tokens"], asked["assistant_early_exit"]
+    lookup, early_exit, use_mtp = asked["prompt_lookup_num_tokens"], asked["assistant_early_exit"], asked["use_mtp"]
+    if use_mtp not in (None, False, True):
+        raise ValueError(f"`use_mtp` must be True or False, got {use_mtp!r}.")
     given = [
         text
         for text, on in (
             (f"`prompt_lookup_num_tokens={lookup!r}`", lookup is not None),
             (f"`assistant_early_exit={early_exit!r}`", early_exit is not None),
+            ("`use_mtp=True`", bool(use_mtp)),
             ("`assistant_model`", assistant_model is not None),
         )
         if on
@@ -123,6 +125,8 @@ def _drafter(target, assistant_model, extra: dict, generation_config):
         return PromptLookup(lookup, asked["max_matching_ngram_size"])
     if early_exit is not None:
         return EarlyExitDraft(target, early_exit)
+    if use_mtp:
+        return MtpDraft(target)
     tokenizer, assistant_tokenizer = extra.get("tokenizer"), extra.get("assistant_tokenizer")
     if assistant_model is not None and tokenizer is not None and assistant_tokenizer is not None:
         if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():  # universal assisted decoding

@@ -932,7 +932,6 @@ def test_classifier_free_guidance_is_refused(pair):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"use_mtp": True}, r"`use_mtp=True` \(the checkpoint's multi-token-prediction layers\)"),
         ({"speculation_type": "dflash"}, r"`speculation_type='dflash'` \(a block drafter\)"),
     ],
 )
@@ -940,7 +939,7 @@ def test_classifier_free_guidance_is_refused(pair):
 def test_transformers_other_drafters_are_refused_before_any_forward_naming_the_argument(
     pair, kwargs, match, with_draft
 ):
-    """MTP and block drafters (prompt lookup and early exit run: tests/test_drafters.py)."""
+    """Block drafters (prompt lookup and early exit run: tests/test_drafters.py; MTP: tests/test_mtp.py)."""
     target, draft = pair
     target = enable_diversed(target)
     calls = []

@@ -137,3 +137,51 @@ def make_other_model(architecture: str, hidden_size: int = 32, vocab_size: int =
         )
         return OPTForCausalLM(config).eval()
     raise ValueError(f"unknown architecture {architecture!r}; choose from ('gpt2', 'opt')")
+
+
+def make_mtp_model(directory, hidden_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A tiny Mellum checkpoint with one multi-token-prediction layer (a sliding-window layer, as Mellum ships it),
+    saved to ``directory`` and loaded from there: ``use_mtp=True`` loads the MTP weights from the target's own
+    checkpoint, as for DeepSeek-V3 or GLM-4-MoE. The MTP weights are stored under ``mtp.`` as Mellum stores them."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, MellumConfig, MellumForCausalLM
+    from transformers.modeling_layers import MtpModel
+
+    config = MellumConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        sliding_window=6,  # short, so tests cross it
+        layer_types=["sliding_attention", "full_attention"] * (num_layers // 2),
+        mlp_layer_types=["dense"] * num_layers,
+        num_mtp_layers=1,
+        mtp_layer_types=["sliding_attention"],
+        mtp_mlp_layer_types=["dense"],
+        max_position_embeddings=512,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=2,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    model = MellumForCausalLM(config).eval()
+    with torch.no_grad():  # as make_model: a sharper head, EOS rarely chosen
+        model.get_output_embeddings().weight.mul_(8.0)
+        model.get_output_embeddings().weight[EOS_TOKEN_ID] = 0.0
+    model.generation_config.pad_token_id = PAD_TOKEN_ID
+    model.generation_config.eos_token_id = EOS_TOKEN_ID
+    model.save_pretrained(directory)
+    mtp = MtpModel(model, 1)
+    weights = load_file(f"{directory}/model.safetensors")
+    weights.update(
+        {
+            f"mtp.{name}": value.detach().contiguous()
+            for name, value in mtp.state_dict().items()
+            if not name.startswith(("embed_tokens.", "shared_head.", "rotary_emb."))
+        }
+    )
+    save_file(weights, f"{directory}/model.safetensors", metadata={"format": "pt"})
+    return AutoModelForCausalLM.from_pretrained(directory).eval()
