@@ -424,3 +424,23 @@ def mtp_layer_forward(
 def mtp_logits(mtp, hidden: torch.Tensor) -> torch.Tensor:  # (..., vocab)
     """The target's LM head applied to MTP features as ``MtpModel`` applies it (muP scaling, unpadded vocabulary)."""
     return mtp._project_to_logits(hidden)
+
+
+def kv_sharing_producers(target) -> dict[str, int]:
+    """``{layer type: decoder layer index}`` of the layers whose keys and values a KV-sharing assistant (Gemma 4's)
+    reads: the last layer of each attention type that stores its full-length KV (``store_full_length_kv``)."""
+    producers = {}
+    for layer in target.get_decoder().layers:
+        attention = getattr(layer, "self_attn", None)
+        if getattr(attention, "store_full_length_kv", False):
+            producers[attention.layer_type] = attention.layer_idx
+    return producers
+
+
+def shared_kv_states(cache: DynamicCache, producers: dict[str, int], length: int) -> dict:
+    """The ``shared_kv_states`` a Gemma 4 target hands its assistant, read from the loop's own target cache: each
+    producer layer's keys and values of the first ``length`` columns (the cache is full-length, sliding layers too)."""
+    return {
+        layer_type: (cache.layers[index].keys[:, :, :length], cache.layers[index].values[:, :, :length])
+        for layer_type, index in producers.items()
+    }

@@ -49,6 +49,12 @@ class EarlyExitDraft(nn.Module):
                 f"`assistant_early_exit` needs a target whose base model counts its decoder layers in "
                 f"`config.num_hidden_layers`; {type(target).__name__} has none. Use `assistant_model=` instead."
             )
+        if getattr(base.config, "hidden_size_per_layer_input", None):
+            raise ValueError(
+                f"`assistant_early_exit` cannot run {type(target).__name__}: its decoder layers read per-layer "
+                "inputs sized for all of them (`hidden_size_per_layer_input`), so a forward through fewer layers is "
+                "not defined. Use `assistant_model=` (for Gemma 4, its assistant) or `prompt_lookup_num_tokens=`."
+            )
         if not is_integer(num_layers) or not 1 <= int(num_layers) < total:
             raise ValueError(
                 f"`assistant_early_exit` must be an integer in [1, {total - 1}] (the layers the draft runs, fewer than "

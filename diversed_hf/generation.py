@@ -21,6 +21,7 @@ from . import compat
 from .candidates import DraftLengthPolicy
 from .drafters import EarlyExitDraft, PromptLookup
 from .head import DiversedHead
+from .kv_sharing import KvSharingDraft, is_kv_sharing_assistant
 from .loop import speculative_decode
 from .mtp import MtpDraft
 from .output_scores import TargetScoreRecorder
@@ -61,8 +62,6 @@ _UNSUPPORTED_CONFIG = {
 _TRANSFORMERS_DRAFTERS = {
     "speculation_type": "a block drafter",
 }
-#: assistant classes that draft from the target's shared KV states (transformers' SinglePositionMultiToken generator)
-_KV_SHARING_ASSISTANTS = ("Gemma4Assistant", "Gemma4UnifiedAssistant")
 
 
 def _check_drafter(which: str, assistant_model, extra: dict, generation_config) -> None:
@@ -73,10 +72,6 @@ def _check_drafter(which: str, assistant_model, extra: dict, generation_config) 
         value = extra.get(name, getattr(generation_config, name, None))
         if value is not None and value is not False:
             asked.append(f"`{name}={value!r}` ({drafter})")
-    if assistant_model is not None and type(assistant_model).__name__.startswith(_KV_SHARING_ASSISTANTS):
-        asked.append(
-            f"`assistant_model` is a {type(assistant_model).__name__} (it drafts from the target's shared KV states)"
-        )
     if asked:
         raise ValueError(
             f"{'; '.join(asked)}: diversed_hf's loop does not run this drafter yet, so `{which}` cannot verify its "
@@ -127,6 +122,8 @@ def _drafter(target, assistant_model, extra: dict, generation_config):
         return EarlyExitDraft(target, early_exit)
     if use_mtp:
         return MtpDraft(target)
+    if is_kv_sharing_assistant(assistant_model):  # Gemma 4's: it reads the target's KV cache and features
+        return KvSharingDraft(assistant_model, target)
     tokenizer, assistant_tokenizer = extra.get("tokenizer"), extra.get("assistant_tokenizer")
     if assistant_model is not None and tokenizer is not None and assistant_tokenizer is not None:
         if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():  # universal assisted decoding

@@ -302,6 +302,8 @@ class _SpeculativeLoop:
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
         self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
+        if getattr(self.candidates, "reads_target_cache", False):  # a Gemma 4 assistant: the target's keys, values
+            self.candidates.target_cache = self.target_cache
         profile = round_profile.active()  # a profile (docs/profile.md) or None
         began = round_profile.clock(profile.device) if profile is not None else 0.0
         if self.candidates.reads_target_features:

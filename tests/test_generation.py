@@ -958,13 +958,15 @@ def test_transformers_other_drafters_are_refused_before_any_forward_naming_the_a
     assert not calls
 
 
-def test_a_kv_sharing_assistant_is_refused_naming_its_class(pair):
+def test_a_kv_sharing_assistant_without_its_gemma4_target_is_refused_naming_its_class(pair):
+    """A Gemma 4 assistant runs with its Gemma 4 target (tests/test_kv_sharing.py); with another target it is
+    refused before any forward pass."""
     target, draft = pair
 
     class Gemma4AssistantForCausalLM(torch.nn.Module):  # the class name is what transformers dispatches on
         config = draft.config
 
-    with pytest.raises(ValueError, match=r"`assistant_model` is a Gemma4AssistantForCausalLM .*`diversed_head`"):
+    with pytest.raises(ValueError, match=r"`assistant_model` is a Gemma4AssistantForCausalLM.*no layer that stores"):
         enable_diversed(target).generate(
             prompt(4),
             assistant_model=Gemma4AssistantForCausalLM(),

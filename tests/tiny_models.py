@@ -185,3 +185,55 @@ def make_mtp_model(directory, hidden_size: int = 32, num_layers: int = 2, seed: 
     )
     save_file(weights, f"{directory}/model.safetensors", metadata={"format": "pt"})
     return AutoModelForCausalLM.from_pretrained(directory).eval()
+
+
+def make_gemma4_pair(hidden_size: int = 32, seed: int = 0):
+    """(target, assistant): a tiny Gemma 4 text model (per-layer inputs, sliding and full layers) and a Gemma 4
+    assistant that cross-attends to its keys and values (transformers' ``SinglePositionMultiTokenCandidateGenerator``
+    pairing), drafting three tokens a round."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
+
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        global_head_dim=8,
+        sliding_window=6,  # short, so tests cross it
+        max_position_embeddings=512,
+        pad_token_id=PAD_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=2,
+    )
+    target_config = Gemma4TextConfig(
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        vocab_size_per_layer_input=VOCAB_SIZE,
+        hidden_size_per_layer_input=8,
+        **common,
+    )
+    assistant_text = Gemma4TextConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        num_kv_shared_layers=2,  # every layer reads the target's keys and values
+        vocab_size_per_layer_input=0,
+        hidden_size_per_layer_input=0,
+        **common,
+    )
+    torch.manual_seed(seed)
+    target = Gemma4ForCausalLM(target_config).eval()
+    assistant = Gemma4AssistantForCausalLM(
+        Gemma4AssistantConfig(text_config=assistant_text, backbone_hidden_size=hidden_size)
+    ).eval()
+    with torch.no_grad():  # as make_model: a sharper head, EOS rarely chosen
+        for model in (target, assistant):
+            model.get_output_embeddings().weight.mul_(4.0)
+            model.get_output_embeddings().weight[EOS_TOKEN_ID] = 0.0
+            model.generation_config.pad_token_id = PAD_TOKEN_ID
+            model.generation_config.eos_token_id = EOS_TOKEN_ID
+    assistant.generation_config.num_assistant_tokens = 3
+    return target, assistant

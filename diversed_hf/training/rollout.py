@@ -162,15 +162,18 @@ class _MixtureStep:
         if self.reads_features:
             chunk_mask = mask[:, -chunk.shape[1] :]  # (B, chunk)
             extra["target_hidden"] = self.draft_features(target_out.hidden_states[-1], chunk_mask)
-        draft_out = compat.forward_with_cache(
-            self.draft,
-            draft_input_ids(self.draft, chunk, vocab_size),
-            mask,
-            self.draft_cache,
-            logits_to_keep=1,
-            output_hidden_states=self.needs_hidden,
-            **extra,
-        )
+        if getattr(self.draft, "reads_target_cache", False):  # a Gemma 4 assistant: the target's keys and values
+            draft_out = self.draft.from_target_cache(chunk, mask, self.target_cache, extra["target_hidden"])
+        else:
+            draft_out = compat.forward_with_cache(
+                self.draft,
+                draft_input_ids(self.draft, chunk, vocab_size),
+                mask,
+                self.draft_cache,
+                logits_to_keep=1,
+                output_hidden_states=self.needs_hidden,
+                **extra,
+            )
         target_logits, draft_logits = target_out.logits[:, -1], draft_out.logits[:, -1]  # (B, V_target | V_draft)
         if self.needs_hidden:
             target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
