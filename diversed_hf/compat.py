@@ -444,3 +444,41 @@ def shared_kv_states(cache: DynamicCache, producers: dict[str, int], length: int
         layer_type: (cache.layers[index].keys[:, :, :length], cache.layers[index].values[:, :, :length])
         for layer_type, index in producers.items()
     }
+
+
+def new_block_draft_cache():
+    """An empty cache for a DFlash block draft: transformers' ``DFlashCache`` (a :class:`~transformers.DynamicCache`
+    whose mask sizes count the context columns a forward adds beside its queries), with full layers."""
+    from transformers.cache_utils import DFlashCache
+
+    return DFlashCache()
+
+
+def block_draft_forward(assistant, cache, *, noise_embeds, context, attention_mask, position_ids):
+    """One DFlash pass: the ``context`` columns' features (``(B, c, k d)``) join the cache and the noise block
+    attends to the cache bidirectionally. The cache is told how many context columns come (transformers'
+    ``set_previous_accepted_tokens``), as ``DFlashTokenCandidateGenerator`` does."""
+    cache.set_previous_accepted_tokens(context.shape[1])
+    try:
+        return assistant(
+            noise_embeds=noise_embeds,
+            context_hidden_states=context,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **{CACHE_KWARG: cache},
+        ).last_hidden_state
+    finally:
+        cache.set_previous_accepted_tokens(0)
+
+
+def embeddings_without_norm(embeddings, ids: torch.Tensor) -> torch.Tensor:
+    """The target's embeddings of ``ids`` without the optional ``embed_norm`` some embedding modules apply (DFlash's
+    noise tokens are embedded without it, as transformers' ``DFlashTokenCandidateGenerator._get_noise_embeds``)."""
+    norm = getattr(embeddings, "embed_norm", None)
+    if norm is None:
+        return embeddings(ids)
+    embeddings.embed_norm = torch.nn.Identity()
+    try:
+        return embeddings(ids)
+    finally:
+        embeddings.embed_norm = norm

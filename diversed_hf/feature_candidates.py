@@ -84,12 +84,27 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
         self.round_hidden: torch.Tensor | None = None  # (B, N_r + 1, d) the verification pass's features
         self.step_features: torch.Tensor | None = None  # (B, 1, d) the draft's own feature for its next step
 
+    #: columns the draft cache lags behind the round's start L: 0 for a draft that reads each column's feature with
+    #: the token after it (an EagleDraft), 1 for a block draft whose cache holds the columns before the last token
+    context_lag = 0
+
+    def target_features(self, hidden_states: tuple) -> torch.Tensor:  # (B, T, d)
+        """The features this draft reads from a target pass's ``hidden_states``: the last layer's."""
+        return hidden_states[-1]
+
+    @property
+    def feature_size(self) -> int:
+        return self.draft_model.config.hidden_size
+
     def set_target_features(
         self,
-        hidden: torch.Tensor,  # (B, L - 1, d) the target's last hidden states at columns [0, L - 1)
+        hidden: torch.Tensor | None,  # (B, L - 1, d) the target's features at columns [0, L - 1); None: L = 1
         attention_mask: torch.Tensor,  # (B, L)
     ) -> None:
         """The target's features of the prompt (all but its last column), zero after padding columns."""
+        if hidden is None:
+            dtype = getattr(self.draft_model, "dtype", torch.float32)
+            hidden = attention_mask.new_zeros(attention_mask.shape[0], 0, self.feature_size, dtype=dtype)
         real = attention_mask[:, : hidden.shape[1], None].to(hidden.dtype)  # (B, L - 1, 1)
         batch_size, length, size = hidden.shape[0], hidden.shape[1] + 1, hidden.shape[2]
         # room for every token the call may emit (a round drafts at most a row's remaining budget), without
@@ -172,7 +187,7 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
                 "transformers' loop passed no target hidden states to this generator: it asks for them with "
                 "`model_kwargs_overrides` (transformers >= 5.24's `requires_model_outputs` contract)."
             )
-        hidden = hidden[-1]  # (B, columns fed, d)
+        hidden = self.target_features(hidden)  # (B, columns fed, d)
         if self.buffer is None:  # the first pass read the whole prompt
             self.set_target_features(hidden, self._prompt_mask_to(input_ids))
         else:
@@ -202,7 +217,7 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
 
     def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
         if realignment is None and self.driven_by_transformers:  # batch 1, no shifts: back to the round's start
-            compat.crop_cache(self.cache, self.round_length)
+            compat.crop_cache(self.cache, self.round_length - self.context_lag)
             return
         if realignment is None:
             raise ValueError(
@@ -225,5 +240,5 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
             self.buffer[:, : realigned.shape[1]] = realigned
             self.length = realigned.shape[1]
         # entries up to the round's start were computed from the target's features; later ones from the draft's own
-        realignment.edit_cache(self.cache, length=self.round_length)
+        realignment.edit_cache(self.cache, length=self.round_length - self.context_lag)
         self.round_hidden = None

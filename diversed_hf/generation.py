@@ -19,6 +19,7 @@ from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList
 
 from . import compat
 from .candidates import DraftLengthPolicy
+from .dflash import DFlashDraft
 from .drafters import EarlyExitDraft, PromptLookup
 from .head import DiversedHead
 from .kv_sharing import KvSharingDraft, is_kv_sharing_assistant
@@ -53,31 +54,25 @@ _UNSUPPORTED_CONFIG = {
     "assistant_ensemble_weight": None,
     "output_attentions": False,
     "output_hidden_states": False,
-    "speculation_type": None,
     "dola_layers": None,
 }
 
 
-#: transformers' drafters our loop does not run yet (README, "Verifiers"), by the argument that asks for each
-_TRANSFORMERS_DRAFTERS = {
-    "speculation_type": "a block drafter",
-}
+#: transformers' ``speculation_type`` values the loop runs
+_SPECULATION_TYPES = ("dflash",)
 
 
 def _check_drafter(which: str, assistant_model, extra: dict, generation_config) -> None:
     """Refuse, before any forward pass, a drafter of transformers' that ``which`` (``verifier`` / ``diversed_head``)
-    cannot verify yet, naming the argument and what to do."""
-    asked = []
-    for name, drafter in _TRANSFORMERS_DRAFTERS.items():
-        value = extra.get(name, getattr(generation_config, name, None))
-        if value is not None and value is not False:
-            asked.append(f"`{name}={value!r}` ({drafter})")
-    if asked:
+    cannot verify, naming the argument and what to do."""
+    value = extra.get("speculation_type", getattr(generation_config, "speculation_type", None))
+    if value is not None and value not in _SPECULATION_TYPES:
         raise ValueError(
-            f"{'; '.join(asked)}: diversed_hf's loop does not run this drafter yet, so `{which}` cannot verify its "
-            f"drafts. Drop `{which}` to use transformers' own lossless path, or pass a causal LM or an EagleDraft as "
-            "`assistant_model`."
+            f"`speculation_type={value!r}`: diversed_hf's loop runs {', '.join(map(repr, _SPECULATION_TYPES))}, so "
+            f"`{which}` cannot verify this drafter's drafts. Drop `{which}` to use transformers' own lossless path."
         )
+    if value == "dflash" and assistant_model is None:
+        raise ValueError('`speculation_type="dflash"` drafts with a DFlash `assistant_model`: pass one.')
 
 
 #: drafters whose proposals are tokens, not samples: point masses, without hidden states (diversed_hf.drafters)
@@ -122,6 +117,9 @@ def _drafter(target, assistant_model, extra: dict, generation_config):
         return EarlyExitDraft(target, early_exit)
     if use_mtp:
         return MtpDraft(target)
+    speculation_type = extra.pop("speculation_type", None) or getattr(generation_config, "speculation_type", None)
+    if speculation_type == "dflash":  # a block draft reading several of the target's layers
+        return DFlashDraft(assistant_model, target)
     if is_kv_sharing_assistant(assistant_model):  # Gemma 4's: it reads the target's KV cache and features
         return KvSharingDraft(assistant_model, target)
     tokenizer, assistant_tokenizer = extra.get("tokenizer"), extra.get("assistant_tokenizer")

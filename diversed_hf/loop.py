@@ -342,10 +342,9 @@ class _SpeculativeLoop:
                 logits_to_keep=1,
                 output_hidden_states=True,
             )
-            hidden = out.hidden_states[-1]  # (B, L - 1, d)
+            hidden = self.candidates.target_features(out.hidden_states)  # (B, L - 1, d)
         else:
-            size = self.candidates.draft_model.config.hidden_size
-            hidden = torch.zeros(self.seq.shape[0], 0, size, device=self.seq.device)
+            hidden = None  # a one-token prompt: no column before the last
         self.candidates.set_target_features(hidden, self.mask)
 
     def _columns(self, width: int) -> torch.Tensor:  # (width,)
@@ -410,7 +409,8 @@ class _SpeculativeLoop:
         )
         target_scores = None if processed is None else (processed, out.logits[:, -(num_round_drafts + 1) :].float())
         if self.candidates.reads_target_features:  # the draft's features for the next round
-            self.round_target_hidden = out.hidden_states[-1][:, -(num_round_drafts + 1) :]  # (B, N_r + 1, d)
+            features = self.candidates.target_features(out.hidden_states)  # (B, columns fed, d)
+            self.round_target_hidden = features[:, -(num_round_drafts + 1) :]  # (B, N_r + 1, d)
         return result, target_probs, target_scores
 
     def _target_distributions(

@@ -929,29 +929,22 @@ def test_classifier_free_guidance_is_refused(pair):
     )
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"speculation_type": "dflash"}, r"`speculation_type='dflash'` \(a block drafter\)"),
-    ],
-)
 @pytest.mark.parametrize("with_draft", [False, True])
-def test_transformers_other_drafters_are_refused_before_any_forward_naming_the_argument(
-    pair, kwargs, match, with_draft
-):
-    """Block drafters (prompt lookup and early exit run: tests/test_drafters.py; MTP: tests/test_mtp.py)."""
+def test_an_unknown_speculation_type_is_refused_before_any_forward_naming_the_argument(pair, with_draft):
+    """Every drafter transformers ships runs (tests/test_drafters.py, test_mtp.py, test_kv_sharing.py,
+    test_dflash.py); a `speculation_type` the loop does not know is refused."""
     target, draft = pair
     target = enable_diversed(target)
     calls = []
     hook = target.register_forward_pre_hook(lambda *args: calls.append(1))
     try:
-        with pytest.raises(ValueError, match=match + r".*does not run this drafter yet.*Drop `verifier`"):
+        with pytest.raises(ValueError, match=r"`speculation_type='medusa'`: diversed_hf's loop runs 'dflash'.*Drop"):
             target.generate(
                 prompt(4),
                 max_new_tokens=4,
                 verifier=ExactVerifier(),
+                speculation_type="medusa",
                 **({"assistant_model": draft} if with_draft else {}),
-                **kwargs,
             )
     finally:
         hook.remove()

@@ -237,3 +237,28 @@ def make_gemma4_pair(hidden_size: int = 32, seed: int = 0):
             model.generation_config.eos_token_id = EOS_TOKEN_ID
     assistant.generation_config.num_assistant_tokens = 3
     return target, assistant
+
+
+def make_dflash_draft(target, block_size: int = 4, seed: int = 0):
+    """A tiny DFlash block draft (transformers' ``MuseGlimmerAssistantModel``) for a ``make_model`` target: it reads
+    the target's layers 1 and 3 and drafts ``block_size - 1`` tokens a pass."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=target.config.hidden_size,
+        intermediate_size=2 * target.config.hidden_size,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=target.config.hidden_size // 4,
+        layer_types=["full_attention"],
+        block_size=block_size,
+        mask_token_id=VOCAB_SIZE - 1,
+        target_layer_ids=[1, 3],
+        max_position_embeddings=512,
+        bos_token_id=2,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    return MuseGlimmerAssistantModel(config).eval()

@@ -242,6 +242,11 @@ def sample_from_mixture(
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     check_trainable_mixing(head)
+    if getattr(draft, "drafts_blocks", False):
+        raise ValueError(
+            f"`draft` is a {type(draft).__name__}, a block draft: the trainer's rollouts score one token at a time "
+            "and do not run block drafts yet. A head verifies its drafts in `generate`; train it with a token draft."
+        )
     device = input_ids.device
     batch_size = input_ids.shape[0]
     if attention_mask is None:
