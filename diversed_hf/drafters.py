@@ -96,14 +96,18 @@ class EarlyExitDraft(nn.Module):
             config.num_hidden_layers = total
 
 
-class PromptLookup:
+class PromptLookup(nn.Module):
     """What ``prompt_lookup_num_tokens=N`` (and ``max_matching_ngram_size``) ask for: the loop's stand-in for a
-    draft model. It drafts with :class:`LookupCandidateGenerator`; it has no weights, cache or hidden states."""
+    draft model. It drafts with :class:`LookupCandidateGenerator`; it has no weights, cache or hidden states. A module
+    without parameters, so the trainer takes it as a draft (``DiversedTrainer(target, PromptLookup(N), head=...)``)."""
 
     reads_target_features = False
+    has_hidden_states = False  # a head for it reads the target's hidden state alone (draft_hidden_size 0)
+    proposes_target_ids = True  # copies of the sequence's own ids: no vocabulary to check
     candidate_generator_class = None  # set below: LookupCandidateGenerator
 
     def __init__(self, num_tokens: int, max_ngram_size: int | None = None):
+        super().__init__()
         max_ngram_size = 2 if max_ngram_size is None else max_ngram_size  # transformers' default
         for name, value in (("prompt_lookup_num_tokens", num_tokens), ("max_matching_ngram_size", max_ngram_size)):
             if not is_integer(value) or int(value) < 1:
@@ -113,6 +117,17 @@ class PromptLookup:
 
     def __repr__(self) -> str:
         return f"PromptLookup(num_tokens={self.num_tokens}, max_ngram_size={self.max_ngram_size})"
+
+    @property
+    def name_or_path(self) -> str:  # what a head records as its draft
+        return f"prompt-lookup:{self.max_ngram_size}"
+
+    @property
+    def fingerprint_extra(self) -> str:  # a training checkpoint's record of the drafter
+        return self.name_or_path
+
+    def get_output_embeddings(self):
+        return None
 
 
 def lookup_continuations(
@@ -157,13 +172,7 @@ class PointMassCandidateGenerator(DiversedCandidateGenerator):
                 f"{policy.schedule!r}` and `assistant_confidence_threshold={policy.confidence_threshold!r}` do not "
                 f"apply (it follows {' / '.join(map(repr, self.schedules))}, without a threshold). Remove them."
             )
-        if kwargs.get("output_hidden_states"):
-            raise ValueError(
-                f"{self.drafter_name} has no hidden state for its tokens, which this verifier reads (a head built on "
-                "hidden states): use a verifier without hidden states (ExactVerifier, StaticEnsembleVerifier, a "
-                "features-only head) or a draft model of the target's tokenizer as `assistant_model`."
-            )
-        super().__init__(input_ids, assistant_model, *args, **kwargs)
+        super().__init__(input_ids, assistant_model, *args, **kwargs)  # output_hidden_states: zero-width states
 
     def propose(self, rows: list[torch.Tensor], limits: list[int]) -> list[torch.Tensor]:
         """Each row's proposed tokens (at most its limit) after its tokens ``rows[b]`` (no padding)."""
@@ -201,11 +210,14 @@ class PointMassCandidateGenerator(DiversedCandidateGenerator):
             logits = torch.full((batch_size, width, self.vocab_size), float("-inf"), device=input_ids.device)
             logits.scatter_(2, drafts[:, :, None], 0.0)
         probs = None if logits is None or not self.output_untempered_probs else logits.softmax(dim=-1)
+        # no hidden state: a head for this drafter reads the target's alone (draft_hidden_size 0)
+        hidden = input_ids.new_zeros(batch_size, width, 0, dtype=torch.float32) if self.output_hidden_states else None
         return DraftCandidates(
             candidate_ids,
             logits,
             draft_lengths=lengths,
             attention_mask=candidate_mask,
+            draft_hidden=hidden,
             untempered_draft_probs=probs,
         )
 

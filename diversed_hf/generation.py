@@ -338,13 +338,20 @@ def _call_verifier(target, assistant_model, diversed_head, verifier, block_verif
         verifier = BlockVerifier(verifier)
     checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
     point_mass = isinstance(assistant_model, _POINT_MASS_DRAFTERS)
-    if point_mass and checked.requires_hidden_states:
+    target_only = isinstance(checked, HeadVerifier) and checked.head.config.draft_hidden_size == 0
+    if point_mass and checked.requires_hidden_states and not target_only:
         drafter = "prompt lookup" if isinstance(assistant_model, PromptLookup) else "a draft with another tokenizer"
         raise ValueError(
             f"`{'diversed_head' if diversed_head is not None else 'verifier'}` reads the draft's hidden states, and "
-            f"{drafter} proposes target tokens without any: use a head built without hidden states "
-            "(`DiversedHead.for_pair(..., use_hidden_states=False)`), another verifier, or a draft model of the "
-            "target's tokenizer (`assistant_model=` or `assistant_early_exit=k`)."
+            f"{drafter} proposes target tokens without any: use a head that reads the target's hidden state alone "
+            "(`DiversedHead.for_pair(target, PromptLookup(N), ...)`, draft_hidden_size 0) or none "
+            "(`use_hidden_states=False`), another verifier, or a draft model of the target's tokenizer."
+        )
+    if target_only and not point_mass:
+        raise ValueError(
+            "`diversed_head` reads the target's hidden state alone (draft_hidden_size 0, built for a drafter without "
+            f"hidden states), but the drafter is {type(assistant_model).__name__}: use it with "
+            "`prompt_lookup_num_tokens=N`, or a head built for this draft (`DiversedHead.for_pair(target, draft)`)."
         )
     if isinstance(checked, HeadVerifier) and not point_mass:
         check_head_matches(checked.head, target, assistant_model)

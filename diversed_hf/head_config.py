@@ -29,7 +29,10 @@ class DiversedHeadConfig:
 
     draft_hidden_size: int | None = field(
         default=None,
-        metadata={"help": "Hidden size of the draft's last layer (a head without hidden states may omit it)."},
+        metadata={
+            "help": "Hidden size of the draft's last layer (a head without hidden states may omit it); 0 for a "
+            "drafter without hidden states (prompt lookup): the head reads the target's alone."
+        },
     )
     target_hidden_size: int | None = field(
         default=None,
@@ -73,6 +76,8 @@ class DiversedHeadConfig:
             value = getattr(self, name)
             if value is None and name != "mlp_hidden_size" and not self.use_hidden_states:
                 continue  # recorded when known; a head without hidden states never reads them
+            if name == "draft_hidden_size" and value == 0 and not isinstance(value, bool):
+                continue  # a drafter without hidden states (prompt lookup): the head reads the target's alone
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
             if value > MAX_SIZE:

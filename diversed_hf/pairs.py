@@ -30,14 +30,18 @@ __all__ = [
 
 
 def hidden_size_of(model) -> int:
-    """Size of the last-layer hidden state of a Hugging Face causal LM."""
+    """Size of the last-layer hidden state of a Hugging Face causal LM; 0 for a drafter without hidden states
+    (``has_hidden_states = False``: prompt lookup, a draft with another tokenizer)."""
+    if not getattr(model, "has_hidden_states", True):
+        return 0
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return int(config.hidden_size)
 
 
 def model_id_of(model) -> str | None:
     """The Hub id or local path a model was loaded from, if known."""
-    return getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None) or None
+    config = getattr(model, "config", None)
+    return getattr(config, "_name_or_path", None) or getattr(model, "name_or_path", None) or None
 
 
 def text_vocab_size(model) -> int:
@@ -54,7 +58,8 @@ def verification_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=N
     The target's distribution is never trimmed; the draft's is fitted to it (zero probability for ids
     it does not score or scores beyond the target's range, :func:`diversed_hf.ops.fit_vocabulary`).
     """
-    shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)
+    if not getattr(draft, "proposes_target_ids", False):  # prompt lookup copies the target's own ids
+        shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)
     return text_vocab_size(target)
 
 

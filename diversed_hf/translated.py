@@ -32,6 +32,7 @@ class TranslatedDraft:
     assistant_model=draft, tokenizer=..., assistant_tokenizer=...)`` drafts with when the vocabularies differ."""
 
     reads_target_features = False
+    has_hidden_states = False  # re-encoded tokens: point masses without a hidden state
     candidate_generator_class = None  # set below: TranslatingCandidateGenerator
 
     def __init__(self, model, tokenizer, assistant_tokenizer):

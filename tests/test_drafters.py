@@ -165,6 +165,44 @@ def test_heads_verify_early_exit_drafts_and_features_only_heads_verify_lookups()
     assert int(out.speculation.num_drafted.sum()) > 0
 
 
+def test_a_head_on_the_targets_hidden_state_verifies_lookups_and_trains_on_lookup_rollouts(tmp_path):
+    """Prompt lookup has no hidden state: its head reads the target's (draft_hidden_size 0) and distribution
+    features; the trainer's rollouts propose the copied token as a point mass, or ``p_t`` itself without a match."""
+    from test_training import head_params, trainer_for
+
+    from diversed_hf.drafters import PromptLookup
+    from diversed_hf.training.rollout import sample_from_mixture
+
+    target = target_of()
+    lookup = PromptLookup(3)
+    head = DiversedHead.for_pair(target, lookup, features=["tv", "target_entropy", "target_top1"])
+    assert head.config.draft_hidden_size == 0 and head.config.draft_model_id == "prompt-lookup:2"
+    head.save_pretrained(tmp_path / "head")
+    assert DiversedHead.from_pretrained(tmp_path / "head").config.draft_hidden_size == 0
+    out = target.generate(
+        repeating_prompt(),
+        diversed_head=head,
+        max_new_tokens=8,
+        output_target_weights=True,
+        return_dict_in_generate=True,
+        generator=torch.Generator().manual_seed(0),
+        **LOOKUP,
+    )
+    assert int(out.speculation.num_drafted.sum()) > 0
+    assert out.speculation.target_weights[0].numel() == 8
+    input_ids = torch.cat([repeating_prompt(seed=1), prompt(19, seed=2)])  # a row with matches, one without many
+    rollout = sample_from_mixture(target, lookup, head, input_ids, max_new_tokens=4)
+    assert rollout.draft_hidden.shape == (2, 4, 0)
+    copied = lookup_continuations(input_ids[0], 2, 1)
+    assert float(rollout.draft_token_probs[0, 0]) == float(rollout.completion_ids[0, 0] == copied[0])  # a point mass
+    trainer = trainer_for(tmp_path, target=target, draft=lookup, head=head, max_steps=1)
+    before = head_params(trainer.model)
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in head_params(trainer.model).items())
+    with pytest.raises(ValueError, match="reads the target's hidden state alone"):
+        target.generate(repeating_prompt(), diversed_head=head, max_new_tokens=4, **EARLY_EXIT)
+
+
 def test_early_exit_drafts_in_training_rollouts():
     from diversed_hf.training.rollout import sample_from_mixture
 

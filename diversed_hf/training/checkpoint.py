@@ -137,11 +137,14 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> tuple[list[Path], lis
 def model_fingerprint(model) -> str:
     """sha256 of the first 4096 output-embedding values, rounded to bf16: tells two models apart cheaply. A model
     without output embeddings of its own (an EagleDraft, which uses the target's) is told apart by its first own
-    parameter; a view of another model by its ``fingerprint_extra`` too (an early-exit draft: its layer count)."""
+    parameter; a view of another model by its ``fingerprint_extra`` too (an early-exit draft: its layer count); a
+    drafter without weights (prompt lookup) by its ``fingerprint_extra`` alone."""
     output = model.get_output_embeddings()
-    weight = output.weight if output is not None else next(model.parameters())
-    values = weight.detach().reshape(-1)[:4096].to(device="cpu", dtype=torch.bfloat16).to(torch.float32)
-    digest = hashlib.sha256(values.numpy().tobytes())
+    weight = output.weight if output is not None else next(model.parameters(), None)
+    digest = hashlib.sha256()
+    if weight is not None:
+        values = weight.detach().reshape(-1)[:4096].to(device="cpu", dtype=torch.bfloat16).to(torch.float32)
+        digest.update(values.numpy().tobytes())
     digest.update(str(getattr(model, "fingerprint_extra", "")).encode())  # a view of another model (early exit)
     return digest.hexdigest()[:16]
 

@@ -48,6 +48,7 @@ from transformers.generation.logits_process import (
 )
 
 from .. import compat, ops
+from ..drafters import PromptLookup, lookup_continuations
 from ..features import distribution_features
 from ..pairs import draft_input_ids, verification_vocab_size
 
@@ -126,6 +127,7 @@ class _MixtureStep:
         self.warpers, self.vocab_size, self.generator = warpers, vocab_size, generator
         self.needs_hidden, self.feature_names = needs_hidden, feature_names
         self.reads_features = bool(getattr(draft, "reads_target_features", False))  # an EagleDraft
+        self.lookup = draft if isinstance(draft, PromptLookup) else None  # point masses, no model
         self.last_feature = None  # (B, 1, d) the target's feature of the column before the next chunk
         parameter = next(head.parameters())
         self.head_place = dict(device=parameter.device, dtype=parameter.dtype)
@@ -139,8 +141,21 @@ class _MixtureStep:
         self.last_feature = hidden[:, -1:]
         return torch.cat([before, hidden[:, :-1]], dim=1)
 
+    def lookup_logits(self, seq, mask, target_logits) -> torch.Tensor:  # (B, V)
+        """Prompt lookup's proposal for the next token of each row: a point mass at the token it copies, or, for a
+        row whose last n-gram has no earlier occurrence (the loop drafts nothing there), the target's own logits, so
+        that ``nu_t = p_t`` whatever ``w_t``."""
+        logits = target_logits.clone()  # (B, V)
+        for b in range(seq.shape[0]):
+            copied = lookup_continuations(seq[b][mask[b].bool()], self.lookup.max_ngram_size, 1)
+            if copied.numel():
+                logits[b] = float("-inf")
+                logits[b, copied[0]] = 0.0
+        return logits
+
     def __call__(self, seq, chunk, mask, finished, pad_token_id, records) -> torch.Tensor:  # (B,) the tokens
         batch_size, device, vocab_size = seq.shape[0], seq.device, self.vocab_size
+        full_mask = mask  # (B, L): the prefill below may read distinct prompts only
         rows = None  # the prefill reads each distinct prompt once (a group's G samples share one), then copies its rows
         if self.target_cache.get_seq_length() == 0:
             distinct, rows = torch.unique(torch.cat([chunk, mask], dim=1), dim=0, return_inverse=True)  # rows: (B,)
@@ -162,7 +177,9 @@ class _MixtureStep:
         if self.reads_features:
             chunk_mask = mask[:, -chunk.shape[1] :]  # (B, chunk)
             extra["target_hidden"] = self.draft_features(target_out.hidden_states[-1], chunk_mask)
-        if getattr(self.draft, "reads_target_cache", False):  # a Gemma 4 assistant: the target's keys and values
+        if self.lookup is not None:  # no draft pass: the copied token, below
+            draft_out = None
+        elif getattr(self.draft, "reads_target_cache", False):  # a Gemma 4 assistant: the target's keys and values
             draft_out = self.draft.from_target_cache(chunk, mask, self.target_cache, extra["target_hidden"])
         else:
             draft_out = compat.forward_with_cache(
@@ -174,19 +191,25 @@ class _MixtureStep:
                 output_hidden_states=self.needs_hidden,
                 **extra,
             )
-        target_logits, draft_logits = target_out.logits[:, -1], draft_out.logits[:, -1]  # (B, V_target | V_draft)
+        target_logits = target_out.logits[:, -1]  # (B, V_target)
+        draft_logits = None if draft_out is None else draft_out.logits[:, -1]  # (B, V_draft); lookup: below
         if self.needs_hidden:
             target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
-            draft_hidden = draft_out.hidden_states[-1][:, -1]  # (B, d_draft)
+            draft_hidden = (  # (B, d_draft); width 0 for prompt lookup
+                target_hidden[:, :0] if draft_out is None else draft_out.hidden_states[-1][:, -1]
+            )
         else:
             target_hidden = draft_hidden = target_logits.new_zeros(target_logits.shape[0], 0)  # (B, 0)
         if rows is not None:  # every row gets its prompt's caches and outputs
             self.target_cache.batch_select_indices(rows)
             self.draft_cache.batch_select_indices(rows)
-            target_logits, draft_logits = target_logits[rows], draft_logits[rows]
+            target_logits = target_logits[rows]
+            draft_logits = None if draft_logits is None else draft_logits[rows]
             target_hidden, draft_hidden = target_hidden[rows], draft_hidden[rows]
             if self.last_feature is not None:
                 self.last_feature = self.last_feature[rows]
+        if self.lookup is not None:
+            draft_logits = self.lookup_logits(seq, full_mask, target_logits[:, :vocab_size])  # (B, V)
         target_scores = target_logits[:, :vocab_size].float()  # (B, V)
         draft_scores = ops.fit_vocabulary(draft_logits, vocab_size).float()  # (B, V)
         if len(self.warpers):
