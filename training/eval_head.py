@@ -99,10 +99,10 @@ def load_task_data(task: str, split: str, num_examples: int | None, seed: int, *
 
 
 def load_models(target_id: str, draft_id: str | None, dtype: str = "float32", device: str = "cpu"):
-    """(target, draft, tokenizer); ``target_id`` ``"testbed"`` / ``"smollm2"`` loads that shipped pair
-    (``testbed.load_pair``), with its own draft (``smollm2``: ``draft_id`` names one of its shipped drafts,
-    ``testbed.smollm2.DRAFTS``)."""
-    if target_id in ("testbed", "smollm2"):
+    """(target, draft, tokenizer); ``target_id`` ``"testbed"`` / ``"smollm2"`` / ``"smollm2-tuned"`` loads that
+    shipped pair (``testbed.load_pair``), with its own draft (``smollm2``: ``draft_id`` names one of its shipped
+    drafts, ``testbed.smollm2.DRAFTS``)."""
+    if target_id in ("testbed", "smollm2", "smollm2-tuned"):
         import diversed_hf.testbed as testbed
         from diversed_hf.testbed import smollm2
 

@@ -170,9 +170,12 @@ OVERHEAD_SECTION = ("overhead", "Per-round overhead")
 DRAFTERS_SECTION = ("drafters", "Drafters")
 #: training/tuned_quality.py: the task-tuned target beside the untuned one
 TUNED_QUALITY_SECTION = ("tuned_quality", "Real pair: the task-tuned target")
+#: training/tuned_draft_results.py: the task-tuned pair's EagleDraft, its draft length and lossless SD's speed
+TUNED_DRAFT_SECTION = ("tuned_draft", "Real pair: the task-tuned target's EagleDraft")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     TUNED_QUALITY_SECTION,
+    TUNED_DRAFT_SECTION,
     EVERYDAY_SECTION,
     DRAFTERS_SECTION,
     OVERHEAD_SECTION,

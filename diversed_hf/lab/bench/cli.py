@@ -50,11 +50,12 @@ __all__ = [
 class BenchArguments:
     """The command's own arguments: models, tasks, heads, output. How to decode and time is :class:`BenchConfig`."""
 
-    pair: Literal["testbed", "smollm2"] = field(
+    pair: Literal["testbed", "smollm2", "smollm2-tuned"] = field(
         default="testbed",
         metadata={
-            "help": "Shipped pair to run without --target/--draft: testbed (the 9M pair) or smollm2 (the real pair: "
-            "SmolLM2-135M-Instruct and its EagleDraft by default; --draft picks another of its drafts)."
+            "help": "Shipped pair to run without --target/--draft: testbed (the 9M pair), smollm2 (the real pair: "
+            "SmolLM2-135M-Instruct and its EagleDraft by default; --draft picks another of its drafts) or "
+            "smollm2-tuned (that target with its task-tuning adapter merged, and its own EagleDraft)."
         },
     )
     target: str | None = field(
@@ -200,8 +201,9 @@ bootstrap interval), tokens/s at batch 1 and the speedup over target-only decodi
 per round next to the theory's prediction. Results go to --output-dir: results.json, one Markdown
 table per task and the plots (docs/method.md, "Evaluation").
 
-Models: --pair testbed (the shipped 9M pair, the default) or --pair smollm2 (SmolLM2-135M-Instruct;
-its drafts: {", ".join(DRAFT_NAMES)}; default {DRAFT_NAMES[0]}), or --target and --draft (paths or Hub ids).
+Models: --pair testbed (the shipped 9M pair, the default), --pair smollm2 (SmolLM2-135M-Instruct; its drafts:
+{", ".join(DRAFT_NAMES)}; default {DRAFT_NAMES[0]}), --pair smollm2-tuned (that target with its task-tuning adapter
+and its own EagleDraft), or --target and --draft (paths or Hub ids).
 Tasks: {", ".join(task_names())}.
 
 Methods (--methods):
