@@ -176,3 +176,41 @@ def test_make_real_results_measures_the_default_draft_at_the_papers_temperature(
         assert (int(flags["--num-prompts"]), int(flags["--num-samples"])) == (200, 2)
     with pytest.raises(SystemExit):
         main(["--task", "humaneval", "--skip-speed"])
+
+
+def test_make_real_results_measures_the_tuned_pair_with_its_draft_length_and_the_cross_task_row(tmp_path):
+    """``--draft tuned``: the task-tuned pair on synopsis and arith_steps at temperature 1, 200 x 2, its EagleDraft's
+    N, each task's head on the other task; a head its recipe trained into runs/ is passed to bench by path."""
+    from make_real_results import SETUPS, _argv, head_dir_of
+    from real_pair_runs import TUNED_DRAFT_LENGTH, TUNED_METHODS
+
+    tuned = SETUPS["tuned"]
+    assert tuned.tasks == ("synopsis", "arith_steps")
+    assert "diversed@arith_steps" in TUNED_METHODS["synopsis"] and "diversed@synopsis" in TUNED_METHODS["arith_steps"]
+    for task in tuned.tasks:
+        argv = _argv(task, tuned.full[task], tmp_path, 1, draft="tuned", methods=["sd"])
+        flags = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
+        assert flags["--pair"] == "smollm2-tuned" and "--draft" not in flags
+        assert float(flags["--temperature"]) == 1.0 and int(flags["--num-draft-tokens"]) == TUNED_DRAFT_LENGTH
+        assert (int(flags["--num-prompts"]), int(flags["--num-samples"])) == (200, 2)
+        trained = head_dir_of("tuned", task)
+        if (trained / "config.json").is_file() and "runs" in trained.parts:
+            assert f"{task}={trained}" in flags["--head"]
+
+
+def test_the_tuned_pair_has_one_draft_length_story():
+    """The table, the heads' recipes and the shipped draft's generation_config name the same N."""
+    import json
+    from pathlib import Path
+
+    import yaml
+    from real_pair_runs import TUNED_DRAFT_LENGTH
+
+    from diversed_hf.testbed.smollm2_tuned import TUNED_EAGLE_DIR
+
+    shipped = json.loads((TUNED_EAGLE_DIR / "generation_config.json").read_text())["num_assistant_tokens"]
+    assert shipped == TUNED_DRAFT_LENGTH
+    configs = Path(__file__).resolve().parents[1] / "training" / "configs"
+    for task in ("synopsis", "arith_steps"):
+        recipe = yaml.safe_load((configs / f"smollm2_tuned_{task}.yaml").read_text())
+        assert recipe["num_draft_tokens"] == TUNED_DRAFT_LENGTH and recipe["target_model"] == "smollm2-tuned"

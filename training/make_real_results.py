@@ -5,6 +5,12 @@
     python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2_eagle/
     python training/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
 
+``--draft tuned`` measures the task-tuned pair (``load_pair("smollm2-tuned")``) on ``synopsis`` and ``arith_steps`` at
+temperature 1 with its EagleDraft's N = 4, 200 prompts x 2 samples for target-only, SD and DIVERSED, 100 x 2 for the
+other methods, and each task's head on the other task (the paper's cross-task row); its heads are the shipped ones,
+else those ``training/configs/smollm2_tuned_<task>.yaml`` trained into ``runs/``. Its section is "Real pair: the
+paper's table on the task-tuned target".
+
 ``--draft eagle-tasks`` (the default: the task EagleDraft, the draft the shipped heads were trained with) measures ``synopsis`` and ``arith_chat`` at temperature 1,
 the paper's setting, with the heads shipped for the EagleDraft (``testbed.load_head(task, pair="smollm2")``), 200
 prompts x 2 samples for target-only, SD and DIVERSED and the first 100 x 2 for the other methods; ``--extra-runs``
@@ -55,6 +61,8 @@ from real_pair_runs import (  # what each --draft measures
     SPEED_METHODS,
     TASK_METHODS,
     TASKS,
+    TUNED_METHODS,
+    pair_flags,
 )
 
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
@@ -63,12 +71,30 @@ from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_outp
 REPO = Path(__file__).resolve().parents[1]
 
 
+def head_dir_of(draft: str, task: str) -> Path:
+    """Where ``--draft``'s head for ``task`` is: the shipped one; for the task-tuned pair, until its heads ship, the
+    one its recipe trained (``training/configs/smollm2_tuned_<task>.yaml`` writes ``runs/smollm2_tuned_<task>/head``)."""
+    from diversed_hf import testbed
+
+    if draft != "tuned":
+        return testbed.ASSETS_DIR / "smollm2" / "heads" / task
+    shipped = testbed.ASSETS_DIR / "smollm2" / "tuned_heads" / task
+    return shipped if (shipped / "config.json").is_file() else REPO / "runs" / f"smollm2_tuned_{task}" / "head"
+
+
+def _trained_heads(draft: str) -> dict[str, str]:
+    """The task-tuned pair's heads that its recipes trained and that do not ship yet, by task (bench's ``--head``)."""
+    if draft != "tuned":
+        return {}
+    from real_pair_runs import TUNED_TASKS
+
+    dirs = {task: head_dir_of(draft, task) for task in TUNED_TASKS}
+    return {task: str(path) for task, path in dirs.items() if "runs" in path.parts and (path / "config.json").is_file()}
+
+
 def _argv(task: str, sizes: dict, output_dir: Path, threads: int, draft: str = "self", **options) -> list[str]:
     argv = [
-        "--pair",
-        "smollm2",
-        "--draft",
-        draft,
+        *pair_flags(draft, _trained_heads(draft)),
         "--task",
         task,
         "--split",
@@ -170,8 +196,9 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
     metric = result.meta.get("quality_metric", "quality").replace("_", " ")
     from diversed_hf import testbed
 
-    shipped = draft == "eagle-tasks" and result.task in testbed.HEAD_TASKS["smollm2"]
-    which = "the shipped" if shipped else "the withdrawn"
+    pair = "smollm2-tuned" if draft == "tuned" else "smollm2"
+    shipped = draft in ("eagle-tasks", "tuned") and result.task in testbed.HEAD_TASKS[pair]
+    which = "the shipped" if shipped else ("the trained (not shipped)" if draft == "tuned" else "the withdrawn")
     text = (
         f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
         f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
@@ -334,8 +361,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--draft",
         choices=sorted(SETUPS),
         default="eagle-tasks",
-        help="The pair's draft to measure: 'eagle' (the default draft, with the heads shipped for it) or 'self' (the "
-        "first evaluation, whose heads were withdrawn).",
+        help="What to measure: 'eagle-tasks' (the real pair's task EagleDraft, with the heads shipped for it), "
+        "'self' (the first evaluation, whose heads were withdrawn) or 'tuned' (the task-tuned pair, its EagleDraft and "
+        "its heads: shipped ones, else the ones its recipes trained into runs/).",
     )
     parser.add_argument("--quick", action="store_true", help="Small smoke run into results_quick/<the draft's>/.")
     phases = parser.add_mutually_exclusive_group()
@@ -392,7 +420,7 @@ def _run_methods(args, setup, sizes: dict, output_dir: Path, page: Path, command
     kept = earlier_results(output_dir / "bench.json", args.task, setup.tasks) if args.task else {}
     runs = {}
     for task in setup.tasks:
-        methods = TASK_METHODS.get(task, METHODS)
+        methods = TUNED_METHODS[task] if setup.draft == "tuned" else TASK_METHODS.get(task, METHODS)
         if setup.draft == "eagle-tasks":
             methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
         if task not in kept:
@@ -467,7 +495,6 @@ def _section_body(
     """The section's Markdown and each task's head summary by task. The section is the methods page (its task
     sections as subsections, its links resolved from RESULTS.md's folder), each task with its head's summary,
     calibration table and training curve, then the extra runs' tables and the speed table."""
-    from diversed_hf import testbed
 
     body = page.read_text().split("\n", 1)[1]  # the page without its title
     body = body.replace("\n## ", "\n### ")  # its task sections become subsections of this one
@@ -475,7 +502,7 @@ def _section_body(
     body = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix, body)
     summaries = {}
     for result in read_results(output_dir / "bench.json"):
-        head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
+        head_dir = head_dir_of(setup.draft, result.task)
         summaries[result.task] = head_summary(result, head_dir, setup.draft)
         extra = [calibration_table(head_dir, output_dir, result.task), training_curves(head_dir, result.task)]
         body = body.replace(f"\n### {result.task}\n", f"\n### {result.task}\n\n{summaries[result.task]}\n", 1)
@@ -489,7 +516,7 @@ def _section_body(
             body += (
                 f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed{command_flags} "
                 f"--task {task} --extra-runs` (it also runs {task}'s main rows again). "
-                + head_summary(extra, testbed.ASSETS_DIR / "smollm2" / "heads" / task, setup.draft)
+                + head_summary(extra, head_dir_of(setup.draft, task), setup.draft)
                 + "\n\n"
                 + table
             )
@@ -517,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     root = REPO / ("results_quick" if args.quick else "results")
     output_dir = root / setup.output_name
     page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
-    if setup.draft == "eagle-tasks":  # every task at the paper's temperature
+    if setup.draft in ("eagle-tasks", "tuned"):  # every task at the paper's temperature
         sizes = {task: dict(value, temperature=1.0) if task != "speed" else value for task, value in sizes.items()}
     command_flags = "" if setup.draft == "eagle-tasks" else f" --draft {setup.draft}"
     load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method

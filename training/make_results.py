@@ -172,10 +172,13 @@ DRAFTERS_SECTION = ("drafters", "Drafters")
 TUNED_QUALITY_SECTION = ("tuned_quality", "Real pair: the task-tuned target")
 #: training/tuned_draft_results.py: the task-tuned pair's EagleDraft, its draft length and lossless SD's speed
 TUNED_DRAFT_SECTION = ("tuned_draft", "Real pair: the task-tuned target's EagleDraft")
+#: the task-tuned pair's table (training/make_real_results.py --draft tuned)
+REAL_PAIR_TUNED_SECTION = ("real_pair_tuned", "Real pair: the paper's table on the task-tuned target")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
+    REAL_PAIR_TUNED_SECTION,
     EVERYDAY_SECTION,
     DRAFTERS_SECTION,
     OVERHEAD_SECTION,

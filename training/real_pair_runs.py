@@ -87,11 +87,20 @@ QUICK = {
         batch_size=2,
         temperature=1.0,
     ),
+    "arith_steps": dict(
+        num_prompts=2,
+        num_baseline_prompts=1,
+        num_samples=1,
+        num_timing_prompts=1,
+        repeats=1,
+        max_new_tokens=24,
+        batch_size=2,
+    ),
     "speed": dict(
         num_prompts=2,
         num_timing_prompts=2,
         repeats=1,
-        max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16},
+        max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16, "arith_steps": 16},
     ),
 }
 #: runs beside the main ones (``--extra-runs``): (directory under results/smollm2, task, title, sizes); each one's
@@ -128,6 +137,19 @@ EAGLE_EXTRA_RUNS = tuple(
     )
     for task in ("synopsis", "arith_chat")
 )
+#: the task-tuned pair (``--draft tuned``): its two tasks at T = 1, 200 prompts x 2 samples each, its EagleDraft's N
+TUNED_TASKS = ("synopsis", "arith_steps")
+TUNED_DRAFT_LENGTH = 4  # the tuned EagleDraft's shipped N (its generation_config; training/tuned_draft_results.py)
+TUNED_FULL = {
+    "synopsis": dict(FULL["synopsis"], num_draft_tokens=TUNED_DRAFT_LENGTH),
+    "arith_steps": dict(FULL["synopsis"], max_new_tokens=192, num_draft_tokens=TUNED_DRAFT_LENGTH),
+    "speed": dict(FULL["speed"], max_new_tokens={"synopsis": 48, "arith_steps": 96}),
+}
+#: every method, then each task's head on the other task: the paper's cross-task row
+TUNED_METHODS = {
+    task: [m for m in METHODS if "@" not in m] + [f"diversed@{other}" for other in TUNED_TASKS if other != task]
+    for task in TUNED_TASKS
+}
 SETUPS = {
     "self": DraftSetup("self", TASKS, "smollm2", "real_pair", SECTION_TITLE, FULL, EXTRA_RUNS),
     "eagle-tasks": DraftSetup(
@@ -139,7 +161,27 @@ SETUPS = {
         EAGLE_FULL,
         EAGLE_EXTRA_RUNS,
     ),
+    "tuned": DraftSetup(
+        "tuned",
+        TUNED_TASKS,
+        "smollm2_tuned",
+        "real_pair_tuned",
+        "Real pair: the paper's table on the task-tuned target",
+        TUNED_FULL,
+        (),
+    ),
 }
+
+
+def pair_flags(draft: str, heads: dict[str, str] | None = None) -> list[str]:
+    """``diversed-hf bench``'s model flags for ``--draft``: the real pair with that draft, or the task-tuned pair
+    with ``heads`` (task -> directory) when its heads do not ship yet."""
+    if draft == "tuned":
+        spec = ",".join(f"{task}={path}" for task, path in sorted((heads or {}).items()))
+        return ["--pair", "smollm2-tuned"] + (["--head", spec] if spec else [])
+    return ["--pair", "smollm2", "--draft", draft]
+
+
 GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance, quality within 1 point of the target
 #: per task where it differs: summarization, where the wording is free, should accept more at a finer tolerance
 GOALS = {"synopsis": (2.0, 0.5)}
