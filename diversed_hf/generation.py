@@ -117,7 +117,10 @@ def _drafter(target, assistant_model, extra: dict, generation_config):
         return EarlyExitDraft(target, early_exit)
     if use_mtp:
         return MtpDraft(target)
-    speculation_type = extra.pop("speculation_type", None) or getattr(generation_config, "speculation_type", None)
+    speculation_type = extra.pop("speculation_type", None)
+    for config in (generation_config, target.generation_config):
+        if speculation_type is None and config is not None:
+            speculation_type = getattr(config, "speculation_type", None)
     if speculation_type == "dflash":  # a block draft reading several of the target's layers
         return DFlashDraft(assistant_model, target)
     if is_kv_sharing_assistant(assistant_model):  # Gemma 4's: it reads the target's KV cache and features
@@ -493,6 +496,12 @@ def _diversed_generate(
     )
     if policy.costs is not None:
         policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
+    if isinstance(assistant_model, DFlashDraft) and policy.num_assistant_tokens > assistant_model.block_size - 1:
+        raise ValueError(
+            f"`num_assistant_tokens={policy.num_assistant_tokens}`: this DFlash draft drafts at most "
+            f"{assistant_model.block_size - 1} tokens a round (its block_size {assistant_model.block_size} minus the "
+            "anchor). Ask for fewer, or leave it unset."
+        )
     streamer = arguments.pop("streamer", None)
     _check_loop_options(arguments, extra)
     decode = _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights)
