@@ -174,10 +174,13 @@ TUNED_QUALITY_SECTION = ("tuned_quality", "Real pair: the task-tuned target")
 TUNED_DRAFT_SECTION = ("tuned_draft", "Real pair: the task-tuned target's EagleDraft")
 #: the task-tuned pair's table (training/make_real_results.py --draft tuned)
 REAL_PAIR_TUNED_SECTION = ("real_pair_tuned", "Real pair: the paper's table on the task-tuned target")
+#: the task-tuned pair's heads, first measured with diversed-hf bench (the commands are in the section)
+TUNED_HEADS_SECTION = ("tuned_heads", "Real pair: first heads on the task-tuned target")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
+    TUNED_HEADS_SECTION,
     REAL_PAIR_TUNED_SECTION,
     EVERYDAY_SECTION,
     DRAFTERS_SECTION,
