@@ -121,6 +121,11 @@ def _drafter(target, assistant_model, extra: dict, generation_config):
     for config in (generation_config, target.generation_config):
         if speculation_type is None and config is not None:
             speculation_type = getattr(config, "speculation_type", None)
+    if speculation_type not in (None, *_SPECULATION_TYPES):  # the target's generation config may set it too
+        raise ValueError(
+            f"`speculation_type={speculation_type!r}` (the target's generation config): diversed_hf's loop runs "
+            f"{', '.join(map(repr, _SPECULATION_TYPES))}. Unset it, or drop `verifier`/`diversed_head`."
+        )
     if speculation_type == "dflash":  # a block draft reading several of the target's layers
         return DFlashDraft(assistant_model, target)
     if is_kv_sharing_assistant(assistant_model):  # Gemma 4's: it reads the target's KV cache and features

@@ -53,6 +53,12 @@ class KvSharingCandidateGenerator(FeatureCandidateGenerator):
         self.round_mask: torch.Tensor | None = None  # (B, L - 1)
         self.round_positions: torch.Tensor | None = None  # (B, 1) the position of the round's last token
 
+    def get_candidates(self, input_ids, attention_mask=None, **kwargs):
+        if input_ids.shape[1] < 2 and kwargs.get("is_first_iteration") is None:
+            # a one-token prompt: the target has no keys and values yet, so its first pass emits a token undrafted
+            return self._no_drafts(input_ids, attention_mask)
+        return super().get_candidates(input_ids, attention_mask, **kwargs)
+
     def draft_forward(
         self,
         chunk: torch.Tensor,  # (B, chunk): the sequence in the round's first step, then the last draft

@@ -171,3 +171,13 @@ def test_dflash_is_refused_before_any_forward_where_it_cannot_run(pair):
     finally:
         hook.remove()
     assert not calls
+
+
+def test_a_one_token_prompt_drafts_from_an_empty_context(pair):
+    target, dflash = pair
+    input_ids = torch.tensor([[5]])
+    expected = target.generate(input_ids, do_sample=False, max_new_tokens=8)
+    out = target.generate(
+        input_ids, do_sample=False, max_new_tokens=8, assistant_model=dflash, verifier=ExactVerifier(), **DFLASH
+    )
+    assert torch.equal(out, expected)

@@ -168,3 +168,18 @@ def test_early_exit_is_refused_on_a_target_with_per_layer_inputs(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="hidden_size_per_layer_input"):
         target.generate(prompt(5), max_new_tokens=4, assistant_early_exit=2, verifier=ExactVerifier())
+
+
+def test_a_one_token_prompt_drafts_once_the_target_has_keys_and_values(pair):
+    target, assistant = pair
+    input_ids = torch.tensor([[5]])
+    expected = target.generate(input_ids, do_sample=False, max_new_tokens=8)
+    out = target.generate(
+        input_ids,
+        do_sample=False,
+        max_new_tokens=8,
+        assistant_model=assistant,
+        verifier=ExactVerifier(),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, expected) and int(out.speculation.num_drafted.sum()) > 0
