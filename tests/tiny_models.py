@@ -262,3 +262,18 @@ def make_dflash_draft(target, block_size: int = 4, seed: int = 0):
     )
     torch.manual_seed(seed)
     return MuseGlimmerAssistantModel(config).eval()
+
+
+def accepted_drafts(target, input_ids: torch.Tensor, verifier, **drafter) -> int:
+    """Drafts accepted over a sampled run of ``input_ids`` (12 new tokens, seed 1) with ``verifier`` and the drafter
+    ``drafter`` asks for: what the relaxed-versus-lossless tests compare on the same seeds."""
+    out = target.generate(
+        input_ids,
+        verifier=verifier,
+        do_sample=True,
+        max_new_tokens=12,
+        generator=torch.Generator().manual_seed(1),
+        return_dict_in_generate=True,
+        **drafter,
+    )
+    return int(out.speculation.num_accepted.sum())

@@ -87,15 +87,6 @@ QUICK = {
         batch_size=2,
         temperature=1.0,
     ),
-    "arith_steps": dict(
-        num_prompts=2,
-        num_baseline_prompts=1,
-        num_samples=1,
-        num_timing_prompts=1,
-        repeats=1,
-        max_new_tokens=24,
-        batch_size=2,
-    ),
     "speed": dict(
         num_prompts=2,
         num_timing_prompts=2,
@@ -103,6 +94,7 @@ QUICK = {
         max_new_tokens={"arith_chat": 16, "humaneval": 16, "synopsis": 16, "arith_steps": 16},
     ),
 }
+QUICK["arith_steps"] = QUICK["humaneval"]  # the tuned pair's smoke run: as short as humaneval's
 #: runs beside the main ones (``--extra-runs``): (directory under results/smollm2, task, title, sizes); each one's
 #: table joins the section under its title
 EXTRA_RUNS = (("synopsis_t07", "synopsis", "synopsis at temperature 0.7", dict(FULL["synopsis"], temperature=0.7)),)
