@@ -66,6 +66,7 @@ from real_pair_runs import (  # what each --draft measures
 )
 
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
+from diversed_hf.lab.bench.partial import clear_partial
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -380,7 +381,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--task",
-        choices=sorted(set(TASKS)),
+        choices=sorted({task for setup in SETUPS.values() for task in setup.tasks}),
         default=None,
         help="Run only this task's methods again; the other tasks' results come from the last run's "
         "bench.json (the speed runs, unless skipped, cover every task).",
@@ -391,6 +392,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Also run the draft's runs at temperature 0.7 (with --task: that task's; "
         + "; ".join(f"{draft}: " + ", ".join(run[2] for run in setup.extra_runs) for draft, setup in SETUPS.items())
         + "); their tables join the section whenever they exist.",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="Make the methods runs resumable (bench --resume): each bench run keeps every finished method in its "
+        "folder's partial/ until the results are written, and the same command with --resume again reuses them, so "
+        "an interruption costs only the methods it was in.",
     )
     parser.add_argument(
         "--jobs",
@@ -418,19 +426,23 @@ def _run_methods(args, setup, sizes: dict, output_dir: Path, page: Path, command
     run's ``bench.json``) and, with ``--extra-runs``, the extra runs; then the methods page, the shipped heads'
     cards and each extra run's tables."""
     kept = earlier_results(output_dir / "bench.json", args.task, setup.tasks) if args.task else {}
-    runs = {}
+    runs, run_tasks = {}, {}  # bench command lines, and the task of each
     for task in setup.tasks:
         methods = TUNED_METHODS[task] if setup.draft == "tuned" else TASK_METHODS.get(task, METHODS)
         if setup.draft == "eagle-tasks":
             methods = [m for m in methods if "@" not in m]  # no heads of other tasks to transfer
         if task not in kept:
             runs[task] = _argv(task, sizes[task], output_dir / task, 1, draft=setup.draft, methods=methods)
+            run_tasks[task] = task
     extra_runs = [run for run in setup.extra_runs if args.extra_runs and args.task in (None, run[1])]
     if extra_runs:
         for name, task, _, extra_sizes in extra_runs:
             sizes_here = QUICK[task] if args.quick else extra_sizes
             methods = TASK_METHODS.get(task, METHODS)
             runs[name] = _argv(task, sizes_here, output_dir / name, 1, draft=setup.draft, methods=methods)
+            run_tasks[name] = task
+    if args.resume:
+        runs = {name: argv + ["--resume"] for name, argv in runs.items()}
     measured = _run_all(runs, args.jobs)
     results = [result for task in setup.tasks for result in ([kept[task]] if task in kept else measured[task])]
     command = "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
@@ -445,6 +457,8 @@ def _run_methods(args, setup, sizes: dict, output_dir: Path, page: Path, command
     for name, _, _, _ in extra_runs:
         # bench.json, the table and the plots, read by the section (_section_body)
         write_results(measured[name], output_dir / name)
+    for name, task in run_tasks.items():  # written: what an interruption would have resumed from goes
+        clear_partial(output_dir / name, [task])
 
 
 def _measure_speed(setup, sizes: dict, output_dir: Path) -> dict[tuple[int, int], list]:

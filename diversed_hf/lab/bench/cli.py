@@ -26,6 +26,7 @@ from ..cli_utils import DefaultsHelpFormatter, check_output_dir, check_output_fi
 from . import models
 from .config import BenchConfig, load_task
 from .methods import parse_methods
+from .partial import clear_partial, partial_dir
 from .report import markdown_table, write_results, write_results_page
 from .runner import end_processes, process_state, run_bench
 
@@ -105,6 +106,14 @@ class BenchArguments:
     )
     no_plots: bool = field(default=False, metadata={"help": "Skip the PNG/HTML output (no matplotlib needed)."})
     no_progress: bool = field(default=False, metadata={"help": "Hide progress bars."})
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Make the run resumable: each finished method's records are kept in <output-dir>/partial/ until "
+            "the results are written, and a run started again with --resume and the same settings reuses them "
+            "(an interruption costs only the methods it was in)."
+        },
+    )
 
     def __post_init__(self):
         if isinstance(self.task, str):
@@ -310,9 +319,25 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
                 finetuned_draft=finetuned,
                 notes=notes,
                 progress=not arguments.no_progress,
+                partial_dir=_partial_dir(arguments, task.name),
             )
         )
     return results
+
+
+def _partial_dir(arguments: BenchArguments, task: str):
+    """Where a ``--resume`` run keeps the task's finished methods (``None``: not resumable). Without ``--resume``,
+    says so when an interrupted run left some there (this run does them again)."""
+    directory = partial_dir(arguments.output_dir, task)
+    if arguments.resume:
+        return directory
+    if directory.is_dir() and any(directory.glob("*.pt")):
+        logger.warning(
+            "%s holds methods an interrupted --resume run finished; this run does them again (pass --resume to "
+            "reuse them).",
+            directory,
+        )
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -335,6 +360,7 @@ def _report(results: list, arguments, started: float) -> None:
         write_results_page(results, arguments.output_dir, arguments.results_page, command=command, seconds=seconds)
     else:
         write_results(results, arguments.output_dir, plots=not arguments.no_plots)
+    clear_partial(arguments.output_dir, [result.task for result in results])
     for result in results:
         print(f"## {result.task} (cost ratio c = {result.meta['cost_ratio']:.3f})")
         print(markdown_table(result.rows))

@@ -25,6 +25,7 @@ from ...verifiers import HeadVerifier
 from ..tasks import metric_label
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, draft_length_of
 from .methods import Method, parse_schedules, with_schedules
+from .partial import PartialRecords
 from .schema import BenchResult
 from .stats import add_block_differences, add_paired_differences, add_relative_speedups, method_row
 
@@ -276,6 +277,7 @@ class _Run:
     show: bool
     heuristic_state: dict = dataclasses.field(default_factory=dict)
     profiles: dict = dataclasses.field(default_factory=dict)  # --profile: per speculative method
+    partial: PartialRecords | None = None  # each finished method's quality records, kept while the run lasts
 
     def run_batch(self, method: Method, batch_indices: list[int], seed: int, want_weights: bool = False):
         batch = _tokenize(self.tokenizer, [self.prompts[i] for i in batch_indices], self.target.device)
@@ -303,11 +305,14 @@ def run_bench(
     finetuned_draft=None,
     notes: Sequence[str] = (),
     progress: bool = False,
+    partial_dir=None,
 ) -> BenchResult:
     """Run every method on ``task`` and return one row per method (see the :mod:`diversed_hf.lab.bench` docstring).
 
     Under ``accelerate launch`` every process must call this with the same arguments; prompts are split
-    between processes and every process returns the same gathered result.
+    between processes and every process returns the same gathered result. With ``partial_dir``, each method's
+    quality records are kept there as soon as it is done, and those an interrupted run with the same settings kept
+    there are reused (:mod:`~diversed_hf.lab.bench.partial`; the caller removes them once the results are written).
     """
     config = config or BenchConfig()
     if config.num_draft_tokens is None:  # the draft's own length
@@ -335,6 +340,13 @@ def run_bench(
         state,
         task.prompts[: config.num_prompts],
         show=progress and state.is_main_process,
+    )
+    run.partial = PartialRecords(
+        partial_dir,
+        task=task,
+        config=config,
+        models={"target": target, "draft": draft, "finetuned": finetuned_draft},
+        num_processes=state.num_processes,
     )
     costs = _measure_costs(run, methods)
     records = _quality_pass(run, task, methods)
@@ -426,6 +438,11 @@ def _quality_pass(run: _Run, task: BenchTask, methods: list[Method]) -> dict[str
         unit="prompt",
     )
     for method in methods:
+        saved = run.partial.load(method)
+        if saved is not None:
+            records[method.name] = saved
+            bar.update(len(shards[scored(method)]) * config.num_samples)
+            continue
         mine = []
         want_weights = method.verifier is not None and method.family not in ("sd", "sd-finetuned")
         for sample in range(config.num_samples):
@@ -444,6 +461,8 @@ def _quality_pass(run: _Run, task: BenchTask, methods: list[Method]) -> dict[str
                 mine += [{**record, "sample": sample} for record in batch_records]
                 bar.update(len(batch_indices))
         records[method.name] = sorted(_gather(run.state, mine), key=lambda r: (r["sample"], r["index"]))
+        if run.state.is_main_process:
+            run.partial.save(method, records[method.name])
     bar.close()
     return records
 
