@@ -61,6 +61,7 @@ from real_pair_runs import (  # what each --draft measures
     SPEED_METHODS,
     TASK_METHODS,
     TASKS,
+    TUNED_DRAFT_LENGTH,
     TUNED_METHODS,
     pair_flags,
 )
@@ -560,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
     page, speed_page = output_dir / "RESULTS_smollm2.md", output_dir / "speed.md"
     if setup.draft in ("eagle-tasks", "tuned"):  # every task at the paper's temperature
         sizes = {task: dict(value, temperature=1.0) if task != "speed" else value for task, value in sizes.items()}
+    if setup.draft == "tuned":  # its draft's shipped length, in the smoke run too
+        sizes = {
+            t: dict(value, num_draft_tokens=TUNED_DRAFT_LENGTH) if t != "speed" else value for t, value in sizes.items()
+        }
     command_flags = "" if setup.draft == "eagle-tasks" else f" --draft {setup.draft}"
     load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
