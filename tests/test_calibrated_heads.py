@@ -198,6 +198,17 @@ def test_make_real_results_measures_the_tuned_pair_with_its_draft_length_and_the
             assert f"{task}={trained}" in flags["--head"]
 
 
+def test_make_real_results_task_takes_every_drafts_tasks():
+    """``--task`` names a task of the draft measured: the tuned pair's arith_steps too, and no other draft's."""
+    from make_real_results import parse_args
+
+    assert parse_args(["--draft", "tuned", "--task", "arith_steps", "--skip-speed", "--resume"]).task == "arith_steps"
+    with pytest.raises(SystemExit):
+        parse_args(["--draft", "tuned", "--task", "humaneval", "--skip-speed"])
+    with pytest.raises(SystemExit):
+        parse_args(["--draft", "eagle-tasks", "--task", "arith_steps", "--skip-speed"])
+
+
 def test_the_tuned_pair_has_one_draft_length_story():
     """The table, the heads' recipes and the shipped draft's generation_config name the same N."""
     import json
