@@ -75,13 +75,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def head_dir_of(draft: str, task: str) -> Path:
     """Where ``--draft``'s head for ``task`` is: the shipped one; for the task-tuned pair, until its heads ship, the
-    one its recipe trained (``training/configs/smollm2_tuned_<task>.yaml`` writes ``runs/smollm2_tuned_<task>/head``)."""
+    one its recipe trained (``training/configs/smollm2_tuned_<task>.yaml`` writes ``runs/smollm2_tuned_<task>/head``),
+    calibrated on training prompts where ``training/calibrate_head.py`` saved it as ``head_cal`` beside it."""
     from diversed_hf import testbed
 
     if draft != "tuned":
         return testbed.ASSETS_DIR / "smollm2" / "heads" / task
     shipped = testbed.ASSETS_DIR / "smollm2" / "tuned_heads" / task
-    return shipped if (shipped / "config.json").is_file() else REPO / "runs" / f"smollm2_tuned_{task}" / "head"
+    if (shipped / "config.json").is_file():
+        return shipped
+    trained = REPO / "runs" / f"smollm2_tuned_{task}"
+    return trained / "head_cal" if (trained / "head_cal" / "config.json").is_file() else trained / "head"
 
 
 def _trained_heads(draft: str) -> dict[str, str]:

@@ -163,7 +163,8 @@ def shipped_head_dirs() -> list[Path]:
     from .. import testbed  # the command layer only: the library never imports the testbed
 
     heads = []
-    folders = (testbed.ASSETS_DIR, testbed.ASSETS_DIR / "heads", testbed.ASSETS_DIR / "smollm2" / "heads")
+    real = testbed.ASSETS_DIR / "smollm2"
+    folders = (testbed.ASSETS_DIR, testbed.ASSETS_DIR / "heads", real / "heads", real / "tuned_heads")
     candidates = [path for folder in folders if folder.is_dir() for path in sorted(folder.iterdir())]
     for candidate in candidates:
         config_path = candidate / hub.CONFIG_NAME
@@ -191,9 +192,10 @@ def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[
     for directory in shipped_head_dirs():
         task_card = registered_task_card(directory)
         cards.write_card(directory, task_card=task_card)
-        pair = (
-            "smollm2_" if directory.parent.parent.name == "smollm2" else ""
-        )  # the real pair's: model_cards/smollm2_<task>.md
+        # the real pair's: model_cards/smollm2_<task>.md; the task-tuned pair's: model_cards/smollm2_tuned_<task>.md
+        pair = {"heads": "smollm2_", "tuned_heads": "smollm2_tuned_"}.get(directory.parent.name, "")
+        if directory.parent.parent.name != "smollm2":
+            pair = ""
         output = Path(output_dir) / f"{pair}{directory.name}.md"
         written.append(cards.write_card(directory, output=output, task_card=task_card))
     if not written:

@@ -267,6 +267,15 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
                 "package)."
             )
         return DiversedHead.from_pretrained(str(path))
+    if pair == "smollm2-tuned":
+        path = ASSETS_DIR / "smollm2" / "tuned_heads" / name
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no shipped head for {name!r} on the smollm2-tuned pair at {path}; train it with `python "
+                f"training/train_head.py --config training/configs/smollm2_tuned_{name}.yaml` (or reinstall the "
+                "package)."
+            )
+        return DiversedHead.from_pretrained(str(path))
     path = ASSETS_DIR / "heads" / name
     if not (path / "config.json").is_file():
         raise FileNotFoundError(

@@ -85,7 +85,7 @@ class PartialRecords:
         settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNTIMED_FIELDS}
         self._common = {
             "task": task.name,
-            "prompts": hashlib.sha256(json.dumps([task.prompts, task.references]).encode()).hexdigest(),
+            "prompts": hashlib.sha256(json.dumps([task.prompts, task.references], default=repr).encode()).hexdigest(),
             "settings": settings,
             "models": {
                 role: None if model is None else [module_digest(model), str(model.dtype)]
