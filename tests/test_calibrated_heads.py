@@ -225,3 +225,14 @@ def test_the_tuned_pair_has_one_draft_length_story():
     for task in ("synopsis", "arith_steps"):
         recipe = yaml.safe_load((configs / f"smollm2_tuned_{task}.yaml").read_text())
         assert recipe["num_draft_tokens"] == TUNED_DRAFT_LENGTH and recipe["target_model"] == "smollm2-tuned"
+
+
+def test_the_tuned_pairs_heads_are_withdrawn_with_their_measured_reason():
+    """Neither tuned-pair head is an operating point on the 200 x 2 table: load_head says why, for either draft name."""
+    from diversed_hf import testbed
+
+    for draft in (None, "eagle"):
+        with pytest.raises(ValueError, match=r"-0\.6 \[-1\.4, \+0\.1\]"):
+            testbed.load_head("synopsis", pair="smollm2-tuned", draft=draft)
+        with pytest.raises(ValueError, match=r"1\.01x SD's drafts"):
+            testbed.load_head("arith_steps", pair="smollm2-tuned", draft=draft)
