@@ -194,5 +194,7 @@ def test_the_tuned_pair_without_its_files_names_the_directory_and_the_command(tm
         testbed.load_pair("smollm2-tuned")
     with pytest.raises(ValueError, match=r"`draft` is 'self'; the smollm2-tuned pair's drafts are \('eagle',\)"):
         testbed.load_pair("smollm2-tuned", draft="self")
+    with pytest.raises(ValueError, match="No head is shipped for 'arith_steps' on the smollm2-tuned pair: its recipe"):
+        testbed.load_head("arith_steps", pair="smollm2-tuned")  # trained, measured, withdrawn
     with pytest.raises(ValueError, match="shipped heads for the smollm2-tuned pair"):
-        testbed.load_head("arith_steps", pair="smollm2-tuned")
+        testbed.load_head("humaneval", pair="smollm2-tuned")
