@@ -64,6 +64,7 @@ from real_pair_runs import (  # what each --draft measures
     TUNED_DRAFT_LENGTH,
     TUNED_METHODS,
     pair_flags,
+    run_conditions,
 )
 
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
@@ -453,26 +454,9 @@ def _run_methods(args, setup, sizes: dict, output_dir: Path, page: Path, command
     command = "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
     if args.task:
         command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
-    conditions = []
-    if args.jobs > 1:
-        conditions.append(
-            f"The methods runs ran {args.jobs} at a time, one torch thread each: every tokens/s column below was "
-            "measured with another run on the other core, and is indicative only (`--speed-only` times the pair with "
-            "nothing else running)."
-        )
-    if args.resume:
-        conditions.append(
-            "The run was resumable (`--resume`): methods an interrupted run had finished were reused, so its "
-            "duration is not given."
-        )
-    write_results_page(
-        results,
-        output_dir,
-        page,
-        command=command,
-        seconds=None if (args.task or args.resume) else time.perf_counter() - started,
-        sections=[("How this run was made", " ".join(conditions))] if conditions else (),
-    )
+    seconds = None if (args.task or args.resume) else time.perf_counter() - started
+    sections = run_conditions(args.jobs, args.resume)  # [] for one job, not resumed
+    write_results_page(results, output_dir, page, command=command, seconds=seconds, sections=sections)
     if not args.quick and setup.draft == "eagle-tasks":  # the self-draft's heads were withdrawn
         for path in update_cards(results, output_dir):
             print(f"Wrote {path.relative_to(REPO)}")

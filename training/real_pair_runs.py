@@ -177,3 +177,20 @@ def pair_flags(draft: str, heads: dict[str, str] | None = None) -> list[str]:
 GOAL_RATIO, GOAL_POINTS = 1.5, 1.0  # the issue's goal: >= 1.5x SD's acceptance, quality within 1 point of the target
 #: per task where it differs: summarization, where the wording is free, should accept more at a finer tolerance
 GOALS = {"synopsis": (2.0, 0.5)}
+
+
+def run_conditions(jobs: int, resume: bool) -> list[tuple[str, str]]:
+    """The results page's section on how a methods run was made, when it differs from one job alone (else none)."""
+    conditions = []
+    if jobs > 1:
+        conditions.append(
+            f"The methods runs ran {jobs} at a time, one torch thread each: every tokens/s column below was measured "
+            "with another run on the other core, and is indicative only (`--speed-only` times the pair with nothing "
+            "else running)."
+        )
+    if resume:
+        conditions.append(
+            "The run was resumable (`--resume`): methods an interrupted run had finished were reused, so its "
+            "duration is not given."
+        )
+    return [("How this run was made", " ".join(conditions))] if conditions else []
