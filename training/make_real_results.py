@@ -81,8 +81,8 @@ def head_dir_of(draft: str, task: str) -> Path:
     from diversed_hf import testbed
 
     if draft != "tuned":
-        return testbed.ASSETS_DIR / "smollm2" / "heads" / task
-    shipped = testbed.ASSETS_DIR / "smollm2" / "tuned_heads" / task
+        return testbed.head_folder("smollm2") / task
+    shipped = testbed.head_folder("smollm2-tuned") / task
     if (shipped / "config.json").is_file():
         return shipped
     trained = REPO / "runs" / f"smollm2_tuned_{task}"

@@ -163,8 +163,7 @@ def shipped_head_dirs() -> list[Path]:
     from .. import testbed  # the command layer only: the library never imports the testbed
 
     heads = []
-    real = testbed.ASSETS_DIR / "smollm2"
-    folders = (testbed.ASSETS_DIR, testbed.ASSETS_DIR / "heads", real / "heads", real / "tuned_heads")
+    folders = (testbed.ASSETS_DIR, *(testbed.head_folder(pair) for pair in testbed.HEAD_HOMES))
     candidates = [path for folder in folders if folder.is_dir() for path in sorted(folder.iterdir())]
     for candidate in candidates:
         config_path = candidate / hub.CONFIG_NAME
@@ -188,15 +187,15 @@ def registered_task_card(directory: str | os.PathLike) -> dict | None:
 
 def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[Path]:
     """Write ``<output_dir>/<head name>.md`` for every shipped head (and refresh its README.md)."""
+    from .. import testbed
+
+    # model_cards/<prefix><task>.md
+    prefixes = {testbed.head_folder(pair): card for pair, (_, _, card) in testbed.HEAD_HOMES.items()}
     written = []
     for directory in shipped_head_dirs():
         task_card = registered_task_card(directory)
         cards.write_card(directory, task_card=task_card)
-        # the real pair's: model_cards/smollm2_<task>.md; the task-tuned pair's: model_cards/smollm2_tuned_<task>.md
-        pair = {"heads": "smollm2_", "tuned_heads": "smollm2_tuned_"}.get(directory.parent.name, "")
-        if directory.parent.parent.name != "smollm2":
-            pair = ""
-        output = Path(output_dir) / f"{pair}{directory.name}.md"
+        output = Path(output_dir) / f"{prefixes.get(directory.parent, '')}{directory.name}.md"
         written.append(cards.write_card(directory, output=output, task_card=task_card))
     if not written:
         logger.warning("no shipped heads found in the testbed assets; nothing rendered")

@@ -42,6 +42,21 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_NAMES = ("target", "draft")
 #: the pairs :func:`load_pair` loads, and the tasks each has shipped heads for
 PAIRS = ("testbed", "smollm2", "smollm2-tuned")
+#: Where each pair's shipped heads live (under :data:`ASSETS_DIR`; :func:`head_folder`), and the prefix of the recipes
+#: (``training/configs/<prefix><task>.yaml``) and of the cards (``model_cards/<card prefix><task>.md``):
+#: (folder, recipe prefix, card prefix)
+HEAD_HOMES = {
+    "testbed": ("heads", "testbed_", ""),
+    "smollm2": ("smollm2/heads", "smollm2_eagle_", "smollm2_"),
+    "smollm2-tuned": ("smollm2/tuned_heads", "smollm2_tuned_", "smollm2_tuned_"),
+}
+
+
+def head_folder(pair: str) -> Path:
+    """The folder of ``pair``'s shipped heads (one sub-folder per task)."""
+    return ASSETS_DIR / HEAD_HOMES[pair][0]
+
+
 #: (the real pair's heads: ``assets/smollm2/heads/<task>``, each for the draft in :data:`SHIPPED_HEAD_DRAFTS`; none
 #: yet for the task-tuned target)
 HEAD_TASKS = {"testbed": ("arith", "summary"), "smollm2": ("arith_chat",), "smollm2-tuned": ()}
@@ -99,6 +114,8 @@ for _draft in (None, "eagle"):  # the task-tuned pair has one draft, its EagleDr
 __all__ = [
     "ASSETS_DIR",
     "HEAD_DRAFTS",
+    "HEAD_HOMES",
+    "head_folder",
     "HEADS_DRAFT",
     "HEAD_TASKS",
     "SHIPPED_HEAD_DRAFTS",
@@ -272,29 +289,13 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
         raise ValueError(
             f"`name` is {name!r}; shipped heads for the {pair} pair{with_draft} exist for {HEAD_TASKS[pair]}."
         )
-    if pair == "smollm2":
-        path = ASSETS_DIR / "smollm2" / "heads" / name
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"no shipped head for {name!r} on the smollm2 pair at {path}; train it with `python "
-                f"training/train_head.py --config training/configs/smollm2_eagle_{name}.yaml` (or reinstall the "
-                "package)."
-            )
-        return DiversedHead.from_pretrained(str(path))
-    if pair == "smollm2-tuned":
-        path = ASSETS_DIR / "smollm2" / "tuned_heads" / name
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"no shipped head for {name!r} on the smollm2-tuned pair at {path}; train it with `python "
-                f"training/train_head.py --config training/configs/smollm2_tuned_{name}.yaml` (or reinstall the "
-                "package)."
-            )
-        return DiversedHead.from_pretrained(str(path))
-    path = ASSETS_DIR / "heads" / name
+    path = head_folder(pair) / name
+    recipe = HEAD_HOMES[pair][1]
     if not (path / "config.json").is_file():
+        on_pair = "" if pair == "testbed" else f" on the {pair} pair"
         raise FileNotFoundError(
-            f"no shipped head for {name!r} at {path}; train it with "
-            f"`python training/train_head.py --config training/configs/testbed_{name}.yaml` (or reinstall the package)."
+            f"no shipped head for {name!r}{on_pair} at {path}; train it with `python training/train_head.py --config "
+            f"training/configs/{recipe}{name}.yaml` (or reinstall the package)."
         )
     return DiversedHead.from_pretrained(str(path))
 
