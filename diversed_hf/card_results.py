@@ -221,7 +221,8 @@ def _format_calibration(calibration: Any, where: str, metric: str | None) -> dic
             f"writes it), got {calibration!r:.200}."
         )
     settings = calibration.get("settings") or {}
-    scale, unit = (100, " %") if canonical_metric(metric or "") in ("exact_match", "pass@1") else (1, "")
+    # every metric is shown x 100, as its label says (metrics.METRIC_LABELS); only the percentages carry " %"
+    scale, unit = 100, " %" if canonical_metric(metric or "") in ("exact_match", "pass@1") else ""
     try:
         target, chosen = float(calibration["target_quality"]), float(calibration["chosen_offset"])
         tolerance = float(settings.get("tolerance") or 0.0)
@@ -235,7 +236,7 @@ def _format_calibration(calibration: Any, where: str, metric: str | None) -> dic
         ) from None
     if chosen not in [offset for offset, _, _ in rows]:
         raise ValueError(f"{where}: `chosen_offset` {chosen:g} is not an `offset` of the rows.")
-    points = "" if not unit else " point" if scale * tolerance == 1 else " points"
+    points = " point" if scale * tolerance == 1 else " points"
     bar = f"{scale * target:.1f}{unit}" + (f" minus {scale * tolerance:g}{points}" if tolerance else "")
     quality_of = dict((offset, quality) for offset, quality, _ in rows)
     rule = (

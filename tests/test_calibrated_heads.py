@@ -54,6 +54,17 @@ def test_card_of_a_calibrated_head_states_its_offset_rule_and_table(tmp_path):
     assert "| **2** | **9.50** | **50.0 %** |" in text and "| 4 | 11.00 | 25.0 %" in text
 
 
+def test_a_rouge_calibration_is_shown_x100_as_its_label_says():
+    """ROUGE-2 is shown x 100 everywhere (its label says so): the calibration table and target figure too."""
+    config = make_head(task="synopsis").config
+    calibration = dict(CALIBRATION, target_quality=0.042)
+    results = dict(RESULTS, setting={"task": "synopsis"})
+    text = cards.render_card(config, results=results, calibration=calibration, task_card=task_card("synopsis")).text
+    assert "| offset `b` | ROUGE-2 F1 (x100) | acceptance |" in text
+    assert "| **2** | **9.50** | **50.0 %** |" in text
+    assert "target-only decoding's (4.2 minus 1 point)" in text and "scored\n4.2:" in text
+
+
 def test_card_says_when_no_offset_reached_the_target():
     missed = dict(CALIBRATION, chosen_offset=4.0, settings=dict(CALIBRATION["settings"], tolerance=0.0))
     config = make_head(task="arith").config
