@@ -66,6 +66,7 @@ from real_pair_runs import (  # what each --draft measures
     pair_flags,
     run_conditions,
 )
+from real_pair_speed import speed_text
 
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
 from diversed_hf.lab.bench.partial import clear_partial
@@ -323,31 +324,6 @@ def update_marked(path: Path, key: str, text: str) -> bool:
     return True
 
 
-def speed_table(runs: dict[tuple[int, int], list]) -> str:
-    """tokens/s and the speed-up over target-only, per (batch, threads) setting and method."""
-    lines = [
-        "| task | batch | threads | method | acceptance | tokens/round | tokens/s | speedup vs target (tokens/s) |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for (batch, threads), results in sorted(runs.items()):
-        for result in results:
-            rows = {row["method"]: row for row in result.rows}
-            base = rows.get("target-only", {}).get("tokens_per_second")
-            for name, row in rows.items():
-                speed = row.get("tokens_per_second")
-                ratio = f"{speed / base:.2f}x" if speed and base else "–"
-                acceptance = row.get("acceptance_rate")
-                shown = f"{100 * acceptance:.1f} %" if isinstance(acceptance, (int, float)) else "–"
-                per_round = row.get("tokens_per_round")
-                lines.append(
-                    f"| {result.task} | {batch} | {threads} | {name} | {shown} | "
-                    f"{per_round:.2f} | {speed:.1f} | {ratio} |"
-                    if isinstance(per_round, (int, float)) and speed
-                    else f"| {result.task} | {batch} | {threads} | {name} | {shown} | – | {speed or 0:.1f} | {ratio} |"
-                )
-    return "\n".join(lines)
-
-
 def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the real pair's shipped head for that task; then every shipped
     head's card is rendered again (``model_cards/smollm2_<task>.md`` for these)."""
@@ -493,22 +469,6 @@ def _measure_speed(setup, sizes: dict, output_dir: Path) -> dict[tuple[int, int]
     return speed
 
 
-def _speed_text(quick: bool, sizes: dict, command_flags: str, load: float, speed: dict) -> str:
-    """``speed.md``: how the speed runs were made (with the load average when they started), then their table."""
-    return (
-        "### Speed by batch size and threads\n\n"
-        "Regenerate with `python training/make_real_results.py --speed-only"
-        + command_flags
-        + (" --quick" if quick else "")
-        + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "
-        "(8 at batch 8; at most "
-        + ", ".join(f"{n} new tokens on {t}" for t, n in sizes["speed"]["max_new_tokens"].items())
-        + "), median of "
-        f"{sizes['speed']['repeats']} interleaved timed runs after a warm-up, with one torch thread and with two "
-        f"(load average {load:.1f} on {os.cpu_count()} cores when the runs started):\n\n" + speed_table(speed) + "\n"
-    )
-
-
 def _section_body(
     setup, root: Path, output_dir: Path, page: Path, speed_page: Path, command_flags: str
 ) -> tuple[str, dict[str, str]]:
@@ -578,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         _run_methods(args, setup, sizes, output_dir, page, command_flags, started)
     if not (args.skip_speed or args.section_only):
         speed = _measure_speed(setup, sizes, output_dir)
-        speed_page.write_text(_speed_text(args.quick, sizes, command_flags, load, speed))
+        speed_page.write_text(speed_text(args.quick, sizes, command_flags, load, speed, setup.draft))
 
     if not page.is_file():  # --speed-only before any methods run: the section waits for it
         print(f"Wrote {speed_page.relative_to(REPO)}; the section needs the methods run (without --speed-only).")
