@@ -247,3 +247,22 @@ def test_the_tuned_pairs_heads_are_withdrawn_with_their_measured_reason():
             testbed.load_head("synopsis", pair="smollm2-tuned", draft=draft)
         with pytest.raises(ValueError, match=r"1\.01x SD's drafts"):
             testbed.load_head("arith_steps", pair="smollm2-tuned", draft=draft)
+
+
+def test_the_tuned_table_refuses_to_start_without_its_recipes_heads(tmp_path, monkeypatch):
+    """runs/ is not in the repository: a fresh clone is told which recipe trains each head, and a synopsis head
+    without its calibration (another operating point than the table's) is refused, before any model loads."""
+    import make_real_results
+
+    monkeypatch.setattr(make_real_results, "REPO", tmp_path)
+    make_real_results.check_tuned_heads("eagle-tasks")  # shipped heads: nothing to check
+    with pytest.raises(
+        FileNotFoundError, match=r"train_head.py --config training/configs/smollm2_tuned_synopsis.yaml`"
+    ):
+        make_real_results.check_tuned_heads("tuned")
+    for task in ("synopsis", "arith_steps"):
+        make_head(task=task).save_pretrained(tmp_path / "runs" / f"smollm2_tuned_{task}" / "head")
+    with pytest.raises(FileNotFoundError, match="synopsis head in runs/smollm2_tuned_synopsis/head is not calibrated"):
+        make_real_results.check_tuned_heads("tuned")
+    make_head(task="synopsis").save_pretrained(tmp_path / "runs" / "smollm2_tuned_synopsis" / "head_cal")
+    make_real_results.check_tuned_heads("tuned")

@@ -90,6 +90,30 @@ def head_dir_of(draft: str, task: str) -> Path:
     return trained / "head_cal" if (trained / "head_cal" / "config.json").is_file() else trained / "head"
 
 
+def check_tuned_heads(draft: str) -> None:
+    """Before any run: the task-tuned pair's heads that do not ship must be where their recipes put them (``runs/`` is
+    not in the repository, so a fresh clone trains them first; the recipes are seeded). A head the table measures
+    calibrated (``TUNED_CALIBRATED``) must have its ``head_cal``: the uncalibrated one is another operating point."""
+    if draft != "tuned":
+        return
+    from real_pair_runs import TUNED_CALIBRATED, TUNED_TASKS
+
+    for task in TUNED_TASKS:
+        path = head_dir_of(draft, task)
+        recipe = f"training/configs/smollm2_tuned_{task}.yaml"
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"No head for {task} in {path.relative_to(REPO)}: none ships for the task-tuned pair, so the table "
+                f"measures its recipe's head. Train it with `python training/train_head.py --config {recipe}`"
+                + (" and calibrate it with the command in the recipe's comment." if task in TUNED_CALIBRATED else ".")
+            )
+        if task in TUNED_CALIBRATED and path.name != "head_cal":
+            raise FileNotFoundError(
+                f"The {task} head in {path.relative_to(REPO)} is not calibrated: the table measures it with its "
+                f"offset chosen on training prompts. Run the calibrate_head.py command in {recipe}'s comment."
+            )
+
+
 def _trained_heads(draft: str) -> dict[str, str]:
     """The task-tuned pair's heads that its recipes trained and that do not ship yet, by task (bench's ``--head``)."""
     if draft != "tuned":
@@ -533,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     command_flags = "" if setup.draft == "eagle-tasks" else f" --draft {setup.draft}"
     load = os.getloadavg()[0]  # recorded with the timings: other jobs on the machine slow every method
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
+    check_tuned_heads(setup.draft)
 
     if not (args.speed_only or args.section_only):
         _run_methods(args, setup, sizes, output_dir, page, command_flags, started)
