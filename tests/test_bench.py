@@ -16,6 +16,7 @@ from tiny_models import make_model
 from diversed_hf import DiversedHead, cli
 from diversed_hf.lab import bench
 from diversed_hf.lab.bench import cli as bench_cli
+from diversed_hf.lab.bench.partial import module_digest
 from diversed_hf.testbed import load_tokenizer
 from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier
 
@@ -633,6 +634,8 @@ def test_bench_runs_policies_pairs_quality_and_transfers_heads(pair_dir, tmp_pat
         assert row["predicted_speedup_measured_verify"] is not None and row["verify_cost"] > 0
         assert row["predicted_speedup_measured_verify"] > 0
     assert {"verify_pass_seconds_2", "verify_pass_seconds_3", "verify_pass_seconds_4"} <= set(result.meta["costs"])
+    # the run records which weights its own head had (the summary head, not the arith head it also ran)
+    assert result.meta["head_digest"] == module_digest(heads["summary"]) != module_digest(heads["arith"])
     table = bench.transfer_table([result])
     assert "| summary | DIVERSED (arith head) @ constant N=2 | arith |" in table
     policy = bench.policy_table({1: [result], 8: [result]})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
 from test_hub import make_head
 
@@ -266,3 +267,29 @@ def test_the_tuned_table_refuses_to_start_without_its_recipes_heads(tmp_path, mo
         make_real_results.check_tuned_heads("tuned")
     make_head(task="synopsis").save_pretrained(tmp_path / "runs" / "smollm2_tuned_synopsis" / "head_cal")
     make_real_results.check_tuned_heads("tuned")
+
+
+def test_the_section_says_whether_the_head_beside_the_rows_is_the_one_they_measured(tmp_path, monkeypatch):
+    """A head retrained after the run (runs/ is not kept) can differ from the one measured: its calibration and
+    training curve are then labelled as its own, and a run older than the digest record says so."""
+    import real_pair_runs
+
+    from diversed_hf.lab.bench.partial import module_digest
+
+    monkeypatch.setattr(real_pair_runs, "REPO", tmp_path)
+    head = make_head(task="synopsis")
+    head.save_pretrained(tmp_path / "runs" / "head")
+    measured = _result("synopsis", [{"method": "DIVERSED"}])
+    assert real_pair_runs.head_provenance(measured, tmp_path / "nowhere") == ""  # no head there: nothing to label
+    assert "do not record which head weights they measured" in real_pair_runs.head_provenance(
+        measured, tmp_path / "runs" / "head"
+    )
+    measured.meta["head_digest"] = module_digest(head)
+    assert real_pair_runs.head_provenance(measured, tmp_path / "runs" / "head") == ""
+    retrained = make_head(task="synopsis")
+    with torch.no_grad():
+        next(retrained.parameters()).add_(1.0)
+    measured.meta["head_digest"] = module_digest(retrained)
+    assert "The head now in `runs/head` is not the one the `synopsis` rows above measured" in (
+        real_pair_runs.head_provenance(measured, tmp_path / "runs" / "head")
+    )

@@ -63,6 +63,7 @@ from real_pair_runs import (  # what each --draft measures
     TASKS,
     TUNED_DRAFT_LENGTH,
     TUNED_METHODS,
+    head_provenance,
     pair_flags,
     run_conditions,
 )
@@ -71,6 +72,7 @@ from real_pair_speed import speed_text
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
 from diversed_hf.lab.bench.partial import clear_partial
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.metrics import canonical_metric, metric_label
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -225,7 +227,9 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
     ratio = head["acceptance_rate"] / max(sd["acceptance_rate"], 1e-12)
     speed = head["tokens_per_second"] / target["tokens_per_second"] if target.get("tokens_per_second") else None
     delta, low, high = (100 * head[key] for key in ("quality_delta", "quality_delta_low", "quality_delta_high"))
-    metric = result.meta.get("quality_metric", "quality").replace("_", " ")
+    metric = canonical_metric(result.meta.get("quality_metric")) or "quality"
+    unit = " %" if metric in ("exact_match", "pass@1") else ""  # as its label: ROUGE-2 x 100 is not a percentage
+    metric = metric_label(metric).split(" (")[0]
     from diversed_hf import testbed
 
     pair = "smollm2-tuned" if draft == "tuned" else "smollm2"
@@ -235,7 +239,7 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
         f"**DIVERSED** with {which} `{result.task}` head{calibrated} accepts {100 * head['acceptance_rate']:.1f} % "
         f"on `{result.task}` ({ratio:.2f}x SD's {100 * sd['acceptance_rate']:.1f} %"
         + (f", {speed:.2f}x the target's tokens/s" if speed else "")
-        + f") at {metric} {100 * head['quality']:.1f} % against the target's {100 * target['quality']:.1f} %: "
+        + f") at {metric} {100 * head['quality']:.1f}{unit} against the target's {100 * target['quality']:.1f}{unit}: "
         f"{delta:+.1f} [{low:+.1f}, {high:+.1f}] points against the target distribution ({result.rows[0].get('num_prompts')} "
         f"held-out prompts x {result.meta['config'].get('num_samples', 1)} samples). "
     )
@@ -281,7 +285,8 @@ def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     )
     if shipped:
         text = (
-            f"The shipped `{task}` head is its recipe's head with the offset b = {shown['offset']} added to its output "
+            f"The {'trained (not shipped)' if 'runs' in head_dir.parts else 'shipped'} `{task}` head is its recipe's "
+            f"head with the offset b = {shown['offset']} added to its output "
             f"logit (`w = sigmoid(logit + b)`, which moves every weight toward the target), chosen by "
             f"`training/calibrate_head.py` {measured}: {shown['rule']}. The DIVERSED rows above measure this head."
         )
@@ -508,7 +513,15 @@ def _section_body(
     for result in read_results(output_dir / "bench.json"):
         head_dir = head_dir_of(setup.draft, result.task)
         summaries[result.task] = head_summary(result, head_dir, setup.draft)
-        extra = [calibration_table(head_dir, output_dir, result.task), training_curves(head_dir, result.task)]
+        extra = [
+            text
+            for text in (calibration_table(head_dir, output_dir, result.task), training_curves(head_dir, result.task))
+            if text
+        ]
+        note = head_provenance(result, head_dir) if extra else ""  # whether they are the measured head's
+        if note:  # under the first one's heading
+            heading, rest = extra[0].split("\n\n", 1)
+            extra[0] = f"{heading}\n\n{note}\n\n{rest}"
         body = body.replace(f"\n### {result.task}\n", f"\n### {result.task}\n\n{summaries[result.task]}\n", 1)
         body += "".join("\n\n" + text for text in extra if text)
     for name, task, title, _ in setup.extra_runs:

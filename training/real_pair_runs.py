@@ -6,6 +6,9 @@ Kept apart from the script so the numbers that define a run can be read (and tes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 TASKS = ("arith_chat", "humaneval", "synopsis")
 METHODS = [
@@ -136,7 +139,10 @@ TUNED_DRAFT_LENGTH = 4  # the tuned EagleDraft's shipped N (its generation_confi
 TUNED_FULL = {
     "synopsis": dict(FULL["synopsis"], num_draft_tokens=TUNED_DRAFT_LENGTH),
     "arith_steps": dict(FULL["synopsis"], max_new_tokens=192, num_draft_tokens=TUNED_DRAFT_LENGTH),
-    "speed": dict(FULL["speed"], max_new_tokens={"synopsis": 48, "arith_steps": 96}),
+    # 8 prompts at batch 1 (the other pairs time 2): the speed goal on synopsis is read from these rows
+    "speed": dict(
+        FULL["speed"], num_prompts=8, num_timing_prompts=8, max_new_tokens={"synopsis": 48, "arith_steps": 96}
+    ),
 }
 #: every method, then each task's head on the other task: the paper's cross-task row
 TUNED_METHODS = {
@@ -195,3 +201,28 @@ def run_conditions(jobs: int, resume: bool) -> list[tuple[str, str]]:
             "duration is not given."
         )
     return [("How this run was made", " ".join(conditions))] if conditions else []
+
+
+def head_provenance(result, head_dir: Path) -> str:
+    """Whether the head in ``head_dir``, whose calibration and training curve the section shows, is the one a task's
+    rows measured (the digest its bench run recorded): "" when it is, else a sentence saying it is not, or that the
+    run predates the record. A head retrained from its recipe after the run can differ (``runs/`` is not kept)."""
+    from diversed_hf import DiversedHead
+    from diversed_hf.lab.bench.partial import module_digest
+
+    if not (head_dir / "config.json").is_file():
+        return ""
+    measured = result.meta.get("head_digest")
+    where = head_dir.relative_to(REPO) if head_dir.is_relative_to(REPO) else head_dir
+    if measured is None:
+        return (
+            f"The `{result.task}` rows above do not record which head weights they measured (a run older than that "
+            f"record): the calibration and training curve below are those of the head now in `{where}`."
+        )
+    if module_digest(DiversedHead.from_pretrained(str(head_dir))) == measured:
+        return ""
+    return (
+        f"The head now in `{where}` is not the one the `{result.task}` rows above measured (its weights differ: "
+        f"retrained since): the calibration and training curve below are its own. Run the task's methods again "
+        f"(`--task {result.task}`) to measure it."
+    )

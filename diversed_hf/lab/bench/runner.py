@@ -25,7 +25,7 @@ from ...verifiers import HeadVerifier
 from ..tasks import metric_label
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, draft_length_of
 from .methods import Method, parse_schedules, with_schedules
-from .partial import PartialRecords
+from .partial import PartialRecords, module_digest
 from .schema import BenchResult
 from .stats import add_block_differences, add_paired_differences, add_relative_speedups, method_row
 
@@ -542,6 +542,7 @@ def _examples(run: _Run, methods: list[Method], records: dict[str, list[dict]]) 
 
 
 def _meta(run: _Run, task: BenchTask, methods: list[Method], costs: dict, draft, finetuned_draft) -> dict:
+    own_head = next((m.verifier.head for m in methods if m.own_head and isinstance(m.verifier, HeadVerifier)), None)
     return {
         "task": task.name,
         "quality_metric": task.quality_metric,
@@ -555,14 +556,8 @@ def _meta(run: _Run, task: BenchTask, methods: list[Method], costs: dict, draft,
         "cost_ratio": costs.get("draft_token_seconds", float("nan")) / costs["target_token_seconds"],
         "verify_cost_ratio": costs["verify_pass_seconds"] / costs["target_token_seconds"],
         "config": dataclasses.asdict(run.config),
-        "head": next(
-            (
-                dataclasses.asdict(m.verifier.head.config)
-                for m in methods
-                if m.own_head and isinstance(m.verifier, HeadVerifier)
-            ),
-            None,
-        ),
+        "head": dataclasses.asdict(own_head.config) if own_head is not None else None,
+        "head_digest": module_digest(own_head),  # which weights the rows measured (a head retrained later differs)
         **({"profile": run.profiles} if run.profiles else {}),
     }
 
