@@ -67,7 +67,7 @@ from real_pair_runs import (  # what each --draft measures
     pair_flags,
     run_conditions,
 )
-from real_pair_speed import speed_text
+from real_pair_speed import refresh_speed_goals, speed_text
 
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
 from diversed_hf.lab.bench.partial import clear_partial
@@ -577,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.skip_speed or args.section_only):
         speed = _measure_speed(setup, sizes, output_dir)
         speed_page.write_text(speed_text(args.quick, sizes, command_flags, load, speed, setup.draft))
-
+    elif args.section_only:
+        refresh_speed_goals(speed_page, setup.draft)
     if not page.is_file():  # --speed-only before any methods run: the section waits for it
         print(f"Wrote {speed_page.relative_to(REPO)}; the section needs the methods run (without --speed-only).")
         return 0
