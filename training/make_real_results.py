@@ -275,7 +275,7 @@ def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     path = head_dir / "calibration.json" if shipped else output_dir / f"calibration_{task}.json"
     if not path.is_file():
         return ""
-    from diversed_hf.lab.tasks import get_task, metric_label
+    from diversed_hf.lab.tasks import get_task
 
     shown = _format_calibration(path, str(path), get_task(task).metric)
     measured = (
