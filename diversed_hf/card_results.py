@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping
 
 from . import hub
-from .metrics import canonical_metric
+from .metrics import canonical_metric, metric_unit
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +221,7 @@ def _format_calibration(calibration: Any, where: str, metric: str | None) -> dic
             f"writes it), got {calibration!r:.200}."
         )
     settings = calibration.get("settings") or {}
-    # every metric is shown x 100, as its label says (metrics.METRIC_LABELS); only the percentages carry " %"
-    scale, unit = 100, " %" if canonical_metric(metric or "") in ("exact_match", "pass@1") else ""
+    scale, unit = 100, metric_unit(metric)  # every metric is shown x 100, as its label says
     try:
         target, chosen = float(calibration["target_quality"]), float(calibration["chosen_offset"])
         tolerance = float(settings.get("tolerance") or 0.0)

@@ -6,7 +6,7 @@ re-exports them (:mod:`diversed_hf.lab.tasks`).
 
 from __future__ import annotations
 
-__all__ = ["METRIC_ALIASES", "METRIC_LABELS", "canonical_metric", "metric_label"]
+__all__ = ["METRIC_ALIASES", "METRIC_LABELS", "canonical_metric", "metric_label", "metric_unit"]
 
 #: Quality metrics and how tables, plots and cards label them (values are shown x 100).
 METRIC_LABELS: dict[str, str] = {
@@ -34,3 +34,9 @@ def metric_label(metric: str | None) -> str:
     """How tables, plots and cards name a quality metric (values shown x 100)."""
     metric = canonical_metric(metric)
     return METRIC_LABELS.get(metric or "", f"{metric or 'quality'} (x100)")
+
+
+def metric_unit(metric: str | None) -> str:
+    """What follows a metric's value (x 100) in prose: " %" for the percentages (their label says "(%)"), else ""
+    (ROUGE-2 F1 x 100 is not a percentage)."""
+    return " %" if metric_label(metric).endswith("(%)") else ""

@@ -72,7 +72,7 @@ from real_pair_speed import refresh_speed_goals, speed_text
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
 from diversed_hf.lab.bench.partial import clear_partial
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.metrics import canonical_metric, metric_label
+from diversed_hf.metrics import metric_label, metric_unit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,9 +100,11 @@ def check_tuned_heads(draft: str) -> None:
         return
     from real_pair_runs import TUNED_CALIBRATED, TUNED_TASKS
 
+    from diversed_hf.testbed import HEAD_HOMES
+
     for task in TUNED_TASKS:
         path = head_dir_of(draft, task)
-        recipe = f"training/configs/smollm2_tuned_{task}.yaml"
+        recipe = f"training/configs/{HEAD_HOMES['smollm2-tuned'][1]}{task}.yaml"
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"No head for {task} in {path.relative_to(REPO)}: none ships for the task-tuned pair, so the table "
@@ -227,9 +229,8 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
     ratio = head["acceptance_rate"] / max(sd["acceptance_rate"], 1e-12)
     speed = head["tokens_per_second"] / target["tokens_per_second"] if target.get("tokens_per_second") else None
     delta, low, high = (100 * head[key] for key in ("quality_delta", "quality_delta_low", "quality_delta_high"))
-    metric = canonical_metric(result.meta.get("quality_metric")) or "quality"
-    unit = " %" if metric in ("exact_match", "pass@1") else ""  # as its label: ROUGE-2 x 100 is not a percentage
-    metric = metric_label(metric).split(" (")[0]
+    unit = metric_unit(result.meta.get("quality_metric"))
+    metric = metric_label(result.meta.get("quality_metric")).split(" (")[0]  # the label without its "(x100)"
     from diversed_hf import testbed
 
     pair = "smollm2-tuned" if draft == "tuned" else "smollm2"
