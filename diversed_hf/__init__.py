@@ -17,7 +17,7 @@ _moved.install()  # old import paths of moved modules (diversed_hf.tasks, divers
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    "BlockVerifier": "verifiers",
+    "BlockVerifier": "verifiers.rules",
     "DiversedCandidateGenerator": "candidates",
     "DraftCosts": "costs",
     "EagleDraft": "eagle",
@@ -31,14 +31,14 @@ _EXPORTS = {
     "DiversedGenerateDecoderOnlyOutput": "outputs",
     "DiversedHead": "head",
     "DiversedHeadConfig": "head",
-    "ExactVerifier": "verifiers",
-    "HeadVerifier": "verifiers",
-    "LenientVerifier": "verifiers",
-    "SpecCascadeVerifier": "verifiers",
+    "ExactVerifier": "verifiers.rules",
+    "HeadVerifier": "verifiers.rules",
+    "LenientVerifier": "verifiers.rules",
+    "SpecCascadeVerifier": "verifiers.rules",
     "SpeculationStats": "outputs",
-    "StaticEnsembleVerifier": "verifiers",
-    "TypicalAcceptanceVerifier": "verifiers",
-    "Verifier": "verifiers",
+    "StaticEnsembleVerifier": "verifiers.rules",
+    "TypicalAcceptanceVerifier": "verifiers.rules",
+    "Verifier": "verifiers.rules",
     "check_transformers_version": "compat",
     "enable_diversed": "generation",
     "speculative_decode": "generation",
@@ -101,7 +101,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .mtp import MtpDraft
     from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
     from .policies import clear_draft_statistics, measured_draft_costs
-    from .verifiers import (
+    from .verifiers.rules import (
         BlockVerifier,
         ExactVerifier,
         HeadVerifier,

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
+
+#: the release that removes the old names
+REMOVED_IN = "0.3.0"
 
 #: old dotted name -> new one (each old name's submodules move with it)
 MOVED = {
@@ -23,6 +27,12 @@ MOVED = {
     "diversed_hf.hub_cli": "diversed_hf.lab.hub_cli",
     "diversed_hf.throughput": "diversed_hf.lab.throughput",
     "diversed_hf.rollout": "diversed_hf.training.rollout",
+    # 0.2.0: the core in rooms by concern (docs/architecture.md, "Rooms")
+    "diversed_hf.ops": "diversed_hf.verifiers.ops",
+    "diversed_hf.checks": "diversed_hf.verifiers.checks",
+    "diversed_hf.theory": "diversed_hf.verifiers.theory",
+    "diversed_hf.features": "diversed_hf.verifiers.distribution_features",
+    "diversed_hf.block": "diversed_hf.verifiers.block",
 }
 
 
@@ -37,6 +47,9 @@ def new_name(name: str) -> str | None:
 class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves a moved module's old name to the module at its new name."""
 
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
+
     def find_spec(self, fullname, path=None, target=None):
         if new_name(fullname) is None:
             return None
@@ -45,14 +58,19 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         new = new_name(spec.name)
         warnings.warn(
-            f"`{spec.name}` moved to `{new}`: import it from there (the old name goes in the next release).",
+            f"`{spec.name}` moved to `{new}`: import it from there (the old name goes in release {REMOVED_IN}; "
+            "CHANGELOG.md lists every moved name).",
             FutureWarning,
             stacklevel=2,
         )
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        # the import system writes the old name's spec over the module's own after this returns; keep the real one
+        # so that exec_module can put it back (importlib.reload and pickling read __spec__.name)
+        self._specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module) -> None:  # the module at its new name is already executed
-        pass
+        module.__spec__ = self._specs.pop(module.__spec__.name, module.__spec__)
 
 
 def install() -> None:

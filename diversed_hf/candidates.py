@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from . import compat, ops, round_profile
-from .checks import check_finite_mass
+from . import compat, round_profile
 from .costs import DraftCosts
 from .draft_length import (  # noqa: F401 - re-exported: the generator's knobs
     DRAFT_LENGTH_DEFAULTS,
@@ -40,6 +39,8 @@ from .draft_length import (  # noqa: F401 - re-exported: the generator's knobs
 )
 from .pairs import draft_input_ids, text_vocab_size
 from .policies import OptimalSchedule
+from .verifiers import ops
+from .verifiers.checks import check_finite_mass
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             probability is below it (that token is still verified); ``None`` or 0 turns it off. The batch drafts
             while any row does.
         vocab_size: the vocabulary verification runs over (the target's): the draft's logits are fitted to it
-            (:func:`diversed_hf.ops.fit_vocabulary`). Default: the draft's own logit width.
+            (:func:`diversed_hf.verifiers.ops.fit_vocabulary`). Default: the draft's own logit width.
         do_sample: sample the drafts (else greedy). Default: ``generation_config.do_sample``.
         max_new_tokens: tokens each row may emit. Default: ``generation_config.max_length - L``.
         generator: random source for sampling.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import is_real
+from .verifiers.checks import is_real
 
 __all__ = ["CostSamples", "DraftCosts", "LinearVerifyCost", "check_draft_costs"]
 

@@ -29,8 +29,8 @@ from torch import nn
 from transformers import GenerationConfig
 
 from . import compat
-from .checks import is_integer
 from .feature_candidates import FeatureCandidateGenerator
+from .verifiers.checks import is_integer
 
 __all__ = ["BlockCandidateGenerator", "DFlashDraft"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import is_integer, is_real
 from .costs import DraftCosts, check_draft_costs
+from .verifiers.checks import is_integer, is_real
 
 __all__ = [
     "DEFAULT_DRAFT_TOKENS",

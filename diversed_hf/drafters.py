@@ -25,7 +25,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
-from .checks import is_integer
+from .verifiers.checks import is_integer
 
 __all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PointMassCandidateGenerator", "PromptLookup"]
 

@@ -35,7 +35,7 @@ from .pairs import (  # noqa: F401 - re-exported
     verification_vocab_size,
 )
 from .translated import TranslatedDraft
-from .verifiers import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
+from .verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
 

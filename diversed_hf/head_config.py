@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from . import hub
-from .features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
 from .hub import HEAD_FORMAT_VERSION
-from .ops import MIXING_SPACES
+from .verifiers.distribution_features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
+from .verifiers.ops import MIXING_SPACES
 
 __all__ = ["ARCHITECTURES", "MAX_SIZE", "MLP_HIDDEN_SIZE", "DiversedHeadConfig", "build_net", "config_from_file"]
 

@@ -50,7 +50,6 @@ from .candidates import (
     Realignment,
     next_token_scores,
 )
-from .checks import check_finite_mass
 from .costs import DraftCosts
 from .feature_candidates import FeatureCandidateGenerator
 from .output_scores import TargetScoreRecorder
@@ -58,7 +57,8 @@ from .outputs import SpeculationStats
 from .pairs import text_vocab_size
 from .policies import acceptance_setting
 from .processors import per_row_processors, sync_row_lengths
-from .verifiers import VerificationResult, Verifier
+from .verifiers.checks import check_finite_mass
+from .verifiers.rules import VerificationResult, Verifier
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import theory
+from .verifiers import theory
 
 
 @dataclass
@@ -52,7 +52,7 @@ class SpeculationStats:
 
     @property
     def expected_tokens_per_round(self) -> torch.Tensor:  # (batch,)
-        """Unbiased estimate of ``E[T_N]`` per row: :func:`diversed_hf.theory.expected_tokens_per_round`
+        """Unbiased estimate of ``E[T_N]`` per row: :func:`diversed_hf.verifiers.theory.expected_tokens_per_round`
         (docs/method.md §6)."""
         drafted = self.drafted_acceptance or [None] * len(self.position_acceptance)
         values = [

@@ -56,7 +56,7 @@ def verification_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=N
     """The vocabulary verification runs over: the target's, after :func:`shared_vocab_size`'s checks.
 
     The target's distribution is never trimmed; the draft's is fitted to it (zero probability for ids
-    it does not score or scores beyond the target's range, :func:`diversed_hf.ops.fit_vocabulary`).
+    it does not score or scores beyond the target's range, :func:`diversed_hf.verifiers.ops.fit_vocabulary`).
     """
     if not getattr(draft, "proposes_target_ids", False):  # prompt lookup copies the target's own ids
         shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)

@@ -24,9 +24,9 @@ schedule maximises expected tokens per second. It has two modes:
 2. **Per-row lengths** (until then: a call whose pair and setting have fewer than
    :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` rounds pooled). Each
    round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
-   ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.theory.optimal_draft_length`), ``E[T_n] = 1 + sum_{k<=n}
+   ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.verifiers.theory.optimal_draft_length`), ``E[T_n] = 1 + sum_{k<=n}
    m_k`` with ``m_k`` the row's estimate of ``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of
-   :func:`diversed_hf.theory.expected_tokens_per_round`)::
+   :func:`diversed_hf.verifiers.theory.expected_tokens_per_round`)::
 
        m_k = (s_k + w * prior_k) / (c_k + w)        (prior_k unknown: m_k = s_k / c_k)
 
@@ -491,7 +491,7 @@ def _best_lengths(
     position_terms: torch.Tensor,  # (batch, N) estimates of E[prod_{t<k} a_t(x_t) beta_k], no NaN
     round_seconds: torch.Tensor,  # (N,) n c + c_verify(n)
 ) -> torch.Tensor:  # (batch,) in 1..N
-    """:func:`diversed_hf.theory.optimal_draft_length` with the round costs computed once per call (fewer operations
+    """:func:`diversed_hf.verifiers.theory.optimal_draft_length` with the round costs computed once per call (fewer operations
     per round): ``argmax_n (1 + sum_{k<=n} m_k) / round_seconds(n)``."""
     return position_terms.cumsum(dim=-1).add_(1.0).div_(round_seconds).argmax(dim=-1).add_(1)
 

@@ -119,12 +119,12 @@ def test_library_modules_do_not_import_the_testbed_or_commands(name):
 
 LAYERS = {
     # module -> modules it must never import (the direction of the design)
-    "diversed_hf.ops": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.theory", "diversed_hf.head"},
-    "diversed_hf.theory": {"diversed_hf.verifiers", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.verifiers.ops": {"diversed_hf.verifiers.rules", "diversed_hf.generation", "diversed_hf.verifiers.theory", "diversed_hf.head"},
+    "diversed_hf.verifiers.theory": {"diversed_hf.verifiers.rules", "diversed_hf.generation", "diversed_hf.head"},
     # the head's distribution features: math, so both generation (verifiers) and training (rollout) can use them
-    "diversed_hf.features": {
-        "diversed_hf.verifiers",
-        "diversed_hf.theory",
+    "diversed_hf.verifiers.distribution_features": {
+        "diversed_hf.verifiers.rules",
+        "diversed_hf.verifiers.theory",
         "diversed_hf.generation",
         "diversed_hf.loop",
         "diversed_hf.head",
@@ -133,7 +133,7 @@ LAYERS = {
         "diversed_hf.training.rollout",
         "diversed_hf.training",
     },
-    "diversed_hf.verifiers": {
+    "diversed_hf.verifiers.rules": {
         "diversed_hf.generation",
         "diversed_hf.loop",
         "diversed_hf.candidates",
@@ -158,7 +158,7 @@ LAYERS = {
         "diversed_hf.candidates",
         "diversed_hf.loop",
         "diversed_hf.generation",
-        "diversed_hf.theory",
+        "diversed_hf.verifiers.theory",
     },
     "diversed_hf.lab.tasks": {"diversed_hf.lab.bench", "diversed_hf.training"},
     # the loop's helpers: re-laying a batch, recording the target's scores

@@ -9,9 +9,18 @@ import pytest
 import torch
 from tiny_models import empirical, make_model, make_pair, prompt, tv_bound
 
-from diversed_hf import block, enable_diversed, ops, theory
+from diversed_hf import enable_diversed
 from diversed_hf.head import DiversedHead, DiversedHeadConfig
-from diversed_hf.verifiers import BlockVerifier, ExactVerifier, HeadVerifier, LenientVerifier, StaticEnsembleVerifier
+from diversed_hf.verifiers import (
+    BlockVerifier,
+    ExactVerifier,
+    HeadVerifier,
+    LenientVerifier,
+    StaticEnsembleVerifier,
+    block,
+    ops,
+    theory,
+)
 
 VERIFIERS = [ExactVerifier(), StaticEnsembleVerifier(0.4)]
 

@@ -16,7 +16,7 @@ from tiny_models import (
     tv_bound,
 )
 
-from diversed_hf import DiversedHead, enable_diversed, ops
+from diversed_hf import DiversedHead, enable_diversed
 from diversed_hf.dflash import DFlashDraft
 from diversed_hf.verifiers import (
     BlockVerifier,
@@ -24,6 +24,7 @@ from diversed_hf.verifiers import (
     LenientVerifier,
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
+    ops,
 )
 
 DFLASH = {"speculation_type": "dflash"}

@@ -17,7 +17,7 @@ from tiny_models import (
     tv_bound,
 )
 
-from diversed_hf import DiversedHead, EarlyExitDraft, enable_diversed, ops
+from diversed_hf import DiversedHead, EarlyExitDraft, enable_diversed
 from diversed_hf.drafters import lookup_continuations
 from diversed_hf.verifiers import (
     BlockVerifier,
@@ -25,6 +25,7 @@ from diversed_hf.verifiers import (
     LenientVerifier,
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
+    ops,
 )
 
 LOOKUP = {"prompt_lookup_num_tokens": 3}

@@ -178,7 +178,7 @@ def test_sampled_law_at_drafted_positions_is_the_declared_one(weight):
     """Tokens 1 and 2 of a round of N = 2 (untrained draft): token 1 follows nu_1 = w p_1 + (1 - w) q_1; token 2
     follows nu_2 built from the draft's step on its own feature when token 1 was a kept draft, and from a new round's
     first step (true features) when it was the recovered token. ``weight = 1`` is lossless SD: both follow ``p``."""
-    from diversed_hf import ops
+    from diversed_hf.verifiers import ops
 
     target, draft = eagle_pair("llama", draft_vocab_ids=torch.arange(2, 60))
     verifier = ExactVerifier() if weight == 1.0 else StaticEnsembleVerifier(weight)

@@ -356,7 +356,7 @@ def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab
     recovered and bonus tokens can be them; a draft with more ids gives those zero probability."""
     from tiny_models import empirical, tv_bound
 
-    from diversed_hf import ops
+    from diversed_hf.verifiers import ops
 
     target, draft = _vocabulary_pair(target_vocab, draft_vocab)
     input_ids = prompt(5, seed=3)
@@ -387,7 +387,7 @@ def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab
 
 
 def test_fit_vocabulary_pads_with_impossible_ids_and_trims_extra_ones():
-    from diversed_hf import ops
+    from diversed_hf.verifiers import ops
 
     logits = torch.tensor([[0.0, 1.0, 2.0]])
     assert ops.fit_vocabulary(logits, 5).softmax(-1)[0, 3:].tolist() == [0.0, 0.0]
@@ -473,7 +473,8 @@ def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(m
     from tiny_models import empirical, tv_bound
     from transformers import GenerationConfig
 
-    from diversed_hf import HeadVerifier, ops
+    from diversed_hf import HeadVerifier
+    from diversed_hf.verifiers import ops
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)
@@ -738,7 +739,7 @@ def test_sampled_two_token_law_is_the_targets_under_a_policy(policy):
     verifier's law does move with where rounds end: its bonus tokens come from p)."""
     from tiny_models import empirical, tv_bound
 
-    from diversed_hf import ops
+    from diversed_hf.verifiers import ops
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)
@@ -824,7 +825,7 @@ def test_typical_acceptance_runs_in_generate(pair):
 
 
 def test_optimal_schedule_is_exact_and_chooses_by_acceptance_and_cost():
-    from diversed_hf import theory
+    from diversed_hf.verifiers import theory
 
     # theory: long drafts when every position accepts and drafting is cheap, one draft when nothing is accepted
     verify = torch.tensor([1.0, 1.1, 1.2, 1.3])

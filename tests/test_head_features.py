@@ -13,18 +13,11 @@ from safetensors.torch import save_file
 from tiny_models import VOCAB_SIZE, empirical, make_model, make_pair, prompt, tv_bound
 from torch import nn
 
-from diversed_hf import (
-    DiversedHead,
-    DiversedHeadConfig,
-    HeadVerifier,
-    StaticEnsembleVerifier,
-    compat,
-    enable_diversed,
-    ops,
-)
-from diversed_hf.features import FEATURE_NAMES, MARGIN_CAP, distribution_features
+from diversed_hf import DiversedHead, DiversedHeadConfig, HeadVerifier, StaticEnsembleVerifier, compat, enable_diversed
 from diversed_hf.hub import HEAD_FORMAT_VERSION
 from diversed_hf.training.rollout import build_logits_warpers, sample_from_mixture
+from diversed_hf.verifiers import ops
+from diversed_hf.verifiers.distribution_features import FEATURE_NAMES, MARGIN_CAP, distribution_features
 
 SOME_FEATURES = ["tv", "target_entropy", "draft_top1", "argmax_agree", "target_margin"]
 

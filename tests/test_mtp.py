@@ -7,13 +7,14 @@ import pytest
 import torch
 from tiny_models import VOCAB_SIZE, accepted_drafts, empirical, left_padded_batch, make_mtp_model, prompt, tv_bound
 
-from diversed_hf import DiversedHead, MtpDraft, enable_diversed, ops
+from diversed_hf import DiversedHead, MtpDraft, enable_diversed
 from diversed_hf.verifiers import (
     BlockVerifier,
     ExactVerifier,
     LenientVerifier,
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
+    ops,
 )
 
 

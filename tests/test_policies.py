@@ -7,9 +7,10 @@ import pytest
 import torch
 from tiny_models import left_padded_batch, make_pair, prompt
 
-from diversed_hf import DraftCosts, ExactVerifier, clear_draft_statistics, enable_diversed, measured_draft_costs, theory
+from diversed_hf import DraftCosts, ExactVerifier, clear_draft_statistics, enable_diversed, measured_draft_costs
 from diversed_hf.costs import CostSamples, LinearVerifyCost
 from diversed_hf.policies import _STATISTICS, OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _pair_statistics
+from diversed_hf.verifiers import theory
 
 OPTIMAL = dict(num_assistant_tokens_schedule="optimal", return_dict_in_generate=True)
 
@@ -289,7 +290,7 @@ def test_sampled_law_is_the_targets_under_the_stopping_rule(pair):
     tokens: with ExactVerifier the third token still follows p. Batches of 4 rows, so the decision varies."""
     from tiny_models import VOCAB_SIZE, empirical, tv_bound
 
-    from diversed_hf import ops
+    from diversed_hf.verifiers import ops
 
     target, draft = make_pair("llama", noise=0.5)
     enable_diversed(target)

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from diversed_hf import ops, theory
 from diversed_hf.verifiers import (
     CASCADE_RULES,
     ExactVerifier,
@@ -14,6 +13,8 @@ from diversed_hf.verifiers import (
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
     Verifier,
+    ops,
+    theory,
 )
 
 

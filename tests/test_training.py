@@ -19,9 +19,10 @@ from tiny_models import VOCAB_SIZE, make_model, make_pair
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from diversed_hf import DiversedHead, ops
+from diversed_hf import DiversedHead
 from diversed_hf.training import DiversedConfig, DiversedTrainer, load_head, objective
 from diversed_hf.training.rollout import build_logits_warpers, mixture_logprobs, sample_from_mixture
+from diversed_hf.verifiers import ops
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:

@@ -12,9 +12,9 @@ from tiny_models import EOS_TOKEN_ID, VOCAB_SIZE, empirical, make_model, tv_boun
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from diversed_hf import DiversedHead, enable_diversed, ops
+from diversed_hf import DiversedHead, enable_diversed
 from diversed_hf.translated import translate_continuation
-from diversed_hf.verifiers import ExactVerifier, StaticEnsembleVerifier
+from diversed_hf.verifiers import ExactVerifier, StaticEnsembleVerifier, ops
 
 SPECIALS = ["<pad>", "</s>", "<s>"]  # ids 0, 1, 2 as the tiny models' pad / EOS / BOS
 SYMBOLS = list(string.ascii_lowercase + string.ascii_uppercase + string.digits[:9])  # 61: with SPECIALS, 64 ids

@@ -4,7 +4,6 @@ import pytest
 import torch
 from tiny_models import empirical, tv_bound
 
-from diversed_hf import ops, theory
 from diversed_hf.head import DiversedHead
 from diversed_hf.verifiers import (
     CASCADE_RULES,
@@ -14,6 +13,8 @@ from diversed_hf.verifiers import (
     LenientVerifier,
     SpecCascadeVerifier,
     StaticEnsembleVerifier,
+    ops,
+    theory,
 )
 
 NEG = -1e4

@@ -31,7 +31,7 @@ import torch
 
 from ..draft_length import draft_length_of
 from ..generation import enable_diversed
-from ..verifiers import ExactVerifier, HeadVerifier, StaticEnsembleVerifier
+from ..verifiers.rules import ExactVerifier, HeadVerifier, StaticEnsembleVerifier
 from .cli_utils import add_command
 from .tasks import get_task
 

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .. import compat, ops
-from ..checks import is_integer, is_real
+from .. import compat
+from ..verifiers import ops
+from ..verifiers.checks import is_integer, is_real
 
 logger = logging.getLogger(__name__)
 

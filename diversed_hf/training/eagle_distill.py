@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from ..checks import is_integer, is_real
 from ..eagle import EagleDraft
+from ..verifiers.checks import is_integer, is_real
 from .eagle_data import Sequence, claim_directory, load_sequences
 
 logger = logging.getLogger(__name__)

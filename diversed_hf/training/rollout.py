@@ -9,7 +9,7 @@ is an equivalent and cheaper rollout. Both frozen models run one token per step 
 KV cache; ``p_t`` / ``q_t`` are their next-token distributions after the *same* processors
 (temperature, then top-k, then top-p, as transformers orders them), ``h^p_t`` / ``h^q_t``
 their last-layer hidden states at the position that produced them and ``f_t`` the head's
-distribution features of ``(p_t, q_t)`` (:func:`diversed_hf.features.distribution_features`, the
+distribution features of ``(p_t, q_t)`` (:func:`diversed_hf.verifiers.distribution_features.distribution_features`, the
 function the verifier calls on the same processed distributions) -- exactly the inputs the head
 sees inside ``generate`` (see :mod:`diversed_hf.generation`). A head that reads no hidden states
 gets none: the models are not asked for them and the rollout keeps zero-width tensors.
@@ -47,10 +47,11 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from .. import compat, ops
+from .. import compat
 from ..drafters import PromptLookup, lookup_continuations
-from ..features import distribution_features
 from ..pairs import draft_input_ids, verification_vocab_size
+from ..verifiers import ops
+from ..verifiers.distribution_features import distribution_features
 
 __all__ = ["Rollout", "sample_from_mixture", "mixture_logprobs", "build_logits_warpers"]
 

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import check_columns
 from ..head import DiversedHead
 from ..pairs import check_head_matches
+from ..verifiers.checks import check_columns
 from .batches import callable_name
 from .config import DiversedConfig
 from .rollout import check_trainable_mixing

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..verifiers import Verifier
+from ..verifiers.rules import Verifier
 
 __all__ = ["mixture_rejection_sample", "mixture_verification"]
 

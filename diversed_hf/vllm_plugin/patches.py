@@ -67,7 +67,7 @@ from vllm.v1.sample import rejection_sampler as vllm_rejection_sampler
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.worker import gpu_model_runner
 
-from ..verifiers import Verifier
+from ..verifiers.rules import Verifier
 from .mixture import mixture_rejection_sample
 from .settings import (
     CONFIG_KEY,

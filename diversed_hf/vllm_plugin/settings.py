@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checks import is_real
 from ..head import DiversedHead
-from ..ops import MIXING_SPACES
-from ..verifiers import HeadVerifier, StaticEnsembleVerifier, Verifier
+from ..verifiers.checks import is_real
+from ..verifiers.ops import MIXING_SPACES
+from ..verifiers.rules import HeadVerifier, StaticEnsembleVerifier, Verifier
 
 __all__ = [
     "CONFIG_KEY",

@@ -146,7 +146,7 @@ def check_rules_law_and_acceptance(llm, rules, target, draft, candidates, num_re
     from tiny_models import empirical, tv_bound
     from vllm import SamplingParams
 
-    from diversed_hf import ops
+    from diversed_hf.verifiers import ops
 
     exact = [getattr(verifier, "target_weight", None) == 1.0 for verifier, _ in rules]  # nu = p: no gap to find
     prompts = [

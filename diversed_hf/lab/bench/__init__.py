@@ -7,7 +7,7 @@ Every method decodes the **same prompts** of a task with one model pair and is s
 - quality: exact match (``arith``, GSM8K), ROUGE-2 F1 (``summary``, CNN/DM, XSum), pass@1 (MBPP);
 - seconds per sample, tokens/s, speedup vs target-only decoding and vs SD;
 - mean tokens per round, measured, next to the estimator of
-  :func:`diversed_hf.theory.expected_tokens_per_round` and the i.i.d. prediction
+  :func:`diversed_hf.verifiers.theory.expected_tokens_per_round` and the i.i.d. prediction
   ``(1 - alpha^(N+1)) / (1 - alpha)`` with ``alpha`` the mean ``beta``; and measured speedup next to
   the model's prediction ``E[T_N] / (N c + 1)`` with the cost ratio ``c`` measured on the pair.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
-from ...verifiers import (
+from ...verifiers.rules import (
     CASCADE_RULES,
     BlockVerifier,
     ExactVerifier,

@@ -246,14 +246,14 @@ _COLUMNS = (
     "verifier's per-round overhead, sampling, Python). `–`: not measured; `∞`: a ratio over a zero time or cost."
 )
 _EXACT_ESTIMATOR = (
-    "The `E[T]` estimator is the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` (see `diversed_hf.theory`): "
+    "The `E[T]` estimator is the unbiased `1 + sum_k prod_{t<k} a_t(x_t) beta_k` (see `diversed_hf.verifiers.theory`): "
     "it should match the measured column up to sampling noise."
 )
 _BETA_PRODUCT_ESTIMATOR = (
     "The `E[T]` estimator multiplies the per-position acceptance probabilities `beta_t` along the *drafted* "
     "prefix, as docs/method.md §6 writes it. That is exact when acceptance does not depend on the drafted context "
     "but biased when it does (whether a drafted token is likely to be accepted also changes `beta` at the next "
-    "position): see `diversed_hf.theory` for a two-token counterexample and the unbiased form "
+    "position): see `diversed_hf.verifiers.theory` for a two-token counterexample and the unbiased form "
     "`1 + sum_k prod_{t<k} a_t(x_t) beta_k`, which needs the acceptance probability `a_t(x_t)` of each drafted "
     "token (not yet recorded by `SpeculationStats`)."
 )

@@ -21,7 +21,7 @@ import torch
 
 from ... import compat
 from ...generation import enable_diversed
-from ...verifiers import HeadVerifier
+from ...verifiers.rules import HeadVerifier
 from ..tasks import metric_label
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, draft_length_of
 from .methods import Method, parse_schedules, with_schedules

@@ -1,5 +1,5 @@
 """The numbers of a bench row, from per-prompt records: quality and its standard error, acceptance,
-tokens per round (measured, the estimators of :mod:`diversed_hf.theory`, the i.i.d. prediction),
+tokens per round (measured, the estimators of :mod:`diversed_hf.verifiers.theory`, the i.i.d. prediction),
 predicted and relative speedups, and where a method stands against the static-ensemble front.
 
 Pure functions of plain records (dicts of Python values and CPU tensors) and rows (JSON-ready dicts).
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ... import theory
+from ...verifiers import theory
 
 if TYPE_CHECKING:
     from .config import BenchConfig, BenchTask

@@ -20,8 +20,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ...checks import check_columns
 from ...metrics import METRIC_ALIASES, METRIC_LABELS, canonical_metric, metric_label  # noqa: F401 - re-exported
+from ...verifiers.checks import check_columns
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from ...checks import is_integer
+from ...verifiers.checks import is_integer
 from .chat import chat_prompt
 from .registry import TaskSpec, register_task, require
 from .rewards import _check, rouge2, rouge_scorer

@@ -28,7 +28,7 @@ Statistics, in the library's two per-position quantities (``VerificationResult``
 ``beta_t = sum_x min(pi_t(x), q_t(x) / rho_{t-1})`` (the probability that position ``t`` is kept given that the
 prefix before it is, ``>=`` token-wise ``beta_t``) and the drafted factor ``rho_t / rho_{t-1}`` (which may exceed
 1), so that ``prod_{s<t} factor_s * beta_t = E[rho_t | x_1..x_{t-1}]`` and the library's estimator
-``1 + sum_t prod_{s<t} factor_s beta_t`` (:func:`diversed_hf.theory.expected_tokens_per_round`) stays unbiased.
+``1 + sum_t prod_{s<t} factor_s beta_t`` (:func:`diversed_hf.verifiers.theory.expected_tokens_per_round`) stays unbiased.
 
 Pure tensor math; random numbers only from the ``generator`` passed in.
 """
@@ -50,7 +50,7 @@ def running_weights(
     """``rho_t = min(1, rho_{t-1} pi_t(x_t) / q_t(x_t))`` along the drafted block, ``rho_0 = 1``.
 
     A draft ``q_t(x_t) = 0`` never happens when sampling from ``q``; it counts as ``pi/q = inf`` (``rho_t = 1``
-    unless ``rho_{t-1} pi_t(x_t) = 0``), as :func:`diversed_hf.ops.ratio_acceptance` counts it.
+    unless ``rho_{t-1} pi_t(x_t) = 0``), as :func:`diversed_hf.verifiers.ops.ratio_acceptance` counts it.
     """
     drafted_verify = verify_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)  # (batch, N) pi_t(x_t)
     drafted_draft = draft_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)  # (batch, N) q_t(x_t)

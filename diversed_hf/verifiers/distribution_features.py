@@ -25,7 +25,7 @@ learned normalisation (and a head does not depend on the scale of a particular v
 ==================================== ==================================================================
 
 The ``mlp`` head normalises its hidden-state inputs but not these (:class:`HiddenLayerNorm`). This module is
-part of the math layer: it imports only torch and :mod:`diversed_hf.ops`.
+part of the math layer: it imports only torch and :mod:`diversed_hf.verifiers.ops`.
 """
 
 from __future__ import annotations

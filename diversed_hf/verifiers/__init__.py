@@ -1,0 +1,54 @@
+"""The verification room: every speculative-decoding method as "verify the drafts against some distribution".
+
+============================ =================================================================================
+``rules``                    the ``Verifier`` hook and every rule (exact, lenient, static ensemble, SpecCascade,
+                             head, typical acceptance, block)
+``block``                    the math of block verification (Sun et al. 2024)
+``ops``                      the tensor math of one round: mixture, acceptance, residual, sampling
+``checks``                   argument checks of a round and of what a custom rule returns
+``distribution_features``    the distribution statistics a head may read (``tv``, entropies, margins)
+``theory``                   exact ``E[T_N]``, the speed-up model, the single-step Pareto front
+============================ =================================================================================
+
+The rules' names are public here, as they have always been: ``from diversed_hf.verifiers import ExactVerifier``.
+They load on first use, so importing one module of the room loads no other (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import exports
+
+__all__ = [
+    "Verifier",
+    "VerificationResult",
+    "ExactVerifier",
+    "LenientVerifier",
+    "StaticEnsembleVerifier",
+    "SpecCascadeVerifier",
+    "HeadVerifier",
+    "TypicalAcceptanceVerifier",
+    "BlockVerifier",
+    "CASCADE_RULES",
+    "MIXING_SPACES",
+    "check_round_inputs",
+]
+
+__getattr__, __dir__ = exports(__name__, {name: ".rules" for name in __all__})
+
+if TYPE_CHECKING:  # what static tools and IDEs see
+    from .rules import (
+        CASCADE_RULES,
+        MIXING_SPACES,
+        BlockVerifier,
+        ExactVerifier,
+        HeadVerifier,
+        LenientVerifier,
+        SpecCascadeVerifier,
+        StaticEnsembleVerifier,
+        TypicalAcceptanceVerifier,
+        VerificationResult,
+        Verifier,
+        check_round_inputs,
+    )
