@@ -18,15 +18,15 @@ _moved.install()  # old import paths of moved modules (diversed_hf.tasks, divers
 #: public name -> the submodule that defines it
 _EXPORTS = {
     "BlockVerifier": "verifiers.rules",
-    "DiversedCandidateGenerator": "candidates",
-    "DraftCosts": "costs",
-    "EagleDraft": "eagle",
-    "EagleDraftConfig": "eagle",
-    "EarlyExitDraft": "drafters",
-    "FeatureCandidateGenerator": "feature_candidates",
-    "MtpDraft": "mtp",
-    "clear_draft_statistics": "policies",
-    "measured_draft_costs": "policies",
+    "DiversedCandidateGenerator": "drafting.candidates",
+    "DraftCosts": "drafting.length.costs",
+    "EagleDraft": "drafting.eagle",
+    "EagleDraftConfig": "drafting.eagle",
+    "EarlyExitDraft": "drafting.drafters",
+    "FeatureCandidateGenerator": "drafting.feature_candidates",
+    "MtpDraft": "drafting.mtp",
+    "clear_draft_statistics": "drafting.length.optimal",
+    "measured_draft_costs": "drafting.length.optimal",
     "DiversedGenerationMixin": "generation",
     "DiversedGenerateDecoderOnlyOutput": "outputs",
     "DiversedHead": "head",
@@ -90,17 +90,17 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what static tools and IDEs see
     from . import verifiers
-    from .candidates import DiversedCandidateGenerator
     from .compat import check_transformers_version  # noqa: F401 (public, not in __all__)
-    from .costs import DraftCosts
-    from .drafters import EarlyExitDraft
-    from .eagle import EagleDraft, EagleDraftConfig
-    from .feature_candidates import FeatureCandidateGenerator
+    from .drafting.candidates import DiversedCandidateGenerator
+    from .drafting.drafters import EarlyExitDraft
+    from .drafting.eagle import EagleDraft, EagleDraftConfig
+    from .drafting.feature_candidates import FeatureCandidateGenerator
+    from .drafting.length.costs import DraftCosts
+    from .drafting.length.optimal import clear_draft_statistics, measured_draft_costs
+    from .drafting.mtp import MtpDraft
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
     from .head import DiversedHead, DiversedHeadConfig
-    from .mtp import MtpDraft
     from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
-    from .policies import clear_draft_statistics, measured_draft_costs
     from .verifiers.rules import (
         BlockVerifier,
         ExactVerifier,

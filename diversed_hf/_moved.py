@@ -33,6 +33,19 @@ MOVED = {
     "diversed_hf.theory": "diversed_hf.verifiers.theory",
     "diversed_hf.features": "diversed_hf.verifiers.distribution_features",
     "diversed_hf.block": "diversed_hf.verifiers.block",
+    "diversed_hf.candidates": "diversed_hf.drafting.candidates",
+    "diversed_hf.feature_candidates": "diversed_hf.drafting.feature_candidates",
+    "diversed_hf.drafters": "diversed_hf.drafting.drafters",
+    "diversed_hf.eagle": "diversed_hf.drafting.eagle",
+    "diversed_hf.eagle_export": "diversed_hf.drafting.eagle_export",
+    "diversed_hf.mtp": "diversed_hf.drafting.mtp",
+    "diversed_hf.dflash": "diversed_hf.drafting.dflash",
+    "diversed_hf.kv_sharing": "diversed_hf.drafting.kv_sharing",
+    "diversed_hf.translated": "diversed_hf.drafting.translated",
+    "diversed_hf.pairs": "diversed_hf.drafting.pairs",
+    "diversed_hf.draft_length": "diversed_hf.drafting.length.policy",
+    "diversed_hf.policies": "diversed_hf.drafting.length.optimal",
+    "diversed_hf.costs": "diversed_hf.drafting.length.costs",
 }
 
 

@@ -258,7 +258,8 @@ def assisted_decoding_candidates(model, build):
 
     Why a private: transformers (5.24) offers no public way to choose the candidate generator of its assisted loop;
     it builds one in ``GenerationMixin._get_candidate_generator``, which is shadowed on the instance for the block.
-    ``tests/test_candidate_contract.py`` uses it to drive :class:`~diversed_hf.candidates.DiversedCandidateGenerator`
+    ``tests/test_candidate_contract.py`` uses it to drive
+    :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`
     through transformers' loop.
     """
 

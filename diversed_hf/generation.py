@@ -18,23 +18,18 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from . import compat
-from .candidates import DraftLengthPolicy
-from .dflash import DFlashDraft
-from .drafters import EarlyExitDraft, PromptLookup
+from .drafting.candidates import DraftLengthPolicy
+from .drafting.dflash import DFlashDraft
+from .drafting.drafters import EarlyExitDraft, PromptLookup
+from .drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
+from .drafting.mtp import MtpDraft
+from .drafting.pairs import check_head_matches, text_vocab_size, verification_vocab_size
+from .drafting.translated import TranslatedDraft
 from .head import DiversedHead
-from .kv_sharing import KvSharingDraft, is_kv_sharing_assistant
 from .loop import speculative_decode
-from .mtp import MtpDraft
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
-from .pairs import (  # noqa: F401 - re-exported
-    check_head_matches,
-    shared_vocab_size,
-    text_vocab_size,
-    verification_vocab_size,
-)
-from .translated import TranslatedDraft
 from .verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
@@ -75,12 +70,12 @@ def _check_drafter(which: str, assistant_model, extra: dict, generation_config) 
         raise ValueError('`speculation_type="dflash"` drafts with a DFlash `assistant_model`: pass one.')
 
 
-#: drafters whose proposals are tokens, not samples: point masses, without hidden states (diversed_hf.drafters)
+#: drafters whose proposals are tokens, not samples: point masses, without hidden states (diversed_hf.drafting.drafters)
 _POINT_MASS_DRAFTERS = (PromptLookup, TranslatedDraft)
 
 
 def _drafter(target, assistant_model, extra: dict, generation_config):
-    """``assistant_model`` (a :class:`~diversed_hf.translated.TranslatedDraft` when ``tokenizer`` and
+    """``assistant_model`` (a :class:`~diversed_hf.drafting.translated.TranslatedDraft` when ``tokenizer`` and
     ``assistant_tokenizer`` have different vocabularies), or the drafter ``prompt_lookup_num_tokens`` /
     ``assistant_early_exit`` / ``use_mtp`` ask for (read from the keywords, else the call's ``generation_config``,
     else the target's, as transformers merges them; those keywords are consumed)."""
@@ -251,10 +246,11 @@ class DiversedGenerationMixin:
     - ``num_assistant_tokens`` (int), ``num_assistant_tokens_schedule`` (``"constant"``, ``"heuristic"``,
       ``"heuristic_transient"``, ``"optimal"``), ``assistant_confidence_threshold`` (float): transformers'
       draft-length knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
-      (:meth:`~diversed_hf.candidates.DraftLengthPolicy.resolve`; semantics in
-      :class:`~diversed_hf.candidates.DiversedCandidateGenerator`).
-    - ``assistant_costs`` (:class:`~diversed_hf.policies.DraftCosts`): the round costs the ``"optimal"`` schedule
-      uses instead of measuring them (:mod:`diversed_hf.policies`).
+      (:meth:`~diversed_hf.drafting.candidates.DraftLengthPolicy.resolve`; semantics in
+      :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`).
+    - ``assistant_costs`` (:class:`~diversed_hf.drafting.length.optimal.DraftCosts`): the round costs the ``"optimal"``
+    schedule
+      uses instead of measuring them (:mod:`diversed_hf.drafting.length.optimal`).
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
 

@@ -4,7 +4,8 @@ A small network reads the last-layer hidden state of the draft and of the target
 position that produced ``q_t`` / ``p_t`` and outputs the weight ``w_t`` in (0, 1) that the
 verification mixture puts on the **target**. Both models stay frozen; only the head trains.
 It may also read ``f_t``, named statistics of ``p_t`` and ``q_t`` (``config.features``, computed by
-:func:`diversed_hf.verifiers.distribution_features.distribution_features`), or those alone (``use_hidden_states=False``: a
+:func:`diversed_hf.verifiers.distribution_features.distribution_features`), or those alone
+(``use_hidden_states=False``: a
 head that fits any pair sharing the target's tokenizer). It never reads the drafted token ``x_t``.
 
 - ``linear``: ``w = sigmoid(W [h^q; h^p; f] + b)`` (the official release: one linear layer with a
@@ -52,6 +53,7 @@ from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
 from . import compat, hub, official
+from .drafting.pairs import hidden_size_of, model_id_of
 from .head_config import (  # noqa: F401  (re-exported: diversed_hf.head has always named them)
     ARCHITECTURES,
     MAX_SIZE,
@@ -60,7 +62,6 @@ from .head_config import (  # noqa: F401  (re-exported: diversed_hf.head has alw
     build_net,
     config_from_file,
 )
-from .pairs import hidden_size_of, model_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,8 @@ class DiversedHead(
             raise ValueError(
                 f"This head reads the features {config.features}: `features` must be (batch, tokens, "
                 f"{len(config.features)}), got {None if features is None else tuple(features.shape)}. Compute them "
-                "with `diversed_hf.verifiers.distribution_features.distribution_features(draft_probs, target_probs, head.config.features)`."
+                "with `diversed_hf.verifiers.distribution_features.distribution_features(draft_probs, target_probs, "
+                "head.config.features)`."
             )
         if num_features:
             parts.append(features.to(self.net[-1].weight.dtype))

@@ -21,14 +21,14 @@ token) and the draft cache ``[0, L - 2)`` (all but the last two), so a round is:
 The first round starts from empty caches and feeds each model what its cache lacks -- the whole
 prompt -- with its first call, as transformers' assisted decoding does: no separate prefill pass.
 The draft cache lags by two tokens so it never needs a catch-up pass, whatever a row accepted. A draft
-that reads the target's features (an :class:`~diversed_hf.eagle.EagleDraft`) is the exception
-(:mod:`diversed_hf.feature_candidates`): the target first reads the prompt minus its last token (``prefill``),
+that reads the target's features (an :class:`~diversed_hf.drafting.eagle.EagleDraft`) is the exception
+(:mod:`diversed_hf.drafting.feature_candidates`): the target first reads the prompt minus its last token (``prefill``),
 so the draft has its features, and the draft's cache keeps only columns computed from them.
 Finished rows (EOS, length, stopping criteria) leave the batch and cost nothing after. Sliding
 windows stay exact because every row is hole-free and the mask is built from column indices.
 
 In code a round is four named steps of ``_SpeculativeLoop``: ``draft`` (step 1, through
-:class:`~diversed_hf.candidates.DiversedCandidateGenerator`, a transformers ``CandidateGenerator``),
+:class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`, a transformers ``CandidateGenerator``),
 ``verify`` (steps 2-3, ``docs/method.md §2``), ``commit`` (emit, truncate at length/EOS/stopping
 criteria, record statistics) and ``realign`` (step 4: sequence and target cache here, the draft cache
 in the generator's ``update_candidate_strategy``). Cache edits go through :mod:`diversed_hf.compat`.
@@ -43,19 +43,19 @@ from dataclasses import dataclass
 import torch
 
 from . import compat, round_profile
-from .candidates import (
+from .drafting.candidates import (
     DiversedCandidateGenerator,
     DraftCandidates,
     DraftLengthPolicy,
     Realignment,
     next_token_scores,
 )
-from .costs import DraftCosts
-from .feature_candidates import FeatureCandidateGenerator
+from .drafting.feature_candidates import FeatureCandidateGenerator
+from .drafting.length.costs import DraftCosts
+from .drafting.length.optimal import acceptance_setting
+from .drafting.pairs import text_vocab_size
 from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
-from .pairs import text_vocab_size
-from .policies import acceptance_setting
 from .processors import per_row_processors, sync_row_lengths
 from .verifiers.checks import check_finite_mass
 from .verifiers.rules import VerificationResult, Verifier
@@ -184,7 +184,7 @@ def speculative_decode(
 ) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
     """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
 
-    Drafting runs through a :class:`~diversed_hf.candidates.DiversedCandidateGenerator`; verification
+    Drafting runs through a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`; verification
     follows ``docs/method.md §2``. ``assistant_costs`` (``"optimal"`` schedule only) replaces the measured round costs.
     ``score_recorder`` (:class:`~diversed_hf.output_scores.TargetScoreRecorder`) receives the target's scores of
     every emitted token (``output_scores`` / ``output_logits``).

@@ -119,7 +119,12 @@ def test_library_modules_do_not_import_the_testbed_or_commands(name):
 
 LAYERS = {
     # module -> modules it must never import (the direction of the design)
-    "diversed_hf.verifiers.ops": {"diversed_hf.verifiers.rules", "diversed_hf.generation", "diversed_hf.verifiers.theory", "diversed_hf.head"},
+    "diversed_hf.verifiers.ops": {
+        "diversed_hf.verifiers.rules",
+        "diversed_hf.generation",
+        "diversed_hf.verifiers.theory",
+        "diversed_hf.head",
+    },
     "diversed_hf.verifiers.theory": {"diversed_hf.verifiers.rules", "diversed_hf.generation", "diversed_hf.head"},
     # the head's distribution features: math, so both generation (verifiers) and training (rollout) can use them
     "diversed_hf.verifiers.distribution_features": {
@@ -129,43 +134,48 @@ LAYERS = {
         "diversed_hf.loop",
         "diversed_hf.head",
         "diversed_hf.hub",
-        "diversed_hf.pairs",
+        "diversed_hf.drafting.pairs",
         "diversed_hf.training.rollout",
         "diversed_hf.training",
     },
     "diversed_hf.verifiers.rules": {
         "diversed_hf.generation",
         "diversed_hf.loop",
-        "diversed_hf.candidates",
+        "diversed_hf.drafting.candidates",
         "diversed_hf.head",
     },
     "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.lab.tasks"},
     # the draft-length schedule sits under drafting (candidates) and the loop; what a round costs under the schedule
-    "diversed_hf.policies": {
-        "diversed_hf.candidates",
+    "diversed_hf.drafting.length.optimal": {
+        "diversed_hf.drafting.candidates",
         "diversed_hf.loop",
         "diversed_hf.generation",
         "diversed_hf.head",
     },
     "diversed_hf.processors": {
         "diversed_hf.loop",
-        "diversed_hf.candidates",
+        "diversed_hf.drafting.candidates",
         "diversed_hf.generation",
         "diversed_hf.head",
     },
-    "diversed_hf.costs": {
-        "diversed_hf.policies",
-        "diversed_hf.candidates",
+    "diversed_hf.drafting.length.costs": {
+        "diversed_hf.drafting.length.optimal",
+        "diversed_hf.drafting.candidates",
         "diversed_hf.loop",
         "diversed_hf.generation",
         "diversed_hf.verifiers.theory",
     },
     "diversed_hf.lab.tasks": {"diversed_hf.lab.bench", "diversed_hf.training"},
     # the loop's helpers: re-laying a batch, recording the target's scores
-    "diversed_hf.padding": {"diversed_hf.loop", "diversed_hf.candidates", "diversed_hf.generation", "diversed_hf.head"},
+    "diversed_hf.padding": {
+        "diversed_hf.loop",
+        "diversed_hf.drafting.candidates",
+        "diversed_hf.generation",
+        "diversed_hf.head",
+    },
     "diversed_hf.output_scores": {
         "diversed_hf.loop",
-        "diversed_hf.candidates",
+        "diversed_hf.drafting.candidates",
         "diversed_hf.generation",
         "diversed_hf.head",
     },

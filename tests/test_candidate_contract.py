@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from diversed_hf import StaticEnsembleVerifier, compat, enable_diversed
-from diversed_hf.candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
+from diversed_hf.drafting.candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
 
 
 class Counting(DiversedCandidateGenerator):

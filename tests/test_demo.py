@@ -41,7 +41,7 @@ def test_run_demo_returns_speed_texts_and_statistics(random_models):
 
 
 def test_demo_uses_the_drafts_own_length_unless_told():
-    from diversed_hf.draft_length import DEFAULT_DRAFT_TOKENS
+    from diversed_hf.drafting.length.policy import DEFAULT_DRAFT_TOKENS
 
     _, results = run_demo("arith", num_prompts=1, max_new_tokens=8)
     assert {r["stats"]["num_draft_tokens"] for r in results[1:]} == {

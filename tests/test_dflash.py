@@ -1,4 +1,4 @@
-"""DFlash block drafts (``speculation_type="dflash"``) in the batched loop with every verifier (diversed_hf.dflash),
+"""DFlash block drafts (``speculation_type="dflash"``) in the batched loop with every verifier (diversed_hf.drafting.dflash),
 on a tiny Llama target and a tiny ``MuseGlimmerAssistantModel`` that reads its layers 1 and 3."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tiny_models import (
 )
 
 from diversed_hf import DiversedHead, enable_diversed
-from diversed_hf.dflash import DFlashDraft
+from diversed_hf.drafting.dflash import DFlashDraft
 from diversed_hf.verifiers import (
     BlockVerifier,
     ExactVerifier,

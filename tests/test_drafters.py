@@ -1,5 +1,5 @@
 """transformers' model-free drafters in the batched loop: early exit (``assistant_early_exit``) and prompt lookup
-(``prompt_lookup_num_tokens``) with every verifier (diversed_hf.drafters)."""
+(``prompt_lookup_num_tokens``) with every verifier (diversed_hf.drafting.drafters)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tiny_models import (
 )
 
 from diversed_hf import DiversedHead, EarlyExitDraft, enable_diversed
-from diversed_hf.drafters import lookup_continuations
+from diversed_hf.drafting.drafters import lookup_continuations
 from diversed_hf.verifiers import (
     BlockVerifier,
     ExactVerifier,
@@ -161,7 +161,7 @@ def test_a_head_on_the_targets_hidden_state_verifies_lookups_and_trains_on_looku
     features; the trainer's rollouts propose the copied token as a point mass, or ``p_t`` itself without a match."""
     from test_training import head_params, trainer_for
 
-    from diversed_hf.drafters import PromptLookup
+    from diversed_hf.drafting.drafters import PromptLookup
     from diversed_hf.training.rollout import sample_from_mixture
 
     target = target_of()

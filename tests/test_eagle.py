@@ -12,7 +12,7 @@ import torch
 from tiny_models import VOCAB_SIZE, empirical, left_padded_batch, make_model, make_other_model, prompt, tv_bound
 
 from diversed_hf import DiversedHead, EagleDraft, EagleDraftConfig, enable_diversed
-from diversed_hf.eagle import LAYOUTS
+from diversed_hf.drafting.eagle import LAYOUTS
 from diversed_hf.verifiers import BlockVerifier, ExactVerifier, StaticEnsembleVerifier, Verifier
 
 
@@ -73,7 +73,7 @@ def test_greedy_with_exact_verifier_is_the_targets_greedy_output(architecture, p
 
 def test_a_features_buffer_that_outgrows_its_room_keeps_greedy_parity(monkeypatch):
     """The features buffer is sized for the call; should a round outrun it, it grows and the output is unchanged."""
-    from diversed_hf.feature_candidates import FeatureCandidateGenerator
+    from diversed_hf.drafting.feature_candidates import FeatureCandidateGenerator
 
     set_features = FeatureCandidateGenerator.set_target_features
 
@@ -384,7 +384,9 @@ def test_drafts_for_unsupported_targets_or_configs_are_refused_naming_them():
     with pytest.raises(ValueError, match="no `target_config`.*EagleDraft.for_target"):
         EagleDraft(EagleDraftConfig())
     for architecture in ("gpt2", "opt"):
-        with pytest.raises(ValueError, match=rf"no layout for model_type '{architecture}' .*diversed_hf.eagle.LAYOUTS"):
+        with pytest.raises(
+            ValueError, match=rf"no layout for model_type '{architecture}' .*diversed_hf.drafting.eagle.LAYOUTS"
+        ):
             EagleDraft.for_target(make_other_model(architecture))
     for architecture in ("llama", "qwen3", "gemma3"):  # the supported layout builds
         assert EagleDraft.for_target(make_model(architecture)).config.hidden_size == 32
@@ -458,7 +460,7 @@ def test_transformers_assisted_decoding_drives_the_feature_generator(architectur
     from transformers import GenerationMixin
 
     from diversed_hf import compat
-    from diversed_hf.feature_candidates import FeatureCandidateGenerator
+    from diversed_hf.drafting.feature_candidates import FeatureCandidateGenerator
 
     rounds = []
 

@@ -781,7 +781,7 @@ def test_bad_draft_length_knobs_are_refused(pair, policy, error, match):
 def test_the_draft_length_knobs_are_resolved_once_per_call(pair, monkeypatch):
     """``generate`` resolves the knobs once (keyword, the call's config, the assistant's config, default) into one
     policy; the candidate generator it builds takes that policy and reads no config again."""
-    from diversed_hf.candidates import DiversedCandidateGenerator, DraftLengthPolicy
+    from diversed_hf.drafting.candidates import DiversedCandidateGenerator, DraftLengthPolicy
 
     target, draft = pair
     resolved, built = [], []

@@ -1,5 +1,5 @@
 """A Gemma 4 assistant (it cross-attends to the target's keys and values) in the batched loop with every verifier
-(diversed_hf.kv_sharing), on a tiny Gemma 4 pair."""
+(diversed_hf.drafting.kv_sharing), on a tiny Gemma 4 pair."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tiny_models import (
 )
 
 from diversed_hf import DiversedHead, enable_diversed
-from diversed_hf.kv_sharing import KvSharingDraft
+from diversed_hf.drafting.kv_sharing import KvSharingDraft
 from diversed_hf.verifiers import (
     BlockVerifier,
     ExactVerifier,

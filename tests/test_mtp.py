@@ -1,4 +1,4 @@
-"""Multi-token prediction (``use_mtp=True``) in the batched loop with every verifier (diversed_hf.mtp), on a tiny
+"""Multi-token prediction (``use_mtp=True``) in the batched loop with every verifier (diversed_hf.drafting.mtp), on a tiny
 Mellum checkpoint that ships one sliding-window MTP layer."""
 
 from __future__ import annotations

@@ -8,8 +8,13 @@ import torch
 from tiny_models import left_padded_batch, make_pair, prompt
 
 from diversed_hf import DraftCosts, ExactVerifier, clear_draft_statistics, enable_diversed, measured_draft_costs
-from diversed_hf.costs import CostSamples, LinearVerifyCost
-from diversed_hf.policies import _STATISTICS, OPTIMAL_MIN_POOLED_ROUNDS, OPTIMAL_PRIOR_ROUNDS, _pair_statistics
+from diversed_hf.drafting.length.costs import CostSamples, LinearVerifyCost
+from diversed_hf.drafting.length.optimal import (
+    _STATISTICS,
+    OPTIMAL_MIN_POOLED_ROUNDS,
+    OPTIMAL_PRIOR_ROUNDS,
+    _pair_statistics,
+)
 from diversed_hf.verifiers import theory
 
 OPTIMAL = dict(num_assistant_tokens_schedule="optimal", return_dict_in_generate=True)
@@ -154,7 +159,7 @@ def test_cost_fit_takes_the_shape_from_pairs_of_rounds_and_the_scale_from_recent
 
 
 def test_the_prior_is_shrunk_toward_the_rows_own_rounds():
-    from diversed_hf.policies import OptimalSchedule
+    from diversed_hf.drafting.length.optimal import OptimalSchedule
 
     draft = torch.nn.Linear(1, 1)
     _pair_statistics(draft, None).pool("setting", torch.tensor([32.0, 0.0]), torch.tensor([32.0, 32.0]))  # prior 1, 0
@@ -168,7 +173,7 @@ def test_the_prior_is_shrunk_toward_the_rows_own_rounds():
 
 
 def test_the_first_round_has_its_own_prior():
-    from diversed_hf.policies import OptimalSchedule, _first_round
+    from diversed_hf.drafting.length.optimal import OptimalSchedule, _first_round
 
     draft = torch.nn.Linear(1, 1)
     statistics = _pair_statistics(draft, None)
@@ -187,7 +192,7 @@ def test_the_first_round_has_its_own_prior():
 
 
 def test_the_stopping_rule_charges_each_draft_at_the_pairs_rate():
-    from diversed_hf.policies import OPTIMAL_MIN_CALIBRATION, OptimalSchedule, StoppingRule
+    from diversed_hf.drafting.length.optimal import OPTIMAL_MIN_CALIBRATION, OptimalSchedule, StoppingRule
 
     draft = torch.nn.Linear(1, 1)
     statistics = _pair_statistics(draft, None)
@@ -230,7 +235,7 @@ def test_the_stopping_rule_charges_each_draft_at_the_pairs_rate():
 
 
 def test_the_round_after_the_prompt_has_its_own_calibration():
-    from diversed_hf.policies import OPTIMAL_MIN_CALIBRATION, OptimalSchedule, _first_round
+    from diversed_hf.drafting.length.optimal import OPTIMAL_MIN_CALIBRATION, OptimalSchedule, _first_round
 
     draft = torch.nn.Linear(1, 1)
     statistics = _pair_statistics(draft, None)

@@ -1,6 +1,6 @@
 """A draft with another tokenizer (universal assisted decoding) in the batched loop: translated tokens are point-mass
 proposals, so lossless SD keeps the target's law and a relaxed verifier emits its declared mixture
-(diversed_hf.translated)."""
+(diversed_hf.drafting.translated)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from diversed_hf import DiversedHead, enable_diversed
-from diversed_hf.translated import translate_continuation
+from diversed_hf.drafting.translated import translate_continuation
 from diversed_hf.verifiers import ExactVerifier, StaticEnsembleVerifier, ops
 
 SPECIALS = ["<pad>", "</s>", "<s>"]  # ids 0, 1, 2 as the tiny models' pad / EOS / BOS

@@ -120,7 +120,7 @@ def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int =
     return costs
 
 
-#: ``generate`` keywords that draft without a draft model (diversed_hf.drafters)
+#: ``generate`` keywords that draft without a draft model (diversed_hf.drafting.drafters)
 MODEL_FREE_DRAFTERS = ("prompt_lookup_num_tokens", "assistant_early_exit")
 
 
@@ -488,7 +488,7 @@ def ship(results: dict, command: str) -> None:
     summary into ``training.json`` and its card."""
     from transformers import GenerationConfig
 
-    from diversed_hf.eagle import EagleDraftConfig
+    from diversed_hf.drafting.eagle import EagleDraftConfig
     from diversed_hf.testbed.smollm2 import DRAFT_DIR
     from diversed_hf.testbed.smollm2 import EAGLE_TASKS_DIR as EAGLE_DIR  # the task EagleDraft (see main)
     from diversed_hf.training.eagle_card import render_eagle_card

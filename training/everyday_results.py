@@ -225,7 +225,7 @@ def headline(results: dict) -> str:
 def ship(results: dict, command: str) -> None:
     from transformers import GenerationConfig
 
-    from diversed_hf.eagle import EagleDraftConfig
+    from diversed_hf.drafting.eagle import EagleDraftConfig
     from diversed_hf.testbed.smollm2 import EAGLE_DIR
     from diversed_hf.training.eagle_card import render_eagle_card
 

@@ -155,7 +155,7 @@ def section(results: dict, args, command: str) -> str:
 def ship(results: dict, command: str) -> None:
     from transformers import GenerationConfig
 
-    from diversed_hf.eagle import EagleDraftConfig
+    from diversed_hf.drafting.eagle import EagleDraftConfig
     from diversed_hf.testbed.smollm2_tuned import TUNED_EAGLE_DIR
     from diversed_hf.training.eagle_card import render_eagle_card
 

@@ -20,7 +20,7 @@ rate, completions API, temperature 1. Per cell: requests/s, output tokens/s, tim
 token (median and p95), completed and failed requests, and acceptance from the server's spec-decoding counters
 (accepted / drafted tokens, and tokens per round). Defaults: the testbed pair, its ``arith`` head, ``arith`` prompts.
 ``--pair smollm2``: the real pair served through vLLM's ``eagle`` method, SmolLM2-135M-Instruct with the task
-EagleDraft (exported by :meth:`~diversed_hf.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True``), the shipped
+EagleDraft (exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True``), the shipped
 ``arith_chat`` head and held-out ``arith_chat`` chat prompts: the head's own operating point (the draft it was
 trained with, temperature 1, N = 3; its card), into RESULTS.md's "Serving with vLLM under load: the EagleDraft".
 One thread for the server (``OMP_NUM_THREADS=1``). The models, tokenizer and head are checked before a server starts

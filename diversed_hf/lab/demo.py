@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..draft_length import draft_length_of
+from ..drafting.length.policy import draft_length_of
 from ..generation import enable_diversed
 from ..verifiers.rules import ExactVerifier, HeadVerifier, StaticEnsembleVerifier
 from .cli_utils import add_command

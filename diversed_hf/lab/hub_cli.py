@@ -217,7 +217,7 @@ def shipped_models() -> list[tuple[Path, str, str]]:
 def shipped_model_cards() -> list[tuple[Path, str, str]]:
     """``(directory, card name, card)`` of every shipped draft and adapter, rendered from its ``training.json``
     through the same template system as the heads' cards; those not shipped are left out."""
-    from ..eagle import EagleDraftConfig
+    from ..drafting.eagle import EagleDraftConfig
     from ..training.eagle_card import render_eagle_card
     from ..training.tuned_card import render_tuned_card
 

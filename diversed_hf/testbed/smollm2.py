@@ -344,11 +344,12 @@ def build_self_draft(target, num_layers: int, draft_vocab_size: int | None = Non
 
 
 def load_eagle_draft(target, path: Path | str = EAGLE_DIR, model_id: str | None = None):
-    """A shipped :class:`~diversed_hf.eagle.EagleDraft` for SmolLM2-135M-Instruct (``training/train_eagle_draft.py``),
+    """A shipped :class:`~diversed_hf.drafting.eagle.EagleDraft` for SmolLM2-135M-Instruct
+    (``training/train_eagle_draft.py``),
     attached to ``target``, in the target's dtype, eval mode; its ``generation_config`` carries its measured best
     draft length. ``model_id`` (default: the one :data:`EAGLE_DRAFTS` gives ``path``) becomes its
     ``config._name_or_path``, which heads record and check."""
-    from ..eagle import EagleDraft
+    from ..drafting.eagle import EagleDraft
 
     path = Path(path)
     if model_id is None:
@@ -402,11 +403,11 @@ def _load_pair(torch_dtype, device: str, download: bool, draft: str):
 
 def export_eagle_draft(directory: Path | str, path: Path | str = EAGLE_DIR) -> Path:
     """A shipped EagleDraft (default the everyday one; ``EAGLE_TASKS_DIR`` the task one) exported into ``directory``
-    for vLLM's ``eagle`` method (:meth:`~diversed_hf.eagle.EagleDraft.save_for_vllm`), in float32 and with
+    for vLLM's ``eagle`` method (:meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm`), in float32 and with
     ``full_vocab=True``: vLLM's EAGLE-1 draft scores every id with the target's LM head (docs/eagle.md)."""
     import torch
 
-    from ..eagle import EagleDraft
+    from ..drafting.eagle import EagleDraft
 
     return EagleDraft.from_pretrained(str(path), dtype=torch.float32).save_for_vllm(directory, full_vocab=True)
 

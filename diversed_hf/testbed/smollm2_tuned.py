@@ -9,7 +9,8 @@ on the training splits of ``synopsis`` and ``arith_steps`` mixed with the target
 requests, so it learns the tasks and stays an instruct model (docs/real_pair.md, "The task-tuned target"). Its
 ``config._name_or_path`` is :data:`TUNED_MODEL_ID`, which heads record and cards recognise.
 
-**Draft.** An :class:`~diversed_hf.eagle.EagleDraft` distilled from the tuned target, in :data:`TUNED_EAGLE_DIR`.
+**Draft.** An :class:`~diversed_hf.drafting.eagle.EagleDraft` distilled from the tuned target, in
+:data:`TUNED_EAGLE_DIR`.
 
 Both directories are checked before any model loads: a missing one is a ``FileNotFoundError`` naming it and the
 command that makes it.

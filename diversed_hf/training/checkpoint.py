@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
+from ..drafting.pairs import hidden_size_of, model_id_of
 from ..head import DiversedHead, DiversedHeadConfig
-from ..pairs import hidden_size_of, model_id_of
 
 logger = logging.getLogger(__name__)
 

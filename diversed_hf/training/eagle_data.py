@@ -1,4 +1,5 @@
-"""Distillation data for an :class:`~diversed_hf.eagle.EagleDraft`: the target's own responses, read as it writes them.
+"""Distillation data for an :class:`~diversed_hf.drafting.eagle.EagleDraft`: the target's own responses, read as it
+writes them.
 
 :func:`collect` decodes prompts with the target (batched, left-padded, one KV cache, no speculation) and keeps, at
 every position of prompt and response, what the draft learns from, taken from the same forward passes that produce the

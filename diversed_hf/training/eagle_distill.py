@@ -1,4 +1,4 @@
-"""Distilling an :class:`~diversed_hf.eagle.EagleDraft` from its target (``docs/eagle.md``, "Training").
+"""Distilling an :class:`~diversed_hf.drafting.eagle.EagleDraft` from its target (``docs/eagle.md``, "Training").
 
 The data are the target's own responses with its features and soft labels (:mod:`diversed_hf.training.eagle_data`).
 At every response position ``j`` (the positions whose next token the target wrote) the draft, fed ``(h_{j-1}, x_j)``,
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ..eagle import EagleDraft
+from ..drafting.eagle import EagleDraft
 from ..verifiers.checks import is_integer, is_real
 from .eagle_data import Sequence, claim_directory, load_sequences
 

@@ -25,7 +25,7 @@ and temperature is applied identically in rollouts and log-probabilities by cons
 Only the probability-space mixture (``mixing="probs"``, the paper's) is supported here: the
 geometric pool of the official code needs whole distributions and has no such closed forms.
 
-A draft that reads the target's features (an :class:`~diversed_hf.eagle.EagleDraft`) gets, at every step, the
+A draft that reads the target's features (an :class:`~diversed_hf.drafting.eagle.EagleDraft`) gets, at every step, the
 target's last hidden state of the column before each token it reads, as at a round's first drafted position in
 ``generate``; ``h^q_t`` is its predicted feature. Inside ``generate`` the later drafted positions of a round read the
 draft's own predicted features instead, so there ``q_t`` drifts a little from the rollout's: the verifier's law is
@@ -48,8 +48,8 @@ from transformers.generation.logits_process import (
 )
 
 from .. import compat
-from ..drafters import PromptLookup, lookup_continuations
-from ..pairs import draft_input_ids, verification_vocab_size
+from ..drafting.drafters import PromptLookup, lookup_continuations
+from ..drafting.pairs import draft_input_ids, verification_vocab_size
 from ..verifiers import ops
 from ..verifiers.distribution_features import distribution_features
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..drafting.pairs import check_head_matches
 from ..head import DiversedHead
-from ..pairs import check_head_matches
 from ..verifiers.checks import check_columns
 from .batches import callable_name
 from .config import DiversedConfig

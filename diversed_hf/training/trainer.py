@@ -38,8 +38,8 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..drafting.pairs import verification_vocab_size
 from ..head import DiversedHead
-from ..pairs import verification_vocab_size
 from . import objective, scoring
 from .batches import GroupedSampler, RolloutBuffer, rows_collator, rows_loader
 from .checkpoint import (

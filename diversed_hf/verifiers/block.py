@@ -28,7 +28,8 @@ Statistics, in the library's two per-position quantities (``VerificationResult``
 ``beta_t = sum_x min(pi_t(x), q_t(x) / rho_{t-1})`` (the probability that position ``t`` is kept given that the
 prefix before it is, ``>=`` token-wise ``beta_t``) and the drafted factor ``rho_t / rho_{t-1}`` (which may exceed
 1), so that ``prod_{s<t} factor_s * beta_t = E[rho_t | x_1..x_{t-1}]`` and the library's estimator
-``1 + sum_t prod_{s<t} factor_s beta_t`` (:func:`diversed_hf.verifiers.theory.expected_tokens_per_round`) stays unbiased.
+``1 + sum_t prod_{s<t} factor_s beta_t`` (:func:`diversed_hf.verifiers.theory.expected_tokens_per_round`) stays
+unbiased.
 
 Pure tensor math; random numbers only from the ``generator`` passed in.
 """

@@ -477,7 +477,8 @@ class HeadVerifier(_MixtureVerifier):
     ``h^q_t`` is the draft's last-layer hidden state at the position that produced ``q_t`` (from the
     drafting pass) and ``h^p_t`` the target's at the position that produced ``p_t`` (from the single
     verification pass): no extra model calls. ``f_t`` are the head's ``config.features`` of the very
-    ``p_t`` and ``q_t`` mixed here (:func:`diversed_hf.verifiers.distribution_features.distribution_features`). The drafted tokens
+    ``p_t`` and ``q_t`` mixed here (:func:`diversed_hf.verifiers.distribution_features.distribution_features`). The
+    drafted tokens
     never reach the head: ``w_t`` is fixed before ``x_t`` is tested. The mixing space is the head's ``config.mixing``.
     """
 
@@ -523,7 +524,8 @@ class BlockVerifier(Verifier):
 
     The drafted block is judged as a whole: a running weight ``rho_t = min(1, rho_{t-1} pi_t(x_t) / q_t(x_t))``
     lets a later draft rescue an earlier one, the longest prefix whose test passes is kept, and the recovered
-    token comes from ``norm(max(0, rho_tau pi_{tau+1} - q_{tau+1}))`` (:mod:`diversed_hf.verifiers.block`; docs/method.md
+    token comes from ``norm(max(0, rho_tau pi_{tau+1} - q_{tau+1}))`` (:mod:`diversed_hf.verifiers.block`;
+    docs/method.md
     §2). The emitted law is ``pi``'s at drafted positions and ``p``'s at the bonus, as token by token, and at least
     as many drafts are kept in expectation. ``pi`` must depend on the prefix only, never on the drafted token (true
     of every verifier here). For lossy SD and typical acceptance ``pi`` is what their ``verification_probs``

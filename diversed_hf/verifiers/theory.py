@@ -97,7 +97,8 @@ def expected_tokens_per_round(
 
     For block verification (:class:`~diversed_hf.verifiers.BlockVerifier`) ``a_t(x_t)`` is the factor
     ``rho_t / rho_{t-1}`` of the running weight and ``beta_k`` the acceptance of position ``k`` given the prefix
-    before it, so each round contributes ``1 + sum_k E[rho_k | x_1..x_{k-1}]``: unbiased too (:mod:`diversed_hf.verifiers.block`).
+    before it, so each round contributes ``1 + sum_k E[rho_k | x_1..x_{k-1}]``: unbiased too
+    (:mod:`diversed_hf.verifiers.block`).
 
     A NaN marks a position the round did not draft (a round cut short by the length budget or the
     draft-length policy): the sum stops there, as the round's count of accepted drafts does. Returns
@@ -148,7 +149,8 @@ def block_tokens_per_round(
     """Exact ``E[T_N]`` of block verification when the distributions depend on the position only (docs/method.md §6).
 
     ``E[T_N] = 1 + sum_{k=1..N} P(tau >= k) = 1 + sum_k E[rho_k]`` with the running weight
-    ``rho_k = min(1, rho_{k-1} pi_k(x_k) / q_k(x_k))``, ``x_k ~ q_k`` (:mod:`diversed_hf.verifiers.block`), computed by carrying
+    ``rho_k = min(1, rho_{k-1} pi_k(x_k) / q_k(x_k))``, ``x_k ~ q_k`` (:mod:`diversed_hf.verifiers.block`), computed by
+    carrying
     the law of ``rho_k`` (its distinct values and their mass) from position to position. Token-wise verification of
     the same distributions gives ``1 + sum_k prod_{t<=k} beta_t`` (:func:`beta_product_tokens_per_round` of one
     round); block is never below it. ``max_states`` bounds the distinct values kept (they can grow as ``vocab^N``).

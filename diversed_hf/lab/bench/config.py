@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ...draft_length import DEFAULT_DRAFT_TOKENS, draft_length_of
+from ...drafting.length.policy import DEFAULT_DRAFT_TOKENS, draft_length_of
 from ..tasks import get_task
 from .methods import DEFAULT_METHODS, parse_schedules
 

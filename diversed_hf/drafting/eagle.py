@@ -10,7 +10,7 @@ of the **target's own architecture** (built from its config: attention, rotary e
 has them; no norm before the first layer or after the last, as EAGLE's; no bias in ``fc``), and so predicts the
 feature ``f_j ~ h_j``. The target's LM head on ``f_j`` scores the token
 at ``j + 1``. While drafting, later columns read the draft's own predicted features instead of the target's
-(:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator`; ``docs/eagle.md``).
+(:class:`~diversed_hf.drafting.feature_candidates.FeatureCandidateGenerator`; ``docs/eagle.md``).
 
 What is the target's and what is the draft's:
 
@@ -25,7 +25,7 @@ What is the target's and what is the draft's:
 Saved in the Hub format (``config.json`` with ``model_type: "diversed_eagle"`` and the target's config,
 ``model.safetensors``, ``generation_config.json``, a card ``README.md``); ``AutoConfig`` / ``AutoModel`` know the type
 once :mod:`diversed_hf` is imported. :meth:`EagleDraft.save_for_vllm` writes the layout vLLM's ``eagle`` method loads
-instead (:mod:`diversed_hf.eagle_export`).
+instead (:mod:`diversed_hf.drafting.eagle_export`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from . import compat
+from .. import compat
 
 __all__ = ["EagleDraft", "EagleDraftConfig", "EagleDraftOutput"]
 
@@ -90,7 +90,8 @@ class EagleDraftConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.target_model_id = target_model_id
         self.fc_bias, self.input_norm, self.final_norm = bool(fc_bias), bool(input_norm), bool(final_norm)
-        # what the pair checks read (diversed_hf.pairs): the draft's features live in the target's hidden space and its
+        # what the pair checks read (diversed_hf.drafting.pairs): the draft's features live in the target's hidden
+        # space and its
         # logits span the target's vocabulary
         self.hidden_size = target_config.get("hidden_size")
         self.vocab_size = target_config.get("vocab_size")
@@ -143,7 +144,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
     base_model_prefix = "eagle"
     main_input_name = "input_ids"
     _no_split_modules = []
-    #: the loop feeds this draft the target's features (diversed_hf.feature_candidates)
+    #: the loop feeds this draft the target's features (diversed_hf.drafting.feature_candidates)
     reads_target_features = True
 
     def __init__(self, config: EagleDraftConfig):
@@ -277,7 +278,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         ``speculative_config={"method": "eagle", "model": <directory>, ...}``.
 
         vLLM's EAGLE-1 draft scores every id: a draft with ``draft_vocab_ids`` is refused unless ``full_vocab=True``
-        (:mod:`diversed_hf.eagle_export`; docs/eagle.md, "Serving with vLLM's ``eagle`` method").
+        (:mod:`diversed_hf.drafting.eagle_export`; docs/eagle.md, "Serving with vLLM's ``eagle`` method").
         """
         from .eagle_export import save_for_vllm
 
@@ -415,9 +416,9 @@ def layout_of(model_type: str) -> EagleLayout:
     if model_type not in LAYOUTS:
         raise ValueError(
             f"EagleDraft builds its layers from the target's architecture and has no layout for model_type "
-            f"{model_type!r} (it has: {', '.join(LAYOUTS)}). Add an entry to `diversed_hf.eagle.LAYOUTS` naming where "
-            "its base model keeps the token embeddings, the decoder layers, each layer's input norm and the final "
-            "norm (an `EagleLayout`), or use a separate small causal LM as `assistant_model`."
+            f"{model_type!r} (it has: {', '.join(LAYOUTS)}). Add an entry to `diversed_hf.drafting.eagle.LAYOUTS` "
+            "naming where its base model keeps the token embeddings, the decoder layers, each layer's input norm and "
+            "the final norm (an `EagleLayout`), or use a separate small causal LM as `assistant_model`."
         )
     return LAYOUTS[model_type]
 
@@ -428,13 +429,14 @@ def _check_layout(model: nn.Module, model_type: str, layout: EagleLayout) -> Non
     if not (isinstance(layers, nn.ModuleList) and len(layers) > 0 and hasattr(layers[0], layout.input_norm)):
         raise ValueError(
             f"{type(model).__name__} ({model_type!r}) has no `{layout.layers}` of decoder layers with "
-            f"`{layout.input_norm}`, as `diversed_hf.eagle.LAYOUTS` says; fix its entry for this transformers version."
+            f"`{layout.input_norm}`, as `diversed_hf.drafting.eagle.LAYOUTS` says; fix its entry for this transformers "
+            "version."
         )
     missing = [name for name in (layout.embeddings, layout.final_norm) if not hasattr(model, name)]
     if missing:
         raise ValueError(
             f"{type(model).__name__} ({model_type!r}) has no {', '.join(f'`{m}`' for m in missing)}, as "
-            "`diversed_hf.eagle.LAYOUTS` says; fix its entry for this transformers version."
+            "`diversed_hf.drafting.eagle.LAYOUTS` says; fix its entry for this transformers version."
         )
 
 

@@ -1,14 +1,14 @@
 """The draft-length policy of a call: transformers' knobs (``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
 ``assistant_confidence_threshold``) and ``assistant_costs``, resolved once where transformers reads them and checked
-(:class:`DraftLengthPolicy`). The schedules themselves run in :mod:`diversed_hf.candidates` and
-:mod:`diversed_hf.policies`."""
+(:class:`DraftLengthPolicy`). The schedules themselves run in :mod:`diversed_hf.drafting.candidates` and
+:mod:`diversed_hf.drafting.length.optimal`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...verifiers.checks import is_integer, is_real
 from .costs import DraftCosts, check_draft_costs
-from .verifiers.checks import is_integer, is_real
 
 __all__ = [
     "DEFAULT_DRAFT_TOKENS",

@@ -1,4 +1,5 @@
-"""An :class:`~diversed_hf.eagle.EagleDraft` in the layout vLLM's ``eagle`` method loads (EAGLE-1, Llama targets).
+"""An :class:`~diversed_hf.drafting.eagle.EagleDraft` in the layout vLLM's ``eagle`` method loads (EAGLE-1, Llama
+targets).
 
 Read from vLLM 0.32's ``model_executor/models/llama_eagle.py`` and ``transformers_utils/configs/eagle.py``, and
 checked by serving an export (tests/vllm_plugin/test_eagle_engine.py). An export directory holds
@@ -15,7 +16,8 @@ checked by serving an export (tests/vllm_plugin/test_eagle_engine.py). An export
 
 No ``embed_tokens`` and no ``lm_head``: vLLM then shares the target's (``has_own_embed_tokens`` /
 ``has_own_lm_head`` stay False), as the draft does under transformers. vLLM builds the same network as
-:class:`~diversed_hf.eagle.EagleDraft`: ``fc`` without bias over ``[embedding, feature]``, Llama decoder layers the
+:class:`~diversed_hf.drafting.eagle.EagleDraft`: ``fc`` without bias over ``[embedding, feature]``, Llama decoder
+layers the
 first of which has no input norm, and no final norm; a draft built otherwise (``fc_bias``, ``input_norm``,
 ``final_norm``) is refused. vLLM's EAGLE-1 model scores every id with the target's LM head and takes no id subset:
 a draft with ``draft_vocab_ids`` is refused unless ``full_vocab=True`` (docs/eagle.md, "Serving with vLLM's ``eagle``
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import __version__, hub
+from .. import __version__, hub
 
 __all__ = ["EXPORT_FILES", "VLLM_ARCHITECTURE", "save_for_vllm", "vllm_config", "vllm_weights"]
 

@@ -1,7 +1,7 @@
 """State of the ``"optimal"`` draft-length schedule: the cross-call statistics, the per-row estimator, the stopping
 rule.
 
-:class:`~diversed_hf.candidates.DiversedCandidateGenerator` drives one :class:`OptimalSchedule` per call. The
+:class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator` drives one :class:`OptimalSchedule` per call. The
 schedule maximises expected tokens per second. It has two modes:
 
 1. **Stopping rule** (once the pair and setting have statistics, :meth:`OptimalSchedule.stopping_rule`). Every row
@@ -24,7 +24,8 @@ schedule maximises expected tokens per second. It has two modes:
 2. **Per-row lengths** (until then: a call whose pair and setting have fewer than
    :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` rounds pooled). Each
    round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
-   ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.verifiers.theory.optimal_draft_length`), ``E[T_n] = 1 + sum_{k<=n}
+   ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.verifiers.theory.optimal_draft_length`), ``E[T_n] = 1 +
+   sum_{k<=n}
    m_k`` with ``m_k`` the row's estimate of ``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of
    :func:`diversed_hf.verifiers.theory.expected_tokens_per_round`)::
 
@@ -39,7 +40,8 @@ schedule maximises expected tokens per second. It has two modes:
 Rounds whose drafts the draft itself doubts are cut short, confident ones run to ``N``; docs/method.md §6 explains
 why this, not a better per-round length, is what can beat a constant ``N``.
 
-**Costs** (:mod:`diversed_hf.costs`): ``assistant_costs`` when passed, else measured on the pair at the batch
+**Costs** (:mod:`diversed_hf.drafting.length.costs`): ``assistant_costs`` when passed, else measured on the pair at the
+batch
 size (else the nearest one timed) and kept across calls. Only a call that finds none warms up
 (:data:`OPTIMAL_WARMUP`); the calls after a warm-up draft one token in their second round until
 :data:`OPTIMAL_PROBES` pairs of far-apart lengths are timed (the slope of ``c_verify`` rests on them).
@@ -491,7 +493,8 @@ def _best_lengths(
     position_terms: torch.Tensor,  # (batch, N) estimates of E[prod_{t<k} a_t(x_t) beta_k], no NaN
     round_seconds: torch.Tensor,  # (N,) n c + c_verify(n)
 ) -> torch.Tensor:  # (batch,) in 1..N
-    """:func:`diversed_hf.verifiers.theory.optimal_draft_length` with the round costs computed once per call (fewer operations
+    """:func:`diversed_hf.verifiers.theory.optimal_draft_length` with the round costs computed once per call (fewer
+    operations
     per round): ``argmax_n (1 + sum_{k<=n} m_k) / round_seconds(n)``."""
     return position_terms.cumsum(dim=-1).add_(1.0).div_(round_seconds).argmax(dim=-1).add_(1)
 

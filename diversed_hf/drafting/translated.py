@@ -4,7 +4,8 @@
 Each round, each row's tokens are decoded to text with the target's tokenizer and encoded with the draft's; the draft
 continues greedily, its new text is encoded with the target's tokenizer, and the target tokens it adds are the
 round's drafts. A translated token was not drawn from a distribution over the target's vocabulary, so its proposal
-is a point mass (:class:`~diversed_hf.drafters.PointMassCandidateGenerator`): lossless SD keeps the target's law
+is a point mass (:class:`~diversed_hf.drafting.drafters.PointMassCandidateGenerator`): lossless SD keeps the target's
+law
 exactly whatever the draft wrote, and a relaxed verifier emits its declared ``w p_t + (1 - w) q_t``.
 
 Where the tokenizations meet: the target's last ``lookbehind`` tokens are decoded and encoded again together with
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import compat
+from .. import compat
 from .drafters import PointMassCandidateGenerator
 
 __all__ = ["TranslatedDraft", "TranslatingCandidateGenerator", "translate_continuation"]
@@ -62,7 +63,7 @@ def translate_continuation(tokenizer, tokens: list[int], new_text: str, limit: i
 
 class TranslatingCandidateGenerator(PointMassCandidateGenerator):
     """Drafts with a :class:`TranslatedDraft` (module docstring). Arguments as
-    :class:`~diversed_hf.drafters.PointMassCandidateGenerator`; the schedules ``constant``, ``heuristic`` and
+    :class:`~diversed_hf.drafting.drafters.PointMassCandidateGenerator`; the schedules ``constant``, ``heuristic`` and
     ``heuristic_transient``."""
 
     drafter_name = "a draft with another tokenizer (`assistant_tokenizer`)"

@@ -7,7 +7,8 @@ the last token followed by ``block_size - 1`` mask tokens, attends to that cache
 target's LM head scores the block's last ``block_size - 1`` outputs: one distribution per draft position.
 
 :class:`DFlashDraft` runs it through :class:`BlockCandidateGenerator`, a
-:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator` whose features are those layers' hidden states
+:class:`~diversed_hf.drafting.feature_candidates.FeatureCandidateGenerator` whose features are those layers' hidden
+states
 (each verification pass already computes them) and whose cache lags one column (the last token is the block's anchor):
 
 - each draft position's token is sampled from that position's distribution (or taken greedily at T = 0). The block
@@ -28,9 +29,9 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
-from . import compat
+from .. import compat
+from ..verifiers.checks import is_integer
 from .feature_candidates import FeatureCandidateGenerator
-from .verifiers.checks import is_integer
 
 __all__ = ["BlockCandidateGenerator", "DFlashDraft"]
 

@@ -29,18 +29,13 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from . import compat, round_profile
-from .costs import DraftCosts
-from .draft_length import (  # noqa: F401 - re-exported: the generator's knobs
-    DRAFT_LENGTH_DEFAULTS,
-    SCHEDULES,
-    DraftLengthPolicy,
-    check_draft_length_policy,
-)
+from .. import compat, round_profile
+from ..verifiers import ops
+from ..verifiers.checks import check_finite_mass
+from .length.costs import DraftCosts
+from .length.optimal import OptimalSchedule
+from .length.policy import DRAFT_LENGTH_DEFAULTS, DraftLengthPolicy
 from .pairs import draft_input_ids, text_vocab_size
-from .policies import OptimalSchedule
-from .verifiers import ops
-from .verifiers.checks import check_finite_mass
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +176,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
             setting have statistics, a row drafts again only while the next draft is worth its cost at the pair's
             rate, judged from the draft's confidence in the tokens it drew; until then each round each row drafts
             the ``n`` in ``1..N`` maximising ``E[T_n] / (n c + c_verify(n))`` from its per-position estimates
-            (:mod:`diversed_hf.policies`). ``confidence_threshold``: a row stops drafting after a token whose draft
+            (:mod:`diversed_hf.drafting.length.optimal`). ``confidence_threshold``: a row stops drafting after a token
+            whose draft
             probability is below it (that token is still verified); ``None`` or 0 turns it off. The batch drafts
             while any row does.
         vocab_size: the vocabulary verification runs over (the target's): the draft's logits are fitted to it
@@ -191,12 +187,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
         generator: random source for sampling.
         output_hidden_states: return ``draft_hidden`` with the candidates (the verifier reads hidden states).
         output_untempered_probs: return ``untempered_draft_probs`` with the candidates.
-        costs: ``"optimal"`` only: :class:`~diversed_hf.costs.DraftCosts` to use instead of measured ones.
+        costs: ``"optimal"`` only: :class:`~diversed_hf.drafting.length.costs.DraftCosts` to use instead of measured
+        ones.
         policy: the four knobs above already resolved (:class:`DraftLengthPolicy`; the batched loop passes it), in
             place of them.
         target: ``"optimal"`` only: the target model, the other half of the key of the cross-call statistics.
         setting: ``"optimal"`` only: the rest of the acceptance prior's key
-            (:func:`~diversed_hf.policies.acceptance_setting`).
+            (:func:`~diversed_hf.drafting.length.optimal.acceptance_setting`).
     """
 
     def __init__(
@@ -271,7 +268,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.draft_confidence: torch.Tensor | None = None  # (batch, N_r) q_t(x_t) of the round ("optimal")
         self.awaiting_update = False  # True between get_candidates and update_candidate_strategy
 
-    #: whether the draft reads the target's hidden states (:mod:`diversed_hf.feature_candidates`): the loop then
+    #: whether the draft reads the target's hidden states (:mod:`diversed_hf.drafting.feature_candidates`): the loop
+    #: then
     #: prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
     reads_target_features = False
 

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from ..verifiers.checks import is_integer
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
-from .verifiers.checks import is_integer
 
 __all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PointMassCandidateGenerator", "PromptLookup"]
 
@@ -156,7 +156,8 @@ class PointMassCandidateGenerator(DiversedCandidateGenerator):
 
     A proposed token the call's logits processors forbid (its processed score is ``-inf`` after the drafts before it,
     e.g. EOS under ``min_new_tokens``) ends the row's drafts there, as in transformers: the target would never emit it,
-    and a relaxed verifier must not either. Arguments as :class:`~diversed_hf.candidates.DiversedCandidateGenerator`.
+    and a relaxed verifier must not either. Arguments as
+    :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`.
     """
 
     #: what the messages call the drafter

@@ -5,8 +5,8 @@ DeepSeek-V3, GLM-4-MoE, Qwen3-Next, Mellum and other families ship, beside the m
 where ``h_{j-1}`` is the model's last hidden state at the column before ``x_j``. That is an EAGLE draft's layout
 (``docs/eagle.md``), trained with the model. :class:`MtpDraft` wraps transformers' ``MtpModel`` (loaded from the
 target's own checkpoint as ``use_mtp=True`` loads it) behind the interface the loop gives an
-:class:`~diversed_hf.eagle.EagleDraft`, so it drafts through
-:class:`~diversed_hf.feature_candidates.FeatureCandidateGenerator`:
+:class:`~diversed_hf.drafting.eagle.EagleDraft`, so it drafts through
+:class:`~diversed_hf.drafting.feature_candidates.FeatureCandidateGenerator`:
 
 - the round's first draft step reads the target's features of the columns its cache lacks (the verification pass
   already computed them: no extra target forward);
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
-from . import compat
+from .. import compat
 from .eagle import EagleDraftOutput
 
 __all__ = ["MtpDraft"]

@@ -2,7 +2,8 @@
 
 A round of ``n`` drafts costs ``n c + c_verify(n)`` seconds: ``c`` one draft step, ``c_verify(n)`` the rest (the
 target's pass over ``n + 1`` positions, verification, bookkeeping). The ``"optimal"`` draft-length schedule
-(:mod:`diversed_hf.policies`) reads them; users pass them as ``generate(..., assistant_costs=DraftCosts(...))``.
+(:mod:`diversed_hf.drafting.length.optimal`) reads them; users pass them as ``generate(...,
+assistant_costs=DraftCosts(...))``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .verifiers.checks import is_real
+from ...verifiers.checks import is_real
 
 __all__ = ["CostSamples", "DraftCosts", "LinearVerifyCost", "check_draft_costs"]
 
@@ -27,7 +28,7 @@ _REFIT_EVERY = 16  # the fit of the costs is refreshed once this many rounds wer
 @dataclass(frozen=True)
 class LinearVerifyCost:
     """``c_verify(n) = max(intercept + slope n, floor)`` seconds: the fit
-    :func:`diversed_hf.policies.measured_draft_costs` returns."""
+    :func:`diversed_hf.drafting.length.optimal.measured_draft_costs` returns."""
 
     intercept: float
     slope: float
@@ -104,7 +105,7 @@ def check_draft_costs(costs, schedule: str) -> None:
         return
     if not isinstance(costs, DraftCosts):
         raise TypeError(
-            f"`assistant_costs` must be a diversed_hf.candidates.DraftCosts or None, got {type(costs).__name__}: "
+            f"`assistant_costs` must be a diversed_hf.DraftCosts or None, got {type(costs).__name__}: "
             "`assistant_costs=DraftCosts(draft_step_seconds=..., verify_seconds=...)`."
         )
     if schedule != "optimal":
