@@ -27,21 +27,21 @@ _EXPORTS = {
     "MtpDraft": "drafting.mtp",
     "clear_draft_statistics": "drafting.length.optimal",
     "measured_draft_costs": "drafting.length.optimal",
-    "DiversedGenerationMixin": "generation",
-    "DiversedGenerateDecoderOnlyOutput": "outputs",
+    "DiversedGenerationMixin": "generation.mixin",
+    "DiversedGenerateDecoderOnlyOutput": "generation.outputs",
     "DiversedHead": "head",
     "DiversedHeadConfig": "head",
     "ExactVerifier": "verifiers.rules",
     "HeadVerifier": "verifiers.rules",
     "LenientVerifier": "verifiers.rules",
     "SpecCascadeVerifier": "verifiers.rules",
-    "SpeculationStats": "outputs",
+    "SpeculationStats": "generation.outputs",
     "StaticEnsembleVerifier": "verifiers.rules",
     "TypicalAcceptanceVerifier": "verifiers.rules",
     "Verifier": "verifiers.rules",
     "check_transformers_version": "compat",
-    "enable_diversed": "generation",
-    "speculative_decode": "generation",
+    "enable_diversed": "generation.mixin",
+    "speculative_decode": "generation.loop",
 }
 
 __all__ = [
@@ -99,8 +99,8 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .drafting.length.optimal import clear_draft_statistics, measured_draft_costs
     from .drafting.mtp import MtpDraft
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
+    from .generation.outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
     from .head import DiversedHead, DiversedHeadConfig
-    from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
     from .verifiers.rules import (
         BlockVerifier,
         ExactVerifier,

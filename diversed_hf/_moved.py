@@ -46,6 +46,12 @@ MOVED = {
     "diversed_hf.draft_length": "diversed_hf.drafting.length.policy",
     "diversed_hf.policies": "diversed_hf.drafting.length.optimal",
     "diversed_hf.costs": "diversed_hf.drafting.length.costs",
+    "diversed_hf.loop": "diversed_hf.generation.loop",
+    "diversed_hf.processors": "diversed_hf.generation.processors",
+    "diversed_hf.outputs": "diversed_hf.generation.outputs",
+    "diversed_hf.padding": "diversed_hf.generation.padding",
+    "diversed_hf.output_scores": "diversed_hf.generation.output_scores",
+    "diversed_hf.round_profile": "diversed_hf.generation.round_profile",
 }
 
 

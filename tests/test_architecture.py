@@ -131,7 +131,7 @@ LAYERS = {
         "diversed_hf.verifiers.rules",
         "diversed_hf.verifiers.theory",
         "diversed_hf.generation",
-        "diversed_hf.loop",
+        "diversed_hf.generation.loop",
         "diversed_hf.head",
         "diversed_hf.hub",
         "diversed_hf.drafting.pairs",
@@ -140,43 +140,48 @@ LAYERS = {
     },
     "diversed_hf.verifiers.rules": {
         "diversed_hf.generation",
-        "diversed_hf.loop",
+        "diversed_hf.generation.loop",
         "diversed_hf.drafting.candidates",
         "diversed_hf.head",
     },
-    "diversed_hf.loop": {"diversed_hf.generation", "diversed_hf.head", "diversed_hf.cards", "diversed_hf.lab.tasks"},
+    "diversed_hf.generation.loop": {
+        "diversed_hf.generation.mixin",
+        "diversed_hf.head",
+        "diversed_hf.cards",
+        "diversed_hf.lab.tasks",
+    },
     # the draft-length schedule sits under drafting (candidates) and the loop; what a round costs under the schedule
     "diversed_hf.drafting.length.optimal": {
         "diversed_hf.drafting.candidates",
-        "diversed_hf.loop",
+        "diversed_hf.generation.loop",
         "diversed_hf.generation",
         "diversed_hf.head",
     },
-    "diversed_hf.processors": {
-        "diversed_hf.loop",
+    "diversed_hf.generation.processors": {
+        "diversed_hf.generation.loop",
         "diversed_hf.drafting.candidates",
-        "diversed_hf.generation",
+        "diversed_hf.generation.mixin",
         "diversed_hf.head",
     },
     "diversed_hf.drafting.length.costs": {
         "diversed_hf.drafting.length.optimal",
         "diversed_hf.drafting.candidates",
-        "diversed_hf.loop",
+        "diversed_hf.generation.loop",
         "diversed_hf.generation",
         "diversed_hf.verifiers.theory",
     },
     "diversed_hf.lab.tasks": {"diversed_hf.lab.bench", "diversed_hf.training"},
     # the loop's helpers: re-laying a batch, recording the target's scores
-    "diversed_hf.padding": {
-        "diversed_hf.loop",
+    "diversed_hf.generation.padding": {
+        "diversed_hf.generation.loop",
         "diversed_hf.drafting.candidates",
-        "diversed_hf.generation",
+        "diversed_hf.generation.mixin",
         "diversed_hf.head",
     },
-    "diversed_hf.output_scores": {
-        "diversed_hf.loop",
+    "diversed_hf.generation.output_scores": {
+        "diversed_hf.generation.loop",
         "diversed_hf.drafting.candidates",
-        "diversed_hf.generation",
+        "diversed_hf.generation.mixin",
         "diversed_hf.head",
     },
 }
@@ -202,7 +207,7 @@ def test_imports_point_one_way(name):
 
 
 def test_library_generation_path_has_no_bench_or_training():
-    reachable = _reachable("diversed_hf.generation")
+    reachable = _reachable("diversed_hf.generation.mixin")
     assert not {t for t in reachable if t.startswith(("diversed_hf.lab.bench", "diversed_hf.training"))}
 
 

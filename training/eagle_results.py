@@ -1,8 +1,9 @@
 """The real pair's drafts side by side: the EagleDraft against the self-draft (RESULTS.md, "Real pair: feature draft
 against self-draft").
 
-    python training/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the task draft's card
-    python training/eagle_results.py --quick         # a smoke run into results_quick/eagle (nothing shipped changes)
+    python training/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the task
+    draft's card python training/eagle_results.py --quick         # a smoke run into results_quick/eagle (nothing
+    shipped changes)
 
 On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with each draft against the target alone. The
 EagleDraft here is the task EagleDraft (``load_pair("smollm2", draft="eagle-tasks")``), distilled on the tasks alone;

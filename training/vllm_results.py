@@ -12,8 +12,8 @@ each shut down before the next starts.
 :func:`diversed_hf.testbed.smollm2.export_self_draft` (LoRA merged, LM head widened to the target's 49152 ids with
 zero rows past the 8192 trained ones): vLLM's ``draft_model`` refuses a draft whose ``vocab_size`` differs from the
 target's, so every arm, the project's included, uses this directory; or (``--draft eagle``) the shipped EagleDraft,
-exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True`` and served by vLLM's ``eagle``
-method, the same weights in ``generate``. N = 3 drafts per round.
+exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True`` and served by vLLM's
+``eagle`` method, the same weights in ``generate``. N = 3 drafts per round.
 
 **Prompts.** ``arith_chat`` held-out prompts (chat-formatted), the same token ids for every arm.
 

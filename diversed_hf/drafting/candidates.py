@@ -1,7 +1,7 @@
 """Drafting as a transformers :class:`~transformers.generation.candidate_generator.CandidateGenerator`.
 
-:class:`DiversedCandidateGenerator` is the draft side of the batched loop in :mod:`diversed_hf.loop` (read its
-module docstring for the left-padded, right-aligned layout). It keeps transformers' contract, so transformers'
+:class:`DiversedCandidateGenerator` is the draft side of the batched loop in :mod:`diversed_hf.generation.loop` (read
+its module docstring for the left-padded, right-aligned layout). It keeps transformers' contract, so transformers'
 own ``_assisted_decoding`` can drive it too (at batch 1; ``tests/test_candidate_contract.py``):
 
 1. it is built with the arguments transformers passes to ``AssistedCandidateGenerator`` (``input_ids,
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .. import compat, round_profile
+from .. import compat
+from ..generation import round_profile
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from .length.costs import DraftCosts
@@ -64,7 +65,7 @@ def next_token_scores(
 
 @dataclass(frozen=True)
 class Realignment:
-    """How one round moves the rows of the batched layout (:mod:`diversed_hf.loop`, step 4).
+    """How one round moves the rows of the batched layout (:mod:`diversed_hf.generation.loop`, step 4).
 
     With ``A = max_b n_b`` accepted drafts the sequence grows from ``L`` to ``new_length = L + A + 1``
     columns; row ``b`` rolls right by ``shifts[b] = A - n_b``; then ``leading`` columns that are padding
@@ -177,9 +178,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
             rate, judged from the draft's confidence in the tokens it drew; until then each round each row drafts
             the ``n`` in ``1..N`` maximising ``E[T_n] / (n c + c_verify(n))`` from its per-position estimates
             (:mod:`diversed_hf.drafting.length.optimal`). ``confidence_threshold``: a row stops drafting after a token
-            whose draft
-            probability is below it (that token is still verified); ``None`` or 0 turns it off. The batch drafts
-            while any row does.
+            whose draft probability is below it (that token is still verified); ``None`` or 0 turns it off. The batch
+            drafts while any row does.
         vocab_size: the vocabulary verification runs over (the target's): the draft's logits are fitted to it
             (:func:`diversed_hf.verifiers.ops.fit_vocabulary`). Default: the draft's own logit width.
         do_sample: sample the drafts (else greedy). Default: ``generation_config.do_sample``.
@@ -188,8 +188,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         output_hidden_states: return ``draft_hidden`` with the candidates (the verifier reads hidden states).
         output_untempered_probs: return ``untempered_draft_probs`` with the candidates.
         costs: ``"optimal"`` only: :class:`~diversed_hf.drafting.length.costs.DraftCosts` to use instead of measured
-        ones.
-        policy: the four knobs above already resolved (:class:`DraftLengthPolicy`; the batched loop passes it), in
+        ones. policy: the four knobs above already resolved (:class:`DraftLengthPolicy`; the batched loop passes it), in
             place of them.
         target: ``"optimal"`` only: the target model, the other half of the key of the cross-call statistics.
         setting: ``"optimal"`` only: the rest of the acceptance prior's key
@@ -269,8 +268,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.awaiting_update = False  # True between get_candidates and update_candidate_strategy
 
     #: whether the draft reads the target's hidden states (:mod:`diversed_hf.drafting.feature_candidates`): the loop
-    #: then
-    #: prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
+    #: then prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
     reads_target_features = False
 
     def observe_target_features(self, target_hidden, num_matches, realignment) -> None:

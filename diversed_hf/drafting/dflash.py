@@ -8,8 +8,8 @@ target's LM head scores the block's last ``block_size - 1`` outputs: one distrib
 
 :class:`DFlashDraft` runs it through :class:`BlockCandidateGenerator`, a
 :class:`~diversed_hf.drafting.feature_candidates.FeatureCandidateGenerator` whose features are those layers' hidden
-states
-(each verification pass already computes them) and whose cache lags one column (the last token is the block's anchor):
+states (each verification pass already computes them) and whose cache lags one column (the last token is the block's
+anchor):
 
 - each draft position's token is sampled from that position's distribution (or taken greedily at T = 0). The block
   is drawn in one pass, so position ``t``'s token is drawn from ``q_t`` whatever the earlier drafts are, and ``q_t``

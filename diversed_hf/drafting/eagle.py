@@ -91,8 +91,7 @@ class EagleDraftConfig(PretrainedConfig):
         self.target_model_id = target_model_id
         self.fc_bias, self.input_norm, self.final_norm = bool(fc_bias), bool(input_norm), bool(final_norm)
         # what the pair checks read (diversed_hf.drafting.pairs): the draft's features live in the target's hidden
-        # space and its
-        # logits span the target's vocabulary
+        # space and its logits span the target's vocabulary
         self.hidden_size = target_config.get("hidden_size")
         self.vocab_size = target_config.get("vocab_size")
 

@@ -17,8 +17,7 @@ checked by serving an export (tests/vllm_plugin/test_eagle_engine.py). An export
 No ``embed_tokens`` and no ``lm_head``: vLLM then shares the target's (``has_own_embed_tokens`` /
 ``has_own_lm_head`` stay False), as the draft does under transformers. vLLM builds the same network as
 :class:`~diversed_hf.drafting.eagle.EagleDraft`: ``fc`` without bias over ``[embedding, feature]``, Llama decoder
-layers the
-first of which has no input norm, and no final norm; a draft built otherwise (``fc_bias``, ``input_norm``,
+layers the first of which has no input norm, and no final norm; a draft built otherwise (``fc_bias``, ``input_norm``,
 ``final_norm``) is refused. vLLM's EAGLE-1 model scores every id with the target's LM head and takes no id subset:
 a draft with ``draft_vocab_ids`` is refused unless ``full_vocab=True`` (docs/eagle.md, "Serving with vLLM's ``eagle``
 method", says what that costs).

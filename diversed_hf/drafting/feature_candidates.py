@@ -1,19 +1,17 @@
 """Drafting from the target's features: the candidate generator of an :class:`~diversed_hf.drafting.eagle.EagleDraft`.
 
 :class:`FeatureCandidateGenerator` is a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator` (same
-contract,
-draft-length knobs, policies, statistics) whose draft reads, besides each token, the feature of the column before it
-(``docs/eagle.md``). Within the batched loop's layout (:mod:`diversed_hf.loop`: rows left-padded and right-aligned,
-``seq`` ``(B, L)``, the target cache holding columns ``[0, L - 1)``):
+contract, draft-length knobs, policies, statistics) whose draft reads, besides each token, the feature of the column
+before it (``docs/eagle.md``). Within the batched loop's layout (:mod:`diversed_hf.generation.loop`: rows left-padded
+and right-aligned, ``seq`` ``(B, L)``, the target cache holding columns ``[0, L - 1)``):
 
 - ``features`` ``(B, L, d)`` holds, at column ``j``, the target's last hidden state at column ``j - 1`` (column 0 and
   the columns after padding: zeros). The loop fills it with a target pass over the prompt minus its last token before
   the first round (the verification passes then feed only ``[last token, drafts]``, so the prompt is read once), and
   extends it after every round with the hidden states the verification pass already computed (``target_hidden`` of
   :meth:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator.update_candidate_strategy`): no extra target
-  forward.
-  It lives in a buffer preallocated for the whole call: a round writes its ``N_r + 1`` columns in place, so a round
-  costs O(N) here, not O(L); only a round that drops rows, shifts them or drops leading padding (batches) rebuilds
+  forward. It lives in a buffer preallocated for the whole call: a round writes its ``N_r + 1`` columns in place, so a
+  round costs O(N) here, not O(L); only a round that drops rows, shifts them or drops leading padding (batches) rebuilds
   it, as it edits the caches.
 - The draft cache holds only columns computed from the **target's** features. A round's first draft pass feeds
   every column the cache lacks with its target feature (the prompt in the first round, then the accepted drafts and
@@ -68,9 +66,8 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
     """Drafts with a draft that reads the target's features (an :class:`~diversed_hf.drafting.eagle.EagleDraft`).
 
     Arguments as :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`. Before the first round the loop
-    calls
-    :meth:`set_target_features` with the target's hidden states of the prompt minus its last token; after each round
-    ``update_candidate_strategy(..., target_hidden=...)`` hands over the verification pass's.
+    calls :meth:`set_target_features` with the target's hidden states of the prompt minus its last token; after each
+    round ``update_candidate_strategy(..., target_hidden=...)`` hands over the verification pass's.
     """
 
     reads_target_features = True

@@ -5,8 +5,7 @@ Each round, each row's tokens are decoded to text with the target's tokenizer an
 continues greedily, its new text is encoded with the target's tokenizer, and the target tokens it adds are the
 round's drafts. A translated token was not drawn from a distribution over the target's vocabulary, so its proposal
 is a point mass (:class:`~diversed_hf.drafting.drafters.PointMassCandidateGenerator`): lossless SD keeps the target's
-law
-exactly whatever the draft wrote, and a relaxed verifier emits its declared ``w p_t + (1 - w) q_t``.
+law exactly whatever the draft wrote, and a relaxed verifier emits its declared ``w p_t + (1 - w) q_t``.
 
 Where the tokenizations meet: the target's last ``lookbehind`` tokens are decoded and encoded again together with
 the draft's new text. The new target tokens are the ones after those tokens, when encoding the joined text gives

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafting.length.policy import draft_length_of
-from ..generation import enable_diversed
+from ..generation.mixin import enable_diversed
 from ..verifiers.rules import ExactVerifier, HeadVerifier, StaticEnsembleVerifier
 from .cli_utils import add_command
 from .tasks import get_task

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .. import cards, hub
-from ..generation import CUSTOM_GENERATE_REPO
+from ..generation.mixin import CUSTOM_GENERATE_REPO
 from ..head import DiversedHead, DiversedHeadConfig
 from .cli_utils import check_output_dir, write_text_atomic
 

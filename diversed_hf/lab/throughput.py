@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..generation import enable_diversed
+from ..generation.mixin import enable_diversed
 from ..verifiers.rules import ExactVerifier, StaticEnsembleVerifier
 from .cli_utils import add_command, check_output_file, write_text_atomic
 

@@ -16,9 +16,8 @@ and a checkpoint passed by path with another record is refused, naming each fiel
 
 **Complete checkpoints.** A ``checkpoint-<step>`` directory counts only when complete. The trainer writes
 its own files first (``initial_head/``, ``diversed_run.json``, ``diversed_trainer_state.pt``), then
-``transformers.Trainer``
-writes the head, the optimizer, scheduler and RNG states and, last, ``trainer_state.json`` -- and only
-after that rotates older checkpoints away. So a checkpoint holding every file of
+``transformers.Trainer`` writes the head, the optimizer, scheduler and RNG states and, last, ``trainer_state.json`` --
+and only after that rotates older checkpoints away. So a checkpoint holding every file of
 :data:`CHECKPOINT_FILES` is complete, and a kill at any point leaves either an incomplete newest
 checkpoint (skipped with a warning by ``resume_from_checkpoint=True``, refused by name when passed
 explicitly) beside the previous complete one, or a complete one.

@@ -1,6 +1,6 @@
 """The model card of a trained :class:`~diversed_hf.drafting.eagle.EagleDraft` (``README.md`` beside its weights),
-rendered
-from ``templates/eagle_draft_card.md`` as heads' cards are from theirs (:func:`diversed_hf.cards.render_template`).
+rendered from ``templates/eagle_draft_card.md`` as heads' cards are from theirs
+(:func:`diversed_hf.cards.render_template`).
 
 Everything in it comes from the draft's config and its ``training.json`` (what ``train_eagle_draft.py`` recorded, plus
 the ``measured`` block a measurement command adds): nothing is typed in by hand.

@@ -41,8 +41,8 @@ and target distributions of the drafted positions to the distribution ``pi`` to 
 The base class does the rest (acceptance ``min(1, pi/q)``, residual, bonus, greedy, batching,
 per-row draft lengths), and checks what a rule written outside this module returns: ``pi`` of the drafts'
 shape, finite, non-negative and summing to 1 (an error names the rule's class). Rules that are not "SD against
-``pi``" also override
-:meth:`Verifier.token_acceptance` and :meth:`Verifier.residual_probs` (see :class:`LenientVerifier`).
+``pi``" also override :meth:`Verifier.token_acceptance` and :meth:`Verifier.residual_probs` (see
+:class:`LenientVerifier`).
 
 Acceptance has three names here, for three quantities:
 
@@ -478,8 +478,8 @@ class HeadVerifier(_MixtureVerifier):
     drafting pass) and ``h^p_t`` the target's at the position that produced ``p_t`` (from the single
     verification pass): no extra model calls. ``f_t`` are the head's ``config.features`` of the very
     ``p_t`` and ``q_t`` mixed here (:func:`diversed_hf.verifiers.distribution_features.distribution_features`). The
-    drafted tokens
-    never reach the head: ``w_t`` is fixed before ``x_t`` is tested. The mixing space is the head's ``config.mixing``.
+    drafted tokens never reach the head: ``w_t`` is fixed before ``x_t`` is tested. The mixing space is the head's
+    ``config.mixing``.
     """
 
     head: "DiversedHead" = field(default=None)
@@ -525,10 +525,9 @@ class BlockVerifier(Verifier):
     The drafted block is judged as a whole: a running weight ``rho_t = min(1, rho_{t-1} pi_t(x_t) / q_t(x_t))``
     lets a later draft rescue an earlier one, the longest prefix whose test passes is kept, and the recovered
     token comes from ``norm(max(0, rho_tau pi_{tau+1} - q_{tau+1}))`` (:mod:`diversed_hf.verifiers.block`;
-    docs/method.md
-    §2). The emitted law is ``pi``'s at drafted positions and ``p``'s at the bonus, as token by token, and at least
-    as many drafts are kept in expectation. ``pi`` must depend on the prefix only, never on the drafted token (true
-    of every verifier here). For lossy SD and typical acceptance ``pi`` is what their ``verification_probs``
+    docs/method.md §2). The emitted law is ``pi``'s at drafted positions and ``p``'s at the bonus, as token by token,
+    and at least as many drafts are kept in expectation. ``pi`` must depend on the prefix only, never on the drafted
+    token (true of every verifier here). For lossy SD and typical acceptance ``pi`` is what their ``verification_probs``
     declares, the law they emit at a drafted position. Greedy (``do_sample=False``): ``rho`` is 1 up to the first
     ``x_t != argmax pi_t``, so block and token-wise verification coincide and this calls ``base``.
     """

@@ -150,10 +150,10 @@ def block_tokens_per_round(
 
     ``E[T_N] = 1 + sum_{k=1..N} P(tau >= k) = 1 + sum_k E[rho_k]`` with the running weight
     ``rho_k = min(1, rho_{k-1} pi_k(x_k) / q_k(x_k))``, ``x_k ~ q_k`` (:mod:`diversed_hf.verifiers.block`), computed by
-    carrying
-    the law of ``rho_k`` (its distinct values and their mass) from position to position. Token-wise verification of
-    the same distributions gives ``1 + sum_k prod_{t<=k} beta_t`` (:func:`beta_product_tokens_per_round` of one
-    round); block is never below it. ``max_states`` bounds the distinct values kept (they can grow as ``vocab^N``).
+    carrying the law of ``rho_k`` (its distinct values and their mass) from position to position. Token-wise
+    verification of the same distributions gives ``1 + sum_k prod_{t<=k} beta_t`` (:func:`beta_product_tokens_per_round`
+    of one round); block is never below it. ``max_states`` bounds the distinct values kept (they can grow as
+    ``vocab^N``).
     """
     if (
         not (isinstance(draft_probs, torch.Tensor) and isinstance(verify_probs, torch.Tensor))

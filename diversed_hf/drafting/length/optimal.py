@@ -25,8 +25,7 @@ schedule maximises expected tokens per second. It has two modes:
    :data:`OPTIMAL_MIN_CALIBRATION` drafted tokens or :data:`OPTIMAL_MIN_RATE_ROUNDS` rounds pooled). Each
    round every row drafts the ``n`` in ``1..N`` with the most expected tokens per second,
    ``E[T_n] / (n c + c_verify(n))`` (:func:`diversed_hf.verifiers.theory.optimal_draft_length`), ``E[T_n] = 1 +
-   sum_{k<=n}
-   m_k`` with ``m_k`` the row's estimate of ``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of
+   sum_{k<=n} m_k`` with ``m_k`` the row's estimate of ``E[prod_{t<k} a_t(x_t) beta_k]`` (the per-round terms of
    :func:`diversed_hf.verifiers.theory.expected_tokens_per_round`)::
 
        m_k = (s_k + w * prior_k) / (c_k + w)        (prior_k unknown: m_k = s_k / c_k)
@@ -41,8 +40,7 @@ Rounds whose drafts the draft itself doubts are cut short, confident ones run to
 why this, not a better per-round length, is what can beat a constant ``N``.
 
 **Costs** (:mod:`diversed_hf.drafting.length.costs`): ``assistant_costs`` when passed, else measured on the pair at the
-batch
-size (else the nearest one timed) and kept across calls. Only a call that finds none warms up
+batch size (else the nearest one timed) and kept across calls. Only a call that finds none warms up
 (:data:`OPTIMAL_WARMUP`); the calls after a warm-up draft one token in their second round until
 :data:`OPTIMAL_PROBES` pairs of far-apart lengths are timed (the slope of ``c_verify`` rests on them).
 

@@ -69,8 +69,8 @@ class DraftLengthPolicy:
     ``num_assistant_tokens`` (``N``), ``schedule`` (``num_assistant_tokens_schedule``), ``confidence_threshold``
     (``assistant_confidence_threshold``; ``None`` is off) and ``costs`` (``assistant_costs``, the ``"optimal"``
     schedule's). :meth:`resolve` finds each where transformers does. ``generate`` resolves them once per call and passes
-    the four values to :func:`~diversed_hf.loop.speculative_decode` (keywords, so a direct call needs no policy
-    object), which builds the policy again for the candidate generator; the generator reads nothing else.
+    the four values to :func:`~diversed_hf.generation.loop.speculative_decode` (keywords, so a direct call needs no
+    policy object), which builds the policy again for the candidate generator; the generator reads nothing else.
     """
 
     num_assistant_tokens: int = DRAFT_LENGTH_DEFAULTS["num_assistant_tokens"]

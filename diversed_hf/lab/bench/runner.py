@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ... import compat
-from ...generation import enable_diversed
+from ...generation.mixin import enable_diversed
 from ...verifiers.rules import HeadVerifier
 from ..tasks import metric_label
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, draft_length_of
@@ -508,8 +508,8 @@ def _timing_pass(run: _Run, task: BenchTask, methods: list[Method]) -> tuple[dic
 
 def _profile_pass(run: _Run, methods: list[Method], timed_run) -> dict[str, dict]:
     """``--profile``: one more run of the timing prompts per speculative method, its rounds profiled
-    (:mod:`diversed_hf.round_profile`); this process's rows per method."""
-    from ...round_profile import profile_rounds
+    (:mod:`diversed_hf.generation.round_profile`); this process's rows per method."""
+    from ...generation.round_profile import profile_rounds
 
     profiles = {}
     for method in methods:

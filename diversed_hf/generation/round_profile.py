@@ -1,13 +1,13 @@
 """Where a speculative round's time goes: wall-clock time per phase of the batched loop (``docs/profile.md``).
 
-    from diversed_hf.round_profile import profile_rounds
+    from diversed_hf.generation.round_profile import profile_rounds
 
     with profile_rounds() as profile:
         target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier())
     print(profile.table())
 
-While a :func:`profile_rounds` block is open, the loop (:mod:`diversed_hf.loop`) and the candidate generators time
-their phases with ``time.perf_counter`` (after the device's queued work on CUDA):
+While a :func:`profile_rounds` block is open, the loop (:mod:`diversed_hf.generation.loop`) and the candidate generators
+time their phases with ``time.perf_counter`` (after the device's queued work on CUDA):
 
 - ``prefill``: a feature draft's first target pass over the prompt (once per call, not per round);
 - ``draft forward``: the draft model's forwards (the candidate generator's ``draft_forward``);

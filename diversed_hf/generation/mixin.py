@@ -1,7 +1,7 @@
 """Relaxed speculative decoding inside transformers' ``generate``: the HF boundary.
 
 ``model.generate(input_ids, assistant_model=draft, diversed_head=head)`` (or ``verifier=...``) runs
-the loop of :mod:`diversed_hf.loop` through transformers' ``custom_generate`` hook, so generation
+the loop of :mod:`diversed_hf.generation.loop` through transformers' ``custom_generate`` hook, so generation
 config, special tokens, attention mask, length limits, logits processors and stopping criteria are
 prepared exactly as for any other ``generate`` call. Without ``diversed_head`` / ``verifier`` the
 call goes to transformers unchanged. This module checks the arguments (the pair, the verifier, the
@@ -17,27 +17,27 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
-from . import compat
-from .drafting.candidates import DraftLengthPolicy
-from .drafting.dflash import DFlashDraft
-from .drafting.drafters import EarlyExitDraft, PromptLookup
-from .drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
-from .drafting.mtp import MtpDraft
-from .drafting.pairs import check_head_matches, text_vocab_size, verification_vocab_size
-from .drafting.translated import TranslatedDraft
-from .head import DiversedHead
+from .. import compat
+from ..drafting.candidates import DraftLengthPolicy
+from ..drafting.dflash import DFlashDraft
+from ..drafting.drafters import EarlyExitDraft, PromptLookup
+from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
+from ..drafting.mtp import MtpDraft
+from ..drafting.pairs import check_head_matches, text_vocab_size, verification_vocab_size
+from ..drafting.translated import TranslatedDraft
+from ..head import DiversedHead
+from ..verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
-from .verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 
 logger = logging.getLogger(__name__)
 
 #: the Hub repository folder of the ``custom_generate`` method (``README.md``, ``custom_generate/generate.py``), shipped
 #: as package data: ``model.generate(..., custom_generate=CUSTOM_GENERATE_REPO, trust_remote_code=True, ...)`` runs it
 #: from this local path; ``diversed-hf push --custom-generate --repo-id ORG/NAME`` publishes it
-CUSTOM_GENERATE_REPO = str(Path(__file__).resolve().parent / "hub_repo")
+CUSTOM_GENERATE_REPO = str(Path(__file__).resolve().parents[1] / "hub_repo")
 
 # generation-config flags our loop cannot honour, with the value that disables them
 _UNSUPPORTED_CONFIG = {
@@ -394,7 +394,7 @@ def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, gener
         max_length, eos_token_id, other_criteria = compat.split_stopping_criteria(stopping_criteria)
         max_length = generation_config.max_length if max_length is None else max_length
         eos_token_id = None if eos_token_id is None else eos_token_id.to(input_ids.device)
-        # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.padding)
+        # right-padded rows run left-padded; the output keeps the caller's layout (docs: diversed_hf.generation.padding)
         loop_ids, loop_mask = (
             left_align(input_ids, attention_mask) if needs_left_align(attention_mask) else (input_ids, attention_mask)
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .verifiers import theory
+from ..verifiers import theory
 
 
 @dataclass
@@ -21,8 +21,7 @@ class SpeculationStats:
     ``drafted_acceptance`` holds ``a_t(x_t)``, the probability that the token actually drafted
     was kept (1/0 in greedy mode; for block verification the factor ``rho_t / rho_{t-1}`` of its running weight and
     ``beta_t`` given the kept prefix, docs/method.md §2). Together they give the unbiased estimator of the expected
-    tokens
-    per round, ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` (:attr:`expected_tokens_per_round`, docs/method.md §6).
+    tokens per round, ``1 + sum_k prod_{t<k} a_t(x_t) beta_k`` (:attr:`expected_tokens_per_round`, docs/method.md §6).
     """
 
     num_draft_tokens: int  # N, drafts per round

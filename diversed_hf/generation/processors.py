@@ -47,7 +47,7 @@ from transformers import (
     UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 
-from . import compat
+from .. import compat
 
 __all__ = [
     "FullBatch",

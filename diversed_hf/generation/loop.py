@@ -42,23 +42,24 @@ from dataclasses import dataclass
 
 import torch
 
-from . import compat, round_profile
-from .drafting.candidates import (
+from .. import compat
+from ..drafting.candidates import (
     DiversedCandidateGenerator,
     DraftCandidates,
     DraftLengthPolicy,
     Realignment,
     next_token_scores,
 )
-from .drafting.feature_candidates import FeatureCandidateGenerator
-from .drafting.length.costs import DraftCosts
-from .drafting.length.optimal import acceptance_setting
-from .drafting.pairs import text_vocab_size
+from ..drafting.feature_candidates import FeatureCandidateGenerator
+from ..drafting.length.costs import DraftCosts
+from ..drafting.length.optimal import acceptance_setting
+from ..drafting.pairs import text_vocab_size
+from ..verifiers.checks import check_finite_mass
+from ..verifiers.rules import VerificationResult, Verifier
+from . import round_profile
 from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
-from .verifiers.checks import check_finite_mass
-from .verifiers.rules import VerificationResult, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,8 @@ def speculative_decode(
 
     Drafting runs through a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`; verification
     follows ``docs/method.md §2``. ``assistant_costs`` (``"optimal"`` schedule only) replaces the measured round costs.
-    ``score_recorder`` (:class:`~diversed_hf.output_scores.TargetScoreRecorder`) receives the target's scores of
-    every emitted token (``output_scores`` / ``output_logits``).
+    ``score_recorder`` (:class:`~diversed_hf.generation.output_scores.TargetScoreRecorder`) receives the target's scores
+    of every emitted token (``output_scores`` / ``output_logits``).
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"

@@ -1,10 +1,10 @@
 """Right-padded (or holed) batches, re-laid left-padded for the loop; the output keeps the caller's layout.
 
-The batched loop (:mod:`diversed_hf.loop`) needs every row's real tokens to end at the last column. A tokenizer with
-``padding_side="right"`` gives rows whose ``attention_mask`` has zeros after ones; transformers accepts them (with a
-warning: its own output for them is not the left-padded batch's). :func:`left_align` moves each row's masked columns
-in front of its real tokens, keeping their order. Nothing the models compute changes: masked columns are never
-attended to, and position ids count only real tokens (``cumsum(mask) - 1``), so each row is scored exactly as its
+The batched loop (:mod:`diversed_hf.generation.loop`) needs every row's real tokens to end at the last column. A
+tokenizer with ``padding_side="right"`` gives rows whose ``attention_mask`` has zeros after ones; transformers accepts
+them (with a warning: its own output for them is not the left-padded batch's). :func:`left_align` moves each row's
+masked columns in front of its real tokens, keeping their order. Nothing the models compute changes: masked columns are
+never attended to, and position ids count only real tokens (``cumsum(mask) - 1``), so each row is scored exactly as its
 prompt alone. ``generate`` returns ``cat([input_ids as given, new tokens])``, as transformers does for any layout.
 """
 
