@@ -29,8 +29,8 @@ _EXPORTS = {
     "measured_draft_costs": "drafting.length.optimal",
     "DiversedGenerationMixin": "generation.mixin",
     "DiversedGenerateDecoderOnlyOutput": "generation.outputs",
-    "DiversedHead": "head",
-    "DiversedHeadConfig": "head",
+    "DiversedHead": "heads.head",
+    "DiversedHeadConfig": "heads.config",
     "ExactVerifier": "verifiers.rules",
     "HeadVerifier": "verifiers.rules",
     "LenientVerifier": "verifiers.rules",
@@ -100,7 +100,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .drafting.mtp import MtpDraft
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
     from .generation.outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
-    from .head import DiversedHead, DiversedHeadConfig
+    from .heads.head import DiversedHead, DiversedHeadConfig
     from .verifiers.rules import (
         BlockVerifier,
         ExactVerifier,

@@ -52,6 +52,13 @@ MOVED = {
     "diversed_hf.padding": "diversed_hf.generation.padding",
     "diversed_hf.output_scores": "diversed_hf.generation.output_scores",
     "diversed_hf.round_profile": "diversed_hf.generation.round_profile",
+    "diversed_hf.head": "diversed_hf.heads.head",
+    "diversed_hf.head_config": "diversed_hf.heads.config",
+    "diversed_hf.hub": "diversed_hf.heads.hub",
+    "diversed_hf.official": "diversed_hf.heads.official",
+    "diversed_hf.cards": "diversed_hf.heads.cards",
+    "diversed_hf.card_results": "diversed_hf.heads.card_results",
+    "diversed_hf.metrics": "diversed_hf.heads.metrics",
 }
 
 

@@ -111,7 +111,7 @@ def test_the_front_ships_the_most_accepting_head_whose_interval_reaches_zero():
 def test_the_front_writes_the_chosen_heads_card_results_with_the_front(tmp_path):
     import ablation
 
-    from diversed_hf import cards
+    from diversed_hf.heads import cards
     from diversed_hf.lab.bench.schema import BenchResult
 
     target, draft = make_pair("llama")

@@ -218,7 +218,7 @@ def test_cli_writes_results_page_tables_and_plots(pair_dir, tmp_path, capsys):
         "| method | acceptance |" in text and "](results/arith_tradeoffs.png)" in text and "DIVERSED: skipped" in text
     )
     # The per-task file is what model cards read.
-    cards = pytest.importorskip("diversed_hf.cards")
+    cards = pytest.importorskip("diversed_hf.heads.cards")
     loaded = cards.load_results(out / "results_arith.json")
     assert loaded["setting"]["task"] == "arith" and len(loaded["rows"]) == 6
     # The "fine-tuned" draft is the draft itself here: same acceptance as SD on the same seeds.

@@ -10,7 +10,7 @@ import torch
 from tiny_models import empirical, make_model, make_pair, prompt, tv_bound
 
 from diversed_hf import enable_diversed
-from diversed_hf.head import DiversedHead, DiversedHeadConfig
+from diversed_hf.heads.head import DiversedHead, DiversedHeadConfig
 from diversed_hf.verifiers import (
     BlockVerifier,
     ExactVerifier,

@@ -11,7 +11,7 @@ import torch
 from huggingface_hub import ModelCard
 from test_hub import make_head
 
-from diversed_hf import cards
+from diversed_hf.heads import cards
 from diversed_hf.lab.bench.schema import BenchResult, write_json_results
 from diversed_hf.lab.tasks import task_card
 

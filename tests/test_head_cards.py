@@ -9,7 +9,8 @@ from huggingface_hub import ModelCard
 from test_hub import DRAFT_ID, REPO_ID, RESULTS, TARGET_ID, make_head, saved  # noqa: F401 - saved is a fixture
 from test_hub_push import run_cli
 
-from diversed_hf import DiversedHead, cards
+from diversed_hf import DiversedHead
+from diversed_hf.heads import cards
 from diversed_hf.lab import hub_cli
 from diversed_hf.lab.tasks import get_task, task_card
 
@@ -258,7 +259,8 @@ def test_render_card_takes_a_config_or_its_json(saved):
 
 
 def test_card_refuses_results_of_another_task(tmp_path):
-    from diversed_hf import DiversedHead, cards
+    from diversed_hf import DiversedHead
+    from diversed_hf.heads import cards
 
     head = DiversedHead(draft_hidden_size=4, target_hidden_size=6, task="gsm8k")
     results = {"setting": {"task": "xsum"}, "rows": [{"method": "sd", "acceptance_rate": 0.5, "quality": 0.07}]}

@@ -14,7 +14,7 @@ from tiny_models import VOCAB_SIZE, empirical, make_model, make_pair, prompt, tv
 from torch import nn
 
 from diversed_hf import DiversedHead, DiversedHeadConfig, HeadVerifier, StaticEnsembleVerifier, compat, enable_diversed
-from diversed_hf.hub import HEAD_FORMAT_VERSION
+from diversed_hf.heads.hub import HEAD_FORMAT_VERSION
 from diversed_hf.training.rollout import build_logits_warpers, sample_from_mixture
 from diversed_hf.verifiers import ops
 from diversed_hf.verifiers.distribution_features import FEATURE_NAMES, MARGIN_CAP, distribution_features

@@ -19,7 +19,8 @@ from huggingface_hub import ModelHubMixin
 from test_hub import REPO_ID, hidden, make_head, offline, populate_cache, randomize  # noqa: F401 - offline is a fixture
 from tiny_models import make_pair
 
-from diversed_hf import DiversedHead, DiversedHeadConfig, hub
+from diversed_hf import DiversedHead, DiversedHeadConfig
+from diversed_hf.heads import hub
 from diversed_hf.verifiers import HeadVerifier
 
 

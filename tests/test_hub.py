@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 from tiny_models import make_pair, prompt
 
 import diversed_hf
-from diversed_hf import DiversedHead, DiversedHeadConfig, cards, enable_diversed, hub
-from diversed_hf.hub import HEAD_FORMAT_VERSION
+from diversed_hf import DiversedHead, DiversedHeadConfig, enable_diversed
+from diversed_hf.heads import cards, hub
+from diversed_hf.heads.hub import HEAD_FORMAT_VERSION
 from diversed_hf.verifiers import HeadVerifier
 
 REPO_ID = "diversed-test/head-gsm8k"
@@ -266,7 +267,7 @@ def test_saving_again_rewrites_the_card(tmp_path):
 def test_saving_another_head_drops_the_results_of_the_previous_one(tmp_path, other, caplog):
     make_head().save_pretrained(tmp_path, results=RESULTS, training_config={"learning_rate": 0.1})
     seed = other.pop("seed", 0)
-    with caplog.at_level("WARNING", logger="diversed_hf.head"):
+    with caplog.at_level("WARNING", logger="diversed_hf.heads.head"):
         randomize(make_head(**other), seed=seed).save_pretrained(tmp_path)
     text = (tmp_path / "README.md").read_text()
     assert "72.6 %" not in text and "No benchmark results" in text and "learning_rate" not in text
@@ -278,7 +279,7 @@ def test_saving_another_head_drops_the_results_of_the_previous_one(tmp_path, oth
 
 # Import graph -------------------------------------------------------------------------------------------
 
-LIBRARY_MODULES = ("hub", "cards", "head", "training.checkpoint")
+LIBRARY_MODULES = ("heads.hub", "heads.cards", "heads.head", "training.checkpoint")
 
 
 def imports_of(module: str) -> set[str]:
@@ -308,15 +309,16 @@ def imports_of(module: str) -> set[str]:
 
 def test_library_modules_import_one_way_and_never_the_testbed():
     graph = {module: imports_of(module) & set(LIBRARY_MODULES) for module in LIBRARY_MODULES}
-    assert graph["hub"] == set()
-    assert graph["cards"] == {"hub"}
-    assert graph["head"] == {"hub", "cards"}
+    assert graph["heads.hub"] == set()
+    assert graph["heads.cards"] == {"heads.hub"}
+    assert graph["heads.head"] == {"heads.hub", "heads.cards"}
     for module in LIBRARY_MODULES:
         assert not any(name == "testbed" or name.startswith("testbed.") for name in imports_of(module)), module
 
 
 @pytest.mark.parametrize(
-    "module", ["diversed_hf.hub", "diversed_hf.cards", "diversed_hf.head", "diversed_hf.training.checkpoint"]
+    "module",
+    ["diversed_hf.heads.hub", "diversed_hf.heads.cards", "diversed_hf.heads.head", "diversed_hf.training.checkpoint"],
 )
 def test_importing_a_library_module_does_not_import_the_testbed(module):
     code = f"import sys, {module}; sys.exit(3 if any(m.startswith('diversed_hf.testbed') for m in sys.modules) else 0)"
@@ -342,7 +344,7 @@ def test_missing_weights_are_an_error_unless_strict_false(saved, caplog):
     save_file(weights, directory / "model.safetensors")
     with pytest.raises(ValueError, match=r"missing \['net.0.weight'\].*strict=False"):
         DiversedHead.from_pretrained(directory)
-    with caplog.at_level(logging.WARNING, logger="diversed_hf.head"):
+    with caplog.at_level(logging.WARNING, logger="diversed_hf.heads.head"):
         loaded = DiversedHead.from_pretrained(directory, strict=False)
     assert "missing ['net.0.weight']" in caplog.text
     assert torch.equal(loaded.net[1].weight, head.net[1].weight)

@@ -126,8 +126,8 @@ def test_arith_chat_problems_splits_and_reward():
 
 
 def test_cards_of_real_pair_heads_load_the_real_pair():
-    from diversed_hf.cards import REAL_PAIR_MODEL_IDS, render_card
-    from diversed_hf.head import DiversedHeadConfig
+    from diversed_hf.heads.cards import REAL_PAIR_MODEL_IDS, render_card
+    from diversed_hf.heads.head import DiversedHeadConfig
     from diversed_hf.testbed import ASSETS_DIR
 
     config = DiversedHeadConfig(

@@ -103,7 +103,7 @@ def test_testbed_and_paper_tasks_share_reward_functions():
 
 
 def test_only_the_percentage_metrics_carry_a_percent_sign_in_prose():
-    from diversed_hf.metrics import metric_unit
+    from diversed_hf.heads.metrics import metric_unit
 
     assert metric_unit("exact_match") == metric_unit("accuracy") == metric_unit("pass@1") == " %"
     assert metric_unit("rouge2_f1") == metric_unit("rouge2") == metric_unit(None) == ""

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny_models import empirical, tv_bound
 
-from diversed_hf.head import DiversedHead
+from diversed_hf.heads.head import DiversedHead
 from diversed_hf.verifiers import (
     CASCADE_RULES,
     BlockVerifier,

@@ -13,7 +13,7 @@ For every method, on the same prompts, at the same temperature (sampling, top-k/
 * ``static_<w>``     -- the static ensemble with weight w (``--static-weights``), for reference.
 
 Prints and (with ``--output``) writes rows in the model-card results format of
-:mod:`diversed_hf.cards`: ``acceptance_rate`` (accepted drafted tokens / drafted tokens, summed over
+:mod:`diversed_hf.heads.cards`: ``acceptance_rate`` (accepted drafted tokens / drafted tokens, summed over
 rounds), ``tokens_per_round``, ``quality`` (the task's metric from :mod:`diversed_hf.lab.tasks`: exact match,
 ROUGE-2 F1 or pass@1, as a fraction) and wall-clock ``seconds_per_sample``; plus the ratio of DIVERSED's
 acceptance to SD's. ``--task`` is any task of the registry (:func:`diversed_hf.lab.tasks.get_task`), the
@@ -277,7 +277,7 @@ def evaluate(
     methods=("autoregressive", "sd", "diversed"),
     num_sampling_seeds: int = 1,
 ) -> dict:
-    """Rows in the model-card results format (see :mod:`diversed_hf.cards`) for each method on the same prompts.
+    """Rows in the model-card results format (see :mod:`diversed_hf.heads.cards`) for each method on the same prompts.
 
     With ``num_sampling_seeds`` K > 1 every method samples each prompt K times (seeds ``seed .. seed + K - 1``):
     quality is the mean over the K x prompts completions and acceptance pools all rounds, which shrinks the

@@ -11,12 +11,12 @@ other methods, and each task's head on the other task (the paper's cross-task ro
 else those ``training/configs/smollm2_tuned_<task>.yaml`` trained into ``runs/``. Its section is "Real pair: the
 paper's table on the task-tuned target".
 
-``--draft eagle-tasks`` (the default: the task EagleDraft, the draft the shipped heads were trained with) measures ``synopsis`` and ``arith_chat`` at temperature 1,
-the paper's setting, with the heads shipped for the EagleDraft (``testbed.load_head(task, pair="smollm2")``), 200
-prompts x 2 samples for target-only, SD and DIVERSED and the first 100 x 2 for the other methods; ``--extra-runs``
-adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2`` runs two bench runs at once. Its section
-is "Real pair: the paper's table with the EagleDraft". What follows describes ``--draft self``, the first evaluation,
-kept as it was measured:
+``--draft eagle-tasks`` (the default: the task EagleDraft, the draft the shipped heads were trained with) measures
+``synopsis`` and ``arith_chat`` at temperature 1, the paper's setting, with the heads shipped for the EagleDraft
+(``testbed.load_head(task, pair="smollm2")``), 200 prompts x 2 samples for target-only, SD and DIVERSED and the first
+100 x 2 for the other methods; ``--extra-runs`` adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2``
+runs two bench runs at once. Its section is "Real pair: the paper's table with the EagleDraft". What follows describes
+``--draft self``, the first evaluation, kept as it was measured:
 
 Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat``, ``humaneval`` and ``synopsis`` (held-out splits).
 ``arith_chat`` and ``humaneval`` run at temperature 0.7 (the temperature the self-draft and their heads were trained
@@ -69,10 +69,10 @@ from real_pair_runs import (  # what each --draft measures
 )
 from real_pair_speed import refresh_speed_goals, speed_text
 
+from diversed_hf.heads.metrics import metric_label, metric_unit
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
 from diversed_hf.lab.bench.partial import clear_partial
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.metrics import metric_label, metric_unit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -269,8 +269,9 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
 
 def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     """The training-split table of ``training/calibrate_head.py`` for the task's head: the shipped head's own
-    ``calibration.json`` when it is calibrated, else ``<output_dir>/calibration_<task>.json`` (measured, not shipped)."""
-    from diversed_hf.card_results import _format_calibration
+    ``calibration.json`` when it is calibrated, else ``<output_dir>/calibration_<task>.json`` (measured, not
+    shipped)."""
+    from diversed_hf.heads.card_results import _format_calibration
 
     shipped = (head_dir / "calibration.json").is_file()
     path = head_dir / "calibration.json" if shipped else output_dir / f"calibration_{task}.json"

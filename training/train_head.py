@@ -12,7 +12,8 @@ defaults DIVERSED changes, and last the hundreds of inherited GRPO/Trainer flags
 
 * ``<output_dir>/checkpoint-*``: head-only checkpoints (resume with ``--resume_from_checkpoint``),
 * ``<output_dir>/train_log.jsonl``: the logged metrics of every step,
-* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card, a copy of ``train_log.jsonl``,
+* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card, a copy of
+``train_log.jsonl``,
   ``training_config.json`` and ``results.json`` from a held-out evaluation (target-only, SD and the
   head, same prompts and temperature; skip with ``--eval_num_examples 0``).
 
@@ -298,7 +299,7 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         },
         global_steps=trainer.state.global_step,
         torch_threads=torch.get_num_threads(),
-        task_card=task_card(script.task),  # what the head's card says of its task (diversed_hf.cards)
+        task_card=task_card(script.task),  # what the head's card says of its task (diversed_hf.heads.cards)
     )
     hub_datasets = get_task(script.task).hub_datasets
     if hub_datasets:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.cards import REAL_PAIR_MODEL_IDS
+from diversed_hf.heads.cards import REAL_PAIR_MODEL_IDS
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("tune_target")

@@ -35,7 +35,12 @@ from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from .length.costs import DraftCosts
 from .length.optimal import OptimalSchedule
-from .length.policy import DRAFT_LENGTH_DEFAULTS, DraftLengthPolicy
+from .length.policy import (  # noqa: F401 - re-exported: the generator's knobs
+    DRAFT_LENGTH_DEFAULTS,
+    SCHEDULES,
+    DraftLengthPolicy,
+    check_draft_length_policy,
+)
 from .pairs import draft_input_ids, text_vocab_size
 
 logger = logging.getLogger(__name__)

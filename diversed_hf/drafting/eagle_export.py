@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from .. import __version__, hub
+from .. import __version__
+from ..heads import hub
 
 __all__ = ["EXPORT_FILES", "VLLM_ARCHITECTURE", "save_for_vllm", "vllm_config", "vllm_weights"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ..head import DiversedHead
+    from ..heads.head import DiversedHead
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,14 @@ from ..drafting.dflash import DFlashDraft
 from ..drafting.drafters import EarlyExitDraft, PromptLookup
 from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
 from ..drafting.mtp import MtpDraft
-from ..drafting.pairs import check_head_matches, text_vocab_size, verification_vocab_size
+from ..drafting.pairs import (  # noqa: F401 - re-exported
+    check_head_matches,
+    shared_vocab_size,
+    text_vocab_size,
+    verification_vocab_size,
+)
 from ..drafting.translated import TranslatedDraft
-from ..head import DiversedHead
+from ..heads.head import DiversedHead
 from ..verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder

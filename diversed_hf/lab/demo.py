@@ -148,7 +148,7 @@ def _head_dir(task: str):
 def _random_setup(num_prompts: int, seed: int) -> DemoSetup:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..head import DiversedHead
+    from ..heads.head import DiversedHead
 
     def tiny(hidden, layers, model_seed):
         torch.manual_seed(model_seed)

@@ -3,7 +3,7 @@
 ``hub_repo`` folder, :data:`diversed_hf.generation.CUSTOM_GENERATE_REPO`).
 
 Both print what they produced (the commit URL, the card paths) on stdout; the functions they call
-(:func:`push_directory`, :func:`render_shipped_cards`, :func:`diversed_hf.cards.write_card`) never print.
+(:func:`push_directory`, :func:`render_shipped_cards`, :func:`diversed_hf.heads.cards.write_card`) never print.
 This is the command layer: it may use the testbed (the heads shipped with it), which the library never imports.
 Errors are ``ValueError`` / ``OSError``, which ``diversed-hf`` shows as one line with exit status 2. ``card``
 checks every input and renders every card before it writes anything, and replaces each file atomically.
@@ -18,9 +18,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from .. import cards, hub
 from ..generation.mixin import CUSTOM_GENERATE_REPO
-from ..head import DiversedHead, DiversedHeadConfig
+from ..heads import cards, hub
+from ..heads.head import DiversedHead, DiversedHeadConfig
 from .cli_utils import check_output_dir, write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def register(subparsers) -> None:
         "card",
         help="Re-render the model card (README.md) of saved heads.",
         description="Render the card of each head DIR into DIR/README.md from its config.json, results.json and "
-        "training_config.json (result file format: see `python -c 'import diversed_hf.cards as c; help(c)'`).",
+        "training_config.json (result file format: see `python -c 'import diversed_hf.heads.cards as c; help(c)'`).",
     )
     card.add_argument("directories", nargs="*", metavar="DIR", help="Head directories.")
     card.add_argument(

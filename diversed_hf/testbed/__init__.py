@@ -28,7 +28,7 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from ..head import DiversedHead
+from ..heads.head import DiversedHead
 from ..lab import tasks as task_registry
 from . import arith_steps, rewards, tasks
 from .arith_chat import load_arith_chat
@@ -137,7 +137,7 @@ __all__ = [
 
 
 # ``config._name_or_path`` of the models from `load_pair` (recorded as the pair in trained heads).
-from ..cards import TESTBED_MODEL_ID_PREFIX as MODEL_ID_PREFIX  # noqa: E402
+from ..heads.cards import TESTBED_MODEL_ID_PREFIX as MODEL_ID_PREFIX  # noqa: E402
 
 
 def asset_path(name: str) -> Path:

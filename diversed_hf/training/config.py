@@ -13,7 +13,7 @@ compat.check_trl_version()  # installed and in the tested range, before its name
 
 from trl import GRPOConfig  # noqa: E402
 
-from ..head import ARCHITECTURES, MLP_HIDDEN_SIZE  # noqa: E402
+from ..heads.head import ARCHITECTURES, MLP_HIDDEN_SIZE  # noqa: E402
 from ..verifiers.distribution_features import FEATURE_NAMES, check_feature_names  # noqa: E402
 
 KL_ESTIMATORS = ("k1", "k3")

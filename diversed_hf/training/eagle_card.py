@@ -1,6 +1,6 @@
 """The model card of a trained :class:`~diversed_hf.drafting.eagle.EagleDraft` (``README.md`` beside its weights),
 rendered from ``templates/eagle_draft_card.md`` as heads' cards are from theirs
-(:func:`diversed_hf.cards.render_template`).
+(:func:`diversed_hf.heads.cards.render_template`).
 
 Everything in it comes from the draft's config and its ``training.json`` (what ``train_eagle_draft.py`` recorded, plus
 the ``measured`` block a measurement command adds): nothing is typed in by hand.
@@ -19,7 +19,7 @@ def _steps(values) -> str:
 
 def render_eagle_card(config, record: dict) -> str:
     """The card's Markdown, with Hub metadata (``templates/eagle_draft_card.md``)."""
-    from ..cards import render_template
+    from ..heads.cards import render_template
 
     target = config.target_model_id or "its target"
     settings = record.get("settings", {})

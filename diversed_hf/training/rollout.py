@@ -259,7 +259,7 @@ def sample_from_mixture(
 ) -> Rollout:
     """Sample ``max_new_tokens`` (or up to EOS) from ``nu_theta`` for every row; see :class:`Rollout`.
 
-    ``head`` (a :class:`~diversed_hf.head.DiversedHead`) maps ``(draft_hidden, target_hidden, features)`` of
+    ``head`` (a :class:`~diversed_hf.heads.head.DiversedHead`) maps ``(draft_hidden, target_hidden, features)`` of
     shapes ``(B, 1, d)`` to ``w`` ``(B, 1)``; it is called in no-grad mode on its own device and dtype. The
     models may live on another device.
     """

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..drafting.pairs import check_head_matches
-from ..head import DiversedHead
+from ..heads.head import DiversedHead
 from ..verifiers.checks import check_columns
 from .batches import callable_name
 from .config import DiversedConfig

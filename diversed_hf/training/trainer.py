@@ -39,7 +39,7 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..drafting.pairs import verification_vocab_size
-from ..head import DiversedHead
+from ..heads.head import DiversedHead
 from . import objective, scoring
 from .batches import GroupedSampler, RolloutBuffer, rows_collator, rows_loader
 from .checkpoint import (

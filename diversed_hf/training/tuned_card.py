@@ -1,5 +1,6 @@
 """The model card of a task-tuned target's LoRA adapter (``README.md`` beside ``adapter_model.safetensors``), rendered
-from ``templates/tuned_adapter_card.md`` as heads' cards are from theirs (:func:`diversed_hf.cards.render_template`).
+from ``templates/tuned_adapter_card.md`` as heads' cards are from theirs
+(:func:`diversed_hf.heads.cards.render_template`).
 
 Everything in it comes from the ``training.json`` that ``training/tune_target.py`` writes: nothing is typed in by
 hand.
@@ -24,7 +25,7 @@ def _duration(seconds) -> str:
 
 def render_tuned_card(record: dict) -> str:
     """The card's Markdown, with Hub metadata, from a ``training.json`` record (``templates/tuned_adapter_card.md``)."""
-    from ..cards import render_template
+    from ..heads.cards import render_template
 
     settings, lora = record.get("settings", {}), record.get("lora", {})
     metadata = {"library_name": "peft", "tags": ["diversed_hf", "lora", "sft", "speculative-decoding"]}

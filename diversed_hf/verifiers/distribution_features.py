@@ -1,6 +1,6 @@
 """Distribution features: statistics of ``p_t`` and ``q_t`` an ensemble head may read (docs/method.md §4).
 
-Besides (or instead of) the two models' hidden states, a :class:`~diversed_hf.head.DiversedHead` may read a
+Besides (or instead of) the two models' hidden states, a :class:`~diversed_hf.heads.head.DiversedHead` may read a
 fixed set of named statistics of the two next-token distributions of a position. They are computed by one
 function, :func:`distribution_features`, from the **verification distributions** -- the target's and the
 draft's probabilities after the same logits processors (temperature, top-k, top-p), over the target's

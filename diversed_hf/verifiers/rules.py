@@ -70,7 +70,7 @@ from .checks import check_round_inputs, check_verification_output, is_real
 from .distribution_features import distribution_features
 
 if TYPE_CHECKING:
-    from ..head import DiversedHead
+    from ..heads.head import DiversedHead
 
 __all__ = [
     "Verifier",

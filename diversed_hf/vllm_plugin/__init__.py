@@ -14,8 +14,8 @@ asks for it (README, "Serving with vLLM")::
     vllm serve TARGET --speculative-config '{...}' --additional-config '{"diversed": {"target_weight": 0.5}}'
 
 ``w_t`` is a static weight (:class:`~diversed_hf.verifiers.StaticEnsembleVerifier`) or comes from a
-:class:`~diversed_hf.head.DiversedHead`, which may read both models' last-layer hidden states (the plugin keeps them
-from vLLM's target pass and drafting steps). Each request may pick its own rule among the engine's (a weight, or a
+:class:`~diversed_hf.heads.head.DiversedHead`, which may read both models' last-layer hidden states (the plugin keeps
+them from vLLM's target pass and drafting steps). Each request may pick its own rule among the engine's (a weight, or a
 head the engine loaded, by name) through ``SamplingParams.extra_args["diversed"]``, or ``"diversed"`` in an OpenAI
 request's body; requests with different rules share a batch. Sampled output follows each request's ``nu_t`` at
 drafted positions and ``p`` at bonus positions; greedy output is ``generate(..., verifier=...)``'s (docs/method.md

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..head import DiversedHead
+from ..heads.head import DiversedHead
 from ..verifiers.checks import is_real
 from ..verifiers.ops import MIXING_SPACES
 from ..verifiers.rules import HeadVerifier, StaticEnsembleVerifier, Verifier

@@ -12,7 +12,7 @@ Every method decodes the **same prompts** of a task with one model pair and is s
   the model's prediction ``E[T_N] / (N c + 1)`` with the cost ratio ``c`` measured on the pair.
 
 Results (:func:`write_results`): ``results.json`` (one row per task and method, the schema
-``diversed_hf.cards`` reads, quality and acceptance as fractions), ``results_<task>.json`` (the same
+``diversed_hf.heads.cards`` reads, quality and acceptance as fractions), ``results_<task>.json`` (the same
 as ``{"setting", "rows"}``, to put next to a head), ``bench.json`` (everything, for
 :func:`read_results`), a Markdown table per task, and the pictures of :mod:`diversed_hf.lab.bench.plots`.
 

@@ -159,7 +159,8 @@ class BenchConfig:
 class BenchTask:
     """Prompts, references and a sequence reward ``reward(completions, references) -> list[float]`` in [0, 1].
 
-    Rows report ``quality`` as the mean reward (a fraction, as ``diversed_hf.cards`` reads it); tables show it x 100.
+    Rows report ``quality`` as the mean reward (a fraction, as ``diversed_hf.heads.cards`` reads it); tables show it x
+    100.
     """
 
     name: str

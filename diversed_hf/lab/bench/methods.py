@@ -22,7 +22,7 @@ from ...verifiers.rules import (
 )
 
 if TYPE_CHECKING:
-    from ...head import DiversedHead
+    from ...heads.head import DiversedHead
 
 __all__ = ["DEFAULT_METHODS", "FAMILIES", "Method", "Schedule", "parse_methods", "parse_schedules", "with_schedules"]
 
@@ -256,7 +256,7 @@ def parse_methods(
 ) -> tuple[list[Method], list[str]]:
     """Methods from short specs (see the :mod:`diversed_hf.lab.bench` docstring); returns ``(methods, notes)``.
 
-    ``diversed`` needs ``head`` (a :class:`~diversed_hf.head.DiversedHead`), ``diversed@TASK`` the head
+    ``diversed`` needs ``head`` (a :class:`~diversed_hf.heads.head.DiversedHead`), ``diversed@TASK`` the head
     trained for ``TASK`` in ``other_heads`` (the transfer experiment) and ``sd-ft`` a fine-tuned draft:
     without them they are skipped and a note says why.
     """

@@ -58,6 +58,6 @@ def load_head(spec: str | None, task: str):
     path = per_task(spec, task)
     if path is None:
         return None
-    from ...head import DiversedHead
+    from ...heads.head import DiversedHead
 
     return DiversedHead.from_pretrained(path)

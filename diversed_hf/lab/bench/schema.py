@@ -1,8 +1,8 @@
 """A bench run's result, :class:`BenchResult`, and its JSON files.
 
-- ``results.json``: every row of every task (a list; the rows ``diversed_hf.cards`` reads);
+- ``results.json``: every row of every task (a list; the rows ``diversed_hf.heads.cards`` reads);
 - ``results_<task>.json``: one task's rows as ``{"setting", "rows"}``, to copy next to a head as its
-  ``results.json`` (:func:`diversed_hf.cards.load_results` reads it);
+  ``results.json`` (:func:`diversed_hf.heads.cards.load_results` reads it);
 - ``bench.json``: everything (:meth:`BenchResult.to_json` of each task), which :func:`read_results` reads back.
 
 Quality and acceptance are fractions in every file.
@@ -80,7 +80,7 @@ def write_json_results(results: Sequence[BenchResult], output_dir: str | Path) -
         "bench": _write_json(output_dir / "bench.json", [r.to_json() for r in results]),
     }
     for result in results:
-        # One file per task in the form diversed_hf.cards reads: copy it next to a head as results.json.
+        # One file per task in the form diversed_hf.heads.cards reads: copy it next to a head as results.json.
         content = {"setting": task_setting(result), "rows": result.rows}
         paths[f"{result.task}_results"] = _write_json(output_dir / f"results_{result.task}.json", content)
     logger.info("wrote %s", ", ".join(str(p) for p in paths.values()))

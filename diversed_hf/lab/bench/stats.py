@@ -335,7 +335,7 @@ def _speculation_fields(
 
 def add_relative_speedups(rows: list[dict]) -> None:
     """``speedup_vs_target`` / ``speedup_vs_sd``: the baseline's seconds per sample over this row's (as
-    ``diversed_hf.cards`` defines them); ``throughput_speedup_vs_target``: tokens/s over target-only tokens/s,
+    ``diversed_hf.heads.cards`` defines them); ``throughput_speedup_vs_target``: tokens/s over target-only tokens/s,
     the per-token quantity the speedup model predicts (the two differ when methods emit different lengths)."""
     bases = {family: next((r for r in rows if r["family"] == family), None) for family in ("target-only", "sd")}
     for row in rows:

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ...metrics import METRIC_ALIASES, METRIC_LABELS, canonical_metric, metric_label  # noqa: F401 - re-exported
+from ...heads.metrics import METRIC_ALIASES, METRIC_LABELS, canonical_metric, metric_label  # noqa: F401 - re-exported
 from ...verifiers.checks import check_columns
 
 logger = logging.getLogger(__name__)
@@ -214,8 +214,8 @@ def get_task(name: str) -> TaskSpec:
 
 
 def task_card(task: str | None) -> dict | None:
-    """What a head's card says of ``task`` (``training_config.json``'s ``task_card``, :mod:`diversed_hf.cards`): its
-    name, aliases, description, metric and Hub datasets; None for no task or a task not registered."""
+    """What a head's card says of ``task`` (``training_config.json``'s ``task_card``, :mod:`diversed_hf.heads.cards`):
+    its name, aliases, description, metric and Hub datasets; None for no task or a task not registered."""
     if not task:
         return None
     try:

@@ -3,10 +3,10 @@
 A head repo holds
 
 =========================== ============================================================
-``config.json``             :class:`~diversed_hf.head.DiversedHeadConfig` as JSON
+``config.json``             :class:`~diversed_hf.heads.head.DiversedHeadConfig` as JSON
 ``model.safetensors``       the head's weights
-``README.md``               the model card (:mod:`diversed_hf.cards`)
-``results.json``            optional: benchmark metrics for the card (format in :mod:`diversed_hf.cards`)
+``README.md``               the model card (:mod:`diversed_hf.heads.cards`)
+``results.json``            optional: benchmark metrics for the card (format in :mod:`diversed_hf.heads.cards`)
 ``training_config.json``    optional: how the head was trained, shown on the card
 =========================== ============================================================
 

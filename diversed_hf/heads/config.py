@@ -1,4 +1,4 @@
-"""The configuration of a :class:`~diversed_hf.head.DiversedHead`: sizes, architecture, mixing space, the features
+"""The configuration of a :class:`~diversed_hf.heads.head.DiversedHead`: sizes, architecture, mixing space, the features
 it reads and the pair it was trained for, checked as a whole (``config.json`` of a saved head)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..verifiers.distribution_features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
+from ..verifiers.ops import MIXING_SPACES
 from . import hub
 from .hub import HEAD_FORMAT_VERSION
-from .verifiers.distribution_features import FEATURE_NAMES, HiddenLayerNorm, check_feature_names
-from .verifiers.ops import MIXING_SPACES
 
 __all__ = ["ARCHITECTURES", "MAX_SIZE", "MLP_HIDDEN_SIZE", "DiversedHeadConfig", "build_net", "config_from_file"]
 
@@ -109,7 +109,7 @@ class DiversedHeadConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "DiversedHeadConfig":
-        """Read a saved ``config.json``: every field in :data:`~diversed_hf.hub.REQUIRED_FILE_FIELDS` must be
+        """Read a saved ``config.json``: every field in :data:`~diversed_hf.heads.hub.REQUIRED_FILE_FIELDS` must be
         present."""
         return config_from_file(hub.read_json(Path(path), "Head config"), str(path))
 

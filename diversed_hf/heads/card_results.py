@@ -1,5 +1,5 @@
 """Benchmark results as model cards carry them: the ``results.json`` schema, its checks, and the rows, selection and
-goal as the card template shows them. Part of :mod:`diversed_hf.cards` (which re-exports the public names)."""
+goal as the card template shows them. Part of :mod:`diversed_hf.heads.cards` (which re-exports the public names)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def load_results(source: Any) -> dict:
     else:
         raise ValueError(
             f'{where} must be a list of result rows or an object {{"setting": {{...}}, "rows": [...]}}; '
-            "see the format in the diversed_hf.cards docstring."
+            "see the format in the diversed_hf.heads.cards docstring."
         )
     rows = []
     for index, raw in enumerate(raw_rows):

@@ -25,7 +25,7 @@ A head is shared like an adapter, through ``huggingface_hub.ModelHubMixin``::
 The mixin does the work: it writes the config dataclass (``head.config``) as ``config.json`` and parses it
 back once per load. The head fills its hooks: ``_save_pretrained`` (the weights), ``_from_pretrained`` (the
 config checked as a whole, strict loading, dtype and device) and ``generate_model_card`` (the card, rendered
-by :mod:`diversed_hf.cards`). It overrides the three public methods only where the mixin has no hook, each
+by :mod:`diversed_hf.heads.cards`). It overrides the three public methods only where the mixin has no hook, each
 saying why in a comment (docs/architecture.md lists them): ``save_pretrained`` stages the save and moves it into
 place file by file, the weights last, so an interrupted save never loads as a mix of two heads (the config's digest
 no longer matches the old weights: an error at load), ``from_pretrained`` checks the name and offline mode before
@@ -33,8 +33,8 @@ the mixin fetches config.json, and ``push_to_hub`` checks the token before the m
 strict (missing or unexpected weights are an error) and nothing is printed. Checkpoints of the official DIVERSED
 code import with :meth:`DiversedHead.from_official_checkpoint`.
 
-Imports point one way: :mod:`~diversed_hf.hub` (files) and :mod:`~diversed_hf.head_config` (the config) <- this
-module. Card rendering (:mod:`diversed_hf.cards`, which reads the task registry) is imported when a head is saved
+Imports point one way: :mod:`~diversed_hf.heads.hub` (files) and :mod:`~diversed_hf.heads.config` (the config) <- this
+module. Card rendering (:mod:`diversed_hf.heads.cards`, which reads the task registry) is imported when a head is saved
 or its card made, never by ``import diversed_hf``.
 """
 
@@ -52,9 +52,10 @@ import torch
 from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
-from . import compat, hub, official
-from .drafting.pairs import hidden_size_of, model_id_of
-from .head_config import (  # noqa: F401  (re-exported: diversed_hf.head has always named them)
+from .. import compat
+from ..drafting.pairs import hidden_size_of, model_id_of
+from . import hub, official
+from .config import (  # noqa: F401  (re-exported: diversed_hf.heads.head has always named them)
     ARCHITECTURES,
     MAX_SIZE,
     MLP_HIDDEN_SIZE,
@@ -230,7 +231,7 @@ class DiversedHead(
 
         Args:
             results: benchmark metrics for the card: a path to a results file or its content (a list
-                of rows, or ``{"setting": ..., "rows": [...]}``; format in :mod:`diversed_hf.cards`).
+                of rows, or ``{"setting": ..., "rows": [...]}``; format in :mod:`diversed_hf.heads.cards`).
                 Written as ``results.json``. Without it, a ``results.json`` already in the directory is kept
                 when the directory holds this very head (same config and weights), and removed otherwise.
             training_config: how the head was trained (a dict, a dataclass such as the trainer's config, or a
@@ -464,7 +465,7 @@ class DiversedHead(
         **unused: Any,
     ) -> ModelCard:
         """The ``huggingface_hub.ModelCard`` of this head (the ``ModelHubMixin`` hook; template
-        ``diversed_hf/templates/model_card.md``, rendered by :func:`diversed_hf.cards.render_card`)."""
+        ``diversed_hf/templates/model_card.md``, rendered by :func:`diversed_hf.heads.cards.render_card`)."""
         if unused:
             raise TypeError(
                 f"generate_model_card got unexpected arguments {sorted(unused)}; it takes repo_id, results, "

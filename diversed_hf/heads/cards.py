@@ -6,7 +6,7 @@ citation, under Hub metadata (``library_name``, tags, ``base_model``, ``datasets
 rendered from the files in the head's directory:
 
 ``config.json`` (required)
-    the :class:`~diversed_hf.head.DiversedHeadConfig`.
+    the :class:`~diversed_hf.heads.head.DiversedHeadConfig`.
 ``training_config.json`` (optional)
     any JSON object describing training (the trainer's config as a dict); shown as a table,
     nested keys flattened with dots. Keys the card also reads: ``datasets`` (list of Hub dataset
@@ -55,8 +55,7 @@ rendered from the files in the head's directory:
     keys are allowed and ignored. DIVERSED rows (``family`` ``"diversed"``, or a method name
     starting with ``diversed``) are shown in bold, except rows of a head trained for another task
     (``head_task`` differs from the setting's ``task``: the transfer experiment). ``diversed-hf bench`` writes one
-    such file per
-    task (``results_<task>.json``): copy it next to the head as ``results.json``.
+    such file per task (``results_<task>.json``): copy it next to the head as ``results.json``.
 
 The task's description, Hub datasets and default metric come from ``training_config.json``'s ``task_card`` (name,
 aliases, description, metric, hub_datasets), which the lab writes from its task registry when it trains a head or
@@ -123,14 +122,13 @@ __all__ = [
     "write_training_config",
 ]
 
-TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "model_card.md"
+TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "templates" / "model_card.md"
 
 CITATION = """@inproceedings{wang2026diversed,
   title         = {{DIVERSED}: Relaxed Speculative Decoding via Dynamic Ensemble Verification},
   author        = {Wang and Kasa and {M S} and Kasa and Zou and Negi and Zhang and Jiang and Song},
   booktitle     = {International Conference on Artificial Intelligence and Statistics (AISTATS)},
-  year          = {2026},
-  eprint        = {2604.07622},
+  year          = {2026}, eprint        = {2604.07622},
   archivePrefix = {arXiv}
 }"""
 
