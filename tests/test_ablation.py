@@ -1,4 +1,4 @@
-"""training/ablation.py: the head ablation table, including heads moved to another draft (the transfer)."""
+"""benchmarks/ablation.py: the head ablation table, including heads moved to another draft (the transfer)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,9 @@ def test_the_front_writes_the_chosen_heads_card_results_with_the_front(tmp_path)
         "draft": "d",
     }
     rows = [dict(row, num_prompts=600) for row in _sweep()]
-    results = ablation.front_results(BenchResult("arith", rows, {}, [], meta), heads, "python training/ablation.py ...")
+    results = ablation.front_results(
+        BenchResult("arith", rows, {}, [], meta), heads, "python benchmarks/ablation.py ..."
+    )
     assert [row["method"] for row in results["rows"]] == ["target-only", "SD", "DIVERSED"]
     assert results["rows"][2]["acceptance_rate"] == 0.80 and results["rows"][2]["head_task"] == "arith"
     assert results["selection"]["chosen"] == "l0.1" and results["selection"]["lambda_acceptance"] == 0.1

@@ -23,6 +23,7 @@ COMMAND_MODULES = {
     "diversed_hf.lab.throughput",
     "diversed_hf.lab.hub_cli",
     "diversed_hf.lab.bench.cli",
+    "diversed_hf.lab.evaluation",  # the scripts' shared evaluation: it loads the shipped pairs by name
 }
 
 

@@ -1,4 +1,4 @@
-"""training/headroom.py: the head's weight overridden by token class (content strict, wording lenient)."""
+"""benchmarks/headroom.py: the head's weight overridden by token class (content strict, wording lenient)."""
 
 from __future__ import annotations
 

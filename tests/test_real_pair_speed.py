@@ -53,7 +53,7 @@ def test_the_page_states_one_run_at_a_time_the_load_and_the_goal():
     runs = {(1, 1): [_result("synopsis", 13.0)]}
     sizes = {"speed": {"num_prompts": 2, "repeats": 1, "max_new_tokens": {"synopsis": 48}}}
     text = speed_text(False, sizes, " --draft tuned", 0.04, runs, "tuned")
-    assert "`python training/make_real_results.py --speed-only --draft tuned`" in text
+    assert "`python benchmarks/make_real_results.py --speed-only --draft tuned`" in text
     assert "one run at a time (load average 0.0 on" in text
     assert "| 1.30x |\n\nGoal on `synopsis`: DIVERSED >= 2x target-only tokens/s at batch 1, one thread; " in text
     assert text.endswith("overhead takes the rest.\n")

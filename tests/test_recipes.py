@@ -254,7 +254,7 @@ def test_the_readme_recipe_commands_chain_and_write_to_runs():
     train = next(c for c in commands if "train_head.py --config training/configs/testbed_arith.yaml" in c)
     written = yaml.safe_load((REPO / flag(train, "--config")).read_text())["output_dir"] + "/head"
     calibrate = next(c for c in commands if c.startswith("python training/calibrate_head.py"))
-    evaluate = next(c for c in commands if c.startswith("python training/eval_head.py"))
+    evaluate = next(c for c in commands if c.startswith("python benchmarks/eval_head.py"))
     assert flag(calibrate, "--head") == written  # the head the recipe wrote
     assert flag(evaluate, "--head") == flag(calibrate, "--output-dir")
 
@@ -342,9 +342,9 @@ def test_script_options_take_both_spellings():
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "training" / name), *args], capture_output=True, text=True, timeout=600, cwd=REPO
-    )
+    """Run a script of ``training/`` (the recipes) or ``benchmarks/`` (measurements and page writers) by file name."""
+    path = next(path for path in (REPO / "training" / name, REPO / "benchmarks" / name) if path.exists())
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
 def test_a_script_reports_a_bad_argument_in_one_line_with_status_2(tmp_path):

@@ -31,7 +31,7 @@ def test_a_profiled_call_keeps_its_output_and_accounts_for_its_rounds():
 
 
 def test_the_overhead_section_reports_the_testbed_against_transformers_and_its_goal(tmp_path):
-    """training/overhead_results.py --quick: compare_hf's measurement with identical outputs, rendered with the goal."""
+    """benchmarks/overhead_results.py --quick: compare_hf's measurement with identical outputs, rendered with the goal."""
     import json
 
     import overhead_results
@@ -43,7 +43,7 @@ def test_the_overhead_section_reports_the_testbed_against_transformers_and_its_g
     section = (tmp_path / "overhead.md").read_text()
     verdict = "met" if lossless["ratio"] <= 0.80 else f"missed by {lossless['ratio'] - 0.80:.2f}"
     assert f"(lossless): {lossless['ratio']:.2f}x, {verdict}." in section
-    assert "| target forward |" in section and "python training/overhead_results.py --quick" in section
+    assert "| target forward |" in section and "python benchmarks/overhead_results.py --quick" in section
     assert "a loop with no overhead at all would take" in section
     with pytest.raises(SystemExit):
         overhead_results.parse_args(["--repeats", "0"])

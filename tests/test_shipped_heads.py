@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Each shipped head is its recipe's operating point (README, "Operating point"): of the heads the task's recipe trains
 # with different lambda_acceptance, the one with the highest acceptance whose paired 95 % interval against the
-# target distribution reaches 0, as measured by `training/ablation.py --front` (RESULTS.md, "Acceptance-quality
+# target distribution reaches 0, as measured by `benchmarks/ablation.py --front` (RESULTS.md, "Acceptance-quality
 # front"). Its results.json holds that measurement (target-only, SD, the head) and the front under `selection`;
-# training/make_results.py may replace the rows with its own comparison (1,000 prompts x 2) and keeps the front.
+# benchmarks/make_results.py may replace the rows with its own comparison (1,000 prompts x 2) and keeps the front.
 # These bounds guard against a worse head shipping; the goals (1.6x / 1.4x within 1 point) are not met.
 MIN_ACCEPTANCE_RATIO = {"arith": 1.4, "summary": 1.1}
 MAX_QUALITY_LOSS = {"arith": 0.04, "summary": 0.02}  # a fraction: 4 points of exact match, 2 of ROUGE-2

@@ -1,4 +1,4 @@
-"""training/tuned_draft_results.py's pure parts: pooled rates, the shipped length, the section (no model)."""
+"""benchmarks/tuned_draft_results.py's pure parts: pooled rates, the shipped length, the section (no model)."""
 
 import tuned_draft_results
 from make_results import TUNED_DRAFT_SECTION, refresh_head_sections
@@ -41,7 +41,7 @@ def test_summary_says_the_goal_and_the_section_lists_every_length(tmp_path):
     class Args:
         draft_lengths, max_new_tokens = [1, 2], 96
 
-    page = section(_results(), Args, "python training/tuned_draft_results.py")
+    page = section(_results(), Args, "python benchmarks/tuned_draft_results.py")
     assert page.startswith("Regenerate with:")
     assert page.count("lossless SD, N = 1") == 4  # two tasks x two modes
     (tmp_path / "results").mkdir()

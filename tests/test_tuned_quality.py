@@ -1,4 +1,4 @@
-"""``training/tuned_quality.py`` on tiny models: both targets answer the test prompts at temperature 1 and greedily,
+"""``benchmarks/tuned_quality.py`` on tiny models: both targets answer the test prompts at temperature 1 and greedily,
 the table pairs them, and a rerun scores only what is missing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""training/vllm_load.py without vLLM: what is checked before a server starts, a server that fails at start, and
+"""benchmarks/vllm_load.py without vLLM: what is checked before a server starts, a server that fails at start, and
 ``--section-only`` on a damaged runs file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""training/vllm_results.py's pure parts: argument checks, rows, the table and the RESULTS.md section (no vLLM)."""
+"""benchmarks/vllm_results.py's pure parts: argument checks, rows, the table and the RESULTS.md section (no vLLM)."""
 
 import argparse
 
@@ -128,7 +128,7 @@ def test_the_eagle_draft_run_says_its_draft_and_writes_its_own_section():
     from vllm_results import DRAFTS, section_text
 
     meta = dict(
-        command=".venv-vllm/bin/python training/vllm_results.py --draft eagle",
+        command=".venv-vllm/bin/python benchmarks/vllm_results.py --draft eagle",
         minutes=1.0,
         load=0.5,
         cores=2,

@@ -2,7 +2,7 @@
 
     python training/build_testbed.py                      # everything, into runs/testbed
     python training/build_testbed.py --output-dir diversed_hf/testbed/assets   # replace the shipped testbed
-    python training/measure_testbed.py --assets-dir runs/testbed                 # measure a build
+    python benchmarks/measure_testbed.py --assets-dir runs/testbed                 # measure a build
 
 Stages (each skipped when its output already exists, so rerunning resumes an interrupted build):
 

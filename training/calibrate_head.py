@@ -14,7 +14,7 @@ qualifies, the one with the best quality), prints the table and, with ``--output
 head with the offset folded into its bias. The head directory's ``training_config.json`` and
 ``train_log.jsonl`` are carried over, with the choice recorded (the full table goes to
 ``calibration.json``); measure the saved head on held-out
-prompts with ``training/eval_head.py --output <output-dir>/results.json``, then re-render its card
+prompts with ``benchmarks/eval_head.py --output <output-dir>/results.json``, then re-render its card
 (``diversed-hf card <output-dir>``). ``--output-dir`` is checked before the measurement starts.
 ``--reuse DIR/calibration.json`` takes the target-only quality and the offsets an earlier run measured with the
 same head, prompts and settings (to extend its ``--offsets``).
@@ -35,9 +35,9 @@ import sys
 from pathlib import Path
 
 import torch
-from eval_head import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
 
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
+from diversed_hf.lab.evaluation import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
 from diversed_hf.lab.tasks import load_task_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def save_calibrated(args: argparse.Namespace, head, summary: dict, chosen: dict,
         stale.unlink()
     with_offset(head, chosen["offset"]).save_pretrained(str(output), training_config=record)
     logger.info(
-        "saved the calibrated head to %s; measure it with training/eval_head.py --output %s",
+        "saved the calibrated head to %s; measure it with benchmarks/eval_head.py --output %s",
         output,
         output / "results.json",
     )

@@ -12,8 +12,7 @@ defaults DIVERSED changes, and last the hundreds of inherited GRPO/Trainer flags
 
 * ``<output_dir>/checkpoint-*``: head-only checkpoints (resume with ``--resume_from_checkpoint``),
 * ``<output_dir>/train_log.jsonl``: the logged metrics of every step,
-* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card, a copy of
-``train_log.jsonl``,
+* ``<head_dir>`` (default ``<output_dir>/head``): the trained head with ``README.md`` card, a copy of ``train_log.jsonl``,
   ``training_config.json`` and ``results.json`` from a held-out evaluation (target-only, SD and the
   head, same prompts and temperature; skip with ``--eval_num_examples 0``).
 
@@ -221,7 +220,7 @@ def parse_arguments(argv=None) -> tuple[ScriptArguments, DiversedConfig]:
 
 def load_data(script: ScriptArguments, split: str, num_examples: int | None, seed: int, data_files):
     """The task's prompts through the registry, with the loader options the task takes."""
-    from eval_head import load_task_data
+    from diversed_hf.lab.evaluation import load_task_data
 
     return load_task_data(
         script.task,
@@ -340,7 +339,7 @@ def run_training(trainer, config: DiversedConfig) -> float:
 
 def held_out_results(script: ScriptArguments, config: DiversedConfig, target, draft, tokenizer, head) -> dict:
     """The trained head against target-only and lossless SD on the held-out prompts (model-card results format)."""
-    from eval_head import evaluate
+    from diversed_hf.lab.evaluation import evaluate
 
     held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
     results = evaluate(
@@ -369,7 +368,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
-    from eval_head import load_models  # also registers the testbed's tasks
+    from diversed_hf.lab.evaluation import load_models  # also registers the testbed's tasks
 
     spec = get_task(script.task)  # an unknown task fails here, before any model is loaded
     device = script.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -36,7 +36,7 @@ rendered from the files in the head's directory:
         }
 
     An optional ``selection`` object says why this head was chosen among heads trained with several values of a
-    setting (``training/ablation.py --front`` writes it for a ``lambda_acceptance`` sweep); the card shows it
+    setting (``benchmarks/ablation.py --front`` writes it for a ``lambda_acceptance`` sweep); the card shows it
     under "Operating point"::
 
         "selection": {
@@ -46,7 +46,7 @@ rendered from the files in the head's directory:
           "front": [{"method": "lambda 0.1", "lambda_acceptance": 0.1, "acceptance_rate": 0.83,
                      "acceptance_ratio_vs_sd": 1.45, "quality": 0.79, "quality_delta": 0.0,
                      "quality_delta_low": -0.03, "quality_delta_high": 0.03}, ...],
-          "command": "python training/ablation.py ..."                 # what measured the front
+          "command": "python benchmarks/ablation.py ..."                 # what measured the front
         }
 
     Every field but ``method`` may be omitted or ``null`` (shown as "-"). Missing speedups are

@@ -396,7 +396,7 @@ def _load_pair(torch_dtype, device: str, download: bool, draft: str):
         return target, load_eagle_draft(target, *EAGLE_DRAFTS[draft]), tokenizer
     config = load_self_draft_config(DRAFT_DIR)
     model = build_self_draft(target, config["num_layers"], config["draft_vocab_size"], adapter=DRAFT_DIR)
-    if config.get("num_assistant_tokens") is not None:  # its measured best draft length (training/eagle_results.py)
+    if config.get("num_assistant_tokens") is not None:  # its measured best draft length (benchmarks/eagle_results.py)
         model.generation_config.num_assistant_tokens = int(config["num_assistant_tokens"])
     return target, model, tokenizer
 

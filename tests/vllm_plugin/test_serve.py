@@ -73,7 +73,7 @@ def test_vllm_serve_answers_completions_with_a_diversed_head(tmp_path):
         "--additional-config",
         json.dumps({"diversed": {"head": str(tmp_path / "head")}}),
     ]
-    server = Server(command, port, log_path)  # training/vllm_load.py's: its own process group, logs to log_path
+    server = Server(command, port, log_path)  # benchmarks/vllm_load.py's: its own process group, logs to log_path
     try:
         server.wait_ready()
         answer = complete(port)
@@ -98,9 +98,9 @@ def test_vllm_serve_answers_completions_with_a_diversed_head(tmp_path):
 
 
 def test_the_load_test_runs_every_method_without_a_failed_request(tmp_path):
-    """training/vllm_load.py in its reduced form (4 requests per cell, 1 and 4 clients): a target-only server and a
+    """benchmarks/vllm_load.py in its reduced form (4 requests per cell, 1 and 4 clients): a target-only server and a
     DIVERSED server whose requests pick lossless SD, a static weight or the shipped head in their bodies."""
-    script = Path(__file__).resolve().parents[2] / "training" / "vllm_load.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_load.py"
     run = subprocess.run(
         [sys.executable, str(script), "--quick", "--output-dir", str(tmp_path)],
         capture_output=True,

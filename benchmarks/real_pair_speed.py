@@ -84,7 +84,7 @@ def speed_text(quick: bool, sizes: dict, command_flags: str, load: float, speed:
     goals = speed_goals(draft, speed)
     return (
         "### Speed by batch size and threads\n\n"
-        "Regenerate with `python training/make_real_results.py --speed-only"
+        "Regenerate with `python benchmarks/make_real_results.py --speed-only"
         + command_flags
         + (" --quick" if quick else "")
         + f"`. Target-only, SD and DIVERSED on {sizes['speed']['num_prompts']} held-out prompts per task at batch 1 "

@@ -1,9 +1,9 @@
 """Where could a head's acceptance still come from? The head with its weight overridden by token class.
 
-    python training/headroom.py --task arith --head testbed:arith --num-prompts 300 --num-samples 2
+    python benchmarks/headroom.py --task arith --head testbed:arith --num-prompts 300 --num-samples 2
 
 A head trades acceptance for quality position by position. To see how much room a better head would
-have, this decodes the same held-out prompts (as ``training/ablation.py`` does) with the head and with
+have, this decodes the same held-out prompts (as ``benchmarks/ablation.py`` does) with the head and with
 the head's weight replaced on one class of positions:
 
 * **content** positions -- where the target or the draft puts at least ``--threshold`` of its mass on a
@@ -23,7 +23,7 @@ content positions, where leniency changes the answer.
 The override depends on ``p_t`` and ``q_t`` only, never on the drafted token, so every row still samples
 exactly from its mixture ``nu_t = w_t p_t + (1 - w_t) q_t`` (docs/method.md §4). Writes
 ``headroom_<task>.json`` and ``headroom_<task>.md`` into ``--output-dir`` (default ``runs/headroom``; checked
-before the run). ``training/make_results.py`` puts the tables of ``results/`` into RESULTS.md, so pass
+before the run). ``benchmarks/make_results.py`` puts the tables of ``results/`` into RESULTS.md, so pass
 ``--output-dir results`` to publish them.
 
 Options take both spellings (``--num-prompts``, ``--num_prompts``). A bad argument or file ends as one line
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output-dir",
         default=str(REPO / "runs" / "headroom"),
-        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)",
+        help="where the table goes; `results` to publish it in RESULTS.md (benchmarks/make_results.py)",
     )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / f"headroom_{args.task}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
-    command = "python training/headroom.py " + " ".join(
+    command = "python benchmarks/headroom.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     words_note = (

@@ -1,7 +1,7 @@
 """Measure the shipped testbed: the numbers of README.md's "The CPU testbed" table.
 
-    python training/measure_testbed.py            # everything (~5-10 min on one CPU thread)
-    python training/measure_testbed.py --quick    # 50 problems and 10 SD prompts instead of 200 and 40
+    python benchmarks/measure_testbed.py            # everything (~5-10 min on one CPU thread)
+    python benchmarks/measure_testbed.py --quick    # 50 problems and 10 SD prompts instead of 200 and 40
 
 Prints, for held-out test problems (``load_task(..., split="test", seed=--seed)``):
 

@@ -1,8 +1,8 @@
 """The task-tuned pair's EagleDraft: its best draft length and lossless SD's speed (RESULTS.md, "Real pair: the
 task-tuned target's EagleDraft").
 
-    python training/tuned_draft_results.py            # results/tuned_draft/, RESULTS.md, the draft's files
-    python training/tuned_draft_results.py --quick    # a smoke run into results_quick/tuned_draft (nothing shipped)
+    python benchmarks/tuned_draft_results.py            # results/tuned_draft/, RESULTS.md, the draft's files
+    python benchmarks/tuned_draft_results.py --quick    # a smoke run into results_quick/tuned_draft (nothing shipped)
 
 Lossless SD (``ExactVerifier``) with the EagleDraft distilled from the tuned target
 (``testbed.load_pair("smollm2-tuned")``) against that target alone, batch 1, one torch thread, bfloat16, on held-out
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     from diversed_hf.testbed import load_pair
 
     output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "tuned_draft")
-    command = "python training/tuned_draft_results.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/tuned_draft_results.py" + (" --quick" if args.quick else "")
     if args.section_only:
         results = json.loads((output_dir / "results.json").read_text())
         results["pooled_t1"] = {int(n): value for n, value in results["pooled_t1"].items()}
@@ -229,7 +229,9 @@ def _publish(results: dict, args, output_dir: Path, command: str) -> int:
         ship(results, command)
         # RESULTS.md's section ("Real pair: the task-tuned target's EagleDraft"), carried by make_results.py
         write_text_atomic(REPO / "results" / "tuned_draft.md", text.strip() + "\n")
-        subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True
+        )
     return 0
 
 

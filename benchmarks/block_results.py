@@ -1,9 +1,9 @@
 """Block against token-wise verification (issue 25): RESULTS.md's "Block verification" section.
 
-    python training/block_results.py                      # the testbed pair: arith and summary
-    python training/block_results.py --pair smollm2       # the real pair: arith_chat and humaneval (small)
-    python training/block_results.py --quick              # a smoke run into results_quick/block/
-    python training/block_results.py --section-only       # rebuild the section from the last runs' tables
+    python benchmarks/block_results.py                      # the testbed pair: arith and summary
+    python benchmarks/block_results.py --pair smollm2       # the real pair: arith_chat and humaneval (small)
+    python benchmarks/block_results.py --quick              # a smoke run into results_quick/block/
+    python benchmarks/block_results.py --section-only       # rebuild the section from the last runs' tables
 
 One ``diversed-hf bench`` run per pair decodes the same prompts with SD, the static ensemble (w = 0.5) and
 DIVERSED (the task's shipped head), each token-wise and block-verified (``block:`` specs,
@@ -12,7 +12,7 @@ token-wise is paired over prompts: quality (which must not move: block verificat
 tokens per round and the unbiased ``E[T_N]`` estimator, with 95 % bootstrap intervals; tokens/s from the timed
 runs (batch 1, median of interleaved runs after a warm-up). Each pair's table lands in
 ``results/block_<pair>.md``; the section in RESULTS.md carries every pair's table written so far
-(``training/make_results.py`` keeps it). Options take both spellings; a bad argument ends as one line with exit
+(``benchmarks/make_results.py`` keeps it). Options take both spellings; a bad argument ends as one line with exit
 status 2.
 """
 
@@ -35,7 +35,7 @@ METHODS = ["sd", "block:sd", "static:0.5", "block:static:0.5", "diversed", "bloc
 PAIRS = {
     # the testbed: its shipped heads; T = 1, N = 5 (the bench's defaults)
     "testbed": dict(tasks=("arith", "summary"), options=dict(max_new_tokens=100, batch_size=16)),
-    # the real pair at the temperature and N its heads were trained for (training/make_real_results.py)
+    # the real pair at the temperature and N its heads were trained for (benchmarks/make_real_results.py)
     "smollm2": dict(tasks=("arith_chat", "humaneval"), options=dict(temperature=0.7, num_draft_tokens=3, split="test")),
 }
 SIZES = {
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"the run on {args.pair} gave no block-verified row; see the notes in {output_dir}.")
         minutes = (time.perf_counter() - started) / 60
         command = (
-            "python training/block_results.py"
+            "python benchmarks/block_results.py"
             + (f" --pair {args.pair}" if args.pair != "testbed" else "")
             + (" --quick" if args.quick else "")
         )
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     body = section(root)
     if body is None:
-        raise FileNotFoundError(f"no table under {root}: run `python training/block_results.py` first.")
+        raise FileNotFoundError(f"no table under {root}: run `python benchmarks/block_results.py` first.")
     (root / f"{BLOCK_SECTION[0]}.md").write_text(body + "\n")
     if not args.quick:
         refresh_head_sections(REPO / "RESULTS.md", root)

@@ -1,9 +1,9 @@
 """The paper's evaluation on the real pair (SmolLM2-135M-Instruct): RESULTS.md's "Real pair" sections.
 
-    python training/make_real_results.py --skip-speed --extra-runs   # the EagleDraft: results/smollm2_eagle/
-    python training/make_real_results.py --draft self    # the self-draft: results/smollm2/ (its heads were withdrawn)
-    python training/make_real_results.py --quick         # a smoke run into results_quick/smollm2_eagle/
-    python training/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
+    python benchmarks/make_real_results.py --skip-speed --extra-runs   # the EagleDraft: results/smollm2_eagle/
+    python benchmarks/make_real_results.py --draft self    # the self-draft: results/smollm2/ (its heads were withdrawn)
+    python benchmarks/make_real_results.py --quick         # a smoke run into results_quick/smollm2_eagle/
+    python benchmarks/make_real_results.py --skip-speed --task arith_chat   # only arith_chat's methods run again
 
 ``--draft tuned`` measures the task-tuned pair (``load_pair("smollm2-tuned")``) on ``synopsis`` and ``arith_steps`` at
 temperature 1 with its EagleDraft's N = 4, 200 prompts x 2 samples for target-only, SD and DIVERSED, 100 x 2 for the
@@ -11,12 +11,12 @@ other methods, and each task's head on the other task (the paper's cross-task ro
 else those ``training/configs/smollm2_tuned_<task>.yaml`` trained into ``runs/``. Its section is "Real pair: the
 paper's table on the task-tuned target".
 
-``--draft eagle-tasks`` (the default: the task EagleDraft, the draft the shipped heads were trained with) measures
-``synopsis`` and ``arith_chat`` at temperature 1, the paper's setting, with the heads shipped for the EagleDraft
-(``testbed.load_head(task, pair="smollm2")``), 200 prompts x 2 samples for target-only, SD and DIVERSED and the first
-100 x 2 for the other methods; ``--extra-runs`` adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2``
-runs two bench runs at once. Its section is "Real pair: the paper's table with the EagleDraft". What follows describes
-``--draft self``, the first evaluation, kept as it was measured:
+``--draft eagle-tasks`` (the default: the task EagleDraft, the draft the shipped heads were trained with) measures ``synopsis`` and ``arith_chat`` at temperature 1,
+the paper's setting, with the heads shipped for the EagleDraft (``testbed.load_head(task, pair="smollm2")``), 200
+prompts x 2 samples for target-only, SD and DIVERSED and the first 100 x 2 for the other methods; ``--extra-runs``
+adds both tasks at temperature 0.7 on half as many prompts; ``--jobs 2`` runs two bench runs at once. Its section
+is "Real pair: the paper's table with the EagleDraft". What follows describes ``--draft self``, the first evaluation,
+kept as it was measured:
 
 Runs of ``diversed-hf bench --pair smollm2`` on ``arith_chat``, ``humaneval`` and ``synopsis`` (held-out splits).
 ``arith_chat`` and ``humaneval`` run at temperature 0.7 (the temperature the self-draft and their heads were trained
@@ -34,7 +34,7 @@ samples for target-only, SD and DIVERSED and the first 100 for the other methods
 results from the last run's ``bench.json``; the page says which task was measured when.
 
 The section lands in RESULTS.md under its own heading (``results/real_pair.md``, which
-``training/make_results.py`` also carries); the full page of run 1 is ``results/smollm2/RESULTS_smollm2.md``.
+``benchmarks/make_results.py`` also carries); the full page of run 1 is ``results/smollm2/RESULTS_smollm2.md``.
 Options take both spellings; a bad argument ends as one line with exit status 2.
 """
 
@@ -269,8 +269,7 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
 
 def calibration_table(head_dir: Path, output_dir: Path, task: str) -> str:
     """The training-split table of ``training/calibrate_head.py`` for the task's head: the shipped head's own
-    ``calibration.json`` when it is calibrated, else ``<output_dir>/calibration_<task>.json`` (measured, not
-    shipped)."""
+    ``calibration.json`` when it is calibrated, else ``<output_dir>/calibration_<task>.json`` (measured, not shipped)."""
     from diversed_hf.heads.card_results import _format_calibration
 
     shipped = (head_dir / "calibration.json").is_file()
@@ -458,7 +457,7 @@ def _run_methods(args, setup, sizes: dict, output_dir: Path, page: Path, command
         runs = {name: argv + ["--resume"] for name, argv in runs.items()}
     measured = _run_all(runs, args.jobs)
     results = [result for task in setup.tasks for result in ([kept[task]] if task in kept else measured[task])]
-    command = "python training/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
+    command = "python benchmarks/make_real_results.py --skip-speed" + command_flags + (" --quick" if args.quick else "")
     if args.task:
         command += f" --task {args.task}   # {', '.join(sorted(kept))}: from an earlier run of the same command"
     seconds = None if (args.task or args.resume) else time.perf_counter() - started
@@ -533,7 +532,7 @@ def _section_body(
             table = (run_dir / f"{task}_table.md").read_text().strip()
             table = re.sub(r"\]\((?![a-z]+:|/|#)", "](" + prefix + name + "/", table)
             body += (
-                f"\n\n### {title}\n\nRegenerate with `python training/make_real_results.py --skip-speed{command_flags} "
+                f"\n\n### {title}\n\nRegenerate with `python benchmarks/make_real_results.py --skip-speed{command_flags} "
                 f"--task {task} --extra-runs` (it also runs {task}'s main rows again). "
                 + head_summary(extra, head_dir_of(setup.draft, task), setup.draft)
                 + "\n\n"

@@ -1,13 +1,12 @@
 """The real pair's drafts side by side: the EagleDraft against the self-draft (RESULTS.md, "Real pair: feature draft
 against self-draft").
 
-    python training/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the task
-    draft's card python training/eagle_results.py --quick         # a smoke run into results_quick/eagle (nothing
-    shipped changes)
+    python benchmarks/eagle_results.py                 # results/eagle/{results.json,eagle.md}, RESULTS.md, the task draft's card
+    python benchmarks/eagle_results.py --quick         # a smoke run into results_quick/eagle (nothing shipped changes)
 
 On held-out ``arith_chat`` chat prompts, lossless SD (``ExactVerifier``) with each draft against the target alone. The
 EagleDraft here is the task EagleDraft (``load_pair("smollm2", draft="eagle-tasks")``), distilled on the tasks alone;
-the pair's default EagleDraft, distilled on everyday chat too, is measured by ``training/everyday_results.py``.
+the pair's default EagleDraft, distilled on everyday chat too, is measured by ``benchmarks/everyday_results.py``.
 
 1. **Costs** (batch 1, warm caches, best of 3): ``c`` = one draft step / one target step; ``c_verify(n)`` = one target
    pass over ``n`` tokens / one target step.
@@ -443,7 +442,7 @@ def main(argv=None) -> int:
             target, drafts, tokenizer, prompts[: args.num_prompts], results["best"][mode], sampling, 1, args.seed
         )
     results["seconds"] = round(time.time() - started)
-    command = "python training/eagle_results.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/eagle_results.py" + (" --quick" if args.quick else "")
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     section = render(results, args, command)
@@ -452,7 +451,7 @@ def main(argv=None) -> int:
     if args.quick or args.no_ship:
         return 0
     write_text_atomic(REPO / "results" / "eagle.md", section + "\n")
-    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
     ship(results, command)
     return 0
 
@@ -474,7 +473,7 @@ def summary_paragraph(results: dict) -> str:
             )
         parts.append(f"{label}: " + ", ".join(rows))
     return (
-        '**Measured** (`python training/eagle_results.py`, RESULTS.md "Real pair: feature draft against self-draft"; '
+        '**Measured** (`python benchmarks/eagle_results.py`, RESULTS.md "Real pair: feature draft against self-draft"; '
         f"{results['num_prompts']} held-out `arith_chat` chat prompts, lossless SD, batch 1, one thread): the task "
         f"EagleDraft costs "
         f"c = {costs['c_eagle']:.3f} of the target per draft step against {costs['c_self']:.3f} for the self-draft, and "

@@ -1,4 +1,4 @@
-"""What ``training/make_real_results.py`` measures on the real pair: tasks, methods, sizes, and one setup per draft.
+"""What ``benchmarks/make_real_results.py`` measures on the real pair: tasks, methods, sizes, and one setup per draft.
 
 Kept apart from the script so the numbers that define a run can be read (and tested) on their own.
 """
@@ -135,7 +135,7 @@ EAGLE_EXTRA_RUNS = tuple(
 #: the task-tuned pair (``--draft tuned``): its two tasks at T = 1, 200 prompts x 2 samples each, its EagleDraft's N
 TUNED_TASKS = ("synopsis", "arith_steps")
 TUNED_CALIBRATED = ("synopsis",)  # its head is measured with the offset its recipe's calibration chose (head_cal)
-TUNED_DRAFT_LENGTH = 4  # the tuned EagleDraft's shipped N (its generation_config; training/tuned_draft_results.py)
+TUNED_DRAFT_LENGTH = 4  # the tuned EagleDraft's shipped N (its generation_config; benchmarks/tuned_draft_results.py)
 TUNED_FULL = {
     "synopsis": dict(FULL["synopsis"], num_draft_tokens=TUNED_DRAFT_LENGTH),
     "arith_steps": dict(FULL["synopsis"], max_new_tokens=192, num_draft_tokens=TUNED_DRAFT_LENGTH),

@@ -1,6 +1,6 @@
 """What a self-draft of SmolLM2-135M-Instruct costs per token, by layer count and head width (docs/real_pair.md).
 
-    python training/self_draft_costs.py --threads 1            # about 2 min on an idle core
+    python benchmarks/self_draft_costs.py --threads 1            # about 2 min on an idle core
 
 Times one decoding step (batch 1, a warm cache, best of ``--repeats`` runs of ``--tokens`` steps) of the target
 and of untrained self-drafts (:func:`diversed_hf.testbed.smollm2.build_self_draft`: the first ``k`` layers and an

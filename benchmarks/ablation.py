@@ -1,6 +1,6 @@
 """Compare trained heads on the same held-out prompts: the ablation table of RESULTS.md.
 
-    python training/ablation.py --task arith \\
+    python benchmarks/ablation.py --task arith \\
         --heads "hidden, linear=runs/abl_arith_h/head" "hidden + features, linear=runs/abl_arith_hf/head" \\
                 "features, linear=runs/abl_arith_f/head" "shipped#seed1=runs/arith_s1/head"
 
@@ -13,7 +13,7 @@ training time recorded in its ``training_config.json``. Heads named ``NAME#...``
 are training seeds of one configuration: a line gives their mean and spread (standard deviation).
 
 Writes ``ablation_<task>.json`` (the bench's rows) and ``ablation_<task>.md`` (the table and the command) into
-``--output-dir`` (default ``runs/ablation``; checked before the run). ``training/make_results.py`` puts the tables of
+``--output-dir`` (default ``runs/ablation``; checked before the run). ``benchmarks/make_results.py`` puts the tables of
 ``results/`` into RESULTS.md, so pass ``--output-dir results`` to publish them.
 
 ``--front``: the heads are one recipe trained with several ``lambda_acceptance`` (the acceptance bonus; read from
@@ -297,7 +297,7 @@ def _parser() -> ArgumentParser:
     parser.add_argument(
         "--output-dir",
         default=str(REPO / "runs" / "ablation"),
-        help="where the table goes; `results` to publish it in RESULTS.md (training/make_results.py)",
+        help="where the table goes; `results` to publish it in RESULTS.md (benchmarks/make_results.py)",
     )
     parser.add_argument(
         "--finetuned-draft",
@@ -381,7 +381,7 @@ def _command(argv: list[str] | None) -> str:
         if flag in given:
             index = given.index(flag)
             del given[index : index + 2]
-    return "python training/ablation.py " + " ".join(shlex.quote(a) for a in given)
+    return "python benchmarks/ablation.py " + " ".join(shlex.quote(a) for a in given)
 
 
 def _front_text(args: argparse.Namespace, rows: list[dict], heads: dict, command: str) -> str:

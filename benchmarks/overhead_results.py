@@ -1,10 +1,10 @@
 """What a speculative round spends outside the two models' forwards, measured (RESULTS.md "Per-round overhead";
 docs/profile.md).
 
-    python training/overhead_results.py              # ~15 minutes on one thread
-    python training/overhead_results.py --quick      # a smoke run into results_quick/overhead
+    python benchmarks/overhead_results.py              # ~15 minutes on one thread
+    python benchmarks/overhead_results.py --quick      # a smoke run into results_quick/overhead
 
-1. **Testbed against transformers**: ``training/compare_hf.py``'s measurement (greedy, batch 1, lossless and the
+1. **Testbed against transformers**: ``benchmarks/compare_hf.py``'s measurement (greedy, batch 1, lossless and the
    static ensemble, ``--num_prompts`` held-out ``arith`` prompts x ``--max_new_tokens``, every repeat interleaving
    both sides, median of ``--repeats``), then one profiled run of our lossless loop: where its round's time goes.
 2. **Real pair against the speed model**: ``diversed-hf bench`` on SmolLM2-135M-Instruct with its default EagleDraft,
@@ -13,7 +13,7 @@ docs/profile.md).
 
 Writes ``<output_dir>/results.json`` after each stage (a rerun with the same settings keeps the stages already
 measured: delete the file to measure again) and ``overhead.md``; without ``--quick`` also ``results/overhead.md``, which
-RESULTS.md carries (``training/make_results.py --head-sections-only`` puts it in place, as this script does).
+RESULTS.md carries (``benchmarks/make_results.py --head-sections-only`` puts it in place, as this script does).
 """
 
 from __future__ import annotations
@@ -197,13 +197,15 @@ def main(argv=None) -> int:
             results.setdefault("real_pair", {})[name] = value
         write_text_atomic(done, json.dumps(results, indent=2, default=str) + "\n")
     given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python training/overhead_results.py", *given])
+    command = " ".join(["python benchmarks/overhead_results.py", *given])
     section = render(results, command)
     write_text_atomic(output_dir / "overhead.md", section + "\n")
     print(section)
     if not args.quick:
         write_text_atomic(REPO / "results" / "overhead.md", section + "\n")
-        subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True
+        )
     return 0
 
 

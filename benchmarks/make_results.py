@@ -1,8 +1,8 @@
 """Regenerate RESULTS.md and results/ on the shipped CPU testbed: every method on both tasks, one command.
 
-    python training/make_results.py                  # the results page (27 min with the 2 processes below)
-    python training/make_results.py --quick          # a few-minute smoke run into results_quick/
-    accelerate launch --multi_gpu --num_processes 2 training/make_results.py   # data parallel, 2 processes
+    python benchmarks/make_results.py                  # the results page (27 min with the 2 processes below)
+    python benchmarks/make_results.py --quick          # a few-minute smoke run into results_quick/
+    accelerate launch --multi_gpu --num_processes 2 benchmarks/make_results.py   # data parallel, 2 processes
 
 Three runs of ``diversed-hf bench`` (see ``diversed_hf/lab/bench/``) on the testbed pair, tasks ``arith`` and
 ``summary``, make one page:
@@ -18,9 +18,9 @@ Three runs of ``diversed-hf bench`` (see ``diversed_hf/lab/bench/``) on the test
    prompts one at a time, timed at batch 1 (16 prompts, median of 5 interleaved runs) and
 3. at batch 8 (16 prompts); acceptance, mean draft length and tokens per round come from the batch-1 run.
 
-The page also carries the lambda sweeps ``results/front_<task>.md`` (``training/ablation.py --front``: the
+The page also carries the lambda sweeps ``results/front_<task>.md`` (``benchmarks/ablation.py --front``: the
 acceptance-quality front and the operating point shipped), the head ablation tables ``results/ablation_<task>.md``
-and the headroom tables ``results/headroom_<task>.md`` when ``training/ablation.py`` and ``training/headroom.py`` have
+and the headroom tables ``results/headroom_<task>.md`` when ``benchmarks/ablation.py`` and ``benchmarks/headroom.py`` have
 written them
 (they need trained heads, so those commands are separate; ``--head-sections-only`` puts new ones into
 the existing RESULTS.md without running the bench). The full
@@ -129,7 +129,7 @@ def update_cards(results, output_dir: Path) -> list[Path]:
 
 def _replace_results(new: Path, current: Path) -> None:
     """``new`` becomes ``current``, keeping the ``selection`` of ``current`` (why the head was chosen: the lambda
-    sweep of ``training/ablation.py --front``), which a bench run does not measure."""
+    sweep of ``benchmarks/ablation.py --front``), which a bench run does not measure."""
     content = json.loads(new.read_text())
     if current.is_file():
         selection = json.loads(current.read_text()).get("selection")
@@ -138,7 +138,7 @@ def _replace_results(new: Path, current: Path) -> None:
     current.write_text(json.dumps(content, indent=2) + "\n")
 
 
-#: sections of tables that need trained heads: written by training/ablation.py and training/headroom.py
+#: sections of tables that need trained heads: written by benchmarks/ablation.py and benchmarks/headroom.py
 HEAD_SECTIONS = (
     ("front", "Acceptance-quality front"),
     ("ablation", "Head ablation"),
@@ -146,33 +146,33 @@ HEAD_SECTIONS = (
 )
 
 
-#: the real pair's section, written by training/make_real_results.py
+#: the real pair's section, written by benchmarks/make_real_results.py
 REAL_PAIR_SECTION = ("real_pair", "Real pair: SmolLM2-135M-Instruct and its self-draft")
 #: the real pair's table with its default draft, the EagleDraft, and the heads shipped for it
 REAL_PAIR_EAGLE_SECTION = ("real_pair_eagle", "Real pair: the paper's table with the EagleDraft")
-#: block against token-wise verification, written by training/block_results.py
+#: block against token-wise verification, written by benchmarks/block_results.py
 BLOCK_SECTION = ("block", "Block verification")
-#: vLLM against the project's generate, written by training/vllm_results.py (run in the vLLM environment)
+#: vLLM against the project's generate, written by benchmarks/vllm_results.py (run in the vLLM environment)
 VLLM_SECTION = ("vllm", "Serving with vLLM")
-#: the same with the pair's EagleDraft through vLLM's eagle method (training/vllm_results.py --draft eagle)
+#: the same with the pair's EagleDraft through vLLM's eagle method (benchmarks/vllm_results.py --draft eagle)
 VLLM_EAGLE_SECTION = ("vllm_eagle", "Serving with vLLM: the EagleDraft")
-#: vLLM's OpenAI server under concurrent load, written by training/vllm_load.py
+#: vLLM's OpenAI server under concurrent load, written by benchmarks/vllm_load.py
 VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
-#: the same with the real pair's task EagleDraft through vLLM's eagle method (training/vllm_load.py --pair smollm2)
+#: the same with the real pair's task EagleDraft through vLLM's eagle method (benchmarks/vllm_load.py --pair smollm2)
 VLLM_LOAD_EAGLE_SECTION = ("vllm_load_eagle", "Serving with vLLM under load: the EagleDraft")
-#: the real pair's feature draft against its self-draft, written by training/eagle_results.py
+#: the real pair's feature draft against its self-draft, written by benchmarks/eagle_results.py
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
-#: training/everyday_results.py: the default EagleDraft on held-out everyday prompts and on arith_chat
+#: benchmarks/everyday_results.py: the default EagleDraft on held-out everyday prompts and on arith_chat
 EVERYDAY_SECTION = ("everyday", "Real pair: the EagleDraft on everyday prompts")
-#: training/overhead_results.py: the loop's per-round overhead (testbed against transformers; the real pair's profile)
+#: benchmarks/overhead_results.py: the loop's per-round overhead (testbed against transformers; the real pair's profile)
 OVERHEAD_SECTION = ("overhead", "Per-round overhead")
-#: training/drafter_results.py: transformers' model-free drafters (prompt lookup, early exit) against the EagleDraft
+#: benchmarks/drafter_results.py: transformers' model-free drafters (prompt lookup, early exit) against the EagleDraft
 DRAFTERS_SECTION = ("drafters", "Drafters")
-#: training/tuned_quality.py: the task-tuned target beside the untuned one
+#: benchmarks/tuned_quality.py: the task-tuned target beside the untuned one
 TUNED_QUALITY_SECTION = ("tuned_quality", "Real pair: the task-tuned target")
-#: training/tuned_draft_results.py: the task-tuned pair's EagleDraft, its draft length and lossless SD's speed
+#: benchmarks/tuned_draft_results.py: the task-tuned pair's EagleDraft, its draft length and lossless SD's speed
 TUNED_DRAFT_SECTION = ("tuned_draft", "Real pair: the task-tuned target's EagleDraft")
-#: the task-tuned pair's table (training/make_real_results.py --draft tuned)
+#: the task-tuned pair's table (benchmarks/make_real_results.py --draft tuned)
 REAL_PAIR_TUNED_SECTION = ("real_pair_tuned", "Real pair: the paper's table on the task-tuned target")
 #: the task-tuned pair's heads, first measured with diversed-hf bench (the commands are in the section)
 TUNED_HEADS_SECTION = ("tuned_heads", "Real pair: first heads on the task-tuned target")
@@ -198,8 +198,8 @@ CARRIED_SECTIONS = (
 
 def trained_head_sections(output_dir: Path) -> list[tuple[str, str]]:
     """``(title, Markdown)`` of every ablation / headroom table written into ``output_dir``, and of the real
-    pair's, the block-verification and the vLLM sections when ``training/make_real_results.py``,
-    ``training/block_results.py`` and ``training/vllm_results.py`` have written them."""
+    pair's, the block-verification and the vLLM sections when ``benchmarks/make_real_results.py``,
+    ``benchmarks/block_results.py`` and ``benchmarks/vllm_results.py`` have written them."""
     sections = []
     for task in TASKS:
         for kind, title in HEAD_SECTIONS:
@@ -217,7 +217,7 @@ def refresh_head_sections(page: Path, output_dir: Path) -> None:
     """Put the current ablation / headroom tables into an existing results page, leaving the bench's sections as
     they are (those tables come from separate commands: re-running the bench for them is not needed)."""
     if not page.is_file():
-        raise FileNotFoundError(f"{page} does not exist: run `python training/make_results.py` once first.")
+        raise FileNotFoundError(f"{page} does not exist: run `python benchmarks/make_results.py` once first.")
     parts = re.split(r"(?m)^(?=## )", page.read_text())
     titles = tuple(f"## {title}: " for _, title in HEAD_SECTIONS) + tuple(
         f"## {title}" for _, title in CARRIED_SECTIONS
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     output_dir = REPO / ("results_quick" if args.quick else "results")
     page = REPO / ("RESULTS_quick.md" if args.quick else "RESULTS.md")
-    command = " ".join(["python training/make_results.py"] + (["--quick"] if args.quick else []) + extra)
+    command = " ".join(["python benchmarks/make_results.py"] + (["--quick"] if args.quick else []) + extra)
     check_output_dir(output_dir, "results directory")  # before the runs, not after them
     check_output_file(page, "results page")
 

@@ -1,8 +1,8 @@
 """The real pair's default EagleDraft on the prompts a user brings (RESULTS.md, "Real pair: the EagleDraft on everyday
 prompts").
 
-    python training/everyday_results.py            # results/everyday/{results.json,everyday.md}, RESULTS.md, the card
-    python training/everyday_results.py --quick    # a smoke run into results_quick/everyday (nothing shipped changes)
+    python benchmarks/everyday_results.py            # results/everyday/{results.json,everyday.md}, RESULTS.md, the card
+    python benchmarks/everyday_results.py --quick    # a smoke run into results_quick/everyday (nothing shipped changes)
 
 Lossless SD (``ExactVerifier``) against the target alone (SmolLM2-135M-Instruct), batch 1, one torch thread, on two
 prompt sets:
@@ -194,7 +194,7 @@ def summary_paragraph(results: dict) -> str:
     old = results["everyday"]["greedy"]
     old_key = next(k for k in old if k.startswith("eagle-tasks:"))
     return (
-        f'**Measured** (`python training/everyday_results.py`, RESULTS.md "Real pair: the EagleDraft on everyday '
+        f'**Measured** (`python benchmarks/everyday_results.py`, RESULTS.md "Real pair: the EagleDraft on everyday '
         f'prompts"; lossless SD with the default EagleDraft at its shipped N = {n}, {results["dtype"]}, batch 1, one thread): '
         + "; ".join(parts)
         + f". The task EagleDraft it replaces, distilled on the tasks alone, is accepted "
@@ -218,7 +218,7 @@ def headline(results: dict) -> str:
         "speculative decoding with the shipped EagleDraft keeps the target's output distribution and runs at "
         + ", and ".join(parts)
         + ", the tokens/s of `generate` alone ([A real model](#a-real-model-smollm2-135m-instruct); "
-        "`python training/everyday_results.py`)."
+        "`python benchmarks/everyday_results.py`)."
     )
 
 
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     results.update(_measure_prompt_sets(args, tokenizer, prompt_sets, configs, modes))
     results["seconds"] = round(time.time() - started)
     given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python training/everyday_results.py", *given])
+    command = " ".join(["python benchmarks/everyday_results.py", *given])
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     section = render(results, command)
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     if args.quick or args.no_ship:
         return 0
     write_text_atomic(REPO / "results" / "everyday.md", section + "\n")
-    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
     ship(results, command)
     return 0
 

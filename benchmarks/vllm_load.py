@@ -1,9 +1,8 @@
 """vLLM's OpenAI server with the plugin under concurrent load: RESULTS.md's "Serving with vLLM under load" section.
 
-    .venv-vllm/bin/python training/vllm_load.py           # results/vllm_load/runs.json, results/vllm_load.md,
-    RESULTS.md .venv-vllm/bin/python training/vllm_load.py --quick   # 4 requests per cell into results_quick/vllm_load/
-    (CI) .venv-vllm/bin/python training/vllm_load.py --pair smollm2   # the real pair's EagleDraft:
-    results/vllm_load_eagle/
+    .venv-vllm/bin/python benchmarks/vllm_load.py           # results/vllm_load/runs.json, results/vllm_load.md, RESULTS.md
+    .venv-vllm/bin/python benchmarks/vllm_load.py --quick   # 4 requests per cell into results_quick/vllm_load/ (CI)
+    .venv-vllm/bin/python benchmarks/vllm_load.py --pair smollm2   # the real pair's EagleDraft: results/vllm_load_eagle/
 
 Runs in vLLM's environment (README, "Serving with vLLM"). Two servers on 127.0.0.1, one after the other, each
 started as ``python -m vllm.entrypoints.openai.api_server`` and stopped with SIGTERM (the script fails if one does
@@ -21,8 +20,8 @@ rate, completions API, temperature 1. Per cell: requests/s, output tokens/s, tim
 token (median and p95), completed and failed requests, and acceptance from the server's spec-decoding counters
 (accepted / drafted tokens, and tokens per round). Defaults: the testbed pair, its ``arith`` head, ``arith`` prompts.
 ``--pair smollm2``: the real pair served through vLLM's ``eagle`` method, SmolLM2-135M-Instruct with the task
-EagleDraft (exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True``), the
-shipped ``arith_chat`` head and held-out ``arith_chat`` chat prompts: the head's own operating point (the draft it was
+EagleDraft (exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True``), the shipped
+``arith_chat`` head and held-out ``arith_chat`` chat prompts: the head's own operating point (the draft it was
 trained with, temperature 1, N = 3; its card), into RESULTS.md's "Serving with vLLM under load: the EagleDraft".
 One thread for the server (``OMP_NUM_THREADS=1``). The models, tokenizer and head are checked before a server starts
 (the head against the models' hidden sizes, as the server would).
@@ -422,7 +421,7 @@ def check_rows(rows: list[dict], meta: dict) -> None:
 
 def section_text(rows: list[dict], meta: dict) -> str:
     lines = [
-        "<!-- Written by `.venv-vllm/bin/python training/vllm_load.py"
+        "<!-- Written by `.venv-vllm/bin/python benchmarks/vllm_load.py"
         + (" --pair smollm2" if meta.get("pair") == "smollm2" else "")
         + "` (vLLM's environment); do not edit by hand. -->",
         "",

@@ -1,10 +1,10 @@
 """The task-tuned target's quality beside the untuned one, on the same held-out prompts (docs/real_pair.md, "The
 task-tuned target").
 
-    python training/tuned_quality.py                                   # the shipped adapter, full test splits
+    python benchmarks/tuned_quality.py                                   # the shipped adapter, full test splits
                                                                        # (then its card and RESULTS.md get the table)
-    python training/tuned_quality.py --adapter runs/tuned_target/checkpoints/checkpoint-100   # a run on the way
-    python training/tuned_quality.py --num_examples 16                 # a quick look
+    python benchmarks/tuned_quality.py --adapter runs/tuned_target/checkpoints/checkpoint-100   # a run on the way
+    python benchmarks/tuned_quality.py --num_examples 16                 # a quick look
 
 For each task (``synopsis``: ROUGE-2 F1 x 100; ``arith_steps``: exact match of the final number, %), both targets
 answer every test prompt ``--samples`` times at temperature 1 (top-k 0, top-p 1: the target distribution the paper's
@@ -234,7 +234,7 @@ def main(argv=None, targets=None) -> int:
         "table": summarise(scores, args.tasks),
     }
     given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python training/tuned_quality.py", *given])
+    command = " ".join(["python benchmarks/tuned_quality.py", *given])
     section = render(results, command)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     write_text_atomic(output_dir / "quality.md", section + "\n")
@@ -283,7 +283,7 @@ def ship(results: dict, command: str, adapter: Path) -> None:
     write_text_atomic(adapter / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_tuned_target.md", card)
     write_text_atomic(REPO / "results" / "tuned_quality.md", render(results, command) + "\n")
-    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
 
 
 if __name__ == "__main__":

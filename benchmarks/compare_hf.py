@@ -1,8 +1,8 @@
 """Time our speculative loop against transformers' assisted decoding on the shipped CPU testbed.
 
-    python training/compare_hf.py                  # defaults: 12 prompts, 5 repeats, 1 thread (~2 min)
-    python training/compare_hf.py --threads 4 --repeats 5
-    python training/compare_hf.py --num-prompts 16 --max-new-tokens 64 --repeats 2 --profile   # + where a round goes
+    python benchmarks/compare_hf.py                  # defaults: 12 prompts, 5 repeats, 1 thread (~2 min)
+    python benchmarks/compare_hf.py --threads 4 --repeats 5
+    python benchmarks/compare_hf.py --num-prompts 16 --max-new-tokens 64 --repeats 2 --profile   # + where a round goes
 
 Two pairings, batch 1, greedy, ``N`` drafts per round (constant schedule):
 

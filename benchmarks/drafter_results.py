@@ -1,7 +1,7 @@
 """transformers' model-free drafters against the EagleDraft on the real pair (RESULTS.md, "Drafters").
 
-    python training/drafter_results.py            # results/drafters/{results.json,drafters.md}, RESULTS.md
-    python training/drafter_results.py --quick    # a smoke run into results_quick/drafters (nothing shipped changes)
+    python benchmarks/drafter_results.py            # results/drafters/{results.json,drafters.md}, RESULTS.md
+    python benchmarks/drafter_results.py --quick    # a smoke run into results_quick/drafters (nothing shipped changes)
 
 SmolLM2-135M-Instruct as target, one torch thread, on two prompt sets: held-out ``synopsis`` test prompts (a summary
 copies words from its source: what prompt lookup feeds on) and the held-out everyday chat prompts
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
             }
     results["seconds"] = round(time.time() - started)
     given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python training/drafter_results.py", *given])
+    command = " ".join(["python benchmarks/drafter_results.py", *given])
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     section = render(results, command)
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     if args.quick:
         return 0
     write_text_atomic(REPO / "results" / "drafters.md", section + "\n")
-    subprocess.run([sys.executable, str(REPO / "training" / "make_results.py"), "--head-sections-only"], check=True)
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
     return 0
 
 

