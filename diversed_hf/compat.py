@@ -483,3 +483,73 @@ def embeddings_without_norm(embeddings, ids: torch.Tensor) -> torch.Tensor:
         return embeddings(ids)
     finally:
         embeddings.embed_norm = norm
+
+
+# Token trees ----------------------------------------------------------------------------------------------------------
+#: attention implementations that read a custom 4-D mask as it is (transformers' masking_utils returns a 4-D mask
+#: unchanged; sdpa and eager add it to the scores); flash attention and flex attention take no such mask
+TREE_ATTENTION = ("sdpa", "eager")
+
+
+def check_tree_attention(model, which: str) -> None:
+    """Refuse, before any forward, a model whose attention cannot take a token tree's 4-D mask."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    implementation = getattr(config, "_attn_implementation", None) or "eager"  # why a private: no public accessor
+    if implementation not in TREE_ATTENTION:
+        raise ValueError(
+            f"Token trees need the {which}'s attention to take a 4-D mask, but it runs {implementation!r}: load it "
+            f'with `attn_implementation="sdpa"` (or "eager"), or draft a chain (leave `assistant_tree_top_k` '
+            "unset)."
+        )
+    layer_types = getattr(config, "layer_types", None) or ()
+    if getattr(config, "sliding_window", None) and any("sliding" in str(kind) for kind in layer_types):
+        raise ValueError(
+            f"Token trees give the {which}'s layers one 4-D mask, which has no sliding window; this model has "
+            "sliding-window layers. Draft a chain with it (leave `assistant_tree_top_k` unset)."
+        )
+
+
+def forward_tree(
+    model,
+    input_ids: torch.Tensor,  # (batch, chunk)
+    allowed: torch.Tensor,  # (batch, chunk, cached + chunk) bool: which key columns each new token attends to
+    position_ids: torch.Tensor,  # (batch, chunk)
+    cache: DynamicCache,
+    *,
+    logits_to_keep: int,
+    output_hidden_states: bool,
+):
+    """One forward pass of ``chunk`` new tokens on top of ``cache`` with a tree's attention: a 4-D additive mask
+    (0 where ``allowed``, the dtype's minimum elsewhere), which transformers' mask functions pass through unchanged
+    (``masking_utils``: "If the mask is already 4D, simply return as-is")."""
+    dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # (batch, chunk, keys)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    cached = cache.get_seq_length()
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask[:, None],  # (batch, 1, chunk, keys)
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+        output_hidden_states=output_hidden_states,
+        **{CACHE_KWARG: cache},
+    )
+    assert cache.get_seq_length() == cached + input_ids.shape[1], f"{type(model).__name__} did not extend the cache"
+    return out
+
+
+def compact_cache(
+    cache: DynamicCache,
+    start: int,
+    source: torch.Tensor,  # (batch, n) columns to move, per row
+) -> None:
+    """Keep a tree round's accepted path: columns ``start .. start + n - 1`` of row ``b`` become its columns
+    ``source[b]``, and the cache is cropped to ``start + n`` columns."""
+    for layer in _layers(cache):
+        batch, heads, _, head_dim = layer.keys.shape
+        index = source.to(layer.keys.device)[:, None, :, None].expand(batch, heads, source.shape[1], head_dim)
+        keys = layer.keys.gather(2, index)  # (batch, heads, n, head_dim)
+        values = layer.values.gather(2, index.expand(*index.shape[:3], layer.values.shape[-1]))
+        layer.keys = torch.cat([layer.keys[..., :start, :], keys], dim=2)
+        layer.values = torch.cat([layer.values[..., :start, :], values], dim=2)

@@ -8,11 +8,10 @@ projected hidden state. It has no cache and reads no prompt of its own.
 
 :class:`KvSharingDraft` runs the same assistant in this project's loop, through :class:`KvSharingCandidateGenerator`:
 
-- the target's features come as for an :class:`~diversed_hf.drafting.eagle.EagleDraft` (the verification pass's hidden
-states,
-  kept by :class:`~diversed_hf.drafting.feature_candidates.FeatureCandidateGenerator`); the keys and values are read
-  from the loop's own target cache, which between rounds holds exactly the columns before the round's last token,
-  realigned per row: rows advance independently at any batch size (transformers' path is batch 1);
+- the target's features come as for an :class:`~diversed_hf.drafting.eagle.EagleDraft` (the verification pass's
+  hidden states, kept by :class:`~diversed_hf.drafting.feature_candidates.FeatureCandidateGenerator`); the keys and
+  values are read from the loop's own target cache, which between rounds holds exactly the columns before the round's
+  last token, realigned per row: rows advance independently at any batch size (transformers' path is batch 1);
 - each draft token is **sampled** from the assistant's distribution (or taken greedily at T = 0), and that
   distribution is what verification receives: lossless SD keeps the target's law and a relaxed verifier emits its
   declared mixture. transformers' own path takes the assistant's argmax and verifies it as if it had been sampled from

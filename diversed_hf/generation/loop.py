@@ -54,12 +54,15 @@ from ..drafting.feature_candidates import FeatureCandidateGenerator
 from ..drafting.length.costs import DraftCosts
 from ..drafting.length.optimal import acceptance_setting
 from ..drafting.pairs import text_vocab_size
+from ..drafting.tree import TreeSpec
+from ..drafting.tree_candidates import TreeCandidateGenerator, TreeCandidates
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.rules import VerificationResult, Verifier
 from . import round_profile
 from .output_scores import TargetScoreRecorder
 from .outputs import SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
+from .tree_round import verify_tree_round
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ class _RunState:
     accepted_per_position: torch.Tensor  # (batch, N')
     rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r), N_b (active,))
     recorder: TargetScoreRecorder | None = None  # the target's scores per emitted token (output_scores/logits)
+    tree_nodes: torch.Tensor | None = None  # (batch,) nodes verified, when rounds draft token trees
 
     @classmethod
     def empty(
@@ -182,13 +186,15 @@ def speculative_decode(
     assistant_confidence_threshold: float | None = None,
     assistant_costs: DraftCosts | None = None,
     score_recorder: TargetScoreRecorder | None = None,
+    tree: TreeSpec | None = None,
 ) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
     """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
 
     Drafting runs through a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`; verification
     follows ``docs/method.md §2``. ``assistant_costs`` (``"optimal"`` schedule only) replaces the measured round costs.
     ``score_recorder`` (:class:`~diversed_hf.generation.output_scores.TargetScoreRecorder`) receives the target's scores
-    of every emitted token (``output_scores`` / ``output_logits``).
+    of every emitted token (``output_scores`` / ``output_logits``). ``tree`` (a
+    :class:`~diversed_hf.drafting.tree.TreeSpec`) drafts a token tree each round (:mod:`.tree_round`).
     """
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
@@ -199,6 +205,9 @@ def speculative_decode(
     generator_class = getattr(draft, "candidate_generator_class", None) or (  # prompt lookup has its own
         FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
     )
+    tree_kwargs = {}
+    if tree is not None:  # the chain's generator, drafting a tree (docs/method.md §9)
+        generator_class, tree_kwargs = TreeCandidateGenerator, {"tree": tree}
     candidate_generator = generator_class(
         input_ids,
         draft,
@@ -215,6 +224,7 @@ def speculative_decode(
         output_untempered_probs=verifier.requires_untempered_probs,
         target=target if optimal else None,
         setting=acceptance_setting(verifier, do_sample, logits_processor) if optimal else None,
+        **tree_kwargs,
     )
     loop = _SpeculativeLoop(
         target,
@@ -290,8 +300,10 @@ class _SpeculativeLoop:
             batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, input_ids.dtype, device
         )
         self.state.recorder = score_recorder
+        if isinstance(self.candidates, TreeCandidateGenerator):
+            self.state.tree_nodes = torch.zeros(batch_size, dtype=torch.long, device=device)
         if max_new_tokens <= 0:
-            return self.state.tokens[:, :0], _stats(self.state, num_draft)
+            return self.state.tokens[:, :0], SpeculationStats.of_run(self.state, num_draft)
         if input_ids.shape[1] == 0:
             raise ValueError(
                 f"`input_ids` has shape {tuple(input_ids.shape)}: pass a prompt of at least one token (e.g. BOS)."
@@ -316,7 +328,7 @@ class _SpeculativeLoop:
             with round_profile.phase("drafting"):
                 candidates = self.draft()  # (candidate_ids (B, L + N_r), candidate_logits (B, N_r, V)) and extras
             self.round_clock = (started, _clock(device)) if timed else None  # realign reads the rest of the round
-            result, target_probs, target_scores = self.verify(candidates)
+            result, target_probs, target_scores, candidates = self.verify(candidates)
             with round_profile.phase("commit"):
                 emitted, finished = self.commit(candidates, result, target_scores)
             with round_profile.phase("realign"):
@@ -328,7 +340,7 @@ class _SpeculativeLoop:
         if self.streamer is not None:
             self.streamer.end()
         num_new = int(self.state.num_generated.max()) if batch_size else 0
-        return self.state.tokens[:, :num_new], _stats(self.state, num_draft)
+        return self.state.tokens[:, :num_new], SpeculationStats.of_run(self.state, num_draft)
 
     def prefill(self) -> None:
         """For a draft that reads the target's features (an EagleDraft): the target reads the prompt but its last
@@ -358,16 +370,18 @@ class _SpeculativeLoop:
         sync_row_lengths(self.logits_processor, self.remaining, self.max_new_tokens, self.seq.shape[1], self.active)
         return self.candidates.get_candidates(self.seq, attention_mask=self.mask)
 
-    def verify(
-        self,
-        candidates: DraftCandidates,
-    ) -> tuple[VerificationResult, torch.Tensor, tuple | None]:  # result, (B, N_r + 1, V), scores when recorded
+    def verify(self, candidates):  # result, (B, N_r + 1, V), scores when recorded, the round's chain
         """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
-        prompt and the drafts in the first round), then the verifier (``docs/method.md §2``).
+        prompt and the drafts in the first round), then the verifier (``docs/method.md §2``). A token tree is
+        verified by :func:`~diversed_hf.generation.tree_round.verify_tree_round`, which hands on its accepted path
+        as the round's chain.
 
         ``q_t = softmax(candidate_logits_t)`` (the draft's processed scores, as ``get_candidates`` returns them) and
         ``p_i = softmax(processed target logits)`` at each of the ``N_r + 1`` positions.
         """
+        if isinstance(candidates, TreeCandidates):
+            verified, chain = verify_tree_round(self, candidates)
+            return (*verified, chain)
         candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
         length = self.seq.shape[1]  # L
         num_round_drafts = candidate_ids.shape[1] - length  # N_r
@@ -382,7 +396,7 @@ class _SpeculativeLoop:
                 output_hidden_states=needs_hidden,
             )
         with round_profile.phase("verification math"):
-            return self._verification(candidates, out, length, num_round_drafts, needs_hidden)
+            return (*self._verification(candidates, out, length, num_round_drafts, needs_hidden), candidates)
 
     def _verification(self, candidates, out, length: int, num_round_drafts: int, needs_hidden: bool):
         """Step 3 of :meth:`verify`: the target's distributions from its logits ``out``, then the verifier."""
@@ -558,40 +572,3 @@ class _SpeculativeLoop:
             seconds=seconds,
             target_hidden=self.round_target_hidden,
         )
-
-
-def _stats(state: _RunState, num_draft: int) -> SpeculationStats:
-    """Per-row statistics of the call, on CPU; per-round arrays padded with NaN to the longest draft used."""
-    batch_size = state.num_rounds.numel()
-    width = max([num_draft, state.drafted_per_position.shape[1]] + [betas.shape[1] for _, betas, _, _ in state.rounds])
-    per_row = [[] for _ in range(batch_size)]
-    per_row_drafted = [[] for _ in range(batch_size)]
-    per_row_lengths = [[] for _ in range(batch_size)]
-    for rows, betas, drafted, lengths in state.rounds:  # (active, N_r), (active, N_r), (active,)
-        padded = torch.full((2, rows.numel(), width), float("nan"))
-        padded[0, :, : betas.shape[1]] = betas.cpu()
-        padded[1, :, : drafted.shape[1]] = drafted.cpu()
-        for i, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist())):
-            per_row[row].append(padded[0, i])
-            per_row_drafted[row].append(padded[1, i])
-            per_row_lengths[row].append(length)
-    position_acceptance = [torch.stack(r) if r else torch.zeros(0, width) for r in per_row]
-    drafted_acceptance = [torch.stack(r) if r else torch.zeros(0, width) for r in per_row_drafted]
-    draft_lengths = [torch.tensor(r, dtype=torch.long) for r in per_row_lengths]
-    pad = width - state.drafted_per_position.shape[1]
-    target_weights = None
-    if state.target_weights is not None:
-        target_weights = [state.target_weights[b, : int(state.num_generated[b])].cpu() for b in range(batch_size)]
-    return SpeculationStats(
-        num_draft_tokens=num_draft,
-        num_rounds=state.num_rounds.cpu(),
-        num_drafted=state.num_drafted.cpu(),
-        num_accepted=state.num_accepted.cpu(),
-        num_generated=state.num_generated.cpu(),
-        drafted_per_position=torch.nn.functional.pad(state.drafted_per_position, (0, pad)).cpu(),
-        accepted_per_position=torch.nn.functional.pad(state.accepted_per_position, (0, pad)).cpu(),
-        position_acceptance=position_acceptance,
-        target_weights=target_weights,
-        drafted_acceptance=drafted_acceptance,
-        draft_lengths=draft_lengths,
-    )

@@ -30,6 +30,7 @@ from ..drafting.pairs import (  # noqa: F401 - re-exported
     verification_vocab_size,
 )
 from ..drafting.translated import TranslatedDraft
+from ..drafting.tree import TREE_KNOBS, TreeSpec, check_tree_call
 from ..heads.head import DiversedHead
 from ..verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
 from .loop import speculative_decode
@@ -253,9 +254,12 @@ class DiversedGenerationMixin:
       draft-length knobs, honoured per row; read from ``generate``, else the assistant's ``generation_config``
       (:meth:`~diversed_hf.drafting.candidates.DraftLengthPolicy.resolve`; semantics in
       :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`).
-    - ``assistant_costs`` (:class:`~diversed_hf.drafting.length.optimal.DraftCosts`): the round costs the ``"optimal"``
-    schedule
-      uses instead of measuring them (:mod:`diversed_hf.drafting.length.optimal`).
+    - ``assistant_costs`` (:class:`~diversed_hf.drafting.length.costs.DraftCosts`): the round costs the
+      ``"optimal"`` schedule uses instead of measuring them (:mod:`diversed_hf.drafting.length.optimal`).
+    - ``assistant_tree_top_k`` (int K), ``assistant_tree_size`` (int M), ``assistant_tree`` (paths of child ranks):
+      draft a token tree each round instead of a chain, ``num_assistant_tokens`` levels deep, and verify all of its
+      nodes in one target pass (:mod:`diversed_hf.drafting.tree`, docs/method.md §9); read from ``generate``, else
+      the call's or the assistant's ``generation_config``.
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
 
@@ -384,7 +388,7 @@ def _check_loop_options(arguments: dict, extra: dict) -> None:
         )
 
 
-def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights):
+def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights, tree):
     """The ``custom_generate`` function ``generate`` runs once it has prepared the call: the speculative loop."""
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
@@ -428,6 +432,7 @@ def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, gener
             assistant_confidence_threshold=policy.confidence_threshold,
             assistant_costs=policy.costs,
             score_recorder=recorder,
+            tree=tree,
         )
         sequences = torch.cat([input_ids, new_tokens], dim=1)
         if generation_config.return_dict_in_generate:
@@ -490,6 +495,7 @@ def _diversed_generate(
         else verification_vocab_size(self, assistant_model, tokenizer, assistant_tokenizer)
     )
     _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
+    threshold = extra.pop("assistant_confidence_threshold", None)
     policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
         assistant_model,
         arguments.get("generation_config"),
@@ -497,8 +503,14 @@ def _diversed_generate(
         if isinstance(assistant_model, PromptLookup)
         else extra.pop("num_assistant_tokens", None),
         schedule=extra.pop("num_assistant_tokens_schedule", None),
-        confidence_threshold=extra.pop("assistant_confidence_threshold", None),
+        confidence_threshold=threshold,
         costs=extra.pop("assistant_costs", None),  # a `generate` keyword only
+    )
+    tree = TreeSpec.resolve(  # a token tree per round (docs/method.md §9), or None: today's chain
+        assistant_model,
+        arguments.get("generation_config"),
+        policy.num_assistant_tokens,
+        **{name: extra.pop(name, None) for name in TREE_KNOBS},
     )
     if policy.costs is not None:
         policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
@@ -510,7 +522,20 @@ def _diversed_generate(
         )
     streamer = arguments.pop("streamer", None)
     _check_loop_options(arguments, extra)
-    decode = _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights)
+    if tree is not None:
+        config = arguments.get("generation_config") or self.generation_config
+        check_tree_call(
+            self,
+            assistant_model,
+            verifier,
+            policy,
+            threshold_given=threshold is not None,
+            streamer=streamer,
+            num_return_sequences=extra.get("num_return_sequences", getattr(config, "num_return_sequences", None)),
+        )
+    decode = _loop_decoder(
+        assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights, tree
+    )
     # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
     # holds it, and transformers' checks for its own assisted decoding (one sequence per prompt) do not apply, so
     # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).

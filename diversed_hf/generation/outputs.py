@@ -35,6 +35,52 @@ class SpeculationStats:
     target_weights: list[torch.Tensor] | None = None  # per row: (num_generated,) w per emitted token; NaN for bonus
     drafted_acceptance: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
     draft_lengths: list[torch.Tensor] | None = None  # per row: (num_rounds,) drafts each round counted (N_b)
+    tree_nodes: torch.Tensor | None = None  # (batch,) tree nodes verified, when rounds draft token trees (else None)
+
+    @property
+    def nodes_per_round(self) -> torch.Tensor | None:  # (batch,)
+        """Mean tree nodes the target verified per round (token trees only; a chain verifies its drafts)."""
+        return None if self.tree_nodes is None else self.tree_nodes.double() / self.num_rounds.clamp(min=1).double()
+
+    @classmethod
+    def of_run(cls, state, num_draft: int) -> SpeculationStats:
+        """Per-row statistics of one call of the loop (its run state), on CPU; per-round arrays padded with NaN
+        to the longest draft used."""
+        batch_size = state.num_rounds.numel()
+        widths = [betas.shape[1] for _, betas, _, _ in state.rounds]
+        width = max([num_draft, state.drafted_per_position.shape[1]] + widths)
+        per_row = [[] for _ in range(batch_size)]
+        per_row_drafted = [[] for _ in range(batch_size)]
+        per_row_lengths = [[] for _ in range(batch_size)]
+        for rows, betas, drafted, lengths in state.rounds:  # (active, N_r), (active, N_r), (active,)
+            padded = torch.full((2, rows.numel(), width), float("nan"))
+            padded[0, :, : betas.shape[1]] = betas.cpu()
+            padded[1, :, : drafted.shape[1]] = drafted.cpu()
+            for i, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist())):
+                per_row[row].append(padded[0, i])
+                per_row_drafted[row].append(padded[1, i])
+                per_row_lengths[row].append(length)
+        position_acceptance = [torch.stack(r) if r else torch.zeros(0, width) for r in per_row]
+        drafted_acceptance = [torch.stack(r) if r else torch.zeros(0, width) for r in per_row_drafted]
+        draft_lengths = [torch.tensor(r, dtype=torch.long) for r in per_row_lengths]
+        pad = width - state.drafted_per_position.shape[1]
+        target_weights = None
+        if state.target_weights is not None:
+            target_weights = [state.target_weights[b, : int(state.num_generated[b])].cpu() for b in range(batch_size)]
+        return cls(
+            num_draft_tokens=num_draft,
+            num_rounds=state.num_rounds.cpu(),
+            num_drafted=state.num_drafted.cpu(),
+            num_accepted=state.num_accepted.cpu(),
+            num_generated=state.num_generated.cpu(),
+            drafted_per_position=torch.nn.functional.pad(state.drafted_per_position, (0, pad)).cpu(),
+            accepted_per_position=torch.nn.functional.pad(state.accepted_per_position, (0, pad)).cpu(),
+            position_acceptance=position_acceptance,
+            target_weights=target_weights,
+            drafted_acceptance=drafted_acceptance,
+            draft_lengths=draft_lengths,
+            tree_nodes=None if state.tree_nodes is None else state.tree_nodes.cpu(),
+        )
 
     @property
     def acceptance_rate(self) -> torch.Tensor:  # (batch,)

@@ -492,8 +492,7 @@ def _best_lengths(
     round_seconds: torch.Tensor,  # (N,) n c + c_verify(n)
 ) -> torch.Tensor:  # (batch,) in 1..N
     """:func:`diversed_hf.verifiers.theory.optimal_draft_length` with the round costs computed once per call (fewer
-    operations
-    per round): ``argmax_n (1 + sum_{k<=n} m_k) / round_seconds(n)``."""
+    operations per round): ``argmax_n (1 + sum_{k<=n} m_k) / round_seconds(n)``."""
     return position_terms.cumsum(dim=-1).add_(1.0).div_(round_seconds).argmax(dim=-1).add_(1)
 
 

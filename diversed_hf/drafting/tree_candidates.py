@@ -1,0 +1,277 @@
+"""Drafting a token tree with a draft model: one draft pass per level over the nodes it expands.
+
+:class:`TreeCandidateGenerator` is a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator` (same cache
+layout between rounds, same per-row budgets) whose round builds a :class:`~diversed_hf.drafting.tree.DraftTree`
+instead of a chain: the draft reads what its cache lacks (the root's distribution), then each level's expanded nodes
+in one pass with a tree mask (each node sees the prefix, its ancestors and itself; its position is the root's plus
+its depth). After verification the loop hands back the accepted path (:meth:`keep_path`): the draft cache keeps the
+prefix and the path's expanded nodes in order, so the usual realignment applies (the cache lags two tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import compat
+from ..verifiers import ops
+from ..verifiers.checks import check_finite_mass
+from .candidates import DiversedCandidateGenerator, next_token_scores
+from .pairs import draft_input_ids
+from .tree import DraftTree, TreeSpec, child_tokens
+
+__all__ = ["TreeCandidateGenerator", "TreeCandidates"]
+
+
+class TreeCandidates:
+    """What a tree round's drafting returns: the tree, and the sequence and mask it grows from."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tree: DraftTree):
+        self.input_ids = input_ids  # (B, L)
+        self.attention_mask = attention_mask  # (B, L)
+        self.tree = tree
+
+
+class _Nodes:
+    """The candidates a round drafts, before the best are kept: per-row tensors indexed by candidate, grown level
+    by level (a candidate's level is the same in every row)."""
+
+    def __init__(self, batch: int, device):
+        self.device = device
+        self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (B, C)
+        self.parents = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (B, C) candidate, -1: the root
+        self.scores = torch.zeros(batch, 0, device=device)  # (B, C) cumulative draft probability (see tree.py)
+        self.expanded = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (B, C) expansion index, -1: none
+        self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=device)  # (B, C, C) ancestor-or-self
+        self.levels: list[int] = []  # (C,) level of each candidate
+        self.sampled: list[bool] = []  # (C,) drawn from its parent's q
+
+    def add(self, parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, level: int, sampled: list):
+        """Append children (B, k) of the candidates ``parents`` (B, k) (-1: the root)."""
+        count, batch = tokens.shape[1], tokens.shape[0]
+        first = self.tokens.shape[1]
+        self.tokens = torch.cat([self.tokens, tokens], dim=1)
+        self.parents = torch.cat([self.parents, parents], dim=1)
+        self.scores = torch.cat([self.scores, scores], dim=1)
+        self.expanded = torch.cat([self.expanded, torch.full_like(tokens, -1)], dim=1)
+        total = first + count
+        ancestors = torch.zeros(batch, total, total, dtype=torch.bool, device=self.device)
+        ancestors[:, :first, :first] = self.ancestors
+        inherited = (
+            self.ancestors.gather(  # (B, k, first) the parents' rows, zeros for the root
+                1, parents.clamp(min=0)[:, :, None].expand(batch, count, first)
+            )
+            & (parents >= 0)[:, :, None]
+        )
+        ancestors[:, first:, :first] = inherited
+        ancestors[:, torch.arange(first, total), torch.arange(first, total)] = True
+        self.ancestors = ancestors
+        self.levels += [level] * count
+        self.sampled += sampled
+
+    def span(self, level: int) -> range:
+        """The candidates of ``level`` (created together, so contiguous)."""
+        first = self.levels.index(level)
+        return range(first, first + self.levels.count(level))
+
+    def path_tokens(self, nodes: torch.Tensor) -> torch.Tensor:  # (B,) candidates of one level -> (B, level)
+        """The tokens from the root's child down to ``nodes`` (all of one level)."""
+        chosen = self.ancestors[torch.arange(nodes.shape[0], device=self.device), nodes]  # (B, C)
+        columns = []
+        for level in range(1, self.levels[int(nodes[0])] + 1):
+            span = self.span(level)
+            inside = chosen[:, span.start : span.stop]  # (B, width): exactly one ancestor per level
+            columns.append(self.tokens[:, span.start : span.stop].gather(1, inside.long().argmax(1, keepdim=True)))
+        return torch.cat(columns, dim=1)
+
+
+class TreeCandidateGenerator(DiversedCandidateGenerator):
+    """Drafts a :class:`~diversed_hf.drafting.tree.DraftTree` per round (``tree``, a
+    :class:`~diversed_hf.drafting.tree.TreeSpec`); other arguments as the chain's generator."""
+
+    def __init__(self, *args, tree: TreeSpec, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tree_spec = tree
+        self.round_start = 0  # L of the round drafted
+
+    def get_candidates(self, input_ids, attention_mask=None, **kwargs):
+        limits = self.draft_lengths  # (B,) levels each row may accept this round
+        if input_ids.shape[0] == 0 or int(limits.max()) == 0:  # nothing to draft: the target's token alone
+            return super().get_candidates(input_ids, attention_mask=attention_mask)
+        self._check_round_start(input_ids)
+        if attention_mask is None:
+            attention_mask = self._prompt_mask_to(input_ids)
+        self.round_start = input_ids.shape[1]
+        chunk = input_ids[:, self.cache.get_seq_length() :]  # what the cache lacks: the prompt, or the last two
+        logits, hidden = self.draft_forward(chunk, attention_mask)  # (B, V'), (B, d) or None
+        root_probs = self._probs(input_ids, logits)  # (B, vocab)
+        tree = self._grow(input_ids, attention_mask, root_probs, hidden, limits)
+        self.awaiting_update = True
+        return TreeCandidates(input_ids, attention_mask, tree)
+
+    def _probs(self, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # (B, vocab)
+        scores, _ = next_token_scores(self.logits_processor, prefix, logits, self.vocab_size)
+        probs = scores.softmax(dim=-1)
+        check_finite_mass(probs, "draft")
+        return probs
+
+    def _children(self, probs: torch.Tensor, count: int, parent_scores: torch.Tensor):
+        """``count`` children of each row's node with distribution ``probs`` (B, vocab): tokens, scores, sampled."""
+        tokens = child_tokens(probs, count, self.do_sample, self.generator, lambda p, g: ops.sample(p, g, check=False))
+        scores = parent_scores[:, None] * probs.gather(1, tokens)  # (B, count)
+        if self.do_sample:  # child 0 scores as its parent: whether it is kept never depends on its own token
+            scores[:, 0] = parent_scores
+        return tokens, scores, [self.do_sample] + [False] * (count - 1)
+
+    def _grow(self, input_ids, attention_mask, root_probs, root_hidden, limits) -> DraftTree:
+        spec, batch, device = self.tree_spec, input_ids.shape[0], input_ids.device
+        length = input_ids.shape[1]
+        nodes = _Nodes(batch, device)
+        expanded_probs, expanded_hidden = [root_probs], [root_hidden]  # expansion 0: the root
+        fed: list[torch.Tensor] = []  # (B,) candidate fed at draft cache column length + i
+        root_positions = attention_mask.sum(dim=1) - 1  # (B,)
+        depth = min(spec.depth, int(limits.max()))
+        static = {} if spec.is_static else None  # static trees: path of child ranks -> candidate
+        # level 1: the root's children
+        count = sum(1 for path in spec.paths if len(path) == 1) if spec.is_static else spec.top_k
+        tokens, scores, sampled = self._children(root_probs, count, torch.ones(batch, device=device))
+        nodes.add(torch.full_like(tokens, -1), tokens, scores, 1, sampled)
+        if spec.is_static:
+            static.update({(rank,): rank for rank in range(count)})
+        for level in range(1, depth):
+            if spec.is_static:
+                plan = [
+                    (path, sum(1 for other in spec.paths if other[:-1] == path))
+                    for path in spec.paths
+                    if len(path) == level
+                ]
+                plan = [(path, k) for path, k in plan if k > 0]
+                if not plan:
+                    break
+                expand = torch.tensor([static[path] for path, _ in plan], device=device).expand(batch, -1)  # (B, E)
+                counts = [k for _, k in plan]
+            else:
+                span = nodes.span(level)
+                width = min(spec.top_k, len(span))
+                level_scores = nodes.scores[:, span.start : span.stop]  # (B, width of the level)
+                best = level_scores.topk(width, dim=1, sorted=True).indices.sort(dim=1).values
+                expand = span.start + best  # (B, E)
+                counts = [spec.top_k] * width
+            probs, hidden = self._expand(nodes, expand, fed, input_ids, attention_mask, root_positions, level)
+            for e, child_count in enumerate(counts):
+                node = expand[:, e]  # (B,)
+                nodes.expanded[torch.arange(batch, device=device), node] = len(expanded_probs)
+                expanded_probs.append(probs[e])
+                expanded_hidden.append(None if hidden is None else hidden[:, e])
+                parent_scores = nodes.scores.gather(1, node[:, None]).squeeze(1)
+                tokens, scores, sampled = self._children(probs[e], child_count, parent_scores)
+                first = len(nodes.levels)
+                nodes.add(node[:, None].expand_as(tokens), tokens, scores, level + 1, sampled)
+                if spec.is_static:
+                    static.update({plan[e][0] + (rank,): first + rank for rank in range(child_count)})
+        return _layout(nodes, spec, limits, expanded_probs, expanded_hidden, fed, length)
+
+    def _expand(self, nodes: _Nodes, expand, fed, input_ids, attention_mask, root_positions, level):
+        """One draft pass over the nodes ``expand`` (B, E) of ``level``: their distributions (E x (B, vocab)) and
+        hidden states (B, E, d) or None. Each sees the prefix, its fed ancestors and itself."""
+        batch, width = expand.shape
+        fed.extend(expand[:, e] for e in range(width))
+        fed_nodes = torch.stack(fed, dim=1)  # (B, F) candidates at draft cache columns length + f
+        rows = torch.arange(batch, device=expand.device)[:, None, None]
+        on_path = nodes.ancestors[rows, expand[:, :, None], fed_nodes[:, None, :]]  # (B, E, F)
+        prefix = attention_mask.bool()[:, None, :].expand(batch, width, -1)  # (B, E, L)
+        allowed = torch.cat([prefix, on_path], dim=2)  # (B, E, L + F): the cache holds L + F - E columns already
+        positions = (root_positions + level)[:, None].expand(batch, width)
+        tokens = nodes.tokens.gather(1, expand)  # (B, E)
+        out = compat.forward_tree(
+            self.draft_model,
+            draft_input_ids(self.draft_model, tokens, self.vocab_size),
+            allowed,
+            positions,
+            self.cache,
+            logits_to_keep=width,
+            output_hidden_states=self.output_hidden_states,
+        )
+        probs = []
+        for e in range(width):
+            prefix_ids = torch.cat([input_ids, nodes.path_tokens(expand[:, e])], dim=1)  # (B, L + level)
+            probs.append(self._probs(prefix_ids, out.logits[:, e]))
+        return probs, out.hidden_states[-1] if self.output_hidden_states else None
+
+    def keep_path(self, path_nodes: torch.Tensor, columns: torch.Tensor) -> None:
+        """After verification: the draft cache keeps the prefix and the accepted path's fed nodes ``columns``
+        (B, A - 1) in order (the cache lags two tokens behind the new sequence)."""
+        compat.compact_cache(self.cache, self.round_start, columns)
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches, **kwargs) -> None:
+        super().update_candidate_strategy(input_ids, scores, num_matches, **kwargs)
+
+
+def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded_probs, expanded_hidden, fed, length) -> DraftTree:
+    """The nodes a round verifies, in slots by level (see :class:`~diversed_hf.drafting.tree.DraftTree`)."""
+    batch, device = nodes.tokens.shape[0], nodes.tokens.device
+    levels = torch.tensor(nodes.levels, device=device)  # (C,)
+    fits = levels[None, :] <= limits[:, None]  # (B, C) within the row's budget
+    if spec.is_static:
+        keep = fits
+    else:
+        scores = nodes.scores.masked_fill(~fits, -1.0)
+        order = scores.sort(dim=1, descending=True, stable=True).indices[:, : spec.size]  # parents before children
+        keep = torch.zeros_like(fits).scatter(1, order, True) & fits
+    chosen, valid = [], []
+    level_sizes = []
+    for level in range(1, max(nodes.levels) + 1):
+        span = nodes.span(level)
+        inside = keep[:, span.start : span.stop]  # (B, width)
+        size = int(inside.sum(dim=1).max())
+        if size == 0:
+            break
+        order = (~inside).long().sort(dim=1, stable=True).indices[:, :size]  # kept first, in creation order
+        chosen.append(span.start + order)
+        valid.append(inside.gather(1, order))
+        level_sizes.append(size)
+    candidates = torch.cat(chosen, dim=1)  # (B, S)
+    valid = torch.cat(valid, dim=1)  # (B, S)
+    num_slots = candidates.shape[1]
+    slot_of = torch.full_like(nodes.tokens, -1)  # (B, C) candidate -> slot (1..S)
+    slot_of.scatter_(1, candidates, torch.arange(1, num_slots + 1, device=device).expand(batch, -1))
+    slot_of = torch.where(keep, slot_of, -1)
+    parent_candidates = nodes.parents.gather(1, candidates)  # (B, S)
+    parents = torch.where(parent_candidates >= 0, slot_of.gather(1, parent_candidates.clamp(min=0)), 0)
+    parents = torch.where(valid, parents, 0)
+    rows = torch.arange(batch, device=device)[:, None, None]
+    ancestors = nodes.ancestors[rows, candidates[:, :, None], candidates[:, None, :]] & valid[:, None, :]
+    sampled = torch.tensor(nodes.sampled, device=device)[candidates] & valid
+    tokens = nodes.tokens.gather(1, candidates).masked_fill(~valid, 0)
+    # each slot's valid children, in slot order (which is creation order: child 0 first)
+    is_child = (parents[:, None, :] == torch.arange(num_slots + 1, device=device)[None, :, None]) & valid[:, None, :]
+    width = max(1, int(is_child.sum(dim=2).max()))
+    order = (~is_child).long().sort(dim=2, stable=True).indices[:, :, :width]  # (B, S + 1, width)
+    children = torch.where(is_child.gather(2, order), order + 1, -1)
+    # q and the draft's hidden state at each slot (root and expanded nodes)
+    expansion = nodes.expanded.gather(1, candidates).masked_fill(~valid, -1)  # (B, S)
+    expansion = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), expansion], dim=1)  # (B, S + 1)
+    stacked = torch.stack(expanded_probs, dim=1)  # (B, X, vocab)
+    draft_probs = stacked.gather(1, expansion.clamp(min=0)[:, :, None].expand(-1, -1, stacked.shape[2]))
+    draft_probs = draft_probs * (expansion >= 0)[:, :, None]
+    draft_hidden = None
+    if expanded_hidden[0] is not None:
+        hidden = torch.stack(expanded_hidden, dim=1)  # (B, X, d)
+        draft_hidden = hidden.gather(1, expansion.clamp(min=0)[:, :, None].expand(-1, -1, hidden.shape[2]))
+    fed_nodes = torch.stack(fed, dim=1) if fed else torch.zeros(batch, 0, dtype=torch.long, device=device)
+    column_of = torch.full_like(nodes.tokens, -1)  # (B, C)
+    if fed:
+        column_of.scatter_(1, fed_nodes, length + torch.arange(fed_nodes.shape[1], device=device).expand(batch, -1))
+    draft_columns = column_of.gather(1, candidates).masked_fill(~valid, -1)
+    return DraftTree(
+        tokens=tokens,
+        parents=parents,
+        valid=valid,
+        sampled=sampled,
+        ancestors=ancestors,
+        children=children,
+        draft_probs=draft_probs,
+        draft_hidden=draft_hidden,
+        draft_columns=draft_columns,
+        level_sizes=tuple(level_sizes),
+        depth_limits=limits.clone(),
+    )

@@ -1,0 +1,254 @@
+"""Token trees (diversed_hf.drafting.tree, diversed_hf.verifiers.tree, diversed_hf.generation.tree_round): greedy
+parity with the target, the declared law over trees for every verifier with a tree form (batched), the knobs, the
+statistics and the refusals."""
+
+import pytest
+import torch
+from tiny_models import VOCAB_SIZE, empirical, left_padded_batch, make_pair, prompt, tv_bound
+from transformers import GenerationConfig
+
+from diversed_hf import DiversedHead, enable_diversed
+from diversed_hf.drafting.tree import TreeSpec
+from diversed_hf.verifiers import (
+    ExactVerifier,
+    HeadVerifier,
+    LenientVerifier,
+    SpecCascadeVerifier,
+    StaticEnsembleVerifier,
+    TypicalAcceptanceVerifier,
+    ops,
+)
+
+DYNAMIC = dict(num_assistant_tokens=3, assistant_tree_top_k=2, assistant_tree_size=6)
+STATIC = dict(num_assistant_tokens=3, assistant_tree=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = make_pair("llama", noise=0.5)
+    return enable_diversed(target), draft
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+@pytest.mark.parametrize("tree", [DYNAMIC, STATIC, dict(num_assistant_tokens=4, assistant_tree_top_k=3)])
+def test_greedy_tree_output_is_the_targets_in_a_ragged_batch(architecture, tree):
+    target, draft = make_pair(architecture, noise=0.3)
+    enable_diversed(target)
+    _, input_ids, attention_mask = left_padded_batch([3, 7, 5])
+    expected = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=24)
+    output = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+        **tree,
+    )
+    assert torch.equal(output.sequences, expected)
+    stats = output.speculation
+    assert stats.tree_nodes is not None and bool((stats.nodes_per_round > 1).all())
+    assert bool((stats.num_generated == 24).all())
+
+
+def test_a_tree_accepts_more_per_round_than_its_chain_when_greedy(pair):
+    """The draft's second guesses are tried: on the same prompts the tree's rounds emit at least as many tokens."""
+    target, draft = pair
+    input_ids = prompt(6, batch=8, seed=3)
+    common = dict(assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=32)
+    chain = target.generate(input_ids, num_assistant_tokens=3, return_dict_in_generate=True, **common).speculation
+    tree = target.generate(input_ids, return_dict_in_generate=True, **DYNAMIC, **common).speculation
+    assert float(tree.tokens_per_round.mean()) > float(chain.tokens_per_round.mean())
+    assert chain.tree_nodes is None  # a chain reports no tree
+
+
+def _verifier(method, target, draft):
+    if method == "head":
+        head = DiversedHead.for_pair(target, draft, architecture="mlp")
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for parameter in head.parameters():
+                parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
+        return HeadVerifier(head.requires_grad_(False))
+    return {
+        "exact": ExactVerifier(),
+        "static0.3": StaticEnsembleVerifier(0.3),
+        "static0": StaticEnsembleVerifier(0.0),
+        "cascade-opt": SpecCascadeVerifier("opt", 0.3),
+    }[method]
+
+
+@pytest.mark.parametrize("tree", [DYNAMIC, STATIC], ids=["dynamic", "static"])
+@pytest.mark.parametrize("method", ["exact", "static0.3", "static0", "cascade-opt", "head"])
+def test_the_first_token_over_a_tree_follows_pi_with_temperature_top_k_top_p(pair, method, tree):
+    """Thousands of rows in one call, each with its own tree: the first emitted token follows the verifier's pi at
+    the root (built from processed q and p), whichever child (or residual) it came from."""
+    target, draft = pair
+    verifier = _verifier(method, target, draft)
+    sampling = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9)
+    input_ids = prompt(6, seed=5)
+    num_rows = 6000
+    output = target.generate(
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=verifier,
+        max_new_tokens=2,
+        generator=torch.Generator().manual_seed(0),
+        **tree,
+        **sampling,
+    )
+    processors = target._get_logits_processor(GenerationConfig(**sampling))
+    with torch.no_grad():
+        target_out = target(input_ids, output_hidden_states=True)
+        draft_out = draft(input_ids, output_hidden_states=True)
+    target_probs = processors(input_ids, target_out.logits[:, -1]).softmax(-1)[:, None]  # (1, 1, V)
+    draft_probs = processors(input_ids, draft_out.logits[:, -1]).softmax(-1)[:, None]
+    declared, _ = verifier.verification_probs(
+        draft_probs,
+        target_probs,
+        draft_hidden=draft_out.hidden_states[-1][:, -1:],
+        target_hidden=target_out.hidden_states[-1][:, -1:],
+    )
+    observed = empirical(output[:, input_ids.shape[1]], VOCAB_SIZE)
+    tv = float(ops.total_variation(observed, declared[0, 0].double()))
+    assert tv < tv_bound(declared[0, 0], num_rows), tv
+
+
+@pytest.mark.parametrize("tree", [DYNAMIC, STATIC], ids=["dynamic", "static"])
+def test_two_tokens_over_a_tree_follow_the_target_losslessly(pair, tree):
+    """ExactVerifier over a tree keeps the target's law at every position: the second token's marginal is
+    sum_x1 p(x1) p(x2 | x1), whether it came from a deeper node, a residual or the next round (the caches after a
+    compaction included)."""
+    target, draft = pair
+    input_ids = prompt(6, seed=5)
+    num_rows = 6000
+    output = target.generate(
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=True,
+        max_new_tokens=3,
+        generator=torch.Generator().manual_seed(1),
+        **tree,
+    )
+    with torch.no_grad():
+        first = target(input_ids).logits[0, -1].softmax(-1).double()  # (V,)
+        every_first = torch.cat([input_ids.repeat(VOCAB_SIZE, 1), torch.arange(VOCAB_SIZE)[:, None]], dim=1)
+        second = target(every_first).logits[:, -1].softmax(-1).double()  # (V, V)
+    declared = first @ second
+    observed = empirical(output[:, input_ids.shape[1] + 1], VOCAB_SIZE)
+    assert float(ops.total_variation(observed, declared)) < tv_bound(declared, num_rows)
+
+
+def test_a_tree_with_one_child_per_node_is_the_chain(pair):
+    """``assistant_tree_top_k=1`` alone asks for nothing new: the call drafts today's chain."""
+    assert TreeSpec.resolve(None, None, 4, assistant_tree_top_k=1) is None
+    target, draft = pair
+    common = dict(assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=8, return_dict_in_generate=True)
+    output = target.generate(prompt(5), assistant_tree_top_k=1, **common)
+    assert output.speculation.tree_nodes is None
+
+
+def test_tree_knobs_come_from_the_assistants_generation_config(pair):
+    target, draft = pair
+    draft.generation_config.assistant_tree_top_k = 2
+    try:
+        output = target.generate(
+            prompt(5),
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            do_sample=False,
+            max_new_tokens=8,
+            num_assistant_tokens=2,
+            return_dict_in_generate=True,
+        )
+    finally:
+        del draft.generation_config.assistant_tree_top_k
+    assert output.speculation.tree_nodes is not None
+    assert float(output.speculation.nodes_per_round[0]) <= 4  # the default size: depth x top_k
+
+
+@pytest.mark.parametrize(
+    "knobs, match",
+    [
+        (dict(assistant_tree_top_k=0), r"`assistant_tree_top_k` must be a positive integer.*got 0"),
+        (dict(assistant_tree_top_k=-2), r"`assistant_tree_top_k` must be a positive integer.*got -2"),
+        (dict(assistant_tree_top_k=2, assistant_tree_size=0), r"`assistant_tree_size` must be a positive integer"),
+        (dict(assistant_tree_top_k=2, assistant_tree_size=2), r"`assistant_tree_size=2` is below the tree's depth"),
+        (dict(assistant_tree_size=6), r"`assistant_tree_size=6` needs `assistant_tree_top_k`"),
+        (dict(assistant_tree=[(0,), (0, 0, 0)]), r"the path \(0, 0, 0\) but not its parent \(0, 0\)"),
+        (dict(assistant_tree=[(0,), (0,)]), r"lists the path \(0,\) twice"),
+        (dict(assistant_tree=[(0,), (-1,)]), r"non-negative ranks"),
+        (dict(assistant_tree=[(0,), (2,)]), r"not its elder sibling \(1,\)"),
+        (dict(assistant_tree=[]), r"`assistant_tree` is empty"),
+        (dict(assistant_tree="(0,)"), r"`assistant_tree` must be a list of paths"),
+        (dict(assistant_tree=[(0,)], assistant_tree_top_k=2), r"either `assistant_tree`.*or `assistant_tree_top_k`"),
+    ],
+)
+def test_bad_tree_knobs_are_refused_before_any_forward(pair, knobs, match, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr(draft, "forward", _no_forward)
+    with pytest.raises((ValueError, TypeError), match=match):
+        target.generate(
+            prompt(4),
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            max_new_tokens=6,
+            num_assistant_tokens=3,
+            **knobs,
+        )
+
+
+def _no_forward(*args, **kwargs):
+    raise AssertionError("a model ran before the arguments were checked")
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(verifier=LenientVerifier(0.5)), "LenientVerifier has no token-tree form"),
+        (dict(verifier=TypicalAcceptanceVerifier()), "TypicalAcceptanceVerifier has no token-tree form"),
+        (dict(verifier=ExactVerifier(), block_verification=True), "BlockVerifier has no token-tree form"),
+        (dict(verifier=ExactVerifier(), num_assistant_tokens_schedule="heuristic"), "'constant' schedule"),
+        (dict(verifier=ExactVerifier(), assistant_confidence_threshold=0.4), "drop the threshold"),
+        (dict(verifier=ExactVerifier(), num_return_sequences=2, do_sample=True), "`num_return_sequences=2`"),
+    ],
+)
+def test_what_a_tree_cannot_run_is_refused_by_name(pair, options, match, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr(draft, "forward", _no_forward)
+    with pytest.raises(ValueError, match=match):
+        target.generate(prompt(4), assistant_model=draft, max_new_tokens=6, assistant_tree_top_k=2, **options)
+
+
+def test_drafters_without_a_tree_form_are_refused_by_name(pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match="the drafter is PromptLookup"):
+        target.generate(
+            prompt(8), prompt_lookup_num_tokens=3, verifier=ExactVerifier(), max_new_tokens=6, assistant_tree_top_k=2
+        )
+
+
+def test_a_streamer_with_a_tree_is_refused(pair):
+    from transformers.generation.streamers import BaseStreamer
+
+    target, draft = pair
+    with pytest.raises(ValueError, match="`streamer` with a token tree"):
+        target.generate(
+            prompt(4),
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            max_new_tokens=6,
+            assistant_tree_top_k=2,
+            streamer=BaseStreamer(),
+        )
+
+
+def test_sliding_window_models_are_refused_for_trees():
+    target, draft = make_pair("gemma3", noise=0.3)
+    enable_diversed(target)
+    with pytest.raises(ValueError, match="sliding-window layers"):
+        target.generate(
+            prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=6, assistant_tree_top_k=2
+        )
