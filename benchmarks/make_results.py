@@ -176,8 +176,11 @@ TUNED_DRAFT_SECTION = ("tuned_draft", "Real pair: the task-tuned target's EagleD
 REAL_PAIR_TUNED_SECTION = ("real_pair_tuned", "Real pair: the paper's table on the task-tuned target")
 #: the task-tuned pair's heads, first measured with diversed-hf bench (the commands are in the section)
 TUNED_HEADS_SECTION = ("tuned_heads", "Real pair: first heads on the task-tuned target")
+#: benchmarks/tree_results.py: token trees against chains, and what a verification pass costs
+TREES_SECTION = ("trees", "Token trees")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
+    TREES_SECTION,
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
     TUNED_HEADS_SECTION,

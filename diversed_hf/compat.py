@@ -518,10 +518,12 @@ def forward_tree(
     *,
     logits_to_keep: int,
     output_hidden_states: bool,
+    **model_inputs,
 ):
     """One forward pass of ``chunk`` new tokens on top of ``cache`` with a tree's attention: a 4-D additive mask
     (0 where ``allowed``, the dtype's minimum elsewhere), which transformers' mask functions pass through unchanged
-    (``masking_utils``: "If the mask is already 4D, simply return as-is")."""
+    (``masking_utils``: "If the mask is already 4D, simply return as-is"). ``model_inputs`` go to the model as they
+    are (an EagleDraft's ``target_hidden``)."""
     dtype = model.dtype if model.dtype.is_floating_point else torch.float32
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # (batch, chunk, keys)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -534,6 +536,7 @@ def forward_tree(
         logits_to_keep=logits_to_keep,
         output_hidden_states=output_hidden_states,
         **{CACHE_KWARG: cache},
+        **model_inputs,
     )
     assert cache.get_seq_length() == cached + input_ids.shape[1], f"{type(model).__name__} did not extend the cache"
     return out

@@ -406,3 +406,29 @@ def test_distilling_an_eagle_draft_and_loading_a_head_checkpoint_never_need_trl(
     )
     stdout = run_python(code)
     assert 'need TRL: install the training extra, `pip install "diversed_hf[train]"`' in stdout
+
+
+def test_the_changelog_lists_every_moved_name_and_the_release_that_removes_it():
+    from diversed_hf._moved import MOVED, REMOVED_IN
+
+    changelog = (PACKAGE_DIR.parent / "CHANGELOG.md").read_text()
+    assert f"until release {REMOVED_IN}" in changelog
+    missing = [old for old, new in MOVED.items() if f"| `{old}` | `{new}` |" not in changelog]
+    assert not missing, f"CHANGELOG.md does not list {missing}"
+
+
+def test_an_old_name_imported_first_leaves_the_new_modules_spec_its_own():
+    """Importing ``diversed_hf.ops`` (old) before ``diversed_hf.verifiers.ops`` (new) gives one module whose
+    ``__spec__`` names the new place, so ``importlib.reload`` of it works."""
+    code = (
+        "import importlib, warnings\n"
+        "warnings.simplefilter('ignore', FutureWarning)\n"
+        "import diversed_hf.ops as old\n"
+        "import diversed_hf.verifiers.ops as new\n"
+        "print(old is new, new.__spec__.name, importlib.reload(new) is new)\n"
+    )
+    assert run_python(code).split() == ["True", "diversed_hf.verifiers.ops", "True"]
+
+
+def test_the_package_keeps_at_most_eight_modules_at_its_top():
+    assert len(list(PACKAGE_DIR.glob("*.py"))) <= 8, sorted(path.name for path in PACKAGE_DIR.glob("*.py"))

@@ -1,4 +1,4 @@
-"""``EagleDraft.save_for_vllm``: the layout vLLM's ``eagle`` method loads (diversed_hf/eagle_export.py).
+"""``EagleDraft.save_for_vllm``: the layout vLLM's ``eagle`` method loads (diversed_hf/drafting/eagle_export.py).
 
 Format only, on tiny models; tests/vllm_plugin/test_eagle_engine.py serves an export with vLLM itself.
 """

@@ -115,12 +115,17 @@ def test_the_first_token_over_a_tree_follows_pi_with_temperature_top_k_top_p(pai
     assert tv < tv_bound(declared[0, 0], num_rows), tv
 
 
+@pytest.mark.parametrize("drafter", ["draft model", "eagle"])
 @pytest.mark.parametrize("tree", [DYNAMIC, STATIC], ids=["dynamic", "static"])
-def test_two_tokens_over_a_tree_follow_the_target_losslessly(pair, tree):
+def test_two_tokens_over_a_tree_follow_the_target_losslessly(pair, tree, drafter):
     """ExactVerifier over a tree keeps the target's law at every position: the second token's marginal is
     sum_x1 p(x1) p(x2 | x1), whether it came from a deeper node, a residual or the next round (the caches after a
-    compaction included)."""
+    compaction included, and an EagleDraft's features of the accepted path)."""
     target, draft = pair
+    if drafter == "eagle":
+        from test_eagle import eagle_pair
+
+        target, draft = eagle_pair()
     input_ids = prompt(6, seed=5)
     num_rows = 6000
     output = target.generate(
@@ -252,3 +257,85 @@ def test_sliding_window_models_are_refused_for_trees():
         target.generate(
             prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=6, assistant_tree_top_k=2
         )
+
+
+def test_an_eagle_draft_drafts_trees_with_the_targets_greedy_output():
+    from test_eagle import eagle_pair
+
+    target, draft = eagle_pair()
+    _, input_ids, attention_mask = left_padded_batch([3, 6, 4])
+    expected = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=16)
+    for tree in (DYNAMIC, STATIC):
+        output = target.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=draft,
+            do_sample=False,
+            max_new_tokens=16,
+            return_dict_in_generate=True,
+            **tree,
+        )  # an EagleDraft verifies losslessly by default
+        assert torch.equal(output.sequences, expected)
+        assert output.speculation.tree_nodes is not None
+
+
+def test_early_exit_drafts_trees_with_the_targets_greedy_output(pair):
+    target, _ = pair
+    _, input_ids, attention_mask = left_padded_batch([3, 6])
+    expected = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=16)
+    output = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant_early_exit=1,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=16,
+        return_dict_in_generate=True,
+        **DYNAMIC,
+    )
+    assert torch.equal(output.sequences, expected)
+    assert output.speculation.tree_nodes is not None
+
+
+def test_the_tree_results_page_runs_quick_and_says_which_goals_it_did_not_measure(tmp_path):
+    import tree_results
+
+    assert (
+        tree_results.main(["--quick", "--num_prompts", "1", "--max_new_tokens", "6", "--output_dir", str(tmp_path)])
+        == 0
+    )
+    page = (tmp_path / "trees.md").read_text()
+    assert "| greedy | tree 3x4 (12) |" in page and "| T=0.7 | chain N=5 |" in page
+    assert "| greedy | transformers assisted N=5 |" in page
+    greedy_rows = [line for line in page.splitlines() if line.startswith("| greedy |") and "target-only" not in line]
+    assert greedy_rows and all(line.rstrip().endswith("| yes |") for line in greedy_rows), greedy_rows
+    assert "not measured by this run" in page  # --quick runs the testbed only
+
+
+def test_the_gpu_script_says_there_is_no_cuda_and_exits_0(capsys):
+    import tree_gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the script for real")
+    assert tree_gpu.main(["--quick"]) == 0
+    assert "No CUDA device" in capsys.readouterr().out
+
+
+def test_a_tree_from_the_drafts_config_falls_back_to_a_chain_with_a_warning_where_it_cannot_run(pair, caplog):
+    """A shipped draft's generation config may carry its best tree; a call that cannot draft one (here a lenient
+    verifier) drafts a chain and says why. The same knobs passed to ``generate`` are an error instead (above)."""
+    target, draft = pair
+    draft.generation_config.assistant_tree_top_k = 2
+    try:
+        with caplog.at_level("WARNING", logger="diversed_hf.generation.mixin"):
+            output = target.generate(
+                prompt(5),
+                assistant_model=draft,
+                verifier=LenientVerifier(0.5),
+                max_new_tokens=6,
+                return_dict_in_generate=True,
+            )
+    finally:
+        del draft.generation_config.assistant_tree_top_k
+    assert output.speculation.tree_nodes is None
+    assert "LenientVerifier has no token-tree form" in caplog.text and "drafts a chain of" in caplog.text

@@ -41,6 +41,7 @@ class MtpDraft(nn.Module):
     """
 
     reads_target_features = True
+    tree_unsupported = "drafts one token per step from the checkpoint's MTP layer"  # token trees refuse it
 
     def __init__(self, target, mtp_model=None):
         super().__init__()

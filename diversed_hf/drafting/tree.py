@@ -1,4 +1,4 @@
-"""Token trees: a round drafts several continuations and the target checks them all in one pass (docs/method.md §9).
+"""Token trees: a round drafts several continuations and the target checks them all in one pass (docs/method.md §8).
 
 A tree's root is the round's last committed token; a node is a drafted token, its children are candidates for the
 token after it. Each expanded node gets its children from the draft's distribution ``q`` there:
@@ -14,7 +14,7 @@ Two shapes, read like every drafting knob from ``generate``'s keywords, else the
 - **dynamic** (EAGLE-2): ``num_assistant_tokens`` levels (the depth); at each level the ``assistant_tree_top_k`` (K)
   best nodes by cumulative draft probability are expanded into K children each; the round verifies the
   ``assistant_tree_size`` (M) best nodes. Child 0 of a sampled tree scores as its parent, so whether it is kept never
-  depends on its own token: the condition under which the verification is exact (docs/method.md §9);
+  depends on its own token: the condition under which the verification is exact (docs/method.md §8);
 - **static** (``assistant_tree``): a list of paths of child ranks, vLLM's ``speculative_token_tree`` format:
   ``[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]`` is a chain of three with a second guess at the first two levels.
 
@@ -195,13 +195,13 @@ def check_tree_call(target, drafter, verifier, policy, *, threshold_given, strea
     from ..verifiers.tree import check_tree_verifier
 
     kind = getattr(drafter, "tree_unsupported", None)
-    if kind is None and getattr(drafter, "reads_target_features", False):
-        kind = "drafts from the target's features"
-    if kind is not None or getattr(drafter, "candidate_generator_class", None) is not None:
+    if kind is None and getattr(drafter, "candidate_generator_class", None) is not None:
+        kind = "has its own candidate generator"
+    if kind is not None:
         raise ValueError(
-            f"Token trees (`assistant_tree_top_k` / `assistant_tree`) draft with a draft model, but the drafter is "
-            f"{type(drafter).__name__}, which {kind or 'has its own candidate generator'}: draft a chain with it "
-            "(leave the tree knobs unset), or pass a small causal LM as `assistant_model`."
+            "Token trees (`assistant_tree_top_k` / `assistant_tree`) draft with a draft model, early exit or an "
+            f"EagleDraft, but the drafter is {type(drafter).__name__}, which {kind}: "
+            "draft a chain with it (leave the tree knobs unset), or pass a small causal LM as `assistant_model`."
         )
     check_tree_verifier(verifier)
     if policy.schedule != "constant":

@@ -13,13 +13,15 @@ from __future__ import annotations
 import torch
 
 from .. import compat
+from ..generation import round_profile
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from .candidates import DiversedCandidateGenerator, next_token_scores
+from .feature_candidates import FeatureCandidateGenerator
 from .pairs import draft_input_ids
 from .tree import DraftTree, TreeSpec, child_tokens
 
-__all__ = ["TreeCandidateGenerator", "TreeCandidates"]
+__all__ = ["FeatureTreeCandidateGenerator", "TreeCandidateGenerator", "TreeCandidates"]
 
 
 class TreeCandidates:
@@ -84,9 +86,9 @@ class _Nodes:
         return torch.cat(columns, dim=1)
 
 
-class TreeCandidateGenerator(DiversedCandidateGenerator):
-    """Drafts a :class:`~diversed_hf.drafting.tree.DraftTree` per round (``tree``, a
-    :class:`~diversed_hf.drafting.tree.TreeSpec`); other arguments as the chain's generator."""
+class _TreeDrafting:
+    """A round that drafts a :class:`~diversed_hf.drafting.tree.DraftTree` (``tree``, a
+    :class:`~diversed_hf.drafting.tree.TreeSpec`), mixed into a chain's candidate generator."""
 
     def __init__(self, *args, tree: TreeSpec, **kwargs):
         super().__init__(*args, **kwargs)
@@ -101,12 +103,23 @@ class TreeCandidateGenerator(DiversedCandidateGenerator):
         if attention_mask is None:
             attention_mask = self._prompt_mask_to(input_ids)
         self.round_start = input_ids.shape[1]
-        chunk = input_ids[:, self.cache.get_seq_length() :]  # what the cache lacks: the prompt, or the last two
-        logits, hidden = self.draft_forward(chunk, attention_mask)  # (B, V'), (B, d) or None
+        self._start_round(input_ids)
+        chunk = input_ids[:, self.cache.get_seq_length() :]  # what the cache lacks: the prompt, or the last columns
+        with round_profile.phase("draft forward"):
+            logits, hidden = self.draft_forward(chunk, attention_mask)  # (B, V'), (B, d) or None
         root_probs = self._probs(input_ids, logits)  # (B, vocab)
         tree = self._grow(input_ids, attention_mask, root_probs, hidden, limits)
         self.awaiting_update = True
         return TreeCandidates(input_ids, attention_mask, tree)
+
+    def _start_round(self, input_ids) -> None:
+        """What the chain's generator sets up before its first draft pass."""
+
+    def _tree_inputs(self, parent_hidden) -> dict:  # (B, E, d) -> the draft's extra inputs at a level
+        return {}
+
+    def _tree_hidden(self, out):  # (B, E, d) or None: the draft's state at the expanded nodes
+        return out.hidden_states[-1] if self.output_hidden_states else None
 
     def _probs(self, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # (B, vocab)
         scores, _ = next_token_scores(self.logits_processor, prefix, logits, self.vocab_size)
@@ -156,21 +169,34 @@ class TreeCandidateGenerator(DiversedCandidateGenerator):
                 best = level_scores.topk(width, dim=1, sorted=True).indices.sort(dim=1).values
                 expand = span.start + best  # (B, E)
                 counts = [spec.top_k] * width
-            probs, hidden = self._expand(nodes, expand, fed, input_ids, attention_mask, root_positions, level)
+            parents = nodes.parents.gather(1, expand)  # (B, E) candidates, -1: the root
+            parent_expansion = torch.where(parents >= 0, nodes.expanded.gather(1, parents.clamp(min=0)), 0)
+            parent_hidden = None
+            if expanded_hidden[0] is not None:
+                stacked = torch.stack(expanded_hidden, dim=1)  # (B, X, d)
+                parent_hidden = stacked.gather(1, parent_expansion[:, :, None].expand(-1, -1, stacked.shape[2]))
+            probs, hidden = self._expand(
+                nodes, expand, fed, input_ids, attention_mask, root_positions, level, parent_hidden
+            )
+            width = expand.shape[1]
+            children, child_scores, sampled = self._children(  # every expanded node's children at once
+                probs.reshape(batch * width, -1), max(counts), nodes.scores.gather(1, expand).reshape(-1)
+            )
+            children = children.reshape(batch, width, -1)  # (B, E, max count)
+            child_scores = child_scores.reshape(batch, width, -1)
             for e, child_count in enumerate(counts):
                 node = expand[:, e]  # (B,)
                 nodes.expanded[torch.arange(batch, device=device), node] = len(expanded_probs)
-                expanded_probs.append(probs[e])
+                expanded_probs.append(probs[:, e])
                 expanded_hidden.append(None if hidden is None else hidden[:, e])
-                parent_scores = nodes.scores.gather(1, node[:, None]).squeeze(1)
-                tokens, scores, sampled = self._children(probs[e], child_count, parent_scores)
+                tokens, scores = children[:, e, :child_count], child_scores[:, e, :child_count]
                 first = len(nodes.levels)
-                nodes.add(node[:, None].expand_as(tokens), tokens, scores, level + 1, sampled)
+                nodes.add(node[:, None].expand_as(tokens), tokens, scores, level + 1, sampled[:child_count])
                 if spec.is_static:
                     static.update({plan[e][0] + (rank,): first + rank for rank in range(child_count)})
         return _layout(nodes, spec, limits, expanded_probs, expanded_hidden, fed, length)
 
-    def _expand(self, nodes: _Nodes, expand, fed, input_ids, attention_mask, root_positions, level):
+    def _expand(self, nodes: _Nodes, expand, fed, input_ids, attention_mask, root_positions, level, parent_hidden):
         """One draft pass over the nodes ``expand`` (B, E) of ``level``: their distributions (E x (B, vocab)) and
         hidden states (B, E, d) or None. Each sees the prefix, its fed ancestors and itself."""
         batch, width = expand.shape
@@ -182,28 +208,69 @@ class TreeCandidateGenerator(DiversedCandidateGenerator):
         allowed = torch.cat([prefix, on_path], dim=2)  # (B, E, L + F): the cache holds L + F - E columns already
         positions = (root_positions + level)[:, None].expand(batch, width)
         tokens = nodes.tokens.gather(1, expand)  # (B, E)
-        out = compat.forward_tree(
-            self.draft_model,
-            draft_input_ids(self.draft_model, tokens, self.vocab_size),
-            allowed,
-            positions,
-            self.cache,
-            logits_to_keep=width,
-            output_hidden_states=self.output_hidden_states,
-        )
-        probs = []
-        for e in range(width):
-            prefix_ids = torch.cat([input_ids, nodes.path_tokens(expand[:, e])], dim=1)  # (B, L + level)
-            probs.append(self._probs(prefix_ids, out.logits[:, e]))
-        return probs, out.hidden_states[-1] if self.output_hidden_states else None
+        with round_profile.phase("draft forward"):
+            out = compat.forward_tree(
+                self.draft_model,
+                draft_input_ids(self.draft_model, tokens, self.vocab_size),
+                allowed,
+                positions,
+                self.cache,
+                logits_to_keep=width,
+                output_hidden_states=self.output_hidden_states,
+                **self._tree_inputs(parent_hidden),
+            )
+        if len(self.logits_processor):  # each node's processors read its own prefix: the sequence and its path
+            scores = torch.stack(
+                [
+                    next_token_scores(
+                        self.logits_processor,
+                        torch.cat([input_ids, nodes.path_tokens(expand[:, e])], dim=1),  # (B, L + level)
+                        out.logits[:, e],
+                        self.vocab_size,
+                    )[0]
+                    for e in range(width)
+                ],
+                dim=1,
+            )  # (B, E, vocab)
+        else:
+            scores = ops.fit_vocabulary(out.logits[:, -width:], self.vocab_size).float()  # (B, E, vocab)
+        probs = scores.softmax(dim=-1)
+        check_finite_mass(probs, "draft")
+        return probs, self._tree_hidden(out)
 
-    def keep_path(self, path_nodes: torch.Tensor, columns: torch.Tensor) -> None:
+    def keep_path(self, columns: torch.Tensor) -> None:
         """After verification: the draft cache keeps the prefix and the accepted path's fed nodes ``columns``
         (B, A - 1) in order (the cache lags two tokens behind the new sequence)."""
         compat.compact_cache(self.cache, self.round_start, columns)
 
-    def update_candidate_strategy(self, input_ids, scores, num_matches, **kwargs) -> None:
-        super().update_candidate_strategy(input_ids, scores, num_matches, **kwargs)
+
+class TreeCandidateGenerator(_TreeDrafting, DiversedCandidateGenerator):
+    """Drafts a token tree with a draft model (or early exit); arguments as the chain's generator, plus ``tree``."""
+
+
+class FeatureTreeCandidateGenerator(_TreeDrafting, FeatureCandidateGenerator):
+    """Drafts a token tree with a draft that reads the target's features (an EagleDraft): the root's pass reads the
+    columns its cache lacks with the target's features; a node reads its token with its parent's predicted feature.
+    After the round the draft cache goes back to the round's start, as for a chain (every node was computed from the
+    draft's own features), so the accepted path needs no compaction."""
+
+    def _start_round(self, input_ids) -> None:
+        if self.features is None or self.features.shape[1] != input_ids.shape[1]:
+            raise ValueError(
+                "A feature draft drafts a tree in diversed_hf's loop only, after the target's features of every "
+                "column: `target.generate(..., assistant_model=draft, assistant_tree_top_k=...)`."
+            )
+        self.round_length = input_ids.shape[1]
+        self.step_features = None
+
+    def _tree_inputs(self, parent_hidden) -> dict:
+        return {"target_hidden": parent_hidden}
+
+    def _tree_hidden(self, out):
+        return out.last_hidden_state
+
+    def keep_path(self, columns: torch.Tensor) -> None:
+        """Nothing to keep: the realignment crops the draft cache to the round's start."""
 
 
 def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded_probs, expanded_hidden, fed, length) -> DraftTree:

@@ -55,7 +55,7 @@ from ..drafting.length.costs import DraftCosts
 from ..drafting.length.optimal import acceptance_setting
 from ..drafting.pairs import text_vocab_size
 from ..drafting.tree import TreeSpec
-from ..drafting.tree_candidates import TreeCandidateGenerator, TreeCandidates
+from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.rules import VerificationResult, Verifier
 from . import round_profile
@@ -206,8 +206,9 @@ def speculative_decode(
         FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
     )
     tree_kwargs = {}
-    if tree is not None:  # the chain's generator, drafting a tree (docs/method.md §9)
-        generator_class, tree_kwargs = TreeCandidateGenerator, {"tree": tree}
+    if tree is not None:  # the chain's generator, drafting a tree (docs/method.md §8)
+        tree_kwargs = {"tree": tree}
+        generator_class = FeatureTreeCandidateGenerator if reads_features else TreeCandidateGenerator
     candidate_generator = generator_class(
         input_ids,
         draft,
@@ -300,7 +301,7 @@ class _SpeculativeLoop:
             batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, input_ids.dtype, device
         )
         self.state.recorder = score_recorder
-        if isinstance(self.candidates, TreeCandidateGenerator):
+        if isinstance(self.candidates, (TreeCandidateGenerator, FeatureTreeCandidateGenerator)):
             self.state.tree_nodes = torch.zeros(batch_size, dtype=torch.long, device=device)
         if max_new_tokens <= 0:
             return self.state.tokens[:, :0], SpeculationStats.of_run(self.state, num_draft)

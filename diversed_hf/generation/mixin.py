@@ -258,7 +258,7 @@ class DiversedGenerationMixin:
       ``"optimal"`` schedule uses instead of measuring them (:mod:`diversed_hf.drafting.length.optimal`).
     - ``assistant_tree_top_k`` (int K), ``assistant_tree_size`` (int M), ``assistant_tree`` (paths of child ranks):
       draft a token tree each round instead of a chain, ``num_assistant_tokens`` levels deep, and verify all of its
-      nodes in one target pass (:mod:`diversed_hf.drafting.tree`, docs/method.md §9); read from ``generate``, else
+      nodes in one target pass (:mod:`diversed_hf.drafting.tree`, docs/method.md §8); read from ``generate``, else
       the call's or the assistant's ``generation_config``.
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
@@ -506,11 +506,9 @@ def _diversed_generate(
         confidence_threshold=threshold,
         costs=extra.pop("assistant_costs", None),  # a `generate` keyword only
     )
-    tree = TreeSpec.resolve(  # a token tree per round (docs/method.md §9), or None: today's chain
-        assistant_model,
-        arguments.get("generation_config"),
-        policy.num_assistant_tokens,
-        **{name: extra.pop(name, None) for name in TREE_KNOBS},
+    tree_given = {name: extra.pop(name, None) for name in TREE_KNOBS}
+    tree = TreeSpec.resolve(  # a token tree per round (docs/method.md §8), or None: today's chain
+        assistant_model, arguments.get("generation_config"), policy.num_assistant_tokens, **tree_given
     )
     if policy.costs is not None:
         policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
@@ -524,15 +522,27 @@ def _diversed_generate(
     _check_loop_options(arguments, extra)
     if tree is not None:
         config = arguments.get("generation_config") or self.generation_config
-        check_tree_call(
-            self,
-            assistant_model,
-            verifier,
-            policy,
-            threshold_given=threshold is not None,
-            streamer=streamer,
-            num_return_sequences=extra.get("num_return_sequences", getattr(config, "num_return_sequences", None)),
-        )
+        try:
+            check_tree_call(
+                self,
+                assistant_model,
+                verifier,
+                policy,
+                threshold_given=threshold is not None,
+                streamer=streamer,
+                num_return_sequences=extra.get("num_return_sequences", getattr(config, "num_return_sequences", None)),
+            )
+        except ValueError as error:
+            if any(value is not None for value in tree_given.values()):
+                raise
+            # the tree came from a generation config (a shipped draft's best shape): this call drafts a chain
+            logger.warning(
+                "A generation config asks for a token tree, which this call cannot draft (%s); it drafts a chain of "
+                "%d instead.",
+                error,
+                policy.num_assistant_tokens,
+            )
+            tree = None
     decode = _loop_decoder(
         assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights, tree
     )

@@ -45,7 +45,8 @@ def verify_tree_round(loop, candidates):
     positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
     root = positions[:, -1:]  # (B, 1)
     positions = torch.cat([positions[:, cached:], root + depths[None, :]], dim=1)  # (B, fresh + S)
-    needs_hidden = loop.verifier.requires_hidden_states
+    reads_features = loop.candidates.reads_target_features  # an EagleDraft: the target's features of the path
+    needs_hidden = loop.verifier.requires_hidden_states or reads_features
     with round_profile.phase("target forward"):
         out = compat.forward_tree(
             loop.target,
@@ -57,30 +58,49 @@ def verify_tree_round(loop, candidates):
             output_hidden_states=needs_hidden,
         )
     with round_profile.phase("verification math"):
-        target_probs, processed = _slot_distributions(loop, seq, tree, out.logits)  # (B, S + 1, V) each
-        check_finite_mass(target_probs, "target")
-        result, path = verify_tree(
+        logits = out.logits[:, -(num_slots + 1) :]  # (B, S + 1, model_vocab)
+        recording = loop.state.recorder is not None
+        processed = []  # the processed scores at each step's slot, when recorded
+
+        def target_probs_at(step, slots, path_tokens):  # p at each row's slot, its processors on its own prefix
+            slot_logits = logits[torch.arange(batch, device=seq.device), slots]  # (B, model_vocab)
+            if not len(loop.logits_processor):
+                scores = slot_logits[:, : loop.vocab_size].float()
+            else:
+                prefix = torch.cat([seq, path_tokens], dim=1)  # (B, L + step)
+                scores, _ = next_token_scores(loop.logits_processor, prefix, slot_logits, loop.vocab_size)
+            if recording:
+                processed.append(scores)
+            probs = scores.softmax(dim=-1)
+            check_finite_mass(probs, "target")
+            return probs
+
+        depth = max(len(tree.level_sizes), 1)
+        result, path, target_probs = verify_tree(
             loop.verifier,
             tree.tokens,
             tree.children,
             tree.sampled,
             tree.draft_probs,
-            target_probs,
-            max(len(tree.level_sizes), 1),
+            target_probs_at,
+            depth,
             draft_hidden=tree.draft_hidden,
             target_hidden=out.hidden_states[-1][:, -(num_slots + 1) :] if needs_hidden else None,
             do_sample=loop.do_sample,
             generator=loop.generator,
-        )
+        )  # result, (B, depth), (B, depth + 1, V)
+    along = torch.cat([torch.zeros_like(path[:, :1]), path], dim=1)  # (B, depth + 1) the slot of each emitted token
+    if reads_features:  # the draft's features for the next round: the target's at the root and the path's nodes
+        features = loop.candidates.target_features(out.hidden_states)[:, -(num_slots + 1) :]  # (B, S + 1, d)
+        loop.round_target_hidden = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[2]))
     longest = int(result.num_accepted.max())  # A
     path = path[:, :longest]  # (B, A) slots of each row's path (0 past its end)
     # the target cache: the path's nodes (column L - 1 + slot) right after the prefix, then L + A columns
     compat.compact_cache(loop.target_cache, length, length - 1 + path.clamp(min=1))
     draft_columns = tree.draft_columns.gather(1, (path[:, : max(longest - 1, 0)] - 1).clamp(min=0))
-    loop.candidates.keep_path(path, draft_columns.clamp(min=length - 1))  # the draft cache: L + A - 1 columns
+    loop.candidates.keep_path(draft_columns.clamp(min=length - 1))  # the draft cache: L + A - 1 columns
     if loop.state.tree_nodes is not None:
         loop.state.tree_nodes[loop.active] += tree.num_nodes
-    depth = result.position_acceptance.shape[1]
     path_tokens = tree.tokens.gather(1, (path - 1).clamp(min=0))  # (B, A)
     drafts = torch.nn.functional.pad(path_tokens, (0, depth - longest))  # (B, depth)
     chain = DraftCandidates(
@@ -89,45 +109,9 @@ def verify_tree_round(loop, candidates):
         draft_lengths=tree.depth_limits.clamp(max=depth),
         attention_mask=torch.cat([mask, torch.ones_like(drafts)], dim=1),
     )
-    along = torch.cat([torch.zeros_like(path[:, :1]), torch.nn.functional.pad(path, (0, depth - longest))], dim=1)
-    index = along[:, :, None].expand(-1, -1, target_probs.shape[2])  # (B, depth + 1, V): the slot of each token
     target_scores = None
-    if processed is not None:
-        raw = out.logits[:, -(num_slots + 1) :].float()
-        target_scores = (processed.gather(1, index), raw.gather(1, along[:, :, None].expand(-1, -1, raw.shape[2])))
-    return (result, target_probs.gather(1, index), target_scores), chain
-
-
-def _slot_distributions(loop, seq, tree, logits):
-    """``p`` at the root and every node (B, S + 1, V), after the logits processors read each slot's own prefix
-    (the sequence and the path to it); and the processed scores when they are recorded."""
-    vocab, num_slots = loop.vocab_size, tree.num_slots
-    logits = logits[:, -(num_slots + 1) :]  # (B, S + 1, model_vocab)
-    recording = loop.state.recorder is not None
-    if not len(loop.logits_processor):
-        fitted = logits[:, :, :vocab].float()
-        return fitted.softmax(dim=-1), fitted if recording else None
-    probs, processed = [], []
-    slot_depths = [0] + tree.depths
-    paths = _paths(tree)  # (B, S + 1, depth) tokens from the root's child to each slot
-    for slot in range(num_slots + 1):
-        prefix = torch.cat([seq, paths[:, slot, : slot_depths[slot]]], dim=1)  # (B, L + depth of the slot)
-        scores, _ = next_token_scores(loop.logits_processor, prefix, logits[:, slot], vocab)
-        probs.append(scores.softmax(dim=-1))
-        processed.append(scores)
-    return torch.stack(probs, dim=1), torch.stack(processed, dim=1) if recording else None
-
-
-def _paths(tree) -> torch.Tensor:  # (B, S + 1, depth)
-    """Each slot's path tokens, level by level (0 past the slot's depth)."""
-    batch, num_slots = tree.tokens.shape
-    depth = len(tree.level_sizes)
-    paths = torch.zeros(batch, num_slots + 1, depth, dtype=tree.tokens.dtype, device=tree.tokens.device)
-    first = 0
-    for level, size in enumerate(tree.level_sizes):
-        level_slots = slice(first, first + size)  # slots first + 1 .. first + size (node index first .. )
-        on_path = tree.ancestors[:, :, level_slots]  # (B, S, size): which node of this level is an ancestor
-        token = (on_path.long() * tree.tokens[:, None, level_slots]).sum(dim=2)  # (B, S)
-        paths[:, 1:, level] = token
-        first += size
-    return paths
+    if recording:
+        processed += [processed[-1]] * (depth + 1 - len(processed))  # steps past every row's end: filler
+        raw = logits.float().gather(1, along[:, :, None].expand(-1, -1, logits.shape[2]))  # (B, depth + 1, V')
+        target_scores = (torch.stack(processed, dim=1), raw)
+    return (result, target_probs, target_scores), chain

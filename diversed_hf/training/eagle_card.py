@@ -45,6 +45,7 @@ def render_eagle_card(config, record: dict) -> str:
         after_acceptance=_steps(after.get("acceptance_t1")),
         after_top1=_steps(after.get("top1_agreement")),
         measured=record.get("measured"),
+        tree=record.get("tree"),
         recipe=record["recipe"].split(" && ") if record.get("recipe") else None,
         settings=json.dumps(settings, sort_keys=True),
     )

@@ -1,4 +1,4 @@
-"""Verifying a token tree against any verification distribution ``pi`` (docs/method.md §9).
+"""Verifying a token tree against any verification distribution ``pi`` (docs/method.md §8).
 
 The walk starts at the root (the round's last committed token) and, at each node that has children, tests them in
 their order against ``pi`` at that node, the distribution a chain would verify against there:
@@ -52,23 +52,20 @@ def verify_tree(
     children: torch.Tensor,  # (B, S + 1, C) each slot's children slots in order, -1 padded
     sampled: torch.Tensor,  # (B, S) bool: drawn from its parent's q
     draft_probs: torch.Tensor,  # (B, S + 1, vocab) q at each slot (zeros where not expanded)
-    target_probs: torch.Tensor,  # (B, S + 1, vocab) p at each slot
+    target_probs_at,  # (step, slots (B,), path tokens (B, step)) -> (B, vocab): p at the walk's slots
     depth: int,
     *,
     draft_hidden: torch.Tensor | None = None,  # (B, S + 1, d_draft)
     target_hidden: torch.Tensor | None = None,  # (B, S + 1, d)
     do_sample: bool = True,
     generator: torch.Generator | None = None,
-) -> tuple[VerificationResult, torch.Tensor]:  # result over the path's ``depth`` positions, path slots (B, depth)
-    """One tree round: the accepted path (slots, 0 past its end), and a :class:`VerificationResult` laid out as a
-    chain of ``depth`` drafts (``num_accepted`` = the path's length; ``position_acceptance`` = the probability that
-    the path's node accepts one of its children, 0 past the stop; ``drafted_acceptance`` = whether it did)."""
+) -> tuple[VerificationResult, torch.Tensor, torch.Tensor]:  # result, path slots (B, depth), p (B, depth + 1, vocab)
+    """One tree round: a :class:`VerificationResult` laid out as a chain of ``depth`` drafts (``num_accepted`` = the
+    path's length; ``position_acceptance`` = the probability that the path's node accepts one of its children, 0
+    past the stop; ``drafted_acceptance`` = whether it did), the accepted path (slots, 0 past its end) and ``p`` at
+    the slot of each emitted token. ``p`` and ``pi`` are computed only where the walk goes (``target_probs_at``: the
+    logits processors read each row's path), one slot per row and step."""
     batch, device = tokens.shape[0], tokens.device
-    expanded = (children[:, :, 0] >= 0)[:, :, None]  # (B, S + 1, 1) slots with children
-    q = torch.where(expanded, draft_probs, target_probs)  # a stand-in where unused: pi stays a distribution
-    pi, weight = verifier.verification_probs(q, target_probs, draft_hidden=draft_hidden, target_hidden=target_hidden)
-    if type(verifier).__module__.split(".")[:2] != ["diversed_hf", "verifiers"]:
-        check_verification_output(type(verifier).__qualname__, (pi, weight), tuple(q.shape))
     rows = torch.arange(batch, device=device)
     node = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) the walk's current slot
     alive = torch.ones(batch, dtype=torch.bool, device=device)
@@ -78,22 +75,32 @@ def verify_tree(
     position_acceptance = torch.zeros(batch, depth, device=device)
     drafted_acceptance = torch.zeros(batch, depth, device=device)
     weights = torch.full((batch, depth), float("nan"), device=device)
+    visited = []  # p at each step's slot, (B, vocab) each
     slot_tokens = torch.cat([torch.zeros_like(tokens[:, :1]), tokens], dim=1)  # (B, S + 1)
     slot_sampled = torch.cat([torch.zeros_like(sampled[:, :1]), sampled], dim=1)  # (B, S + 1)
     for step in range(depth + 1):
         kids = children[rows, node]  # (B, C)
         has_kids = alive & (kids[:, 0] >= 0) & (step < depth)  # (B,)
         leaf = alive & ~has_kids
-        p_node, pi_node, q_node = target_probs[rows, node], pi[rows, node], q[rows, node]  # (B, vocab) each
+        p_node = target_probs_at(step, node, slot_tokens.gather(1, path[:, :step]))  # (B, vocab)
+        visited.append(p_node)
         if bool(leaf.any()):  # the bonus token, from p
             bonus = ops.sample(p_node, generator) if do_sample else p_node.argmax(dim=-1)
             next_tokens = torch.where(leaf, bonus, next_tokens)
         if not bool(has_kids.any()):
             break
-        if step < depth and weight is not None:
-            weights[:, step] = torch.where(has_kids, weight[rows, node].float(), weights[:, step])
+        q_node = torch.where(has_kids[:, None], draft_probs[rows, node], p_node)  # a stand-in where unused
+        context = {
+            "draft_hidden": None if draft_hidden is None else draft_hidden[rows, node][:, None],
+            "target_hidden": None if target_hidden is None else target_hidden[rows, node][:, None],
+        }
+        pi_node, weight = verifier.verification_probs(q_node[:, None], p_node[:, None], **context)  # (B, 1, vocab)
+        if type(verifier).__module__.split(".")[:2] != ["diversed_hf", "verifiers"]:
+            check_verification_output(type(verifier).__qualname__, (pi_node, weight), (batch, 1, q_node.shape[1]))
+        if weight is not None:
+            weights[:, step] = torch.where(has_kids, weight[:, 0].float(), weights[:, step])
         chosen, emitted, accept_probability = _test_children(
-            kids, slot_tokens, slot_sampled, q_node, p_node, pi_node, verifier, do_sample, generator
+            kids, slot_tokens, slot_sampled, q_node, p_node, pi_node[:, 0], verifier, do_sample, generator
         )  # (B,) kept child's slot or -1, (B,) token when none kept, (B,)
         kept = has_kids & (chosen >= 0)
         rejected = has_kids & (chosen < 0)
@@ -104,8 +111,9 @@ def verify_tree(
         num_accepted += kept.long()
         node = torch.where(kept, chosen, node)
         alive = kept
+    visited += [visited[-1]] * (depth + 1 - len(visited))  # steps past every row's end: filler
     result = VerificationResult(num_accepted, next_tokens, position_acceptance, weights, drafted_acceptance)
-    return result, path
+    return result, path, torch.stack(visited, dim=1)
 
 
 def _test_children(kids, slot_tokens, slot_sampled, q, p, pi, verifier, do_sample, generator):

@@ -1,0 +1,344 @@
+"""Token trees against chains, measured on this CPU (RESULTS.md "Token trees"; docs/method.md §8).
+
+    python benchmarks/tree_results.py            # ~25 minutes on one thread
+    python benchmarks/tree_results.py --quick    # a smoke run into results_quick/trees
+
+1. **Verification cost**: one target forward over ``n`` new tokens on a cached context, against one over a single
+   token (SmolLM2-135M-Instruct, bfloat16, one thread; median of repeats).
+2. **Chains and trees, lossless SD**, tokens/s against target-only and tokens per round, greedy and at T = 0.7, one
+   thread, ``--max_new_tokens`` new tokens per prompt:
+   - the testbed pair (float32) on held-out ``arith`` prompts, batch 1 and 8; transformers' assisted decoding
+     (N = 5, constant schedule) beside it, with whether the greedy outputs are token-identical;
+   - the real pair with its default draft, the EagleDraft (bfloat16), on the held-out everyday prompts, batch 1 and
+     8; the shape with the best mean speed-up at batch 1 goes into the draft's generation config (a tree only where
+     one beats the chain) and its card says so.
+
+Each configuration runs every prompt once after a warm-up call; the stage results are kept in
+``<output_dir>/results.json`` (a rerun with the same settings skips the stages already measured; delete the file to
+measure again). Writes ``<output_dir>/trees.md``; without ``--quick`` also ``results/trees.md``, which RESULTS.md
+carries (``benchmarks/make_results.py --head-sections-only`` puts it in place, as this script does).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from make_results import refresh_head_sections
+
+import diversed_hf.testbed as testbed
+from diversed_hf import ExactVerifier, enable_diversed
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
+from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+#: the shapes measured: (name, generate keywords); depth is num_assistant_tokens
+SHAPES = {
+    "chain N=3": dict(num_assistant_tokens=3),
+    "chain N=5": dict(num_assistant_tokens=5),
+    "tree 3x2 (6)": dict(num_assistant_tokens=3, assistant_tree_top_k=2, assistant_tree_size=6),
+    "tree 3x4 (12)": dict(num_assistant_tokens=3, assistant_tree_top_k=4, assistant_tree_size=12),
+    "tree 4x3 (12)": dict(num_assistant_tokens=4, assistant_tree_top_k=3, assistant_tree_size=12),
+    "tree 5x3 (12)": dict(num_assistant_tokens=5, assistant_tree_top_k=3, assistant_tree_size=12),
+}
+#: the shapes the EagleDraft was measured at (filled by measure): what ship() can write into its config
+EAGLE_SHAPES: dict = {}
+MODES = {"greedy": dict(do_sample=False), "T=0.7": dict(do_sample=True, temperature=0.7, top_k=0, top_p=1.0)}
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num_prompts", type=int, default=8, help="prompts per pair (default 8)")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    parser.add_argument("--output_dir", default=None, help="default results/trees (results_quick/trees with --quick)")
+    parser.add_argument("--quick", action="store_true", help="2 prompts, 16 tokens, the testbed only: a smoke run")
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    for name in ("num_prompts", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} is {getattr(args, name)}; it must be >= 1")
+    if args.quick:
+        args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 16)
+    args.output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "trees")
+    return args
+
+
+def verification_costs(target, tokenizer, repeats: int = 7) -> dict:
+    """``{n: seconds of a forward over n new tokens / seconds over 1}`` on a cached 120-token context."""
+    from diversed_hf import compat
+
+    context = tokenizer(everyday_prompts(1)[0], return_tensors="pt").input_ids[:, :120]
+    costs = {}
+    for n in (1, 2, 4, 8, 16, 32):
+        times = []
+        for _ in range(repeats):
+            cache = compat.new_cache()
+            mask = torch.ones(1, context.shape[1] + n, dtype=torch.long)
+            with torch.no_grad():
+                compat.forward_with_cache(
+                    target, context, mask[:, :-n], cache, logits_to_keep=1, output_hidden_states=False
+                )
+                new = torch.randint(100, 1000, (1, n))
+                start = time.perf_counter()
+                compat.forward_with_cache(target, new, mask, cache, logits_to_keep=n, output_hidden_states=False)
+                times.append(time.perf_counter() - start)
+        costs[n] = statistics.median(times)
+    return {str(n): seconds / costs[1] for n, seconds in costs.items()}
+
+
+def run_configs(target, draft, tokenizer, prompts, batch: int, max_new_tokens: int, shapes, with_hf: bool) -> dict:
+    """Per mode and shape: tokens/s over the prompts (batches of ``batch``), tokens per round, nodes per round,
+    and target-only's tokens/s; greedy outputs compared with target-only's."""
+    rows = {}
+    batches = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    encoded = [tokenizer(chunk, return_tensors="pt", padding=True) for chunk in batches]
+    for mode, sampling in MODES.items():
+
+        def timed(**kwargs):
+            outputs, tokens, rounds, nodes, start = [], 0, 0, 0, time.perf_counter()
+            for enc in encoded:
+                with torch.no_grad():
+                    out = target.generate(
+                        **enc, max_new_tokens=max_new_tokens, return_dict_in_generate=True, **sampling, **kwargs
+                    )
+                new = out.sequences[:, enc.input_ids.shape[1] :]
+                tokens += int((new != tokenizer.pad_token_id).sum())
+                outputs.append(new)
+                stats = getattr(out, "speculation", None)
+                if stats is not None:
+                    rounds += int(stats.num_rounds.sum())
+                    nodes += (
+                        int(stats.tree_nodes.sum()) if stats.tree_nodes is not None else int(stats.num_drafted.sum())
+                    )
+            return time.perf_counter() - start, tokens, rounds, nodes, outputs
+
+        timed()  # warm-up
+        seconds, tokens, _, _, reference = timed()
+        base = tokens / seconds
+        rows[mode] = {"target-only": {"tokens_per_second": base, "speedup": 1.0}}
+        configs = dict(shapes)
+        if with_hf and mode == "greedy":
+            configs["transformers assisted N=5"] = None
+        for name, shape in configs.items():
+            if shape is None:  # transformers' own assisted decoding, constant N = 5, no confidence exit
+                hf_draft = copy.deepcopy(draft)
+                hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+                hf_draft.generation_config.assistant_confidence_threshold = 0.0
+                kwargs = dict(assistant_model=hf_draft, num_assistant_tokens=5)
+            else:
+                kwargs = dict(
+                    assistant_model=draft, verifier=ExactVerifier(), generator=torch.Generator().manual_seed(0)
+                )
+                kwargs.update(shape)
+            timed(**kwargs)  # warm-up
+            seconds, tokens, rounds, nodes, outputs = timed(**kwargs)
+            row = {
+                "tokens_per_second": tokens / seconds,
+                "speedup": tokens / seconds / base,
+                "seconds": seconds,
+            }
+            if rounds:
+                row["tokens_per_round"] = tokens / rounds
+                row["nodes_per_round"] = nodes / rounds
+            if mode == "greedy":
+                row["identical_to_target"] = all(torch.equal(a, b) for a, b in zip(outputs, reference))
+            rows[mode][name] = row
+    return rows
+
+
+def measure(args) -> dict:
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    path = args.output_dir / "results.json"
+    settings = {"num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "quick": args.quick}
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    if results.get("settings") != settings:
+        results = {"settings": settings}
+    torch.set_num_threads(1)
+
+    def stage(name, compute):
+        if name not in results:
+            results[name] = compute()
+            write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+        print(f"{name}: done", flush=True)
+
+    target, draft, tokenizer = testbed.load_pair()
+    enable_diversed(target)
+    tokenizer.padding_side = "left"
+    prompts = list(testbed.load_task("arith", split="test", num_examples=args.num_prompts)["prompt"])
+    for batch in (1, 8):
+        stage(
+            f"testbed batch {batch}",
+            lambda batch=batch: run_configs(
+                target, draft, tokenizer, prompts, batch, args.max_new_tokens, SHAPES, with_hf=batch == 1
+            ),
+        )
+    if not args.quick:
+        target, draft, tokenizer = testbed.load_pair("smollm2")  # the default draft: the EagleDraft
+        enable_diversed(target)
+        tokenizer.padding_side = "left"
+        stage("verification costs", lambda: verification_costs(target, tokenizer))
+        real_shapes = {name: shape for name, shape in SHAPES.items() if name != "chain N=5"}
+        everyday = everyday_prompts(args.num_prompts)
+        shipped = int(draft.generation_config.num_assistant_tokens)
+        eagle_shapes = {f"chain N={shipped} (shipped)": dict(num_assistant_tokens=shipped), **real_shapes}
+        eagle_shapes.pop("chain N=3", None) if shipped != 3 else None
+        EAGLE_SHAPES.update(eagle_shapes)
+        for batch in (1, 8):
+            stage(
+                f"real pair eagle batch {batch}",
+                lambda batch=batch: run_configs(
+                    target, draft, tokenizer, everyday, batch, args.max_new_tokens, eagle_shapes, False
+                ),
+            )
+    return results
+
+
+def table(rows: dict) -> list[str]:
+    lines = ["| mode | method | tokens/s | x target-only | tokens / round | nodes / round | greedy = target |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for mode, methods in rows.items():
+        for name, row in methods.items():
+            identical = row.get("identical_to_target")
+            lines.append(
+                f"| {mode} | {name} | {row['tokens_per_second']:.1f} | {row['speedup']:.2f}x | "
+                f"{row.get('tokens_per_round', float('nan')):.2f} | {row.get('nodes_per_round', float('nan')):.1f} | "
+                f"{'–' if identical is None else ('yes' if identical else 'no')} |"
+            )
+    return lines
+
+
+def page(results: dict, command: str) -> str:
+    settings = results["settings"]
+    lines = [
+        f"Measured with `{command}` on this machine's CPU, one thread, {settings['num_prompts']} prompts per pair, "
+        f"at most {settings['max_new_tokens']} new tokens each, lossless SD (`ExactVerifier`) on every row; each "
+        "configuration ran every prompt once after a warm-up call. A tree `DxK (M)` drafts D levels, expands the K "
+        "best nodes of each level into K children and verifies the M best nodes (docs/method.md §8).",
+        "",
+    ]
+    if "verification costs" in results:
+        costs = results["verification costs"]
+        lines += [
+            "**Verification cost** (SmolLM2-135M-Instruct, bfloat16, a cached 120-token context): one target "
+            "forward over n new tokens, against one over a single token: "
+            + ", ".join(f"n = {n}: {ratio:.2f}" for n, ratio in costs.items())
+            + ".",
+            "",
+        ]
+    for name, title in (
+        ("testbed batch 1", "Testbed pair (float32), held-out `arith` prompts, batch 1"),
+        ("testbed batch 8", "Testbed pair (float32), the same prompts, batch 8"),
+        (
+            "real pair eagle batch 1",
+            "Real pair with its default draft, the EagleDraft (bfloat16), held-out everyday prompts, batch 1",
+        ),
+        ("real pair eagle batch 8", "The same, batch 8"),
+    ):
+        if name in results:
+            lines += [f"**{title}**", "", *table(results[name]), ""]
+    lines += goals(results)
+    return "\n".join(lines).strip() + "\n"
+
+
+#: the goals of the token-tree work, on the real pair's default draft at batch 1 (greedy, T = 0.7, tokens per round)
+GOALS = {"greedy": 1.5, "T=0.7": 1.4, "tokens_per_round": 2.5}
+
+
+def goals(results: dict) -> list[str]:
+    """Each goal met or missed, by how much, from the EagleDraft's best tree at batch 1."""
+    rows = results.get("real pair eagle batch 1")
+    if rows is None:
+        return ["The goals on the real pair's default draft (the EagleDraft) are not measured by this run."]
+    lines = ["**Goals** (the EagleDraft's best shape at batch 1 against target-only):", ""]
+    for mode in ("greedy", "T=0.7"):
+        trees = {name: row for name, row in rows[mode].items() if name.startswith("tree")}
+        name, best = max(trees.items(), key=lambda item: item[1]["speedup"])
+        verdict = "met" if best["speedup"] >= GOALS[mode] else f"missed by {GOALS[mode] - best['speedup']:.2f}"
+        lines.append(f"- {mode}: goal >= {GOALS[mode]}x, {name} reaches {best['speedup']:.2f}x ({verdict}).")
+        if mode == "greedy":
+            per_round = best["tokens_per_round"]
+            verdict = (
+                "met"
+                if per_round >= GOALS["tokens_per_round"]
+                else (f"missed by {GOALS['tokens_per_round'] - per_round:.2f}")
+            )
+            lines.append(f"- tokens per round, greedy: goal >= 2.5, {name} {per_round:.2f} ({verdict}).")
+    return lines
+
+
+def best_shape(rows: dict) -> tuple[str, float]:
+    """The shape with the highest mean speed-up over greedy and T = 0.7 (batch 1), and that mean."""
+    names = [name for name in rows["greedy"] if name != "target-only"]
+    means = {name: statistics.mean(rows[mode][name]["speedup"] for mode in MODES) for name in names}
+    name = max(means, key=means.get)
+    return name, means[name]
+
+
+def ship(results: dict, command: str) -> str:
+    """The default EagleDraft's generation config carries its best shape at batch 1 (a tree only where one beats its
+    chain), and its card says how the shape was chosen."""
+    from transformers import GenerationConfig
+
+    from diversed_hf.drafting.eagle import EagleDraftConfig
+    from diversed_hf.testbed.smollm2 import EAGLE_DIR
+    from diversed_hf.training.eagle_card import render_eagle_card
+
+    rows = results["real pair eagle batch 1"]
+    name, mean = best_shape(rows)
+    config = GenerationConfig.from_pretrained(EAGLE_DIR)
+    shape = EAGLE_SHAPES.get(name)
+    chain = [other for other in rows["greedy"] if other.startswith("chain") and "shipped" in other][0]
+    if shape is not None and "assistant_tree_top_k" in shape:
+        config.num_assistant_tokens = shape["num_assistant_tokens"]
+        config.assistant_tree_top_k = shape["assistant_tree_top_k"]
+        config.assistant_tree_size = shape["assistant_tree_size"]
+        verdict = f"ships the tree {name}"
+    else:
+        for knob in ("assistant_tree_top_k", "assistant_tree_size"):
+            if hasattr(config, knob):
+                delattr(config, knob)
+        verdict = f"keeps its chain ({chain}): no tree was faster"
+    config.save_pretrained(EAGLE_DIR)
+    parts = [
+        f"{shape_name} {rows[mode][shape_name]['speedup']:.2f}x"
+        for shape_name in rows["greedy"]
+        if shape_name != "target-only"
+        for mode in ("greedy",)
+    ]
+    summary = (
+        f'Chosen by `{command}` (RESULTS.md, "Token trees"): lossless SD at batch 1, one thread, bfloat16, on '
+        f"{results['settings']['num_prompts']} held-out everyday prompts x {results['settings']['max_new_tokens']} "
+        f"tokens, greedy and T = 0.7; the shape with the best mean speed-up over target-only ({name}: {mean:.2f}x). "
+        f"Greedy: {', '.join(parts)}. The draft {verdict}."
+    )
+    record = json.loads((EAGLE_DIR / "training.json").read_text())
+    record["tree"] = {"summary": summary, "command": command, "shape": shape if shape else None}
+    write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
+    card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
+    write_text_atomic(EAGLE_DIR / "README.md", card)
+    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
+    return summary
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results = measure(args)
+    command = "python benchmarks/tree_results.py" + (" --quick" if args.quick else "")
+    text = page(results, command)
+    if not args.quick and "real pair eagle batch 1" in results:
+        text += "\n**Shipped.** " + ship(results, command) + "\n"
+    write_text_atomic(args.output_dir / "trees.md", text)
+    print(text)
+    if not args.quick:
+        write_text_atomic(REPO / "results" / "trees.md", text)
+        refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
