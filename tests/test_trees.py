@@ -339,3 +339,53 @@ def test_a_tree_from_the_drafts_config_falls_back_to_a_chain_with_a_warning_wher
         del draft.generation_config.assistant_tree_top_k
     assert output.speculation.tree_nodes is None
     assert "LenientVerifier has no token-tree form" in caplog.text and "drafts a chain of" in caplog.text
+
+
+def test_output_scores_over_a_tree_are_the_targets_at_each_emitted_token(pair):
+    """``output_scores`` / ``output_logits`` with a tree: the target's processed scores and raw logits at the slot
+    each emitted token was decided at, as transformers lays them out (greedy: each token is its scores' argmax)."""
+    target, draft = pair
+    input_ids = prompt(5, batch=2, seed=4)
+    output = target.generate(
+        input_ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=12,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **DYNAMIC,
+    )
+    new = output.sequences[:, input_ids.shape[1] :]
+    assert len(output.scores) == len(output.logits) == new.shape[1]
+    for step, (scores, logits) in enumerate(zip(output.scores, output.logits)):
+        assert torch.equal(scores.argmax(dim=-1), new[:, step])
+        assert torch.equal(logits.argmax(dim=-1), new[:, step])
+    expected = target.generate(
+        input_ids, do_sample=False, max_new_tokens=12, output_logits=True, return_dict_in_generate=True
+    )
+    assert torch.allclose(torch.stack(output.logits), torch.stack(expected.logits), atol=1e-4)
+
+
+def test_a_tree_from_a_config_shrinks_with_the_batch_and_one_asked_for_does_not():
+    """A shipped draft's tree is its best shape at batch 1; a batch shares the target pass, so each row verifies
+    size / batch nodes, and a batch too wide for more than the chain drafts the chain."""
+    shipped = TreeSpec.resolve(None, GenerationConfig(assistant_tree_top_k=4, assistant_tree_size=12), 3)
+    assert shipped.from_config and shipped.for_batch(1) is shipped
+    assert shipped.for_batch(2).size == 6 and shipped.for_batch(8) is None
+    asked = TreeSpec.resolve(None, None, 3, assistant_tree_top_k=4, assistant_tree_size=12)
+    assert asked.for_batch(8) is asked
+
+
+def test_the_shipped_tree_gives_way_to_the_chain_at_batch_8(pair):
+    target, draft = pair
+    draft.generation_config.assistant_tree_top_k = 2
+    draft.generation_config.assistant_tree_size = 6
+    try:
+        common = dict(assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=6, num_assistant_tokens=3)
+        wide = target.generate(prompt(4, batch=8), return_dict_in_generate=True, **common).speculation
+        alone = target.generate(prompt(4), return_dict_in_generate=True, **common).speculation
+    finally:
+        del draft.generation_config.assistant_tree_top_k, draft.generation_config.assistant_tree_size
+    assert wide.tree_nodes is None and alone.tree_nodes is not None

@@ -44,6 +44,9 @@ class TreeSpec:
     top_k: int = 1
     size: int | None = None
     paths: tuple[tuple[int, ...], ...] | None = None
+    #: read from a generation config (a shipped draft's best shape for batch 1), not passed to ``generate``: a wide
+    #: batch shrinks it (:meth:`for_batch`); a tree the caller asks for is drafted as asked
+    from_config: bool = False
 
     def __post_init__(self):
         if self.paths is not None:
@@ -80,6 +83,19 @@ class TreeSpec:
         """Nodes a dynamic tree drafts before the best ``size`` are kept: ``K`` at level 1, ``K * K`` after."""
         return self.top_k + (self.depth - 1) * self.top_k * self.top_k
 
+    def for_batch(self, batch_size: int) -> TreeSpec | None:
+        """The tree each row drafts in a batch of ``batch_size``: a dynamic tree from a generation config is sized for
+        one row, and a batch shares the target pass, so each row verifies ``size / batch_size`` nodes; where that
+        leaves no room beyond the chain, the rows draft the chain (``None``). Measured on this CPU: at batch 8 a tree
+        of 12 was slower than the chain (RESULTS.md, "Token trees"). Static trees and trees passed to ``generate``
+        are kept as given."""
+        if self.is_static or batch_size <= 1 or not self.from_config:
+            return self
+        size = self.size // batch_size
+        if size <= self.depth:
+            return None
+        return TreeSpec(depth=self.depth, top_k=self.top_k, size=size, from_config=True)
+
     @classmethod
     def resolve(cls, assistant_model, generation_config, depth: int, **given) -> TreeSpec | None:
         """The call's tree from the keywords ``given`` (``assistant_tree_top_k``, ``assistant_tree_size``,
@@ -92,12 +108,13 @@ class TreeSpec:
                     value = getattr(config, name, None)
             values[name] = value
         top_k, size, paths = values["assistant_tree_top_k"], values["assistant_tree_size"], values["assistant_tree"]
+        from_config = all(given.get(name) is None for name in TREE_KNOBS)
         if paths is not None:
             if top_k is not None and given.get("assistant_tree_top_k") is not None:
                 raise ValueError(
                     "Pass either `assistant_tree` (a static tree) or `assistant_tree_top_k` (a dynamic one), not both."
                 )
-            return cls(depth=depth, paths=paths)
+            return cls(depth=depth, paths=paths, from_config=from_config)
         if top_k is None and size is None:
             return None
         if top_k is None:
@@ -105,7 +122,7 @@ class TreeSpec:
                 f"`assistant_tree_size={size!r}` needs `assistant_tree_top_k` (the children of each expanded node): "
                 "pass both, or `assistant_tree` for a static tree."
             )
-        spec = cls(depth=depth, top_k=top_k, size=size)
+        spec = cls(depth=depth, top_k=top_k, size=size, from_config=from_config)
         return None if spec.top_k == 1 and size is None else spec
 
 

@@ -206,6 +206,7 @@ def speculative_decode(
         FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
     )
     tree_kwargs = {}
+    tree = None if tree is None else tree.for_batch(input_ids.shape[0])  # a wide batch shrinks it, maybe to a chain
     if tree is not None:  # the chain's generator, drafting a tree (docs/method.md §8)
         tree_kwargs = {"tree": tree}
         generator_class = FeatureTreeCandidateGenerator if reads_features else TreeCandidateGenerator
