@@ -149,6 +149,8 @@ def test_two_tokens_over_a_tree_follow_the_target_losslessly(pair, tree, drafter
 def test_a_tree_with_one_child_per_node_is_the_chain(pair):
     """``assistant_tree_top_k=1`` alone asks for nothing new: the call drafts today's chain."""
     assert TreeSpec.resolve(None, None, 4, assistant_tree_top_k=1) is None
+    shipped = GenerationConfig(assistant_tree_top_k=4, assistant_tree_size=12)  # a draft that ships a tree
+    assert TreeSpec.resolve(None, shipped, 3, assistant_tree_top_k=1) is None  # the caller asks for the chain
     target, draft = pair
     common = dict(assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=8, return_dict_in_generate=True)
     output = target.generate(prompt(5), assistant_tree_top_k=1, **common)

@@ -99,7 +99,10 @@ class TreeSpec:
     @classmethod
     def resolve(cls, assistant_model, generation_config, depth: int, **given) -> TreeSpec | None:
         """The call's tree from the keywords ``given`` (``assistant_tree_top_k``, ``assistant_tree_size``,
-        ``assistant_tree``), else ``generation_config``, else the assistant's; ``None`` for today's chain."""
+        ``assistant_tree``), else ``generation_config``, else the assistant's; ``None`` for today's chain
+        (``assistant_tree_top_k=1`` passed alone asks for the chain whatever a config says)."""
+        if given.get("assistant_tree_top_k") == 1 and all(given.get(n) is None for n in TREE_KNOBS[1:]):
+            return None
         values = {}
         for name in TREE_KNOBS:
             value = given.get(name)
