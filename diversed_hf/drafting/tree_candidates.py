@@ -1,4 +1,5 @@
-"""Drafting a token tree with a draft model: one draft pass per level over the nodes it expands.
+"""Drafting a token tree with a draft model, early exit or an EagleDraft: one draft pass per level over the nodes
+it expands.
 
 :class:`TreeCandidateGenerator` is a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator` (same cache
 layout between rounds, same per-row budgets) whose round builds a :class:`~diversed_hf.drafting.tree.DraftTree`
@@ -6,6 +7,7 @@ instead of a chain: the draft reads what its cache lacks (the root's distributio
 in one pass with a tree mask (each node sees the prefix, its ancestors and itself; its position is the root's plus
 its depth). After verification the loop hands back the accepted path (:meth:`keep_path`): the draft cache keeps the
 prefix and the path's expanded nodes in order, so the usual realignment applies (the cache lags two tokens).
+:class:`FeatureTreeCandidateGenerator` does the same for an EagleDraft, whose cache goes back to the round's start.
 """
 
 from __future__ import annotations
