@@ -60,7 +60,7 @@ from ..verifiers.checks import check_finite_mass
 from ..verifiers.rules import VerificationResult, Verifier
 from . import round_profile
 from .output_scores import TargetScoreRecorder
-from .outputs import SpeculationStats
+from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
 from .tree_round import verify_tree_round
 
@@ -81,7 +81,7 @@ class _RunState:
     num_accepted: torch.Tensor  # (batch,)
     drafted_per_position: torch.Tensor  # (batch, N'), N' the longest draft so far
     accepted_per_position: torch.Tensor  # (batch, N')
-    rounds: list  # per round: (rows (active,), beta_t (active, N_r), a_t(x_t) (active, N_r), N_b (active,))
+    rounds: list[RoundRecord]  # one per round
     recorder: TargetScoreRecorder | None = None  # the target's scores per emitted token (output_scores/logits)
     tree_nodes: torch.Tensor | None = None  # (batch,) nodes verified, when rounds draft token trees
 
@@ -147,11 +147,11 @@ class _RunState:
         if drafted_acceptance is None:
             drafted_acceptance = torch.full_like(betas, float("nan"))
         self.rounds.append(
-            (
-                active.clone(),
-                betas,
-                drafted_acceptance.float().masked_fill(not_drafted, float("nan")),
-                draft_lengths.clone(),
+            RoundRecord(
+                rows=active.clone(),
+                position_acceptance=betas,
+                drafted_acceptance=drafted_acceptance.float().masked_fill(not_drafted, float("nan")),
+                draft_lengths=draft_lengths.clone(),
             )
         )
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..verifiers import theory
+
+
+class RoundRecord(NamedTuple):
+    """One round's statistics, as the loop keeps them until the call's :class:`SpeculationStats` are built."""
+
+    rows: torch.Tensor  # (active,) original batch row of each active row
+    position_acceptance: torch.Tensor  # (active, N_r) beta_t; NaN where not drafted
+    drafted_acceptance: torch.Tensor  # (active, N_r) a_t(x_t); NaN where not drafted
+    draft_lengths: torch.Tensor  # (active,) N_b
 
 
 @dataclass
@@ -47,12 +57,12 @@ class SpeculationStats:
         """Per-row statistics of one call of the loop (its run state), on CPU; per-round arrays padded with NaN
         to the longest draft used."""
         batch_size = state.num_rounds.numel()
-        widths = [betas.shape[1] for _, betas, _, _ in state.rounds]
+        widths = [record.position_acceptance.shape[1] for record in state.rounds]
         width = max([num_draft, state.drafted_per_position.shape[1]] + widths)
         per_row = [[] for _ in range(batch_size)]
         per_row_drafted = [[] for _ in range(batch_size)]
         per_row_lengths = [[] for _ in range(batch_size)]
-        for rows, betas, drafted, lengths in state.rounds:  # (active, N_r), (active, N_r), (active,)
+        for rows, betas, drafted, lengths in state.rounds:  # RoundRecord: (active,), (active, N_r) x 2, (active,)
             padded = torch.full((2, rows.numel(), width), float("nan"))
             padded[0, :, : betas.shape[1]] = betas.cpu()
             padded[1, :, : drafted.shape[1]] = drafted.cpu()
