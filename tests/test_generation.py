@@ -470,8 +470,7 @@ def test_our_kwargs_without_a_verifier_are_errors(pair):
 )
 def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(method):
     """Thousands of rows in one call: the first emitted token follows pi_1 built from processed q and p."""
-    from tiny_models import empirical, tv_bound
-    from transformers import GenerationConfig
+    from tiny_models import declared_first_token, empirical, tv_bound
 
     from diversed_hf import HeadVerifier
     from diversed_hf.verifiers import ops
@@ -500,31 +499,11 @@ def test_generate_emits_the_declared_distribution_with_temperature_top_k_top_p(m
         generator=torch.Generator().manual_seed(0),
         **sampling,
     )
-    processors = target._get_logits_processor(GenerationConfig(**sampling))
-    with torch.no_grad():
-        target_out, draft_out = (
-            target(input_ids, output_hidden_states=True),
-            draft(input_ids, output_hidden_states=True),
-        )
-    target_probs = processors(input_ids, target_out.logits[:, -1]).softmax(-1)[:, None]  # (1, 1, V)
-    draft_probs = processors(input_ids, draft_out.logits[:, -1]).softmax(-1)[:, None]
-    untempered = dict(
-        untempered_draft_probs=draft_out.logits[:, -1:].softmax(-1),
-        untempered_target_probs=target_out.logits[:, -1:].softmax(-1),
-    )
-    declared, weight = verifier.verification_probs(
-        draft_probs,
-        target_probs,
-        draft_hidden=draft_out.hidden_states[-1][:, -1:],
-        target_hidden=target_out.hidden_states[-1][:, -1:],
-        **untempered,
-    )
-    assert ops.total_variation(declared[0, 0], target_probs[0, 0]) > 0.02 or method == "exact", (
-        "pick a case that differs from p"
-    )
+    declared, target_probs = declared_first_token(target, draft, verifier, input_ids, sampling)
+    assert ops.total_variation(declared, target_probs) > 0.02 or method == "exact", "pick a case that differs from p"
     observed = empirical(output[:, input_ids.shape[1]], VOCAB_SIZE)
-    tv = float(ops.total_variation(observed, declared[0, 0].double()))
-    assert tv < tv_bound(declared[0, 0], num_rows), tv
+    tv = float(ops.total_variation(observed, declared.double()))
+    assert tv < tv_bound(declared, num_rows), tv
 
 
 def test_crop_cache_uses_transformers_crop_and_ignores_shorter_caches():

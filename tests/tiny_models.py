@@ -277,3 +277,26 @@ def accepted_drafts(target, input_ids: torch.Tensor, verifier, **drafter) -> int
         **drafter,
     )
     return int(out.speculation.num_accepted.sum())
+
+
+def declared_first_token(target, draft, verifier, input_ids: torch.Tensor, sampling: dict):
+    """``(pi_1, p_1)`` (each ``(V,)``): the distribution ``verifier`` declares for the first emitted token after
+    ``input_ids`` (one row), built from the processed ``q`` and ``p`` of ``sampling``'s processors, the models' last
+    hidden states and their untempered distributions; and the processed target distribution itself."""
+    from transformers import GenerationConfig
+
+    processors = target._get_logits_processor(GenerationConfig(**sampling))
+    with torch.no_grad():
+        target_out = target(input_ids, output_hidden_states=True)
+        draft_out = draft(input_ids, output_hidden_states=True)
+    target_probs = processors(input_ids, target_out.logits[:, -1]).softmax(-1)[:, None]  # (1, 1, V)
+    draft_probs = processors(input_ids, draft_out.logits[:, -1]).softmax(-1)[:, None]
+    declared, _ = verifier.verification_probs(
+        draft_probs,
+        target_probs,
+        draft_hidden=draft_out.hidden_states[-1][:, -1:],
+        target_hidden=target_out.hidden_states[-1][:, -1:],
+        untempered_draft_probs=draft_out.logits[:, -1:].softmax(-1),
+        untempered_target_probs=target_out.logits[:, -1:].softmax(-1),
+    )
+    return declared[0, 0], target_probs[0, 0]
