@@ -380,23 +380,3 @@ def test_the_shipped_tree_gives_way_to_the_chain_at_batch_8(pair):
     finally:
         del draft.generation_config.assistant_tree_top_k, draft.generation_config.assistant_tree_size
     assert wide.tree_nodes is None and alone.tree_nodes is not None
-
-
-def test_a_rule_that_reads_untempered_probabilities_is_refused_with_a_tree(pair):
-    """A tree computes p and q after the processors only: a rule asking for the temperature-1 ones would get None."""
-    from dataclasses import dataclass
-
-    from diversed_hf.verifiers import Verifier
-
-    @dataclass(frozen=True)
-    class Untempered(Verifier):
-        requires_untempered_probs = True
-
-        def verification_probs(self, draft_probs, target_probs, **context):
-            return context["untempered_target_probs"], None
-
-    target, draft = pair
-    with pytest.raises(ValueError, match="Untempered reads temperature-1 probabilities"):
-        target.generate(
-            prompt(4), assistant_model=draft, verifier=Untempered(), max_new_tokens=6, assistant_tree_top_k=2
-        )

@@ -37,12 +37,6 @@ def check_tree_verifier(verifier: Verifier) -> None:
         type(verifier).token_acceptance is not Verifier.token_acceptance
         or type(verifier).__call__ is not Verifier.__call__
     )
-    if verifier.requires_untempered_probs:
-        raise ValueError(
-            f"{type(verifier).__name__} reads temperature-1 probabilities (`requires_untempered_probs`), which a "
-            "token tree does not compute at its nodes. Draft a chain with it (leave `assistant_tree_top_k` and "
-            "`assistant_tree` unset)."
-        )
     if isinstance(verifier, BlockVerifier) or own_rule:
         raise ValueError(
             f"{type(verifier).__name__} has no token-tree form: trees verify each node by speculative sampling of the "
