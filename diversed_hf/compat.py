@@ -196,11 +196,13 @@ def forward_with_cache(
     *,
     logits_to_keep: int,
     output_hidden_states: bool,
+    position_ids: torch.Tensor | None = None,  # (batch, chunk); default: from the attention mask
     **model_inputs,
 ):
-    """One forward pass of ``chunk`` new tokens on top of ``cache``; positions follow the attention mask.
-    ``model_inputs`` go to the model as they are (an EagleDraft's ``target_hidden``)."""
-    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]  # (batch, chunk)
+    """One forward pass of ``chunk`` new tokens on top of ``cache``; positions follow the attention mask unless
+    given (a token tree's). ``model_inputs`` go to the model as they are (an EagleDraft's ``target_hidden``)."""
+    if position_ids is None:
+        position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
     cached = cache.get_seq_length()
     out = model(
         input_ids=input_ids,
@@ -527,19 +529,16 @@ def forward_tree(
     dtype = model.dtype if model.dtype.is_floating_point else torch.float32
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # (batch, chunk, keys)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    cached = cache.get_seq_length()
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask[:, None],  # (batch, 1, chunk, keys)
-        position_ids=position_ids,
-        use_cache=True,
+    return forward_with_cache(
+        model,
+        input_ids,
+        mask[:, None],  # (batch, 1, chunk, keys)
+        cache,
         logits_to_keep=logits_to_keep,
         output_hidden_states=output_hidden_states,
-        **{CACHE_KWARG: cache},
+        position_ids=position_ids,
         **model_inputs,
     )
-    assert cache.get_seq_length() == cached + input_ids.shape[1], f"{type(model).__name__} did not extend the cache"
-    return out
 
 
 def compact_cache(
