@@ -104,6 +104,46 @@ def test_the_first_token_over_a_tree_follows_pi_with_temperature_top_k_top_p(pai
     assert tv < tv_bound(declared, num_rows), tv
 
 
+@pytest.mark.parametrize("tree", [DYNAMIC, STATIC], ids=["dynamic", "static"])
+def test_speccascade_over_a_tree_decides_on_temperature_1_probabilities(pair, tree):
+    """SpecCascade's deferral reads the untempered q and p (as in a chain): with a `chow` threshold between the
+    draft's untempered and processed top probability at the root, the two readings declare different laws, and
+    the tree's first token follows the untempered one."""
+    target, draft = pair
+    sampling = dict(do_sample=True, temperature=0.5)
+    input_ids = prompt(6, seed=5)
+    processors = target._get_logits_processor(GenerationConfig(**sampling))
+    with torch.no_grad():
+        logits = draft(input_ids).logits[:, -1]
+    untempered_top = float(logits.softmax(-1).max())
+    processed_top = float(processors(input_ids, logits).softmax(-1).max())
+    verifier = SpecCascadeVerifier("chow", 1.0 - (untempered_top + processed_top) / 2)
+    declared, _ = declared_first_token(target, draft, verifier, input_ids, sampling)
+    on_processed, _ = verifier.verification_probs(*_processed_root(target, draft, input_ids, processors))
+    assert float(ops.total_variation(declared, on_processed[0, 0])) > 0.2  # the test tells the two apart
+    num_rows = 3000
+    output = target.generate(
+        input_ids.repeat(num_rows, 1),
+        assistant_model=draft,
+        verifier=verifier,
+        max_new_tokens=2,
+        generator=torch.Generator().manual_seed(0),
+        **tree,
+        **sampling,
+    )
+    observed = empirical(output[:, input_ids.shape[1]], VOCAB_SIZE)
+    tv = float(ops.total_variation(observed, declared.double()))
+    assert tv < tv_bound(declared, num_rows), tv
+
+
+def _processed_root(target, draft, input_ids, processors):  # q and p at the root after the processors, (1, 1, V)
+    with torch.no_grad():
+        probs = [
+            processors(input_ids, model(input_ids).logits[:, -1]).softmax(-1)[:, None] for model in (draft, target)
+        ]
+    return probs
+
+
 @pytest.mark.parametrize("drafter", ["draft model", "eagle"])
 @pytest.mark.parametrize("tree", [DYNAMIC, STATIC], ids=["dynamic", "static"])
 def test_two_tokens_over_a_tree_follow_the_target_losslessly(pair, tree, drafter):

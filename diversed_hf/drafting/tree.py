@@ -191,6 +191,7 @@ class DraftTree:
     ancestors: torch.Tensor  # (B, S, S) bool: slot j is an ancestor of (or is) slot i
     children: torch.Tensor  # (B, S + 1, C) slots of each slot's valid children in verification order, -1 padded
     draft_probs: torch.Tensor  # (B, S + 1, vocab) q at each slot (zeros where the slot was not expanded)
+    untempered_draft_probs: torch.Tensor | None  # (B, S + 1, vocab) softmax(raw logits) there, for rules that read it
     draft_hidden: torch.Tensor | None  # (B, S + 1, d_draft) the draft's hidden state at each slot, when asked
     draft_columns: torch.Tensor  # (B, S) the draft cache column of each node it was fed at (-1: never fed)
     level_sizes: tuple[int, ...]  # slots per level, levels 1..depth

@@ -109,8 +109,8 @@ class _TreeDrafting:
         chunk = input_ids[:, self.cache.get_seq_length() :]  # what the cache lacks: the prompt, or the last columns
         with round_profile.phase("draft forward"):
             logits, hidden = self.draft_forward(chunk, attention_mask)  # (B, V'), (B, d) or None
-        root_probs = self._probs(input_ids, logits)  # (B, vocab)
-        tree = self._grow(input_ids, attention_mask, root_probs, hidden, limits)
+        root_probs, root_untempered = self._probs(input_ids, logits)  # (B, vocab), (B, vocab) or None
+        tree = self._grow(input_ids, attention_mask, (root_probs, root_untempered), hidden, limits)
         self.awaiting_update = True
         return TreeCandidates(input_ids, attention_mask, tree)
 
@@ -123,11 +123,12 @@ class _TreeDrafting:
     def _tree_hidden(self, out):  # (B, E, d) or None: the draft's state at the expanded nodes
         return out.hidden_states[-1] if self.output_hidden_states else None
 
-    def _probs(self, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # (B, vocab)
-        scores, _ = next_token_scores(self.logits_processor, prefix, logits, self.vocab_size)
+    def _probs(self, prefix: torch.Tensor, logits: torch.Tensor):  # (B, vocab), and (B, vocab) or None
+        """``q`` at one node from its logits, and ``softmax(raw logits)`` when the verifier reads it."""
+        scores, raw = next_token_scores(self.logits_processor, prefix, logits, self.vocab_size)
         probs = scores.softmax(dim=-1)
         check_finite_mass(probs, "draft")
-        return probs
+        return probs, raw.softmax(dim=-1) if self.output_untempered_probs else None
 
     def _children(self, probs: torch.Tensor, count: int, parent_scores: torch.Tensor):
         """``count`` children of each row's node with distribution ``probs`` (B, vocab): tokens, scores, sampled."""
@@ -137,11 +138,13 @@ class _TreeDrafting:
             scores[:, 0] = parent_scores
         return tokens, scores, [self.do_sample] + [False] * (count - 1)
 
-    def _grow(self, input_ids, attention_mask, root_probs, root_hidden, limits) -> DraftTree:
+    def _grow(self, input_ids, attention_mask, root, root_hidden, limits) -> DraftTree:
         spec, batch, device = self.tree_spec, input_ids.shape[0], input_ids.device
         length = input_ids.shape[1]
         nodes = _Nodes(batch, device)
+        root_probs, root_untempered = root  # (B, vocab), (B, vocab) or None
         expanded_probs, expanded_hidden = [root_probs], [root_hidden]  # expansion 0: the root
+        expanded_untempered = [root_untempered]  # softmax(raw logits) at each expansion, when the verifier reads it
         fed: list[torch.Tensor] = []  # (B,) candidate fed at draft cache column length + i
         root_positions = attention_mask.sum(dim=1) - 1  # (B,)
         depth = min(spec.depth, int(limits.max()))
@@ -177,7 +180,7 @@ class _TreeDrafting:
             if expanded_hidden[0] is not None:
                 stacked = torch.stack(expanded_hidden, dim=1)  # (B, X, d)
                 parent_hidden = stacked.gather(1, parent_expansion[:, :, None].expand(-1, -1, stacked.shape[2]))
-            probs, hidden = self._expand(
+            probs, untempered, hidden = self._expand(
                 nodes, expand, fed, input_ids, attention_mask, root_positions, level, parent_hidden
             )
             width = expand.shape[1]
@@ -190,17 +193,20 @@ class _TreeDrafting:
                 node = expand[:, e]  # (B,)
                 nodes.expanded[torch.arange(batch, device=device), node] = len(expanded_probs)
                 expanded_probs.append(probs[:, e])
+                expanded_untempered.append(None if untempered is None else untempered[:, e])
                 expanded_hidden.append(None if hidden is None else hidden[:, e])
                 tokens, scores = children[:, e, :child_count], child_scores[:, e, :child_count]
                 first = len(nodes.levels)
                 nodes.add(node[:, None].expand_as(tokens), tokens, scores, level + 1, sampled[:child_count])
                 if spec.is_static:
                     static.update({plan[e][0] + (rank,): first + rank for rank in range(child_count)})
-        return _layout(nodes, spec, limits, expanded_probs, expanded_hidden, fed, length)
+        expanded = (expanded_probs, expanded_untempered, expanded_hidden)
+        return _layout(nodes, spec, limits, expanded, fed, length)
 
     def _expand(self, nodes: _Nodes, expand, fed, input_ids, attention_mask, root_positions, level, parent_hidden):
-        """One draft pass over the nodes ``expand`` (B, E) of ``level``: their distributions (E x (B, vocab)) and
-        hidden states (B, E, d) or None. Each sees the prefix, its fed ancestors and itself."""
+        """One draft pass over the nodes ``expand`` (B, E) of ``level``: their distributions (B, E, vocab), the
+        untempered ones (B, E, vocab) when the verifier reads them, else None, and their hidden states (B, E, d) or
+        None. Each sees the prefix, its fed ancestors and itself."""
         batch, width = expand.shape
         fed.extend(expand[:, e] for e in range(width))
         fed_nodes = torch.stack(fed, dim=1)  # (B, F) candidates at draft cache columns length + f
@@ -222,23 +228,23 @@ class _TreeDrafting:
                 **self._tree_inputs(parent_hidden),
             )
         if len(self.logits_processor):  # each node's processors read its own prefix: the sequence and its path
-            scores = torch.stack(
-                [
-                    next_token_scores(
-                        self.logits_processor,
-                        torch.cat([input_ids, nodes.path_tokens(expand[:, e])], dim=1),  # (B, L + level)
-                        out.logits[:, e],
-                        self.vocab_size,
-                    )[0]
-                    for e in range(width)
-                ],
-                dim=1,
-            )  # (B, E, vocab)
+            scored = [
+                next_token_scores(
+                    self.logits_processor,
+                    torch.cat([input_ids, nodes.path_tokens(expand[:, e])], dim=1),  # (B, L + level)
+                    out.logits[:, e],
+                    self.vocab_size,
+                )
+                for e in range(width)
+            ]
+            scores = torch.stack([processed for processed, _ in scored], dim=1)  # (B, E, vocab)
+            raw = torch.stack([raw for _, raw in scored], dim=1)  # (B, E, vocab)
         else:
-            scores = ops.fit_vocabulary(out.logits[:, -width:], self.vocab_size).float()  # (B, E, vocab)
+            scores = raw = ops.fit_vocabulary(out.logits[:, -width:], self.vocab_size).float()  # (B, E, vocab)
         probs = scores.softmax(dim=-1)
         check_finite_mass(probs, "draft")
-        return probs, self._tree_hidden(out)
+        untempered = raw.softmax(dim=-1) if self.output_untempered_probs else None
+        return probs, untempered, self._tree_hidden(out)
 
     def keep_path(self, columns: torch.Tensor) -> None:
         """After verification: the draft cache keeps the prefix and the accepted path's fed nodes ``columns``
@@ -275,8 +281,10 @@ class FeatureTreeCandidateGenerator(_TreeDrafting, FeatureCandidateGenerator):
         """Nothing to keep: the realignment crops the draft cache to the round's start."""
 
 
-def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded_probs, expanded_hidden, fed, length) -> DraftTree:
-    """The nodes a round verifies, in slots by level (see :class:`~diversed_hf.drafting.tree.DraftTree`)."""
+def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded, fed, length) -> DraftTree:
+    """The nodes a round verifies, in slots by level (see :class:`~diversed_hf.drafting.tree.DraftTree`);
+    ``expanded``: q, the untempered q (or Nones) and the draft's hidden state (or Nones) at each expansion."""
+    expanded_probs, expanded_untempered, expanded_hidden = expanded
     batch, device = nodes.tokens.shape[0], nodes.tokens.device
     levels = torch.tensor(nodes.levels, device=device)  # (C,)
     fits = levels[None, :] <= limits[:, None]  # (B, C) within the row's budget
@@ -319,13 +327,16 @@ def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded_probs, expanded_hidd
     # q and the draft's hidden state at each slot (root and expanded nodes)
     expansion = nodes.expanded.gather(1, candidates).masked_fill(~valid, -1)  # (B, S)
     expansion = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), expansion], dim=1)  # (B, S + 1)
-    stacked = torch.stack(expanded_probs, dim=1)  # (B, X, vocab)
-    draft_probs = stacked.gather(1, expansion.clamp(min=0)[:, :, None].expand(-1, -1, stacked.shape[2]))
-    draft_probs = draft_probs * (expansion >= 0)[:, :, None]
-    draft_hidden = None
-    if expanded_hidden[0] is not None:
-        hidden = torch.stack(expanded_hidden, dim=1)  # (B, X, d)
-        draft_hidden = hidden.gather(1, expansion.clamp(min=0)[:, :, None].expand(-1, -1, hidden.shape[2]))
+    at_slots = expansion.clamp(min=0)[:, :, None]  # (B, S + 1, 1) each slot's expansion
+
+    def per_slot(per_expansion: list) -> torch.Tensor | None:  # X x (B, n) -> (B, S + 1, n), zeros where unexpanded
+        if per_expansion[0] is None:
+            return None
+        stacked = torch.stack(per_expansion, dim=1)  # (B, X, n)
+        return stacked.gather(1, at_slots.expand(-1, -1, stacked.shape[2])) * (expansion >= 0)[:, :, None]
+
+    draft_probs, draft_hidden = per_slot(expanded_probs), per_slot(expanded_hidden)
+    untempered_draft_probs = per_slot(expanded_untempered)
     fed_nodes = torch.stack(fed, dim=1) if fed else torch.zeros(batch, 0, dtype=torch.long, device=device)
     column_of = torch.full_like(nodes.tokens, -1)  # (B, C)
     if fed:
@@ -339,6 +350,7 @@ def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded_probs, expanded_hidd
         ancestors=ancestors,
         children=children,
         draft_probs=draft_probs,
+        untempered_draft_probs=untempered_draft_probs,
         draft_hidden=draft_hidden,
         draft_columns=draft_columns,
         level_sizes=tuple(level_sizes),

@@ -14,6 +14,7 @@ import torch
 
 from .. import compat
 from ..drafting.candidates import DraftCandidates, next_token_scores
+from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.tree import verify_tree
 from . import round_profile
@@ -65,15 +66,15 @@ def verify_tree_round(loop, candidates):
         def target_probs_at(step, slots, path_tokens):  # p at each row's slot, its processors on its own prefix
             slot_logits = logits[torch.arange(batch, device=seq.device), slots]  # (B, model_vocab)
             if not len(loop.logits_processor):
-                scores = slot_logits[:, : loop.vocab_size].float()
+                scores = raw = ops.fit_vocabulary(slot_logits, loop.vocab_size).float()
             else:
                 prefix = torch.cat([seq, path_tokens], dim=1)  # (B, L + step)
-                scores, _ = next_token_scores(loop.logits_processor, prefix, slot_logits, loop.vocab_size)
+                scores, raw = next_token_scores(loop.logits_processor, prefix, slot_logits, loop.vocab_size)
             if recording:
                 processed.append(scores)
             probs = scores.softmax(dim=-1)
             check_finite_mass(probs, "target")
-            return probs
+            return probs, raw.softmax(dim=-1) if loop.verifier.requires_untempered_probs else None
 
         depth = max(len(tree.level_sizes), 1)
         result, path, target_probs = verify_tree(
@@ -84,6 +85,7 @@ def verify_tree_round(loop, candidates):
             tree.draft_probs,
             target_probs_at,
             depth,
+            untempered_draft_probs=tree.untempered_draft_probs,
             draft_hidden=tree.draft_hidden,
             target_hidden=out.hidden_states[-1][:, -(num_slots + 1) :] if needs_hidden else None,
             do_sample=loop.do_sample,

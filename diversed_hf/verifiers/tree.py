@@ -52,9 +52,10 @@ def verify_tree(
     children: torch.Tensor,  # (B, S + 1, C) each slot's children slots in order, -1 padded
     sampled: torch.Tensor,  # (B, S) bool: drawn from its parent's q
     draft_probs: torch.Tensor,  # (B, S + 1, vocab) q at each slot (zeros where not expanded)
-    target_probs_at,  # (step, slots (B,), path tokens (B, step)) -> (B, vocab): p at the walk's slots
+    target_probs_at,  # (step, slots (B,), path tokens (B, step)) -> p, untempered p or None: (B, vocab) each
     depth: int,
     *,
+    untempered_draft_probs: torch.Tensor | None = None,  # (B, S + 1, vocab) softmax(raw logits) of the draft
     draft_hidden: torch.Tensor | None = None,  # (B, S + 1, d_draft)
     target_hidden: torch.Tensor | None = None,  # (B, S + 1, d)
     do_sample: bool = True,
@@ -64,7 +65,9 @@ def verify_tree(
     path's length; ``position_acceptance`` = the probability that the path's node accepts one of its children, 0
     past the stop; ``drafted_acceptance`` = whether it did), the accepted path (slots, 0 past its end) and ``p`` at
     the slot of each emitted token. ``p`` and ``pi`` are computed only where the walk goes (``target_probs_at``: the
-    logits processors read each row's path), one slot per row and step."""
+    logits processors read each row's path), one slot per row and step. A rule that reads temperature-1
+    probabilities (``requires_untempered_probs``) gets the draft's (``untempered_draft_probs``) and the target's
+    (``target_probs_at``'s second value) at each node, as in a chain."""
     batch, device = tokens.shape[0], tokens.device
     rows = torch.arange(batch, device=device)
     node = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) the walk's current slot
@@ -82,7 +85,7 @@ def verify_tree(
         kids = children[rows, node]  # (B, C)
         has_kids = alive & (kids[:, 0] >= 0) & (step < depth)  # (B,)
         leaf = alive & ~has_kids
-        p_node = target_probs_at(step, node, slot_tokens.gather(1, path[:, :step]))  # (B, vocab)
+        p_node, p_untempered = target_probs_at(step, node, slot_tokens.gather(1, path[:, :step]))  # (B, vocab) each
         visited.append(p_node)
         if bool(leaf.any()):  # the bonus token, from p
             bonus = ops.sample(p_node, generator) if do_sample else p_node.argmax(dim=-1)
@@ -94,6 +97,12 @@ def verify_tree(
             "draft_hidden": None if draft_hidden is None else draft_hidden[rows, node][:, None],
             "target_hidden": None if target_hidden is None else target_hidden[rows, node][:, None],
         }
+        if verifier.requires_untempered_probs:  # the rule's own inputs at the node; a stand-in where unused
+            untempered_q = untempered_draft_probs[rows, node] if untempered_draft_probs is not None else None
+            if untempered_q is not None and p_untempered is not None:
+                untempered_q = torch.where(has_kids[:, None], untempered_q, p_untempered)
+            context["untempered_draft_probs"] = None if untempered_q is None else untempered_q[:, None]
+            context["untempered_target_probs"] = None if p_untempered is None else p_untempered[:, None]
         pi_node, weight = verifier.verification_probs(q_node[:, None], p_node[:, None], **context)  # (B, 1, vocab)
         if type(verifier).__module__.split(".")[:2] != ["diversed_hf", "verifiers"]:
             check_verification_output(type(verifier).__qualname__, (pi_node, weight), (batch, 1, q_node.shape[1]))
