@@ -37,11 +37,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.utils import ModelOutput
 
 from .. import compat
+from .eagle3 import Eagle3Layer
 
 __all__ = ["EagleDraft", "EagleDraftConfig", "EagleDraftOutput"]
+
+#: what an EagleDraft's layers are (EagleDraftConfig.architecture)
+ARCHITECTURES = ("eagle", "eagle3")
 
 
 class EagleDraftConfig(PretrainedConfig):
@@ -58,6 +63,14 @@ class EagleDraftConfig(PretrainedConfig):
             ``fc`` has a bias by default; ours does not (``fc_bias=True`` gives it one). ``save_pretrained`` writes
             this project's layout (``model_type: diversed_eagle``); :meth:`EagleDraft.save_for_vllm` writes the one
             vLLM's ``eagle`` method loads (Llama targets).
+        architecture: ``"eagle"`` (EAGLE-1 style, the module docstring) or ``"eagle3"``
+            (:mod:`diversed_hf.drafting.eagle3`: ``fc`` over the target's layers ``aux_layer_ids``, one ``Eagle3Layer``,
+            its own final ``norm`` and ``lm_head`` over its ids). For ``"eagle3"``, ``target_config`` is the draft's
+            own one-layer Llama config (:func:`~diversed_hf.drafting.eagle3.eagle3_layers_config`).
+        aux_layer_ids: the target layers an ``"eagle3"`` draft fuses (transformers' ``hidden_states`` indices).
+        target_hidden_size: the target's width when it is not the draft's (``"eagle3"`` only).
+        own_embeddings: the draft keeps its own token embeddings (a checkpoint that ships ``embed_tokens``) instead of
+            sharing the target's.
     """
 
     model_type = "diversed_eagle"
@@ -71,6 +84,10 @@ class EagleDraftConfig(PretrainedConfig):
         fc_bias: bool = False,
         input_norm: bool = False,
         final_norm: bool = False,
+        architecture: str = "eagle",
+        aux_layer_ids: list[int] | None = None,
+        target_hidden_size: int | None = None,
+        own_embeddings: bool = False,
         **kwargs,
     ):
         target_config = dict(target_config or {})
@@ -90,10 +107,25 @@ class EagleDraftConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.target_model_id = target_model_id
         self.fc_bias, self.input_norm, self.final_norm = bool(fc_bias), bool(input_norm), bool(final_norm)
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"`architecture` is {architecture!r}; it must be one of {ARCHITECTURES}.")
+        if architecture == "eagle3" and not aux_layer_ids:
+            raise ValueError("An EAGLE-3 draft needs `aux_layer_ids`: the target layers its `fc` fuses.")
+        if architecture == "eagle3" and num_layers != 1:
+            raise ValueError(f"An EAGLE-3 draft has one decoder layer (its `midlayer`); got `num_layers={num_layers}`.")
+        self.architecture = architecture
+        self.aux_layer_ids = None if aux_layer_ids is None else [int(i) for i in aux_layer_ids]
+        self.own_embeddings = bool(own_embeddings)
         # what the pair checks read (diversed_hf.drafting.pairs): the draft's features live in the target's hidden
         # space and its logits span the target's vocabulary
         self.hidden_size = target_config.get("hidden_size")
         self.vocab_size = target_config.get("vocab_size")
+        self.target_hidden_size = target_hidden_size if target_hidden_size is not None else self.hidden_size
+
+    @property
+    def target_feature_size(self) -> int:
+        """The width of the target features the draft reads: one layer's, or ``aux_layer_ids``' stacked."""
+        return self.target_hidden_size * (len(self.aux_layer_ids) if self.architecture == "eagle3" else 1)
 
     def layers_config(self) -> PretrainedConfig:
         """The target's config cut to the draft's layers, as the config of its base model (without embeddings)."""
@@ -156,15 +188,25 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
                 f"The target's config ({layers_config.model_type!r}) has no integer `hidden_size` (got {hidden!r}): "
                 "an EagleDraft reads the target's features of that width."
             )
-        self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
+        eagle3 = config.architecture == "eagle3"
+        self.fc = nn.Linear(config.target_feature_size if eagle3 else 2 * hidden, hidden, bias=config.fc_bias)
         # every weight in one dtype: the current default (from_pretrained's: the saved one), never the target config's
         self.model = AutoModel.from_config(layers_config, dtype=torch.get_default_dtype())
         _check_layout(self.model, layers_config.model_type, layout)
         setattr(self.model, layout.embeddings, None)  # the target's embeddings are attached, never copied or saved
-        if not config.input_norm:
-            setattr(getattr(self.model, layout.layers)[0], layout.input_norm, nn.Identity())
-        if not config.final_norm:
+        if (
+            eagle3
+        ):  # one Eagle3Layer; its own final norm and LM head, outside the base model (diversed_hf.drafting.eagle3)
+            getattr(self.model, layout.layers)[0] = Eagle3Layer(layers_config, 0)
             setattr(self.model, layout.final_norm, nn.Identity())
+            self.norm = LlamaRMSNorm(hidden, eps=layers_config.rms_norm_eps)
+            self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.vocab_size, bias=False)
+        else:
+            if not config.input_norm:
+                setattr(getattr(self.model, layout.layers)[0], layout.input_norm, nn.Identity())
+            if not config.final_norm:
+                setattr(self.model, layout.final_norm, nn.Identity())
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden) if config.own_embeddings else None
         if config.draft_vocab_size is not None:
             self.register_buffer("draft_vocab_ids", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         else:
@@ -187,15 +229,56 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
     # Construction -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs) -> EagleDraft:
-        """``PreTrainedModel.from_pretrained`` (with the saved ``generation_config.json``: the draft-length knobs it
-        carries, e.g. its measured best ``num_assistant_tokens``) and, with ``target=``, :meth:`attach_target`.
+        """A saved draft from a directory or Hub repo, in any of three formats, told apart by its ``config.json``:
 
-        Every weight is loaded in one dtype: ``dtype=`` when given, else the target's with ``target=``, else the saved
-        one (``train_eagle_draft.py`` saves bfloat16)."""
+        - this project's (``model_type: diversed_eagle``): ``PreTrainedModel.from_pretrained``, with the saved
+          ``generation_config.json`` (the draft-length and tree knobs it carries);
+        - **EAGLE-3** (``architectures: ["LlamaForCausalLMEagle3"]``: the EAGLE authors', SpecForge's, vLLM
+          ``speculators``') and **EAGLE-1** (a Llama config with ``fc`` and ``layers.*``): read by
+          :mod:`diversed_hf.drafting.eagle_formats`, which refuses an incomplete or foreign checkpoint by name.
+
+        With ``target=``, :meth:`attach_target` (an EAGLE-3 checkpoint without its layer ids takes the target's
+        defaults). Every weight is loaded in one dtype: ``dtype=`` when given, else the target's with ``target=``,
+        else the saved one (``train_eagle_draft.py`` saves bfloat16)."""
+        from .eagle_formats import check_state, detect_format, read_config, read_public
+
         if target is not None and kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
             kwargs["dtype"] = target.dtype
+        hub_kwargs = {name: kwargs[name] for name in ("revision", "token", "cache_dir") if name in kwargs}
+        config = read_config(pretrained_model_name_or_path, **hub_kwargs)
+        fmt = detect_format(config) if config is not None else "diversed"
+        if fmt != "diversed":
+            values, state = read_public(pretrained_model_name_or_path, fmt, target=target, **hub_kwargs)
+            dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
+            dtype = dtype or next(tensor.dtype for tensor in state.values() if tensor.is_floating_point())
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)  # every weight built in the dtype it is loaded in
+            try:
+                draft = cls(EagleDraftConfig(**values))
+            finally:
+                torch.set_default_dtype(previous)
+            check_state(pretrained_model_name_or_path, fmt, *draft.load_state_dict(state, strict=False))
+            draft = draft.to(dtype).eval()
+            return draft.attach_target(target) if target is not None else draft
         draft = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         return draft.attach_target(target) if target is not None else draft
+
+    def save_pretrained(self, save_directory, *args, format: str = "diversed", **kwargs):
+        """Save the draft: ``format="diversed"`` (default) in this project's layout (``PreTrainedModel``'s, with its
+        generation config; ``push_to_hub`` uses it); ``"eagle3"`` in the EAGLE-3 layout vLLM's ``eagle3`` method
+        loads (an EAGLE-3 draft); ``"eagle"`` in the EAGLE-1 layout vLLM's ``eagle`` method loads (an EAGLE-1-style
+        draft of a Llama target: :meth:`save_for_vllm`)."""
+        if format == "diversed":
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        if args or kwargs:
+            raise TypeError(f"`format={format!r}` takes only `save_directory`; got {sorted(kwargs) or list(args)}.")
+        if format == "eagle3":
+            from .eagle_formats import save_eagle3
+
+            return save_eagle3(self, save_directory)
+        if format == "eagle":
+            return self.save_for_vllm(save_directory)
+        raise ValueError(f"`format` is {format!r}; use 'diversed' (this project's), 'eagle3' or 'eagle'.")
 
     @classmethod
     def for_target(
@@ -204,14 +287,27 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         num_layers: int = 1,
         draft_vocab_size: int | None = None,
         draft_vocab_ids: torch.Tensor | None = None,
+        architecture: str = "eagle",
+        aux_layer_ids: list[int] | None = None,
     ) -> EagleDraft:
         """An untrained draft for ``target`` (a causal LM of an architecture in :data:`LAYOUTS`, with
         ``get_input_embeddings`` / ``get_output_embeddings``), attached to it, in the target's dtype and on its device.
 
         ``draft_vocab_ids``: the ids the draft scores (e.g. the most frequent in its training data); with only
-        ``draft_vocab_size`` the first ``draft_vocab_size`` ids; neither: every id.
+        ``draft_vocab_size`` the first ``draft_vocab_size`` ids; neither: every id. ``architecture="eagle3"``: an
+        EAGLE-3 draft (one Llama-style layer of the target's width, its own LM head) fusing the target's layers
+        ``aux_layer_ids`` (default ``(2, L // 2, L - 3)``), for a target of any architecture.
         """
         text_config = target.config.get_text_config()
+        if architecture == "eagle3":
+            from .eagle3 import default_aux_layer_ids, eagle3_layers_config
+
+            layers = eagle3_layers_config(text_config)
+            ids = list(aux_layer_ids or default_aux_layer_ids(text_config.num_hidden_layers))
+            if num_layers != 1:
+                raise ValueError(f"An EAGLE-3 draft has one decoder layer; got `num_layers={num_layers}`.")
+        else:
+            layers, ids = text_config.to_dict(), None
         if draft_vocab_ids is not None:
             draft_vocab_ids = torch.as_tensor(draft_vocab_ids, dtype=torch.long).flatten()
             if draft_vocab_size is not None and draft_vocab_size != draft_vocab_ids.numel():
@@ -221,10 +317,12 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
                 )
             draft_vocab_size = draft_vocab_ids.numel()
         config = EagleDraftConfig(
-            target_config=text_config.to_dict(),
+            target_config=layers,
             num_layers=num_layers,
             draft_vocab_size=draft_vocab_size,
             target_model_id=getattr(target.config, "_name_or_path", None) or None,
+            architecture=architecture,
+            aux_layer_ids=ids,
         )
         draft = cls(config)
         if draft_vocab_size is not None:
@@ -234,14 +332,18 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         return draft.attach_target(target)
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
-        """The ids the draft scores: distinct, within the target's vocabulary, ``config.draft_vocab_size`` of them."""
+        """The ids the draft scores: distinct, within the target's vocabulary, ``config.draft_vocab_size`` of them.
+        An EAGLE-1-style draft keeps them sorted (its LM head is the target's rows); an EAGLE-3 draft in the order of
+        its own ``lm_head``'s rows (row ``i`` scores ``ids[i]``)."""
         ids = torch.as_tensor(ids, dtype=torch.long).flatten()
         vocab = self.config.vocab_size
         if ids.numel() != self.config.draft_vocab_size:
             raise ValueError(f"`ids` holds {ids.numel()} ids; this draft scores {self.config.draft_vocab_size}.")
         if ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ValueError(f"`ids` must be distinct token ids in [0, {vocab}).")
-        self.draft_vocab_ids.copy_(ids.sort().values.to(self.draft_vocab_ids.device))
+        if self.config.architecture != "eagle3":
+            ids = ids.sort().values
+        self.draft_vocab_ids.copy_(ids.to(self.draft_vocab_ids.device))
 
     def attach_target(self, target) -> EagleDraft:
         """Share ``target``'s embeddings and LM head (its rows of the draft's ids); returns the draft.
@@ -249,8 +351,8 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         Refused when the target's hidden size or vocabulary differs from the one the draft was built for.
         """
         text_config = target.config.get_text_config()
-        for name in ("hidden_size", "vocab_size"):
-            mine, theirs = getattr(self.config, name), getattr(text_config, name, None)
+        for name, mine in (("hidden_size", self.config.target_hidden_size), ("vocab_size", self.config.vocab_size)):
+            theirs = getattr(text_config, name, None)
             if mine != theirs:
                 raise ValueError(
                     f"This EagleDraft was built for a target with {name}={mine}, and `target` has {name}={theirs}: a "
@@ -258,13 +360,20 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
                     "one for this target with `EagleDraft.for_target(target)` and train it "
                     "(training/train_eagle_draft.py)."
                 )
+        layers = getattr(text_config, "num_hidden_layers", None)
+        if self.config.architecture == "eagle3" and layers is not None and max(self.config.aux_layer_ids) > layers:
+            raise ValueError(
+                f"This EAGLE-3 draft fuses the target's layers {self.config.aux_layer_ids} and `target` has {layers}: "
+                "it was trained for a deeper target. Use the target it was trained for."
+            )
         embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embeddings is None or head is None or getattr(head, "weight", None) is None:
             raise ValueError(f"`target` ({type(target).__name__}) has no input embeddings or LM head to share.")
-        weight = head.weight.detach()  # (vocab, d)
-        if self.draft_vocab_ids is not None:
-            weight = weight[self.draft_vocab_ids.to(weight.device)]  # (draft vocab, d)
-        self.lm_head_weight = weight
+        if self.config.architecture != "eagle3":  # an EAGLE-3 draft scores with its own lm_head
+            weight = head.weight.detach()  # (vocab, d)
+            if self.draft_vocab_ids is not None:
+                weight = weight[self.draft_vocab_ids.to(weight.device)]  # (draft vocab, d)
+            self.lm_head_weight = weight
         self.__dict__["_target_embeddings"] = embeddings
         self.__dict__["_attached_to"] = weakref.ref(target)
         self.logit_softcapping = getattr(text_config, "final_logit_softcapping", None)
@@ -289,7 +398,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         return attached is not None and attached() is target
 
     def get_input_embeddings(self):
-        return self.__dict__["_target_embeddings"]
+        return self.embed_tokens if self.embed_tokens is not None else self.__dict__["_target_embeddings"]
 
     def set_input_embeddings(self, value):
         self.__dict__["_target_embeddings"] = value
@@ -298,7 +407,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         return None  # the LM head is the target's; logits span its vocabulary (config.vocab_size)
 
     def _init_weights(self, module):
-        if module is self.fc:
+        if module is self.fc or module is getattr(self, "lm_head", None):
             nn.init.normal_(module.weight, std=getattr(self.config.layers_config(), "initializer_range", 0.02))
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -311,7 +420,8 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
 
     # Forward ------------------------------------------------------------------------------------
     def _check_attached(self) -> None:
-        if self.lm_head_weight is None or self.get_input_embeddings() is None:
+        head_missing = self.config.architecture != "eagle3" and self.lm_head_weight is None
+        if head_missing or self.get_input_embeddings() is None:
             raise ValueError(
                 "This EagleDraft has no target attached: its embeddings and LM head are the target's. Call "
                 "`draft.attach_target(target)` (generate does it for the target it runs with)."
@@ -330,7 +440,10 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         self._check_attached()
         dtype = self.fc.weight.dtype
         embeds = self.get_input_embeddings()(input_ids).to(dtype)  # (batch, chunk, d)
-        inputs = self.fc(torch.cat([embeds, target_hidden.to(dtype)], dim=-1))  # (batch, chunk, d)
+        if self.config.architecture == "eagle3":  # [embeddings, feature]: the Eagle3Layer splits them
+            inputs = torch.cat([embeds, self._eagle3_feature(target_hidden.to(dtype))], dim=-1)  # (batch, chunk, 2 d)
+        else:
+            inputs = self.fc(torch.cat([embeds, target_hidden.to(dtype)], dim=-1))  # (batch, chunk, d)
         out = self.model(
             inputs_embeds=inputs,
             attention_mask=attention_mask,
@@ -340,8 +453,30 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         )
         return out.last_hidden_state
 
+    def _eagle3_feature(self, hidden: torch.Tensor) -> torch.Tensor:  # (batch, chunk, k d_t) or (batch, chunk, d)
+        """An EAGLE-3 draft's input feature: ``fc`` over the target's stacked layers, or its own (pre-norm) output."""
+        width = hidden.shape[-1]
+        if width == self.fc.in_features and width != self.config.hidden_size:
+            return self.fc(hidden)
+        if width != self.config.hidden_size:
+            raise ValueError(
+                f"`target_hidden` has width {width}; this EAGLE-3 draft reads the target's layers "
+                f"{self.config.aux_layer_ids} stacked ({self.fc.in_features}) or its own features "
+                f"({self.config.hidden_size}): pass `target_features(outputs.hidden_states)`."
+            )
+        return hidden
+
+    def target_features(self, hidden_states: tuple) -> torch.Tensor:  # (batch, T, target_feature_size)
+        """The features the draft reads from a target pass's ``hidden_states`` (``output_hidden_states=True``): the
+        last one, or for an EAGLE-3 draft its ``aux_layer_ids`` stacked along the last dimension."""
+        if self.config.architecture != "eagle3":
+            return hidden_states[-1]
+        return torch.cat([hidden_states[i] for i in self.config.aux_layer_ids], dim=-1)
+
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:  # (..., draft vocab)
         """Logits over the draft's ids (``draft_vocab_ids`` order; every id when it scores all)."""
+        if self.config.architecture == "eagle3":
+            return self.lm_head(self.norm(features))
         logits = nn.functional.linear(features, self.lm_head_weight.to(features.dtype))
         if self.logit_softcapping:
             logits = torch.tanh(logits / self.logit_softcapping) * self.logit_softcapping

@@ -35,7 +35,7 @@ from transformers import AutoConfig
 from .. import __version__
 from ..heads import hub
 
-__all__ = ["EXPORT_FILES", "VLLM_ARCHITECTURE", "save_for_vllm", "vllm_config", "vllm_weights"]
+__all__ = ["EXPORT_FILES", "VLLM_ARCHITECTURE", "check_directory", "save_for_vllm", "vllm_config", "vllm_weights"]
 
 VLLM_ARCHITECTURE = "EagleLlamaForCausalLM"
 #: the target architectures vLLM's EAGLE-1 Llama draft is built for (its decoder layer is Llama's)
@@ -50,7 +50,7 @@ def save_for_vllm(draft, save_directory: str | os.PathLike, *, full_vocab: bool 
     directory. The directory may be new, empty, or an earlier export (replaced); anything else is refused before a
     file is written."""
     check_exportable(draft, full_vocab)
-    directory = _check_directory(save_directory)
+    directory = check_directory(save_directory, RECORD_FORMAT)
     record = {
         "format": RECORD_FORMAT,
         "diversed_hf_version": __version__,
@@ -72,6 +72,11 @@ def save_for_vllm(draft, save_directory: str | os.PathLike, *, full_vocab: bool 
 def check_exportable(draft, full_vocab: bool) -> None:
     """Refuse a draft vLLM's EAGLE-1 Llama model would not reproduce, naming what differs and what to do."""
     config = draft.config
+    if config.architecture == "eagle3":
+        raise ValueError(
+            "This is an EAGLE-3 draft; vLLM's `eagle` method loads EAGLE-1 drafts. Save it with "
+            "`draft.save_pretrained(path, format='eagle3')` and serve it with `method: 'eagle3'`."
+        )
     model_type = config.target_config.get("model_type")
     if model_type not in VLLM_TARGET_TYPES:
         raise ValueError(
@@ -121,14 +126,15 @@ def vllm_weights(draft) -> dict[str, torch.Tensor]:
             continue
         if name.startswith("model."):
             name = name.removeprefix("model.")
-        elif not name.startswith("fc."):
+        elif not name.startswith(("fc.", "embed_tokens.")):
             raise AssertionError(f"{name!r} is neither `fc` nor part of the decoder layers: vLLM has no such weight")
         weights[name] = tensor.detach().to("cpu").contiguous().clone()
     return weights
 
 
-def _check_directory(save_directory) -> Path:
-    """``save_directory`` as a path: new, empty, or an earlier export; anything else is refused."""
+def check_directory(save_directory, record_format: str) -> Path:
+    """``save_directory`` as a path: new, empty, or an earlier export of ``record_format``; anything else is
+    refused."""
     if not isinstance(save_directory, (str, os.PathLike)) or not str(save_directory):
         raise TypeError(f"`save_directory` must be a directory path, got {save_directory!r}.")
     directory = Path(save_directory).expanduser()
@@ -137,11 +143,11 @@ def _check_directory(save_directory) -> Path:
     if not directory.is_dir() or not any(directory.iterdir()):
         return directory
     foreign = sorted(entry.name for entry in directory.iterdir() if entry.name not in EXPORT_FILES)
-    if foreign or _record_format(directory) != RECORD_FORMAT:
+    if foreign or _record_format(directory) != record_format:
         what = f"files an export does not write ({', '.join(foreign[:5])})" if foreign else "no earlier export"
         raise ValueError(
             f"`save_directory` {str(directory)!r} holds {what}: an export replaces its files and must not mix with "
-            "another model's. Pass a new or empty directory, or one an earlier `save_for_vllm` wrote."
+            f"another model's. Pass a new or empty directory, or one an earlier {record_format} export wrote."
         )
     return directory
 

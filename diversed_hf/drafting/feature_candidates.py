@@ -89,12 +89,15 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
     context_lag = 0
 
     def target_features(self, hidden_states: tuple) -> torch.Tensor:  # (B, T, d)
-        """The features this draft reads from a target pass's ``hidden_states``: the last layer's."""
-        return hidden_states[-1]
+        """The features this draft reads from a target pass's ``hidden_states``: the draft says which
+        (``target_features``: an EAGLE-3 draft stacks several layers), else the last layer's."""
+        select = getattr(self.draft_model, "target_features", None)
+        return select(hidden_states) if select is not None else hidden_states[-1]
 
     @property
     def feature_size(self) -> int:
-        return self.draft_model.config.hidden_size
+        config = self.draft_model.config
+        return getattr(config, "target_feature_size", config.hidden_size)
 
     def set_target_features(
         self,

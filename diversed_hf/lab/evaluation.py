@@ -134,8 +134,10 @@ def run_method(
     max_new_tokens: int,
     batch_size: int,
     seed: int,
+    generate_options: dict | None = None,
 ) -> tuple[list[str], dict]:
-    """Sampled completions of every prompt and totals: drafted / accepted tokens, rounds, tokens, seconds."""
+    """Sampled completions of every prompt and totals: drafted / accepted tokens, rounds, tokens, seconds.
+    ``generate_options`` go to every speculative ``generate`` call (a token tree's knobs, say)."""
     tokenizer.padding_side = "left"
     completions: list[str] = []
     totals = {"num_drafted": 0, "num_accepted": 0, "num_rounds": 0, "num_generated": 0, "seconds": 0.0}
@@ -167,6 +169,7 @@ def run_method(
                     num_assistant_tokens=num_draft_tokens,
                     return_dict_in_generate=True,
                     generator=generator,
+                    **(generate_options or {}),
                 )
                 sequences, stats = out.sequences, out.speculation
         totals["seconds"] += time.perf_counter() - began
