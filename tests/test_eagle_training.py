@@ -98,3 +98,49 @@ def test_distillation_raises_acceptance_and_resumes_exactly(collected, tmp_path,
     )
     assert torch.equal(out.sequences, target.generate(**inputs, do_sample=False, max_new_tokens=24))
     assert out.speculation.total_acceptance_rate > 0.2
+
+
+def test_an_eagle3_draft_distils_on_its_fused_layers_and_keeps_greedy_parity(collected, tmp_path):
+    """``--arch eagle3``: the collection keeps the target's layers (2, 8, 13) stacked, the draft fuses them, learns
+    (held-out acceptance up, also on its own features), saves and loads back as an EAGLE-3 draft, and a collection of
+    last hidden states is refused for it by name."""
+    target, tokenizer, prompts, last_layer = collected
+    layers = (2, 8, 13)
+    directory = tmp_path / "data"
+    collect(
+        target,
+        tokenizer,
+        prompts,
+        directory,
+        CollectionSettings(batch_size=8, shard_size=12, feature_layers=layers),
+        progress=False,
+    )
+    sequences = load_sequences(directory)
+    with torch.no_grad():
+        states = target(sequences[0].ids[None], output_hidden_states=True).hidden_states
+    stacked = torch.cat([states[i] for i in layers], dim=-1)[0, : sequences[0].ids.shape[0] - 1]
+    torch.testing.assert_close(sequences[0].hidden.float(), stacked, atol=3e-2, rtol=1e-2)
+    settings = DistillSettings(
+        architecture="eagle3",
+        aux_layer_ids=layers,
+        draft_vocab_size=600,
+        epochs=6,
+        batch_size=4,
+        learning_rate=3e-3,
+        save_steps=50,
+        held_out=0.2,
+    )
+    saved = distill(target, directory, tmp_path / "checkpoints", tmp_path / "draft", settings, progress=False)
+    record = json.loads((saved / "training.json").read_text())
+    before, after = record["held_out_before"]["acceptance_t1"], record["held_out_after"]["acceptance_t1"]
+    assert after[0] > before[0] + 0.2 and after[-1] > before[-1] + 0.2
+    draft = EagleDraft.from_pretrained(saved, target=target).float()
+    assert draft.config.architecture == "eagle3" and draft.config.aux_layer_ids == list(layers)
+    enable_diversed(target)
+    inputs = tokenizer(testbed.load_task("arith", num_examples=1)["prompt"][0], return_tensors="pt")
+    out = target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=24)
+    assert torch.equal(out, target.generate(**inputs, do_sample=False, max_new_tokens=24))
+    with pytest.raises(ValueError, match="keeps features of width 192; a draft of architecture 'eagle3' reads 576"):
+        distill(target, last_layer, tmp_path / "c" / "checkpoints", tmp_path / "c" / "draft", settings, progress=False)
+    with pytest.raises(ValueError, match="`aux_layer_ids` names the target layers"):
+        DistillSettings(architecture="eagle3")

@@ -108,8 +108,30 @@ def parse_args(argv=None):
     parser.add_argument(
         "--adapter", default=None, help="with --target smollm2-tuned: the LoRA adapter (default: the shipped one)"
     )
+    parser.add_argument(
+        "--arch",
+        choices=("eagle", "eagle3"),
+        default="eagle",
+        help="eagle: EAGLE-1 style (fc over [embedding, last hidden state], the target's LM head); eagle3: fc over three "
+        "of the target's layers (--aux_layer_ids), its own norm and LM head over --draft_vocab_size ids (d2t), no "
+        "feature regression (docs/eagle.md)",
+    )
+    parser.add_argument(
+        "--aux_layer_ids",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="I",
+        help="with --arch eagle3: the target's hidden_states the draft fuses (default 2, L // 2, L - 3 of its L layers)",
+    )
     parser.add_argument("--data_only", action="store_true", help="stop after collecting the data")
     args = parser.parse_args(argv)
+    if args.aux_layer_ids is not None and args.arch != "eagle3":
+        parser.error(
+            f"--aux_layer_ids {' '.join(map(str, args.aux_layer_ids))} names an EAGLE-3 draft's layers: add --arch eagle3"
+        )
+    if args.aux_layer_ids is not None and min(args.aux_layer_ids) < 0:
+        parser.error(f"--aux_layer_ids must be hidden-state indices >= 0, got {args.aux_layer_ids}")
     for name in (
         "num_layers",
         "unroll",
@@ -281,6 +303,15 @@ def main(argv=None) -> Path:
     started = time.time()
     prompts, prompt_mix = _prompts(args)
     target, tokenizer = _load_target(args)
+    if args.arch == "eagle3":  # the target's layers the draft fuses, kept as each position's feature
+        from diversed_hf.drafting.eagle3 import default_aux_layer_ids
+
+        layers = target.config.get_text_config().num_hidden_layers
+        ids = tuple(args.aux_layer_ids or default_aux_layer_ids(layers))
+        if max(ids) > layers:
+            raise ValueError(f"--aux_layer_ids {list(ids)}: the target has hidden_states 0..{layers}.")
+        settings = dataclasses.replace(settings, feature_layers=ids)
+        distill_settings = dataclasses.replace(distill_settings, architecture="eagle3", aux_layer_ids=ids)
     collect(target, tokenizer, prompts, output_dir / "data", settings)
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
     own = {

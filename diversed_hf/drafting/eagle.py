@@ -328,8 +328,21 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         if draft_vocab_size is not None:
             ids = draft_vocab_ids if draft_vocab_ids is not None else torch.arange(draft_vocab_size)
             draft.set_draft_vocab(ids)
+        if architecture == "eagle3":  # its head starts as the target's: the target's rows of its ids, the final norm
+            draft._start_from_target_head(target)
         draft.to(device=target.device, dtype=target.dtype)
         return draft.attach_target(target)
+
+    @torch.no_grad()
+    def _start_from_target_head(self, target) -> None:
+        """An EAGLE-3 draft's ``lm_head`` rows and ``norm`` copied from the target's LM head and final norm (as
+        SpecForge starts one), so distillation starts from the target's reading of a feature."""
+        weight = target.get_output_embeddings().weight.detach()  # (vocab, d)
+        rows = weight if self.draft_vocab_ids is None else weight[self.draft_vocab_ids.to(weight.device)]
+        self.lm_head.weight.copy_(rows.to(self.lm_head.weight.dtype))
+        norm = getattr(getattr(target, "get_decoder", lambda: None)(), "norm", None)
+        if getattr(norm, "weight", None) is not None and norm.weight.shape == self.norm.weight.shape:
+            self.norm.weight.copy_(norm.weight.detach().to(self.norm.weight.dtype))
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         """The ids the draft scores: distinct, within the target's vocabulary, ``config.draft_vocab_size`` of them.

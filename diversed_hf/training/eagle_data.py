@@ -46,6 +46,9 @@ class CollectionSettings:
     batch_size: int = 16  # prompts decoded together
     shard_size: int = 64  # sequences per shard file
     seed: int = 0
+    #: the target's hidden states kept as each position's feature: None, the last one (an EAGLE-1-style draft); else
+    #: these ``hidden_states`` indices stacked (an EAGLE-3 draft's ``aux_layer_ids``)
+    feature_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature <= 0:
@@ -56,6 +59,14 @@ class CollectionSettings:
             )
         if not is_real(self.greedy_fraction) or not 0 <= self.greedy_fraction <= 1:
             raise ValueError(f"`greedy_fraction` must be in [0, 1], got {self.greedy_fraction!r}.")
+        if self.feature_layers is not None:
+            layers = self.feature_layers
+            if not layers or not all(is_integer(i) and i >= 0 for i in layers):
+                raise ValueError(
+                    f"`feature_layers` must be None (the last hidden state) or hidden-state indices >= 0, got "
+                    f"{layers!r}."
+                )
+            object.__setattr__(self, "feature_layers", tuple(int(i) for i in layers))
         for name in ("top_k", "batch_size", "shard_size"):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
@@ -185,7 +196,13 @@ def _decode_batch(
         out = compat.forward_with_cache(target, chunk, mask, cache, logits_to_keep=0, output_hidden_states=True)
         logits = out.logits.float()  # (A, chunk, V)
         top_logprobs, top_ids = logits.log_softmax(dim=-1).topk(settings.top_k, dim=-1)  # (A, chunk, k)
-        hidden = out.hidden_states[-1].to(torch.float16)  # (A, chunk, d)
+        states = out.hidden_states
+        hidden = (
+            states[-1]
+            if settings.feature_layers is None
+            else torch.cat([states[i] for i in settings.feature_layers], -1)
+        )
+        hidden = hidden.to(torch.float16)  # (A, chunk, d) or (A, chunk, k d): the features the draft will read
         last = logits[:, -1]  # (A, V)
         sampled = ops.sample((last / settings.temperature).softmax(dim=-1), generator, check=False)
         token = torch.where(greedy_rows[active], last.argmax(dim=-1), sampled)  # (A,)

@@ -57,6 +57,9 @@ _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 @dataclass(frozen=True)
 class DistillSettings:
+    #: "eagle3": fc over the collection's stacked layers and its own head (diversed_hf.drafting.eagle3)
+    architecture: str = "eagle"
+    aux_layer_ids: tuple[int, ...] | None = None  # "eagle3": the target layers the collection stacked
     num_layers: int = 1
     draft_vocab_size: int | None = 8192  # None: every id
     unroll: int = 3  # steps: 1 + training-time-test steps on the draft's own features
@@ -72,6 +75,13 @@ class DistillSettings:
     seed: int = 0
 
     def __post_init__(self):
+        if self.architecture not in ("eagle", "eagle3"):
+            raise ValueError(f"`architecture` must be 'eagle' or 'eagle3', got {self.architecture!r}.")
+        if (self.architecture == "eagle3") != (self.aux_layer_ids is not None):
+            raise ValueError(
+                "`aux_layer_ids` names the target layers an EAGLE-3 draft fuses: set it with architecture='eagle3' "
+                f"and only then (got architecture={self.architecture!r}, aux_layer_ids={self.aux_layer_ids!r})."
+            )
         for name in ("num_layers", "unroll", "epochs", "batch_size", "save_steps"):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
@@ -148,7 +158,10 @@ def eagle_loss(draft: EagleDraft, batch: dict, settings: DistillSettings, id_to_
     for step in range(settings.unroll):
         predicted = draft.features(ids, features, attention_mask=mask, position_ids=position_ids, use_cache=False)
         chosen = predicted[positions]  # (P, d)
-        feature_loss = torch.nn.functional.smooth_l1_loss(chosen, hidden[positions], reduction="mean")
+        if chosen.shape[-1] == hidden.shape[-1]:  # EAGLE-1 style: the feature regresses onto the target's
+            feature_loss = torch.nn.functional.smooth_l1_loss(chosen, hidden[positions], reduction="mean")
+        else:  # EAGLE-3: the fused layers are no target for the draft's feature; tokens alone teach it
+            feature_loss = chosen.new_zeros(())
         log_q = draft.draft_logits(chosen).float().log_softmax(dim=-1)  # (P, V_draft)
         log_q_top = log_q.gather(1, draft_ids.clamp(min=0)) * inside  # (P, k)
         cross_entropy = -(target_probs * log_q_top).sum(dim=1).mean()
@@ -179,6 +192,17 @@ def evaluate(draft: EagleDraft, sequences: list[Sequence], settings: DistillSett
         "top1_agreement": [round(float(x) / count, 4) for x in agree],
         "positions": count,
     }
+
+
+def _check_features(draft: EagleDraft, sequences: list[Sequence], data_dirs: list[Path]) -> None:
+    """Refuse a collection whose features are not the ones the draft reads (one layer, or its fused layers)."""
+    width = sequences[0].hidden.shape[1] if sequences else draft.config.target_feature_size
+    if width != draft.config.target_feature_size:
+        raise ValueError(
+            f"The collection in {', '.join(map(str, data_dirs))} keeps features of width {width}; a draft of "
+            f"architecture {draft.config.architecture!r} reads {draft.config.target_feature_size}. Collect with the "
+            "same `--arch` as you distil (an EAGLE-3 draft reads its target layers stacked)."
+        )
 
 
 def _trainable(draft: EagleDraft) -> dict[str, torch.nn.Parameter]:
@@ -349,7 +373,15 @@ def distill(
     )
     torch.manual_seed(settings.seed)
     device = target.device
-    draft = EagleDraft.for_target(target, num_layers=settings.num_layers, draft_vocab_ids=ids).float().train()
+    draft = EagleDraft.for_target(
+        target,
+        num_layers=settings.num_layers,
+        draft_vocab_ids=ids,
+        architecture=settings.architecture,
+        aux_layer_ids=None if settings.aux_layer_ids is None else list(settings.aux_layer_ids),
+    )
+    draft = draft.float().train()
+    _check_features(draft, sequences, data_dirs)
     id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, device)
     steps_per_epoch = math.ceil(len(training) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs

@@ -91,9 +91,9 @@ __all__ = [
 logger = init_logger(f"vllm.{__name__}")
 
 #: vLLM's drafting methods whose drafter samples each token from a distribution over the target's vocabulary through
-#: ``SpecDecodeBaseProposer._sample_draft_tokens`` (patched below): a separate draft model, and EAGLE-1 (its LM head is
-#: the target's; EAGLE-3's maps a pruned vocabulary and is not verified here)
-DRAFT_METHODS = ("draft_model", "eagle")
+#: ``SpecDecodeBaseProposer._sample_draft_tokens`` (patched below): a separate draft model, EAGLE-1 (its LM head is
+#: the target's) and EAGLE-3 (its own head over its ids, spread over the target's vocabulary by ``d2t``, -inf elsewhere)
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a temperature means greedy
 _ACTIVE_ROUND: contextvars.ContextVar["_Round | None"] = contextvars.ContextVar("diversed_round", default=None)
 _installed = False
@@ -124,7 +124,8 @@ def check_engine(vllm_config) -> DiversedVllmSettings | None:
         raise ValueError(
             f'additional_config["{CONFIG_KEY}"] needs a draft whose distribution q_t over the target\'s vocabulary '
             f'enters the mixture (speculative_config["method"] in {list(DRAFT_METHODS)}); it is {spec.method!r}. '
-            f'Pass {example}, or "method": "eagle" with an EagleDraft.save_for_vllm export.'
+            f'Pass {example}, or "method": "eagle" / "eagle3" with an EagleDraft export '
+            '(`save_pretrained(path, format="eagle")` / `format="eagle3"`).'
         )
     if spec.draft_sample_method != "probabilistic":
         raise ValueError(
@@ -349,6 +350,14 @@ def _wrap_runner_init(original):
             target_hidden_size=vllm_config.model_config.get_hidden_size(),
             draft_hidden_size=vllm_config.speculative_config.draft_model_config.get_hidden_size(),
         )
+        if rules.requires_hidden_states and vllm_config.speculative_config.method == "eagle3":
+            raise ValueError(
+                f'additional_config["{CONFIG_KEY}"] names a head that reads the draft\'s hidden state, and this '
+                "engine drafts with vLLM's eagle3 method, which hands its drafter the state after the draft's final "
+                "norm where transformers' loop reads the feature before it: the head would see other inputs than it "
+                "was trained on. Serve heads on an `eagle` or `draft_model` engine; static weights and rules run on "
+                "`eagle3`."
+            )
         self.rejection_sampler = DiversedRejectionSampler(
             self.sampler, self.speculative_config, self.device, rules=rules, runner=self
         )
