@@ -12,3 +12,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    """Refuse a ``DIVERSED_TEST_DEVICE`` this machine does not have, naming the setting, before any test runs."""
+    device = os.environ.get("DIVERSED_TEST_DEVICE")
+    if not device:
+        return
+    import pytest
+    import torch
+
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise pytest.UsageError(
+            f"DIVERSED_TEST_DEVICE is {device!r}, which this machine cannot use ({error}); unset it to run on the CPU."
+        ) from None

@@ -4,7 +4,16 @@ statistics and the refusals."""
 
 import pytest
 import torch
-from tiny_models import VOCAB_SIZE, declared_first_token, empirical, left_padded_batch, make_pair, prompt, tv_bound
+from tiny_models import (
+    DEVICE,
+    VOCAB_SIZE,
+    declared_first_token,
+    empirical,
+    left_padded_batch,
+    make_pair,
+    prompt,
+    tv_bound,
+)
 from transformers import GenerationConfig
 
 from diversed_hf import DiversedHead, enable_diversed
@@ -94,7 +103,7 @@ def test_the_first_token_over_a_tree_follows_pi_with_temperature_top_k_top_p(pai
         assistant_model=draft,
         verifier=verifier,
         max_new_tokens=2,
-        generator=torch.Generator().manual_seed(0),
+        generator=torch.Generator(device=DEVICE).manual_seed(0),
         **tree,
         **sampling,
     )
@@ -127,7 +136,7 @@ def test_speccascade_over_a_tree_decides_on_temperature_1_probabilities(pair, tr
         assistant_model=draft,
         verifier=verifier,
         max_new_tokens=2,
-        generator=torch.Generator().manual_seed(0),
+        generator=torch.Generator(device=DEVICE).manual_seed(0),
         **tree,
         **sampling,
     )
@@ -163,7 +172,7 @@ def test_two_tokens_over_a_tree_follow_the_target_losslessly(pair, tree, drafter
         verifier=ExactVerifier(),
         do_sample=True,
         max_new_tokens=3,
-        generator=torch.Generator().manual_seed(1),
+        generator=torch.Generator(device=DEVICE).manual_seed(1),
         **tree,
     )
     with torch.no_grad():

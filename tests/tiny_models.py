@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from transformers import (
@@ -18,6 +19,9 @@ VOCAB_SIZE = 64
 EOS_TOKEN_ID = 1
 PAD_TOKEN_ID = 0
 ARCHITECTURES = ("llama", "qwen3", "gemma3")
+#: where the tiny models and their inputs live: ``DIVERSED_TEST_DEVICE`` (default ``cpu``; e.g. ``cuda``), checked
+#: by conftest.py. The device-agnostic tests (tests/test_trees.py) build everything there.
+DEVICE = torch.device(os.environ.get("DIVERSED_TEST_DEVICE", "cpu"))
 
 
 def _config(architecture: str, hidden_size: int, num_layers: int, vocab_size: int):
@@ -62,7 +66,7 @@ def make_model(
         model.get_output_embeddings().weight[EOS_TOKEN_ID] = 0.0
     model.generation_config.pad_token_id = PAD_TOKEN_ID
     model.generation_config.eos_token_id = EOS_TOKEN_ID
-    return model
+    return model.to(DEVICE)
 
 
 def make_pair(architecture: str = "llama", noise: float = 0.1, seed: int = 1):
@@ -81,7 +85,7 @@ def make_pair(architecture: str = "llama", noise: float = 0.1, seed: int = 1):
 
 def prompt(length: int = 5, batch: int = 1, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB_SIZE, (batch, length), generator=generator)
+    return torch.randint(3, VOCAB_SIZE, (batch, length), generator=generator).to(DEVICE)
 
 
 def tv_bound(expected: torch.Tensor, num_samples: int, delta: float = 1e-6) -> float:
@@ -105,8 +109,8 @@ def left_padded_batch(lengths, seed=0):
     """Rows of these lengths as ``prompt`` makes them, and the left-padded batch: ``(rows, input_ids, attention_mask)``."""
     rows = [prompt(length, seed=seed + i)[0] for i, length in enumerate(lengths)]
     width = max(lengths)
-    input_ids = torch.full((len(rows), width), PAD_TOKEN_ID)
-    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    input_ids = torch.full((len(rows), width), PAD_TOKEN_ID, device=DEVICE)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long, device=DEVICE)
     for i, row in enumerate(rows):
         input_ids[i, width - len(row) :] = row
         attention_mask[i, width - len(row) :] = 1
