@@ -354,14 +354,16 @@ def _vocabulary_pair(target_vocab: int, draft_vocab: int):
 def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab, draft_vocab):
     """The target's distribution is never trimmed: a draft with fewer ids cannot propose the rest, but
     recovered and bonus tokens can be them; a draft with more ids gives those zero probability."""
+    from test_translated import tokenizer
     from tiny_models import empirical, tv_bound
 
     from diversed_hf.verifiers import ops
 
     target, draft = _vocabulary_pair(target_vocab, draft_vocab)
+    same = dict(tokenizer=tokenizer([], reverse=False), assistant_tokenizer=tokenizer([], reverse=False))
     input_ids = prompt(5, seed=3)
     greedy = target.generate(
-        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=12
+        input_ids, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=12, **same
     )
     plain = target.generate(input_ids, do_sample=False, max_new_tokens=12)
     assert torch.equal(greedy, plain)
@@ -377,6 +379,7 @@ def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab
         max_new_tokens=2,
         num_assistant_tokens=1,
         generator=torch.Generator().manual_seed(0),
+        **same,
     )
     with torch.no_grad():
         target_probs = target(input_ids).logits[0, -1].softmax(-1).double()  # (target_vocab,)
@@ -384,6 +387,39 @@ def test_padded_vocabularies_keep_the_targets_law_and_greedy_output(target_vocab
         assert float(target_probs[draft_vocab:].sum()) > 0.05, "the test needs mass on the ids only the target scores"
     observed = empirical(output[:, input_ids.shape[1]], target_vocab)
     assert float(ops.total_variation(observed, target_probs)) < tv_bound(target_probs, num_rows)
+
+
+@pytest.mark.parametrize("target_vocab, draft_vocab", [(VOCAB_SIZE + 8, VOCAB_SIZE), (VOCAB_SIZE, VOCAB_SIZE + 4)])
+def test_vocabularies_of_other_sizes_need_both_tokenizers(target_vocab, draft_vocab):
+    """Sizes alone cannot tell a padded copy of one vocabulary from another tokenizer: without both tokenizers the
+    call is refused, naming them, before any forward (as transformers does)."""
+    target, draft = _vocabulary_pair(target_vocab, draft_vocab)
+    with pytest.raises(ValueError, match=r"Pass `tokenizer=` \(the target's\) and `assistant_tokenizer=`"):
+        target.generate(prompt(5), assistant_model=draft, verifier=StaticEnsembleVerifier(0.0), max_new_tokens=4)
+
+
+def test_an_assistant_tokenizer_without_the_targets_is_refused():
+    """Without `tokenizer`, a draft's own ids would be verified as the target's (and transformers refuses)."""
+    from test_translated import MERGES, tokenizer
+
+    target = enable_diversed(make_model("llama", seed=1))
+    draft = make_model("llama", vocab_size=len(tokenizer(MERGES, reverse=True)), seed=4)
+    with pytest.raises(ValueError, match="`assistant_tokenizer` was passed without `tokenizer`"):
+        target.generate(
+            prompt(5),
+            assistant_model=draft,
+            assistant_tokenizer=tokenizer(MERGES, reverse=True),
+            verifier=StaticEnsembleVerifier(0.0),
+            max_new_tokens=4,
+        )
+    with pytest.raises(ValueError, match="`assistant_tokenizer` was passed without `tokenizer`"):
+        target.generate(
+            prompt(5),
+            prompt_lookup_num_tokens=3,
+            assistant_tokenizer=tokenizer([], False),
+            verifier=ExactVerifier(),
+            max_new_tokens=4,
+        )
 
 
 def test_fit_vocabulary_pads_with_impossible_ids_and_trims_extra_ones():

@@ -73,6 +73,15 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
     compares probabilities of the same token ids.
     """
     target_size, draft_size = text_vocab_size(target), text_vocab_size(draft)
+    check_tokenizer_arguments(tokenizer, assistant_tokenizer)
+    pruned_head = draft_size < target_size and _embeds_every_id(draft, target_size)
+    if target_size != draft_size and not pruned_head and (tokenizer is None or assistant_tokenizer is None):
+        raise ValueError(
+            f"The target scores {target_size} ids and the draft {draft_size}: padded embedding matrices of one "
+            "tokenizer, or two tokenizers? Verification needs the same token ids, and the sizes cannot tell. Pass "
+            "`tokenizer=` (the target's) and `assistant_tokenizer=` (the draft's) to `generate`: the same "
+            "vocabulary runs as padded matrices, another one drafts through translation (as transformers asks)."
+        )
     if tokenizer is not None and assistant_tokenizer is not None:
         if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
             raise ValueError(
@@ -98,6 +107,17 @@ def shared_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=None) -
             "the target's tokenizer."
         )
     return smaller
+
+
+def check_tokenizer_arguments(tokenizer, assistant_tokenizer) -> None:
+    """Refuse ``assistant_tokenizer`` without ``tokenizer``: the draft's ids could not be translated and would be
+    verified as the target's."""
+    if assistant_tokenizer is not None and tokenizer is None:
+        raise ValueError(
+            "`assistant_tokenizer` was passed without `tokenizer`: a draft of another tokenizer is translated "
+            "through both, and without the target's its ids would be verified as the target's. Pass `tokenizer=` (the "
+            "target's) as well, or drop `assistant_tokenizer` when the draft shares the target's tokenizer."
+        )
 
 
 def _embeds_every_id(draft, vocab_size: int) -> bool:

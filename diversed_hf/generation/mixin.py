@@ -25,6 +25,7 @@ from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
 from ..drafting.mtp import MtpDraft
 from ..drafting.pairs import (  # noqa: F401 - re-exported
     check_head_matches,
+    check_tokenizer_arguments,
     shared_vocab_size,
     text_vocab_size,
     verification_vocab_size,
@@ -488,6 +489,7 @@ def _diversed_generate(
     verifier = _call_verifier(self, assistant_model, diversed_head, verifier, block_verification)
     tokenizer = extra.pop("tokenizer", None)
     assistant_tokenizer = extra.pop("assistant_tokenizer", None)
+    check_tokenizer_arguments(tokenizer, assistant_tokenizer)
     # point-mass drafts are the target's own token ids: nothing to compare
     vocab_size = (
         text_vocab_size(self)
