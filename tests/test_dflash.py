@@ -164,6 +164,8 @@ def test_dflash_is_refused_before_any_forward_where_it_cannot_run(pair):
                 verifier=ExactVerifier(),
                 **DFLASH,
             )
+        with pytest.raises(ValueError, match=r"DFlash block draft .* pass `speculation_type=\"dflash\"`"):
+            target.generate(prompt(5), max_new_tokens=4, assistant_model=dflash, verifier=ExactVerifier())
         with pytest.raises(ValueError, match=r"`speculation_type='medusa'`"):
             other.generate(prompt(5), max_new_tokens=4, verifier=ExactVerifier(), speculation_type="medusa")
     finally:

@@ -182,3 +182,18 @@ def test_a_one_token_prompt_drafts_once_the_target_has_keys_and_values(pair):
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, expected) and int(out.speculation.num_drafted.sum()) > 0
+
+
+def test_a_head_of_another_pair_on_the_assistant_is_named_in_a_warning(pair, caplog):
+    """A head records the pair it was trained for; on the Gemma 4 assistant, as on other drafters, another pair of
+    the same widths runs with a warning naming both."""
+    target, assistant = pair
+    head = DiversedHead.for_pair(target, KvSharingDraft(assistant, target))
+    head.config.draft_model_id = "org/another-assistant"
+    assistant.config._name_or_path = "org/gemma-4-assistant"
+    try:
+        with caplog.at_level("WARNING", logger="diversed_hf"):
+            target.generate(prompt(6, seed=2), assistant_model=assistant, diversed_head=head, max_new_tokens=4)
+    finally:
+        assistant.config._name_or_path = ""
+    assert "'org/another-assistant' but is used with 'org/gemma-4-assistant'" in caplog.text

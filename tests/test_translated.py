@@ -4,6 +4,7 @@ proposals, so lossless SD keeps the target's law and a relaxed verifier emits it
 
 from __future__ import annotations
 
+import re
 import string
 
 import pytest
@@ -147,6 +148,15 @@ def test_heads_on_hidden_states_are_refused_and_features_only_heads_run(pair):
     input_ids = _prompt(target_tokenizer)
     with pytest.raises(ValueError, match="another tokenizer proposes target tokens without any"):
         _generate(pair, input_ids, diversed_head=DiversedHead.for_pair(target, target), max_new_tokens=4)
+    # the error names the call that builds the head this pair needs, and that head runs
+    from diversed_hf.drafting import TranslatedDraft
+
+    call = "DiversedHead.for_pair(target, TranslatedDraft(assistant_model, tokenizer, assistant_tokenizer))"
+    with pytest.raises(ValueError, match=re.escape(call)):
+        _generate(pair, input_ids, diversed_head=DiversedHead.for_pair(target, draft), max_new_tokens=4)
+    own = DiversedHead.for_pair(target, TranslatedDraft(draft, pair[2], pair[3]))
+    assert own.config.draft_hidden_size == 0
+    assert _generate(pair, input_ids, diversed_head=own, max_new_tokens=4).shape[1] > input_ids.shape[1]
     head = DiversedHead.for_pair(target, target, features=["tv", "draft_top1"], use_hidden_states=False)
     out = _generate(pair, input_ids, diversed_head=head, max_new_tokens=6, eos_token_id=EOS_TOKEN_ID)
     assert out.shape[1] > input_ids.shape[1]

@@ -33,7 +33,14 @@ from .. import compat
 from ..verifiers.checks import is_integer
 from .feature_candidates import FeatureCandidateGenerator
 
-__all__ = ["BlockCandidateGenerator", "DFlashDraft"]
+__all__ = ["BlockCandidateGenerator", "DFlashDraft", "looks_like_block_draft"]
+
+
+def looks_like_block_draft(model) -> bool:
+    """Whether ``model``'s config is a DFlash block draft's (a block size, a mask token, the target layers it reads):
+    such a draft runs only as ``speculation_type="dflash"``."""
+    config = getattr(model, "config", None)
+    return all(getattr(config, name, None) is not None for name in ("block_size", "mask_token_id", "target_layer_ids"))
 
 
 class BlockCandidateGenerator(FeatureCandidateGenerator):

@@ -126,6 +126,7 @@ class KvSharingDraft(nn.Module):
         self.producers = producers
         config = copy.deepcopy(assistant.config.get_text_config())
         config.hidden_size = backbone  # the draft's hidden state: the assistant's projected state
+        config._name_or_path = getattr(assistant.config, "_name_or_path", "")  # the assistant's id, as heads record
         self.config = config
         self.generation_config = assistant.generation_config  # its draft-length knobs (num_assistant_tokens)
 

@@ -19,7 +19,7 @@ from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList
 
 from .. import compat
 from ..drafting.candidates import DraftLengthPolicy
-from ..drafting.dflash import DFlashDraft
+from ..drafting.dflash import DFlashDraft, looks_like_block_draft
 from ..drafting.drafters import EarlyExitDraft, PromptLookup
 from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
 from ..drafting.mtp import MtpDraft
@@ -130,6 +130,12 @@ def _drafter(target, assistant_model, extra: dict, generation_config):
         )
     if speculation_type == "dflash":  # a block draft reading several of the target's layers
         return DFlashDraft(assistant_model, target)
+    if looks_like_block_draft(assistant_model):
+        raise ValueError(
+            f"`assistant_model` ({type(assistant_model).__name__}) is a DFlash block draft (its config has block_size, "
+            "mask_token_id and target_layer_ids), and `speculation_type` is not 'dflash': pass "
+            '`speculation_type="dflash"` so it drafts a block from the target\'s layers.'
+        )
     if is_kv_sharing_assistant(assistant_model):  # Gemma 4's: it reads the target's KV cache and features
         return KvSharingDraft(assistant_model, target)
     tokenizer, assistant_tokenizer = extra.get("tokenizer"), extra.get("assistant_tokenizer")
@@ -354,12 +360,15 @@ def _call_verifier(target, assistant_model, diversed_head, verifier, block_verif
     point_mass = isinstance(assistant_model, _POINT_MASS_DRAFTERS)
     target_only = isinstance(checked, HeadVerifier) and checked.head.config.draft_hidden_size == 0
     if point_mass and checked.requires_hidden_states and not target_only:
-        drafter = "prompt lookup" if isinstance(assistant_model, PromptLookup) else "a draft with another tokenizer"
+        lookup = isinstance(assistant_model, PromptLookup)
+        drafter = "prompt lookup" if lookup else "a draft with another tokenizer"
+        pair = "PromptLookup(N)" if lookup else "TranslatedDraft(assistant_model, tokenizer, assistant_tokenizer)"
         raise ValueError(
             f"`{'diversed_head' if diversed_head is not None else 'verifier'}` reads the draft's hidden states, and "
-            f"{drafter} proposes target tokens without any: use a head that reads the target's hidden state alone "
-            "(`DiversedHead.for_pair(target, PromptLookup(N), ...)`, draft_hidden_size 0) or none "
-            "(`use_hidden_states=False`), another verifier, or a draft model of the target's tokenizer."
+            f"{drafter} proposes target tokens without any: use a head that reads the target's hidden state alone, "
+            f"built for this pair by `DiversedHead.for_pair(target, {pair})` (both from diversed_hf.drafting; "
+            "draft_hidden_size 0), or one that reads none (`use_hidden_states=False`), another verifier, or a draft "
+            "model of the target's tokenizer."
         )
     if target_only and not point_mass:
         raise ValueError(
