@@ -21,6 +21,8 @@ if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("peft") 
 from diversed_hf import testbed
 from diversed_hf.testbed import smollm2
 
+pytestmark = pytest.mark.real_pair  # opt-in: DIVERSED_REAL_PAIR=1 (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def pair():

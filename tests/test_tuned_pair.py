@@ -22,6 +22,8 @@ from diversed_hf import testbed
 from diversed_hf.lab.tasks import load_task_dataset
 from diversed_hf.testbed import smollm2, smollm2_tuned
 
+pytestmark = pytest.mark.real_pair  # opt-in: DIVERSED_REAL_PAIR=1 (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def tuned():
