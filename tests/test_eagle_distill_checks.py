@@ -271,3 +271,23 @@ def test_the_tuned_target_is_named_and_its_adapter_checked_before_any_model_load
     args = train_eagle_draft.parse_args(["--target", "smollm2-tuned", "--num_synopsis", "3", "--num_arith_steps", "2"])
     _, mix = train_eagle_draft._prompts(args)
     assert mix["synopsis"] == 3 and mix["arith_steps"] == 2
+
+
+def test_a_collection_of_another_target_or_dtype_is_refused_naming_both(tmp_path, monkeypatch):
+    """The collection records what answered (target, dtype): a run for the tuned target, or in float32, into a
+    folder holding the base target's bfloat16 data is refused instead of reusing it under a false label."""
+    from diversed_hf.testbed import smollm2, smollm2_tuned
+
+    target = make_model("llama")
+    monkeypatch.setattr(smollm2, "load_smollm2_target", lambda *a, **k: (target, tiny_tokenizer()))
+    monkeypatch.setattr(smollm2_tuned, "load_tuned_target", lambda *a, **k: (target, tiny_tokenizer()))
+    argv = ["--output_dir", str(tmp_path / "run"), "--num_chat", "2", "--num_arith", "0", "--code_samples", "0"]
+    argv += ["--num_docstrings", "0", "--chat_max_new_tokens", "3", "--top_k", "4", "--data_only"]
+    train_eagle_draft.main(argv)
+    manifest = json.loads((tmp_path / "run" / "data" / "manifest.json").read_text())
+    assert manifest["source"] == {"target": "smollm2", "dtype": "bfloat16"}
+    with pytest.raises(ValueError, match=r"source: \{'target': 'smollm2', .*\} there, \{'target': 'smollm2-tuned'"):
+        train_eagle_draft.main([*argv, "--target", "smollm2-tuned"])
+    with pytest.raises(ValueError, match=r"'dtype': 'bfloat16'\} there, \{'target': 'smollm2', 'dtype': 'float32'\}"):
+        train_eagle_draft.main([*argv, "--dtype", "float32"])
+    assert json.loads((tmp_path / "run" / "collection.json").read_text())["dtype"] == "bfloat16"  # not rewritten

@@ -312,7 +312,10 @@ def main(argv=None) -> Path:
             raise ValueError(f"--aux_layer_ids {list(ids)}: the target has hidden_states 0..{layers}.")
         settings = dataclasses.replace(settings, feature_layers=ids)
         distill_settings = dataclasses.replace(distill_settings, architecture="eagle3", aux_layer_ids=ids)
-    collect(target, tokenizer, prompts, output_dir / "data", settings)
+    source = {"target": args.target, "dtype": args.dtype}
+    if args.target == "smollm2-tuned":
+        source["adapter"] = str(args.adapter or smollm2_tuned.TUNED_DIR)
+    collect(target, tokenizer, prompts, output_dir / "data", settings, source=source)
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
     own = {
         "data": str(output_dir / "data"),

@@ -153,9 +153,12 @@ def claim_directory(directory: Path, file_name: str, record: dict, holds: str) -
         existing = json.loads(path.read_text())
         if existing != record:
             differing = sorted(k for k in set(existing) | set(record) if existing.get(k) != record.get(k))
+            values = "; ".join(
+                f"{k}: {existing.get(k)!r} there, {record.get(k)!r} now" for k in differing if k == "source"
+            )
             raise ValueError(
-                f"{directory} holds {holds} ({', '.join(differing)} differ): use another directory, or remove it to "
-                "start over."
+                f"{directory} holds {holds} ({', '.join(differing)} differ{': ' + values if values else ''}): use "
+                "another directory, or remove it to start over."
             )
     else:
         directory.mkdir(parents=True, exist_ok=True)
@@ -246,8 +249,13 @@ def collect(
     directory: str | Path,
     settings: CollectionSettings = CollectionSettings(),
     progress: bool = True,
+    source: dict | None = None,
 ) -> Path:
     """Decode every ``(prompt text, max new tokens)`` with ``target`` into shards in ``directory``; returns it.
+
+    ``source`` (e.g. ``{"target": "smollm2", "dtype": "bfloat16"}``) names what answers; it is recorded in
+    ``manifest.json`` with the settings and prompts, so a directory holding another target's or dtype's collection is
+    refused by name instead of reused (and a distillation's ``run.json`` records it through the manifest).
 
     Prompts are tokenized as given (``add_special_tokens=False``: chat prompts carry their own markers). Rows stop at
     the tokenizer's EOS (and the model's ``generation_config.eos_token_id``) or their limit. Resumable: shards already
@@ -263,6 +271,8 @@ def collect(
         )
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
     manifest = {"settings": asdict(settings), "num_prompts": len(prompts), "prompts_sha256": digest}
+    if source is not None:
+        manifest["source"] = dict(source)
     claim_directory(directory, "manifest.json", manifest, "a collection made with other settings")
     eos_ids = set()
     for value in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
