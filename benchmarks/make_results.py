@@ -178,9 +178,12 @@ REAL_PAIR_TUNED_SECTION = ("real_pair_tuned", "Real pair: the paper's table on t
 TUNED_HEADS_SECTION = ("tuned_heads", "Real pair: first heads on the task-tuned target")
 #: benchmarks/tree_results.py: token trees against chains, and what a verification pass costs
 TREES_SECTION = ("trees", "Token trees")
+#: benchmarks/tree_heads.py: the shipped heads over token trees against the same heads over chains
+TREE_HEADS_SECTION = ("tree_heads", "Token trees: heads")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     TREES_SECTION,
+    TREE_HEADS_SECTION,
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
     TUNED_HEADS_SECTION,

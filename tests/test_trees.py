@@ -2,6 +2,8 @@
 parity with the target, the declared law over trees for every verifier with a tree form (batched), the knobs, the
 statistics and the refusals."""
 
+import json
+
 import pytest
 import torch
 from tiny_models import (
@@ -350,6 +352,16 @@ def test_the_tree_results_page_runs_quick_and_says_which_goals_it_did_not_measur
     greedy_rows = [line for line in page.splitlines() if line.startswith("| greedy |") and "target-only" not in line]
     assert greedy_rows and all(line.rstrip().endswith("| yes |") for line in greedy_rows), greedy_rows
     assert "not measured by this run" in page  # --quick runs the testbed only
+
+
+def test_the_heads_over_trees_page_runs_quick_with_paired_quality(tmp_path):
+    import tree_heads
+
+    assert tree_heads.main(["--quick", "--num_prompts", "4", "--output_dir", str(tmp_path)]) == 0
+    page = (tmp_path / "tree_heads.md").read_text()
+    assert "| DIVERSED, tree |" in page and "| DIVERSED, chain |" in page and "Verdict: the head over the tree" in page
+    result = json.loads((tmp_path / "results.json").read_text())["testbed arith"]
+    assert {"low", "high", "delta"} <= set(result["rows"]["DIVERSED, tree"]["vs_chain"])
 
 
 def test_the_gpu_script_says_there_is_no_cuda_and_exits_0(capsys):
