@@ -149,14 +149,36 @@ def test_calibrate_head_reuses_only_a_calibration_measured_alike(tmp_path):
     ]
     args = parse_args(argv + ["--offsets", "0", "2", "5"])
     earlier = tmp_path / "calibration.json"
-    earlier.write_text(json.dumps(dict(CALIBRATION, settings=vars(parse_args(argv + ["--offsets", "0", "2"])))))
-    target, rows = reused_measurements(str(earlier), args)
+    settings = vars(parse_args(argv + ["--offsets", "0", "2"]))
+    earlier.write_text(json.dumps(dict(CALIBRATION, settings=settings, head_sha256="abc")))
+    target, rows = reused_measurements(str(earlier), args, "abc")
     assert target == 0.1 and sorted(rows) == [0.0, 2.0, 4.0] and rows[2.0]["acceptance_rate"] == 0.5
     with pytest.raises(ValueError, match=r"other settings \(temperature: temperature=0.7\)"):
         reused_measurements(
             str(earlier),
             parse_args(argv[:-6] + ["--temperature", "1.0", "--num-draft-tokens", "3", "--max-new-tokens", "96"]),
+            "abc",
         )
+    # the same path, other weights (the head was calibrated in place since): nothing is reused
+    with pytest.raises(ValueError, match=r"other settings \(head weights"):
+        reused_measurements(str(earlier), args, "def")
+
+
+def test_a_heads_weights_digest_changes_with_its_weights_only():
+    import torch
+    from tiny_models import make_pair
+
+    from diversed_hf import DiversedHead
+    from diversed_hf.heads.hub import weights_digest
+
+    target, draft = make_pair()
+    head = DiversedHead.for_pair(target, draft)
+    same = DiversedHead.for_pair(target, draft)
+    same.load_state_dict(head.state_dict())
+    assert weights_digest(head) == weights_digest(same)
+    with torch.no_grad():
+        same.net[-1].bias.add_(1.0)  # what calibrating in place does
+    assert weights_digest(head) != weights_digest(same)
 
 
 def test_front_gap_reads_the_static_front_at_the_heads_acceptance():

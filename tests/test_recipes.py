@@ -211,6 +211,8 @@ def test_calibrate_head_recipe_saves_the_shifted_head(tmp_path, tiny_pair_dirs):
         (["--goal_acceptance_ratio", "1.6"], "a goal needs both"),
         (["--goal_acceptance_ratio", "0", "--goal_max_quality_loss", "0.01"], "must be > 0"),
         (["--goal_acceptance_ratio", "1.6", "--goal_max_quality_loss", "1"], "a fraction in \\[0, 1\\)"),
+        (["--dtype", "float99"], "`--dtype float99`: the frozen models load in one of float32, bfloat16, float16"),
+        (["--num_train_examples", "0"], "`--num_train_examples 0`: it must be at least 1"),
     ],
 )
 def test_train_head_refuses_a_half_or_impossible_goal(flags, message):
@@ -361,3 +363,38 @@ def test_a_script_reports_a_bad_argument_in_one_line_with_status_2(tmp_path):
         "eval_head.py", "--task", "testbed_arith", "--head", "testbed:arith", "--output", str(tmp_path), "--debug"
     )
     assert done.returncode == 1 and "Traceback" in done.stderr
+
+
+@pytest.mark.parametrize("steps", ["0", "-5"])
+def test_train_head_refuses_a_non_positive_max_steps_before_loading(tmp_path, monkeypatch, steps):
+    """transformers reads max_steps <= 0 as 'train num_train_epochs epochs': said, not done silently."""
+    import train_head
+
+    from diversed_hf.lab import evaluation
+
+    monkeypatch.setattr(evaluation, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
+    with pytest.raises(ValueError, match=rf"`--max_steps {steps}`: transformers reads a non-positive value"):
+        train_head.main(["--task", "testbed_arith", "--output_dir", str(tmp_path / "run"), "--max_steps", steps])
+
+
+def test_a_fresh_train_head_run_into_another_runs_folder_is_refused(tmp_path, monkeypatch):
+    """A run's checkpoints, log and head are never mixed with another's: continue it with --resume_from_checkpoint,
+    or use a new --output_dir."""
+    import train_head
+
+    from diversed_hf.lab import evaluation
+
+    run = tmp_path / "run"
+    (run / "checkpoint-2").mkdir(parents=True)
+    (run / "train_log.jsonl").write_text('{"step": 2}\n')
+    monkeypatch.setattr(evaluation, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
+    argv = ["--task", "testbed_arith", "--output_dir", str(run), "--report_to", "none"]
+    with pytest.raises(ValueError, match=r"holds a run \(checkpoint-2, train_log.jsonl\).*--resume_from_checkpoint"):
+        train_head.main(argv)
+
+    def loaded(*args, **kwargs):
+        raise RuntimeError("past the checks")
+
+    monkeypatch.setattr(evaluation, "load_models", loaded)
+    with pytest.raises(RuntimeError, match="past the checks"):  # resuming it is allowed
+        train_head.main([*argv, "--resume_from_checkpoint", "true"])

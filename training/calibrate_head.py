@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.heads.hub import weights_digest
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 from diversed_hf.lab.evaluation import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
 from diversed_hf.lab.tasks import load_task_dataset
@@ -82,17 +83,18 @@ REUSE_KEYS = (
 )
 
 
-def reused_measurements(path: str, args: argparse.Namespace) -> tuple[float, dict[float, dict]]:
-    """(target-only quality, rows by offset) of an earlier ``calibration.json`` measured like this run."""
+def reused_measurements(path: str, args: argparse.Namespace, head_sha256: str) -> tuple[float, dict[float, dict]]:
+    """(target-only quality, rows by offset) of an earlier ``calibration.json`` measured like this run, with a head
+    of the same weights (``head_sha256``: a head calibrated in place since has other weights at the same path)."""
     earlier = json.loads(Path(path).read_text())
     settings = earlier.get("settings", {})
     differ = [key for key in REUSE_KEYS if settings.get(key) != getattr(args, key)]
-    if Path(settings.get("head", "")).resolve() != Path(args.head).resolve() and settings.get("head") != args.head:
-        differ.append("head")
+    if earlier.get("head_sha256") != head_sha256:
+        differ.append("head weights")
     if differ:
         raise ValueError(
             f"--reuse {path}: it was measured with other settings ({', '.join(differ)}: "
-            + ", ".join(f"{key}={settings.get(key)!r}" for key in differ)
+            + ", ".join(f"{key}={settings.get(key)!r}" for key in differ if key in settings)
             + "); measure everything again."
         )
     return float(earlier["target_quality"]), {float(row["offset"]): row for row in earlier["rows"]}
@@ -153,7 +155,8 @@ def measure(
         seed=args.seed,
         num_sampling_seeds=args.num_sampling_seeds,
     )
-    target_quality, earlier = reused_measurements(args.reuse, args) if args.reuse else (None, {})
+    digest = weights_digest(head)
+    target_quality, earlier = reused_measurements(args.reuse, args, digest) if args.reuse else (None, {})
     if target_quality is None:
         target_quality = evaluate(
             args.task, target, draft, tokenizer, None, prompts, references, methods=("autoregressive",), **common
@@ -248,6 +251,7 @@ def main(argv=None) -> dict:
     chosen = choose_offset(target_quality, rows, args.tolerance)
     logger.info("calibration:\n%s", calibration_table(args, len(prompts), target_quality, rows, chosen))
     summary = {"target_quality": target_quality, "rows": rows, "chosen_offset": chosen["offset"]}
+    summary["head_sha256"] = weights_digest(head)  # what --reuse checks: the weights measured, not their path
     if args.output_dir:
         save_calibrated(args, head, summary, chosen, len(prompts))
     return summary

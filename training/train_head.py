@@ -133,6 +133,13 @@ class ScriptArguments:
             raise ValueError(f"`goal_acceptance_ratio` is {ratio}; it must be > 0 (e.g. 1.6: 1.6x SD's acceptance).")
         if loss is not None and not 0 <= loss < 1:
             raise ValueError(f"`goal_max_quality_loss` is {loss}; it must be a fraction in [0, 1) (0.01: one point).")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"`--dtype {self.dtype}`: the frozen models load in one of {', '.join(DTYPES)}.")
+        for name in ("num_train_examples", "eval_num_examples"):
+            value = getattr(self, name, None)
+            if value is not None and value < (1 if name == "num_train_examples" else 0):
+                least = "1" if name == "num_train_examples" else "0 (no held-out evaluation)"
+                raise ValueError(f"`--{name} {value}`: it must be at least {least}, or unset for every prompt.")
         import diversed_hf.testbed  # noqa: F401 - registers the testbed's tasks, which the check looks up
 
         check_reward_mode(self.reward, self.task)
@@ -324,6 +331,32 @@ def with_target_answers(train, target, tokenizer, script: ScriptArguments, confi
     return train
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_run_arguments(config: DiversedConfig) -> None:
+    """Refuse what would silently train something else: a non-positive ``--max_steps`` other than the unset -1
+    (transformers then trains ``num_train_epochs`` epochs), and a fresh run into an ``--output_dir`` that holds a run
+    (its checkpoints, log and head would be mixed with this one's, and ``--save_total_limit`` could delete them)."""
+    if config.max_steps == 0 or config.max_steps < -1:
+        raise ValueError(
+            f"`--max_steps {config.max_steps}`: transformers reads a non-positive value as 'train "
+            f"{config.num_train_epochs:g} epochs instead'. Pass a positive number of steps, or leave it unset and set "
+            "--num_train_epochs."
+        )
+    output_dir = Path(config.output_dir)
+    if config.resume_from_checkpoint or not output_dir.is_dir():
+        return
+    held = sorted(p.name for p in output_dir.iterdir() if p.name.startswith("checkpoint-"))
+    held += [name for name in ("train_log.jsonl", "head") if (output_dir / name).exists()]
+    if held:
+        raise ValueError(
+            f"`--output_dir {output_dir}` holds a run ({', '.join(held[:4])}): a new run there would mix its "
+            "checkpoints, log and head with that one's. Pass `--resume_from_checkpoint true` to continue it, or a new "
+            "--output_dir."
+        )
+
+
 def run_training(trainer, config: DiversedConfig) -> float:
     """Train, from ``--resume_from_checkpoint`` when given (``true`` / ``last``: the last checkpoint in output_dir);
     the seconds it took."""
@@ -365,6 +398,7 @@ def main(argv=None):
     head_dir = Path(script.head_dir or os.path.join(config.output_dir, "head"))
     check_output_dir(config.output_dir, "--output_dir")  # before the models load, not after training
     check_output_dir(head_dir, "--head_dir")
+    check_run_arguments(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)

@@ -315,6 +315,16 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
         ) from error
 
 
+def weights_digest(module) -> str:
+    """sha256 (hex) of a module's weights: every ``state_dict`` entry by name, as float32 bytes. Two heads with the
+    same digest compute the same ``w_t`` (what ``calibrate_head.py --reuse`` and the vLLM plugin key heads by)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def config_digest(values: dict) -> str:
     """sha256 (hex) of a head config's canonical JSON text, ``json.dumps(values, indent=2, sort_keys=True) + "\\n"``.
 

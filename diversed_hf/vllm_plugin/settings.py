@@ -39,7 +39,6 @@ A request without it gets the engine's default rule. :func:`request_rule` checks
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..heads.head import DiversedHead
+from ..heads.hub import weights_digest
 from ..verifiers.checks import is_real
 from ..verifiers.ops import MIXING_SPACES
 from ..verifiers.rules import HeadVerifier, StaticEnsembleVerifier, Verifier
@@ -326,17 +326,13 @@ def request_rule(extra_args: Any, settings: DiversedVllmSettings | None) -> Requ
 def _head_identity(head: DiversedHead, source: str) -> str:
     """What identifies a loaded head: its architecture, features, recorded pair and the digest of its weights."""
     config = head.config
-    digest = hashlib.sha256()
-    for name, tensor in sorted(head.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().cpu().numpy().tobytes())
     local = Path(source).expanduser()
     where = "local directory" if local.is_dir() else "Hub repo"
     reads = "hidden states and " if config.use_hidden_states else ""
     return (
         f"{where}; architecture={config.architecture!r}, mixing={config.mixing!r}, reads {reads}"
         f"features={config.features}, task={config.task!r}, pair=({config.target_model_id!r}, "
-        f"{config.draft_model_id!r}), weights sha256={digest.hexdigest()[:16]}"
+        f"{config.draft_model_id!r}), weights sha256={weights_digest(head)[:16]}"
     )
 
 
