@@ -100,10 +100,10 @@ def test_user_prompts_from_a_datasets_directory(tmp_path):
 @pytest.mark.parametrize(
     "lines, message",
     [
-        (['{"other": 1}'], r"has no prompt: give `messages` / `conversations`"),
+        (['{"prompt": "fine"}', '{"other": 1}'], r"\.jsonl, line 2: a row .* has no prompt: give `messages`"),
         (["{not json"], r"line 1: not JSON"),
-        (['{"messages": [{"role": "assistant", "content": "only me"}]}'], "has no user turn"),
-        (['{"messages": [{"role": "robot", "content": "x"}]}'], "has no known role or no text"),
+        (['{"messages": [{"role": "assistant", "content": "only me"}]}'], r"\.jsonl, line 1: .*has no user turn"),
+        (['{"prompt": "a"}', "", '{"messages": [{"role": "robot", "content": "x"}]}'], r"line 3: .*no known role"),
         ([""], "holds no prompts"),
     ],
 )

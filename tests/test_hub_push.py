@@ -86,6 +86,18 @@ def test_push_without_a_token_fails_before_any_network_call(saved, no_token, no_
         run_cli(["push", str(directory), "--repo-id", REPO_ID])
 
 
+def test_push_names_the_repo_id_then_the_folder_before_the_token(saved, tmp_path, no_token, no_network):
+    """Without a token, a bad repo id or a folder without a head is still named first: fixing the token would not
+    have been enough."""
+    _, directory = saved
+    with pytest.raises(ValueError, match="`repo_id` 'not a repo id' is not a valid Hub repo id"):
+        hub_cli.push_directory(directory, "not a repo id")
+    with pytest.raises((FileNotFoundError, OSError, ValueError), match="nowhere"):
+        hub_cli.push_directory(tmp_path / "nowhere", REPO_ID)
+    with pytest.raises(PermissionError, match="needs a write token"):
+        hub_cli.push_directory(directory, REPO_ID)
+
+
 def test_push_offline_fails_before_any_network_call(saved, offline, no_network):
     head, _ = saved
     with pytest.raises(ConnectionError, match=r"offline mode is on \(HF_HUB_OFFLINE=1\)"):

@@ -398,3 +398,11 @@ def test_a_fresh_train_head_run_into_another_runs_folder_is_refused(tmp_path, mo
     monkeypatch.setattr(evaluation, "load_models", loaded)
     with pytest.raises(RuntimeError, match="past the checks"):  # resuming it is allowed
         train_head.main([*argv, "--resume_from_checkpoint", "true"])
+
+
+def test_calibrate_head_refuses_a_head_of_another_task_before_loading(monkeypatch):
+    import calibrate_head
+
+    monkeypatch.setattr(calibrate_head, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
+    with pytest.raises(ValueError, match=r"--head testbed:summary was trained for the task 'summary' and --task is"):
+        calibrate_head.main(["--task", "testbed_arith", "--head", "testbed:summary", "--target", "testbed"])

@@ -39,7 +39,7 @@ import torch
 from diversed_hf.heads.hub import weights_digest
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 from diversed_hf.lab.evaluation import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
-from diversed_hf.lab.tasks import load_task_dataset
+from diversed_hf.lab.tasks import get_task, load_task_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -243,8 +243,16 @@ def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    head = load_any_head(args.head)  # before the models: a head of another task is refused first
+    task = get_task(args.task).name
+    if head.config.task and head.config.task != task:
+        raise ValueError(
+            f"--head {args.head} was trained for the task {head.config.task!r} and --task is {args.task!r}: a "
+            f"calibration on {task!r} prompts would choose its offset for another task. Calibrate it with --task "
+            f"{head.config.task}, or pass a head trained for {task!r}."
+        )
     target, draft, tokenizer = load_models(args.target, args.draft, args.dtype, args.device)
-    head = load_any_head(args.head).to(args.device)
+    head = head.to(args.device)
     data = load_task_dataset(args.task, split=args.split, num_examples=args.num_examples, seed=args.seed)
     prompts, references = list(data["prompt"]), list(data["reference"])
     target_quality, rows = measure(args, target, draft, tokenizer, head, prompts, references)

@@ -494,12 +494,17 @@ def require_token(token: str | None) -> str:
     return token
 
 
-def check_push(repo_id: str, token: str | None) -> str:
-    """Everything a push can be refused for without the network (repo id, token, offline mode); returns the token."""
+def check_repo_id(repo_id: str) -> None:
+    """Refuse a string that is no Hub repo id, naming it."""
     try:
         huggingface_hub.utils.validate_repo_id(repo_id)
     except HFValidationError as error:
         raise ValueError(f"`repo_id` {repo_id!r} is not a valid Hub repo id ('org/name'): {error}") from error
+
+
+def check_push(repo_id: str, token: str | None) -> str:
+    """Everything a push can be refused for without the network (repo id, token, offline mode); returns the token."""
+    check_repo_id(repo_id)
     token = require_token(token)
     if is_offline():
         raise ConnectionError(

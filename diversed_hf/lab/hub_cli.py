@@ -104,8 +104,9 @@ def push_directory(
     re-rendered for ``repo_id`` in a staging copy (``keep_card=True`` uploads the README.md as it is).
     """
     directory = Path(directory)
-    token = hub.require_token(token)  # before any work: a missing token is the commonest failure
+    hub.check_repo_id(repo_id)  # what the call names first: the repo id, then the folder, then the token
     DiversedHead.from_pretrained(directory)
+    token = hub.require_token(token)  # before any network call
     staging = hub.stage_repo_files(directory)
     try:
         if not keep_card or not (directory / hub.CARD_NAME).is_file():

@@ -114,7 +114,10 @@ def render_conversation(messages: list[dict], chat_template: str = "smollm2") ->
 def _row_prompt(row: dict, chat_template: str, where: str) -> str:
     for key in ("messages", "conversations"):
         if isinstance(row.get(key), list):
-            return render_conversation(row[key], chat_template)
+            try:
+                return render_conversation(row[key], chat_template)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
     for key in PROMPT_COLUMNS:
         if isinstance(row.get(key), str) and row[key].strip():
             from .chat import chat_prompt
@@ -146,7 +149,7 @@ def load_user_prompts(
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"`--prompts` {source}, line {number}: not JSON ({error.msg}).") from None
-            rows.append(row if isinstance(row, dict) else {"prompt": row})
+            rows.append((f"line {number}", row if isinstance(row, dict) else {"prompt": row}))
     else:
         from .registry import require
 
@@ -159,10 +162,12 @@ def load_user_prompts(
                 dataset = dataset[split]
         else:
             dataset = datasets.load_dataset(str(source), split=split)
-        rows = dataset
+        if num_prompts is not None:
+            dataset = dataset.select(range(min(num_prompts, len(dataset))))
+        rows = [(f"row {index}", row) for index, row in enumerate(dataset)]
     if num_prompts is not None:
-        rows = rows[:num_prompts] if isinstance(rows, list) else rows.select(range(min(num_prompts, len(rows))))
-    prompts = [_row_prompt(dict(row), chat_template, f"`--prompts` {source}") for row in rows]
+        rows = rows[:num_prompts]
+    prompts = [_row_prompt(dict(row), chat_template, f"`--prompts` {source}, {where}") for where, row in rows]
     if not prompts:
         raise ValueError(f"`--prompts` {source} holds no prompts.")
     return prompts
