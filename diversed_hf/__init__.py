@@ -31,7 +31,11 @@ _EXPORTS = {
     "DiversedGenerateDecoderOnlyOutput": "generation.outputs",
     "DiversedHead": "heads.head",
     "DiversedHeadConfig": "heads.config",
+    "JudgeHead": "heads.judge",
     "ExactVerifier": "verifiers.rules",
+    "FuzzyVerifier": "verifiers.relaxed",
+    "TopKRelaxedVerifier": "verifiers.relaxed",
+    "JudgeVerifier": "verifiers.relaxed",
     "HeadVerifier": "verifiers.rules",
     "LenientVerifier": "verifiers.rules",
     "SpecCascadeVerifier": "verifiers.rules",
@@ -57,12 +61,16 @@ __all__ = [
     "EarlyExitDraft",
     "ExactVerifier",
     "FeatureCandidateGenerator",
+    "FuzzyVerifier",
     "HeadVerifier",
+    "JudgeHead",
+    "JudgeVerifier",
     "LenientVerifier",
     "MtpDraft",
     "SpecCascadeVerifier",
     "SpeculationStats",
     "StaticEnsembleVerifier",
+    "TopKRelaxedVerifier",
     "TypicalAcceptanceVerifier",
     "Verifier",
     "clear_draft_statistics",
@@ -101,6 +109,8 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .generation import DiversedGenerationMixin, enable_diversed, speculative_decode
     from .generation.outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
     from .heads.head import DiversedHead, DiversedHeadConfig
+    from .heads.judge import JudgeHead
+    from .verifiers.relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
     from .verifiers.rules import (
         BlockVerifier,
         ExactVerifier,

@@ -378,6 +378,8 @@ def _call_verifier(target, assistant_model, diversed_head, verifier, block_verif
         )
     if isinstance(checked, HeadVerifier) and not point_mass:
         check_head_matches(checked.head, target, assistant_model)
+    if hasattr(checked, "check_models"):  # a rule that reads one model's states checks them (JudgeVerifier)
+        checked.check_models(target, assistant_model)
     return verifier
 
 

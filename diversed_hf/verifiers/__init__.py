@@ -8,6 +8,7 @@
 ``checks``                   argument checks of a round and of what a custom rule returns
 ``distribution_features``    the distribution statistics a head may read (``tv``, entropies, margins)
 ``theory``                   exact ``E[T_N]``, the speed-up model, the single-step Pareto front
+``relaxed``                  the field's relaxed acceptance rules: fuzzy, top-k relaxed, judge decoding
 ============================ =================================================================================
 
 The rules' names are public here, as they have always been: ``from diversed_hf.verifiers import ExactVerifier``.
@@ -33,11 +34,16 @@ __all__ = [
     "CASCADE_RULES",
     "MIXING_SPACES",
     "check_round_inputs",
+    "FuzzyVerifier",
+    "TopKRelaxedVerifier",
+    "JudgeVerifier",
 ]
 
-__getattr__, __dir__ = exports(__name__, {name: ".rules" for name in __all__})
+RELAXED = ("FuzzyVerifier", "TopKRelaxedVerifier", "JudgeVerifier")
+__getattr__, __dir__ = exports(__name__, {name: ".relaxed" if name in RELAXED else ".rules" for name in __all__})
 
 if TYPE_CHECKING:  # what static tools and IDEs see
+    from .relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
     from .rules import (
         CASCADE_RULES,
         MIXING_SPACES,

@@ -1,0 +1,89 @@
+"""``JudgeHead``: the classifier of judge decoding (Bachmann et al., 2025) and AutoJudge (Garipov et al., 2025) that
+:class:`~diversed_hf.verifiers.relaxed.JudgeVerifier` reads (docs/method.md §9).
+
+A linear layer on the target's last hidden state at a drafted token (the state after the target read it) gives the
+probability that keeping the token does not change the answer. It is shared like a ``DiversedHead``: through
+``huggingface_hub.PyTorchModelHubMixin`` (``config.json``, ``model.safetensors`` and a generated card ``README.md``),
+``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``; ``training/train_judge.py`` trains one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from huggingface_hub import PyTorchModelHubMixin
+from torch import nn
+
+from . import hub
+
+__all__ = ["JudgeHead", "JudgeHeadConfig"]
+
+CARD_TEMPLATE = """---
+{{ card_data }}
+---
+
+# A judge head for relaxed speculative decoding
+
+A linear classifier on the target's last hidden state at a drafted token: the probability that keeping the drafted
+token does not change the task's answer (judge decoding, Bachmann et al., 2025; labels mined as AutoJudge does,
+Garipov et al., 2025). Use it with `diversed_hf`:
+
+```python
+from diversed_hf import JudgeHead, enable_diversed
+from diversed_hf.verifiers import JudgeVerifier
+
+judge = JudgeHead.from_pretrained("{{ repo_id | default('path/to/judge', true) }}")
+enable_diversed(target)
+target.generate(**inputs, assistant_model=draft, verifier=JudgeVerifier(judge, threshold=0.5))
+```
+
+A draft is kept when the lossless test keeps it or the judge's probability is at least `threshold`; the output then
+no longer follows the target's distribution exactly. A threshold above 1 is lossless speculative decoding.
+"""
+
+
+@dataclass(frozen=True)
+class JudgeHeadConfig:
+    """What a judge reads and was trained for: the target's hidden size, its model id and the task."""
+
+    hidden_size: int
+    target_model_id: str | None = None
+    task: str | None = None
+
+
+class JudgeHead(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name=hub.LIBRARY_NAME,
+    tags=[*hub.HUB_TAGS, "judge-decoding"],
+    model_card_template=CARD_TEMPLATE,
+):
+    """``judge(h) -> P(keep)``: a linear layer and a sigmoid over the target's hidden states ``(..., d)``."""
+
+    def __init__(self, hidden_size: int, target_model_id: str | None = None, task: str | None = None):
+        super().__init__()
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+            raise ValueError(f"`hidden_size` must be a positive integer (the target's), got {hidden_size!r}.")
+        self._config = JudgeHeadConfig(hidden_size, target_model_id, task)
+        self.linear = nn.Linear(hidden_size, 1)
+        with torch.no_grad():  # untrained: it never fires at any threshold above 0.01, so it starts lossless
+            self.linear.weight.zero_()
+            self.linear.bias.fill_(-5.0)
+
+    @property
+    def config(self) -> JudgeHeadConfig:
+        return self._config
+
+    @classmethod
+    def for_target(cls, target, task: str | None = None) -> JudgeHead:
+        """An untrained judge for a loaded ``target`` (its width and model id), on its device."""
+        text_config = target.config.get_text_config()
+        model_id = getattr(target.config, "_name_or_path", None) or None
+        return cls(int(text_config.hidden_size), target_model_id=model_id, task=task).to(target.device)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., d) -> (...)
+        return torch.sigmoid(self.linear(hidden).squeeze(-1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., d) -> (...): what training fits
+        return self.linear(hidden).squeeze(-1)
