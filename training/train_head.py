@@ -3,6 +3,9 @@
     python training/train_head.py --config training/configs/testbed_arith.yaml
     python training/train_head.py --config training/configs/gsm8k_llama.yaml --lambda_acceptance 6
     python training/train_head.py --config training/configs/testbed_arith.yaml --resume_from_checkpoint true
+    python training/train_head.py --dataset my_prompts.jsonl --prompt_column question --answer_column answer \
+        --reward exact_match --target_model testbed          # your data and reward (docs/your_task.md)
+    python training/train_head.py --dataset my_chats.jsonl --reward my_rewards:score   # any TRL reward function
 
 Arguments are :class:`ScriptArguments` (what to train on) plus every field of
 :class:`diversed_hf.training.DiversedConfig` (how to train), parsed by TRL's ``TrlParser``: a YAML
@@ -41,6 +44,7 @@ from trl import GRPOConfig, TrlParser
 
 from diversed_hf import DiversedHead
 from diversed_hf.lab.cli_utils import check_output_dir, run_script
+from diversed_hf.lab.evaluation import task_help
 from diversed_hf.lab.tasks import get_task, task_card
 from diversed_hf.lab.tasks.dense_rewards import (
     add_target_columns,
@@ -48,6 +52,7 @@ from diversed_hf.lab.tasks.dense_rewards import (
     dense_reward,
     target_completions,
 )
+from diversed_hf.lab.tasks.user_task import trl_reward
 from diversed_hf.training import DiversedConfig, DiversedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,11 +62,22 @@ logger = logging.getLogger("train_head")
 
 @dataclass
 class ScriptArguments:
-    task: str = field(
+    task: str | None = field(default=None, metadata={"help": f"A registered task: {task_help()}. Or --dataset."})
+    dataset: str | None = field(
+        default=None,
         metadata={
-            "help": "A task of diversed_hf.lab.tasks (data, reward, metric): gsm8k, cnn_dailymail, xsum, mbpp, or the "
-            "testbed's testbed_arith / testbed_summary."
-        }
+            "help": "Your own prompts instead of a task: a .jsonl / .json / .csv / .parquet file, a directory "
+            "datasets.save_to_disk wrote, or a dataset name (its train/test splits, else 90/10 of its rows); with "
+            "--prompt_column, --answer_column and --reward (docs/your_task.md)."
+        },
+    )
+    prompt_column: str = field(default="prompt", metadata={"help": "With --dataset: the column of the prompts."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "With --dataset: the column of the answers the reward compares with."}
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "With --dataset: render each prompt as one user turn of this chat template (smollm2)."},
     )
     target_model: str = field(
         default="testbed", metadata={"help": "Target model id or path; 'testbed' for the CPU testbed."}
@@ -111,7 +127,9 @@ class ScriptArguments:
             "help": "The training reward: 'task' (the task's own), 'task_minus_target' (minus the target's "
             "greedy score on the prompt) or 'target_agreement' (agreement with the target's greedy answer; "
             "exact-match and ROUGE tasks). The last two generate the target's greedy answers once, cached in "
-            "<output_dir>/target_completions.json. See docs/training.md."
+            "<output_dir>/target_completions.json. With --dataset: exact_match, rouge2, rougeL (against "
+            "--answer_column), target_agreement (no answers needed: any text task, chat included), or "
+            "package.module:function (TRL's reward signature). See docs/training.md and docs/your_task.md."
         },
     )
     calibration_logit_offset: float = field(
@@ -123,6 +141,14 @@ class ScriptArguments:
     )
 
     def __post_init__(self):
+        self.reward_source = self.reward  # what the user asked for (recorded); a --dataset reward becomes 'task'
+        if (self.task is None) == (self.dataset is None):
+            raise ValueError(
+                "Pass --task (a registered task) or --dataset (your prompts, with --reward), one of them: got "
+                f"--task {self.task!r} and --dataset {self.dataset!r}."
+            )
+        if self.dataset is not None:
+            self._register_dataset()
         ratio, loss = self.goal_acceptance_ratio, self.goal_max_quality_loss
         if (ratio is None) != (loss is None):
             raise ValueError(
@@ -144,13 +170,32 @@ class ScriptArguments:
 
         check_reward_mode(self.reward, self.task)
 
+    def _register_dataset(self) -> None:
+        """``--dataset``: register its task (diversed_hf.lab.tasks.user_task) and train on it."""
+        from diversed_hf.lab.tasks.user_task import AGREEMENT_REWARDS, dataset_task
+
+        if self.reward in ("task", "task_minus_target"):
+            raise ValueError(
+                f"`--reward {self.reward}` names a registered task's own reward; with --dataset pass one of "
+                "exact_match, rouge2, rougeL, target_agreement, or package.module:function."
+            )
+        self.task = dataset_task(
+            self.dataset,
+            prompt_column=self.prompt_column,
+            answer_column=self.answer_column,
+            reward=self.reward,
+            chat_template=self.chat_template,
+        )
+        if self.reward not in AGREEMENT_REWARDS:
+            self.reward = "task"  # the dataset task's own reward is the one asked for
+
 
 ScriptArguments._argument_group_name = "train_head.py options (what to train on)"  # HfArgumentParser's group title
 
 DIVERSED_GROUP = "DIVERSED options (diversed_hf.training.DiversedConfig)"
 DEFAULTS_GROUP = "GRPO/Trainer options whose default DIVERSED changes"
 INHERITED_GROUP = "inherited GRPO/Trainer options (trl.GRPOConfig, transformers.TrainingArguments)"
-USAGE = "%(prog)s [--config YAML] --task TASK [--OPTION VALUE ...]"
+USAGE = "%(prog)s [--config YAML] (--task TASK | --dataset DATA --reward REWARD) [--OPTION VALUE ...]"
 DESCRIPTION = (
     "Train a DIVERSED head and save it as a Hub-ready repo. A YAML file given with --config supplies defaults (any "
     "option below, by its name) and command-line flags override it. An option shown as [BOOL] also takes a bare "
@@ -212,16 +257,33 @@ def _config_groups() -> list[type]:
     return groups
 
 
-def build_parser() -> TrlParser:
-    """The TrlParser of this script: ScriptArguments, then DiversedConfig's fields in :func:`_config_groups`."""
-    return TrlParser(
+def build_parser(full_help: bool = False) -> TrlParser:
+    """The TrlParser of this script: ScriptArguments, then DiversedConfig's fields in :func:`_config_groups`.
+    ``--help`` lists the inherited GRPO/Trainer options by count only (they still parse); ``--help-all`` lists them."""
+    parser = TrlParser(
         (ScriptArguments, *_config_groups()), usage=USAGE, description=DESCRIPTION, formatter_class=HelpFormatter
     )
+    parser.add_argument("--help-all", action="store_true", help="List every option, the inherited ones included.")
+    if not full_help:
+        for group in parser._action_groups:  # argparse's own groups: the one way to show a group's title alone
+            if group.title == INHERITED_GROUP:
+                group.description = (
+                    f"{len(group._group_actions)} more options of trl.GRPOConfig and transformers.TrainingArguments "
+                    "(--save_steps, --learning_rate's scheduler, --report_to, ...): `--help-all` lists them; any of "
+                    "them may also go in the --config YAML."
+                )
+                for action in group._group_actions:
+                    action.help = argparse.SUPPRESS
+    return parser
 
 
 def parse_arguments(argv=None) -> tuple[ScriptArguments, DiversedConfig]:
     """``--config`` YAML, then flags, into the script's arguments and one validated DiversedConfig."""
+    if "--help-all" in (sys.argv[1:] if argv is None else argv):
+        build_parser(full_help=True).print_help()
+        raise SystemExit(0)
     script, *parts = build_parser().parse_args_and_config(args=argv)
+    parts = [part for part in parts if dataclasses.is_dataclass(part)]  # not the namespace holding --help-all
     return script, DiversedConfig(**{k: v for part in parts for k, v in vars(part).items()})
 
 
@@ -291,7 +353,8 @@ def training_record(script: ScriptArguments, config: DiversedConfig, seconds: fl
         algorithm="REINFORCE++ (group baseline, batch-whitened advantages, PPO clip) + lambda * sum_t (1 - w_t TV_t)",
         trainer="diversed_hf.training.DiversedTrainer (transformers.Trainer with GRPO's batching, trl.GRPOConfig)",
         task=script.task,
-        reward=script.reward,
+        reward=script.reward_source,
+        **({"dataset": script.dataset} if script.dataset else {}),
         num_train_examples=script.num_train_examples,
         num_shots=script.num_shots,
         target_model=script.target_model,
@@ -375,6 +438,16 @@ def held_out_results(script: ScriptArguments, config: DiversedConfig, target, dr
     from diversed_hf.lab.evaluation import evaluate
 
     held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
+    references = list(held_out["reference"])
+    if script.dataset and script.answer_column is None:  # no answers: quality is agreement with the target's own
+        references = target_completions(
+            target,
+            tokenizer,
+            list(held_out["prompt"]),
+            max_new_tokens=script.eval_max_new_tokens,
+            batch_size=script.eval_batch_size,
+            cache=Path(config.output_dir) / "held_out_target_completions.json",
+        )
     results = evaluate(
         script.task,
         target,
@@ -382,7 +455,7 @@ def held_out_results(script: ScriptArguments, config: DiversedConfig, target, dr
         tokenizer,
         head,
         list(held_out["prompt"]),
-        list(held_out["reference"]),
+        references,
         temperature=config.temperature,
         num_draft_tokens=config.num_draft_tokens,
         max_new_tokens=script.eval_max_new_tokens,
@@ -425,7 +498,7 @@ def main(argv=None):
         target,
         draft,
         head=head,
-        reward_funcs=dense_reward(script.task, script.reward),
+        reward_funcs=trl_reward(script.task) or dense_reward(script.task, script.reward),
         args=config,
         train_dataset=train,
         processing_class=tokenizer,

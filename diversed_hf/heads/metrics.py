@@ -12,6 +12,7 @@ __all__ = ["METRIC_ALIASES", "METRIC_LABELS", "canonical_metric", "metric_label"
 METRIC_LABELS: dict[str, str] = {
     "exact_match": "exact match (%)",
     "rouge2_f1": "ROUGE-2 F1 (x100)",
+    "rougeL_f1": "ROUGE-L F1 (x100)",
     "pass@1": "pass@1 (%)",
 }
 #: Other spellings of the metrics that results files may carry.
@@ -19,6 +20,8 @@ METRIC_ALIASES: dict[str, str] = {
     "accuracy": "exact_match",
     "rouge2": "rouge2_f1",
     "rouge-2": "rouge2_f1",
+    "rougeL": "rougeL_f1",
+    "rouge-l": "rougeL_f1",
     "pass_at_1": "pass@1",
 }
 

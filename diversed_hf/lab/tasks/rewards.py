@@ -30,6 +30,7 @@ from typing import Sequence
 __all__ = [
     "exact_match",
     "rouge2",
+    "rouge_l",
     "pass_at_1",
     "run_programs",
     "extract_code",
@@ -136,6 +137,17 @@ def rouge2_f1(prediction: str, reference: str) -> float:
     """ROUGE-2 F1 of ``prediction``, in [0, 1]: the best over the lines of ``reference``."""
     alternatives = [line for line in reference.split("\n") if line.strip()] or [reference]
     return rouge_scorer("rouge2").score_multi(alternatives, prediction)["rouge2"].fmeasure
+
+
+def rouge_l(completions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L F1 in [0, 1] of each completion against its reference (the best over the reference's lines): the
+    longest common subsequence, so wording may differ and order still counts (agreement between free-form answers)."""
+    completions, references = _check(completions, references)
+    scores = []
+    for completion, reference in zip(completions, references):
+        alternatives = [line for line in reference.split("\n") if line.strip()] or [reference]
+        scores.append(rouge_scorer("rougeL").score_multi(alternatives, completion)["rougeL"].fmeasure)
+    return scores
 
 
 def exact_match(completions: Sequence[str], references: Sequence[str]) -> list[float]:

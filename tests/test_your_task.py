@@ -1,0 +1,125 @@
+"""A head for your own data and reward from the command line (training/train_head.py --dataset ... --reward ...;
+diversed_hf.lab.tasks.user_task; docs/your_task.md), on the testbed pair with a dataset and a reward the test writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diversed_hf import DiversedHead, testbed
+
+REWARD_MODULE = '''
+def agrees(prompts=None, completions=None, reference=None, **columns):
+    """1 where the completion's first word is the answer's first word (TRL's reward signature)."""
+    return [float(c.split()[:1] == r.split()[:1]) for c, r in zip(completions, reference)]
+'''
+
+
+@pytest.fixture()
+def user_data(tmp_path, monkeypatch):
+    rows = testbed.load_task("arith", split="train", num_examples=40, seed=3)
+    data = tmp_path / "my_problems.jsonl"
+    data.write_text(
+        "\n".join(json.dumps({"question": p, "answer": a}) for p, a in zip(rows["prompt"], rows["reference"]))
+    )
+    (tmp_path / "my_rewards.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return data
+
+
+def _argv(tmp_path, data, *flags):
+    return [
+        "--dataset", str(data), "--prompt_column", "question", "--target_model", "testbed",
+        "--output_dir", str(tmp_path / "run"), "--num_train_examples", "8", "--max_steps", "2",
+        "--max_completion_length", "6", "--eval_num_examples", "3", "--eval_max_new_tokens", "6",
+        "--threads", "1", "--disable_tqdm", "true", "--report_to", "none", *flags,
+    ]  # fmt: skip
+
+
+def test_a_users_dataset_and_reward_function_train_a_head_that_loads(tmp_path, user_data):
+    import train_head
+
+    train_head.main(_argv(tmp_path, user_data, "--answer_column", "answer", "--reward", "my_rewards:agrees"))
+    head_dir = tmp_path / "run" / "head"
+    head = DiversedHead.from_pretrained(head_dir)
+    assert head.config.task == "dataset:my_problems"
+    record = json.loads((head_dir / "training_config.json").read_text())
+    assert record["reward"] == "my_rewards:agrees" and record["dataset"] == str(user_data)
+    results = json.loads((head_dir / "results.json").read_text())
+    assert [row["method"] for row in results["rows"]] == ["autoregressive", "sd", "diversed"]
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert any("rewards/agrees/mean" in entry for entry in log)  # TRL called the user's own function
+
+
+def test_target_agreement_needs_no_answers(tmp_path, user_data):
+    import train_head
+
+    train_head.main(_argv(tmp_path, user_data, "--reward", "target_agreement"))
+    results = json.loads((tmp_path / "run" / "head" / "results.json").read_text())
+    assert results["setting"]["quality_metric"] == "rouge2_f1"  # agreement with the target's own answers
+    assert (tmp_path / "run" / "held_out_target_completions.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--reward", "exact_match"], r"`--reward exact_match` compares completions with answers: .*--answer_column"),
+        (["--reward", "my_rewards:nope"], r"cannot import 'nope' from 'my_rewards'"),
+        (["--reward", "nonsense"], r"`--reward nonsense`: use a built-in reward"),
+        (["--reward", "task"], r"with --dataset pass one of exact_match"),
+        (["--reward", "rouge2", "--answer_column", "answers"], r"`--answer_column answers`: .* has the columns"),
+        (["--reward", "rouge2", "--task", "testbed_arith"], r"Pass --task .* or --dataset .*one of them"),
+    ],
+)
+def test_bad_dataset_options_are_refused_by_name_before_the_models_load(tmp_path, user_data, monkeypatch, flags, match):
+    import train_head
+
+    from diversed_hf.lab import evaluation
+
+    monkeypatch.setattr(evaluation, "load_models", lambda *a, **k: pytest.fail("the models were loaded"))
+    with pytest.raises(ValueError, match=match):
+        train_head.main(_argv(tmp_path, user_data, *flags))
+
+
+def test_the_help_lists_the_tasks_the_error_names_and_stays_short(capsys):
+    import train_head
+
+    from diversed_hf.lab.tasks import task_names
+
+    with pytest.raises(SystemExit):
+        train_head.parse_arguments(["--help"])
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 200 and "--help-all" in text and "--dataset" in text
+    with pytest.raises(ValueError) as error:
+        train_head.parse_arguments(["--task", "nope"])
+    flat = " ".join(text.split())
+    for name in (name for name in task_names() if not name.startswith("dataset:")):  # registered by other tests
+        assert name in flat and repr(name) in str(error.value)
+
+
+def test_the_docs_page_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/your_task.md, block by block, in a fresh directory: the data, the reward module, the training command (a
+    few steps: the page's own flags, then shorter ones), using the head."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    import train_head
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "your_task.md").read_text()
+    blocks = re.findall(r"```(python|bash)\n(.*?)```", page, flags=re.S)
+    python = [code for kind, code in blocks if kind == "python"]
+    command = next(code for kind, code in blocks if kind == "bash")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exec(python[0], {})  # noqa: S102 - the page's own code
+    assert python[1].startswith("# my_rewards.py")
+    (tmp_path / "my_rewards.py").write_text(python[1])
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:2] == ["python", "training/train_head.py"]
+    quick = ["--max_steps", "2", "--num_train_examples", "8", "--max_completion_length", "6"]
+    train_head.main([*argv[2:], *quick, "--eval_max_new_tokens", "6", "--threads", "1", "--disable_tqdm", "true"])
+    assert (tmp_path / "runs" / "my_head" / "head" / "results.json").is_file()
+    exec(python[2], {})  # noqa: S102
+    assert capsys.readouterr().out.strip()
