@@ -180,10 +180,13 @@ TUNED_HEADS_SECTION = ("tuned_heads", "Real pair: first heads on the task-tuned 
 TREES_SECTION = ("trees", "Token trees")
 #: benchmarks/tree_heads.py: the shipped heads over token trees against the same heads over chains
 TREE_HEADS_SECTION = ("tree_heads", "Token trees: heads")
+#: benchmarks/eagle3_results.py: the EAGLE-3 draft against the EAGLE-1-style default
+EAGLE3_SECTION = ("eagle3", "EAGLE-3 draft")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
     TREES_SECTION,
     TREE_HEADS_SECTION,
+    EAGLE3_SECTION,
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
     TUNED_HEADS_SECTION,

@@ -88,6 +88,11 @@ def test_the_default_head_is_picked_by_its_source():
         ({"head": "arith", "mixing": "logits"}, r'\["mixing"\] is for `target_weight`'),
         ({"head": "xsum"}, r"""\["head"\] must name a head this engine loaded \(\['arith'\]"""),
         ({"weight": 0.5}, r"unknown keys \['weight'\]"),
+        ({"fuzzy": {"threshold": -1}}, r'\["fuzzy"\]: `threshold` must be a non-negative number, got -1'),
+        ({"fuzzy": {"threshold": 0.1}, "target_weight": 0.5}, r"names 'fuzzy' with \['target_weight'\]"),
+        ({"fuzzy": 0.1}, r'\["fuzzy"\] must be a JSON object with the keys \[\'threshold\', \'divergence\'\]'),
+        ({"top_k_relaxed": {"top_k": 2}}, r"needs \['delta'\]"),
+        ({"top_k_relaxed": {"top_k": -2, "delta": 0.5}}, r"`top_k` must be a non-negative integer, got -2"),
     ],
 )
 def test_bad_request_rules_name_the_key(values, message):
@@ -153,3 +158,25 @@ def test_an_engine_keeps_a_bounded_number_of_static_rules():
     assert VerificationRules(settings, {}).max_cached == MAX_CACHED_RULES
     with pytest.raises(ValueError, match="`max_cached` must be a positive integer"):
         VerificationRules(settings, {}, max_cached=0)
+
+
+def test_requests_pick_the_relaxed_rules_which_verify_through_the_mixture():
+    """Fuzzy SD and top-k relaxed acceptance per request; the mixture the plugin verifies against is each rule's pi
+    (top-k: its emitted law o, whose speculative sampling is the rule: accepted outright inside the relaxed set)."""
+    from diversed_hf.verifiers import FuzzyVerifier, TopKRelaxedVerifier, ops
+    from diversed_hf.vllm_plugin.mixture import mixture_verification
+
+    settings = settings_from_additional_config({"diversed": {"target_weight": 1.0}})
+    rules, _ = settings.build_rules()
+    fuzzy = rules.for_request({"diversed": {"fuzzy": {"threshold": 0.2, "divergence": "tv"}}})
+    top_k = rules.for_request({"diversed": {"top_k_relaxed": {"top_k": 2, "delta": 1.0}}})
+    assert fuzzy == FuzzyVerifier(0.2, "tv") and top_k == TopKRelaxedVerifier(2, 1.0)
+    assert rules.for_request({"diversed": {"fuzzy": {"threshold": 0.2, "divergence": "tv"}}}) is fuzzy  # cached
+    q = torch.tensor([[0.6, 0.3, 0.1, 0.0], [0.1, 0.1, 0.1, 0.7]])
+    p = torch.tensor([[0.5, 0.3, 0.1, 0.1], [0.7, 0.2, 0.05, 0.05]])
+    nu, residual = mixture_verification([fuzzy, top_k], [1, 1], q, p)
+    assert torch.equal(nu[0], q[0])  # TV 0.1 < 0.2: pi = q
+    acceptance = ops.ratio_acceptance(q[1], nu[1])
+    expected = top_k.token_acceptance(q[1:], p[1:], None)[0]
+    torch.testing.assert_close(acceptance, expected)  # ratio acceptance against o is the rule's own
+    torch.testing.assert_close(residual[1], top_k.residual_probs(q[1], p[1], None))

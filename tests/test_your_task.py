@@ -4,6 +4,7 @@ diversed_hf.lab.tasks.user_task; docs/your_task.md), on the testbed pair with a 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -25,6 +26,7 @@ def user_data(tmp_path, monkeypatch):
     )
     (tmp_path / "my_rewards.py").write_text(REWARD_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # each test's own module, not an earlier one's
     return data
 
 
@@ -113,6 +115,7 @@ def test_the_docs_page_runs_as_written(tmp_path, monkeypatch, capsys):
     command = next(code for kind, code in blocks if kind == "bash")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     exec(python[0], {})  # noqa: S102 - the page's own code
     assert python[1].startswith("# my_rewards.py")
     (tmp_path / "my_rewards.py").write_text(python[1])

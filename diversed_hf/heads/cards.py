@@ -232,6 +232,7 @@ REAL_PAIR_MODEL_IDS = {
     "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
     "eagle": "diversed_hf/smollm2-135m-instruct-eagle-chat",
     "eagle-tasks": "diversed_hf/smollm2-135m-instruct-eagle",
+    "eagle3": "diversed_hf/smollm2-135m-instruct-eagle3",  # the EAGLE-3 draft (training/train_eagle_draft.py --arch)
     "tuned": "diversed_hf/smollm2-135m-instruct-tuned",  # load_pair("smollm2-tuned"): the task-tuned target
     "tuned-eagle": "diversed_hf/smollm2-135m-instruct-tuned-eagle",  # and its EagleDraft
 }
@@ -239,6 +240,7 @@ _REAL_PAIR_NAMES = {
     REAL_PAIR_MODEL_IDS["target"]: ("SmolLM2-135M-Instruct", 'load_pair("smollm2")'),
     REAL_PAIR_MODEL_IDS["draft"]: ("SmolLM2-135M-Instruct's self-draft", 'load_pair("smollm2", draft="self")'),
     REAL_PAIR_MODEL_IDS["eagle"]: ("SmolLM2-135M-Instruct's EagleDraft", 'load_pair("smollm2", draft="eagle")'),
+    REAL_PAIR_MODEL_IDS["eagle3"]: ("SmolLM2-135M-Instruct's EAGLE-3 draft", 'load_pair("smollm2", draft="eagle3")'),
     REAL_PAIR_MODEL_IDS["eagle-tasks"]: (
         "SmolLM2-135M-Instruct's task EagleDraft",
         'load_pair("smollm2", draft="eagle-tasks")',

@@ -71,10 +71,12 @@ EXPORT_FORMAT = 1  # bump when export_self_draft's layout changes
 DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "draft"
 EAGLE_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "eagle"
 EAGLE_TASKS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "eagle_tasks"
-#: the real pair's drafts: ``"eagle"`` (an EagleDraft distilled on the target's answers to everyday chat requests and
-#: the tasks), ``"eagle-tasks"`` (the earlier EagleDraft, distilled on three tasks only: the draft the ``arith_chat``
-#: head was trained with) and ``"self"`` (the target's first layers with a LoRA adapter)
-DRAFTS = ("eagle", "eagle-tasks", "self")
+EAGLE3_DIR = Path(__file__).resolve().parent / "assets" / "smollm2" / "eagle3"
+#: the real pair's drafts: ``"eagle"`` (an EAGLE-1-style EagleDraft distilled on the target's answers to everyday chat
+#: requests and the tasks), ``"eagle3"`` (an EAGLE-3 draft distilled on the same prompt mix: three fused target
+#: layers, its own head over 8,192 ids), ``"eagle-tasks"`` (the earlier EagleDraft, distilled on three tasks only:
+#: the draft the ``arith_chat`` head was trained with) and ``"self"`` (the target's first layers with a LoRA adapter)
+DRAFTS = ("eagle", "eagle3", "eagle-tasks", "self")
 #: the fastest on this project's measurements, on everyday prompts and on the tasks (RESULTS.md, "Real pair")
 DEFAULT_DRAFT = "eagle"
 EAGLE_MODEL_ID = REAL_PAIR_MODEL_IDS["eagle"]
@@ -82,6 +84,7 @@ EAGLE_MODEL_ID = REAL_PAIR_MODEL_IDS["eagle"]
 EAGLE_DRAFTS = {
     "eagle": (EAGLE_DIR, EAGLE_MODEL_ID),
     "eagle-tasks": (EAGLE_TASKS_DIR, REAL_PAIR_MODEL_IDS["eagle-tasks"]),
+    "eagle3": (EAGLE3_DIR, REAL_PAIR_MODEL_IDS["eagle3"]),
 }
 #: ``config._name_or_path`` of the models of :func:`load_smollm2_pair` (recorded in heads trained on them; cards
 #: recognise them).

@@ -33,6 +33,13 @@ object as ``"diversed"`` in the request body, ``extra_body`` of the OpenAI clien
     {"target_weight": 1.0}          # lossless for this request
     {"target_weight": 0.3}          # static ensemble (``"mixing"`` may come with it)
     {"head": "gsm8k"}               # a head the engine loaded: a name in ``heads``, or the default head's source
+    {"fuzzy": {"threshold": 0.1}}   # fuzzy SD (``FuzzyVerifier``; ``"divergence"`` may come with it)
+    {"top_k_relaxed": {"top_k": 2, "delta": 0.5}}   # top-k relaxed acceptance (``TopKRelaxedVerifier``)
+
+The relaxed rules verify through the same mixture: fuzzy SD is one (``pi_t`` is ``q_t`` or ``p_t``), and top-k
+relaxed acceptance is speculative sampling of its emitted law ``o_t`` (docs/method.md §9), so sampled requests follow
+exactly what they follow under ``generate``. A greedy request keeps drafts while they are ``argmax pi_t`` (for top-k:
+``argmax o_t``, where ``generate`` keeps any draft of the relaxed set).
 
 A request without it gets the engine's default rule. :func:`request_rule` checks the object, naming the bad key.
 """
@@ -49,6 +56,7 @@ from ..heads.head import DiversedHead
 from ..heads.hub import weights_digest
 from ..verifiers.checks import is_real
 from ..verifiers.ops import MIXING_SPACES
+from ..verifiers.relaxed import FuzzyVerifier, TopKRelaxedVerifier
 from ..verifiers.rules import HeadVerifier, StaticEnsembleVerifier, Verifier
 
 __all__ = [
@@ -64,7 +72,12 @@ __all__ = [
 CONFIG_KEY = "diversed"
 _KEYS = ("target_weight", "mixing", "head", "revision", "local_files_only", "heads")
 _HEAD_KEYS = ("head", "revision")
-_REQUEST_KEYS = ("target_weight", "mixing", "head")
+_REQUEST_KEYS = ("target_weight", "mixing", "head", "fuzzy", "top_k_relaxed")
+#: the relaxed rules a request may name, their keys (with defaults) and verifier (diversed_hf.verifiers.relaxed)
+_RELAXED_RULES = {
+    "fuzzy": ({"threshold": None, "divergence": "js"}, FuzzyVerifier),
+    "top_k_relaxed": ({"top_k": None, "delta": None}, TopKRelaxedVerifier),
+}
 _EXAMPLE = '{"diversed": {"target_weight": 0.5}} or {"diversed": {"head": "<dir or repo id>"}}'
 _REQUEST_EXAMPLE = '{"diversed": {"target_weight": 1.0}} or {"diversed": {"head": "<a head the engine loaded>"}}'
 #: static-ensemble verifiers an engine keeps for the weights its requests ask for (the least recently used go first)
@@ -126,6 +139,7 @@ class RequestRule:
     target_weight: float | None = None
     mixing: str = "probs"
     head: str | None = None
+    relaxed: tuple | None = None  # (rule name, ((key, value), ...)): a relaxed rule of _RELAXED_RULES
 
 
 @dataclass(frozen=True)
@@ -271,7 +285,10 @@ class VerificationRules:
 
     def _static(self, rule: RequestRule) -> Verifier:
         verifier = self._verifiers.get(rule)
-        if verifier is None:
+        if verifier is None and rule.relaxed is not None:
+            name, values = rule.relaxed
+            verifier = self._verifiers[rule] = _RELAXED_RULES[name][1](**dict(values))
+        elif verifier is None:
             verifier = self._verifiers[rule] = StaticEnsembleVerifier(rule.target_weight, mixing=rule.mixing)
             while len(self._verifiers) > self.max_cached:
                 self._verifiers.popitem(last=False)
@@ -303,6 +320,9 @@ def request_rule(extra_args: Any, settings: DiversedVllmSettings | None) -> Requ
     unknown = sorted(set(values) - set(_REQUEST_KEYS))
     if unknown:
         raise ValueError(f"{where} has unknown keys {unknown}; the keys are {list(_REQUEST_KEYS)}.")
+    relaxed = [name for name in _RELAXED_RULES if name in values]
+    if relaxed:
+        return _relaxed_rule(where, values, relaxed)
     target_weight, head, mixing = values.get("target_weight"), values.get("head"), values.get("mixing", "probs")
     if (target_weight is None) == (head is None):
         raise ValueError(
@@ -321,6 +341,27 @@ def request_rule(extra_args: Any, settings: DiversedVllmSettings | None) -> Requ
             )
         return RequestRule(head=head)
     return RequestRule(target_weight=float(target_weight), mixing=mixing)
+
+
+def _relaxed_rule(where: str, values: dict, relaxed: list[str]) -> RequestRule:
+    """A request naming a relaxed rule: that rule alone, its keys checked by the verifier itself."""
+    others = sorted(set(values) - {relaxed[0]})
+    if len(relaxed) > 1 or others:
+        raise ValueError(f"{where} names {relaxed[0]!r} with {others + relaxed[1:]}: a request picks one rule.")
+    name = relaxed[0]
+    keys, build = _RELAXED_RULES[name]
+    given = values[name]
+    if not isinstance(given, dict) or sorted(set(given) - set(keys)):
+        raise ValueError(f'{where}["{name}"] must be a JSON object with the keys {list(keys)}, got {given!r}.')
+    settings = {**keys, **given}
+    missing = [key for key, value in settings.items() if value is None]
+    if missing:
+        raise ValueError(f'{where}["{name}"] needs {missing}, got {given!r}.')
+    try:
+        build(**settings)  # refuses a bad knob, by name
+    except (TypeError, ValueError) as error:
+        raise ValueError(f'{where}["{name}"]: {error}') from None
+    return RequestRule(relaxed=(name, tuple(sorted(settings.items()))))
 
 
 def _head_identity(head: DiversedHead, source: str) -> str:

@@ -1,6 +1,7 @@
 """Per-request verification: ``SamplingParams(extra_args={"diversed": {...}})`` picks a request's rule among the
 engine's (lossless, a static weight, a head the engine loaded); requests with different rules share a batch and each
-keeps its own law; a bad value fails that request alone."""
+keeps its own law; a bad value fails that request alone. The field's relaxed rules (fuzzy SD, top-k relaxed
+acceptance) are picked the same way."""
 
 import pytest
 
@@ -18,7 +19,7 @@ from vllm_helpers import (
 )
 
 from diversed_hf import testbed
-from diversed_hf.verifiers import HeadVerifier, StaticEnsembleVerifier
+from diversed_hf.verifiers import FuzzyVerifier, HeadVerifier, StaticEnsembleVerifier, TopKRelaxedVerifier
 
 HEAD = str(testbed.asset_path("heads/arith"))
 
@@ -35,7 +36,14 @@ def rules():
         (StaticEnsembleVerifier(1.0), None),
         (StaticEnsembleVerifier(0.3), {"diversed": {"target_weight": 0.3}}),
         (HeadVerifier(testbed.load_head("arith")), {"diversed": {"head": "arith"}}),
+        (FuzzyVerifier(0.5, "tv"), {"diversed": {"fuzzy": {"threshold": 0.5, "divergence": "tv"}}}),
     ]
+
+
+@pytest.fixture(scope="module")
+def sampled_rules(rules):
+    """The rules above and top-k relaxed acceptance, whose greedy rule differs under vLLM (docs/method.md §9)."""
+    return [*rules, (TopKRelaxedVerifier(2, 1.0), {"diversed": {"top_k_relaxed": {"top_k": 2, "delta": 1.0}}})]
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +62,9 @@ def test_a_mixed_greedy_batch_equals_generate_with_each_requests_rule(llm, rules
     )
 
 
-def test_a_mixed_sampled_batch_keeps_each_requests_law(llm, rules, models):
+def test_a_mixed_sampled_batch_keeps_each_requests_law(llm, sampled_rules, models):
     target, draft, tokenizer = models
-    check_rules_law_and_acceptance(llm, rules, target, draft, law_candidates(tokenizer), num_requests=2000)
+    check_rules_law_and_acceptance(llm, sampled_rules, target, draft, law_candidates(tokenizer), num_requests=2000)
 
 
 @pytest.mark.parametrize(
