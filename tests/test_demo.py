@@ -94,3 +94,34 @@ def test_demo_prints_quality_per_method_with_its_sample_size(capsys):
 def test_demo_refuses_bad_choices_before_loading(argv, message, capsys):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_rows_without_answers_carry_quality_against_the_target():
+    """Prompts without references: every row reports the target's per-token log-likelihood of its texts and their
+    ROUGE-L agreement with an independent target sample, paired with target-only (diversed_hf.lab.bench.chat_quality)."""
+    from diversed_hf.lab.demo import TARGET_ONLY, run_demo
+
+    _, results = run_demo(random_models=True, num_prompts=3, max_new_tokens=8)
+    for result in results:
+        scores = result["chat_quality"]
+        assert scores["log_likelihood"] < 0 and 0 <= scores["agreement"] <= 1
+        assert {"delta", "low", "high"} <= set(scores["log_likelihood_delta"])
+    base = next(r for r in results if r["method"] == TARGET_ONLY)["chat_quality"]
+    assert base["log_likelihood_delta"]["delta"] == 0.0 and base["agreement_delta"]["delta"] == 0.0
+
+
+def test_the_target_log_likelihood_is_the_mean_log_probability_of_the_text():
+    import torch
+    from tiny_models import make_model
+
+    from diversed_hf.lab.bench.chat_quality import agreement, paired, target_log_likelihood
+
+    target = make_model("llama")
+    prompt, completion = torch.tensor([[5, 6, 7]]), torch.tensor([9, 3])
+    with torch.no_grad():
+        log_probs = target(torch.tensor([[5, 6, 7, 9, 3]])).logits[0].log_softmax(-1)
+    expected = float((log_probs[2, 9] + log_probs[3, 3]) / 2)
+    assert abs(target_log_likelihood(target, prompt, completion) - expected) < 1e-5
+    assert target_log_likelihood(target, prompt, torch.tensor([], dtype=torch.long)) != 0.0  # NaN for no text
+    assert agreement(["the cat sat"], ["the cat sat"]) == [1.0]
+    assert paired([float("nan")], [1.0]) is None

@@ -117,14 +117,20 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
         TARGET_ONLY: (None, None),
         "SD (ExactVerifier)": (draft, ExactVerifier()),
         "static ensemble w=0.5": (draft, StaticEnsembleVerifier(0.5)),
-        f"DIVERSED ({REAL_PAIR_HEAD_TASK} head, {head_draft} draft)": (own_draft, HeadVerifier(head), head_length),
     }
-    notes = [
-        f"the {REAL_PAIR_HEAD_TASK} head was trained with the {head_draft!r} draft and reads its features, so its "
-        f"row drafts with that one, at the length the head was measured with (N = {head_length}); the other rows use "
-        f"the pair's default EagleDraft at its own length. The head is an operating point on {REAL_PAIR_HEAD_TASK} "
-        "(RESULTS.md); on other prompts it is shown, not vouched for."
-    ]
+    if task == REAL_PAIR_HEAD_TASK:  # a task head only on its task's prompts
+        methods[f"DIVERSED ({task} head, {head_draft} draft)"] = (own_draft, HeadVerifier(head), head_length)
+        notes = [
+            f"the {task} head was trained with the {head_draft!r} draft and reads its features, so its row drafts "
+            f"with that one, at the length the head was measured with (N = {head_length}); the other rows use the "
+            "pair's default EagleDraft at its own length."
+        ]
+    else:
+        notes = [
+            "no DIVERSED head ships for these prompts: the real pair's one head is an operating point on "
+            f"{REAL_PAIR_HEAD_TASK} (`--task {REAL_PAIR_HEAD_TASK}` shows it); train one for your prompts with "
+            "training/train_head.py --dataset (docs/your_task.md)."
+        ]
     return DemoSetup(
         f"Real pair (SmolLM2-135M-Instruct in {str(target.dtype).removeprefix('torch.')}), {where}",
         target,
@@ -215,7 +221,9 @@ def run_demo(
     names = list(setup.methods)
     for name in names:  # warm-up: kernels, caches, the draft's first call
         _generate(setup, name, setup.prompt_ids[0], 4, num_draft_tokens, seed)
-    results = {name: {"method": name, "texts": [], "new_tokens": 0, "seconds": 0.0, "rounds": []} for name in names}
+    results = {
+        name: {"method": name, "texts": [], "ids": [], "new_tokens": 0, "seconds": 0.0, "rounds": []} for name in names
+    }
     for i, ids in enumerate(setup.prompt_ids):
         for name in names:
             start = time.perf_counter()
@@ -223,12 +231,9 @@ def run_demo(
             results[name]["seconds"] += time.perf_counter() - start
             new = output.sequences[0, ids.shape[1] :]
             results[name]["new_tokens"] += int(new.numel())
-            text = (
-                setup.tokenizer.decode(new, skip_special_tokens=True)
-                if setup.tokenizer
-                else " ".join(map(str, new.tolist()))
-            )
+            text = setup.tokenizer.decode(new, skip_special_tokens=True) if setup.tokenizer else _as_text(new)
             results[name]["texts"].append(text)
+            results[name]["ids"].append(new)
             if getattr(output, "speculation", None) is not None:
                 results[name]["rounds"].append(output.speculation.summary())
     reward = get_task(setup.task).reward if setup.references is not None else None
@@ -241,7 +246,41 @@ def run_demo(
             None if reward is None else sum(reward(result["texts"], setup.references)) / len(result["texts"])
         )
         result["stats"] = _pooled(result.pop("rounds"))
+    if setup.references is None:  # no answers to score: quality against the target itself
+        _chat_quality(setup, list(results.values()), max_new_tokens, seed)
+    for result in results.values():
+        result.pop("ids")
     return setup, list(results.values())
+
+
+def _chat_quality(setup: DemoSetup, results: list[dict], max_new_tokens: int, seed: int) -> None:
+    """Each row's ``chat_quality``: the target's mean per-token log-likelihood of its texts and their ROUGE-L
+    agreement with an independent target-only sample of each prompt, with paired differences from target-only
+    (:mod:`diversed_hf.lab.bench.chat_quality`)."""
+    from .bench.chat_quality import agreement, paired, target_log_likelihood
+
+    samples = []
+    for i, ids in enumerate(setup.prompt_ids):
+        new = _generate(setup, TARGET_ONLY, ids, max_new_tokens, None, seed + 10_000 + i).sequences[0, ids.shape[1] :]
+        samples.append(setup.tokenizer.decode(new, skip_special_tokens=True) if setup.tokenizer else _as_text(new))
+    scores = {}
+    for result in results:
+        likelihood = [target_log_likelihood(setup.target, p, c) for p, c in zip(setup.prompt_ids, result["ids"])]
+        scores[result["method"]] = (likelihood, agreement(result["texts"], samples))
+    base_likelihood, base_agreement = scores[TARGET_ONLY]
+    for result in results:
+        likelihood, agree = scores[result["method"]]
+        known = [value for value in likelihood if value == value]
+        result["chat_quality"] = {
+            "log_likelihood": sum(known) / max(len(known), 1),
+            "agreement": sum(agree) / len(agree),
+            "log_likelihood_delta": paired(likelihood, base_likelihood),
+            "agreement_delta": paired(agree, base_agreement),
+        }
+
+
+def _as_text(ids: torch.Tensor) -> str:
+    return " ".join(map(str, ids.tolist()))
 
 
 def _pooled(summaries: list[dict]) -> dict | None:
@@ -275,10 +314,13 @@ def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True) -> No
         "(up to EOS), seconds their wall-clock total."
     )
     quality = setup.references is not None
+    chat = results[0].get("chat_quality") is not None
     label = f"{get_task(setup.task).metric_label}, {n} prompts" if quality else None
     header = "| method | new tokens | seconds | tokens/s | x target-only | acceptance | tokens / round |"
-    print(header + (f" {label} |" if quality else ""))
-    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if quality else ""))
+    if chat:
+        label = "target log-lik / token (vs target-only) | ROUGE-L vs a target sample (vs target-only)"
+    print(header + (f" {label} |" if quality or chat else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if quality else "---:|---:|" if chat else ""))
     for r in results:
         stats = r["stats"]
         accepted = "-" if stats is None else f"{stats['acceptance_rate']:.1%}"
@@ -287,8 +329,17 @@ def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True) -> No
             f"| {r['method']} | {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | "
             f"{r['speedup']:.2f}x | {accepted} | {per_round} |"
         )
+        if chat:
+            row += _chat_cells(r["chat_quality"])
         print(row + (f" {100 * r['quality']:.1f} |" if quality else ""))
     print()
+    if chat:
+        print(
+            "Quality without answers: the target's own mean log-probability of each row's text, and its ROUGE-L "
+            "agreement with an independent target-only sample; in brackets the difference from target-only with a "
+            f"paired 95 % interval over the {n} prompts (a few prompts give wide intervals; a rule whose interval "
+            "lies below 0 costs the answer what it gains in speed)."
+        )
     if quality:
         print(
             f"Quality on {n} prompts cannot tell the methods apart (a paired 95 % interval needs hundreds): "
@@ -309,6 +360,18 @@ def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True) -> No
             if setup.shown is not None and i < len(setup.shown):
                 print(f"  [prompt]  {setup.shown[i]!r}")
             print(f"  [output]  {text.strip()!r}")
+
+
+def _chat_cells(scores: dict) -> str:
+    def delta(result, scale=1.0):
+        if result is None:
+            return ""
+        return f" ({scale * result['delta']:+.2f} [{scale * result['low']:+.2f}, {scale * result['high']:+.2f}])"
+
+    return (
+        f" {scores['log_likelihood']:.2f}{delta(scores['log_likelihood_delta'])} |"
+        f" {100 * scores['agreement']:.1f}{delta(scores['agreement_delta'], 100)} |"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

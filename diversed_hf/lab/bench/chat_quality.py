@@ -1,0 +1,52 @@
+"""Quality without references: what a method's text costs, measured against the target itself (docs/real_pair.md,
+"Quality on chat prompts").
+
+Everyday chat prompts have no answer to score. Two measures still say whether a relaxed rule changed what the target
+would have written, each per prompt and paired with target-only decoding on the same prompts:
+
+- **target log-likelihood**: the mean per-token log-probability the target (at temperature 1) gives the method's
+  text. Text the target itself samples scores its own entropy; a draft's wording the target finds unlikely scores
+  lower;
+- **agreement**: ROUGE-L F1 of the method's text against an independent target-only sample of the same prompt (the
+  target-only row is compared with that sample too, so its agreement is the baseline two target samples reach).
+
+:func:`paired` gives a method's mean minus target-only's with a 95 % bootstrap interval over prompts
+(:func:`diversed_hf.lab.bench.stats.paired_difference`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tasks.rewards import rouge_l
+from .stats import paired_difference
+
+__all__ = ["agreement", "paired", "target_log_likelihood"]
+
+
+@torch.no_grad()
+def target_log_likelihood(target, prompt_ids: torch.Tensor, completion_ids: torch.Tensor) -> float:
+    """Mean log ``p_target(token | prefix)`` over ``completion_ids`` (1-D) after ``prompt_ids`` ((1, L) or 1-D), at
+    temperature 1; NaN for an empty completion."""
+    prompt_ids = prompt_ids.reshape(1, -1)
+    completion_ids = completion_ids.reshape(1, -1).to(prompt_ids.device)
+    if completion_ids.shape[1] == 0:
+        return float("nan")
+    sequence = torch.cat([prompt_ids, completion_ids], dim=1)  # (1, L + n)
+    logits = target(sequence).logits[0, prompt_ids.shape[1] - 1 : -1].float()  # (n, vocab): each token's prediction
+    log_probs = logits.log_softmax(dim=-1).gather(1, completion_ids[0, :, None]).squeeze(1)  # (n,)
+    return float(log_probs.mean())
+
+
+def agreement(texts: list[str], target_texts: list[str]) -> list[float]:
+    """ROUGE-L F1 of each text against the target's text of the same prompt."""
+    return rouge_l(texts, target_texts)
+
+
+def paired(scores: list[float], target_scores: list[float]) -> dict | None:
+    """Mean of ``scores`` minus mean of ``target_scores`` (per prompt, same order), with a 95 % interval; prompts whose
+    score is NaN on either side are left out."""
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(scores, target_scores)) if a == a and b == b]
+    if not pairs:
+        return None
+    return paired_difference([(i, a) for i, a, _ in pairs], [(i, b) for i, _, b in pairs])
