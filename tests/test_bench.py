@@ -73,6 +73,24 @@ def test_parse_methods_expands_sweeps():
     assert notes == []
 
 
+def test_the_relaxed_rules_are_bench_methods_with_fronts_of_their_own(tmp_path):
+    """``fuzzy:T,...`` and ``topk:DELTA,...`` sweep the field's relaxed rules; the trade-off plot draws each sweep as
+    a front (docs/method.md §9)."""
+    from diversed_hf.lab.bench.plots import SWEPT_FRONTS, plot_tradeoffs
+    from diversed_hf.verifiers import FuzzyVerifier, TopKRelaxedVerifier
+
+    methods, _ = bench.parse_methods(["fuzzy:0.05,0.2", "topk:0.5,2"])
+    assert [m.name for m in methods] == ["fuzzy T=0.05", "fuzzy T=0.2", "top-2 relaxed d=0.5", "top-2 relaxed d=2"]
+    assert methods[1].verifier == FuzzyVerifier(0.2) and methods[3].verifier == TopKRelaxedVerifier(2, 2.0)
+    assert {"fuzzy", "topk-relaxed"} <= set(SWEPT_FRONTS)
+    rows = [
+        dict(method=m.name, family=m.family, quality=0.5 + 0.1 * i, quality_metric="exact_match",
+             acceptance_rate=0.3 + 0.1 * i, seconds_per_sample=1.0 - 0.1 * i)
+        for i, m in enumerate(methods)
+    ]  # fmt: skip
+    assert plot_tradeoffs(rows, tmp_path / "fronts.png").is_file()
+
+
 def test_parse_methods_skips_missing_head_and_finetuned_draft_with_a_note():
     methods, notes = bench.parse_methods(["sd", "sd-ft", "diversed"])
     assert [m.name for m in methods] == ["SD"]

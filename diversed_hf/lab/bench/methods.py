@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
+from ...verifiers.relaxed import FuzzyVerifier, TopKRelaxedVerifier
 from ...verifiers.rules import (
     CASCADE_RULES,
     BlockVerifier,
@@ -33,6 +34,9 @@ FAMILIES = (
     "static-ensemble",
     "speccascade",
     "typical",
+    "fuzzy",
+    "topk-relaxed",
+    "judge",
     "sd-finetuned",
     "diversed",
     "block",
@@ -208,6 +212,16 @@ def _swept_methods(spec: str, kind: str, values: str) -> list[Method]:
             Method(f"typical eps={_fmt(eps)}", "typical", TypicalAcceptanceVerifier(posterior_threshold=eps), eps)
             for eps in _parse_values(spec, values)
         ]
+    if kind == "fuzzy":  # fuzzy SD's JS threshold (docs/method.md §9)
+        return [
+            Method(f"fuzzy T={_fmt(threshold)}", "fuzzy", FuzzyVerifier(threshold), threshold)
+            for threshold in _parse_values(spec, values)
+        ]
+    if kind == "topk":  # top-k relaxed acceptance, top-2, swept over delta (nats)
+        return [
+            Method(f"top-2 relaxed d={_fmt(delta)}", "topk-relaxed", TopKRelaxedVerifier(2, delta), delta)
+            for delta in _parse_values(spec, values)
+        ]
     rules = CASCADE_RULES if kind == "cascade" else (kind[len("cascade-") :],)
     methods = []
     for rule in rules:
@@ -271,7 +285,7 @@ def parse_methods(
             methods.append(Method("target-only", "target-only"))
         elif kind == "sd":
             methods.append(Method("SD", "sd", ExactVerifier(), 1.0))
-        elif kind in ("lossy", "static", "typical", "cascade") or kind.startswith("cascade-"):
+        elif kind in ("lossy", "static", "typical", "cascade", "fuzzy", "topk") or kind.startswith("cascade-"):
             methods += _swept_methods(spec, kind, values)
         elif kind in ("sd-ft", "sd-finetuned"):
             if has_finetuned_draft:
@@ -301,7 +315,8 @@ def parse_methods(
         else:
             raise ValueError(
                 f"Unknown method spec {spec!r}. Use target, sd, lossy:L,..., static:W,..., cascade[-RULE]:A,..., "
-                "typical:EPS,..., sd-ft, diversed, diversed@TASK, or block:<one of these> (block verification)."
+                "typical:EPS,..., fuzzy:T,..., topk:DELTA,..., sd-ft, diversed, diversed@TASK, or block:<one of "
+                "these> (block verification)."
             )
     _check_unique([m.name for m in methods], "Methods", "method")
     return methods, notes

@@ -28,10 +28,15 @@ _MARKERS = {
     "static-ensemble": ".",
     "speccascade": "v",
     "typical": "D",
+    "fuzzy": "h",
+    "topk-relaxed": "<",
+    "judge": ">",
     "sd-finetuned": "P",
     "diversed": "*",
     "block": "X",
 }
+#: families whose swept runs are joined into a front of their own (the static ensemble's is drawn grey, apart)
+SWEPT_FRONTS = ("lossy-sd", "speccascade", "typical", "fuzzy", "topk-relaxed", "judge")
 # tab10 without its red (DIVERSED's) and grey (the static front's)
 _PALETTE = (
     "#1f77b4",
@@ -118,6 +123,12 @@ def _scatter_axis(ax, rows: Sequence[dict], axis: str, xlabel: str, percent: boo
                     xytext=(3, -9),
                     textcoords="offset points",
                 )
+    for family in SWEPT_FRONTS:  # every other rule swept over its knob: its own front, dashed
+        members = [row for row in rows if row["family"] == family and row.get(axis) is not None]
+        if len(members) > 1:
+            points = sorted((row[axis] * scale, 100 * row["quality"]) for row in members)
+            color = colors[members[0]["method"]]
+            ax.plot(*zip(*points), "--", color=color, alpha=0.6, zorder=2)
     for row in rows:
         if row["family"] == "static-ensemble" or row.get(axis) is None:
             continue
