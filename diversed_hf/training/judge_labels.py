@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..heads.judge import JudgeHead
-from ..lab.tasks.dense_rewards import target_fingerprint
+from .checkpoint import model_fingerprint
 from .eagle_data import claim_directory
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ def mine_labels(target, draft, tokenizer, prompts, references, reward, directory
         "settings": asdict(settings),
         "num_prompts": len(prompts),
         "prompts_sha256": digest,
-        "target": target_fingerprint(target),
-        "draft": target_fingerprint(draft),
+        "target": model_fingerprint(target),
+        "draft": model_fingerprint(draft),
     }
     claim_directory(directory, "manifest.json", manifest, "labels mined with other settings, prompts or models")
     for shard in range(0, len(prompts), settings.shard_size):
