@@ -71,7 +71,7 @@ def verdict(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num_prompts", type=int, default=300, help="held-out prompts per task (default 300)")
-    parser.add_argument("--output_dir", default=str(REPO / "runs" / "relaxed_rules"))
+    parser.add_argument("--output_dir", default=str(REPO / "results" / "relaxed_rules"))
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     output_dir = Path(args.output_dir)
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         f"Measured with `{command}` (`diversed-hf bench`, the testbed pair, {args.num_prompts} held-out prompts x 2 "
         "samples per task, temperature 1, N = 5, every method on the same prompts and seeds; quality intervals are "
         "paired over prompts against the target distribution). Each rule swept over its knob is its own front in "
-        "the plots (`runs/relaxed_rules/<task>_tradeoffs.png`).",
+        "the plots (grey: the static ensemble's; dashed: every other rule's).",
         "",
     ]
     for task in ("arith", "summary"):
