@@ -90,14 +90,9 @@ def main(argv=None) -> int:
     ]
     for task in ("arith", "summary"):
         table = (output_dir / f"{task}_table.md").read_text().strip()
-        lines += [
-            f"**{task}**",
-            "",
-            table,
-            "",
-            *(f"- {line}" for line in verdict([r for r in rows if r["task"] == task])),
-            "",
-        ]
+        plot = f"![{task}: quality vs time and vs acceptance, every front](results/relaxed_rules/{task}_tradeoffs.png)"
+        found = verdict([r for r in rows if r["task"] == task])
+        lines += [f"**{task}**", "", table, "", plot, "", *(f"- {line}" for line in found), ""]
     text = "\n".join(lines)
     write_text_atomic(REPO / "results" / "relaxed_rules.md", text + "\n")
     refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
