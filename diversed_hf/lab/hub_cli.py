@@ -210,6 +210,7 @@ def shipped_models() -> list[tuple[Path, str, str]]:
     return [
         (smollm2.EAGLE_DIR, "eagle", "smollm2_eagle_draft.md"),
         (smollm2.EAGLE_TASKS_DIR, "eagle", "smollm2_eagle_tasks_draft.md"),
+        (smollm2.EAGLE3_DIR, "eagle", "smollm2_eagle3_draft.md"),
         (smollm2_tuned.TUNED_DIR, "tuned", "smollm2_tuned_target.md"),
         (smollm2_tuned.TUNED_EAGLE_DIR, "eagle", "smollm2_tuned_eagle_draft.md"),
     ]

@@ -172,7 +172,8 @@ def load_pair(name: str = "testbed", torch_dtype=None, device: str = "cpu", draf
             for the real pairs, where it makes verification nearly free on a CPU (greedy output then matches
             target-only decoding up to bfloat16 rounding; ``torch.float32`` for token-identical output).
         device: where to put both models.
-        draft: the real pair's draft: ``"eagle"`` (an :class:`~diversed_hf.drafting.eagle.EagleDraft` on the target's
+        draft: the real pair's draft: ``"eagle3"`` (the EAGLE-3 draft), ``"eagle"`` (an
+            :class:`~diversed_hf.drafting.eagle.EagleDraft` on the target's
             features) or ``"self"`` (the target's first 6 layers with a LoRA adapter). Default: the EagleDraft, the
             faster of the two (RESULTS.md, "Real pair"). The testbed pair has one draft: leave it ``None``; so has
             the tuned pair (``"eagle"``).

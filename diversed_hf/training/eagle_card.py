@@ -38,6 +38,7 @@ def render_eagle_card(config, record: dict) -> str:
         target=target,
         num_layers=config.num_layers,
         vocab=vocab,
+        eagle3=(f"at layers {config.aux_layer_ids}" if getattr(config, "architecture", "eagle") == "eagle3" else None),
         training=_training_paragraph(record, settings),
         collections=_collections_line(record.get("collections")),
         before_acceptance=_steps(before.get("acceptance_t1")),
@@ -59,9 +60,10 @@ def _training_paragraph(record: dict, settings: dict) -> str:
         f"Distilled from the target on its own responses ({record.get('num_prompts', '?')} chat prompts"
         + (": " + ", ".join(f"{count} {source}" for source, count in mix.items()) if mix else "")
         + f"; {sequences.get('train', '?')} training sequences, {record.get('train_positions', '?')} response "
-        f"positions; {sequences.get('held_out', '?')} held out). Loss per position: smooth L1 on the feature + "
-        f"cross-entropy to the target's top-k distribution + {settings.get('tv_weight', '?')} x total variation, over "
-        f"{settings.get('unroll', '?')} unrolled steps (steps after the first read the draft's own features: "
+        f"positions; {sequences.get('held_out', '?')} held out). Loss per position: "
+        + ("" if settings.get("architecture") == "eagle3" else "smooth L1 on the feature + ")
+        + f"cross-entropy to the target's top-k distribution + {settings.get('tv_weight', '?')} x total variation, "
+        f"over {settings.get('unroll', '?')} unrolled steps (steps after the first read the draft's own features: "
         f"training-time test). {record.get('steps', '?')} steps of batch {settings.get('batch_size', '?')}, learning "
         f"rate {settings.get('learning_rate', '?')}, seed {settings.get('seed', '?')}. Time on a 2-core CPU: data "
         f"{record.get('data_seconds', '?')} s, distillation {record.get('distill_seconds_this_run', '?')} s (last run)."
