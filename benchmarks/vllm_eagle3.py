@@ -57,6 +57,10 @@ def main(argv=None) -> int:
     llm = LLM(
         model=str(smollm2.target_dir()),
         dtype="float32",
+        max_model_len=512,
+        enforce_eager=True,  # as the plugin's tests and benchmarks serve (a compiled engine's warm-up is not verified)
+        seed=0,
+        disable_log_stats=False,  # the spec-decoding counters read below
         max_num_seqs=8,
         speculative_config={
             "method": "eagle3",
