@@ -182,6 +182,8 @@ TREES_SECTION = ("trees", "Token trees")
 TREE_HEADS_SECTION = ("tree_heads", "Token trees: heads")
 #: benchmarks/eagle3_results.py: the EAGLE-3 draft against the EAGLE-1-style default
 EAGLE3_SECTION = ("eagle3", "EAGLE-3 draft")
+#: benchmarks/vllm_eagle3.py (vLLM's environment): the EAGLE-3 draft served by vLLM's eagle3 method
+VLLM_EAGLE3_SECTION = ("vllm_eagle3", "EAGLE-3 draft served by vLLM")
 #: benchmarks/relaxed_results.py: fuzzy SD and top-k relaxed acceptance against DIVERSED on the testbed tables
 RELAXED_SECTION = ("relaxed_rules", "Relaxed rules: testbed")
 #: sections written by their own commands, carried over as they are
@@ -189,6 +191,7 @@ CARRIED_SECTIONS = (
     TREES_SECTION,
     TREE_HEADS_SECTION,
     EAGLE3_SECTION,
+    VLLM_EAGLE3_SECTION,
     RELAXED_SECTION,
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
