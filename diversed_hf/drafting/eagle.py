@@ -244,7 +244,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
 
         if target is not None and kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
             kwargs["dtype"] = target.dtype
-        hub_kwargs = {name: kwargs[name] for name in ("revision", "token", "cache_dir") if name in kwargs}
+        hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only") if k in kwargs}
         config = read_config(pretrained_model_name_or_path, **hub_kwargs)
         fmt = detect_format(config) if config is not None else "diversed"
         if fmt != "diversed":
