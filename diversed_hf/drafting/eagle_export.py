@@ -35,7 +35,15 @@ from transformers import AutoConfig
 from .. import __version__
 from ..heads import hub
 
-__all__ = ["EXPORT_FILES", "VLLM_ARCHITECTURE", "check_directory", "save_for_vllm", "vllm_config", "vllm_weights"]
+__all__ = [
+    "EXPORT_FILES",
+    "VLLM_ARCHITECTURE",
+    "check_directory",
+    "save_for_vllm",
+    "vllm_config",
+    "vllm_weights",
+    "write_export",
+]
 
 VLLM_ARCHITECTURE = "EagleLlamaForCausalLM"
 #: the target architectures vLLM's EAGLE-1 Llama draft is built for (its decoder layer is Llama's)
@@ -59,9 +67,15 @@ def save_for_vllm(draft, save_directory: str | os.PathLike, *, full_vocab: bool 
         "draft_vocab_size": draft.config.draft_vocab_size,  # None: it scored every id already
         "scored_ids": "all",  # vLLM's EAGLE-1 head: the target's, over the whole vocabulary
     }
+    return write_export(directory, vllm_config(draft).save_pretrained, vllm_weights(draft), record)
+
+
+def write_export(directory: Path, write_config, weights: dict, record: dict) -> Path:
+    """An export's files staged beside ``directory`` and moved into place whole: ``config.json`` (``write_config``
+    writes it into the staging directory), the weights and the record that marks the directory as an export."""
     staging = hub.new_staging_dir(directory)
-    vllm_config(draft).save_pretrained(staging)
-    hub.save_weights(vllm_weights(draft), staging / hub.WEIGHTS_NAME)
+    write_config(staging)
+    hub.save_weights(weights, staging / hub.WEIGHTS_NAME)
     # safetensors writes its file owner-only; the server reading the export may run as another user
     os.chmod(staging / hub.WEIGHTS_NAME, (staging / "config.json").stat().st_mode & 0o777)
     hub.write_json(staging / RECORD_NAME, record)

@@ -24,7 +24,6 @@ A checkpoint of neither format is refused, naming what is missing; so are varian
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -245,7 +244,7 @@ def _eagle1_config(config: dict, weights: dict, target) -> tuple[dict, dict]:
 def save_eagle3(draft, save_directory) -> Path:
     """Write an EAGLE-3 ``draft`` in the EAGLE-3 layout (module docstring), which vLLM's ``eagle3`` method loads;
     returns the directory (new, empty, or an earlier export of this format)."""
-    from .eagle_export import check_directory
+    from .eagle_export import check_directory, write_export
 
     if draft.config.architecture != "eagle3":
         raise ValueError(
@@ -276,15 +275,9 @@ def save_eagle3(draft, save_directory) -> Path:
         ids = ids.detach().to("cpu").long()
         weights["d2t"] = ids - torch.arange(ids.numel())
         weights["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True)
-    staging = hub.new_staging_dir(directory)
-    hub.write_json(staging / "config.json", config)
-    hub.save_weights(weights, staging / hub.WEIGHTS_NAME)
-    os.chmod(staging / hub.WEIGHTS_NAME, (staging / "config.json").stat().st_mode & 0o777)
     record = {
         "format": RECORD_FORMAT,
         "diversed_hf_version": __version__,
         "target_model_id": draft.config.target_model_id,
     }
-    hub.write_json(staging / "diversed_export.json", record)
-    hub.move_into_place(staging, directory)
-    return directory
+    return write_export(directory, lambda staging: hub.write_json(staging / "config.json", config), weights, record)
