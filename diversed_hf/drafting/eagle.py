@@ -248,7 +248,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         config = read_config(pretrained_model_name_or_path, **hub_kwargs)
         fmt = detect_format(config) if config is not None else "diversed"
         if fmt != "diversed":
-            values, state = read_public(pretrained_model_name_or_path, fmt, target=target, **hub_kwargs)
+            values, state = read_public(pretrained_model_name_or_path, config, target=target, **hub_kwargs)
             dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
             dtype = dtype or next(tensor.dtype for tensor in state.values() if tensor.is_floating_point())
             previous = torch.get_default_dtype()

@@ -92,13 +92,12 @@ def read_weights(path, **hub_kwargs) -> dict[str, torch.Tensor]:
     raise ValueError(f"{str(path)!r} has no weights: an EAGLE checkpoint holds one of {list(WEIGHT_FILES)}.")
 
 
-def read_public(path, fmt: str, *, target=None, **hub_kwargs) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_public(path, config: dict, *, target=None, **hub_kwargs) -> tuple[dict, dict[str, torch.Tensor]]:
     """The :class:`~diversed_hf.drafting.eagle.EagleDraftConfig` arguments and the state dict (in the draft's names) of
-    an ``"eagle3"`` or ``"eagle"`` checkpoint at ``path``; what the format lacks or cannot hold is refused by name
-    (``EagleDraft.from_pretrained`` builds the draft and refuses weights left over)."""
-    config = read_config(path, **hub_kwargs)
+    the ``"eagle3"`` or ``"eagle"`` checkpoint at ``path`` whose ``config.json`` is ``config``; what the format lacks
+    or cannot hold is refused by name (``EagleDraft.from_pretrained`` builds the draft, refusing weights left over)."""
     weights = read_weights(path, **hub_kwargs)
-    build = _eagle3_config if fmt == "eagle3" else _eagle1_config
+    build = _eagle3_config if detect_format(config) == "eagle3" else _eagle1_config
     return build(config, weights, target)
 
 
