@@ -80,6 +80,9 @@ def test_the_lossless_settings_give_the_targets_law(pair, make):
     with torch.no_grad():
         p = processors(input_ids, target(input_ids).logits[:, -1]).softmax(-1)[0].double()
     assert float(ops.total_variation(observed, p)) < tv_bound(p, num_rows)
+    greedy_prompts = prompt(6, batch=3, seed=8)  # and greedy: the target's own output, batched
+    greedy = target.generate(greedy_prompts, assistant_model=draft, verifier=make(target), max_new_tokens=12)
+    assert torch.equal(greedy, target.generate(greedy_prompts, do_sample=False, max_new_tokens=12))
 
 
 @pytest.mark.parametrize(
