@@ -180,3 +180,79 @@ def test_requests_pick_the_relaxed_rules_which_verify_through_the_mixture():
     expected = top_k.token_acceptance(q[1:], p[1:], None)[0]
     torch.testing.assert_close(acceptance, expected)  # ratio acceptance against o is the rule's own
     torch.testing.assert_close(residual[1], top_k.residual_probs(q[1], p[1], None))
+
+
+@pytest.fixture
+def judge_dir(tmp_path):
+    """A judge for the testbed target whose weights make it fire on states with a positive first coordinate."""
+    from diversed_hf.heads.judge import JudgeHead
+
+    judge = JudgeHead(192, task="arith")  # the testbed target's width
+    with torch.no_grad():
+        judge.linear.weight.zero_()
+        judge.linear.weight[0, 0] = 50.0
+        judge.linear.bias.zero_()
+    judge.save_pretrained(tmp_path / "judge")
+    return str(tmp_path / "judge")
+
+
+def test_requests_pick_a_loaded_judge_whose_rule_verifies_through_the_mixture(judge_dir):
+    """A judge is a mixture in the engine: pi_t = q_t where it fires on the target's state after the drafted token,
+    else p_t; its threshold comes with the request (0.5 by default), and each threshold is its own cached rule."""
+    from diversed_hf.verifiers import JudgeVerifier
+    from diversed_hf.vllm_plugin.mixture import mixture_rejection_sample, mixture_verification
+
+    settings = settings_from_additional_config({"diversed": {"target_weight": 1.0, "judges": {"arith": judge_dir}}})
+    rules, identity = settings.build_rules(target_hidden_size=192)
+    assert "requests may pick the judges arith=" in identity and rules.requires_hidden_states
+    assert not rules.reads_draft_hidden  # an EAGLE-3 engine may load judges
+    judge = rules.for_request({"diversed": {"judge": "arith"}})
+    assert isinstance(judge, JudgeVerifier) and judge.threshold == 0.5
+    assert rules.for_request({"diversed": {"judge": {"name": "arith", "threshold": 0.5}}}) is judge
+    never = rules.for_request({"diversed": {"judge": {"name": "arith", "threshold": 1.5}}})
+    q = torch.tensor([[0.6, 0.3, 0.1, 0.0], [0.1, 0.1, 0.1, 0.7], [0.1, 0.1, 0.1, 0.7]])
+    p = torch.tensor([[0.1, 0.3, 0.5, 0.1], [0.7, 0.2, 0.05, 0.05], [0.7, 0.2, 0.05, 0.05]])
+    after = torch.zeros(3, judge.judge.config.hidden_size)
+    after[0, 0], after[1, 0], after[2, 0] = 1.0, -1.0, 1.0  # fires at positions 0 and 2
+    nu, _ = mixture_verification([judge, never], [2, 1], q, p, judge_hidden=after)
+    assert torch.equal(nu[0], q[0]) and torch.equal(nu[1], p[1]) and torch.equal(nu[2], p[2])
+    with pytest.raises(RuntimeError, match="A judge got no hidden states"):
+        mixture_verification([judge], [3], q, p)
+    # greedy: drafts are argmax q; the judge keeps the first (a mismatch with argmax p) and the target decides next
+    output = mixture_rejection_sample(
+        [judge],
+        torch.tensor([0, 3, 3]),
+        [3],
+        3,
+        q,
+        p.log(),
+        torch.tensor([[1]]),
+        torch.tensor([True]),
+        torch.zeros(3),
+        torch.ones(1, 4),
+        judge_hidden=after,
+    )
+    assert output.tolist() == [[0, 0, -1, -1]]  # kept by the judge, then argmax p where it does not fire
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"judge": "summary"}, r'\["judge"\] must name a judge this engine loaded \(\[\'arith\'\]'),
+        ({"judge": {"name": "arith", "threshold": -0.1}}, r'\["threshold"\] must be a non-negative number'),
+        ({"judge": {"name": "arith", "t": 0.5}}, r'\["judge"\] must be a loaded judge\'s name or'),
+        ({"judge": "arith", "target_weight": 0.5}, r"names 'judge' with \['target_weight'\]"),
+    ],
+)
+def test_bad_judge_requests_name_the_key(judge_dir, extra, message):
+    settings = settings_from_additional_config({"diversed": {"target_weight": 1.0, "judges": {"arith": judge_dir}}})
+    with pytest.raises(ValueError, match=message):
+        request_rule({"diversed": extra}, settings)
+
+
+def test_a_judge_for_another_width_is_refused_at_start(judge_dir):
+    settings = settings_from_additional_config({"diversed": {"target_weight": 1.0, "judges": {"arith": judge_dir}}})
+    with pytest.raises(ValueError, match=r"the judge 'arith' .* reads the target's hidden states of size \d+"):
+        settings.build_rules(target_hidden_size=7)
+    with pytest.raises(ValueError, match=r'\["judges"\]\[\'arith\'\] has unknown keys \[\'head\'\]'):
+        settings_from_additional_config({"diversed": {"target_weight": 1.0, "judges": {"arith": {"head": "x"}}}})

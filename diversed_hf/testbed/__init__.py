@@ -32,6 +32,7 @@ from ..heads.head import DiversedHead
 from ..lab import tasks as task_registry
 from . import arith_steps, rewards, tasks
 from .arith_chat import load_arith_chat
+from ..lab.tasks.chat_prompts import load_everyday_chat
 from .arith_steps import load_arith_steps
 from .rewards import extract_final_number
 from .tasks import TASKS
@@ -368,6 +369,17 @@ ARITH_CHAT = task_registry.TaskSpec(
     max_new_tokens=96,
     options=("chat_template",),
 )
+CHAT = task_registry.TaskSpec(
+    name="chat",
+    description="Everyday chat requests for the real pair: the broad chat set to train on, the held-out everyday "
+    "set to measure (`diversed_hf.lab.tasks.chat_prompts`). No references: heads train on agreement with the "
+    "target's own answers (ROUGE-2) and are measured against target-only samples (log-likelihood, ROUGE-L).",
+    load=load_everyday_chat,
+    reward=rewards.REWARDS["summary"],
+    metric="rouge2_f1",
+    max_new_tokens=64,
+    options=("chat_template",),
+)
 ARITH_STEPS = task_registry.TaskSpec(
     name="arith_steps",
     description="Arithmetic word problems of 2 to 4 steps asked in chat form, with GSM8K-style worked solutions, "
@@ -383,12 +395,12 @@ ARITH_STEPS = task_registry.TaskSpec(
 
 def register_tasks() -> None:
     """Register ``arith`` and ``summary`` (also ``testbed_arith`` / ``testbed_summary``) and the real pair's
-    ``arith_chat`` and ``arith_steps`` in :mod:`diversed_hf.lab.tasks`.
+    ``arith_chat``, ``arith_steps`` and ``chat`` in :mod:`diversed_hf.lab.tasks`.
 
     Runs when this package is imported, and through the ``diversed_hf.tasks`` entry-point group when a task
     is looked up before that. Registering again is a no-op.
     """
-    for spec in (*SPECS.values(), ARITH_CHAT, ARITH_STEPS):
+    for spec in (*SPECS.values(), ARITH_CHAT, ARITH_STEPS, CHAT):
         task_registry.register_task(spec)
 
 

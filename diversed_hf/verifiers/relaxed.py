@@ -130,6 +130,7 @@ class JudgeVerifier(Verifier):
     threshold: float = 0.5
 
     requires_hidden_states = True
+    reads_judge_hidden = True
 
     def __post_init__(self):
         if self.judge is None or not callable(self.judge) or not hasattr(self.judge, "config"):
@@ -156,8 +157,14 @@ class JudgeVerifier(Verifier):
             probability = self.judge(target_hidden.to(device=parameter.device, dtype=parameter.dtype))
         return probability.to(target_hidden.device).float() >= self.threshold
 
-    def verification_probs(self, draft_probs, target_probs, **context):
-        return target_probs, None  # the lossless test's pi; the judge acts on drafted tokens only (__call__)
+    def verification_probs(self, draft_probs, target_probs, *, judge_hidden=None, **context):
+        """The lossless test's ``pi = p``; given ``judge_hidden`` (batch, N, d), the target's states after each
+        drafted token, ``pi_t = q_t`` where the judge fires: the rule as one mixture, the form a vLLM engine verifies
+        (a greedy draft, ``argmax q``, is then kept; a sampled one has ``min(1, q(x) / q(x)) = 1``)."""
+        if judge_hidden is None:
+            return target_probs, None  # generate's rounds act on the drafted tokens themselves (__call__)
+        fires = self.fires(judge_hidden).unsqueeze(-1)  # (batch, N, 1)
+        return torch.where(fires, draft_probs, target_probs), (~fires).squeeze(-1).to(target_probs.dtype)
 
     def __call__(self, draft_ids, draft_probs, target_probs, *, target_hidden=None, do_sample=True, **kwargs):
         num_drafts = draft_ids.shape[1]

@@ -112,6 +112,8 @@ class Verifier:
 
     #: the verifier reads last-layer hidden states of both models (the generation loop then asks for them)
     requires_hidden_states: ClassVar[bool] = False
+    #: ``verification_probs`` takes ``judge_hidden``: the target's states after each drafted token (a judge)
+    reads_judge_hidden: ClassVar[bool] = False
     #: the verifier's rule reads temperature-1 probabilities (before temperature/top-k/top-p)
     requires_untempered_probs: ClassVar[bool] = False
 

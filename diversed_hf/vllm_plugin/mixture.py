@@ -34,10 +34,19 @@ def _target_probs(draft_probs: torch.Tensor, target_logits: torch.Tensor) -> tor
     return target_logits.softmax(dim=-1, dtype=torch.float32)
 
 
-def _verification_probs(verifier, draft_probs, target_probs, draft_hidden, target_hidden) -> torch.Tensor:
+def _verification_probs(
+    verifier, draft_probs, target_probs, draft_hidden, target_hidden, judge_hidden=None
+) -> torch.Tensor:
     """``nu_t`` ``(T, vocab)`` by one verifier (hidden states only for a rule that reads them)."""
     hidden = {}
-    if verifier.requires_hidden_states:
+    if verifier.reads_judge_hidden:
+        if judge_hidden is None:
+            raise RuntimeError(
+                "A judge got no hidden states for this step: the plugin keeps the target's states after each drafted "
+                "token for engines that load judges. Report this with the request pattern that caused it."
+            )
+        hidden = dict(judge_hidden=judge_hidden[None])  # (1, T, d_target)
+    elif verifier.requires_hidden_states:
         if draft_hidden is None or target_hidden is None:
             raise RuntimeError(
                 "A DIVERSED head that reads hidden states got none for this step: the plugin keeps both models' "
@@ -55,6 +64,7 @@ def mixture_verification(
     target_probs: torch.Tensor,  # (T, vocab) p_t
     draft_hidden: torch.Tensor | None = None,  # (T, d_draft)
     target_hidden: torch.Tensor | None = None,  # (T, d_target)
+    judge_hidden: torch.Tensor | None = None,  # (T, d_target) the target's states after each drafted token
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (T, vocab) nu_t, (T, vocab) the residual after a rejection
     """``nu_t`` and the residual at every drafted position, each request by its own rule (requests sharing a rule
     are verified together)."""
@@ -72,7 +82,7 @@ def mixture_verification(
         if not positions:
             continue
         index = torch.tensor(positions, device=target_probs.device)  # (T_g,)
-        hidden = [None if states is None else states[index] for states in (draft_hidden, target_hidden)]
+        hidden = [None if states is None else states[index] for states in (draft_hidden, target_hidden, judge_hidden)]
         probs = _verification_probs(verifier, draft_probs[index], target_probs[index], *hidden)  # (T_g, vocab)
         verify_probs[index] = probs
         residual[index] = verifier.residual_probs(draft_probs[index], target_probs[index], probs)
@@ -93,6 +103,7 @@ def mixture_rejection_sample(
     *,
     draft_hidden: torch.Tensor | None = None,  # (T, d_draft) for rules that read hidden states
     target_hidden: torch.Tensor | None = None,  # (T, d_target)
+    judge_hidden: torch.Tensor | None = None,  # (T, d_target) for judges: the target's states after each draft
 ) -> torch.Tensor:  # (B, max_spec_len + 1) int32, -1 after the last emitted token
     """One verification round against ``nu_t`` for every request (each by its own rule), in vLLM's output layout.
 
@@ -114,7 +125,7 @@ def mixture_rejection_sample(
     target_probs = _target_probs(draft_probs, target_logits)  # (T, vocab) p_t
     draft_probs = draft_probs.to(torch.float32)  # (T, vocab) q_t
     verify_probs, residual = mixture_verification(
-        verifiers, num_draft_tokens, draft_probs, target_probs, draft_hidden, target_hidden
+        verifiers, num_draft_tokens, draft_probs, target_probs, draft_hidden, target_hidden, judge_hidden
     )  # (T, vocab) nu_t, (T, vocab)
     safe_ids = draft_token_ids.clamp(min=0).long().unsqueeze(-1)  # (T, 1)
     ratio = (verify_probs.gather(-1, safe_ids) / draft_probs.gather(-1, safe_ids)).squeeze(-1)  # (T,) nu(x)/q(x)

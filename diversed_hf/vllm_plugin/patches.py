@@ -9,10 +9,11 @@ Why patch at all: vLLM verifies drafts only losslessly (``rejection_sample_metho
    default rule and every head it names, each loaded once with ``DiversedHead.from_pretrained`` and checked against
    the models' hidden sizes), ``runner.rejection_sampler`` replaced by :class:`DiversedRejectionSampler` and the
    drafter's ``_sample_draft_tokens`` by :func:`sample_draft_tokens`.
-   When a head reads hidden states, that runner's ``sample_tokens`` and ``propose_draft_token_ids`` and its
-   drafter's ``propose`` are wrapped too (:func:`_keep_hidden_states`): ``sample_tokens`` keeps
+   When a head reads hidden states (or the engine loads a judge), that runner's ``sample_tokens`` and
+   ``propose_draft_token_ids`` and its drafter's ``propose`` are wrapped too (:func:`_keep_hidden_states`): ``sample_tokens`` keeps
    ``execute_model_state.sample_hidden_states`` (the target's last hidden states at its logits rows, which vLLM drops
-   before sampling; ``metadata.target_logits_indices`` then picks the verified positions), and the drafter keeps the
+   before sampling; ``metadata.target_logits_indices`` then picks the verified positions, and the rows after them
+   the states a judge reads, whose input is the drafted token), and the drafter keeps the
    hidden state each drafting step sampled from, stacked ``(batch, N, d)`` and keyed by request id as vLLM keys the
    draft probabilities (``_draft_prob_req_ids``), so requests reordered between steps find their own.
 2. ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the module function ``RejectionSampler.forward`` calls
@@ -214,6 +215,7 @@ class _Round:
     verifiers: list[Verifier]
     draft_hidden: torch.Tensor | None = None  # (T, d_draft)
     target_hidden: torch.Tensor | None = None  # (T, d_target)
+    judge_hidden: torch.Tensor | None = None  # (T, d_target): the target's states after each drafted token
 
 
 class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
@@ -265,6 +267,9 @@ class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
             verifiers,
             draft_hidden=torch.cat(rows, dim=0),  # (T, d_draft)
             target_hidden=target_hidden[metadata.target_logits_indices],  # (T, d_target)
+            # the row after a drafted position's is the one whose input is the drafted token (vLLM reads the draft
+            # ids at target_logits_indices + 1): the state a judge reads
+            judge_hidden=target_hidden[metadata.target_logits_indices + 1],  # (T, d_target)
         )
 
 
@@ -321,6 +326,7 @@ def _wrap_rejection_sample(original):
             noise,
             draft_hidden=round_.draft_hidden,
             target_hidden=round_.target_hidden,
+            judge_hidden=round_.judge_hidden,
         )
 
     return rejection_sample
@@ -350,7 +356,7 @@ def _wrap_runner_init(original):
             target_hidden_size=vllm_config.model_config.get_hidden_size(),
             draft_hidden_size=vllm_config.speculative_config.draft_model_config.get_hidden_size(),
         )
-        if rules.requires_hidden_states and vllm_config.speculative_config.method == "eagle3":
+        if rules.reads_draft_hidden and vllm_config.speculative_config.method == "eagle3":
             raise ValueError(
                 f'additional_config["{CONFIG_KEY}"] names a head that reads the draft\'s hidden state, and this '
                 "engine drafts with vLLM's eagle3 method, which hands its drafter the state after the draft's final "

@@ -19,6 +19,8 @@ Engine keys:
 ``local_files_only`` do not reach the Hub for any head (``HF_HUB_OFFLINE=1`` does the same)
 ``heads``            more heads the engine loads for requests to choose, by name: ``{name: source}`` or
                      ``{name: {"head": source, "revision": rev}}``
+``judges``           judges (``JudgeHead``, judge decoding) the engine loads for requests to choose, by name, in the
+                     same form (``{name: {"judge": source, "revision": rev}}``)
 ==================== ==========================================================================================
 
 Exactly one of ``target_weight`` and ``head`` (the default rule); a name in ``heads`` equal to ``head`` must name the
@@ -35,11 +37,15 @@ object as ``"diversed"`` in the request body, ``extra_body`` of the OpenAI clien
     {"head": "gsm8k"}               # a head the engine loaded: a name in ``heads``, or the default head's source
     {"fuzzy": {"threshold": 0.1}}   # fuzzy SD (``FuzzyVerifier``; ``"divergence"`` may come with it)
     {"top_k_relaxed": {"top_k": 2, "delta": 0.5}}   # top-k relaxed acceptance (``TopKRelaxedVerifier``)
+    {"judge": "arith"}              # judge decoding with a judge the engine loaded (``JudgeVerifier``, threshold 0.5)
+    {"judge": {"name": "arith", "threshold": 0.7}}
 
 The relaxed rules verify through the same mixture: fuzzy SD is one (``pi_t`` is ``q_t`` or ``p_t``), and top-k
 relaxed acceptance is speculative sampling of its emitted law ``o_t`` (docs/method.md §9), so sampled requests follow
 exactly what they follow under ``generate``. A greedy request keeps drafts while they are ``argmax pi_t`` (for top-k:
-``argmax o_t``, where ``generate`` keeps any draft of the relaxed set).
+``argmax o_t``, where ``generate`` keeps any draft of the relaxed set). A judge is a mixture too: ``pi_t = q_t`` where
+it fires on the target's state after the drafted token, else ``p_t``, which keeps what ``generate`` keeps, greedy and
+sampled; a judge's recorded hidden size must be the target's (checked at start).
 
 A request without it gets the engine's default rule. :func:`request_rule` checks the object, naming the bad key.
 """
@@ -53,10 +59,11 @@ from pathlib import Path
 from typing import Any
 
 from ..heads.head import DiversedHead
+from ..heads.judge import JudgeHead
 from ..heads.hub import weights_digest
 from ..verifiers.checks import is_real
 from ..verifiers.ops import MIXING_SPACES
-from ..verifiers.relaxed import FuzzyVerifier, TopKRelaxedVerifier
+from ..verifiers.relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
 from ..verifiers.rules import HeadVerifier, StaticEnsembleVerifier, Verifier
 
 __all__ = [
@@ -70,9 +77,8 @@ __all__ = [
 
 #: the key of vLLM's ``additional_config`` and of a request's ``extra_args`` this plugin reads
 CONFIG_KEY = "diversed"
-_KEYS = ("target_weight", "mixing", "head", "revision", "local_files_only", "heads")
-_HEAD_KEYS = ("head", "revision")
-_REQUEST_KEYS = ("target_weight", "mixing", "head", "fuzzy", "top_k_relaxed")
+_KEYS = ("target_weight", "mixing", "head", "revision", "local_files_only", "heads", "judges")
+_REQUEST_KEYS = ("target_weight", "mixing", "head", "fuzzy", "top_k_relaxed", "judge")
 #: the relaxed rules a request may name, their keys (with defaults) and verifier (diversed_hf.verifiers.relaxed)
 _RELAXED_RULES = {
     "fuzzy": ({"threshold": None, "divergence": "js"}, FuzzyVerifier),
@@ -102,30 +108,33 @@ def _check_mixing(where: str, mixing: Any, target_weight: Any) -> None:
         raise ValueError(f'{where}["mixing"] must be one of {MIXING_SPACES}, got {mixing!r}.')
 
 
-def _named_heads(where: str, heads: Any) -> dict[str, tuple[str, str | None]]:
-    """``heads`` checked: ``{name: (source, revision)}``."""
+def _named_heads(where: str, heads: Any, kind: str = "head") -> dict[str, tuple[str, str | None]]:
+    """``heads`` (``judges`` for ``kind="judge"``) checked: ``{name: (source, revision)}``."""
     if heads is None:
         return {}
+    group, writer = f"{kind}s", "DiversedHead" if kind == "head" else "JudgeHead"
     if not isinstance(heads, dict) or not heads:
         raise ValueError(
-            f'{where}["heads"] must be a non-empty JSON object {{name: source}} (source: a directory written by '
-            f"DiversedHead.save_pretrained or a Hub repo id), got {heads!r}."
+            f'{where}["{group}"] must be a non-empty JSON object {{name: source}} (source: a directory written by '
+            f"{writer}.save_pretrained or a Hub repo id), got {heads!r}."
         )
     named = {}
     for name, entry in heads.items():
-        key = f'{where}["heads"][{name!r}]'
+        key = f'{where}["{group}"][{name!r}]'
         if not isinstance(name, str) or not name:
-            raise ValueError(f'{where}["heads"] names must be non-empty strings, got {name!r}.')
+            raise ValueError(f'{where}["{group}"] names must be non-empty strings, got {name!r}.')
         if isinstance(entry, str):
-            entry = {"head": entry}
+            entry = {kind: entry}
         if not isinstance(entry, dict):
-            raise ValueError(f'{key} must be a head\'s source or {{"head": source, "revision": rev}}, got {entry!r}.')
-        unknown = sorted(set(entry) - set(_HEAD_KEYS))
+            raise ValueError(
+                f'{key} must be a {kind}\'s source or {{"{kind}": source, "revision": rev}}, got {entry!r}.'
+            )
+        unknown = sorted(set(entry) - {kind, "revision"})
         if unknown:
-            raise ValueError(f"{key} has unknown keys {unknown}; the keys are {list(_HEAD_KEYS)}.")
-        source, revision = entry.get("head"), entry.get("revision")
+            raise ValueError(f"{key} has unknown keys {unknown}; the keys are {[kind, 'revision']}.")
+        source, revision = entry.get(kind), entry.get("revision")
         if not isinstance(source, str) or not source:
-            raise ValueError(f'{key}["head"] must be a directory or a Hub repo id, got {source!r}.')
+            raise ValueError(f'{key}["{kind}"] must be a directory or a Hub repo id, got {source!r}.')
         if revision is not None and not isinstance(revision, str):
             raise ValueError(f'{key}["revision"] must be a string, got {revision!r}.')
         named[name] = (source, revision)
@@ -140,6 +149,7 @@ class RequestRule:
     mixing: str = "probs"
     head: str | None = None
     relaxed: tuple | None = None  # (rule name, ((key, value), ...)): a relaxed rule of _RELAXED_RULES
+    judge: tuple | None = None  # (a loaded judge's name, threshold)
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,7 @@ class DiversedVllmSettings:
     revision: str | None = None
     local_files_only: bool = False
     heads: dict | None = field(default=None, hash=False)
+    judges: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
         where = f'additional_config["{CONFIG_KEY}"]'
@@ -176,6 +187,7 @@ class DiversedVllmSettings:
         if not isinstance(self.local_files_only, bool):
             raise ValueError(f'{where}["local_files_only"] must be true or false, got {self.local_files_only!r}.')
         named = _named_heads(where, self.heads)
+        _named_heads(where, self.judges, kind="judge")
         if self.head is not None and self.head in named and named[self.head] != (self.head, self.revision):
             source, revision = named[self.head]
             raise ValueError(
@@ -193,6 +205,11 @@ class DiversedVllmSettings:
         if self.head is not None:
             sources.setdefault(self.head, (self.head, self.revision))
         return sources
+
+    @property
+    def judge_sources(self) -> dict[str, tuple[str, str | None]]:
+        """Every judge the engine loads, by name: ``{name: (source, revision)}``."""
+        return _named_heads(f'additional_config["{CONFIG_KEY}"]', self.judges, kind="judge")
 
     def default_rule(self) -> RequestRule:
         if self.head is not None:
@@ -232,7 +249,19 @@ class DiversedVllmSettings:
                     )
             heads[name] = HeadVerifier(head)
             identities[name] = _head_identity(head, source)  # digests the weights: once per head
-        rules = VerificationRules(self, heads)
+        judges = {}
+        for name, (source, revision) in self.judge_sources.items():
+            judge = JudgeHead.from_pretrained(
+                source, revision=revision, local_files_only=self.local_files_only, map_location=str(device)
+            ).to(device)
+            if target_hidden_size is not None and judge.config.hidden_size != target_hidden_size:
+                raise ValueError(
+                    f'additional_config["{CONFIG_KEY}"]: the judge {name!r} ({source}) reads the target\'s hidden '
+                    f"states of size {judge.config.hidden_size}, but this engine's target model has hidden size "
+                    f"{target_hidden_size}. Load a judge trained for this target (training/train_judge.py)."
+                )
+            judges[name] = judge.eval()
+        rules = VerificationRules(self, heads, judges=judges)
         identity = self.describe()
         if self.head is not None:
             identity += f" ({identities[self.head]})"
@@ -243,6 +272,12 @@ class DiversedVllmSettings:
         ]
         if extra:
             identity += "; requests may pick the heads " + "; ".join(extra)
+        if judges:
+            identity += "; requests may pick the judges " + "; ".join(
+                f"{name}={source}" + (f"@{revision}" if revision else "") + f" (weights sha256="
+                f"{weights_digest(judges[name])[:16]})"
+                for name, (source, revision) in self.judge_sources.items()
+            )
         return rules, identity
 
     def build_verifier(self, device: Any = "cpu", **sizes) -> tuple[Verifier, str]:
@@ -257,12 +292,18 @@ class VerificationRules:
     that share a rule share its verifier and are verified together)."""
 
     def __init__(
-        self, settings: DiversedVllmSettings, heads: dict[str, HeadVerifier], max_cached: int = MAX_CACHED_RULES
+        self,
+        settings: DiversedVllmSettings,
+        heads: dict[str, HeadVerifier],
+        max_cached: int = MAX_CACHED_RULES,
+        *,
+        judges: dict[str, JudgeHead] | None = None,
     ):
         if isinstance(max_cached, bool) or not isinstance(max_cached, int) or max_cached < 1:
             raise ValueError(f"`max_cached` must be a positive integer, got {max_cached!r}.")
         self.settings = settings
         self.heads = heads
+        self.judges = judges or {}
         self.max_cached = max_cached
         self._verifiers: OrderedDict[RequestRule, Verifier] = OrderedDict()  # static rules, least recently used first
         default = settings.default_rule()
@@ -273,7 +314,12 @@ class VerificationRules:
 
     @property
     def requires_hidden_states(self) -> bool:
-        """Whether some rule of this engine reads hidden states (the plugin then keeps them)."""
+        """Whether some rule of this engine reads hidden states (the plugin then keeps them): a head or a judge."""
+        return bool(self.judges) or self.reads_draft_hidden
+
+    @property
+    def reads_draft_hidden(self) -> bool:
+        """Whether some head of this engine reads the draft's hidden state (judges read the target's alone)."""
         return any(verifier.requires_hidden_states for verifier in self.heads.values())
 
     def verifier(self, rule: RequestRule) -> Verifier:
@@ -285,7 +331,10 @@ class VerificationRules:
 
     def _static(self, rule: RequestRule) -> Verifier:
         verifier = self._verifiers.get(rule)
-        if verifier is None and rule.relaxed is not None:
+        if verifier is None and rule.judge is not None:
+            name, threshold = rule.judge
+            verifier = self._verifiers[rule] = JudgeVerifier(self.judges[name], threshold=threshold)
+        elif verifier is None and rule.relaxed is not None:
             name, values = rule.relaxed
             verifier = self._verifiers[rule] = _RELAXED_RULES[name][1](**dict(values))
         elif verifier is None:
@@ -320,6 +369,8 @@ def request_rule(extra_args: Any, settings: DiversedVllmSettings | None) -> Requ
     unknown = sorted(set(values) - set(_REQUEST_KEYS))
     if unknown:
         raise ValueError(f"{where} has unknown keys {unknown}; the keys are {list(_REQUEST_KEYS)}.")
+    if "judge" in values:
+        return _judge_rule(where, values, settings)
     relaxed = [name for name in _RELAXED_RULES if name in values]
     if relaxed:
         return _relaxed_rule(where, values, relaxed)
@@ -362,6 +413,32 @@ def _relaxed_rule(where: str, values: dict, relaxed: list[str]) -> RequestRule:
     except (TypeError, ValueError) as error:
         raise ValueError(f'{where}["{name}"]: {error}') from None
     return RequestRule(relaxed=(name, tuple(sorted(settings.items()))))
+
+
+def _judge_rule(where: str, values: dict, settings: DiversedVllmSettings) -> RequestRule:
+    """A request naming a judge: ``"name"`` or ``{"name": name, "threshold": t}`` (0.5 when left out)."""
+    others = sorted(set(values) - {"judge"})
+    if others:
+        raise ValueError(f"{where} names 'judge' with {others}: a request picks one rule.")
+    given = values["judge"]
+    entry = {"name": given} if isinstance(given, str) else given
+    if not isinstance(entry, dict) or sorted(set(entry) - {"name", "threshold"}) or "name" not in entry:
+        raise ValueError(
+            f'{where}["judge"] must be a loaded judge\'s name or {{"name": name, "threshold": t}}, got {given!r}.'
+        )
+    loaded = sorted(settings.judge_sources)
+    if entry["name"] not in loaded:
+        raise ValueError(
+            f'{where}["judge"] must name a judge this engine loaded ({loaded or "none"}: additional_config'
+            f'["{CONFIG_KEY}"]["judges"] names them), got {entry["name"]!r}.'
+        )
+    threshold = entry.get("threshold", 0.5)
+    if isinstance(threshold, bool) or not is_real(threshold) or not threshold >= 0:
+        raise ValueError(
+            f'{where}["judge"]["threshold"] must be a non-negative number (above 1 the judge never fires: lossless '
+            f"SD; 0 keeps every draft), got {threshold!r}."
+        )
+    return RequestRule(judge=(entry["name"], float(threshold)))
 
 
 def _head_identity(head: DiversedHead, source: str) -> str:

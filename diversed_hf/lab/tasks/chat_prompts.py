@@ -25,6 +25,7 @@ __all__ = [
     "broad_chat_prompts",
     "everyday_messages",
     "everyday_prompts",
+    "load_everyday_chat",
     "load_user_prompts",
     "render_conversation",
 ]
@@ -84,6 +85,27 @@ def everyday_prompts(num_prompts: int | None = None, chat_template: str = "smoll
             raise ValueError(f"`num_prompts` must be in [1, {len(messages)}] or None (all), got {num_prompts!r}.")
         messages = messages[:num_prompts]
     return [chat_prompt(m, chat_template) for m in messages]
+
+
+def load_everyday_chat(
+    split: str = "test", num_examples: int | None = None, seed: int = 0, chat_template: str = "smollm2"
+):
+    """The ``chat`` task's rows (``prompt``, an empty ``reference``): ``train`` is the broad set shuffled by ``seed``,
+    ``test`` the held-out everyday set in file order; the first ``num_examples`` (all when ``None``).
+
+    Chat has no answer to score: heads train on agreement with the target's own answers (``target_agreement``) and
+    are measured against target-only samples (:mod:`diversed_hf.lab.bench.chat_quality`).
+    """
+    from .registry import require
+
+    if split not in ("train", "test"):
+        raise ValueError(f"`split` is {split!r}; the chat task has 'train' (the broad set) and 'test' (everyday).")
+    if split == "train":
+        prompts = broad_chat_prompts(num_examples, seed=seed, chat_template=chat_template)
+    else:
+        count = len(everyday_messages()) if num_examples is None else min(num_examples, len(everyday_messages()))
+        prompts = everyday_prompts(count, chat_template=chat_template)
+    return require("datasets").Dataset.from_dict({"prompt": prompts, "reference": [""] * len(prompts)})
 
 
 def render_conversation(messages: list[dict], chat_template: str = "smollm2") -> str:
