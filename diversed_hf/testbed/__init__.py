@@ -30,9 +30,9 @@ from typing import Sequence
 
 from ..heads.head import DiversedHead
 from ..lab import tasks as task_registry
+from ..lab.tasks.chat_prompts import load_everyday_chat
 from . import arith_steps, rewards, tasks
 from .arith_chat import load_arith_chat
-from ..lab.tasks.chat_prompts import load_everyday_chat
 from .arith_steps import load_arith_steps
 from .rewards import extract_final_number
 from .tasks import TASKS

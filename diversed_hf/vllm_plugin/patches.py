@@ -10,11 +10,12 @@ Why patch at all: vLLM verifies drafts only losslessly (``rejection_sample_metho
    the models' hidden sizes), ``runner.rejection_sampler`` replaced by :class:`DiversedRejectionSampler` and the
    drafter's ``_sample_draft_tokens`` by :func:`sample_draft_tokens`.
    When a head reads hidden states (or the engine loads a judge), that runner's ``sample_tokens`` and
-   ``propose_draft_token_ids`` and its drafter's ``propose`` are wrapped too (:func:`_keep_hidden_states`): ``sample_tokens`` keeps
-   ``execute_model_state.sample_hidden_states`` (the target's last hidden states at its logits rows, which vLLM drops
-   before sampling; ``metadata.target_logits_indices`` then picks the verified positions, and the rows after them
-   the states a judge reads, whose input is the drafted token), and the drafter keeps the
-   hidden state each drafting step sampled from, stacked ``(batch, N, d)`` and keyed by request id as vLLM keys the
+   ``propose_draft_token_ids`` and its drafter's ``propose`` are wrapped too (:func:`_keep_hidden_states`):
+   ``sample_tokens`` keeps ``execute_model_state.sample_hidden_states`` (the target's last hidden states at its
+   logits rows, which vLLM drops before sampling; ``metadata.target_logits_indices`` then picks the verified
+   positions, and the rows after them the states a judge reads, whose input is the drafted token), and the drafter
+   keeps the hidden state each drafting step sampled from, stacked ``(batch, N, d)`` and keyed by request id as vLLM
+   keys the
    draft probabilities (``_draft_prob_req_ids``), so requests reordered between steps find their own.
 2. ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the module function ``RejectionSampler.forward`` calls
    after vLLM has processed the target's logits and sampled the bonus token from the target) is wrapped: while a

@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from ..heads.head import DiversedHead
-from ..heads.judge import JudgeHead
 from ..heads.hub import weights_digest
+from ..heads.judge import JudgeHead
 from ..verifiers.checks import is_real
 from ..verifiers.ops import MIXING_SPACES
 from ..verifiers.relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
