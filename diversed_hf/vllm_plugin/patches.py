@@ -15,8 +15,7 @@ Why patch at all: vLLM verifies drafts only losslessly (``rejection_sample_metho
    logits rows, which vLLM drops before sampling; ``metadata.target_logits_indices`` then picks the verified
    positions, and the rows after them the states a judge reads, whose input is the drafted token), and the drafter
    keeps the hidden state each drafting step sampled from, stacked ``(batch, N, d)`` and keyed by request id as vLLM
-   keys the
-   draft probabilities (``_draft_prob_req_ids``), so requests reordered between steps find their own.
+   keys the draft probabilities (``_draft_prob_req_ids``), so requests reordered between steps find their own.
 2. ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the module function ``RejectionSampler.forward`` calls
    after vLLM has processed the target's logits and sampled the bonus token from the target) is wrapped: while a
    :class:`DiversedRejectionSampler` runs, the round is verified against ``nu_t`` by
