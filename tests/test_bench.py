@@ -91,6 +91,25 @@ def test_the_relaxed_rules_are_bench_methods_with_fronts_of_their_own(tmp_path):
     assert plot_tradeoffs(rows, tmp_path / "fronts.png").is_file()
 
 
+def test_judge_decoding_is_a_bench_method_with_the_tasks_judge(tmp_path):
+    """``judge:T,...`` sweeps JudgeVerifier's threshold with the judge ``--judge`` names (or the shipped one);
+    without a judge the spec is skipped with a note."""
+    from diversed_hf.heads.judge import JudgeHead
+    from diversed_hf.lab.bench.cli import load_judge
+    from diversed_hf.verifiers import JudgeVerifier
+
+    judge = JudgeHead(8, task="arith")
+    methods, notes = bench.parse_methods(["sd", "judge:0.5,2"], judge=judge)
+    assert [m.name for m in methods] == ["SD", "judge t=0.5", "judge t=2"] and notes == []
+    assert isinstance(methods[2].verifier, JudgeVerifier) and methods[2].verifier.threshold == 2.0
+    assert {m.family for m in methods[1:]} == {"judge"}
+    methods, notes = bench.parse_methods(["sd", "judge:0.5"])
+    assert [m.name for m in methods] == ["SD"] and "no judge was given" in notes[0]
+    judge.save_pretrained(tmp_path / "judge")
+    loaded = load_judge(f"arith={tmp_path / 'judge'}", "arith")
+    assert loaded.config == judge.config and load_judge(f"summary={tmp_path / 'judge'}", "arith") is None
+
+
 def test_parse_methods_skips_missing_head_and_finetuned_draft_with_a_note():
     methods, notes = bench.parse_methods(["sd", "sd-ft", "diversed"])
     assert [m.name for m in methods] == ["SD"]

@@ -127,6 +127,7 @@ __all__ = [
     "extract_final_number",
     "load_finetuned_draft",
     "load_head",
+    "load_judge",
     "load_pair",
     "load_task",
     "load_tokenizer",
@@ -300,6 +301,28 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
             f"training/configs/{recipe}{name}.yaml` (or reinstall the package)."
         )
     return DiversedHead.from_pretrained(str(path))
+
+
+#: where each pair's shipped judges live (``<folder>/<task>``) and the tasks they exist for
+JUDGE_HOMES = {"testbed": "judges"}
+
+
+def load_judge(name: str, pair: str = "testbed"):
+    """The judge (``JudgeHead``, judge decoding) shipped for task ``name`` on ``pair``, in eval mode, trained with
+    ``python training/train_judge.py --task <name> --output_dir runs/judge_<name>`` (its ``training.json`` holds the
+    command). Use it as ``verifier=JudgeVerifier(judge, threshold=...)``."""
+    from ..heads.judge import JudgeHead
+
+    if pair not in JUDGE_HOMES:
+        raise ValueError(f"`pair` is {pair!r}; judges ship for {sorted(JUDGE_HOMES)}.")
+    path = ASSETS_DIR / JUDGE_HOMES[pair] / name
+    if not (path / "config.json").is_file():
+        shipped = sorted(found.parent.name for found in (ASSETS_DIR / JUDGE_HOMES[pair]).glob("*/config.json"))
+        raise FileNotFoundError(
+            f"no shipped judge for {name!r} on the {pair} pair (judges ship for {shipped or 'no task'}); train one "
+            f"with `python training/train_judge.py --task {name} --output_dir runs/judge_{name}`."
+        )
+    return JudgeHead.from_pretrained(str(path)).eval()
 
 
 def load_finetuned_draft(name: str, torch_dtype=None, device: str = "cpu"):

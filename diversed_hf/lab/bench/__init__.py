@@ -42,6 +42,8 @@ Methods are given as short specs (:func:`parse_methods`)::
     typical:0.05,0.09       typical acceptance (Medusa), one run per posterior threshold (alpha 0.3)
     fuzzy:0.05,0.1,0.2      fuzzy SD (FuzzyVerifier), one run per Jensen-Shannon threshold
     topk:0.5,1,2            top-2 relaxed acceptance (TopKRelaxedVerifier), one run per delta in nats
+    judge:0.3,0.5,0.7       judge decoding (JudgeVerifier) with the task's judge (--judge, or the shipped one; skipped
+                            when there is none), one run per threshold
     sd-ft                   SD with the fine-tuned draft (skipped when there is none)
     diversed                DIVERSED with the task's head (skipped when there is none)
     diversed@summary        DIVERSED with the head trained for another task (the transfer experiment)

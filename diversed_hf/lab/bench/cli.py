@@ -81,6 +81,10 @@ class BenchArguments:
         default=None,
         metadata={"help": "DIVERSED head directory, or 'task=dir,task=dir' (default: the shipped pair's heads)."},
     )
+    judge: str | None = field(
+        default=None,
+        metadata={"help": "Judge for 'judge:T,...': a directory, or 'task=dir,task=dir' (default: the shipped ones)."},
+    )
     task: list[str] = field(
         default_factory=lambda: ["arith"],
         metadata={
@@ -191,6 +195,20 @@ def load_head(
         return testbed.load_head(task, pair=pair, draft=draft)
     except (FileNotFoundError, KeyError, ValueError) as error:
         logger.info("no testbed head for %s: %s", task, error)
+        return None
+
+
+def load_judge(spec: str | None, task: str, testbed_default: bool = True, pair: str = "testbed"):
+    """The judge for ``task``: from ``spec``, else (with ``testbed_default``) ``testbed.load_judge(task, pair)``;
+    ``None`` when there is none."""
+    if spec or not testbed_default:
+        return models.load_judge(spec, task)
+    from ... import testbed
+
+    try:
+        return testbed.load_judge(task, pair=pair)
+    except (FileNotFoundError, KeyError, ValueError) as error:
+        logger.info("no shipped judge for %s: %s", task, error)
         return None
 
 
@@ -305,6 +323,9 @@ def run(arguments: BenchArguments, config: BenchConfig) -> list:
             head=head,
             has_finetuned_draft=finetuned is not None,
             other_heads=other_heads,
+            judge=load_judge(arguments.judge, task.name, testbed_default=shipped, pair=pair)
+            if any(spec.strip().lower().startswith("judge") for spec in config.methods)
+            else None,
         )
         if not methods:
             raise ValueError(f"`methods`: nothing to run on task {task.name!r}: " + " ".join(notes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
-from ...verifiers.relaxed import FuzzyVerifier, TopKRelaxedVerifier
+from ...verifiers.relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
 from ...verifiers.rules import (
     CASCADE_RULES,
     BlockVerifier,
@@ -24,6 +24,7 @@ from ...verifiers.rules import (
 
 if TYPE_CHECKING:
     from ...heads.head import DiversedHead
+    from ...heads.judge import JudgeHead
 
 __all__ = ["DEFAULT_METHODS", "FAMILIES", "Method", "Schedule", "parse_methods", "parse_schedules", "with_schedules"]
 
@@ -267,6 +268,7 @@ def parse_methods(
     head: DiversedHead | None = None,
     has_finetuned_draft: bool = False,
     other_heads: dict[str, DiversedHead | None] | None = None,
+    judge: JudgeHead | None = None,
 ) -> tuple[list[Method], list[str]]:
     """Methods from short specs (see the :mod:`diversed_hf.lab.bench` docstring); returns ``(methods, notes)``.
 
@@ -287,6 +289,14 @@ def parse_methods(
             methods.append(Method("SD", "sd", ExactVerifier(), 1.0))
         elif kind in ("lossy", "static", "typical", "cascade", "fuzzy", "topk") or kind.startswith("cascade-"):
             methods += _swept_methods(spec, kind, values)
+        elif kind == "judge":
+            if judge is not None:
+                methods += [
+                    Method(f"judge t={_fmt(t)}", "judge", JudgeVerifier(judge, threshold=t), t)
+                    for t in _parse_values(spec, values)
+                ]
+            else:
+                notes.append("judge decoding: skipped, no judge was given (--judge) or shipped for this task.")
         elif kind in ("sd-ft", "sd-finetuned"):
             if has_finetuned_draft:
                 methods.append(Method("SD (fine-tuned draft)", "sd-finetuned", ExactVerifier(), 1.0, draft="finetuned"))
@@ -315,8 +325,8 @@ def parse_methods(
         else:
             raise ValueError(
                 f"Unknown method spec {spec!r}. Use target, sd, lossy:L,..., static:W,..., cascade[-RULE]:A,..., "
-                "typical:EPS,..., fuzzy:T,..., topk:DELTA,..., sd-ft, diversed, diversed@TASK, or block:<one of "
-                "these> (block verification)."
+                "typical:EPS,..., fuzzy:T,..., topk:DELTA,..., judge:T,..., sd-ft, diversed, diversed@TASK, or "
+                "block:<one of these> (block verification)."
             )
     _check_unique([m.name for m in methods], "Methods", "method")
     return methods, notes

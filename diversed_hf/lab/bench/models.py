@@ -12,7 +12,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_finetuned_draft", "load_head", "load_models", "per_task"]
+__all__ = ["load_finetuned_draft", "load_head", "load_judge", "load_models", "per_task"]
 
 
 def load_models(target: str, draft: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -61,3 +61,14 @@ def load_head(spec: str | None, task: str):
     from ...heads.head import DiversedHead
 
     return DiversedHead.from_pretrained(path)
+
+
+def load_judge(spec: str | None, task: str):
+    """The judge (``JudgeHead``) for ``task`` from ``spec`` (a directory, or ``task=dir,task=dir``); ``None`` when
+    ``spec`` names none for ``task``."""
+    path = per_task(spec, task)
+    if path is None:
+        return None
+    from ...heads.judge import JudgeHead
+
+    return JudgeHead.from_pretrained(path).eval()
