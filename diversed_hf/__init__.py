@@ -10,8 +10,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import _moved
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 _moved.install()  # old import paths of moved modules (diversed_hf.tasks, diversed_hf.bench, ...), for a release
 

@@ -126,9 +126,10 @@ def test_arith_chat_problems_splits_and_reward():
 
 
 def test_cards_of_real_pair_heads_load_the_real_pair():
-    from diversed_hf.heads.cards import REAL_PAIR_MODEL_IDS, render_card
+    from diversed_hf.heads.cards import render_card
     from diversed_hf.heads.head import DiversedHeadConfig
     from diversed_hf.testbed import ASSETS_DIR
+    from diversed_hf.testbed.cards import REAL_PAIR_MODEL_IDS
 
     config = DiversedHeadConfig(
         draft_hidden_size=576,

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.heads.cards import REAL_PAIR_MODEL_IDS
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.testbed.cards import REAL_PAIR_MODEL_IDS
 
 logger = logging.getLogger("tune_target")
 

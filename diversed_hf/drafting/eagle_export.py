@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from .. import __version__
+from .._version import __version__
 from ..heads import hub
 
 __all__ = [

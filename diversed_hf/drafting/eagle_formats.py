@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..heads import hub
 
 __all__ = ["EAGLE3_ARCHITECTURES", "check_state", "detect_format", "read_public", "save_eagle3"]

@@ -9,12 +9,17 @@ Nothing here runs a model.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from ..heads.head import DiversedHead
+    from ..heads.config import DiversedHeadConfig
+
+
+class _Head(Protocol):  # what check_head_matches reads of a DiversedHead (heads import this module, not the reverse)
+    config: DiversedHeadConfig
+
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +131,7 @@ def _embeds_every_id(draft, vocab_size: int) -> bool:
     return getattr(embeddings, "num_embeddings", 0) >= vocab_size
 
 
-def check_head_matches(head: "DiversedHead", target, draft) -> None:
+def check_head_matches(head: _Head, target, draft) -> None:
     """Hidden sizes must match (error); recorded model ids differing from the models' give a warning.
 
     A head that reads no hidden states (``config.use_hidden_states=False``) is pair-agnostic: its sizes are not

@@ -76,7 +76,7 @@ import os
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
@@ -102,18 +102,19 @@ from .metrics import metric_label
 CALIBRATION_NAME = "calibration.json"
 
 if TYPE_CHECKING:
-    from .head import DiversedHeadConfig
+    from .config import DiversedHeadConfig
 
 logger = logging.getLogger(__name__)
 
 
 __all__ = [
-    "REAL_PAIR_MODEL_IDS",
+    "MODEL_DESCRIPTIONS",
     "RESULT_FIELDS",
-    "TESTBED_MODEL_ID_PREFIX",
     "card_data",
     "load_results",
     "load_training_config",
+    "register_model_description",
+    "register_pair_usage",
     "render_card",
     "render_template",
     "stage_result_files",
@@ -128,16 +129,38 @@ CITATION = """@inproceedings{wang2026diversed,
   title         = {{DIVERSED}: Relaxed Speculative Decoding via Dynamic Ensemble Verification},
   author        = {Wang and Kasa and {M S} and Kasa and Zou and Negi and Zhang and Jiang and Song},
   booktitle     = {International Conference on Artificial Intelligence and Statistics (AISTATS)},
-  year          = {2026}, eprint        = {2604.07622},
+  year          = {2026},
+  eprint        = {2604.07622},
   archivePrefix = {arXiv}
 }"""
 
 MIXIN_TAG = "model_hub_mixin"
 
-#: ``config._name_or_path`` of the testbed's models (``diversed_hf.testbed.load_pair()`` sets it): a stable id
-#: instead of a machine's path, so that heads trained on the pair record ids that match everywhere.
-TESTBED_MODEL_ID_PREFIX = "diversed_hf/testbed/"
-_TESTBED_MODELS = ("target", "draft")
+#: What a card says of a model id it names: ``{model_id: description}``. The project's own pairs register theirs
+#: (:func:`register_model_description`, called by :mod:`diversed_hf.testbed` when it loads); any other id is linked
+#: to the Hub or named as a local path.
+MODEL_DESCRIPTIONS: dict[str, str] = {}
+
+
+#: Usage snippets of the pairs whose models load by a call of their own (the project's testbed and real pair):
+#: ``{(target_id, draft_id): usage}``, ``usage(config, head_source, load_head, generate, temperature) -> str`` with
+#: the card's default head-loading and ``generate`` lines (:func:`register_pair_usage`).
+PAIR_USAGES: dict[tuple[str, str], Callable[..., str]] = {}
+
+
+def register_pair_usage(target_id: str, draft_id: str, usage: Callable[..., str]) -> None:
+    """Make the cards of heads trained on ``(target_id, draft_id)`` show ``usage``'s snippet."""
+    if not callable(usage):
+        raise TypeError(f"`usage` must be a function, got {type(usage).__name__}.")
+    PAIR_USAGES[(target_id, draft_id)] = usage
+
+
+def register_model_description(model_id: str, description: str) -> None:
+    """Make the cards describe ``model_id`` (a ``config._name_or_path``) as ``description`` (Markdown)."""
+    if not isinstance(model_id, str) or not model_id or not isinstance(description, str) or not description:
+        raise ValueError(f"`model_id` and `description` must be non-empty strings, got {model_id!r}, {description!r}.")
+    MODEL_DESCRIPTIONS[model_id] = description
+
 
 # Training configuration ----------------------------------------------------------------------------
 
@@ -213,55 +236,11 @@ def _hub_model_id(model_id: str | None) -> str | None:
     return model_id
 
 
-def _testbed_name(model_id: str | None) -> str | None:
-    """``"target"`` / ``"draft"`` when ``model_id`` names a testbed model: the stable id set by
-    ``testbed.load_pair()`` or a path into the shipped testbed's assets."""
-    if not model_id:
-        return None
-    if model_id.startswith(TESTBED_MODEL_ID_PREFIX) and model_id[len(TESTBED_MODEL_ID_PREFIX) :] in _TESTBED_MODELS:
-        return model_id[len(TESTBED_MODEL_ID_PREFIX) :]
-    parts = Path(model_id).parts
-    if len(parts) >= 3 and parts[-3:-1] == ("testbed", "assets"):
-        return parts[-1]
-    return None
-
-
-#: ``config._name_or_path`` of the real pair's models (``diversed_hf.testbed.load_pair("smollm2")`` sets them)
-REAL_PAIR_MODEL_IDS = {
-    "target": "diversed_hf/smollm2-135m-instruct",
-    "draft": "diversed_hf/smollm2-135m-instruct-self-draft",
-    "eagle": "diversed_hf/smollm2-135m-instruct-eagle-chat",
-    "eagle-tasks": "diversed_hf/smollm2-135m-instruct-eagle",
-    "eagle3": "diversed_hf/smollm2-135m-instruct-eagle3",  # the EAGLE-3 draft (training/train_eagle_draft.py --arch)
-    "tuned": "diversed_hf/smollm2-135m-instruct-tuned",  # load_pair("smollm2-tuned"): the task-tuned target
-    "tuned-eagle": "diversed_hf/smollm2-135m-instruct-tuned-eagle",  # and its EagleDraft
-}
-_REAL_PAIR_NAMES = {
-    REAL_PAIR_MODEL_IDS["target"]: ("SmolLM2-135M-Instruct", 'load_pair("smollm2")'),
-    REAL_PAIR_MODEL_IDS["draft"]: ("SmolLM2-135M-Instruct's self-draft", 'load_pair("smollm2", draft="self")'),
-    REAL_PAIR_MODEL_IDS["eagle"]: ("SmolLM2-135M-Instruct's EagleDraft", 'load_pair("smollm2", draft="eagle")'),
-    REAL_PAIR_MODEL_IDS["eagle3"]: ("SmolLM2-135M-Instruct's EAGLE-3 draft", 'load_pair("smollm2", draft="eagle3")'),
-    REAL_PAIR_MODEL_IDS["eagle-tasks"]: (
-        "SmolLM2-135M-Instruct's task EagleDraft",
-        'load_pair("smollm2", draft="eagle-tasks")',
-    ),
-    REAL_PAIR_MODEL_IDS["tuned"]: ("SmolLM2-135M-Instruct tuned on its tasks", 'load_pair("smollm2-tuned")'),
-    REAL_PAIR_MODEL_IDS["tuned-eagle"]: (
-        "EagleDraft of SmolLM2-135M-Instruct tuned on its tasks",
-        'load_pair("smollm2-tuned")',
-    ),
-}
-
-
 def _describe_model(model_id: str | None) -> str:
     if not model_id:
         return "not recorded"
-    if model_id in _REAL_PAIR_NAMES:
-        name, call = _REAL_PAIR_NAMES[model_id]
-        return f"{name} (`diversed_hf.testbed.{call}`)"
-
-    if _testbed_name(model_id):
-        return f"`diversed_hf` testbed {_testbed_name(model_id)} (`diversed_hf.testbed.load_pair()`)"
+    if model_id in MODEL_DESCRIPTIONS:
+        return MODEL_DESCRIPTIONS[model_id]
     if _hub_model_id(model_id):
         return f"[`{model_id}`](https://huggingface.co/{model_id})"
     return f"`{model_id}` (local path)"
@@ -280,40 +259,9 @@ def _usage(config: SimpleNamespace, head_source: str, num_draft_tokens: int, tem
         ")\n"
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))'
     )
-    if _testbed_name(config.target_model_id) and _testbed_name(config.draft_model_id):
-        task = config.task if config.task in ("arith", "summary") else "arith"
-        shipped = Path(head_source).parent.parts[-3:] == ("testbed", "assets", "heads")
-        if shipped:  # a head shipped in the package: load it by name, not by this machine's path
-            load_head = f'head = testbed.load_head("{Path(head_source).name}")'
-        return (
-            "import diversed_hf.testbed as testbed\n"
-            f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n\n"
-            f"{load_head}\n"
-            "target, draft, tokenizer = testbed.load_pair()\n"
-            "enable_diversed(target)\n\n"
-            f'prompt = testbed.load_task("{task}", split="test", num_examples=1)["prompt"][0]\n'
-            'inputs = tokenizer(prompt, return_tensors="pt")\n'
-            f"{generate}"
-        )
-    real_drafts = {REAL_PAIR_MODEL_IDS[name]: name for name in ("eagle", "eagle-tasks")}
-    real_drafts[REAL_PAIR_MODEL_IDS["draft"]] = "self"
-    if config.target_model_id == REAL_PAIR_MODEL_IDS["target"] and config.draft_model_id in real_drafts:
-        pair_call = f'load_pair("smollm2", draft="{real_drafts[config.draft_model_id]}")'
-        shipped = Path(head_source).parent.parts[-3:] == ("assets", "smollm2", "heads")
-        if shipped:  # a shipped head, with the draft it was trained with named
-            draft_name = real_drafts[config.draft_model_id]
-            load_head = f'head = testbed.load_head("{Path(head_source).name}", pair="smollm2", draft="{draft_name}")'
-        return (
-            "import diversed_hf.testbed as testbed\n"
-            f"from diversed_hf import {'' if shipped else 'DiversedHead, '}enable_diversed\n"
-            "from diversed_hf.lab.tasks import load_task_dataset\n\n"
-            f"{load_head}\n"
-            f"target, draft, tokenizer = testbed.{pair_call}\n"
-            "enable_diversed(target)\n\n"
-            f'prompt = load_task_dataset("{config.task or "arith_chat"}", num_examples=1)["prompt"][0]  # a chat turn\n'
-            'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)\n'
-            f"{generate.replace('do_sample=True,', f'do_sample=True,{chr(10)}    temperature={temperature:g},')}"
-        )
+    usage = PAIR_USAGES.get((config.target_model_id, config.draft_model_id))
+    if usage is not None:  # a pair of the project's own: its models load by a call, not by a Hub id
+        return usage(config, head_source, load_head, generate, temperature)
     target = config.target_model_id or "TARGET_MODEL_ID"
     draft = config.draft_model_id or "DRAFT_MODEL_ID"
     return (

@@ -138,8 +138,12 @@ __all__ = [
 ]
 
 
-# ``config._name_or_path`` of the models from `load_pair` (recorded as the pair in trained heads).
-from ..heads.cards import TESTBED_MODEL_ID_PREFIX as MODEL_ID_PREFIX  # noqa: E402
+# ``config._name_or_path`` of the models from `load_pair` (recorded as the pair in trained heads); the cards learn
+# how to describe them and load the pairs.
+from . import cards as _cards  # noqa: E402
+from .cards import MODEL_ID_PREFIX  # noqa: E402
+
+_cards.register()
 
 
 def asset_path(name: str) -> Path:

@@ -36,7 +36,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..heads.cards import REAL_PAIR_MODEL_IDS
+from .cards import REAL_PAIR_MODEL_IDS
 
 logger = logging.getLogger(__name__)
 
