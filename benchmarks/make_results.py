@@ -186,8 +186,11 @@ EAGLE3_SECTION = ("eagle3", "EAGLE-3 draft")
 VLLM_EAGLE3_SECTION = ("vllm_eagle3", "EAGLE-3 draft served by vLLM")
 #: benchmarks/relaxed_results.py: fuzzy SD and top-k relaxed acceptance against DIVERSED on the testbed tables
 RELAXED_SECTION = ("relaxed_rules", "Relaxed rules: testbed")
+#: benchmarks/chat_head.py: a head for everyday chat on the real pair, by the chat measures
+CHAT_HEAD_SECTION = ("chat_head", "Real pair: a head for everyday chat")
 #: sections written by their own commands, carried over as they are
 CARRIED_SECTIONS = (
+    CHAT_HEAD_SECTION,
     TREES_SECTION,
     TREE_HEADS_SECTION,
     EAGLE3_SECTION,
