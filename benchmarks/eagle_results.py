@@ -457,7 +457,7 @@ def main(argv=None) -> int:
 
 
 def summary_paragraph(results: dict) -> str:
-    """The headline, for README.md and docs/eagle.md (between ``<!-- eagle-draft -->`` markers)."""
+    """The headline, for docs/real_model.md and docs/eagle.md (between ``<!-- eagle-draft -->`` markers)."""
     costs = results["costs"]
     parts = []
     for mode, label in (("greedy", "greedy"), ("t0.7", "at temperature 0.7")):
@@ -524,7 +524,7 @@ def ship(results: dict, command: str) -> None:
     card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
     write_text_atomic(EAGLE_DIR / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_tasks_draft.md", card)
-    for page in (REPO / "README.md", REPO / "docs" / "eagle.md"):
+    for page in (REPO / "docs" / "real_model.md", REPO / "docs" / "eagle.md"):
         replace_marked_block(page, summary_paragraph(results), marker="eagle-draft")
 
 

@@ -18,7 +18,8 @@ length; greedy and at temperature 0.7 (top-k 0, top-p 1). Every configuration ru
 
 Then (unless ``--quick`` or ``--no_ship``) the default EagleDraft carries the length with the most tokens/s on
 everyday prompts at temperature 0.7 in its ``generation_config.json``, and its ``training.json``, card
-(``README.md``, ``model_cards/smollm2_eagle_draft.md``) and the README's headline (``<!-- everyday-draft -->``) get
+(``README.md``, ``model_cards/smollm2_eagle_draft.md``), docs/real_model.md (``<!-- everyday-draft -->``) and the
+README's headline (``<!-- headline -->``, and the site's home docs/index.md) get
 the measured summary.
 """
 
@@ -180,7 +181,7 @@ def _same_text(results: dict, block: dict, count: int) -> str:
 
 
 def summary_paragraph(results: dict) -> str:
-    """The README's headline on the default draft (between ``<!-- everyday-draft -->`` markers)."""
+    """docs/real_model.md's paragraph on the default draft (between ``<!-- everyday-draft -->`` markers)."""
     n = results["best"]
     parts = []
     for prompts, label in (("everyday", "held-out everyday chat prompts"), ("arith_chat", "held-out `arith_chat`")):
@@ -246,8 +247,9 @@ def ship(results: dict, command: str) -> None:
     card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
     write_text_atomic(EAGLE_DIR / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
-    replace_marked_block(REPO / "README.md", summary_paragraph(results), marker="everyday-draft")
-    replace_marked_block(REPO / "README.md", headline(results), marker="headline")
+    replace_marked_block(REPO / "docs" / "real_model.md", summary_paragraph(results), marker="everyday-draft")
+    for page in (REPO / "README.md", REPO / "docs" / "index.md"):  # the site's home is the README
+        replace_marked_block(page, headline(results), marker="headline")
 
 
 def _configs(args, target, draft, task_draft) -> list:

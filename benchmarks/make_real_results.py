@@ -211,7 +211,7 @@ def head_summary(result, head_dir: Path, draft: str = "self") -> str:
     """One paragraph on the task's shipped head against the goal (at least GOAL_RATIO x SD's acceptance, the paired
     interval against the target reaching 0 and the point estimate at most GOAL_POINTS below it; :data:`GOALS` per
     task), from ``result``;
-    README.md and docs/real_pair.md carry it between ``<!-- real-pair:<task> -->`` markers."""
+    docs/real_model.md and docs/real_pair.md carry it between ``<!-- real-pair:<task> -->`` markers."""
     rows = {row.get("family"): row for row in result.rows if row.get("head_task") in (None, result.task)}
     target, sd, head = rows.get("target-only"), rows.get("sd"), rows.get("diversed")
     if not (target and sd and head) or head.get("quality_delta_high") is None:
@@ -544,12 +544,12 @@ def _section_body(
 
 
 def _publish(setup, root: Path, summaries: dict[str, str]) -> None:
-    """RESULTS.md's carried sections again, and each task's head summary between its markers in README.md and
+    """RESULTS.md's carried sections again, and each task's head summary between its markers in docs/real_model.md and
     docs/real_pair.md."""
     refresh_head_sections(REPO / "RESULTS.md", root)
     for task, text in summaries.items():
         key = task if setup.draft == "self" else f"{setup.draft}:{task}"
-        for doc in (REPO / "README.md", REPO / "docs" / "real_pair.md"):
+        for doc in (REPO / "docs" / "real_model.md", REPO / "docs" / "real_pair.md"):
             if update_marked(doc, key, text):
                 print(f"Updated the {task} summary in {doc.relative_to(REPO)}")
 

@@ -1,4 +1,4 @@
-"""Measure the shipped testbed: the numbers of README.md's "The CPU testbed" table.
+"""Measure the shipped testbed: the numbers of docs/testbed.md's table.
 
     python benchmarks/measure_testbed.py            # everything (~5-10 min on one CPU thread)
     python benchmarks/measure_testbed.py --quick    # 50 problems and 10 SD prompts instead of 200 and 40

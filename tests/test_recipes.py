@@ -241,18 +241,26 @@ def test_recipes_write_to_runs_and_never_into_the_package(config):
     assert not [key for key, value in values.items() if "diversed_hf/" in str(value)]
 
 
-def test_the_readme_recipe_commands_chain_and_write_to_runs():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_recipe_commands_chain_and_write_to_runs():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     commands = [
         line.strip()
-        for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+        for page in pages
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)
         for line in block.replace("\\\n", " ").splitlines()
     ]
-    assert not [c for c in commands if "diversed_hf/testbed/assets" in c], "a README command writes into the package"
+    assert not [c for c in commands if "diversed_hf/testbed/assets" in c], (
+        "a documented command writes into the package"
+    )
 
     def flag(command, name):
         return re.search(rf"{name} (\S+)", command).group(1)
 
+    commands = [  # the recipe chain of "Training heads"
+        line.strip()
+        for block in re.findall(r"```bash\n(.*?)```", (REPO / "docs" / "training_heads.md").read_text(), flags=re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+    ]
     train = next(c for c in commands if "train_head.py --config training/configs/testbed_arith.yaml" in c)
     written = yaml.safe_load((REPO / flag(train, "--config")).read_text())["output_dir"] + "/head"
     calibrate = next(c for c in commands if c.startswith("python training/calibrate_head.py"))
