@@ -76,12 +76,11 @@ def shift_rows_right(
     shifts: torch.Tensor,  # (batch,) non-negative
 ) -> None:
     """Roll each row right by ``shifts[b]`` positions; what wraps around lands on padding columns."""
+    from .verifiers.ops import roll_rows_right
+
     for layer in _layers(cache):
-        batch, heads, length, head_dim = layer.keys.shape
-        index = (torch.arange(length, device=shifts.device) - shifts.unsqueeze(-1)) % length  # (batch, length)
-        index = index.to(layer.keys.device)[:, None, :, None].expand(batch, heads, length, head_dim)
-        layer.keys = layer.keys.gather(2, index)  # (batch, heads, length, head_dim)
-        layer.values = layer.values.gather(2, index.expand(*layer.values.shape[:3], layer.values.shape[-1]))
+        layer.keys = roll_rows_right(layer.keys, shifts, dim=2)  # (batch, heads, length, head_dim)
+        layer.values = roll_rows_right(layer.values, shifts, dim=2)
 
 
 def realign_cache(

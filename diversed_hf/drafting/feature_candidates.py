@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from .. import compat
+from ..verifiers import ops
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
 
 __all__ = ["FeatureCandidateGenerator", "realign_rows"]
@@ -55,10 +56,7 @@ def realign_rows(
         values = values[kept]
     values = values[:, :length]
     if shifts is not None:
-        positions = torch.arange(values.shape[1], device=values.device)  # (length,)
-        index = (positions[None, :] - shifts[:, None]) % values.shape[1]  # (kept, length)
-        index = index.reshape(*index.shape, *([1] * (values.dim() - 2))).expand_as(values)
-        values = values.gather(1, index)
+        values = ops.roll_rows_right(values, shifts, dim=1)
     return values[:, leading:]
 
 

@@ -56,6 +56,7 @@ from ..drafting.length.optimal import acceptance_setting
 from ..drafting.pairs import text_vocab_size
 from ..drafting.tree import TreeSpec
 from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
+from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.rules import VerificationResult, Verifier
 from . import round_profile
@@ -545,11 +546,10 @@ class _SpeculativeLoop:
             :, :new_length
         ]  # (B, L + A + 1)
         any_shift = bool((shifts > 0).any())
-        if any_shift:
+        if any_shift:  # the one row roll (ops.roll_rows_right), as the caches and the features are realigned
             positions = torch.arange(new_length, device=seq.device)  # (L + A + 1,)
-            index = (positions - shifts[:, None]) % new_length  # (B, L + A + 1)
-            seq = seq.gather(1, index)
-            mask = mask.gather(1, index) * (positions >= shifts[:, None]).to(mask.dtype)
+            seq = ops.roll_rows_right(seq, shifts)
+            mask = ops.roll_rows_right(mask, shifts) * (positions >= shifts[:, None]).to(mask.dtype)
         leading = int((mask.sum(dim=0) > 0).long().argmax())  # columns that are padding in every row
         leading = min(leading, seq.shape[1] - 2)
         if leading > 0:
