@@ -186,6 +186,8 @@ EAGLE3_SECTION = ("eagle3", "EAGLE-3 draft")
 VLLM_EAGLE3_SECTION = ("vllm_eagle3", "EAGLE-3 draft served by vLLM")
 #: benchmarks/relaxed_results.py: fuzzy SD and top-k relaxed acceptance against DIVERSED on the testbed tables
 RELAXED_SECTION = ("relaxed_rules", "Relaxed rules: testbed")
+#: benchmarks/relaxed_results.py --pair smollm2-tuned: the same fronts on the task-tuned pair's synopsis
+RELAXED_TUNED_SECTION = ("relaxed_rules_tuned", "Relaxed rules: the task-tuned pair")
 #: benchmarks/chat_head.py: a head for everyday chat on the real pair, by the chat measures
 CHAT_HEAD_SECTION = ("chat_head", "Real pair: a head for everyday chat")
 #: sections written by their own commands, carried over as they are
@@ -196,6 +198,7 @@ CARRIED_SECTIONS = (
     EAGLE3_SECTION,
     VLLM_EAGLE3_SECTION,
     RELAXED_SECTION,
+    RELAXED_TUNED_SECTION,
     TUNED_QUALITY_SECTION,
     TUNED_DRAFT_SECTION,
     TUNED_HEADS_SECTION,
