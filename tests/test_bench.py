@@ -737,3 +737,26 @@ def test_quality_batches_are_ordered_by_prompt_length():
     prompts = ["a b c d e", "a", "a b c", "a b", "a b c"]
     assert by_length(load_tokenizer(), prompts, [0, 1, 2, 3, 4]) == [1, 3, 2, 4, 0]
     assert by_length(load_tokenizer(), prompts, [4, 0, 2]) == [2, 4, 0]
+
+
+def test_a_task_without_answers_gets_the_chat_measures_against_target_only(pair_dir):
+    """Prompts without references (everyday chat): each row's chat_quality scores its texts by the target's own
+    log-likelihood and by ROUGE-L agreement with a target-only sample, paired with target-only; the table shows it."""
+    from diversed_hf.lab.bench.report import chat_table, markdown_table
+
+    target, draft, tokenizer = bench.load_models(str(pair_dir / "target"), str(pair_dir / "draft"))
+    summary = bench.load_task("summary", 4)
+    task = bench.BenchTask("chatty", summary.prompts, [""] * 4, lambda c, r: [0.0] * len(c), "agreement")
+    methods, _ = bench.parse_methods(["target", "sd", "static:0"])
+    config = small_config(num_timing_prompts=0, num_samples=2, num_bootstrap=50)
+    rows = {r["method"]: r for r in bench.run_bench(target, draft, tokenizer, task, methods, config).rows}
+    base = rows["target-only"]["chat_quality"]
+    assert base["log_likelihood_delta"]["delta"] == 0.0 and base["agreement_delta"]["delta"] == 0.0
+    assert base["log_likelihood"] < 0 and 0 <= base["agreement"] <= 1
+    for name in ("SD", "static w=0"):
+        chat = rows[name]["chat_quality"]
+        assert chat["log_likelihood_delta"]["num_prompts"] == 4 and chat["agreement_delta"]["num_prompts"] == 4
+        assert chat["log_likelihood_delta"]["low"] <= chat["log_likelihood_delta"]["delta"]
+    assert "ROUGE-L agreement with a target sample" in markdown_table(list(rows.values()))
+    answered = bench.run_bench(target, draft, tokenizer, summary, methods[:2], small_config(num_timing_prompts=0))
+    assert "chat_quality" not in answered.rows[0] and chat_table(answered.rows) is None

@@ -21,7 +21,10 @@ import torch
 from ..tasks.rewards import rouge_l
 from .stats import paired_difference
 
-__all__ = ["agreement", "paired", "target_log_likelihood"]
+#: the row families whose samples are the target's own (the reference of both measures)
+TARGET_FAMILY = "target-only"
+
+__all__ = ["add_chat_quality", "agreement", "paired", "target_log_likelihood"]
 
 
 @torch.no_grad()
@@ -50,3 +53,60 @@ def paired(scores: list[float], target_scores: list[float]) -> dict | None:
     if not pairs:
         return None
     return paired_difference([(i, a) for i, a, _ in pairs], [(i, b) for i, _, b in pairs])
+
+
+def add_chat_quality(
+    rows: list[dict],
+    records: dict[str, list[dict]],
+    target,
+    tokenizer,
+    prompts: list[str],
+    num_resamples: int = 2000,
+    seed: int = 0,
+) -> None:
+    """``chat_quality`` on every row of a bench run on prompts without references (``diversed-hf bench``'s chat
+    column): the target's mean per-token log-likelihood of the row's texts and their ROUGE-L agreement with a
+    target-only sample of the same prompt, each minus target-only's, paired over prompts with a 95 % interval.
+
+    ``records`` are the runner's per-sample records (``index``, ``sample``, ``completion``, ``ids``). Sample ``s`` of a
+    row is compared with target-only's sample ``s + 1`` (cyclically), so target-only's own agreement is that of two
+    independent target samples; with one sample per prompt there is no independent one and agreement is left out.
+    Nothing is added without a target-only row.
+    """
+    base = next((row["method"] for row in rows if row["family"] == TARGET_FAMILY), None)
+    if base is None:
+        return
+    samples = sorted({record["sample"] for record in records[base]})
+    reference_text = {(record["sample"], record["index"]): record["completion"] for record in records[base]}
+    prompt_ids: dict[int, torch.Tensor] = {}
+    scores = {}
+    for row in rows:
+        likelihood, agree = [], []
+        for record in records[row["method"]]:
+            index = record["index"]
+            if index not in prompt_ids:
+                prompt_ids[index] = tokenizer(prompts[index], return_tensors="pt")["input_ids"].to(target.device)
+            value = target_log_likelihood(target, prompt_ids[index], torch.tensor(record["ids"], dtype=torch.long))
+            if value == value:
+                likelihood.append((index, value))
+        if len(samples) > 1:
+            following = {s: samples[(k + 1) % len(samples)] for k, s in enumerate(samples)}
+            found = [r for r in records[row["method"]] if (following.get(r["sample"]), r["index"]) in reference_text]
+            texts = [reference_text[following[r["sample"]], r["index"]] for r in found]
+            agree = list(zip([r["index"] for r in found], agreement([r["completion"] for r in found], texts)))
+        scores[row["method"]] = (likelihood, agree)
+    for row in rows:
+        likelihood, agree = scores[row["method"]]
+        quality = {"log_likelihood": _mean(likelihood), "agreement": _mean(agree) if agree else None}
+        for key, mine, theirs in (
+            ("log_likelihood_delta", likelihood, scores[base][0]),
+            ("agreement_delta", agree, scores[base][1]),
+        ):
+            quality[key] = (
+                paired_difference(mine, theirs, num_resamples=num_resamples, seed=seed) if mine and theirs else None
+            )
+        row["chat_quality"] = quality
+
+
+def _mean(pairs: list[tuple[int, float]]) -> float | None:
+    return sum(value for _, value in pairs) / len(pairs) if pairs else None

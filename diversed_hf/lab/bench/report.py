@@ -103,9 +103,38 @@ def speed_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def chat_table(rows: list[dict]) -> str | None:
+    """Quality without references (rows with ``chat_quality``, a task without answers): the target's log-likelihood
+    of each method's texts and their ROUGE-L agreement with a target-only sample, each against target-only's with its
+    paired 95 % interval; ``None`` when no row has them."""
+    if not any(row.get("chat_quality") for row in rows):
+        return None
+
+    def interval(delta: dict | None, scale: float) -> str:
+        if delta is None:
+            return "–"
+        return f"{delta['delta'] * scale:+.3f} [{delta['low'] * scale:+.3f}, {delta['high'] * scale:+.3f}]"
+
+    lines = [
+        "| method | target log-likelihood / token | vs target-only [95 % CI] | ROUGE-L agreement with a target sample "
+        "| vs target-only [95 % CI] |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        chat = row.get("chat_quality") or {}
+        lines.append(
+            f"| {_name(row)} | {_cell(chat.get('log_likelihood'), '.3f')} "
+            f"| {interval(chat.get('log_likelihood_delta'), 1.0)} | {_cell(chat.get('agreement'), '.3f')} "
+            f"| {interval(chat.get('agreement_delta'), 1.0)} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown_table(rows: list[dict]) -> str:
-    """The paper's table in two parts: :func:`quality_table` and :func:`speed_table`."""
-    return quality_table(rows) + "\n\n" + speed_table(rows)
+    """The paper's table in two parts: :func:`quality_table` and :func:`speed_table`; on a task without answers,
+    :func:`chat_table` between them."""
+    chat = chat_table(rows)
+    return quality_table(rows) + ("\n\n" + chat if chat else "") + "\n\n" + speed_table(rows)
 
 
 def policy_table(results_by_batch: dict[int, Sequence[BenchResult]]) -> str:

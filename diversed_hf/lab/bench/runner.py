@@ -23,6 +23,7 @@ from ... import compat
 from ...generation.mixin import enable_diversed
 from ...verifiers.rules import HeadVerifier
 from ..tasks import metric_label
+from .chat_quality import add_chat_quality
 from .config import SAMPLE_SEED_STRIDE, BenchConfig, BenchTask, draft_length_of
 from .methods import Method, parse_schedules, with_schedules
 from .partial import PartialRecords, module_digest
@@ -231,6 +232,7 @@ def _records(
         record: dict[str, Any] = {
             "index": index,
             "completion": tokenizer.decode(ids, skip_special_tokens=True),
+            "ids": ids,  # what the chat measures score (chat_quality)
             "num_generated": length,
         }
         if stats is not None:
@@ -378,6 +380,8 @@ def run_bench(
     }
     add_paired_differences(rows, paired_rewards, num_resamples=config.num_bootstrap, seed=config.seed)
     add_block_differences(rows, paired_rewards, records, num_resamples=config.num_bootstrap, seed=config.seed)
+    if not any(task.references[: config.num_prompts]):  # no answers to score: quality against the target itself
+        add_chat_quality(rows, records, target, tokenizer, run.prompts, config.num_bootstrap, config.seed)
     examples = _examples(run, methods, records)
     meta = _meta(run, task, methods, costs, draft, finetuned_draft)
     return BenchResult(task.name, rows, examples, list(notes), meta)
