@@ -175,3 +175,44 @@ def test_train_head_trains_with_target_agreement(tmp_path):
     with pytest.raises(ValueError, match="`reward` is 'nope'"):
         train_head.parse_arguments(["--task", "testbed_arith", "--reward", "nope"])
     assert get_task("arith").metric == "exact_match"
+
+
+def test_target_likelihood_is_the_targets_own_log_likelihood_of_the_text():
+    """The reward for text without answers: the target's mean per-token log-probability of the completion after its
+    prompt, as the bench's chat measure scores it; an empty completion takes the batch's lowest score."""
+    from diversed_hf import testbed
+    from diversed_hf.lab.bench.chat_quality import target_log_likelihood
+    from diversed_hf.lab.tasks.dense_rewards import likelihood_reward
+
+    assert "target_likelihood" in REWARD_MODES
+    target, _, tokenizer = testbed.load_pair()
+    prompt = testbed.load_task("arith", num_examples=1)["prompt"][0]
+    reward = likelihood_reward(target, tokenizer, "arith")
+    likely, unlikely, empty = reward(prompts=[prompt] * 3, completions=[" 3 + 4 = 7", " zebra zebra zebra", ""])
+    prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    expected = target_log_likelihood(
+        target, prompt_ids, tokenizer(" 3 + 4 = 7", add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    )
+    assert likely == pytest.approx(expected, abs=1e-5) and unlikely < likely and empty == min(likely, unlikely)
+    check_reward_mode("target_likelihood", "summary")  # any task: it needs no answers
+
+
+def test_train_head_trains_with_the_targets_likelihood(tmp_path):
+    import train_head
+    from test_training import tiny_tokenizer
+    from tiny_models import make_pair
+
+    paths = []
+    for name, model in zip(("target", "draft"), make_pair(noise=0.5)):
+        model.save_pretrained(tmp_path / name)
+        tiny_tokenizer().save_pretrained(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    out = tmp_path / "run"
+    argv = ["--config", str(REPO / "training" / "configs" / "testbed_summary.yaml"), "--target_model", paths[0]]
+    argv += ["--draft_model", paths[1], "--output_dir", str(out), "--num_train_examples", "16", "--max-steps", "1"]
+    argv += ["--max_completion_length", "6", "--eval_num_examples", "0", "--threads", "1", "--disable_tqdm", "true"]
+    train_head.main([*argv, "--reward", "target_likelihood"])
+    assert json.loads((out / "head" / "training_config.json").read_text())["reward"] == "target_likelihood"
+    assert not (out / "target_completions.json").exists()  # no greedy answers needed
+    logged = [json.loads(line) for line in (out / "head" / "train_log.jsonl").read_text().splitlines()]
+    assert any(key.endswith("target_likelihood/mean") and value < 0 for row in logged for key, value in row.items())

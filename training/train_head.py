@@ -50,6 +50,7 @@ from diversed_hf.lab.tasks.dense_rewards import (
     add_target_columns,
     check_reward_mode,
     dense_reward,
+    likelihood_reward,
     target_completions,
 )
 from diversed_hf.lab.tasks.user_task import trl_reward
@@ -125,10 +126,11 @@ class ScriptArguments:
         default="task",
         metadata={
             "help": "The training reward: 'task' (the task's own), 'task_minus_target' (minus the target's "
-            "greedy score on the prompt) or 'target_agreement' (agreement with the target's greedy answer; "
-            "exact-match and ROUGE tasks). The last two generate the target's greedy answers once, cached in "
+            "greedy score on the prompt), 'target_agreement' (agreement with the target's greedy answer; "
+            "exact-match and ROUGE tasks) or 'target_likelihood' (the target's own log-likelihood of the text: any "
+            "task, chat included). The second and third generate the target's greedy answers once, cached in "
             "<output_dir>/target_completions.json. With --dataset: exact_match, rouge2, rougeL (against "
-            "--answer_column), target_agreement (no answers needed: any text task, chat included), or "
+            "--answer_column), target_agreement or target_likelihood (no answers needed), or "
             "package.module:function (TRL's reward signature). See docs/training.md and docs/your_task.md."
         },
     )
@@ -492,13 +494,17 @@ def main(argv=None):
         use_hidden_states=config.head_use_hidden_states,
         task=spec.name,
     )
-    if script.reward != "task":  # the target's greedy answers, once
+    if script.reward in ("task_minus_target", "target_agreement"):  # the target's greedy answers, once
         train = with_target_answers(train, target, tokenizer, script, config, spec.name)
+    if script.reward == "target_likelihood":
+        reward_funcs = likelihood_reward(target, tokenizer, spec.name)
+    else:
+        reward_funcs = trl_reward(script.task) or dense_reward(script.task, script.reward)
     trainer = DiversedTrainer(
         target,
         draft,
         head=head,
-        reward_funcs=trl_reward(script.task) or dense_reward(script.task, script.reward),
+        reward_funcs=reward_funcs,
         args=config,
         train_dataset=train,
         processing_class=tokenizer,

@@ -13,6 +13,10 @@ target's fingerprint and the generation settings, and another target's or other 
 ``"target_agreement"``   agreement with the target's own answer ``y_target``: for exact-match tasks 1.0 when the
                          final numbers agree, for ROUGE tasks ROUGE-2 F1 against ``y_target``. It fires on every
                          prompt, and its optimum keeps the target's answers: quality at the target's level.
+``"target_likelihood"``  the target's own mean per-token log-likelihood of the completion (temperature 1): any
+                         text, no answers and no greedy answers needed; it falls as soon as the mixture writes
+                         tokens the target finds unlikely, which ROUGE against one greedy answer hardly sees in
+                         sampled chat (:func:`likelihood_reward`; the measure of ``lab.bench.chat_quality``).
 """
 
 from __future__ import annotations
@@ -30,11 +34,18 @@ from ..cli_utils import write_text_atomic
 from .registry import get_task, reward_for_task
 from .rewards import exact_match, extract_final_number, rouge2
 
-__all__ = ["REWARD_MODES", "add_target_columns", "dense_reward", "target_completions", "target_fingerprint"]
+__all__ = [
+    "REWARD_MODES",
+    "add_target_columns",
+    "dense_reward",
+    "likelihood_reward",
+    "target_completions",
+    "target_fingerprint",
+]
 
 logger = logging.getLogger(__name__)
 
-REWARD_MODES = ("task", "task_minus_target", "target_agreement")
+REWARD_MODES = ("task", "task_minus_target", "target_agreement", "target_likelihood")
 _AGREEMENT = {"exact_match": "final number", "rouge2_f1": "ROUGE-2 F1"}  # metric -> how agreement is scored
 
 
@@ -186,4 +197,32 @@ def dense_reward(task: str, mode: str) -> Callable[..., list[float]]:
         return rouge2(completions, list(target_completion))
 
     reward.__name__ = f"{task}_{mode}"
+    return reward
+
+
+def likelihood_reward(target, tokenizer, task: str = "task") -> Callable[..., list[float]]:
+    """``"target_likelihood"`` in TRL's convention: each completion's mean per-token log-probability under ``target``
+    (temperature 1) after its prompt; an empty completion scores the lowest log-probability of the batch."""
+
+    @torch.no_grad()
+    def reward(prompts=None, completions=None, **columns) -> list[float]:
+        if prompts is None or completions is None:
+            raise ValueError("the 'target_likelihood' reward needs `prompts` and `completions`.")
+        device = next(target.parameters()).device
+        scores = []
+        for prompt, completion in zip(prompts, completions):
+            prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)  # (1, L)
+            completion_ids = tokenizer(completion, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            if completion_ids.shape[1] == 0:
+                scores.append(float("nan"))
+                continue
+            sequence = torch.cat([prompt_ids, completion_ids.to(device)], dim=1)  # (1, L + n)
+            logits = target(sequence).logits[0, prompt_ids.shape[1] - 1 : -1].float()  # (n, vocab)
+            log_probs = logits.log_softmax(dim=-1).gather(1, completion_ids[0, :, None].to(device))  # (n, 1)
+            scores.append(float(log_probs.mean()))
+        known = [score for score in scores if score == score]
+        floor = min(known) if known else 0.0
+        return [score if score == score else floor for score in scores]
+
+    reward.__name__ = f"{task}_target_likelihood"
     return reward

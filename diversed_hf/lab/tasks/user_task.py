@@ -19,6 +19,7 @@ among them): TRL passes it every column while training; the held-out evaluation 
 ``rouge2`` / ``rougeL``      ROUGE-2 / ROUGE-L F1 against the answer
 ``target_agreement``         agreement with the target's own greedy answer (ROUGE-2; exact match for numbers): any
                              text task, free-form chat included, needs no answers at all
+``target_likelihood``        the target's own per-token log-likelihood of the text: any text task, no answers
 ============================ =========================================================================================
 """
 
@@ -39,7 +40,7 @@ BUILTIN_REWARDS = {
     "rougeL": (rouge_l, "rougeL_f1"),
 }
 #: rewards that compare with the target's own answers (train_head.py's reward modes), not with an answer column
-AGREEMENT_REWARDS = ("target_agreement",)
+AGREEMENT_REWARDS = ("target_agreement", "target_likelihood")
 _TRL_REWARDS: dict[str, object] = {}  # task name -> the user's function, as TRL calls it
 FILE_KINDS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
