@@ -66,7 +66,7 @@ def test_agreement_on_a_rouge_task_is_rouge2_against_the_targets_answer():
 
 
 def test_modes_are_checked_before_anything_runs():
-    assert REWARD_MODES == ("task", "task_minus_target", "target_agreement")
+    assert REWARD_MODES == ("task", "task_minus_target", "target_agreement", "target_likelihood")
     with pytest.raises(ValueError, match="`reward` is 'dense'"):
         check_reward_mode("dense", "arith")
     with pytest.raises(ValueError, match="'target_agreement' scores agreement by .* task 'mbpp' is scored by 'pass@1'"):
