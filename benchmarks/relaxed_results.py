@@ -28,6 +28,8 @@ from pathlib import Path
 
 from make_results import refresh_head_sections, run_bench_argv
 
+from diversed_hf.lab.bench import write_results
+from diversed_hf.lab.bench.partial import clear_partial
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,6 +110,7 @@ def main(argv=None) -> int:
         "--judge", default=JUDGES, help="the testbed's judges, task=dir,... (default: runs/judge_<task>/judge)"
     )
     parser.add_argument("--output_dir", default=None, help="default results/relaxed_rules[_tuned]")
+    parser.add_argument("--no_ship", action="store_true", help="write the results, ship no judge")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.pair == "smollm2-tuned":
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
         or {row["task"] for row in json.loads((output_dir / "results.json").read_text())} != {"arith", "summary"}
         or not any(row["family"] == "judge" for row in json.loads((output_dir / "results.json").read_text()))
     ):
-        run_bench_argv(bench_argv(args))
+        measure(bench_argv(args), output_dir)
     rows = json.loads((output_dir / "results.json").read_text())
     command = "python benchmarks/relaxed_results.py" + (" " + " ".join(argv) if argv else "")
     lines = [
@@ -134,6 +137,19 @@ def main(argv=None) -> int:
         table = (output_dir / f"{task}_table.md").read_text().strip()
         plot = f"![{task}: quality vs time and vs acceptance, every front](results/relaxed_rules/{task}_tradeoffs.png)"
         found = verdict([r for r in rows if r["task"] == task])
+        judge = operating_judge([r for r in rows if r["task"] == task])
+        if judge is None:
+            found.append(
+                "No judge ships for this task: no threshold keeps the target's quality and accepts more than SD."
+            )
+        else:
+            found.append(
+                f'The judge ships (`testbed.load_judge("{task}")`) with its operating threshold '
+                f"{judge['param']:g}: {100 * judge['acceptance_rate']:.1f} % accepted at quality "
+                f"{judge['quality_delta']:+.3f} [{judge['quality_delta_low']:+.3f}, {judge['quality_delta_high']:+.3f}]."
+            )
+            if not args.no_ship:
+                ship_judge(task, Path(dict(item.split("=", 1) for item in args.judge.split(","))[task]), judge, command)
         lines += [f"**{task}**", "", table, "", plot, "", *(f"- {line}" for line in found), ""]
     text = "\n".join(lines)
     write_text_atomic(REPO / "results" / "relaxed_rules.md", text + "\n")
@@ -142,12 +158,65 @@ def main(argv=None) -> int:
     return 0
 
 
+def measure(argv: list[str], output_dir: Path) -> None:
+    """One bench run (resumable: its finished methods are kept in ``<output_dir>/partial`` until this writes the
+    results), written to ``output_dir`` with its tables and plots."""
+    _, results = run_bench_argv(argv)
+    write_results(results, output_dir)
+    clear_partial(output_dir, [result.task for result in results])
+
+
+def operating_judge(rows: list[dict]) -> dict | None:
+    """The judge's row a shipped judge is measured by: the most accepting threshold whose quality interval against
+    the target distribution reaches 0 and that accepts more than lossless SD; None when no threshold does."""
+    sd = next(row for row in rows if row["family"] == "sd")
+    members = [
+        row
+        for row in rows
+        if row["family"] == "judge"
+        and row.get("quality_delta_high") is not None
+        and row["quality_delta_high"] >= 0
+        and row["acceptance_rate"] > sd["acceptance_rate"]
+    ]
+    return max(members, key=lambda row: row["acceptance_rate"]) if members else None
+
+
+def ship_judge(task: str, trained: Path, row: dict, command: str) -> None:
+    """The judge ``train_judge.py`` trained, into the testbed's judges with its operating threshold and measurement."""
+    import shutil
+
+    from diversed_hf.testbed import ASSETS_DIR, JUDGE_HOMES
+
+    folder = ASSETS_DIR / JUDGE_HOMES["testbed"] / task
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors", "README.md"):
+        shutil.copyfile(trained / name, folder / name)
+    record = json.loads((trained / "training.json").read_text())
+    record["operating_point"] = {
+        "threshold": row["param"],
+        "acceptance_rate": row["acceptance_rate"],
+        "quality_delta": [row["quality_delta"], row["quality_delta_low"], row["quality_delta_high"]],
+        "measured_by": command,
+        "prompts": f"{row['num_prompts']} held-out testbed {task} prompts x {row['num_samples']} samples, T = 1, N = 5",
+    }
+    write_text_atomic(folder / "training.json", json.dumps(record, indent=1) + "\n")
+    card = (folder / "README.md").read_text().rstrip()
+    measured = (
+        f"\n\n## Operating point\n\nOn {record['operating_point']['prompts']}: `JudgeVerifier(judge, threshold="
+        f"{row['param']:g})` accepts {100 * row['acceptance_rate']:.1f} % of the drafts at quality "
+        f"{row['quality_delta']:+.3f} [{row['quality_delta_low']:+.3f}, {row['quality_delta_high']:+.3f}] against "
+        f'the target distribution (`{command}`; RESULTS.md, "Relaxed rules: testbed"). Trained by `'
+        f"{record['recipe']}`.\n"
+    )
+    write_text_atomic(folder / "README.md", card + measured)
+
+
 def tuned(args, argv) -> int:
     """The task-tuned pair's synopsis fronts, against its table's DIVERSED row (module docstring)."""
     output_dir = Path(args.output_dir or REPO / "results" / "relaxed_rules_tuned")
     args.output_dir = str(output_dir)
     if not (output_dir / "results.json").is_file():
-        run_bench_argv(tuned_bench_argv(args))
+        measure(tuned_bench_argv(args), output_dir)
     rows = json.loads((output_dir / "results.json").read_text())
     table = json.loads((REPO / "results" / "smollm2_tuned" / "results_synopsis.json").read_text())
     ours = next(

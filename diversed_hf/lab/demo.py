@@ -128,8 +128,9 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
     else:
         notes = [
             "no DIVERSED head ships for these prompts: the real pair's one head is an operating point on "
-            f"{REAL_PAIR_HEAD_TASK} (`--task {REAL_PAIR_HEAD_TASK}` shows it); train one for your prompts with "
-            "training/train_head.py --dataset (docs/your_task.md)."
+            f"{REAL_PAIR_HEAD_TASK} (`--task {REAL_PAIR_HEAD_TASK}` shows it), and the chat heads trained so far are "
+            "not operating points on everyday prompts (docs/real_pair.md, 'Quality on chat prompts'); train one for "
+            "your prompts with training/train_head.py --dataset (docs/your_task.md)."
         ]
     return DemoSetup(
         f"Real pair (SmolLM2-135M-Instruct in {str(target.dtype).removeprefix('torch.')}), {where}",
