@@ -198,3 +198,22 @@ def test_a_judge_saves_and_loads_with_a_card(pair, tmp_path):
     loaded = JudgeHead.from_pretrained(tmp_path / "judge")
     assert loaded.config.hidden_size == 32
     assert torch.equal(loaded.linear.weight, judge.linear.weight)
+
+
+def test_the_testbed_ships_its_summary_judge_with_its_operating_point():
+    """benchmarks/relaxed_results.py ships a judge only where a threshold keeps the target's quality and accepts
+    more than SD: on the testbed that is summary's; arith's is refused by name with the command that trains one."""
+    import json
+
+    from diversed_hf import testbed
+    from diversed_hf.heads.judge import JudgeHead
+
+    judge = testbed.load_judge("summary")
+    assert isinstance(judge, JudgeHead) and not judge.training
+    assert judge.config.hidden_size == testbed.load_pair()[0].config.hidden_size
+    record = json.loads((testbed.ASSETS_DIR / "judges" / "summary" / "training.json").read_text())
+    assert 0 <= record["operating_point"]["threshold"] <= 1 and record["recipe"].startswith("python training/")
+    with pytest.raises(FileNotFoundError, match=r"no shipped judge for 'arith'.*train_judge.py --task arith"):
+        testbed.load_judge("arith")
+    with pytest.raises(ValueError, match="judges ship for"):
+        testbed.load_judge("summary", pair="smollm2")
