@@ -209,6 +209,9 @@ def test_requests_pick_a_loaded_judge_whose_rule_verifies_through_the_mixture(ju
     judge = rules.for_request({"diversed": {"judge": "arith"}})
     assert isinstance(judge, JudgeVerifier) and judge.threshold == 0.5
     assert rules.for_request({"diversed": {"judge": {"name": "arith", "threshold": 0.5}}}) is judge
+    for i in range(3 * rules.max_cached):  # a client may send any threshold: the engine keeps a bounded number
+        rules.for_request({"diversed": {"judge": {"name": "arith", "threshold": 0.5 + i / 1000}}})
+    assert len(rules._verifiers) == rules.max_cached
     never = rules.for_request({"diversed": {"judge": {"name": "arith", "threshold": 1.5}}})
     q = torch.tensor([[0.6, 0.3, 0.1, 0.0], [0.1, 0.1, 0.1, 0.7], [0.1, 0.1, 0.1, 0.7]])
     p = torch.tensor([[0.1, 0.3, 0.5, 0.1], [0.7, 0.2, 0.05, 0.05], [0.7, 0.2, 0.05, 0.05]])

@@ -287,9 +287,10 @@ class DiversedVllmSettings:
 
 
 class VerificationRules:
-    """An engine's verifiers: the default rule's, every head's (loaded once), and the static ensembles its requests
-    ask for, the ``max_cached`` most recently used kept (a client may send any weight in [0, 1]; requests of a batch
-    that share a rule share its verifier and are verified together)."""
+    """An engine's verifiers: the default rule's, every head's and judge's (loaded once), and the static ensembles,
+    relaxed rules and judge thresholds its requests ask for, the ``max_cached`` most recently used kept (a client may
+    send any weight or threshold; requests of a batch that share a rule share its verifier and are verified
+    together)."""
 
     def __init__(
         self,
@@ -330,15 +331,19 @@ class VerificationRules:
         return self._static(rule)
 
     def _static(self, rule: RequestRule) -> Verifier:
+        """The verifier of a rule built per request (a static weight, a relaxed rule, a judge's threshold), the
+        ``max_cached`` most recently used kept."""
         verifier = self._verifiers.get(rule)
-        if verifier is None and rule.judge is not None:
-            name, threshold = rule.judge
-            verifier = self._verifiers[rule] = JudgeVerifier(self.judges[name], threshold=threshold)
-        elif verifier is None and rule.relaxed is not None:
-            name, values = rule.relaxed
-            verifier = self._verifiers[rule] = _RELAXED_RULES[name][1](**dict(values))
-        elif verifier is None:
-            verifier = self._verifiers[rule] = StaticEnsembleVerifier(rule.target_weight, mixing=rule.mixing)
+        if verifier is None:
+            if rule.judge is not None:
+                name, threshold = rule.judge
+                verifier = JudgeVerifier(self.judges[name], threshold=threshold)
+            elif rule.relaxed is not None:
+                name, values = rule.relaxed
+                verifier = _RELAXED_RULES[name][1](**dict(values))
+            else:
+                verifier = StaticEnsembleVerifier(rule.target_weight, mixing=rule.mixing)
+            self._verifiers[rule] = verifier
             while len(self._verifiers) > self.max_cached:
                 self._verifiers.popitem(last=False)
         self._verifiers.move_to_end(rule)
