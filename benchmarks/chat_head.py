@@ -309,8 +309,11 @@ def publish() -> dict:
 
 
 def ship(head: DiversedHead, trained: Path, results: dict) -> None:
-    """The calibrated head into the real pair's head folder with its training record and card."""
-    from diversed_hf.heads.cards import render_head_card
+    """The calibrated head into the real pair's head folder with its training record, its chat measurement
+    (``chat_quality.json``) and its card; ``testbed.load_head("chat", pair="smollm2")`` serves it once ``"chat"`` is
+    in ``testbed.HEAD_TASKS["smollm2"]`` and ``SHIPPED_HEAD_DRAFTS`` (with the ``"eagle"`` draft it was trained for)."""
+    from diversed_hf.heads import cards
+    from diversed_hf.lab.tasks import task_card
     from diversed_hf.testbed import head_folder
 
     folder = head_folder("smollm2") / "chat"
@@ -319,9 +322,10 @@ def ship(head: DiversedHead, trained: Path, results: dict) -> None:
         if (trained / name).exists():
             write_text_atomic(folder / name, (trained / name).read_text())
     write_text_atomic(folder / "chat_quality.json", json.dumps(results, indent=2) + "\n")
-    card = render_head_card(folder)
-    write_text_atomic(folder / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / "smollm2_chat_head.md", card)
+    facts = task_card("chat")
+    cards.write_card(folder, task_card=facts)
+    cards.write_card(folder, output=REPO / "model_cards" / "smollm2_chat.md", task_card=facts)
+    logger.info("shipped the chat head to %s: register it in testbed.HEAD_TASKS to serve it", folder)
 
 
 if __name__ == "__main__":
