@@ -218,7 +218,7 @@ def headline(results: dict) -> str:
         f"On a real model (SmolLM2-135M-Instruct in {results['dtype']}, batch 1, one CPU thread), lossless "
         "speculative decoding with the shipped EagleDraft keeps the target's output distribution and runs at "
         + ", and ".join(parts)
-        + ", the tokens/s of `generate` alone ([A real model](#a-real-model-smollm2-135m-instruct); "
+        + ", the tokens/s of `generate` alone ([A real model](docs/real_model.md); "
         "`python benchmarks/everyday_results.py`)."
     )
 
@@ -248,8 +248,9 @@ def ship(results: dict, command: str) -> None:
     write_text_atomic(EAGLE_DIR / "README.md", card)
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
     replace_marked_block(REPO / "docs" / "real_model.md", summary_paragraph(results), marker="everyday-draft")
-    for page in (REPO / "README.md", REPO / "docs" / "index.md"):  # the site's home is the README
-        replace_marked_block(page, headline(results), marker="headline")
+    replace_marked_block(REPO / "README.md", headline(results), marker="headline")
+    home = (REPO / "README.md").read_text().replace("](docs/", "](").replace("](RESULTS.md)", "](results.md)")
+    write_text_atomic(REPO / "docs" / "index.md", home)  # the site's home is the README, links for the site
 
 
 def _configs(args, target, draft, task_draft) -> list:
