@@ -25,7 +25,6 @@ recipe's, 0.7), N = ``--num_draft_tokens``, batched generation, one torch thread
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import sys
@@ -35,9 +34,10 @@ import torch
 from make_results import refresh_head_sections
 
 from diversed_hf import DiversedHead, ExactVerifier, HeadVerifier
-from diversed_hf.lab.bench.chat_quality import agreement, paired, target_log_likelihood
+from diversed_hf.lab.bench.chat_quality import agreement, target_log_likelihood
+from diversed_hf.lab.bench.stats import paired_difference
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script, write_text_atomic
-from diversed_hf.lab.evaluation import load_models
+from diversed_hf.lab.evaluation import load_models, with_offset
 from diversed_hf.lab.tasks.chat_prompts import broad_chat_prompts, everyday_prompts
 
 logger = logging.getLogger("chat_head")
@@ -66,14 +66,6 @@ def parse_args(argv=None):
     if args.head is None and not args.publish:
         parser.error("--head is required (or --publish alone)")
     return args
-
-
-def with_offset(head: DiversedHead, offset: float) -> DiversedHead:
-    """A copy of ``head`` whose output logit is shifted by ``offset``."""
-    shifted = copy.deepcopy(head)
-    with torch.no_grad():
-        shifted.net[-1].bias.add_(offset)
-    return shifted
 
 
 @torch.no_grad()
@@ -147,19 +139,8 @@ def measure(models, prompts: list[str], methods: dict, args, num_samples: int) -
 
 
 def _paired(method: list[tuple[int, float]], reference: list[tuple[int, float]]) -> dict | None:
-    """Per-prompt means paired over prompts (NaN scores, empty texts, left out)."""
-
-    def means(pairs):
-        found: dict[int, list[float]] = {}
-        for index, value in pairs:
-            if value == value:
-                found.setdefault(index, []).append(value)
-        return found
-
-    ours, theirs = means(method), means(reference)
-    common = sorted(set(ours) & set(theirs))
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
-    return paired([mean(ours[i]) for i in common], [mean(theirs[i]) for i in common])
+    """Per-prompt means paired over prompts (``paired_difference``), NaN scores (empty texts) left out."""
+    return paired_difference([p for p in method if p[1] == p[1]], [p for p in reference if p[1] == p[1]])
 
 
 def reaches_zero(row: dict) -> bool:

@@ -132,8 +132,8 @@ def test_a_damaged_or_old_cache_is_refused_naming_the_file(tmp_path, text, match
         target_completions(make_pair("llama")[0], tiny_tokenizer(), ["a b"], max_new_tokens=4, cache=cache)
 
 
-def test_train_head_trains_with_target_agreement(tmp_path):
-    import train_head
+def _saved_pair(tmp_path) -> list[str]:
+    """A tiny target and draft saved with their tokenizer: the directories train_head.py loads."""
     from test_training import tiny_tokenizer
     from tiny_models import make_pair
 
@@ -142,6 +142,13 @@ def test_train_head_trains_with_target_agreement(tmp_path):
         model.save_pretrained(tmp_path / name)
         tiny_tokenizer().save_pretrained(tmp_path / name)
         paths.append(str(tmp_path / name))
+    return paths
+
+
+def test_train_head_trains_with_target_agreement(tmp_path):
+    import train_head
+
+    paths = _saved_pair(tmp_path)
     out = tmp_path / "run"
     train_head.main(
         [
@@ -199,14 +206,8 @@ def test_target_likelihood_is_the_targets_own_log_likelihood_of_the_text():
 
 def test_train_head_trains_with_the_targets_likelihood(tmp_path):
     import train_head
-    from test_training import tiny_tokenizer
-    from tiny_models import make_pair
 
-    paths = []
-    for name, model in zip(("target", "draft"), make_pair(noise=0.5)):
-        model.save_pretrained(tmp_path / name)
-        tiny_tokenizer().save_pretrained(tmp_path / name)
-        paths.append(str(tmp_path / name))
+    paths = _saved_pair(tmp_path)
     out = tmp_path / "run"
     argv = ["--config", str(REPO / "training" / "configs" / "testbed_summary.yaml"), "--target_model", paths[0]]
     argv += ["--draft_model", paths[1], "--output_dir", str(out), "--num_train_examples", "16", "--max-steps", "1"]

@@ -26,7 +26,6 @@ with exit status 2 (``--debug``: the traceback).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import math
@@ -38,20 +37,20 @@ import torch
 
 from diversed_hf.heads.hub import weights_digest
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.lab.evaluation import check_pair, evaluate, load_any_head, load_models, task_argument, task_help
+from diversed_hf.lab.evaluation import (
+    check_pair,
+    evaluate,
+    load_any_head,
+    load_models,
+    task_argument,
+    task_help,
+    with_offset,
+)
 from diversed_hf.lab.tasks import get_task, load_task_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("calibrate_head")
-
-
-def with_offset(head, offset: float):
-    """A copy of ``head`` whose output logit is shifted by ``offset`` (w = sigmoid(logit + offset))."""
-    shifted = copy.deepcopy(head)
-    with torch.no_grad():
-        shifted.net[-1].bias.add_(offset)
-    return shifted
 
 
 def choose_offset(target_quality: float, rows: list[dict], tolerance: float) -> dict:

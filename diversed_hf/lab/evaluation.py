@@ -21,6 +21,7 @@ A command-layer module (it loads the testbed's pairs by name); the library never
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import time
 
@@ -312,3 +313,12 @@ def evaluate(
     if "diversed" in by_method and by_method["diversed"]["quality_delta"] is not None:
         setting["quality_gap_diversed_minus_target"] = by_method["diversed"]["quality_delta"]
     return {"setting": setting, "rows": rows}
+
+
+def with_offset(head: DiversedHead, offset: float) -> DiversedHead:
+    """A copy of ``head`` whose output logit is shifted by ``offset`` (``w = sigmoid(logit + offset)``: > 0 moves
+    every ``w`` toward the target), as ``training/calibrate_head.py`` and ``benchmarks/chat_head.py`` calibrate."""
+    shifted = copy.deepcopy(head)
+    with torch.no_grad():
+        shifted.net[-1].bias.add_(offset)
+    return shifted
