@@ -43,6 +43,12 @@ METHODS = [
     "judge:0.9,0.97,0.99,0.999",
 ]
 TUNED_METHODS = ["target", "sd", "fuzzy:0.02,0.05,0.1,0.2", "topk:0.25,1,4"]
+TUNED_TASKS = ("synopsis", "arith_steps")
+TUNED_JUDGE_SWEEP = "judge:0.9,0.99,0.999"
+TUNED_JUDGE_RECIPE = (
+    "python training/train_judge.py --target smollm2-tuned --task <task> --output_dir runs/judge_tuned_<task> "
+    "--threads 1 --num_train_examples 200 --eval_num_examples 0"
+)
 FRONTS = {
     "static-ensemble": "static ensemble",
     "fuzzy": "fuzzy SD",
@@ -61,15 +67,17 @@ def bench_argv(args) -> list[str]:
     ]  # fmt: skip
 
 
-def tuned_bench_argv(args) -> list[str]:
+def tuned_bench_argv(args, task: str, judge: Path | None) -> list[str]:
     from make_results import bench_flags
     from real_pair_runs import TUNED_FULL, pair_flags
 
-    sizes = dict(TUNED_FULL["synopsis"], num_prompts=100, num_baseline_prompts=100, num_timing_prompts=2)
+    sizes = dict(TUNED_FULL[task], num_prompts=100, num_baseline_prompts=100, num_timing_prompts=2)
+    methods = TUNED_METHODS + ([TUNED_JUDGE_SWEEP] if judge is not None else [])
     return [
-        *pair_flags("tuned"), "--task", "synopsis", "--split", "test", "--threads", "1",
+        *pair_flags("tuned"), "--task", task, "--split", "test", "--threads", "1",
         "--output-dir", str(args.output_dir), "--no-progress", "--resume",
-        *bench_flags({**sizes, "methods": TUNED_METHODS}),
+        *(["--judge", f"{task}={judge}"] if judge is not None else []),
+        *bench_flags({**sizes, "methods": methods}),
     ]  # fmt: skip
 
 
@@ -111,6 +119,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--output_dir", default=None, help="default results/relaxed_rules[_tuned]")
     parser.add_argument("--no_ship", action="store_true", help="write the results, ship no judge")
+    parser.add_argument(
+        "--tasks", nargs="+", choices=TUNED_TASKS, default=list(TUNED_TASKS), help="--pair smollm2-tuned's tasks"
+    )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.pair == "smollm2-tuned":
@@ -158,12 +169,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def measure(argv: list[str], output_dir: Path) -> None:
+def measure(argv: list[str], output_dir: Path, keep_partial: bool = False) -> None:
     """One bench run (resumable: its finished methods are kept in ``<output_dir>/partial`` until this writes the
-    results), written to ``output_dir`` with its tables and plots."""
+    results, or longer with ``keep_partial``, for a later run that adds methods), written to ``output_dir`` with its
+    tables and plots."""
     _, results = run_bench_argv(argv)
     write_results(results, output_dir)
-    clear_partial(output_dir, [result.task for result in results])
+    if not keep_partial:
+        clear_partial(output_dir, [result.task for result in results])
 
 
 def operating_judge(rows: list[dict]) -> dict | None:
@@ -212,40 +225,71 @@ def ship_judge(task: str, trained: Path, row: dict, command: str) -> None:
 
 
 def tuned(args, argv) -> int:
-    """The task-tuned pair's synopsis fronts, against its table's DIVERSED row (module docstring)."""
-    output_dir = Path(args.output_dir or REPO / "results" / "relaxed_rules_tuned")
-    args.output_dir = str(output_dir)
-    if not (output_dir / "results.json").is_file():
-        measure(tuned_bench_argv(args), output_dir)
-    rows = json.loads((output_dir / "results.json").read_text())
-    table = json.loads((REPO / "results" / "smollm2_tuned" / "results_synopsis.json").read_text())
-    ours = next(
-        row for row in table["rows"] if row["family"] == "diversed" and row.get("head_task") in (None, "synopsis")
-    )
+    """The task-tuned pair's fronts on each task, against its table's DIVERSED row (module docstring)."""
+    output_root = Path(args.output_dir or REPO / "results" / "relaxed_rules_tuned")
     command = "python benchmarks/relaxed_results.py" + (" " + " ".join(argv) if argv else "")
-    static = [row for row in table["rows"] if row["family"] == "static-ensemble"]
-    found = verdict([*rows, *static, {**ours, "method": "DIVERSED (the table's row)"}])
     lines = [
         f'Measured with `{command}` (`diversed-hf bench`, the task-tuned pair `load_pair("smollm2-tuned")`, the '
-        "first 100 held-out `synopsis` prompts x 2 samples, temperature 1, N = 4, 48 new tokens, one thread; quality "
-        "intervals paired over prompts against the target distribution). DIVERSED is the row of the pair's table "
-        "(RESULTS.md, \"Real pair: the paper's table on the task-tuned target\"): its recipe's calibrated head, which "
-        "does not ship, on 200 held-out prompts x 2 with the same seeds; the static front is that table's too. No judge "
-        "was trained for this pair: mining AutoJudge's labels needs the tuned target's continuations of every swap.",
-        "",
-        (output_dir / "synopsis_table.md").read_text().strip(),
-        "",
-        "![synopsis on the task-tuned pair: quality vs time and vs acceptance, every front]"
-        "(results/relaxed_rules_tuned/synopsis_tradeoffs.png)",
-        "",
-        *(f"- {line}" for line in found),
+        "first 100 held-out prompts x 2 samples per task, temperature 1, N = 4, the pair's table's answer lengths "
+        "(48 new tokens on `synopsis`, 192 on `arith_steps`), one thread; quality intervals paired over prompts "
+        "against the target distribution). DIVERSED is the row of the pair's table (RESULTS.md, \"Real pair: the "
+        "paper's table on the task-tuned target\"): its recipe's calibrated head, which does not ship, on 200 "
+        "held-out prompts x 2 with the same seeds; the static front is that table's too. The judges were trained on "
+        f"the pair by `{TUNED_JUDGE_RECIPE}` (`<task>`: synopsis, arith_steps).",
         "",
     ]
+    for task in TUNED_TASKS:
+        output_dir = output_root / task
+        args.output_dir = str(output_dir)
+        judge = REPO / "runs" / f"judge_tuned_{task}" / "judge"
+        judge = judge if (judge / "config.json").is_file() else None
+        results_file = output_dir / f"results_{task}.json"
+        has_judge = results_file.is_file() and any(
+            row["family"] == "judge" for row in json.loads(results_file.read_text())["rows"]
+        )
+        if task in args.tasks and (not results_file.is_file() or (judge is not None and not has_judge)):
+            # without its judge the run keeps its finished methods, so that the judge's front adds only itself
+            measure(tuned_bench_argv(args, task, judge), output_dir, keep_partial=judge is None)
+        if results_file.is_file():
+            lines += tuned_section(task, output_dir, judge)
     text = "\n".join(lines)
     write_text_atomic(REPO / "results" / "relaxed_rules_tuned.md", text + "\n")
     refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
     print(text)
     return 0
+
+
+def tuned_section(task: str, output_dir: Path, judge: Path | None) -> list[str]:
+    """One task's table, plot and verdict on the task-tuned pair."""
+    rows = json.loads((output_dir / f"results_{task}.json").read_text())["rows"]
+    table = json.loads((REPO / "results" / "smollm2_tuned" / f"results_{task}.json").read_text())
+    ours = next(row for row in table["rows"] if row["family"] == "diversed" and row.get("head_task") in (None, task))
+    static = [row for row in table["rows"] if row["family"] == "static-ensemble"]
+    found = verdict([*rows, *static, {**ours, "method": "DIVERSED (the table's row)"}])
+    if judge is None:
+        found.append(f"No judge front yet: no judge trained for `{task}` (`{TUNED_JUDGE_RECIPE}`).")
+    else:
+        point = operating_judge(rows)
+        found.append(
+            "No judge threshold keeps the target's quality and accepts more than SD: no judge is an operating point "
+            "on this task."
+            if point is None
+            else f"The judge's operating point is the threshold {point['param']:g}: "
+            f"{100 * point['acceptance_rate']:.1f} % accepted at quality {point['quality_delta']:+.3f} "
+            f"[{point['quality_delta_low']:+.3f}, {point['quality_delta_high']:+.3f}]."
+        )
+    relative = output_dir.relative_to(REPO)
+    return [
+        f"**{task}**",
+        "",
+        (output_dir / f"{task}_table.md").read_text().strip(),
+        "",
+        f"![{task} on the task-tuned pair: quality vs time and vs acceptance, every front]({relative}/{task}"
+        "_tradeoffs.png)",
+        "",
+        *(f"- {line}" for line in found),
+        "",
+    ]
 
 
 if __name__ == "__main__":

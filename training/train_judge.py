@@ -4,7 +4,7 @@
     python training/train_judge.py --task testbed_arith --output_dir runs/judge_arith --save_to my_judge
 
 1. **Labels** (``<output_dir>/labels``, resumable shard by shard): on ``--num_train_examples`` training prompts the
-   target answers greedily; at the first ``--max_swaps`` positions where the draft's greedy token differs, the draft's
+   target answers greedily (``--batch_size`` rows at a time); at the first ``--max_swaps`` positions where the draft's greedy token differs, the draft's
    token is swapped in and the target continues; the swap is harmless when the task's reward of the continued answer
    is at least the target's own (``diversed_hf.training.judge_labels``).
 2. **The judge**: a ``JudgeHead`` (a linear layer on the target's state after the swapped token), fitted by logistic
@@ -48,10 +48,11 @@ def parse_args(argv=None):
     parser.add_argument("--eval_num_examples", type=int, default=100, help="held-out test prompts (0: skip)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the measurement")
     parser.add_argument("--num_draft_tokens", type=int, default=5, help="draft length of the measurement")
+    parser.add_argument("--batch_size", type=int, default=32, help="rows generated at once while mining (32)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    for name in ("num_train_examples", "max_swaps", "max_new_tokens", "num_draft_tokens"):
+    for name in ("num_train_examples", "max_swaps", "max_new_tokens", "num_draft_tokens", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args.eval_num_examples < 0:
@@ -112,8 +113,17 @@ def main(argv=None) -> Path:
     target, draft, tokenizer = load_models(args.target, args.draft)
     data = load_task_data(args.task, "train", args.num_train_examples, 0)
     reward = get_task(args.task).reward
+    prompts, references = list(data["prompt"]), list(data["reference"])
     labels_dir = mine_labels(
-        target, draft, tokenizer, list(data["prompt"]), list(data["reference"]), reward, output_dir / "labels", settings
+        target,
+        draft,
+        tokenizer,
+        prompts,
+        references,
+        reward,
+        output_dir / "labels",
+        settings,
+        batch_size=args.batch_size,
     )
     features, labels = load_labels(labels_dir)
     judge = JudgeHead.for_target(target, task=get_task(args.task).name)

@@ -44,32 +44,100 @@ class MiningSettings:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
 
+def _left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask)``, both ``(len(rows), longest)``: ``rows`` of token ids padded on the left."""
+    longest = max(len(row) for row in rows)
+    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), longest, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, longest - len(row) :] = row
+        mask[i, longest - len(row) :] = 1
+    return ids, mask
+
+
+def _until_end(tokens: torch.Tensor, eos: set[int]) -> torch.Tensor:
+    """``tokens`` up to and including the first end of sequence (as generate stops a lone sequence)."""
+    ends = [i for i, token in enumerate(tokens.tolist()) if token in eos]
+    return tokens[: ends[0] + 1] if ends else tokens
+
+
 @torch.no_grad()
-def _mine_prompt(target, draft, tokenizer, prompt: str, reference: str, reward, settings: MiningSettings):
-    """``(features (n, d), labels (n,))`` of one prompt's swapped mismatches."""
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(target.device)  # (1, L)
-    length = ids.shape[1]
+def _greedy(target, rows: list[torch.Tensor], lengths: list[int], pad: int, eos: set[int], *, hidden: bool = False):
+    """Each row's greedy continuation, at most ``lengths[i]`` tokens (cut after its end of sequence), in one batch;
+    with ``hidden`` also the target's last hidden state after each row's last token ``(len(rows), d)``."""
+    ids, mask = _left_padded(rows, pad)
+    device = target.device
+    out = target.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        do_sample=False,
+        max_new_tokens=max(lengths),
+        pad_token_id=pad,
+        output_hidden_states=hidden,
+        return_dict_in_generate=True,
+    )
+    new = out.sequences[:, ids.shape[1] :].cpu()
+    continued = [_until_end(new[i, :length], eos) for i, length in enumerate(lengths)]
+    return (continued, out.hidden_states[0][-1][:, -1].float().cpu()) if hidden else continued
+
+
+@torch.no_grad()
+def _draft_guesses(target, draft, sequence: torch.Tensor, length: int) -> torch.Tensor:
+    """The draft's greedy token at each answer slot of ``sequence`` (prompt of ``length`` tokens, then the answer),
+    given the true prefix: a token-only draft reads the tokens; a feature draft (an EagleDraft) also reads the
+    target's features of the prefix, as the first token it drafts in a round does."""
+    ids = sequence[None, :-1].to(target.device)  # (1, L + A - 1)
+    if hasattr(draft, "target_features"):
+        states = target(ids, output_hidden_states=True).hidden_states
+        features = draft.target_features(states)  # (1, L + A - 1, f): the feature of each column
+        before = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)  # the column before each
+        logits = draft(ids, target_hidden=before).logits
+    else:
+        logits = draft(ids).logits
+    return logits[0, length - 1 :].argmax(dim=-1).cpu()  # (A,)
+
+
+def _mine_shard(target, draft, tokenizer, prompts, references, reward, settings: MiningSettings, batch_size: int):
+    """``(features (n, d), labels (n,))`` of the swapped mismatches of ``prompts``, generated ``batch_size`` rows at
+    a time (greedy decoding: a row's text does not depend on its batch)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    answer = target.generate(ids, do_sample=False, max_new_tokens=settings.max_new_tokens, pad_token_id=pad)[0]
-    own = reward([tokenizer.decode(answer[length:], skip_special_tokens=True)], [reference])[0]
-    guesses = draft(answer[None, :-1]).logits[0, length - 1 :].argmax(dim=-1)  # (A,) the draft's token at each slot
-    mismatches = (guesses != answer[length:]).nonzero().flatten()[: settings.max_swaps].tolist()
-    if not mismatches:
+    eos = target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    encoded = [torch.tensor(tokenizer(prompt)["input_ids"]) for prompt in prompts]
+    answers = []
+    for start in range(0, len(encoded), batch_size):
+        rows = encoded[start : start + batch_size]
+        answers += _greedy(target, rows, [settings.max_new_tokens] * len(rows), pad, eos)
+    owns = reward([tokenizer.decode(answer, skip_special_tokens=True) for answer in answers], list(references))
+    swaps = []  # (prompt index, prefix ending in the swapped token, tokens left)
+    for index, (prompt, answer) in enumerate(zip(encoded, answers)):
+        sequence = torch.cat([prompt, answer])
+        guesses = _draft_guesses(target, draft, sequence, len(prompt))
+        mismatches = (guesses != answer).nonzero().flatten()[: settings.max_swaps].tolist()
+        for slot in mismatches:
+            prefix = torch.cat([sequence[: len(prompt) + slot], guesses[slot : slot + 1]])
+            swaps.append((index, prefix, max(settings.max_new_tokens - slot - 1, 1)))
+    if not swaps:
         return None
-    features, labels = [], []
-    for slot in mismatches:
-        prefix = torch.cat([answer[: length + slot], guesses[slot : slot + 1]])[None]  # (1, L + slot + 1)
-        hidden = target(prefix, output_hidden_states=True).hidden_states[-1][0, -1]  # (d,) after the swapped token
-        remaining = max(settings.max_new_tokens - slot - 1, 1)
-        continued = target.generate(prefix, do_sample=False, max_new_tokens=remaining, pad_token_id=pad)[0]
-        swapped = reward([tokenizer.decode(continued[length:], skip_special_tokens=True)], [reference])[0]
-        features.append(hidden.float().cpu())
-        labels.append(float(swapped >= own))
-    return torch.stack(features), torch.tensor(labels)
+    features, texts = [], []
+    for start in range(0, len(swaps), batch_size):
+        group = swaps[start : start + batch_size]
+        continued, hidden = _greedy(target, [s[1] for s in group], [s[2] for s in group], pad, eos, hidden=True)
+        features.append(hidden)
+        for (index, prefix, _), tokens in zip(group, continued):
+            texts.append(tokenizer.decode(torch.cat([prefix[len(encoded[index]) :], tokens]), skip_special_tokens=True))
+    scores = reward(texts, [references[index] for index, _, _ in swaps])
+    labels = torch.tensor([float(score >= owns[index]) for score, (index, _, _) in zip(scores, swaps)])
+    return torch.cat(features), labels
 
 
-def mine_labels(target, draft, tokenizer, prompts, references, reward, directory, settings=MiningSettings()) -> Path:
-    """Mine every prompt's labels into ``directory`` (module docstring), skipping the shards already there."""
+def mine_labels(
+    target, draft, tokenizer, prompts, references, reward, directory, settings=MiningSettings(), *, batch_size: int = 32
+) -> Path:
+    """Mine every prompt's labels into ``directory`` (module docstring), skipping the shards already there;
+    ``batch_size`` rows are generated at once (the answers, then the swaps' continuations)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
     directory = Path(directory)
     digest = hashlib.sha256(json.dumps([list(prompts), list(references)]).encode()).hexdigest()
     manifest = {
@@ -84,16 +152,13 @@ def mine_labels(target, draft, tokenizer, prompts, references, reward, directory
         path = directory / f"shard-{shard // settings.shard_size:05d}.safetensors"
         if path.is_file():
             continue
-        features, labels = [], []
-        for prompt, reference in zip(prompts[shard : shard + settings.shard_size], references[shard:]):
-            mined = _mine_prompt(target, draft, tokenizer, prompt, reference, reward, settings)
-            if mined is not None:
-                features.append(mined[0])
-                labels.append(mined[1])
+        end = shard + settings.shard_size
+        mined = _mine_shard(target, draft, tokenizer, prompts[shard:end], references[shard:end], reward, settings,
+                            batch_size)  # fmt: skip
         width = target.config.get_text_config().hidden_size
         tensors = {
-            "features": torch.cat(features) if features else torch.zeros(0, width),
-            "labels": torch.cat(labels) if labels else torch.zeros(0),
+            "features": mined[0] if mined else torch.zeros(0, width),
+            "labels": mined[1] if mined else torch.zeros(0),
         }
         staging = path.with_suffix(".tmp")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(staging))
