@@ -285,7 +285,21 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None) -> list[str]:
     table = json.loads((REPO / "results" / "smollm2_tuned" / f"results_{task}.json").read_text())
     ours = next(row for row in table["rows"] if row["family"] == "diversed" and row.get("head_task") in (None, task))
     static = [row for row in table["rows"] if row["family"] == "static-ensemble"]
-    found = verdict([*rows, *static, {**ours, "method": "DIVERSED (the table's row)"}])
+    borrowed = [*static, {**ours, "method": "DIVERSED (the table's row)"}]
+    found = verdict([*rows, *borrowed])
+    from diversed_hf.lab.bench.plots import metric_label, plot_tradeoffs
+
+    # quality against each run's own target distribution (the runs sampled apart), and the table's rows on the
+    # acceptance panel only (their seconds were timed in another run)
+    plot_tradeoffs(
+        [
+            *({**row, "quality": row["quality_delta"]} for row in rows),
+            *({**row, "quality": row["quality_delta"], "seconds_per_sample": None} for row in borrowed),
+        ],
+        output_dir / f"{task}_fronts.png",
+        title=f"{task} on the task-tuned pair: every front (static and DIVERSED from the pair's table)",
+        quality_label=f"{metric_label(rows[0]['quality_metric'])}, minus the target distribution's",
+    )
     if judge is None:
         found.append(f"No judge front yet: no judge trained for `{task}` (`{TUNED_JUDGE_RECIPE}`).")
     else:
@@ -305,7 +319,7 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None) -> list[str]:
         (output_dir / f"{task}_table.md").read_text().strip(),
         "",
         f"![{task} on the task-tuned pair: quality vs time and vs acceptance, every front]({relative}/{task}"
-        "_tradeoffs.png)",
+        "_fronts.png)",
         "",
         *(f"- {line}" for line in found),
         "",
