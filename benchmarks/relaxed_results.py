@@ -1,23 +1,32 @@
 """The field's relaxed acceptance rules against DIVERSED on the testbed tables and on the task-tuned pair's
-``synopsis`` (RESULTS.md "Relaxed rules: testbed", "Relaxed rules: the task-tuned pair"; docs/method.md §9).
+``synopsis`` and ``arith_steps`` (RESULTS.md "Relaxed rules: testbed", "Relaxed rules: the task-tuned pair";
+docs/method.md §9).
 
     python training/train_judge.py --task testbed_arith --output_dir runs/judge_arith --threads 1 --num_train_examples 300
     python training/train_judge.py --task testbed_summary --output_dir runs/judge_summary --threads 1 \
         --num_train_examples 300
     python benchmarks/relaxed_results.py                        # ~60 minutes on one thread; resumable
-    python benchmarks/relaxed_results.py --pair smollm2-tuned   # ~40 minutes on one thread; resumable
+    python training/train_judge.py --target smollm2-tuned --task synopsis --output_dir runs/judge_tuned_synopsis \
+        --threads 1 --num_train_examples 200 --eval_num_examples 0 --batch_size 64            # ~20 minutes
+    python training/train_judge.py --target smollm2-tuned --task arith_steps --output_dir runs/judge_tuned_arith_steps \
+        --threads 1 --num_train_examples 200 --eval_num_examples 0 --batch_size 64 --max_new_tokens 192
+    python benchmarks/relaxed_results.py --pair smollm2-tuned   # about an hour per task on one thread; resumable
 
 One ``diversed-hf bench`` run per task (``arith``, ``summary``) on the same held-out prompts and sampling seeds for
 every method: target-only, lossless SD, the static ensemble swept over ``w``, the shipped DIVERSED head, fuzzy SD swept
 over its JS threshold, top-2 relaxed acceptance swept over ``delta`` and judge decoding swept over its threshold (with
 the judges ``training/train_judge.py`` trained, ``--judge``). Each rule's sweep is its own front in the trade-off
 plots. The verdict per task: at the target's quality (a row whose paired 95 % interval against the target
-distribution reaches 0 or above), the highest acceptance each front reaches, against DIVERSED's.
+distribution reaches 0 or above), the highest acceptance each front reaches, against DIVERSED's; and at DIVERSED's
+acceptance, the front's quality.
 
-``--pair smollm2-tuned``: the task-tuned pair's ``synopsis`` at its table's setting (temperature 1, N = 4, 48 new
-tokens) on the first 100 held-out prompts x 2 samples, where that table measured its static rows: target-only,
-lossless SD and the fuzzy and top-k fronts; DIVERSED's row is the table's own (``results/smollm2_tuned``: its
-recipe's calibrated head, which does not ship, on 200 prompts x 2 with the same seeds).
+``--pair smollm2-tuned`` (``--tasks`` to run one): each task at its table's setting (temperature 1, N = 4, 48 new
+tokens on ``synopsis``, 192 on ``arith_steps``) on the first 100 held-out prompts x 2 samples, where that table
+measured its static rows: target-only, lossless SD, the fuzzy and top-k fronts and, once its judge is trained
+(``runs/judge_tuned_<task>/judge``), the judge's front; a run without a judge keeps its finished methods in
+``<output_dir>/<task>/partial``, so that the judge's front later adds only itself. DIVERSED's row and the static
+front are the table's own (``results/smollm2_tuned``: its recipe's calibrated head, which does not ship, on 200
+prompts x 2 with the same seeds).
 """
 
 from __future__ import annotations
@@ -214,13 +223,16 @@ def operating_judge(rows: list[dict]) -> dict | None:
     return max(members, key=lambda row: row["acceptance_rate"]) if members else None
 
 
-def ship_judge(task: str, trained: Path, row: dict, command: str) -> None:
-    """The judge ``train_judge.py`` trained, into the testbed's judges with its operating threshold and measurement."""
+def ship_judge(
+    task: str, trained: Path, row: dict, command: str, pair: str = "testbed", section: str = "Relaxed rules: testbed"
+) -> None:
+    """The judge ``train_judge.py`` trained, into ``pair``'s judges with its operating threshold and measurement
+    (RESULTS.md's ``section`` shows it)."""
     import shutil
 
     from diversed_hf.testbed import ASSETS_DIR, JUDGE_HOMES
 
-    folder = ASSETS_DIR / JUDGE_HOMES["testbed"] / task
+    folder = ASSETS_DIR / JUDGE_HOMES[pair] / task
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors", "README.md"):
         shutil.copyfile(trained / name, folder / name)
@@ -230,7 +242,8 @@ def ship_judge(task: str, trained: Path, row: dict, command: str) -> None:
         "acceptance_rate": row["acceptance_rate"],
         "quality_delta": [row["quality_delta"], row["quality_delta_low"], row["quality_delta_high"]],
         "measured_by": command,
-        "prompts": f"{row['num_prompts']} held-out testbed {task} prompts x {row['num_samples']} samples, T = 1, N = 5",
+        "prompts": f"{row['num_prompts']} held-out {pair} {task} prompts x {row['num_samples']} samples, T = 1, "
+        f"N = {row['num_draft_tokens']}",
     }
     write_text_atomic(folder / "training.json", json.dumps(record, indent=1) + "\n")
     card = (folder / "README.md").read_text().rstrip()
@@ -238,7 +251,7 @@ def ship_judge(task: str, trained: Path, row: dict, command: str) -> None:
         f"\n\n## Operating point\n\nOn {record['operating_point']['prompts']}: `JudgeVerifier(judge, threshold="
         f"{row['param']:g})` accepts {100 * row['acceptance_rate']:.1f} % of the drafts at quality "
         f"{row['quality_delta']:+.3f} [{row['quality_delta_low']:+.3f}, {row['quality_delta_high']:+.3f}] against "
-        f'the target distribution (`{command}`; RESULTS.md, "Relaxed rules: testbed"). Trained by `'
+        f'the target distribution (`{command}`; RESULTS.md, "{section}"). Trained by `'
         f"{record['recipe']}`.\n"
     )
     write_text_atomic(folder / "README.md", card + measured)
@@ -255,7 +268,8 @@ def tuned(args, argv) -> int:
         "against the target distribution). DIVERSED is the row of the pair's table (RESULTS.md, \"Real pair: the "
         "paper's table on the task-tuned target\"): its recipe's calibrated head, which does not ship, on 200 "
         "held-out prompts x 2 with the same seeds; the static front is that table's too. The judges were trained on "
-        f"the pair by `{TUNED_JUDGE_RECIPE}` (`<task>`: synopsis, arith_steps).",
+        f"the pair by `{TUNED_JUDGE_RECIPE}` (`<task>`: synopsis, and arith_steps with `--max_new_tokens 192`, its "
+        "answer length).",
         "",
     ]
     for task in TUNED_TASKS:
