@@ -99,7 +99,7 @@ def verdict(rows: list[dict]) -> list[str]:
     ours = next(row for row in rows if row["family"] == "diversed" and row.get("head_task") in (None, row["task"]))
     lines = [
         f"DIVERSED: {100 * ours['acceptance_rate']:.1f} % accepted, quality {_interval(ours)} against the target "
-        "distribution."
+        f"distribution ({'at' if at_target(ours) else 'short of'} the target's quality)."
     ]
     for family, label in FRONTS.items():
         front = [row for row in rows if row["family"] == family]
@@ -110,11 +110,14 @@ def verdict(rows: list[dict]) -> list[str]:
             line = f"{label}: no setting reaches the target's quality; DIVERSED lies above the whole front."
         else:
             best = max(members, key=lambda row: row["acceptance_rate"])
-            above = ours["acceptance_rate"] > best["acceptance_rate"] and at_target(ours)
+            more = 100 * (ours["acceptance_rate"] - best["acceptance_rate"])
+            if not at_target(ours):
+                placed = f"DIVERSED, short of the target's quality itself, is not above this front ({more:+.1f} points)"
+            else:
+                placed = f"DIVERSED is {'above' if more > 0 else 'not above'} this front ({more:+.1f} points)"
             line = (
                 f"{label}: at the target's quality at most {100 * best['acceptance_rate']:.1f} % accepted "
-                f"({best['method']}, quality {_interval(best)}): DIVERSED is {'above' if above else 'not above'} this "
-                f"front ({100 * (ours['acceptance_rate'] - best['acceptance_rate']):+.1f} points)."
+                f"({best['method']}, quality {_interval(best)}): {placed}."
             )
         lines.append(f"{line} {_at_equal_acceptance(front, ours)}")
     return lines

@@ -38,6 +38,10 @@ def test_each_front_is_read_at_the_targets_quality_and_at_diverseds_acceptance()
     assert "At DIVERSED's acceptance or more (judge t=0.9, 85.0 %) its quality is -0.040 [-0.060, -0.010]" in judge
     assert "(-0.035 against DIVERSED)" in judge
     assert not any(line.startswith(("static ensemble", "top-2 relaxed")) for line in lines)  # not measured
+    short = [ROWS[0], {**ROWS[1], "quality_delta_high": -0.001}, *ROWS[2:]]
+    lines = verdict(short)
+    assert "(short of the target's quality)" in lines[0]
+    assert "DIVERSED, short of the target's quality itself, is not above this front (+20.0 points)" in lines[1]
 
 
 def test_a_front_that_never_reaches_the_targets_quality_lies_below_diversed():
