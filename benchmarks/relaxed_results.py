@@ -288,7 +288,7 @@ def tuned(args, argv) -> int:
             # without its judge the run keeps its finished methods, so that the judge's front adds only itself
             measure(tuned_bench_argv(args, task, judge), output_dir, keep_partial=judge is None)
         if results_file.is_file():
-            lines += tuned_section(task, output_dir, judge)
+            lines += tuned_section(task, output_dir, judge, None if args.no_ship else command)
     text = "\n".join(lines)
     write_text_atomic(REPO / "results" / "relaxed_rules_tuned.md", text + "\n")
     refresh_head_sections(REPO / "RESULTS.md", REPO / "results")
@@ -296,8 +296,9 @@ def tuned(args, argv) -> int:
     return 0
 
 
-def tuned_section(task: str, output_dir: Path, judge: Path | None) -> list[str]:
-    """One task's table, plot and verdict on the task-tuned pair."""
+def tuned_section(task: str, output_dir: Path, judge: Path | None, ship_with: str | None = None) -> list[str]:
+    """One task's table, plot and verdict on the task-tuned pair; the judge at its operating point ships when
+    ``ship_with`` (the command that measured it) is given."""
     rows = json.loads((output_dir / f"results_{task}.json").read_text())["rows"]
     table = json.loads((REPO / "results" / "smollm2_tuned" / f"results_{task}.json").read_text())
     ours = next(row for row in table["rows"] if row["family"] == "diversed" and row.get("head_task") in (None, task))
@@ -321,14 +322,17 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None) -> list[str]:
         found.append(f"No judge front yet: no judge trained for `{task}` (`{TUNED_JUDGE_RECIPE}`).")
     else:
         point = operating_judge(rows)
-        found.append(
-            "No judge threshold keeps the target's quality and accepts more than SD: no judge is an operating point "
-            "on this task."
-            if point is None
-            else f"The judge's operating point is the threshold {point['param']:g}: "
-            f"{100 * point['acceptance_rate']:.1f} % accepted at quality {point['quality_delta']:+.3f} "
-            f"[{point['quality_delta_low']:+.3f}, {point['quality_delta_high']:+.3f}]."
-        )
+        if point is None:
+            found.append(
+                "No judge ships for this task: no threshold keeps the target's quality and accepts more than SD."
+            )
+        else:
+            found.append(
+                f'The judge ships (`testbed.load_judge("{task}", pair="smollm2-tuned")`) with its operating threshold '
+                f"{point['param']:g}: {100 * point['acceptance_rate']:.1f} % accepted at quality {_interval(point)}."
+            )
+            if ship_with is not None:
+                ship_judge(task, judge, point, ship_with, "smollm2-tuned", "Relaxed rules: the task-tuned pair")
     relative = output_dir.relative_to(REPO)
     return [
         f"**{task}**",

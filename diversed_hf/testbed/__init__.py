@@ -119,6 +119,8 @@ __all__ = [
     "head_folder",
     "HEADS_DRAFT",
     "HEAD_TASKS",
+    "JUDGE_HOMES",
+    "JUDGE_RECIPES",
     "SHIPPED_HEAD_DRAFTS",
     "WITHDRAWN_HEADS",
     "PAIRS",
@@ -308,13 +310,19 @@ def load_head(name: str, pair: str = "testbed", draft: str | None = None):
 
 
 #: where each pair's shipped judges live (``<folder>/<task>``) and the tasks they exist for
-JUDGE_HOMES = {"testbed": "judges"}
+JUDGE_HOMES = {"testbed": "judges", "smollm2-tuned": "smollm2/tuned_judges"}
+#: the command that trains a judge for ``<task>`` on each pair
+JUDGE_RECIPES = {
+    "testbed": "python training/train_judge.py --task {task} --output_dir runs/judge_{task}",
+    "smollm2-tuned": "python training/train_judge.py --target smollm2-tuned --task {task} "
+    "--output_dir runs/judge_tuned_{task}",
+}
 
 
 def load_judge(name: str, pair: str = "testbed"):
-    """The judge (``JudgeHead``, judge decoding) shipped for task ``name`` on ``pair``, in eval mode, trained with
-    ``python training/train_judge.py --task <name> --output_dir runs/judge_<name>`` (its ``training.json`` holds the
-    command). Use it as ``verifier=JudgeVerifier(judge, threshold=...)``."""
+    """The judge (``JudgeHead``, judge decoding) shipped for task ``name`` on ``pair``, in eval mode, trained by
+    ``training/train_judge.py`` (:data:`JUDGE_RECIPES`; its ``training.json`` holds the command and its operating
+    threshold). Use it as ``verifier=JudgeVerifier(judge, threshold=...)``."""
     from ..heads.judge import JudgeHead
 
     if pair not in JUDGE_HOMES:
@@ -324,7 +332,7 @@ def load_judge(name: str, pair: str = "testbed"):
         shipped = sorted(found.parent.name for found in (ASSETS_DIR / JUDGE_HOMES[pair]).glob("*/config.json"))
         raise FileNotFoundError(
             f"no shipped judge for {name!r} on the {pair} pair (judges ship for {shipped or 'no task'}); train one "
-            f"with `python training/train_judge.py --task {name} --output_dir runs/judge_{name}`."
+            f"with `{JUDGE_RECIPES[pair].format(task=name)}`."
         )
     return JudgeHead.from_pretrained(str(path)).eval()
 
