@@ -107,7 +107,9 @@ def verdict(rows: list[dict]) -> list[str]:
             continue  # not measured here
         members = [row for row in front if at_target(row)]
         if not members:
-            line = f"{label}: no setting reaches the target's quality; DIVERSED lies above the whole front."
+            line = f"{label}: no setting reaches the target's quality" + (
+                "; DIVERSED lies above the whole front." if at_target(ours) else ", nor does DIVERSED."
+            )
         else:
             best = max(members, key=lambda row: row["acceptance_rate"])
             more = 100 * (ours["acceptance_rate"] - best["acceptance_rate"])
@@ -120,7 +122,24 @@ def verdict(rows: list[dict]) -> list[str]:
                 f"({best['method']}, quality {_interval(best)}): {placed}."
             )
         lines.append(f"{line} {_at_equal_acceptance(front, ours)}")
+    lines.append(_winner(rows, ours, at_target))
     return lines
+
+
+def _winner(rows: list[dict], ours: dict, at_target) -> str:
+    """Which row accepts the most at the target's quality: lossless SD, a front's setting or DIVERSED."""
+    fronts = [row for row in rows if (row["family"] in FRONTS or row["family"] == "sd") and at_target(row)]
+    top = max([*fronts, *([ours] if at_target(ours) else [])], key=lambda row: row["acceptance_rate"])
+    if top is ours:
+        return "At the target's quality DIVERSED accepts the most of every rule measured."
+    more = 100 * (ours["acceptance_rate"] - top["acceptance_rate"])
+    said = (
+        f"At the target's quality {top['method']} accepts the most ({100 * top['acceptance_rate']:.1f} %, quality "
+        f"{_interval(top)}); DIVERSED accepts {more:+.1f} points against it"
+    )
+    if not at_target(ours):
+        return f"{said} but is short of the target's quality (its interval ends at {ours['quality_delta_high']:+.3f})."
+    return f"{said}."
 
 
 def _interval(row: dict) -> str:
@@ -321,6 +340,15 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None, ship_with: st
     if judge is None:
         found.append(f"No judge front yet: no judge trained for `{task}` (`{TUNED_JUDGE_RECIPE}`).")
     else:
+        record = json.loads((judge / "training.json").read_text())
+        mined = record["judge"]
+        found.append(
+            f"The judge: {mined['num_swaps']} swaps mined on {record['num_train_examples']} training prompts, "
+            f"{100 * mined['harmless_share']:.0f} % of them harmless; on its held-out fifth, precision "
+            f"{mined['at_0.5']['precision']:.2f} and recall {mined['at_0.5']['recall']:.2f} of 'harmless' at 0.5, "
+            f"{mined['at_0.9']['precision']:.2f} and {mined['at_0.9']['recall']:.2f} at 0.9 (its labels are greedy "
+            "swaps; the fronts sample at temperature 1)."
+        )
         point = operating_judge(rows)
         if point is None:
             found.append(

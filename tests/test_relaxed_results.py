@@ -38,16 +38,24 @@ def test_each_front_is_read_at_the_targets_quality_and_at_diverseds_acceptance()
     assert "At DIVERSED's acceptance or more (judge t=0.9, 85.0 %) its quality is -0.040 [-0.060, -0.010]" in judge
     assert "(-0.035 against DIVERSED)" in judge
     assert not any(line.startswith(("static ensemble", "top-2 relaxed")) for line in lines)  # not measured
+    assert lines[-1] == "At the target's quality DIVERSED accepts the most of every rule measured."
     short = [ROWS[0], {**ROWS[1], "quality_delta_high": -0.001}, *ROWS[2:]]
     lines = verdict(short)
     assert "(short of the target's quality)" in lines[0]
     assert "DIVERSED, short of the target's quality itself, is not above this front (+20.0 points)" in lines[1]
+    assert lines[-1] == (
+        "At the target's quality judge t=0.99 accepts the most (65.0 %, quality -0.010 [-0.030, +0.005]); DIVERSED "
+        "accepts +15.0 points against it but is short of the target's quality (its interval ends at -0.001)."
+    )
 
 
 def test_a_front_that_never_reaches_the_targets_quality_lies_below_diversed():
     rows = [*ROWS[:2], _row("topk-relaxed", "top-2 relaxed d=4", 0.9, -0.1, -0.2, -0.05, 4.0)]
     line = next(line for line in verdict(rows) if line.startswith("top-2 relaxed"))
     assert "no setting reaches the target's quality; DIVERSED lies above the whole front" in line
+    rows[1] = {**rows[1], "quality_delta_high": -0.01}
+    line = next(line for line in verdict(rows) if line.startswith("top-2 relaxed"))
+    assert "no setting reaches the target's quality, nor does DIVERSED." in line
 
 
 def test_the_shipped_judge_keeps_the_targets_quality_and_beats_sd():
