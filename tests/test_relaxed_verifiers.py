@@ -217,3 +217,6 @@ def test_the_testbed_ships_its_summary_judge_with_its_operating_point():
         testbed.load_judge("arith")
     with pytest.raises(ValueError, match="judges ship for"):
         testbed.load_judge("summary", pair="smollm2")
+    # no judge of the task-tuned pair is an operating point (RESULTS.md): the error names the command for that pair
+    with pytest.raises(FileNotFoundError, match=r"train_judge.py --target smollm2-tuned --task synopsis"):
+        testbed.load_judge("synopsis", pair="smollm2-tuned")
