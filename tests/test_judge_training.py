@@ -66,6 +66,17 @@ def test_batched_mining_gives_the_labels_of_one_prompt_at_a_time():
     assert len(labels) > 3
     assert torch.equal(labels, torch.cat([mined[1] for mined in alone]))
     torch.testing.assert_close(features, torch.cat([mined[0] for mined in alone]), atol=1e-4, rtol=1e-4)
+    # the feature is the target's last hidden state after the swapped token, as a plain forward gives it
+    from diversed_hf.training.judge_labels import _draft_guesses
+
+    prompt = tokenizer(prompts[0], return_tensors="pt")["input_ids"][0]
+    answer = target.generate(prompt[None], do_sample=False, max_new_tokens=24, pad_token_id=tokenizer.pad_token_id)[0]
+    guesses = _draft_guesses(target, draft, answer, len(prompt))
+    slot = int((guesses != answer[len(prompt) :]).nonzero()[0])
+    swapped = torch.cat([answer[: len(prompt) + slot], guesses[slot : slot + 1]])[None]
+    with torch.no_grad():
+        state = target(swapped, output_hidden_states=True).hidden_states[-1][0, -1]
+    torch.testing.assert_close(alone[0][0][0], state, atol=1e-5, rtol=1e-5)
 
 
 def test_a_feature_draft_guesses_what_it_drafts_first_in_a_round():

@@ -4,9 +4,9 @@
     python training/train_judge.py --task testbed_arith --output_dir runs/judge_arith --save_to my_judge
 
 1. **Labels** (``<output_dir>/labels``, resumable shard by shard): on ``--num_train_examples`` training prompts the
-   target answers greedily (``--batch_size`` rows at a time); at the first ``--max_swaps`` positions where the draft's greedy token differs, the draft's
-   token is swapped in and the target continues; the swap is harmless when the task's reward of the continued answer
-   is at least the target's own (``diversed_hf.training.judge_labels``).
+   target answers greedily (``--batch_size`` rows at a time); at the first ``--max_swaps`` positions where the
+   draft's greedy token differs, the draft's token is swapped in and the target continues; the swap is harmless when
+   the task's reward of the continued answer is at least the target's own (``diversed_hf.training.judge_labels``).
 2. **The judge**: a ``JudgeHead`` (a linear layer on the target's state after the swapped token), fitted by logistic
    regression with balanced classes; held-out precision and recall of "harmless" are reported.
 3. **Measured** on ``--eval_num_examples`` held-out test prompts: lossless SD and ``JudgeVerifier(judge,

@@ -64,21 +64,31 @@ def _until_end(tokens: torch.Tensor, eos: set[int]) -> torch.Tensor:
 @torch.no_grad()
 def _greedy(target, rows: list[torch.Tensor], lengths: list[int], pad: int, eos: set[int], *, hidden: bool = False):
     """Each row's greedy continuation, at most ``lengths[i]`` tokens (cut after its end of sequence), in one batch;
-    with ``hidden`` also the target's last hidden state after each row's last token ``(len(rows), d)``."""
+    with ``hidden`` also the target's last hidden state after each row's last token ``(len(rows), d)``: what its LM
+    head reads first (``output_hidden_states`` would keep every layer's states of every step instead)."""
     ids, mask = _left_padded(rows, pad)
     device = target.device
-    out = target.generate(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        do_sample=False,
-        max_new_tokens=max(lengths),
-        pad_token_id=pad,
-        output_hidden_states=hidden,
-        return_dict_in_generate=True,
-    )
-    new = out.sequences[:, ids.shape[1] :].cpu()
+    first = []
+
+    def keep_first(module, inputs):
+        if not first:
+            first.append(inputs[0][:, -1].float().cpu())  # (batch, d) after the prefix's last token
+
+    handle = target.get_output_embeddings().register_forward_pre_hook(keep_first) if hidden else None
+    try:
+        sequences = target.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            max_new_tokens=max(lengths),
+            pad_token_id=pad,
+        )
+    finally:
+        if handle is not None:
+            handle.remove()
+    new = sequences[:, ids.shape[1] :].cpu()
     continued = [_until_end(new[i, :length], eos) for i, length in enumerate(lengths)]
-    return (continued, out.hidden_states[0][-1][:, -1].float().cpu()) if hidden else continued
+    return (continued, first[0]) if hidden else continued
 
 
 @torch.no_grad()
@@ -153,8 +163,8 @@ def mine_labels(
         if path.is_file():
             continue
         end = shard + settings.shard_size
-        mined = _mine_shard(target, draft, tokenizer, prompts[shard:end], references[shard:end], reward, settings,
-                            batch_size)  # fmt: skip
+        prompts_here, references_here = prompts[shard:end], references[shard:end]
+        mined = _mine_shard(target, draft, tokenizer, prompts_here, references_here, reward, settings, batch_size)
         width = target.config.get_text_config().hidden_size
         tensors = {
             "features": mined[0] if mined else torch.zeros(0, width),
