@@ -306,6 +306,8 @@ def tuned(args, argv) -> int:
         if task in args.tasks and (not results_file.is_file() or (judge is not None and not has_judge)):
             # without its judge the run keeps its finished methods, so that the judge's front adds only itself
             measure(tuned_bench_argv(args, task, judge), output_dir, keep_partial=judge is None)
+        if judge is not None and results_file.is_file():  # the judge's training record beside its front
+            write_text_atomic(output_dir / "judge_training.json", (judge / "training.json").read_text())
         if results_file.is_file():
             lines += tuned_section(task, output_dir, judge, None if args.no_ship else command)
     text = "\n".join(lines)
@@ -316,8 +318,9 @@ def tuned(args, argv) -> int:
 
 
 def tuned_section(task: str, output_dir: Path, judge: Path | None, ship_with: str | None = None) -> list[str]:
-    """One task's table, plot and verdict on the task-tuned pair; the judge at its operating point ships when
-    ``ship_with`` (the command that measured it) is given."""
+    """One task's table, plot and verdict on the task-tuned pair (from ``output_dir`` alone: its results and the
+    judge's training record); the judge (``judge``) at its operating point ships when ``ship_with`` (the command that
+    measured it) is given."""
     rows = json.loads((output_dir / f"results_{task}.json").read_text())["rows"]
     table = json.loads((REPO / "results" / "smollm2_tuned" / f"results_{task}.json").read_text())
     ours = next(row for row in table["rows"] if row["family"] == "diversed" and row.get("head_task") in (None, task))
@@ -337,10 +340,10 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None, ship_with: st
         title=f"{task} on the task-tuned pair: every front (static and DIVERSED from the pair's table)",
         quality_label=f"{metric_label(rows[0]['quality_metric'])}, minus the target distribution's",
     )
-    if judge is None:
+    if not any(row["family"] == "judge" for row in rows):
         found.append(f"No judge front yet: no judge trained for `{task}` (`{TUNED_JUDGE_RECIPE}`).")
     else:
-        record = json.loads((judge / "training.json").read_text())
+        record = json.loads((output_dir / "judge_training.json").read_text())
         mined = record["judge"]
         found.append(
             f"The judge: {mined['num_swaps']} swaps mined on {record['num_train_examples']} training prompts, "
@@ -359,7 +362,7 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None, ship_with: st
                 f'The judge ships (`testbed.load_judge("{task}", pair="smollm2-tuned")`) with its operating threshold '
                 f"{point['param']:g}: {100 * point['acceptance_rate']:.1f} % accepted at quality {_interval(point)}."
             )
-            if ship_with is not None:
+            if ship_with is not None and judge is not None:
                 ship_judge(task, judge, point, ship_with, "smollm2-tuned", "Relaxed rules: the task-tuned pair")
     relative = output_dir.relative_to(REPO)
     return [
