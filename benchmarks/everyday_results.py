@@ -42,6 +42,7 @@ from diversed_hf.lab.cli_utils import (
     regenerate_lines,
     replace_marked_block,
     run_script,
+    write_site_home,
     write_text_atomic,
 )
 
@@ -249,8 +250,7 @@ def ship(results: dict, command: str) -> None:
     write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
     replace_marked_block(REPO / "docs" / "real_model.md", summary_paragraph(results), marker="everyday-draft")
     replace_marked_block(REPO / "README.md", headline(results), marker="headline")
-    home = (REPO / "README.md").read_text().replace("](docs/", "](").replace("](RESULTS.md)", "](results.md)")
-    write_text_atomic(REPO / "docs" / "index.md", home)  # the site's home is the README, links for the site
+    write_site_home(REPO)  # the site's home is the README, links for the site
 
 
 def _configs(args, target, draft, task_draft) -> list:

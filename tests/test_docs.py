@@ -153,22 +153,15 @@ def test_bash_command_runs_as_written_or_says_what_it_needs(line, command, earli
         )
 
 
-def site_home(readme: str) -> str:
-    """The site's home page: the README with its links rewritten for the site (``docs/x.md`` -> ``x.md``)."""
-    return readme.replace("](docs/", "](").replace("](RESULTS.md)", "](results.md)")
-
-
 def test_the_site_home_is_the_readme():
-    """docs/index.md is the README, links rewritten; a script that updates the README's marked blocks updates both
-    (``diversed_hf.lab.cli_utils.replace_marked_block``'s callers pass both pages)."""
+    """docs/index.md is the README, links rewritten; a script that updates the README writes the home page from it
+    (``diversed_hf.lab.cli_utils.write_site_home``)."""
+    from diversed_hf.lab.cli_utils import site_home
+
     assert (REPO / "docs" / "index.md").read_text() == site_home(README.read_text()), (
-        'docs/index.md differs from the README: run `python -c "from tests.test_docs import write_site_home; '
-        'write_site_home()"` from the repository root'
+        'docs/index.md differs from the README: run `python -c "from diversed_hf.lab.cli_utils import '
+        "write_site_home; write_site_home('.')\"` from the repository root"
     )
-
-
-def write_site_home() -> None:
-    (REPO / "docs" / "index.md").write_text(site_home(README.read_text()))
 
 
 def test_every_page_is_in_the_sites_navigation():

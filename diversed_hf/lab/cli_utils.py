@@ -35,6 +35,8 @@ __all__ = [
     "error_line",
     "other_spelling",
     "run_script",
+    "site_home",
+    "write_site_home",
     "write_text_atomic",
 ]
 
@@ -200,6 +202,18 @@ def replace_marked_block(path: str | os.PathLike, text: str, marker: str) -> Non
     head, _, rest = page.partition(start)
     _, _, tail = rest.partition(end)
     write_text_atomic(path, f"{head}{start}\n{text}\n{end}{tail}")
+
+
+def site_home(readme: str) -> str:
+    """The docs site's home page (``docs/index.md``): the README with its links rewritten for the site
+    (``docs/x.md`` -> ``x.md``, ``RESULTS.md`` -> ``results.md``)."""
+    return readme.replace("](docs/", "](").replace("](RESULTS.md)", "](results.md)")
+
+
+def write_site_home(repo: str | os.PathLike) -> Path:
+    """Write ``<repo>/docs/index.md`` from ``<repo>/README.md`` (after a script changed the README)."""
+    repo = Path(repo)
+    return write_text_atomic(repo / "docs" / "index.md", site_home((repo / "README.md").read_text()))
 
 
 def add_command(subparsers, name: str, help: str, description: str, func) -> argparse.ArgumentParser:
