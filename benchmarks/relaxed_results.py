@@ -76,7 +76,7 @@ def bench_argv(args) -> list[str]:
     ]  # fmt: skip
 
 
-def tuned_bench_argv(args, task: str, judge: Path | None) -> list[str]:
+def tuned_bench_argv(task: str, judge: Path | None, output_dir: Path) -> list[str]:
     from make_results import bench_flags
     from real_pair_runs import TUNED_FULL, pair_flags
 
@@ -84,18 +84,19 @@ def tuned_bench_argv(args, task: str, judge: Path | None) -> list[str]:
     methods = TUNED_METHODS + ([TUNED_JUDGE_SWEEP] if judge is not None else [])
     return [
         *pair_flags("tuned"), "--task", task, "--split", "test", "--threads", "1",
-        "--output-dir", str(args.output_dir), "--no-progress", "--resume",
+        "--output-dir", str(output_dir), "--no-progress", "--resume",
         *(["--judge", f"{task}={judge}"] if judge is not None else []),
         *bench_flags({**sizes, "methods": methods}),
     ]  # fmt: skip
 
 
+def at_target(row: dict) -> bool:
+    """Whether ``row`` keeps the target's quality: its paired 95 % interval against the target distribution reaches 0."""
+    return row.get("quality_delta_high") is not None and row["quality_delta_high"] >= 0
+
+
 def verdict(rows: list[dict]) -> list[str]:
     """At the target's quality: each front's best acceptance against DIVERSED's."""
-
-    def at_target(row):
-        return row.get("quality_delta_high") is not None and row["quality_delta_high"] >= 0
-
     ours = next(row for row in rows if row["family"] == "diversed" and row.get("head_task") in (None, row["task"]))
     lines = [
         f"DIVERSED: {100 * ours['acceptance_rate']:.1f} % accepted, quality {_interval(ours)} against the target "
@@ -122,11 +123,11 @@ def verdict(rows: list[dict]) -> list[str]:
                 f"({best['method']}, quality {_interval(best)}): {placed}."
             )
         lines.append(f"{line} {_at_equal_acceptance(front, ours)}")
-    lines.append(_winner(rows, ours, at_target))
+    lines.append(_winner(rows, ours))
     return lines
 
 
-def _winner(rows: list[dict], ours: dict, at_target) -> str:
+def _winner(rows: list[dict], ours: dict) -> str:
     """Which row accepts the most at the target's quality: lossless SD, a front's setting or DIVERSED."""
     fronts = [row for row in rows if (row["family"] in FRONTS or row["family"] == "sd") and at_target(row)]
     top = max([*fronts, *([ours] if at_target(ours) else [])], key=lambda row: row["acceptance_rate"])
@@ -211,11 +212,9 @@ def main(argv=None) -> int:
                 f"{judge['quality_delta']:+.3f} [{judge['quality_delta_low']:+.3f}, {judge['quality_delta_high']:+.3f}]."
             )
             trained = Path(dict(item.split("=", 1) for item in args.judge.split(","))[task])
-            if args.no_ship:
-                pass
-            elif not (trained / "config.json").is_file():
+            if not args.no_ship and not (trained / "config.json").is_file():
                 print(f"{trained} holds no trained judge: the shipped {task} judge is left as it is.", file=sys.stderr)
-            else:
+            elif not args.no_ship:
                 ship_judge(task, trained, judge, command)
         lines += [f"**{task}**", "", table, "", plot, "", *(f"- {line}" for line in found), ""]
     text = "\n".join(lines)
@@ -242,10 +241,7 @@ def operating_judge(rows: list[dict]) -> dict | None:
     members = [
         row
         for row in rows
-        if row["family"] == "judge"
-        and row.get("quality_delta_high") is not None
-        and row["quality_delta_high"] >= 0
-        and row["acceptance_rate"] > sd["acceptance_rate"]
+        if row["family"] == "judge" and at_target(row) and row["acceptance_rate"] > sd["acceptance_rate"]
     ]
     return max(members, key=lambda row: row["acceptance_rate"]) if members else None
 
@@ -301,7 +297,6 @@ def tuned(args, argv) -> int:
     ]
     for task in TUNED_TASKS:
         output_dir = output_root / task
-        args.output_dir = str(output_dir)
         judge = REPO / "runs" / f"judge_tuned_{task}" / "judge"
         judge = judge if (judge / "config.json").is_file() else None
         results_file = output_dir / f"results_{task}.json"
@@ -310,7 +305,7 @@ def tuned(args, argv) -> int:
         )
         if task in args.tasks and (not results_file.is_file() or (judge is not None and not has_judge)):
             # without its judge the run keeps its finished methods, so that the judge's front adds only itself
-            measure(tuned_bench_argv(args, task, judge), output_dir, keep_partial=judge is None)
+            measure(tuned_bench_argv(task, judge, output_dir), output_dir, keep_partial=judge is None)
         if judge is not None and results_file.is_file():  # the judge's training record beside its front
             write_text_atomic(output_dir / "judge_training.json", (judge / "training.json").read_text())
         if results_file.is_file():
