@@ -262,8 +262,9 @@ def _configs(args, target, draft, task_draft) -> list:
     configs = [("target", target, None, {})]
     if args.dtype != "float32":  # the fastest target-only in the other dtype, for reference
         configs.append(("target-float32", smollm2.load_smollm2_target(torch_dtype=torch.float32)[0], None, {}))
-    configs += [(f"eagle:N={n}", target, draft, {"num_assistant_tokens": n}) for n in args.draft_lengths]
-    configs.append((f"eagle-tasks:N={old_n}", target, task_draft, {"num_assistant_tokens": old_n}))
+    chain = {"assistant_tree_top_k": 1}  # a chain of n, whatever tree the draft's generation config carries
+    configs += [(f"eagle:N={n}", target, draft, {"num_assistant_tokens": n, **chain}) for n in args.draft_lengths]
+    configs.append((f"eagle-tasks:N={old_n}", target, task_draft, {"num_assistant_tokens": old_n, **chain}))
     return configs
 
 

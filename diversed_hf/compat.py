@@ -187,6 +187,18 @@ def special_token_ids(
 CACHE_KWARG = "cache" if version.parse(transformers.__version__) >= version.parse("5.24.0") else "past_key_values"
 
 
+def standalone_generation_config(config):
+    """A copy of the GenerationConfig ``config`` whose saved file keeps every key. Why a private: a config made from
+    the model's (``GenerationConfig.from_model_config``, what ``PreTrainedModel`` starts with) is marked
+    ``_from_model_config``, is saved with the mark, and a file with the mark loads without the keys GenerationConfig
+    does not know, among them the drafting knobs a draft carries (``assistant_tree_top_k``, ``assistant_tree_size``)."""
+    import copy
+
+    config = copy.deepcopy(config)
+    config._from_model_config = False
+    return config
+
+
 def forward_with_cache(
     model,
     input_ids: torch.Tensor,  # (batch, chunk)
@@ -502,8 +514,10 @@ def check_tree_attention(model, which: str) -> None:
             f'with `attn_implementation="sdpa"` (or "eager"), or draft a chain (leave `assistant_tree_top_k` '
             "unset)."
         )
-    layer_types = getattr(config, "layer_types", None) or ()
-    if getattr(config, "sliding_window", None) and any("sliding" in str(kind) for kind in layer_types):
+    layer_types = getattr(config, "layer_types", None)
+    # no layer_types with a window set (Mistral, Phi-3): every layer is windowed (their mask functions say so)
+    windowed = layer_types is None or any("sliding" in str(kind) for kind in layer_types)
+    if getattr(config, "sliding_window", None) and windowed:
         raise ValueError(
             f"Token trees give the {which}'s layers one 4-D mask, which has no sliding window; this model has "
             "sliding-window layers. Draft a chain with it (leave `assistant_tree_top_k` unset)."

@@ -15,7 +15,7 @@ import train_eagle_draft  # noqa: E402
 from test_training import tiny_tokenizer  # noqa: E402
 from tiny_models import make_model  # noqa: E402
 
-from diversed_hf import EagleDraft  # noqa: E402
+from diversed_hf import EagleDraft, enable_diversed  # noqa: E402
 from diversed_hf.training import eagle_distill  # noqa: E402
 from diversed_hf.training.eagle_data import CollectionSettings, collect, load_sequences  # noqa: E402
 from diversed_hf.training.eagle_distill import DistillSettings, check_save_to, distill, save_draft  # noqa: E402
@@ -156,6 +156,18 @@ def test_train_eagle_draft_distils_on_a_users_own_prompts(tmp_path, monkeypatch)
     record = json.loads((save_to / "training.json").read_text())
     assert record["prompt_mix"] == {f"your prompts ({prompts})": 7} and record["num_prompts"] == 7
     assert "--prompts" in record["recipe"] and f"7 your prompts ({prompts})" in (save_to / "README.md").read_text()
+    # the saved draft carries the default tree, and generate with no knobs drafts it (read back from disk)
+    draft = EagleDraft.from_pretrained(save_to, target=target)
+    assert (draft.generation_config.assistant_tree_top_k, draft.generation_config.assistant_tree_size) == (4, 12)
+    enable_diversed(target)
+    output = target.generate(
+        torch.tensor([[5, 6, 7, 8]]),
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=8,
+        return_dict_in_generate=True,
+    )
+    assert float(output.speculation.nodes_per_round[0]) > draft.generation_config.num_assistant_tokens
 
 
 @pytest.mark.parametrize(
@@ -170,6 +182,8 @@ def test_train_eagle_draft_distils_on_a_users_own_prompts(tmp_path, monkeypatch)
         (["--tv_weight", "-1"], "--tv_weight must be a finite number >= 0"),
         (["--chat_max_new_tokens", "0"], "--chat_max_new_tokens must be a positive integer"),
         (["--num_user_prompts", "0"], "--num_user_prompts must be a positive integer"),
+        (["--assistant_tree_size", "2"], "the saved draft's tree: `assistant_tree_size=2` is below the tree's depth"),
+        (["--assistant_tree_top_k", "0"], "`assistant_tree_top_k` must be a positive integer"),
     ],
 )
 def test_train_eagle_draft_refuses_bad_options_before_anything_loads(argv, message, capsys):

@@ -279,3 +279,97 @@ def test_bad_uses_are_refused_by_name(target, tmp_path):
         (tmp_path / "busy").mkdir()
         (tmp_path / "busy" / "notes.txt").write_text("mine")
         eagle3.save_pretrained(tmp_path / "busy", format="eagle3")
+
+
+@pytest.mark.parametrize("layer_ids", [[-1, 2, 3], [4, 4, 4], [1, 2, 4]], ids=["negative", "after-final-norm", "last"])
+def test_eagle3_layer_ids_outside_the_targets_layers_are_refused(target, tmp_path, layer_ids):
+    """The target has 4 layers: ids 0..3 are their inputs; 4 is the state after the final norm, -1 no layer."""
+    path = write_eagle3(tmp_path / "d", layer_ids=layer_ids)
+    with pytest.raises(ValueError, match=rf"fuses the target's layers \[{', '.join(map(str, layer_ids))}\].*0 \.\. 3"):
+        EagleDraft.from_pretrained(path, target=target)
+
+
+def test_a_library_built_eagle3_draft_takes_its_targets_special_ids(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=4,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, bos_token_id=7, eos_token_id=9, pad_token_id=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    other = enable_diversed(LlamaForCausalLM(config).eval())
+    draft = EagleDraft.for_target(other, architecture="eagle3")
+    assert (draft.config.eos_token_id, draft.config.bos_token_id) == (9, 7)
+    output = other.generate(
+        prompt(5), assistant_model=draft, do_sample=False, max_new_tokens=6, verifier=ExactVerifier()
+    )
+    assert torch.equal(output, other.generate(prompt(5), do_sample=False, max_new_tokens=6))
+    exported = json.loads((draft.save_pretrained(tmp_path / "e3", format="eagle3") / "config.json").read_text())
+    assert (exported["eos_token_id"], exported["bos_token_id"]) == (9, 7)
+
+
+def test_save_pretrained_in_the_eagle_format_takes_full_vocab(target, tmp_path):
+    draft = EagleDraft.for_target(target, draft_vocab_size=20)
+    with pytest.raises(ValueError, match=r'save_pretrained\(path, format="eagle", full_vocab=True\)'):
+        draft.save_pretrained(tmp_path / "a", format="eagle")
+    directory = draft.save_pretrained(tmp_path / "b", format="eagle", full_vocab=True)
+    assert load_file(str(directory / "model.safetensors"))["fc.weight"].shape == (HIDDEN, 2 * HIDDEN)
+    with pytest.raises(TypeError, match="`format='eagle3'` takes only `save_directory`"):
+        draft.save_pretrained(tmp_path / "c", format="eagle3", full_vocab=True)
+
+
+def _damage(directory, how):
+    if how == "truncated":
+        data = (directory / "model.safetensors").read_bytes()
+        (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif how == "config":
+        (directory / "config.json").write_text('{"model_type": "llama", ')
+    elif how == "float-d2t" or how == "int-fc" or how == "permuted-d2t":
+        weights = load_file(str(directory / "model.safetensors"))
+        if how == "float-d2t":
+            weights["d2t"] = weights["d2t"].float() + 0.5
+        elif how == "int-fc":
+            weights["fc.weight"] = weights["fc.weight"].mul(10).long()
+        else:
+            weights["d2t"] = torch.ones(VOCAB_SIZE, dtype=torch.long)
+        save_file(weights, str(directory / "model.safetensors"))
+    elif how == "shape":
+        weights = load_file(str(directory / "model.safetensors"))
+        weights["midlayer.mlp.up_proj.weight"] = torch.zeros(MLP + 1, HIDDEN)
+        save_file(weights, str(directory / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "how, match",
+    [
+        ("truncated", r"model\.safetensors' could not be read .*truncated"),
+        ("config", r"config\.json' is not valid JSON"),
+        ("float-d2t", r"`d2t` is torch\.float32, and it holds integer offsets"),
+        ("int-fc", r"`fc\.weight` is torch\.int64, and it holds floating-point values"),
+        ("shape", r"`model\.layers\.0\.mlp\.up_proj\.weight` is \[65, 32\], the config needs \[64, 32\]"),
+        ("permuted-d2t", r"scores every id .* `d2t` is not all zeros"),
+    ],
+)
+def test_damaged_eagle_checkpoints_name_the_file_or_the_key(target, tmp_path, how, match):
+    draft_ids = None if how == "permuted-d2t" else DRAFT_IDS
+    path = write_eagle3(tmp_path / "d", draft_ids=draft_ids)
+    if how == "permuted-d2t":
+        weights = load_file(str(path / "model.safetensors"))
+        save_file({**weights, "d2t": torch.zeros(VOCAB_SIZE, dtype=torch.long)}, str(path / "model.safetensors"))
+    _damage(path, how)
+    with pytest.raises(ValueError, match=match):
+        EagleDraft.from_pretrained(path, target=target)
+
+
+def test_a_missing_directory_is_named(target, tmp_path):
+    with pytest.raises(ValueError, match=r"is neither a local directory nor a Hub repo id"):
+        EagleDraft.from_pretrained(str(tmp_path / "nowhere" / "draft"), target=target)
+
+
+def test_the_default_layout_is_not_saved_over_an_eagle_export(target, tmp_path):
+    draft = EagleDraft.from_pretrained(write_eagle3(tmp_path / "e3"), target=target)
+    export = draft.save_pretrained(tmp_path / "export", format="eagle3")
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    with pytest.raises(ValueError, match="holds an EAGLE export"):
+        draft.save_pretrained(export)
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before

@@ -130,6 +130,19 @@ def test_the_default_draft_is_the_shipped_eagle_draft(eagle_pair):
         testbed.load_pair("smollm2", draft="tiny")
 
 
+def test_the_default_draft_drafts_its_shipped_tree_when_no_knob_is_passed(eagle_pair):
+    """Loaded from disk, the shipped draft carries its tree (3 levels, 12 nodes) and ``generate`` with no knobs
+    verifies more nodes per round than the tree's depth, with the target's greedy text."""
+    target, draft, tokenizer = eagle_pair
+    config = draft.generation_config
+    assert (config.num_assistant_tokens, config.assistant_tree_top_k, config.assistant_tree_size) == (3, 4, 12)
+    batch = tokenizer(_prompts(tokenizer, 1)[:1], return_tensors="pt", add_special_tokens=False)
+    kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    output = target.generate(**batch, assistant_model=draft, return_dict_in_generate=True, **kwargs)
+    assert float(output.speculation.nodes_per_round[0]) > config.num_assistant_tokens
+    assert torch.equal(output.sequences, target.generate(**batch, **kwargs))
+
+
 def test_eagle_draft_greedy_parity_batched_and_accepts_more_than_the_self_draft(pair, eagle_pair):
     target, self_draft, tokenizer = pair
     _, draft, _ = eagle_pair

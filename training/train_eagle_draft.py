@@ -78,6 +78,9 @@ OPTIONS = [
     ("save_steps", int, 100, "checkpoint every this many steps"),
     ("seed", int, 0, "seed of the prompts, sampling, split and training"),
     ("threads", int, None, "torch CPU threads"),
+    ("num_assistant_tokens", int, 3, "the saved draft's default draft length (a tree's depth)"),
+    ("assistant_tree_top_k", int, 4, "the saved draft's default tree: children of each expanded node (1: a chain)"),
+    ("assistant_tree_size", int, 12, "the saved draft's default tree: nodes a round verifies (with top_k > 1)"),
 ]
 
 
@@ -189,7 +192,26 @@ def parse_args(argv=None):
         parser.error(f"--held_out must be in (0, 1), got {args.held_out}")
     if not 0 <= args.greedy_fraction <= 1:
         parser.error(f"--greedy_fraction must be in [0, 1], got {args.greedy_fraction}")
+    try:
+        args.drafting = _drafting(args)
+    except ValueError as error:
+        parser.error(f"the saved draft's tree: {error}")
     return args
+
+
+def _drafting(args) -> dict:
+    """The drafting knobs the saved draft's generation config carries (``generate`` reads them when a call passes
+    none): a chain with ``--assistant_tree_top_k 1``."""
+    from diversed_hf.training.eagle_distill import check_drafting
+
+    chain = args.assistant_tree_top_k == 1
+    return check_drafting(
+        {
+            "num_assistant_tokens": args.num_assistant_tokens,
+            "assistant_tree_top_k": args.assistant_tree_top_k,
+            **({} if chain else {"assistant_tree_size": args.assistant_tree_size}),
+        }
+    )
 
 
 def _settings(args):
@@ -304,12 +326,11 @@ def main(argv=None) -> Path:
     prompts, prompt_mix = _prompts(args)
     target, tokenizer = _load_target(args)
     if args.arch == "eagle3":  # the target's layers the draft fuses, kept as each position's feature
-        from diversed_hf.drafting.eagle3 import default_aux_layer_ids
+        from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
 
         layers = target.config.get_text_config().num_hidden_layers
         ids = tuple(args.aux_layer_ids or default_aux_layer_ids(layers))
-        if max(ids) > layers:
-            raise ValueError(f"--aux_layer_ids {list(ids)}: the target has hidden_states 0..{layers}.")
+        check_aux_layer_ids(ids, layers)
         settings = dataclasses.replace(settings, feature_layers=ids)
         distill_settings = dataclasses.replace(distill_settings, architecture="eagle3", aux_layer_ids=ids)
     source = {"target": args.target, "dtype": args.dtype}
@@ -337,6 +358,7 @@ def main(argv=None) -> Path:
         save_to,
         distill_settings,
         extra_record=_data_record(collections, settings),
+        drafting=args.drafting,
     )
 
 

@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.utils import ModelOutput
 
 from .. import compat
-from .eagle3 import Eagle3Layer
+from .eagle3 import Eagle3Layer, check_aux_layer_ids
 
 __all__ = ["EagleDraft", "EagleDraftConfig", "EagleDraftOutput"]
 
@@ -114,7 +114,7 @@ class EagleDraftConfig(PretrainedConfig):
         if architecture == "eagle3" and num_layers != 1:
             raise ValueError(f"An EAGLE-3 draft has one decoder layer (its `midlayer`); got `num_layers={num_layers}`.")
         self.architecture = architecture
-        self.aux_layer_ids = None if aux_layer_ids is None else [int(i) for i in aux_layer_ids]
+        self.aux_layer_ids = None if aux_layer_ids is None else check_aux_layer_ids(aux_layer_ids)
         self.own_embeddings = bool(own_embeddings)
         # what the pair checks read (diversed_hf.drafting.pairs): the draft's features live in the target's hidden
         # space and its logits span the target's vocabulary
@@ -240,7 +240,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         With ``target=``, :meth:`attach_target` (an EAGLE-3 checkpoint without its layer ids takes the target's
         defaults). Every weight is loaded in one dtype: ``dtype=`` when given, else the target's with ``target=``,
         else the saved one (``train_eagle_draft.py`` saves bfloat16)."""
-        from .eagle_formats import check_state, detect_format, read_config, read_public
+        from .eagle_formats import detect_format, load_state, read_config, read_public, restore_drafting_knobs
 
         if target is not None and kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
             kwargs["dtype"] = target.dtype
@@ -257,27 +257,35 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
                 draft = cls(EagleDraftConfig(**values))
             finally:
                 torch.set_default_dtype(previous)
-            check_state(pretrained_model_name_or_path, fmt, *draft.load_state_dict(state, strict=False))
+            load_state(draft, state, pretrained_model_name_or_path, fmt)
             draft = draft.to(dtype).eval()
             return draft.attach_target(target) if target is not None else draft
         draft = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        restore_drafting_knobs(draft, pretrained_model_name_or_path, **hub_kwargs)
         return draft.attach_target(target) if target is not None else draft
 
     def save_pretrained(self, save_directory, *args, format: str = "diversed", **kwargs):
         """Save the draft: ``format="diversed"`` (default) in this project's layout (``PreTrainedModel``'s, with its
         generation config; ``push_to_hub`` uses it); ``"eagle3"`` in the EAGLE-3 layout vLLM's ``eagle3`` method
         loads (an EAGLE-3 draft); ``"eagle"`` in the EAGLE-1 layout vLLM's ``eagle`` method loads (an EAGLE-1-style
-        draft of a Llama target: :meth:`save_for_vllm`)."""
+        draft of a Llama target: :meth:`save_for_vllm`; ``full_vocab=True`` for a draft that scores some ids only)."""
         if format == "diversed":
+            from .eagle_export import refuse_export_directory
+
+            refuse_export_directory(save_directory)  # an EAGLE export's files would be mixed with this layout's
+            # a draft's generation config carries its drafting knobs; saved unmarked, so that they load again
+            self.generation_config = compat.standalone_generation_config(self.generation_config)
             return super().save_pretrained(save_directory, *args, **kwargs)
+        full_vocab = kwargs.pop("full_vocab", False) if format == "eagle" else False
         if args or kwargs:
-            raise TypeError(f"`format={format!r}` takes only `save_directory`; got {sorted(kwargs) or list(args)}.")
+            takes = "`save_directory` and `full_vocab`" if format == "eagle" else "only `save_directory`"
+            raise TypeError(f"`format={format!r}` takes {takes}; got {sorted(kwargs) or list(args)}.")
         if format == "eagle3":
             from .eagle_formats import save_eagle3
 
             return save_eagle3(self, save_directory)
         if format == "eagle":
-            return self.save_for_vllm(save_directory)
+            return self.save_for_vllm(save_directory, full_vocab=full_vocab)
         raise ValueError(f"`format` is {format!r}; use 'diversed' (this project's), 'eagle3' or 'eagle'.")
 
     @classmethod
@@ -374,11 +382,8 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
                     "(training/train_eagle_draft.py)."
                 )
         layers = getattr(text_config, "num_hidden_layers", None)
-        if self.config.architecture == "eagle3" and layers is not None and max(self.config.aux_layer_ids) > layers:
-            raise ValueError(
-                f"This EAGLE-3 draft fuses the target's layers {self.config.aux_layer_ids} and `target` has {layers}: "
-                "it was trained for a deeper target. Use the target it was trained for."
-            )
+        if self.config.architecture == "eagle3" and layers is not None:
+            check_aux_layer_ids(self.config.aux_layer_ids, layers)
         embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embeddings is None or head is None or getattr(head, "weight", None) is None:
             raise ValueError(f"`target` ({type(target).__name__}) has no input embeddings or LM head to share.")

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
-__all__ = ["Eagle3Layer", "default_aux_layer_ids", "eagle3_layers_config"]
+__all__ = ["Eagle3Layer", "check_aux_layer_ids", "default_aux_layer_ids", "eagle3_layers_config"]
 
 #: the Llama config fields an EAGLE-3 draft's layer copies from its target's (text) config
 _LAYER_FIELDS = (
@@ -44,15 +44,37 @@ _LAYER_FIELDS = (
 )
 
 
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
     """The target layers an EAGLE-3 draft fuses when its checkpoint names none: a low, a middle and a high one, as
     the EAGLE-3 reference code and vLLM choose them."""
     if num_target_layers < 4:
         raise ValueError(
             f"An EAGLE-3 draft fuses three of the target's layers (2, L // 2, L - 3) and the target has "
-            f"{num_target_layers}: pass `aux_layer_ids` naming layers in [0, {num_target_layers}]."
+            f"{num_target_layers}: pass `aux_layer_ids` naming layers in [0, {num_target_layers - 1}]."
         )
     return [2, num_target_layers // 2, num_target_layers - 3]
+
+
+def check_aux_layer_ids(ids, num_target_layers: int | None = None) -> list[int]:
+    """``ids`` as a list, refused unless they are layers ``0 .. L - 1`` of the target's ``L`` (the input of each
+    layer, ``hidden_states[i]``; ``hidden_states[L]`` is the state after the final norm, which no EAGLE-3 draft
+    reads). Without ``num_target_layers`` only negative or non-integer ids are refused."""
+    from ..verifiers.checks import is_integer
+
+    ids = list(ids)
+    bad = [i for i in ids if not is_integer(i) or i < 0 or (num_target_layers is not None and i >= num_target_layers)]
+    if bad or not ids:
+        where = "" if num_target_layers is None else f" and `target` has {num_target_layers} layers"
+        last = "L - 1" if num_target_layers is None else str(num_target_layers - 1)
+        raise ValueError(
+            f"An EAGLE-3 draft fuses the target's layers {ids}{where}: the ids must be layers 0 .. {last} (the input "
+            f"of each; the state after the final norm is not one), and {bad or 'none'} is not. Use the target the "
+            "draft was trained for, or fix `eagle_aux_hidden_state_layer_ids` in the checkpoint's config.json."
+        )
+    return [int(i) for i in ids]
 
 
 def eagle3_layers_config(target_text_config) -> dict:
@@ -65,6 +87,8 @@ def eagle3_layers_config(target_text_config) -> dict:
     }
     values.setdefault("hidden_act", "silu")
     values["num_hidden_layers"] = 1
+    # the target's special ids, None included: LlamaConfig's defaults (bos 1, eos 2) are another tokenizer's
+    values.update({name: getattr(target_text_config, name, None) for name in _SPECIAL_IDS})
     return LlamaConfig(**values).to_dict()
 
 

@@ -112,8 +112,9 @@ def check_exportable(draft, full_vocab: bool) -> None:
             f"This EagleDraft scores {scored} of the target's {vocab} ids (`draft_vocab_ids`); vLLM's eagle method "
             "takes no id subset and scores every id with the target's LM head, so the served draft would give "
             f"mass to ids it was not trained on and its head would cost {vocab / scored:.1f}x more per step. Pass "
-            "`full_vocab=True` to export it with the whole head (docs/eagle.md, \"Serving with vLLM's `eagle` "
-            'method").'
+            '`full_vocab=True` to export it with the whole head: `draft.save_pretrained(path, format="eagle", '
+            'full_vocab=True)` or `draft.save_for_vllm(path, full_vocab=True)` (docs/eagle.md, "Serving with '
+            "vLLM's `eagle` method\")."
         )
 
 
@@ -164,6 +165,18 @@ def check_directory(save_directory, record_format: str) -> Path:
             f"another model's. Pass a new or empty directory, or one an earlier {record_format} export wrote."
         )
     return directory
+
+
+def refuse_export_directory(save_directory) -> None:
+    """Refuse to save this project's layout into a directory an EAGLE export wrote (its ``config.json`` would be
+    replaced and its record left behind, describing files that are no longer there)."""
+    directory = Path(save_directory).expanduser() if isinstance(save_directory, (str, os.PathLike)) else None
+    if directory is not None and (directory / RECORD_NAME).is_file():
+        raise ValueError(
+            f"`save_directory` {str(directory)!r} holds an EAGLE export ({_record_format(directory)} format, "
+            f"{RECORD_NAME}): saving this project's layout there would overwrite its config and leave its record "
+            "stale. Save into a new directory, or pass the same `format=` to replace the export."
+        )
 
 
 def _record_format(directory: Path) -> str | None:

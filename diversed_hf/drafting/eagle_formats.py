@@ -28,10 +28,21 @@ from pathlib import Path
 
 import torch
 
+from .. import compat
 from .._version import __version__
 from ..heads import hub
+from .tree import TREE_KNOBS
 
-__all__ = ["EAGLE3_ARCHITECTURES", "check_state", "detect_format", "read_public", "save_eagle3"]
+__all__ = [
+    "DRAFTING_KNOBS",
+    "EAGLE3_ARCHITECTURES",
+    "check_state",
+    "load_state",
+    "detect_format",
+    "read_public",
+    "restore_drafting_knobs",
+    "save_eagle3",
+]
 
 #: the ``architectures`` names an EAGLE-3 checkpoint's config carries
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -47,18 +58,32 @@ def _fetch(path, filename: str, **hub_kwargs) -> Path | None:
     if local.is_dir():
         return local / filename if (local / filename).is_file() else None
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import EntryNotFoundError
 
     try:
         return Path(hf_hub_download(str(path), filename, **hub_kwargs))
     except EntryNotFoundError:
         return None
+    except HFValidationError as error:
+        raise ValueError(
+            f"{str(path)!r} is neither a local directory nor a Hub repo id ({error}): pass the directory a draft was "
+            "saved in, or an id such as 'org/draft'."
+        ) from None
 
 
 def read_config(path, **hub_kwargs) -> dict | None:
     """The checkpoint's ``config.json`` as a dict, or None when there is none."""
     found = _fetch(path, "config.json", **hub_kwargs)
-    return None if found is None else json.loads(found.read_text())
+    if found is None:
+        return None
+    try:
+        config = json.loads(found.read_text())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{str(found)!r} is not valid JSON ({error}): the checkpoint's config is damaged.") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(found)!r} holds {type(config).__name__}, not a JSON object: it is no model config.")
+    return config
 
 
 def detect_format(config: dict) -> str:
@@ -84,11 +109,17 @@ def read_weights(path, **hub_kwargs) -> dict[str, torch.Tensor]:
         found = _fetch(path, filename, **hub_kwargs)
         if found is None:
             continue
-        if filename.endswith(".safetensors"):
-            from safetensors.torch import load_file
+        try:
+            if filename.endswith(".safetensors"):
+                from safetensors.torch import load_file
 
-            return load_file(str(found))
-        return torch.load(found, map_location="cpu", weights_only=True)
+                return load_file(str(found))
+            return torch.load(found, map_location="cpu", weights_only=True)
+        except Exception as error:  # safetensors' SafetensorError, torch's unpickling and EOF errors
+            raise ValueError(
+                f"{str(found)!r} could not be read ({type(error).__name__}: {error}): the file is truncated or not "
+                "a weight file. Download or copy it again."
+            ) from None
     raise ValueError(f"{str(path)!r} has no weights: an EAGLE checkpoint holds one of {list(WEIGHT_FILES)}.")
 
 
@@ -97,8 +128,32 @@ def read_public(path, config: dict, *, target=None, **hub_kwargs) -> tuple[dict,
     the ``"eagle3"`` or ``"eagle"`` checkpoint at ``path`` whose ``config.json`` is ``config``; what the format lacks
     or cannot hold is refused by name (``EagleDraft.from_pretrained`` builds the draft, refusing weights left over)."""
     weights = read_weights(path, **hub_kwargs)
+    for name, tensor in weights.items():  # maps are ids (d2t offsets, the t2d mask); every other weight a float
+        if (name == "d2t" and tensor.is_floating_point()) or (
+            name not in ("d2t", "t2d") and not tensor.is_floating_point()
+        ):
+            kind = "integer offsets" if name == "d2t" else "floating-point values"
+            raise ValueError(
+                f"{str(path)!r}: `{name}` is {tensor.dtype}, and it holds {kind}: the checkpoint is broken."
+            )
     build = _eagle3_config if detect_format(config) == "eagle3" else _eagle1_config
     return build(config, weights, target)
+
+
+def load_state(draft, state: dict[str, torch.Tensor], path, fmt: str) -> None:
+    """Load ``state`` into ``draft``, refusing by name a weight of the wrong shape and weights left over or missing."""
+    expected = draft.state_dict()
+    wrong = [
+        f"`{name}` is {list(tensor.shape)}, the config needs {list(expected[name].shape)}"
+        for name, tensor in state.items()
+        if name in expected and expected[name] is not None and tuple(expected[name].shape) != tuple(tensor.shape)
+    ]
+    if wrong:
+        raise ValueError(
+            f"{str(path)!r} ({fmt}) does not match the draft its config describes: {'; '.join(wrong[:4])}. The "
+            "weights belong to another config (or target width)."
+        )
+    check_state(path, fmt, *draft.load_state_dict(state, strict=False))
 
 
 def check_state(path, fmt: str, missing, unexpected) -> None:
@@ -158,6 +213,10 @@ def _eagle3_config(config: dict, weights: dict, target) -> tuple[dict, dict]:
         from .eagle3 import default_aux_layer_ids
 
         layer_ids = default_aux_layer_ids(target.config.get_text_config().num_hidden_layers)
+    from .eagle3 import check_aux_layer_ids
+
+    layers = None if target is None else target.config.get_text_config().num_hidden_layers
+    layer_ids = check_aux_layer_ids(layer_ids, layers)  # named with the target's layer count when there is one
     fc = weights["fc.weight"]
     if tuple(fc.shape) != (hidden, len(layer_ids) * target_hidden):
         raise ValueError(
@@ -180,6 +239,11 @@ def _eagle3_config(config: dict, weights: dict, target) -> tuple[dict, dict]:
             state[name] = tensor  # refused as unexpected by load_state_dict, by name
     if draft_vocab < vocab:
         state["draft_vocab_ids"] = _draft_ids(weights, draft_vocab, vocab)
+    elif "d2t" in weights and bool(weights["d2t"].ne(0).any()):
+        raise ValueError(
+            f"This EAGLE-3 checkpoint scores every id (`draft_vocab_size` {draft_vocab} = `vocab_size`) but its `d2t` "
+            "is not all zeros: its head's rows are not the target's ids in order. The checkpoint is inconsistent."
+        )
     values = dict(
         target_config=_layer_config(config),
         num_layers=1,
@@ -280,3 +344,27 @@ def save_eagle3(draft, save_directory) -> Path:
         "target_model_id": draft.config.target_model_id,
     }
     return write_export(directory, lambda staging: hub.write_json(staging / "config.json", config), weights, record)
+
+
+#: the generation-config keys a draft carries for the target's ``generate``: the draft length and the token tree
+DRAFTING_KNOBS = (
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+    *TREE_KNOBS,
+)
+
+
+def restore_drafting_knobs(draft, path, **hub_kwargs) -> None:
+    """Give ``draft`` the drafting knobs its saved ``generation_config.json`` holds. A file saved with transformers'
+    ``_from_model_config`` mark (every draft saved before this release did) loads without the keys GenerationConfig
+    does not know: the tree (``assistant_tree_top_k``, ``assistant_tree_size``, ``assistant_tree``) was dropped."""
+    found = _fetch(path, "generation_config.json", **hub_kwargs)
+    if found is None:
+        return
+    saved = json.loads(found.read_text())
+    config = compat.standalone_generation_config(draft.generation_config)
+    for name in DRAFTING_KNOBS:
+        if name in saved and getattr(config, name, None) is None:
+            setattr(config, name, saved[name])
+    draft.generation_config = config

@@ -44,7 +44,17 @@ from .eagle_data import Sequence, claim_directory, load_sequences
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistillSettings", "check_save_to", "distill", "draft_vocabulary", "evaluate", "eagle_loss", "save_draft"]
+__all__ = [
+    "DEFAULT_DRAFTING",
+    "DistillSettings",
+    "check_drafting",
+    "check_save_to",
+    "distill",
+    "draft_vocabulary",
+    "evaluate",
+    "eagle_loss",
+    "save_draft",
+]
 
 STEP_DECAY = 0.8
 #: what a saved draft's directory holds (save_pretrained may shard the weights)
@@ -343,10 +353,12 @@ def distill(
     settings: DistillSettings = DistillSettings(),
     extra_record: dict | None = None,
     progress: bool = True,
+    drafting: dict | None = None,
 ) -> Path:
     """Train an EagleDraft for ``target`` on the collection in ``data_dir`` (or on several: a list of collections,
     e.g. a second one on new prompts); save it (Hub format, card, record) in ``save_to`` and return that path.
-    Resumes from the newest checkpoint in ``checkpoint_dir``."""
+    Resumes from the newest checkpoint in ``checkpoint_dir``. ``drafting``: the knobs the saved draft's generation
+    config carries, which ``generate`` reads when the call passes none (default :data:`DEFAULT_DRAFTING`)."""
     from tqdm.auto import tqdm
 
     started = time.time()
@@ -355,6 +367,7 @@ def distill(
     data_dirs = [Path(d) for d in data_dir] if isinstance(data_dir, (list, tuple)) else [Path(data_dir)]
     if not data_dirs:
         raise ValueError("`data_dir` is an empty list: name at least one collection to distil on.")
+    drafting = check_drafting(DEFAULT_DRAFTING if drafting is None else drafting)
     checkpoint_dir = Path(checkpoint_dir)
     for directory in data_dirs:
         save_to = check_save_to(save_to, directory, checkpoint_dir)
@@ -424,8 +437,38 @@ def distill(
         "distill_seconds_this_run": round(time.time() - started),
         **(extra_record or {}),
     }
+    for name, value in drafting.items():
+        setattr(draft.generation_config, name, value)
     save_draft(draft, save_to, record)
     return save_to
+
+
+#: the drafting knobs a distilled draft is saved with: a tree of 3 levels, the 4 best children of each expanded node,
+#: the 12 best nodes verified (the shape measured fastest for the real pair's draft on one CPU thread, RESULTS.md
+#: "Token trees"; a batch shrinks it, ``TreeSpec.for_batch``)
+DEFAULT_DRAFTING = {"num_assistant_tokens": 3, "assistant_tree_top_k": 4, "assistant_tree_size": 12}
+
+
+def check_drafting(drafting: dict) -> dict:
+    """``drafting`` (``num_assistant_tokens`` and, for a tree, ``assistant_tree_top_k`` / ``assistant_tree_size``),
+    checked as ``generate`` checks them (:class:`~diversed_hf.drafting.tree.TreeSpec`); ``assistant_tree_top_k=1``
+    saves a chain."""
+    from ..drafting.tree import TreeSpec
+    from ..verifiers.checks import is_integer
+
+    known = {"num_assistant_tokens", "assistant_tree_top_k", "assistant_tree_size"}
+    if not isinstance(drafting, dict) or not set(drafting) <= known:
+        raise ValueError(f"`drafting` takes the keys {sorted(known)}; got {drafting!r}.")
+    depth = drafting.get("num_assistant_tokens", DEFAULT_DRAFTING["num_assistant_tokens"])
+    if not is_integer(depth) or depth < 1:
+        raise ValueError(f"`num_assistant_tokens` must be a positive integer (the draft length), got {depth!r}.")
+    top_k, size = drafting.get("assistant_tree_top_k"), drafting.get("assistant_tree_size")
+    if top_k is None or (top_k == 1 and size is None):  # a chain
+        if size is not None:
+            raise ValueError(f"`assistant_tree_size={size!r}` needs `assistant_tree_top_k` (a tree's width).")
+        return {"num_assistant_tokens": int(depth)}
+    spec = TreeSpec(depth=int(depth), top_k=top_k, size=size)  # refuses a bad shape, naming the knob
+    return {"num_assistant_tokens": spec.depth, "assistant_tree_top_k": spec.top_k, "assistant_tree_size": spec.size}
 
 
 def check_save_to(save_to, data_dir, checkpoint_dir, flag: str = "save_to") -> Path:

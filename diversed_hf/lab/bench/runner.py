@@ -198,6 +198,7 @@ def _run_batch(
         if schedule
         else dict(num_assistant_tokens=config.num_draft_tokens, num_assistant_tokens_schedule="constant")
     )
+    policy["assistant_tree_top_k"] = 1  # the bench measures chains, whatever tree a draft's generation config carries
     draft = drafts[method.draft]
     persistent = schedule is not None and schedule.name == "heuristic" and heuristic_state is not None
     if persistent:
