@@ -233,6 +233,14 @@ class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
         return self.rules.default
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
+        if self._is_warm_up(metadata):  # vLLM's warm-up (a compiled engine's): dummy rows, no requests behind them
+            if draft_probs is None:  # its drafts' q: any distribution, the output is thrown away
+                draft_probs = torch.full_like(logits[: sum(metadata.num_draft_tokens)], 1.0 / logits.shape[-1])
+            token = _ACTIVE_ROUND.set(self._warm_up_round(metadata, logits))
+            try:
+                return super().forward(metadata, draft_probs, logits, sampling_metadata)
+            finally:
+                _ACTIVE_ROUND.reset(token)
         if draft_probs is None and sum(metadata.num_draft_tokens) > 0:
             raise RuntimeError(
                 "DIVERSED verification got no draft probabilities for this step (vLLM lost the drafter's q_t); "
@@ -243,6 +251,25 @@ class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
         finally:
             _ACTIVE_ROUND.reset(token)
+
+    def _is_warm_up(self, metadata) -> bool:
+        """vLLM's dummy sampler run (``_dummy_sampler_run``, at engine start): its rows are no request's."""
+        req_ids = self.runner.input_batch.req_ids[: len(metadata.num_draft_tokens)]
+        return len(req_ids) < len(metadata.num_draft_tokens) or any(r not in self.runner.requests for r in req_ids)
+
+    def _warm_up_round(self, metadata, logits) -> _Round:
+        """The warm-up batch verified against the engine's default rule, as a real batch would be (a head that
+        reads hidden states gets zeros of its widths: the round's output is thrown away)."""
+        verifier, count = self.rules.default, sum(metadata.num_draft_tokens)
+        if not verifier.requires_hidden_states:
+            return _Round([verifier] * len(metadata.num_draft_tokens))
+        config = verifier.head.config
+        zeros = logits.new_zeros  # (T, d)
+        return _Round(
+            [verifier] * len(metadata.num_draft_tokens),
+            draft_hidden=zeros(count, config.draft_hidden_size, dtype=torch.float32),
+            target_hidden=zeros(count, config.target_hidden_size, dtype=torch.float32),
+        )
 
     def _round(self, metadata) -> _Round:
         runner, num_draft_tokens = self.runner, metadata.num_draft_tokens
