@@ -16,7 +16,7 @@ _moved.install()  # old import paths of moved modules (diversed_hf.tasks, divers
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    "BlockVerifier": "verifiers.rules",
+    "BlockVerifier": "verifiers.block",
     "DiversedCandidateGenerator": "drafting.candidates",
     "DraftCosts": "drafting.length.costs",
     "EagleDraft": "drafting.eagle",
@@ -109,9 +109,9 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .generation.outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
     from .heads.head import DiversedHead, DiversedHeadConfig
     from .heads.judge import JudgeHead
+    from .verifiers.block import BlockVerifier
     from .verifiers.relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
     from .verifiers.rules import (
-        BlockVerifier,
         ExactVerifier,
         HeadVerifier,
         LenientVerifier,

@@ -246,3 +246,16 @@ def test_every_command_has_a_description_and_shows_defaults(capsys):
         assert "``" not in out and ":func:" not in out and ":class:" not in out, name
         for line in out.splitlines():
             assert line.count("(default") <= 1, (name, line)
+
+
+def test_bench_lists_every_rule_and_names_a_missing_judge_directory(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for spelling in ("fuzzy:", "topk:", "judge:"):
+        assert f"  {spelling}" in out
+    missing = tmp_path / "runs" / "judge_arith"
+    argv = ["bench", "--task", "arith", "--methods", "judge:0.9", "--judge", str(missing)]
+    argv += ["--output_dir", str(tmp_path)]
+    status, _, err = run(argv, capsys)
+    assert status == 2 and f"the judge for 'arith', '{missing}', is no directory here" in one_line(err)

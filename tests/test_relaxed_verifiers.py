@@ -220,3 +220,50 @@ def test_the_testbed_ships_its_summary_judge_with_its_operating_point():
     # no judge of the task-tuned pair is an operating point (RESULTS.md): the error names the command for that pair
     with pytest.raises(FileNotFoundError, match=r"train_judge.py --target smollm2-tuned --task synopsis"):
         testbed.load_judge("synopsis", pair="smollm2-tuned")
+
+
+def test_block_verification_refuses_a_judge(pair):
+    """A judge keeps a draft by the state after that very token: block verification has no ``pi`` for it."""
+    from diversed_hf.verifiers import BlockVerifier
+
+    target, draft = pair
+    judge = JudgeVerifier(JudgeHead.for_target(target), threshold=0.0)
+    with pytest.raises(ValueError, match="Block verification .* cannot run JudgeVerifier"):
+        BlockVerifier(judge)
+    with pytest.raises(ValueError, match="Block verification .* cannot run JudgeVerifier"):
+        target.generate(prompt(4), assistant_model=draft, verifier=judge, block_verification=True, max_new_tokens=4)
+
+
+def test_a_judge_is_not_saved_over_another_model(pair, tmp_path):
+    from diversed_hf import DiversedHead
+
+    target, draft = pair
+    head = DiversedHead.for_pair(target, draft)
+    head.save_pretrained(tmp_path / "head")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "head").iterdir()}
+    with pytest.raises(ValueError, match="holds another model's config.json"):
+        JudgeHead.for_target(target).save_pretrained(tmp_path / "head")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "head").iterdir()} == before
+    DiversedHead.from_pretrained(tmp_path / "head")  # still loads
+    judge = JudgeHead.for_target(target)
+    judge.save_pretrained(tmp_path / "judge")
+    judge.save_pretrained(tmp_path / "judge")  # over itself: fine
+
+
+def test_bad_judges_and_top_k_are_refused_where_they_are_made(pair, tmp_path):
+    from diversed_hf import DiversedHead
+
+    target, draft = pair
+    with pytest.raises(ValueError, match="`top_k` must be a non-negative integer, got inf"):
+        TopKRelaxedVerifier(top_k=float("inf"))
+    with pytest.raises(TypeError, match="`judge` must be a `JudgeHead`.*got DiversedHead.*diversed_head=head"):
+        JudgeVerifier(DiversedHead.for_pair(target, draft))
+    judge = JudgeHead.for_target(target)
+    with torch.no_grad():
+        judge.linear.weight.fill_(float("nan"))
+    judge.save_pretrained(tmp_path / "nan")
+    with pytest.raises(ValueError, match=r"hold NaN or infinite values \(`linear.weight`\)"):
+        JudgeHead.from_pretrained(tmp_path / "nan")
+    with pytest.raises(FileNotFoundError, match="not found in the head directory"):
+        (tmp_path / "empty").mkdir()
+        JudgeHead.from_pretrained(tmp_path / "empty")

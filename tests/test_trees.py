@@ -268,19 +268,36 @@ def test_drafters_without_a_tree_form_are_refused_by_name(pair):
         )
 
 
-def test_a_streamer_with_a_tree_is_refused(pair):
+def test_a_tree_streams_each_rounds_accepted_path(pair):
+    """A chat UI's streamer with a tree (the shipped drafts carry one): the prompt, then every round's accepted
+    path, which together are the returned sequence."""
     from transformers.generation.streamers import BaseStreamer
 
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.pieces, self.ended = [], False
+
+        def put(self, value):
+            self.pieces.append(value.reshape(-1))
+
+        def end(self):
+            self.ended = True
+
     target, draft = pair
-    with pytest.raises(ValueError, match="`streamer` with a token tree"):
-        target.generate(
-            prompt(4),
-            assistant_model=draft,
-            verifier=ExactVerifier(),
-            max_new_tokens=6,
-            assistant_tree_top_k=2,
-            streamer=BaseStreamer(),
-        )
+    streamer = Collect()
+    output = target.generate(
+        prompt(4),
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        do_sample=False,
+        max_new_tokens=12,
+        return_dict_in_generate=True,
+        streamer=streamer,
+        **DYNAMIC,
+    )
+    assert output.speculation.tree_nodes is not None  # drafted as a tree, not a chain fallen back to
+    assert streamer.ended and len(streamer.pieces) == 1 + int(output.speculation.num_rounds[0])
+    assert torch.equal(torch.cat(streamer.pieces), output.sequences[0])
 
 
 def test_sliding_window_models_are_refused_for_trees():
@@ -290,6 +307,25 @@ def test_sliding_window_models_are_refused_for_trees():
         target.generate(
             prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=6, assistant_tree_top_k=2
         )
+
+
+def test_a_sliding_window_without_layer_types_is_refused_for_trees():
+    """Mistral (and Phi-3) configs set ``sliding_window`` without ``layer_types``: every layer is windowed, which a
+    tree's one 4-D mask cannot express, so a tree is refused by name; the chain keeps the target's greedy text."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=3, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    target, draft = enable_diversed(MistralForCausalLM(config).eval()), MistralForCausalLM(config).eval()
+    input_ids = torch.randint(3, 16, (1, 13))
+    common = dict(assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=8)
+    with pytest.raises(ValueError, match="sliding-window layers"):
+        target.generate(input_ids, num_assistant_tokens=3, assistant_tree_top_k=2, **common)
+    chain = target.generate(input_ids, num_assistant_tokens=3, **common)
+    assert torch.equal(chain, target.generate(input_ids, do_sample=False, max_new_tokens=8))
 
 
 def test_an_eagle_draft_drafts_trees_with_the_targets_greedy_output():
@@ -432,3 +468,21 @@ def test_the_shipped_tree_gives_way_to_the_chain_at_batch_8(pair):
     finally:
         del draft.generation_config.assistant_tree_top_k, draft.generation_config.assistant_tree_size
     assert wide.tree_nodes is None and alone.tree_nodes is not None
+
+
+@pytest.mark.parametrize(
+    "knobs, match",
+    [
+        (
+            dict(assistant_tree_top_k=VOCAB_SIZE + 1),
+            rf"`assistant_tree_top_k={VOCAB_SIZE + 1}` is beyond the vocabulary",
+        ),
+        (dict(assistant_tree_top_k=True), r"`assistant_tree_top_k` must be a positive integer .* got True"),
+        (dict(assistant_tree_top_k=2, assistant_tree_size=True), r"`assistant_tree_size` must be a positive integer"),
+    ],
+)
+def test_bad_tree_knobs_are_refused_before_any_forward(pair, knobs, match, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr(draft, "forward", lambda *a, **k: pytest.fail("the draft ran"))
+    with pytest.raises(ValueError, match=match):
+        target.generate(prompt(4), assistant_model=draft, verifier=ExactVerifier(), max_new_tokens=4, **knobs)

@@ -126,3 +126,52 @@ def test_the_docs_page_runs_as_written(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "my_head" / "head" / "results.json").is_file()
     exec(python[2], {})  # noqa: S102
     assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("", r"`--dataset .*bad\.jsonl` is empty"),
+        ('{"question": "a"\n{not json\n', r"could not be read as \.jsonl .*JSON lines"),
+        ("\n".join(json.dumps({"question": i}) for i in range(12)), r"`--prompt_column question`: .* no prompt text"),
+        (
+            "\n".join(json.dumps({"question": "" if i == 5 else f"Question: {i}"}) for i in range(30)),
+            r"`--prompt_column question`: 1 row\(s\) .* hold no prompt text \(row \d+: ''\)",
+        ),
+    ],
+    ids=["empty", "malformed", "integers", "empty-string"],
+)
+def test_bad_dataset_files_are_refused_by_name_before_the_models_load(tmp_path, monkeypatch, content, match):
+    import train_head
+
+    from diversed_hf.lab import evaluation
+
+    monkeypatch.setattr(evaluation, "load_models", lambda *a, **k: pytest.fail("the models were loaded"))
+    data = tmp_path / "bad.jsonl"
+    data.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        train_head.main(_argv(tmp_path, data, "--reward", "target_agreement"))
+
+
+BAD_REWARDS = """
+def strings(prompts=None, completions=None, **columns):
+    return ["1" for _ in completions]
+
+def nothing(prompts=None, completions=None, **columns):
+    return [None for _ in completions]
+"""
+
+
+@pytest.mark.parametrize("reward", ["strings", "nothing"])
+def test_a_reward_of_the_wrong_kind_ends_the_command_in_one_line(tmp_path, user_data, capsys, reward):
+    """A reward returning strings or None ends ``train_head.py`` as NaN and wrong lengths do: one line, status 2."""
+    import train_head
+
+    from diversed_hf.lab.cli_utils import run_script
+
+    (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
+    sys.modules.pop("bad_rewards", None)
+    argv = _argv(tmp_path, user_data, "--answer_column", "answer", "--reward", f"bad_rewards:{reward}")
+    assert run_script(train_head.main, argv, prog="train_head.py") == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train_head.py:")]
+    assert len(lines) == 1 and reward in lines[0]

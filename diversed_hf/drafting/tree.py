@@ -101,8 +101,9 @@ class TreeSpec:
         """The call's tree from the keywords ``given`` (``assistant_tree_top_k``, ``assistant_tree_size``,
         ``assistant_tree``), else ``generation_config``, else the assistant's; ``None`` for today's chain
         (``assistant_tree_top_k=1`` passed alone asks for the chain whatever a config says)."""
-        if given.get("assistant_tree_top_k") == 1 and all(given.get(n) is None for n in TREE_KNOBS[1:]):
-            return None
+        top_k_given = given.get("assistant_tree_top_k")
+        if is_integer(top_k_given) and top_k_given == 1 and all(given.get(n) is None for n in TREE_KNOBS[1:]):
+            return None  # (True == 1 too: a bool is refused below, by name)
         values = {}
         for name in TREE_KNOBS:
             value = given.get(name)
@@ -210,8 +211,11 @@ class DraftTree:
         return self.valid.sum(dim=1)
 
 
-def check_tree_call(target, drafter, verifier, policy, *, threshold_given, streamer, num_return_sequences) -> None:
-    """Refuse, before any forward, what a tree round cannot run (each error names the argument and the fix)."""
+def check_tree_call(
+    target, drafter, verifier, policy, *, tree: TreeSpec, vocab_size: int, threshold_given, num_return_sequences
+) -> None:
+    """Refuse, before any forward, what a tree round cannot run (each error names the argument and the fix). A
+    streamer is served as for a chain: each round's accepted path is the chain view the loop commits and streams."""
     from .. import compat
     from ..verifiers.tree import check_tree_verifier
 
@@ -225,6 +229,12 @@ def check_tree_call(target, drafter, verifier, policy, *, threshold_given, strea
             "draft a chain with it (leave the tree knobs unset), or pass a small causal LM as `assistant_model`."
         )
     check_tree_verifier(verifier)
+    if tree.top_k > vocab_size:
+        knob = "`assistant_tree` has a child rank" if tree.is_static else f"`assistant_tree_top_k={tree.top_k}` is"
+        raise ValueError(
+            f"{knob} beyond the vocabulary the pair verifies ({vocab_size} ids): a node has at most that many "
+            f"children. Pass `assistant_tree_top_k` of at most {vocab_size} (static ranks below it), e.g. 2 to 4."
+        )
     if policy.schedule != "constant":
         raise ValueError(
             f"`num_assistant_tokens_schedule={policy.schedule!r}` changes the draft length each round, but a token "
@@ -234,10 +244,6 @@ def check_tree_call(target, drafter, verifier, policy, *, threshold_given, strea
         raise ValueError(
             "`assistant_confidence_threshold` stops a chain early, but a token tree verifies its best "
             "`assistant_tree_size` nodes instead: drop the threshold, or draft a chain."
-        )
-    if streamer is not None:
-        raise ValueError(
-            "`streamer` with a token tree: stream a chain (leave the tree knobs unset), or drop `streamer`."
         )
     if num_return_sequences not in (None, 1):
         raise ValueError(

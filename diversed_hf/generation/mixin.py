@@ -33,7 +33,8 @@ from ..drafting.pairs import (  # noqa: F401 - re-exported
 from ..drafting.translated import TranslatedDraft
 from ..drafting.tree import TREE_KNOBS, TreeSpec, check_tree_call
 from ..heads.head import DiversedHead
-from ..verifiers.rules import BlockVerifier, ExactVerifier, HeadVerifier, Verifier
+from ..verifiers.block import BlockVerifier
+from ..verifiers.rules import ExactVerifier, HeadVerifier, Verifier
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
@@ -541,8 +542,9 @@ def _diversed_generate(
                 assistant_model,
                 verifier,
                 policy,
+                tree=tree,
+                vocab_size=vocab_size,
                 threshold_given=threshold is not None,
-                streamer=streamer,
                 num_return_sequences=extra.get("num_return_sequences", getattr(config, "num_return_sequences", None)),
             )
         except ValueError as error:

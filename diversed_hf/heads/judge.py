@@ -9,7 +9,9 @@ probability that keeping the token does not change the answer. It is shared like
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 from huggingface_hub import PyTorchModelHubMixin
@@ -87,3 +89,57 @@ class JudgeHead(
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., d) -> (...): what training fits
         return self.linear(hidden).squeeze(-1)
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """The mixin's ``save_pretrained`` (``config.json``, ``model.safetensors``, a card ``README.md``), refusing a
+        directory that holds another model's ``config.json`` (a ``DiversedHead``, a draft): it would be overwritten."""
+        _check_judge_directory(Path(save_directory))
+        return super().save_pretrained(save_directory, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> JudgeHead:
+        """The mixin's ``from_pretrained`` from a directory or Hub id, the source checked first (a missing directory
+        or a malformed id is named, before any download)."""
+        revision, local_files_only = kwargs.get("revision"), kwargs.get("local_files_only", False)
+        source, _ = hub.check_source(
+            pretrained_model_name_or_path,
+            revision=revision,
+            force_download=kwargs.get("force_download", False),
+            local_files_only=local_files_only,
+        )
+        errors = hub.download_errors(
+            source,
+            hub.CONFIG_NAME,
+            revision=revision,
+            cache_dir=kwargs.get("cache_dir"),
+            local_files_only=local_files_only,
+        )
+        with errors:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
+    def _from_pretrained(cls, **kwargs) -> JudgeHead:
+        """The mixin's loading, then refusing non-finite weights (a judge with NaN weights would never fire)."""
+        judge = super()._from_pretrained(**kwargs)
+        hub.check_finite(
+            judge.state_dict(),
+            f"The judge's weights in {kwargs.get('model_id')!r}",
+            "the file is corrupt or training diverged; train it again (training/train_judge.py).",
+        )
+        return judge.eval()
+
+
+def _check_judge_directory(directory: Path) -> None:
+    config = directory / "config.json"
+    if not config.is_file():
+        return
+    try:
+        keys = set(json.loads(config.read_text()))
+    except (OSError, ValueError, TypeError):
+        keys = None
+    if keys is None or not keys <= {field.name for field in fields(JudgeHeadConfig)}:
+        held = "an unreadable config.json" if keys is None else f"another model's config.json (keys {sorted(keys)[:6]})"
+        raise ValueError(
+            f"`save_directory` {str(directory)!r} holds {held}: saving a judge there would overwrite that model's "
+            "files. Pass a new or empty directory, or one a JudgeHead was saved in."
+        )

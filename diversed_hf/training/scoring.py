@@ -38,7 +38,20 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["FLOAT32_LIMIT", "is_async_reward", "reward_value", "score_completions", "weighted_rewards"]
+__all__ = [
+    "FLOAT32_LIMIT",
+    "RewardTypeError",
+    "is_async_reward",
+    "reward_value",
+    "score_completions",
+    "weighted_rewards",
+]
+
+
+class RewardTypeError(TypeError, ValueError):
+    """A reward function returned something of the wrong type (a string, a container): a ``TypeError``, and a bad
+    value from the user's code, so a command ends it as it ends a NaN reward (one line, exit status 2)."""
+
 
 # Advantages are whitened in float32: squares of rewards must stay finite there.
 FLOAT32_LIMIT = float(torch.finfo(torch.float32).max) ** 0.5 / 1e3
@@ -56,7 +69,7 @@ def reward_value(value, name: str, index: int, completion: str) -> float | None:
     else:
         real = isinstance(value, numbers.Real)
     if not real:
-        raise TypeError(
+        raise RewardTypeError(
             f"{where}, of type {type(value).__name__}: a reward must be a real number (int, float, bool, a NumPy "
             "scalar or a 0-d tensor), or None for a completion the function does not score. Return numbers, not "
             "strings or containers."
@@ -143,7 +156,7 @@ def score_completions(
         except TypeError:
             got = None
         if got is None:  # iterating a dict would score its keys, a string its characters
-            raise TypeError(
+            raise RewardTypeError(
                 f"The reward function {name!r} returned a {type(values).__name__} ({str(values)[:80]!r}); it must "
                 f"return a list of {len(prompts)} floats, one per completion, in order."
             )

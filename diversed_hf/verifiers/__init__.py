@@ -2,8 +2,8 @@
 
 ============================ =================================================================================
 ``rules``                    the ``Verifier`` hook and every rule (exact, lenient, static ensemble, SpecCascade,
-                             head, typical acceptance, block)
-``block``                    the math of block verification (Sun et al. 2024)
+                             head, typical acceptance)
+``block``                    block verification (Sun et al. 2024): ``BlockVerifier`` and its math
 ``ops``                      the tensor math of one round: mixture, acceptance, residual, sampling
 ``checks``                   argument checks of a round and of what a custom rule returns
 ``distribution_features``    the distribution statistics a head may read (``tv``, entropies, margins)
@@ -40,14 +40,15 @@ __all__ = [
 ]
 
 RELAXED = ("FuzzyVerifier", "TopKRelaxedVerifier", "JudgeVerifier")
-__getattr__, __dir__ = exports(__name__, {name: ".relaxed" if name in RELAXED else ".rules" for name in __all__})
+_HOMES = {"BlockVerifier": ".block", **{name: ".relaxed" for name in RELAXED}}
+__getattr__, __dir__ = exports(__name__, {name: _HOMES.get(name, ".rules") for name in __all__})
 
 if TYPE_CHECKING:  # what static tools and IDEs see
+    from .block import BlockVerifier
     from .relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
     from .rules import (
         CASCADE_RULES,
         MIXING_SPACES,
-        BlockVerifier,
         ExactVerifier,
         HeadVerifier,
         LenientVerifier,

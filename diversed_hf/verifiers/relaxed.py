@@ -19,13 +19,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from . import ops
-from .checks import is_real
+from .checks import is_integer, is_real
 from .rules import VerificationResult, Verifier, _MixtureVerifier
 
 if TYPE_CHECKING:
@@ -50,7 +51,13 @@ def divergence(target_probs: torch.Tensor, draft_probs: torch.Tensor, kind: str 
 def _non_negative(verifier, name: str, fix: str, integer: bool = False) -> None:
     value = getattr(verifier, name)
     kind = int if integer else float
-    if isinstance(value, bool) or not is_real(value) or not value >= 0 or (integer and value != int(value)):
+    finite = is_real(value) and math.isfinite(value)
+    if (
+        isinstance(value, bool)
+        or not is_real(value)
+        or not value >= 0
+        or (integer and not (finite and value == int(value)))
+    ):
         what = "a non-negative integer" if integer else "a non-negative number"
         raise ValueError(f"`{name}` must be {what}, got {value!r}. {fix}")
     object.__setattr__(verifier, name, kind(value))
@@ -133,8 +140,16 @@ class JudgeVerifier(Verifier):
     reads_judge_hidden = True
 
     def __post_init__(self):
-        if self.judge is None or not callable(self.judge) or not hasattr(self.judge, "config"):
-            raise TypeError(f"`judge` must be a `JudgeHead`, got {type(self.judge).__name__}.")
+        width = getattr(getattr(self.judge, "config", None), "hidden_size", None)
+        logits = getattr(self.judge, "logits", None)
+        if not isinstance(self.judge, torch.nn.Module) or not callable(logits) or not is_integer(width):
+            # a JudgeHead: a module whose config names the target's width, mapping states (..., d) to P(keep) (...)
+            raise TypeError(
+                "`judge` must be a `JudgeHead` (a classifier of the target's hidden states: "
+                f"`JudgeHead.from_pretrained`, training/train_judge.py), got {type(self.judge).__name__}. A "
+                "DiversedHead picks the mixture's weight instead: pass it as `diversed_head=head` or "
+                "`HeadVerifier(head)`."
+            )
         _non_negative(self, "threshold", "Above 1 the judge never fires (lossless SD); 0 keeps every draft.")
 
     def check_models(self, target, draft) -> None:

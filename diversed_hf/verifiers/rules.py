@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from . import block, ops
+from . import ops
 from .checks import check_round_inputs, check_verification_output, is_real
 from .distribution_features import distribution_features
 
@@ -81,7 +81,6 @@ __all__ = [
     "SpecCascadeVerifier",
     "HeadVerifier",
     "TypicalAcceptanceVerifier",
-    "BlockVerifier",
     "CASCADE_RULES",
     "MIXING_SPACES",
     "check_round_inputs",
@@ -518,80 +517,3 @@ class HeadVerifier(_MixtureVerifier):
                 "the models."
             )
         return target_weight.to(device=target_probs.device, dtype=target_probs.dtype)
-
-
-@dataclass(frozen=True)
-class BlockVerifier(Verifier):
-    """Block verification (Sun et al. 2024, arXiv 2403.10444) of the drafts against ``base``'s ``pi``.
-
-    The drafted block is judged as a whole: a running weight ``rho_t = min(1, rho_{t-1} pi_t(x_t) / q_t(x_t))``
-    lets a later draft rescue an earlier one, the longest prefix whose test passes is kept, and the recovered
-    token comes from ``norm(max(0, rho_tau pi_{tau+1} - q_{tau+1}))`` (:mod:`diversed_hf.verifiers.block`;
-    docs/method.md §2). The emitted law is ``pi``'s at drafted positions and ``p``'s at the bonus, as token by token,
-    and at least as many drafts are kept in expectation. ``pi`` must depend on the prefix only, never on the drafted
-    token (true of every verifier here). For lossy SD and typical acceptance ``pi`` is what their ``verification_probs``
-    declares, the law they emit at a drafted position. Greedy (``do_sample=False``): ``rho`` is 1 up to the first
-    ``x_t != argmax pi_t``, so block and token-wise verification coincide and this calls ``base``.
-    """
-
-    base: Verifier = field(default=None)
-
-    def __post_init__(self):
-        if not isinstance(self.base, Verifier) or isinstance(self.base, BlockVerifier):
-            raise TypeError(
-                f"`base` must be a token-wise Verifier such as ExactVerifier() or HeadVerifier(head), got "
-                f"{type(self.base).__name__}. Use `BlockVerifier(ExactVerifier())` for lossless block verification."
-            )
-
-    @property
-    def requires_hidden_states(self) -> bool:
-        return self.base.requires_hidden_states
-
-    @property
-    def requires_untempered_probs(self) -> bool:
-        return self.base.requires_untempered_probs
-
-    @property
-    def head(self) -> "DiversedHead | None":  # base's, for a head verifier (generate checks it against the pair)
-        return getattr(self.base, "head", None)
-
-    def verification_probs(self, draft_probs, target_probs, **context):
-        return self.base.verification_probs(draft_probs, target_probs, **context)
-
-    def __call__(
-        self,
-        draft_ids,
-        draft_probs,
-        target_probs,
-        *,
-        draft_lengths=None,
-        do_sample=True,
-        generator=None,
-        validate=True,
-        **context,
-    ) -> VerificationResult:
-        """One round, arguments as :meth:`Verifier.__call__`; ``drafted_acceptance`` holds ``rho_t / rho_{t-1}``."""
-        if validate:
-            check_round_inputs(draft_ids, draft_probs, target_probs, draft_lengths, **context)
-        if not do_sample or draft_ids.shape[1] == 0:
-            return self.base(
-                draft_ids,
-                draft_probs,
-                target_probs,
-                draft_lengths=draft_lengths,
-                do_sample=do_sample,
-                generator=generator,
-                validate=False,
-                **context,
-            )
-        batch_size, num_draft_tokens = draft_ids.shape
-        if draft_lengths is None:
-            draft_lengths = torch.full((batch_size,), num_draft_tokens, dtype=torch.long, device=draft_ids.device)
-        else:
-            draft_ids = ops.without_placeholders(draft_ids, draft_lengths)  # (batch, N)
-        verify_probs, target_weight = self.base._round_verification_probs(draft_probs, target_probs, **context)
-        bonus_probs = target_probs[torch.arange(batch_size, device=draft_ids.device), draft_lengths]  # (batch, vocab)
-        num_accepted, next_tokens, position_acceptance, drafted_factor = block.block_round(
-            draft_ids, draft_probs, verify_probs, bonus_probs, draft_lengths, generator
-        )  # (batch,), (batch,), (batch, N), (batch, N)
-        return VerificationResult(num_accepted, next_tokens, position_acceptance, target_weight, drafted_factor)

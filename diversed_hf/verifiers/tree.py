@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .block import BlockVerifier
 from .checks import check_verification_output
-from .rules import BlockVerifier, VerificationResult, Verifier
+from .rules import VerificationResult, Verifier
 
 __all__ = ["check_tree_verifier", "verify_tree"]
 

@@ -241,6 +241,9 @@ Methods (--methods):
   cascade:0.1,0.3         SpecCascade, every rule, one run per alpha
   cascade-opt:0.1,0.3     SpecCascade, one rule
   typical:0.05,0.09       typical acceptance (Medusa), one run per posterior threshold
+  fuzzy:0.02,0.1          fuzzy SD, one run per Jensen-Shannon threshold (nats)
+  topk:0.25,1,4           top-2 relaxed acceptance, one run per delta (nats from the target's top-1)
+  judge:0.9,0.99          judge decoding, one run per threshold (--judge, else the task's shipped judge)
   sd-ft                   SD with the fine-tuned draft (skipped when there is none)
   diversed                DIVERSED with the task's head (skipped when there is none)
   diversed@summary        DIVERSED with the head trained for another task (transfer)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
+from ...verifiers.block import BlockVerifier
 from ...verifiers.relaxed import FuzzyVerifier, JudgeVerifier, TopKRelaxedVerifier
 from ...verifiers.rules import (
     CASCADE_RULES,
-    BlockVerifier,
     ExactVerifier,
     HeadVerifier,
     LenientVerifier,

@@ -7,6 +7,7 @@ These load only what they are given. The testbed's pair, heads and drafts are th
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -71,4 +72,11 @@ def load_judge(spec: str | None, task: str):
         return None
     from ...heads.judge import JudgeHead
 
+    local = Path(path).expanduser()
+    looks_local = local.is_absolute() or path.startswith((".", "~")) or local.parent not in (Path("."), local)
+    if not local.is_dir() and looks_local and (local.is_absolute() or local.parent.is_dir()):
+        raise FileNotFoundError(
+            f"`--judge {spec}`: the judge for {task!r}, {path!r}, is no directory here: pass the folder "
+            "training/train_judge.py saved (its --output_dir/judge), or a Hub repo id."
+        )
     return JudgeHead.from_pretrained(path).eval()

@@ -26,6 +26,8 @@ among them): TRL passes it every column while training; the held-out evaluation 
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from pathlib import Path
 
 from .registry import TaskSpec, get_task, register_task, require
@@ -67,9 +69,20 @@ def resolve_reward(reward: str):
         raise ValueError(f"`--reward {reward}`: {reward!r} is not a function.")
 
     def score(completions, references):  # the held-out evaluation's call
-        return [float(value) for value in function(prompts=None, completions=list(completions), reference=references)]
+        values = function(prompts=None, completions=list(completions), reference=references)
+        return [_held_out_reward(reward, value, i) for i, value in enumerate(values)]
 
     return score, function_name, function
+
+
+def _held_out_reward(reward: str, value, index: int) -> float:
+    """One held-out score as a float; anything else (None, a string, NaN) refused as training refuses it."""
+    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ValueError(
+            f"`--reward {reward}` returned {value!r} for held-out completion {index}: the held-out quality needs a "
+            "finite number for every completion (give failed or unscorable ones a low reward)."
+        )
+    return float(value)
 
 
 def trl_reward(task: str):
@@ -106,6 +119,13 @@ def dataset_task(
         if missing:
             flag = "--prompt_column" if missing[0] == prompt_column else "--answer_column"
             raise ValueError(f"`{flag} {missing[0]}`: {source} has the columns {rows.column_names}.")
+        bad = [(i, v) for i, v in enumerate(rows[prompt_column]) if not isinstance(v, str) or not v.strip()]
+        if bad:
+            row, value = bad[0]
+            raise ValueError(
+                f"`--prompt_column {prompt_column}`: {len(bad)} row(s) of {source} hold no prompt text (row {row}: "
+                f"{value!r}); every prompt must be a non-empty string."
+            )
 
     def load(split: str = "train", num_examples: int | None = None, seed: int = 0):
         rows = _read(source, split)
@@ -142,7 +162,16 @@ def _read(source: str, split: str):
             raise ValueError(
                 f"`--dataset {source}`: read .jsonl, .json, .csv or .parquet files, or a datasets directory."
             )
-        table = datasets.load_dataset(FILE_KINDS[local.suffix], data_files=str(local), split="train")
+        if local.stat().st_size == 0:
+            raise ValueError(f"`--dataset {source}` is empty: a head needs training and held-out prompts.")
+        try:
+            table = datasets.load_dataset(FILE_KINDS[local.suffix], data_files=str(local), split="train")
+        except Exception as error:  # datasets' DatasetGenerationError (a malformed line), StopIteration (no rows)
+            cause = error.__cause__ or error
+            raise ValueError(
+                f"`--dataset {source}` could not be read as {local.suffix} ({type(cause).__name__}: {cause}): check "
+                'the file\'s format (JSON lines: one object per line, e.g. {"prompt": "...", "answer": "..."}).'
+            ) from None
     elif local.is_dir():
         table = datasets.load_from_disk(str(local))
     else:
