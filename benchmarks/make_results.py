@@ -160,6 +160,8 @@ VLLM_EAGLE_SECTION = ("vllm_eagle", "Serving with vLLM: the EagleDraft")
 VLLM_LOAD_SECTION = ("vllm_load", "Serving with vLLM under load")
 #: the same with the real pair's task EagleDraft through vLLM's eagle method (benchmarks/vllm_load.py --pair smollm2)
 VLLM_LOAD_EAGLE_SECTION = ("vllm_load_eagle", "Serving with vLLM under load: the EagleDraft")
+#: the real pair under lm-evaluation-harness, written by benchmarks/lm_eval_results.py
+LM_EVAL_SECTION = ("lm_eval", "lm-evaluation-harness")
 #: the real pair's feature draft against its self-draft, written by benchmarks/eagle_results.py
 EAGLE_SECTION = ("eagle", "Real pair: feature draft against self-draft")
 #: benchmarks/everyday_results.py: the default EagleDraft on held-out everyday prompts and on arith_chat
@@ -214,6 +216,7 @@ CARRIED_SECTIONS = (
     VLLM_EAGLE_SECTION,
     VLLM_LOAD_SECTION,
     VLLM_LOAD_EAGLE_SECTION,
+    LM_EVAL_SECTION,
 )
 
 

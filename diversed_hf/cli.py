@@ -2,6 +2,8 @@
 
 Each module of :data:`COMMANDS` exposes ``register(subparsers)`` and adds its subcommands there
 (``diversed_hf.lab.hub_cli`` adds two, ``push`` and ``card``); only the module of the command being run is imported.
+A :data:`PASSTHROUGH` command (``lm-eval``) hands its arguments to another tool's CLI through its module's
+``cli_main(argv)`` instead.
 
 A registered subcommand sets ``func`` on its parser (``parser.set_defaults(func=...)``); ``func`` takes the
 parsed namespace and returns an exit code (or ``None`` for 0).
@@ -34,7 +36,13 @@ COMMANDS = {
     ),
     "card": ("diversed_hf.lab.hub_cli", "Re-render the model card (README.md) of saved heads."),
     "throughput": ("diversed_hf.lab.throughput", "Tokens/s of batched speculative decoding on the testbed."),
+    "lm-eval": (
+        "diversed_hf.lab.harness",
+        "lm-evaluation-harness with the `diversed` model: the harness's scores and speculation's, per task.",
+    ),
 }
+#: commands that hand every argument after their name to another tool's own CLI (``module.cli_main(argv)``)
+PASSTHROUGH = {"lm-eval"}
 #: the modules that add commands
 COMMAND_MODULES = sorted({module for module, _ in COMMANDS.values()})
 
@@ -58,7 +66,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     to_load = {module for name, (module, _) in COMMANDS.items() if argv is None or name == chosen}
     registered = set()
     for name, (module, help_text) in COMMANDS.items():
-        if module in to_load:
+        if module in to_load and name not in PASSTHROUGH:  # a passthrough command's options are the other tool's
             if module not in registered:  # a module may add several commands (hub_cli: push and card)
                 importlib.import_module(module).register(subparsers)
                 registered.add(module)
@@ -69,6 +77,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = _chosen_command(argv)
+    if chosen in PASSTHROUGH:  # e.g. lm-eval's own options and --help, untouched
+        return _passthrough(chosen, argv[argv.index(chosen) + 1 :], verbose=any(a in ("-v", "--verbose") for a in argv))
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -84,6 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         print(error_line(f"diversed-hf {args.command}", error), file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _passthrough(command: str, rest: list[str], verbose: bool) -> int:
+    """Run a :data:`PASSTHROUGH` command: its module's ``cli_main(rest)``, user errors ending as one line."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    try:
+        return int(importlib.import_module(COMMANDS[command][0]).cli_main(rest) or 0)
+    except USER_ERRORS as error:
+        if verbose:
+            raise
+        print(error_line(f"diversed-hf {command}", error), file=sys.stderr)
         return USAGE_ERROR
 
 

@@ -237,7 +237,7 @@ def test_lazy_command_summaries_match_the_commands_own():
 
 
 def test_every_command_has_a_description_and_shows_defaults(capsys):
-    for name in cli.COMMANDS:
+    for name in (name for name in cli.COMMANDS if name not in cli.PASSTHROUGH):  # lm-eval's help is lm-eval's
         with pytest.raises(SystemExit):
             cli.main([name, "--help"])
         out = capsys.readouterr().out

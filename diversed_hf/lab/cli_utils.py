@@ -35,6 +35,7 @@ __all__ = [
     "error_line",
     "other_spelling",
     "run_script",
+    "replace_section",
     "site_home",
     "write_site_home",
     "write_text_atomic",
@@ -202,6 +203,23 @@ def replace_marked_block(path: str | os.PathLike, text: str, marker: str) -> Non
     head, _, rest = page.partition(start)
     _, _, tail = rest.partition(end)
     write_text_atomic(path, f"{head}{start}\n{text}\n{end}{tail}")
+
+
+def replace_section(path: str | os.PathLike, title: str, body: str, before: str = "## Reading") -> None:
+    """Put ``## <title>`` with ``body`` into the Markdown page ``path``: in place of that section, else before the
+    first section starting with ``before`` (else at the end)."""
+    import re
+
+    path = Path(path)
+    parts = re.split(r"(?m)^(?=## )", path.read_text())
+    section = f"## {title}\n\n{body.strip()}\n\n"
+    at = next((i for i, part in enumerate(parts) if part.startswith(f"## {title}\n")), None)
+    if at is not None:
+        parts[at] = section
+    else:
+        at = next((i for i, part in enumerate(parts) if part.startswith(before)), len(parts))
+        parts.insert(at, section)
+    write_text_atomic(path, "".join(parts))
 
 
 def site_home(readme: str) -> str:
