@@ -16,7 +16,7 @@ from test_training import tiny_tokenizer  # noqa: E402
 from tiny_models import make_model  # noqa: E402
 
 from diversed_hf import EagleDraft, enable_diversed  # noqa: E402
-from diversed_hf.training import eagle_distill  # noqa: E402
+from diversed_hf.training import eagle_save  # noqa: E402
 from diversed_hf.training.eagle_data import CollectionSettings, collect, load_sequences  # noqa: E402
 from diversed_hf.training.eagle_distill import DistillSettings, check_save_to, distill, save_draft  # noqa: E402
 
@@ -111,7 +111,7 @@ def test_save_to_holding_other_files_or_overlapping_the_run_is_refused(tmp_path)
 @pytest.mark.parametrize("exchange", [True, False])  # one renameat2 exchange, or the two renames where it is missing
 def test_an_earlier_draft_is_replaced_whole(tmp_path, monkeypatch, exchange):
     if not exchange:
-        monkeypatch.setattr(eagle_distill, "_exchange", lambda first, second: False)
+        monkeypatch.setattr(eagle_save, "_exchange", lambda first, second: False)
     target = make_model("llama")
     first, second = (EagleDraft.for_target(target) for _ in range(2))
     save_draft(first, tmp_path / "draft", {"run": 1})
@@ -261,7 +261,7 @@ def test_the_tuned_targets_task_prompts_join_the_mix_from_their_training_splits(
     from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix
 
     mix = eagle_prompt_mix(0, 0, 0, num_synopsis=3, num_arith_steps=2)
-    assert set(mix) == {"chat", "arith_chat", "humaneval", "docstrings", "synopsis", "arith_steps"}
+    assert set(mix) == {"chat", "arith_chat", "humaneval", "docstrings", "synopsis", "arith_steps", "prefill"}
     assert [p for p, _ in mix["arith_steps"]] == list(
         load_task_dataset("arith_steps", split="train", num_examples=2)["prompt"]
     )

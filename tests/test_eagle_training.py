@@ -144,3 +144,26 @@ def test_an_eagle3_draft_distils_on_its_fused_layers_and_keeps_greedy_parity(col
         distill(target, last_layer, tmp_path / "c" / "checkpoints", tmp_path / "c" / "draft", settings, progress=False)
     with pytest.raises(ValueError, match="`aux_layer_ids` names the target layers"):
         DistillSettings(architecture="eagle3")
+
+
+def test_a_read_only_text_keeps_every_position_and_decodes_nothing(tmp_path):
+    """A job with 0 new tokens (existing text, prefill): its ids are the text's, every position is trained, and its
+    features are the target's on that text; in a batch beside rows that decode."""
+    from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix
+
+    target, _, tokenizer = testbed.load_pair()
+    prompts = [(p, 0 if i % 2 else 8) for i, p in enumerate(testbed.load_task("arith", num_examples=4)["prompt"])]
+    collect(target, tokenizer, prompts, tmp_path / "data", CollectionSettings(batch_size=4), progress=False)
+    sequences = load_sequences(tmp_path / "data")
+    for (text, limit), sequence in zip(prompts, sequences):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if limit:
+            assert sequence.prompt_length == len(ids) and sequence.ids.shape[0] > len(ids)
+            continue
+        assert sequence.prompt_length == 1 and sequence.ids.tolist() == ids
+        with torch.no_grad():
+            states = target(sequence.ids[None], output_hidden_states=True).hidden_states[-1][0, :-1]
+        torch.testing.assert_close(sequence.hidden.float(), states, atol=2e-2, rtol=1e-2)
+    mix = eagle_prompt_mix(0, 0, 3, num_prefill=5)
+    assert [limit for _, limit in mix["prefill"]] == [0] * 5
+    assert not any(text in prompt for text, _ in mix["prefill"] for prompt, _ in mix["docstrings"])  # kept apart

@@ -6,11 +6,14 @@
     python training/train_eagle_draft.py --prompts my_chats.jsonl --num_chat 0   # on your own conversations
     python training/train_eagle_draft.py --target smollm2-tuned --num_synopsis 1000 --num_arith_steps 1000 \
         --num_arith 0 --code_samples 0 --num_docstrings 0 --output_dir runs/tuned_eagle   # the task-tuned target's
+    python training/train_eagle_draft.py --target_model Qwen/Qwen3-0.6B --output_dir runs/qwen3_eagle   # any target
+    accelerate launch training/train_eagle_draft.py ...   # the distillation data-parallel over the processes
 
-1. **Data** (``--output_dir``/data): SmolLM2-135M-Instruct answers chat prompts (``--num_chat`` everyday requests of
+1. **Data** (``--output_dir``/data): the target answers chat prompts (``--num_chat`` everyday requests of
    the broad chat set, or your own with ``--prompts``; ``arith_chat`` and ``humaneval`` training problems;
-   explanations of standard-library functions: ``diversed_hf.lab.tasks.eagle_prompts``), sampled at
-   ``--temperature`` (every ``1/--greedy_fraction``-th prompt greedily); its last hidden state and top-``--top_k``
+   explanations of standard-library functions: ``diversed_hf.lab.tasks.eagle_prompts``), sampled at ``--temperature``
+   (every ``1/--greedy_fraction``-th prompt greedily), and reads ``--num_prefill`` existing texts as they are (every
+   position of them trained); its last hidden state and top-``--top_k``
    log-probabilities are kept at every position from the same passes (``diversed_hf.training.eagle_data``). Resumable
    shard by shard.
 2. **Distillation** (``--output_dir``/checkpoints): an ``EagleDraft.for_target(target, num_layers=--num_layers,
@@ -62,10 +65,12 @@ OPTIONS = [
     ("num_docstrings", int, 40, "standard-library functions the target explains"),
     ("num_synopsis", int, 0, "synopsis training prompts the target answers (the tuned target's task)"),
     ("num_arith_steps", int, 0, "arith_steps training problems the target answers (the tuned target's task)"),
+    ("num_prefill", int, 0, "existing texts the target reads as they are (docstrings, synopsis documents)"),
     ("temperature", float, 0.7, "sampling temperature of the responses"),
     ("greedy_fraction", float, 0.25, "share of prompts answered greedily"),
     ("top_k", int, 32, "target log-probabilities kept per position"),
     ("generation_batch_size", int, 32, "prompts decoded together"),
+    ("shard_size", int, 64, "sequences per data shard (the unit a resumed collection redoes, and processes split)"),
     ("num_layers", int, 1, "decoder layers of the draft"),
     ("draft_vocab_size", int, 8192, "ids the draft scores (the most frequent in the data; 0: all)"),
     ("unroll", int, 3, "training-time test: steps on the draft's own features"),
@@ -104,9 +109,22 @@ def parse_args(argv=None):
     parser.add_argument(
         "--target",
         choices=("smollm2", "smollm2-tuned"),
-        default="smollm2",
-        help="the target the draft is distilled from: SmolLM2-135M-Instruct, or it with a task-tuning adapter "
-        "merged (--adapter)",
+        default=None,
+        help="a shipped target the draft is distilled from: SmolLM2-135M-Instruct (the default), or it with a "
+        "task-tuning adapter merged (--adapter)",
+    )
+    parser.add_argument(
+        "--target_model",
+        default=None,
+        metavar="ID_OR_PATH",
+        help="any other target: a Hub id or a local directory of a causal LM (an architecture EagleDraft.for_target "
+        "reads: llama, mistral, qwen2, qwen3, gemma3_text, phi3, gpt_neox; with --arch eagle3 any), loaded in --dtype",
+    )
+    parser.add_argument(
+        "--chat_template",
+        default=None,
+        help="with --target_model: the chat template the prompts are rendered with (a .jinja file, a tokenizer "
+        "directory, or 'none' for plain text); default the target tokenizer's own",
     )
     parser.add_argument(
         "--adapter", default=None, help="with --target smollm2-tuned: the LoRA adapter (default: the shipped one)"
@@ -144,9 +162,21 @@ def parse_args(argv=None):
         "generation_batch_size",
         "save_steps",
         "chat_max_new_tokens",
+        "shard_size",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if args.target_model is not None and args.target is not None:
+        parser.error(f"--target {args.target} and --target_model {args.target_model}: name one target")
+    if args.chat_template is not None and args.target_model is None:
+        parser.error("--chat_template renders the prompts of a --target_model (the shipped targets use their own)")
+    if args.target_model is not None and (args.num_synopsis or args.num_arith_steps or args.adapter):
+        parser.error(
+            "--num_synopsis, --num_arith_steps and --adapter are the task-tuned SmolLM2 target's: leave them out "
+            "with --target_model"
+        )
+    if args.target is None and args.target_model is None:
+        args.target = "smollm2"
     if args.adapter and args.target != "smollm2-tuned":
         parser.error(f"--adapter {args.adapter} is for the tuned target: add --target smollm2-tuned")
     counts = (
@@ -157,6 +187,7 @@ def parse_args(argv=None):
         "num_docstrings",
         "num_synopsis",
         "num_arith_steps",
+        "num_prefill",
     )
     for name in counts:
         if getattr(args, name) < 0:
@@ -175,7 +206,7 @@ def parse_args(argv=None):
         if not (math.isfinite(value) and value >= 0):
             parser.error(f"--{name} must be a finite number >= 0, got {value}")
     sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings
-    if not args.prompts and sources + args.num_synopsis + args.num_arith_steps == 0:
+    if not args.prompts and sources + args.num_synopsis + args.num_arith_steps + args.num_prefill == 0:
         parser.error(
             "the prompt mix is empty (--num_chat, --num_arith, --code_samples and --num_docstrings are all 0, and no "
             "--prompts): give the target something to answer"
@@ -225,6 +256,7 @@ def _settings(args):
         greedy_fraction=args.greedy_fraction,
         top_k=args.top_k,
         batch_size=args.generation_batch_size,
+        shard_size=args.shard_size,
         seed=args.seed,
     )
     distill_settings = DistillSettings(
@@ -243,16 +275,16 @@ def _settings(args):
     return settings, distill_settings
 
 
-def _prompts(args) -> tuple[list, dict[str, int]]:
-    """The prompts the target answers, the sources interleaved, and how many come from each source (the chat ones
-    named after where they come from)."""
+def _prompts(args, chat_template: str = "smollm2") -> tuple[list, dict[str, int]]:
+    """The prompts the target answers (rendered with ``chat_template``), the sources interleaved, and how many come
+    from each source (the chat ones named after where they come from)."""
     from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix, interleave
 
     user_prompts = None
     if args.prompts:
         from diversed_hf.lab.tasks.chat_prompts import load_user_prompts
 
-        user_prompts = load_user_prompts(args.prompts, args.num_user_prompts)
+        user_prompts = load_user_prompts(args.prompts, args.num_user_prompts, chat_template=chat_template)
     mix = eagle_prompt_mix(
         args.num_arith,
         args.code_samples,
@@ -264,6 +296,8 @@ def _prompts(args) -> tuple[list, dict[str, int]]:
         num_synopsis=args.num_synopsis,
         num_arith_steps=args.num_arith_steps,
         seed=args.seed,
+        chat_template=chat_template,
+        num_prefill=args.num_prefill,
     )
     chat_source = f"your prompts ({args.prompts})" if args.prompts else "everyday requests of the broad chat set"
     prompt_mix = {chat_source if name == "chat" else name: len(jobs) for name, jobs in mix.items() if jobs}
@@ -290,8 +324,14 @@ def _data_record(collections: list[dict], settings) -> dict:
 
 
 def _load_target(args):
-    """``(target, tokenizer)``: SmolLM2-135M-Instruct, or the task-tuned target (``--adapter`` merged), in ``--dtype``."""
+    """``(target, tokenizer)``: SmolLM2-135M-Instruct, the task-tuned target (``--adapter`` merged), or
+    ``--target_model``, in ``--dtype``."""
     dtype = getattr(torch, args.dtype)
+    if args.target_model is not None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        target = AutoModelForCausalLM.from_pretrained(args.target_model, dtype=dtype).eval()
+        return target, AutoTokenizer.from_pretrained(args.target_model)
     if args.target == "smollm2-tuned":
         from diversed_hf.testbed import smollm2_tuned
 
@@ -308,6 +348,7 @@ def main(argv=None) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)
     from diversed_hf.testbed import smollm2_tuned  # the testbed: registers its tasks
+    from diversed_hf.training.data_parallel import Processes
     from diversed_hf.training.eagle_data import collect, collection_seconds
     from diversed_hf.training.eagle_distill import check_save_to, distill
 
@@ -323,8 +364,18 @@ def main(argv=None) -> Path:
     if args.target == "smollm2-tuned":  # its adapter, before any prompt is built or model loads
         smollm2_tuned.check_tuned_files(args.adapter or smollm2_tuned.TUNED_DIR, eagle=None)
     started = time.time()
-    prompts, prompt_mix = _prompts(args)
+    processes = Processes.current()  # several under `accelerate launch`: shards and batches are split among them
+    chat_template = "smollm2"  # the shipped targets' (SmolLM2's ChatML)
+    if args.target_model is not None:  # its architecture and chat template, before any weight loads
+        from diversed_hf.training.eagle_data import check_target_model
+
+        with processes.main_first():  # the main process writes the tokenizer's files, the others read them
+            chat_template = check_target_model(
+                args.target_model, args.arch, args.chat_template, True, output_dir / "target_tokenizer"
+            )
+    prompts, prompt_mix = _prompts(args, chat_template)
     target, tokenizer = _load_target(args)
+    target = target.to(processes.device)
     if args.arch == "eagle3":  # the target's layers the draft fuses, kept as each position's feature
         from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
 
@@ -333,10 +384,10 @@ def main(argv=None) -> Path:
         check_aux_layer_ids(ids, layers)
         settings = dataclasses.replace(settings, feature_layers=ids)
         distill_settings = dataclasses.replace(distill_settings, architecture="eagle3", aux_layer_ids=ids)
-    source = {"target": args.target, "dtype": args.dtype}
+    source = {"target": args.target or args.target_model, "dtype": args.dtype}
     if args.target == "smollm2-tuned":
         source["adapter"] = str(args.adapter or smollm2_tuned.TUNED_DIR)
-    collect(target, tokenizer, prompts, output_dir / "data", settings, source=source)
+    collect(target, tokenizer, prompts, output_dir / "data", settings, source=source, processes=processes)
     recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
     own = {
         "data": str(output_dir / "data"),
@@ -346,12 +397,14 @@ def main(argv=None) -> Path:
         "dtype": args.dtype,
         "recipe": recipe.strip(),
     }
-    write_text_atomic(output_dir / "collection.json", json.dumps(own, indent=1) + "\n")
+    if processes.is_main:
+        write_text_atomic(output_dir / "collection.json", json.dumps(own, indent=1) + "\n")
     logger.info("data: %d prompts, %d s of decoding", own["num_prompts"], own["data_seconds"])
     if args.data_only:
+        processes.close()
         return output_dir / "data"
     collections = [own, *(_collection_record(Path(d)) for d in args.extra_data)]
-    return distill(
+    saved = distill(
         target,
         [output_dir / "data", *map(Path, args.extra_data)],
         output_dir / "checkpoints",
@@ -360,6 +413,8 @@ def main(argv=None) -> Path:
         extra_record=_data_record(collections, settings),
         drafting=args.drafting,
     )
+    processes.close()
+    return saved
 
 
 def _collection_record(data_dir: Path) -> dict:

@@ -30,10 +30,19 @@ from safetensors.torch import load_file, save_file
 from .. import compat
 from ..verifiers import ops
 from ..verifiers.checks import is_integer, is_real
+from .data_parallel import Processes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CollectionSettings", "Sequence", "claim_directory", "collect", "collection_seconds", "load_sequences"]
+__all__ = [
+    "CollectionSettings",
+    "Sequence",
+    "check_target_model",
+    "claim_directory",
+    "collect",
+    "collection_seconds",
+    "load_sequences",
+]
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,9 @@ def _decode_batch(
 ) -> list[Sequence]:
     """Decode one batch of ``(prompt ids, max new tokens)``; every row keeps its features and soft labels.
 
-    Finished rows leave the batch (their cache rows are dropped), so short answers cost nothing after their end.
+    Finished rows leave the batch (their cache rows are dropped), so short answers cost nothing after their end. A
+    row with 0 new tokens is **read only** (existing text, prefill): its features and soft labels come from the
+    first pass, and every position of it is trained (``prompt_length`` 1).
     """
     device = target.device
     width = max(len(ids) for ids, _ in jobs)
@@ -195,7 +206,7 @@ def _decode_batch(
     new_tokens = [[] for _ in range(batch)]
     cache = compat.new_cache()
     chunk = seq
-    for step in range(int(limits.max())):
+    for step in range(max(1, int(limits.max()))):  # one pass at least: a read-only row's prefill
         out = compat.forward_with_cache(target, chunk, mask, cache, logits_to_keep=0, output_hidden_states=True)
         logits = out.logits.float()  # (A, chunk, V)
         top_logprobs, top_ids = logits.log_softmax(dim=-1).topk(settings.top_k, dim=-1)  # (A, chunk, k)
@@ -211,7 +222,8 @@ def _decode_batch(
         token = torch.where(greedy_rows[active], last.argmax(dim=-1), sampled)  # (A,)
         for i, row in enumerate(active.tolist()):
             features[row].append((hidden[i], top_ids[i].to(torch.int32), top_logprobs[i].to(torch.float16)))
-            new_tokens[row].append(int(token[i]))
+            if jobs[row][1] > 0:  # a read-only row decodes nothing
+                new_tokens[row].append(int(token[i]))
         lengths = torch.tensor([len(new_tokens[row]) for row in active.tolist()], device=device)  # (A,)
         done = torch.isin(token, eos) | (lengths >= limits[active])  # (A,)
         if bool(done.all()):
@@ -236,7 +248,7 @@ def _decode_batch(
                 hidden=hidden[:n],
                 top_ids=top_ids[:n],
                 top_logprobs=top_logprobs[:n],
-                prompt_length=len(ids),
+                prompt_length=len(ids) if jobs[row][1] > 0 else 1,  # read-only: every position is trained
             )
         )
     return sequences
@@ -250,8 +262,12 @@ def collect(
     settings: CollectionSettings = CollectionSettings(),
     progress: bool = True,
     source: dict | None = None,
+    processes=None,
 ) -> Path:
     """Decode every ``(prompt text, max new tokens)`` with ``target`` into shards in ``directory``; returns it.
+
+    ``processes`` (:class:`~diversed_hf.training.data_parallel.Processes`, under ``accelerate launch``): each process
+    decodes every ``world``-th shard with its own copy of the target; the main process claims the directory first.
 
     ``source`` (e.g. ``{"target": "smollm2", "dtype": "bfloat16"}``) names what answers; it is recorded in
     ``manifest.json`` with the settings and prompts, so a directory holding another target's or dtype's collection is
@@ -273,7 +289,9 @@ def collect(
     manifest = {"settings": asdict(settings), "num_prompts": len(prompts), "prompts_sha256": digest}
     if source is not None:
         manifest["source"] = dict(source)
-    claim_directory(directory, "manifest.json", manifest, "a collection made with other settings")
+    processes = processes or Processes()
+    with processes.main_first():  # the main process claims the directory, the others check its claim
+        claim_directory(directory, "manifest.json", manifest, "a collection made with other settings")
     eos_ids = set()
     for value in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
         eos_ids.update(value if isinstance(value, list) else [value] if value is not None else [])
@@ -283,10 +301,12 @@ def collect(
     started = time.time()
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(prompts), desc="target responses", disable=not progress)
+    bar = tqdm(total=len(prompts), desc="target responses", disable=not progress or not processes.is_main)
     written = 0
     for shard in range(num_shards):
         begin, end = shard * settings.shard_size, min(len(prompts), (shard + 1) * settings.shard_size)
+        if shard % processes.world != processes.rank:  # another process's shard
+            continue
         if _shard_path(directory, shard).is_file():
             bar.update(end - begin)
             continue
@@ -301,9 +321,11 @@ def collect(
             bar.update(len(batch))
         _write_shard(_shard_path(directory, shard), sequences)
     bar.close()
+    processes.wait()  # every shard is written
     timing = directory / "timing.json"  # decoding time summed over the runs that wrote shards (a resumed run adds)
     spent = time.time() - started
-    if written:
+    written = int(processes.sum(torch.tensor(written)))  # by any process
+    if written and processes.is_main:
         total = spent + (json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0)
         timing.write_text(json.dumps({"seconds": round(total, 1)}) + "\n")
     logger.info("collected %d sequences into %s in %.0f s", len(prompts), directory, spent)
@@ -314,3 +336,50 @@ def collection_seconds(directory: str | Path) -> float | None:
     """Seconds the collection in ``directory`` took to decode (every run that wrote shards), if recorded."""
     timing = Path(directory) / "timing.json"
     return json.loads(timing.read_text())["seconds"] if timing.is_file() else None
+
+
+def check_target_model(
+    target_model: str, architecture: str, chat_template: str | None, needs_chat: bool, tokenizer_dir: Path
+) -> str | None:
+    """Refuse, before any weight loads or any prompt is answered, a target a draft cannot be distilled for: a config
+    that cannot be read, an architecture ``EagleDraft.for_target`` has no layout for (``architecture="eagle"``; an
+    EAGLE-3 draft reads any), or a tokenizer without a chat template when the prompts are chat and no
+    ``chat_template`` is given. Returns the chat template to render the prompts with: ``chat_template``, else the
+    tokenizer's own (its files saved into ``tokenizer_dir``), else ``None``. Errors name ``--target_model``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..drafting.eagle import layout_of
+
+    flag = f"`--target_model {target_model}`"
+    try:
+        config = AutoConfig.from_pretrained(target_model)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag}: its config cannot be read ({error}). Pass a local directory or a Hub id.") from None
+    text_config = config.get_text_config()
+    if architecture == "eagle":
+        try:
+            layout_of(text_config.model_type)
+        except ValueError as error:
+            raise ValueError(f"{flag}: {error} An EAGLE-3 draft (--arch eagle3) reads any architecture.") from None
+    missing = [name for name in ("hidden_size", "num_hidden_layers", "vocab_size") if not getattr(text_config, name, 0)]
+    if missing:
+        raise ValueError(f"{flag}: its config has no {missing}; a feature draft reads the target's hidden states.")
+    if chat_template is not None:
+        from ..lab.tasks.chat import load_chat_template
+
+        load_chat_template(chat_template)  # a name, file or directory that holds one; refused by name otherwise
+        return chat_template
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_model)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag}: its tokenizer cannot be loaded ({error}).") from None
+    if not getattr(tokenizer, "chat_template", None):
+        if needs_chat:
+            raise ValueError(
+                f"{flag}: its tokenizer ({type(tokenizer).__name__}) has no chat template, and the prompts are chat "
+                "requests. Pass --chat_template (a .jinja file or a tokenizer directory), or --chat_template none for "
+                "plain text."
+            )
+        return None
+    tokenizer.save_pretrained(tokenizer_dir)  # chat_template.jinja and the special tokens the template reads
+    return str(tokenizer_dir)

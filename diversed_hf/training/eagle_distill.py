@@ -17,17 +17,17 @@ always among them. Held-out sequences (a seeded split) give ``sum_x min(p, q)`` 
 agreement per unrolled step, before and after training. Checkpoints (``checkpoint-<step>``: trainable weights,
 optimizer, scheduler, RNG, step) are written whole or not at all; a rerun resumes from the newest.
 
-The draft is saved into ``save_to`` (replaced whole: :func:`check_save_to` refuses, before anything runs, a directory
-that holds anything but an earlier draft or that overlaps the data or the checkpoints).
+The draft is saved into ``save_to`` (:mod:`diversed_hf.training.eagle_save`: replaced whole; a directory that holds
+anything but an earlier draft, or that overlaps the data or the checkpoints, is refused before anything runs). Under
+``accelerate launch`` the steps are data-parallel (:mod:`diversed_hf.training.data_parallel`): each process takes its
+share of every batch, the gradients are summed, and the main process writes the checkpoints and the draft.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import math
-import os
 import pickle
 import random
 import re
@@ -40,7 +40,9 @@ import torch
 
 from ..drafting.eagle import EagleDraft
 from ..verifiers.checks import is_integer, is_real
+from .data_parallel import Processes
 from .eagle_data import Sequence, claim_directory, load_sequences
+from .eagle_save import DEFAULT_DRAFTING, check_drafting, check_save_to, save_draft
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +59,6 @@ __all__ = [
 ]
 
 STEP_DECAY = 0.8
-#: what a saved draft's directory holds (save_pretrained may shard the weights)
-DRAFT_FILES = re.compile(
-    r"config\.json|generation_config\.json|model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors"
-    r"|README\.md|training\.json"
-)
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
@@ -319,19 +316,34 @@ def _resume(checkpoint_dir: Path, draft, optimizer, scheduler, total_steps: int)
     return state["step"]
 
 
-def _train_step(draft, training, step: int, steps_per_epoch: int, settings, id_to_draft, optimizer):
-    """One optimizer step on the ``step``-th batch (epochs reshuffled by seed): ``(loss, overlap per step, count)``."""
+def _train_step(draft, training, step: int, steps_per_epoch: int, settings, id_to_draft, optimizer, processes):
+    """One optimizer step on the ``step``-th batch (epochs reshuffled by seed): ``(loss, overlap per step, count)``.
+
+    With several processes each takes every ``world``-th sequence of the batch; its loss (a mean over its positions)
+    is weighted by its share of the batch's positions and the gradients are summed over the processes, so the step
+    is the one a single process takes on the whole batch."""
     epoch, index = divmod(step, steps_per_epoch)
     batches = list(range(len(training)))
     random.Random(f"eagle-epoch/{settings.seed}/{epoch}").shuffle(batches)
     chunk = batches[index * settings.batch_size : (index + 1) * settings.batch_size]
-    batch = _batch([training[i] for i in chunk], id_to_draft.device)
-    loss, overlap, _, count = eagle_loss(draft, batch, settings, id_to_draft)
+    mine = chunk[processes.rank :: processes.world]
+    trainable = _trainable(draft)
     optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(_trainable(draft).values(), settings.max_grad_norm)
+    loss, overlap, count = None, torch.zeros(settings.unroll, device=id_to_draft.device), 0
+    if mine:
+        batch = _batch([training[i] for i in mine], id_to_draft.device)
+        loss, overlap, _, count = eagle_loss(draft, batch, settings, id_to_draft)
+    total = int(processes.sum(torch.tensor(float(count))))
+    if loss is not None:
+        (loss * (count / total)).backward()  # x 1.0 in one process: the mean over the batch's positions
+    if processes.world > 1:
+        for parameter in trainable.values():
+            grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+            parameter.grad = processes.sum(grad)
+    torch.nn.utils.clip_grad_norm_(trainable.values(), settings.max_grad_norm)
     optimizer.step()
-    return loss, overlap, count
+    weighted = loss.detach() * count if loss is not None else torch.zeros(())
+    return processes.sum(weighted) / total, processes.sum(overlap), total
 
 
 def _manifests(data_dirs: list[Path]) -> dict | list[dict]:
@@ -371,19 +383,13 @@ def distill(
     checkpoint_dir = Path(checkpoint_dir)
     for directory in data_dirs:
         save_to = check_save_to(save_to, directory, checkpoint_dir)
+    processes = Processes.current()  # several under `accelerate launch`
     sequences = [sequence for directory in data_dirs for sequence in load_sequences(directory)]
     held_out, training = _split(sequences, settings, ", ".join(map(str, data_dirs)))
     ids = _draft_ids(target, training, settings)
-    claim_directory(
-        checkpoint_dir,
-        "run.json",
-        {
-            "settings": asdict(settings),
-            "num_sequences": len(sequences),
-            "data_manifest": _manifests(data_dirs),
-        },
-        "checkpoints of another run",
-    )
+    run = {"settings": asdict(settings), "num_sequences": len(sequences), "data_manifest": _manifests(data_dirs)}
+    with processes.main_first():  # the main process claims the directory; the others check the claim
+        claim_directory(checkpoint_dir, "run.json", run, "checkpoints of another run")
     torch.manual_seed(settings.seed)
     device = target.device
     draft = EagleDraft.for_target(
@@ -400,19 +406,24 @@ def distill(
     total_steps = steps_per_epoch * settings.epochs
     optimizer, scheduler = _optimizer(draft, settings, total_steps)
     step = _resume(checkpoint_dir, draft, optimizer, scheduler, total_steps)
-    if step == 0:
-        before = evaluate(draft, held_out, settings, id_to_draft, device)
-        (checkpoint_dir / "before.json").write_text(json.dumps(before) + "\n")
-        logger.info("held out, untrained: %s", before)
+    with processes.main_first():
+        if step == 0 and processes.is_main:
+            before = evaluate(draft, held_out, settings, id_to_draft, device)
+            (checkpoint_dir / "before.json").write_text(json.dumps(before) + "\n")
+            logger.info("held out, untrained: %s", before)
     before = json.loads((checkpoint_dir / "before.json").read_text())
     log_path = checkpoint_dir / "train_log.jsonl"
-    bar = tqdm(total=total_steps, initial=step, desc="eagle distillation", disable=not progress)
+    bar = tqdm(
+        total=total_steps, initial=step, desc="eagle distillation", disable=not progress or not processes.is_main
+    )
     while step < total_steps:
-        loss, overlap, count = _train_step(draft, training, step, steps_per_epoch, settings, id_to_draft, optimizer)
+        loss, overlap, count = _train_step(
+            draft, training, step, steps_per_epoch, settings, id_to_draft, optimizer, processes
+        )
         scheduler.step()
         step += 1
         bar.update(1)
-        if step % 10 == 0 or step == total_steps:
+        if processes.is_main and (step % 10 == 0 or step == total_steps):
             entry = {
                 "step": step,
                 "epoch": round(step / steps_per_epoch, 3),
@@ -423,8 +434,13 @@ def distill(
             _append_json_line(log_path, entry)
             bar.set_postfix(loss=entry["loss"], acc=entry["acceptance_t1"][0])
         if step % settings.save_steps == 0 or step == total_steps:
-            _save_checkpoint(checkpoint_dir, step, draft, optimizer, scheduler)
+            with processes.main_first():  # written once, whole, before any process goes on
+                if processes.is_main:
+                    _save_checkpoint(checkpoint_dir, step, draft, optimizer, scheduler)
     bar.close()
+    if not processes.is_main:  # the main process evaluates and saves the draft every process holds
+        processes.wait()
+        return save_to
     after = evaluate(draft, held_out, settings, id_to_draft, device)
     logger.info("held out, trained: %s", after)
     record = {
@@ -440,127 +456,5 @@ def distill(
     for name, value in drafting.items():
         setattr(draft.generation_config, name, value)
     save_draft(draft, save_to, record)
+    processes.wait()
     return save_to
-
-
-#: the drafting knobs a distilled draft is saved with: a tree of 3 levels, the 4 best children of each expanded node,
-#: the 12 best nodes verified (the shape measured fastest for the real pair's draft on one CPU thread, RESULTS.md
-#: "Token trees"; a batch shrinks it, ``TreeSpec.for_batch``)
-DEFAULT_DRAFTING = {"num_assistant_tokens": 3, "assistant_tree_top_k": 4, "assistant_tree_size": 12}
-
-
-def check_drafting(drafting: dict) -> dict:
-    """``drafting`` (``num_assistant_tokens`` and, for a tree, ``assistant_tree_top_k`` / ``assistant_tree_size``),
-    checked as ``generate`` checks them (:class:`~diversed_hf.drafting.tree.TreeSpec`); ``assistant_tree_top_k=1``
-    saves a chain."""
-    from ..drafting.tree import TreeSpec
-    from ..verifiers.checks import is_integer
-
-    known = {"num_assistant_tokens", "assistant_tree_top_k", "assistant_tree_size"}
-    if not isinstance(drafting, dict) or not set(drafting) <= known:
-        raise ValueError(f"`drafting` takes the keys {sorted(known)}; got {drafting!r}.")
-    depth = drafting.get("num_assistant_tokens", DEFAULT_DRAFTING["num_assistant_tokens"])
-    if not is_integer(depth) or depth < 1:
-        raise ValueError(f"`num_assistant_tokens` must be a positive integer (the draft length), got {depth!r}.")
-    top_k, size = drafting.get("assistant_tree_top_k"), drafting.get("assistant_tree_size")
-    if top_k is None or (top_k == 1 and size is None):  # a chain
-        if size is not None:
-            raise ValueError(f"`assistant_tree_size={size!r}` needs `assistant_tree_top_k` (a tree's width).")
-        return {"num_assistant_tokens": int(depth)}
-    spec = TreeSpec(depth=int(depth), top_k=top_k, size=size)  # refuses a bad shape, naming the knob
-    return {"num_assistant_tokens": spec.depth, "assistant_tree_top_k": spec.top_k, "assistant_tree_size": spec.size}
-
-
-def check_save_to(save_to, data_dir, checkpoint_dir, flag: str = "save_to") -> Path:
-    """``save_to`` as a path, refused (before anything runs) when saving the draft there would delete something: it
-    is, holds or lies in ``data_dir`` or ``checkpoint_dir``, or it holds files that are not an earlier draft's
-    (:func:`save_draft` replaces the directory whole). ``flag`` names the argument in the messages."""
-    save_to = Path(save_to).expanduser()
-    if save_to.exists() and not save_to.is_dir():
-        raise ValueError(f"`{flag}` {save_to} is a file, not a directory: pass a directory for the draft.")
-    where = save_to.resolve()
-    for what, path in (("collected data", data_dir), ("checkpoints", checkpoint_dir)):
-        path = Path(path).expanduser().resolve()
-        if where == path or where in path.parents or path in where.parents:
-            raise ValueError(
-                f"`{flag}` {save_to} overlaps the {what} in {path}: the draft replaces `{flag}` whole, which would "
-                "delete them. Pass a directory of its own (the default is <output_dir>/draft)."
-            )
-    _check_replaceable(save_to, flag)
-    return save_to
-
-
-def _check_replaceable(save_to: Path, flag: str) -> None:
-    """Refuse an existing ``save_to`` that holds anything but an earlier EagleDraft (an empty one is fine)."""
-    if not save_to.is_dir():
-        return
-    entries = sorted(save_to.iterdir())
-    if not entries:
-        return
-    foreign = [p.name for p in entries if not (p.is_file() and DRAFT_FILES.fullmatch(p.name))]
-    config = save_to / "config.json"
-    try:
-        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-    except (ValueError, AttributeError, OSError):
-        model_type = None
-    if foreign or model_type != EagleDraft.config_class.model_type:
-        what = f"files that are not an EagleDraft's ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})"
-        if not foreign:
-            what = f"another model (config.json's model_type is {model_type!r}, not an EagleDraft's)"
-        raise ValueError(
-            f"`{flag}` {save_to} holds {what}: saving the draft replaces the directory whole and would delete them. "
-            "Pass a new or empty directory, or one holding an earlier draft, or move those files away."
-        )
-
-
-def save_draft(draft: EagleDraft, save_to: Path, record: dict, dtype=torch.bfloat16) -> None:
-    """The draft in the Hub format (weights in ``dtype``), ``training.json`` and its card, written whole into
-    ``save_to`` (staged beside it, then swapped in: an earlier draft there is replaced at once; a directory holding
-    anything else is refused)."""
-    from .eagle_card import render_eagle_card
-
-    save_to = Path(save_to)
-    _check_replaceable(save_to, "save_to")
-    staging = save_to.parent / f".{save_to.name}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    generation_config = draft.generation_config
-    copy = EagleDraft(draft.config)
-    copy.load_state_dict(draft.state_dict(), strict=False)
-    copy.generation_config = generation_config
-    copy.to(dtype).save_pretrained(staging)
-    (staging / "training.json").write_text(json.dumps(record, indent=2) + "\n")
-    (staging / "README.md").write_text(render_eagle_card(draft.config, record))
-    _replace_directory(staging, save_to)
-
-
-def _exchange(first: Path, second: Path) -> bool:
-    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange) == 0
-
-
-def _replace_directory(staging: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Move the complete directory ``staging`` to ``path``, replacing what is there: readers see the old directory or
-    the new one, never a part (one exchange where the system has it; else two renames, the old directory kept beside
-    as ``.<name>.replaced`` until the new one is in place, and put back if that fails)."""
-    staging, path = Path(staging), Path(path)
-    if not path.exists():
-        staging.rename(path)
-        return path
-    if _exchange(staging, path):
-        shutil.rmtree(staging)  # now the old directory
-        return path
-    backup = path.parent / f".{path.name}.replaced"
-    shutil.rmtree(backup, ignore_errors=True)
-    path.rename(backup)
-    try:
-        staging.rename(path)
-    except BaseException:
-        backup.rename(path)
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
-    return path

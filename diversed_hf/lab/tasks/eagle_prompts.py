@@ -9,7 +9,9 @@ offline sources, all chat-formatted with the target's template:
 - requests to explain functions of the Python standard library from their docstrings (real English and code
   text; the PSF licence), taken from a fixed list of modules in a fixed order;
 - for the task-tuned target, ``synopsis`` and ``arith_steps`` training prompts (the tasks it was tuned on; their
-  test splits are never used).
+  test splits are never used);
+- existing text read as it is (**prefill**, no answer decoded; every position trains the draft): other standard-library
+  docstrings, then the ``synopsis`` training documents.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ import random
 from .chat import chat_prompt
 from .registry import get_task, load_task_dataset
 
-__all__ = ["STDLIB_MODULES", "docstring_prompts", "eagle_prompt_mix", "eagle_prompts", "interleave"]
+__all__ = [
+    "STDLIB_MODULES",
+    "docstring_prompts",
+    "eagle_prompt_mix",
+    "eagle_prompts",
+    "interleave",
+    "prefill_texts",
+]
 
 STDLIB_MODULES = (
     "os",
@@ -76,8 +85,28 @@ STDLIB_MODULES = (
 )
 
 
-def docstring_prompts(num_prompts: int, seed: int = 0) -> list[str]:
-    """``num_prompts`` chat prompts asking to explain a standard-library function given its signature and docstring."""
+def docstring_prompts(num_prompts: int, seed: int = 0, chat_template: str = "smollm2") -> list[str]:
+    """``num_prompts`` chat prompts asking to explain a standard-library function given its signature and docstring
+    (rendered with ``chat_template``: :mod:`.chat`)."""
+    return [
+        chat_prompt(f"Explain in a few sentences what this Python function does:\n\n{entry}", chat_template)
+        for entry in _docstring_entries(seed)[:num_prompts]
+    ]
+
+
+def prefill_texts(num_texts: int, seed: int = 0, offset: int = 0) -> list[str]:
+    """``num_texts`` existing texts the target reads as they are (no answer is decoded; every position trains the
+    draft): standard-library functions' signatures and docstrings, after the first ``offset`` (those
+    :func:`docstring_prompts` asks about come first in the same order, so ``offset`` keeps the two apart), then the
+    synopsis task's training documents."""
+    texts = _docstring_entries(seed)[offset:]
+    if len(texts) < num_texts:
+        texts += list(load_task_dataset("synopsis", split="train")["document"])
+    return texts[:num_texts]
+
+
+def _docstring_entries(seed: int) -> list[str]:
+    """``module.function(signature)`` and its docstring, for the functions of :data:`STDLIB_MODULES`, shuffled."""
     entries = []
     for module_name in STDLIB_MODULES:
         try:
@@ -100,10 +129,7 @@ def docstring_prompts(num_prompts: int, seed: int = 0) -> list[str]:
             entries.append(f"{module_name}.{name}{signature}\n\n{doc}")
     entries = sorted(set(entries))
     random.Random(f"eagle-docstrings/{seed}").shuffle(entries)
-    return [
-        chat_prompt(f"Explain in a few sentences what this Python function does:\n\n{entry}")
-        for entry in entries[:num_prompts]
-    ]
+    return entries
 
 
 def eagle_prompt_mix(
@@ -121,22 +147,31 @@ def eagle_prompt_mix(
     num_synopsis: int = 0,
     num_arith_steps: int = 0,
     seed: int = 0,
+    chat_template: str = "smollm2",
+    num_prefill: int = 0,
 ) -> dict[str, list[tuple[str, int]]]:
     """``(chat prompt, max new tokens)`` by source: ``"chat"`` (``chat_prompts`` when given, a user's own, already
     rendered; else ``num_chat`` requests of the broad set after its first ``chat_offset``: a second collection on
     requests the first did not use), ``"arith_chat"``, ``"humaneval"``, ``"docstrings"``, and, when asked for,
-    ``"synopsis"`` / ``"arith_steps"`` (training prompts, each at its task's generation length)."""
+    ``"synopsis"`` / ``"arith_steps"`` (training prompts, each at its task's generation length), and ``"prefill"``
+    (``num_prefill`` existing texts read as they are, 0 new tokens: :func:`prefill_texts`). Every prompt but the
+    tuned tasks' is rendered with ``chat_template`` (the target's: a shipped name, a ``.jinja`` file or a tokenizer
+    directory, :mod:`.chat`)."""
     from .chat_prompts import broad_chat_prompts
 
     if isinstance(chat_offset, bool) or not isinstance(chat_offset, int) or chat_offset < 0:
         raise ValueError(f"`chat_offset` must be a non-negative integer, got {chat_offset!r}.")
     chat = chat_prompts
     if chat is None:
-        chat = broad_chat_prompts(chat_offset + num_chat, seed=seed)[chat_offset:] if num_chat else []
+        broad = broad_chat_prompts(chat_offset + num_chat, seed=seed, chat_template=chat_template) if num_chat else []
+        chat = broad[chat_offset:]
+    template = {"chat_template": chat_template}
     arith = (
-        load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed)["prompt"] if num_arith else []
+        load_task_dataset("arith_chat", split="train", num_examples=num_arith, seed=seed, **template)["prompt"]
+        if num_arith
+        else []
     )
-    code = load_task_dataset("humaneval", split="train")["prompt"] if code_samples else []
+    code = load_task_dataset("humaneval", split="train", **template)["prompt"] if code_samples else []
     tuned_tasks = {}
     for task, count in (("synopsis", num_synopsis), ("arith_steps", num_arith_steps)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
@@ -149,8 +184,9 @@ def eagle_prompt_mix(
         "chat": [(p, chat_max_new_tokens) for p in chat],
         "arith_chat": [(p, arith_max_new_tokens) for p in arith],
         "humaneval": [(p, code_max_new_tokens) for p in code for _ in range(code_samples)],
-        "docstrings": [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed)],
+        "docstrings": [(p, docstring_max_new_tokens) for p in docstring_prompts(num_docstrings, seed, chat_template)],
         **tuned_tasks,
+        "prefill": [(text, 0) for text in prefill_texts(num_prefill, seed, offset=num_docstrings)],
     }
 
 
