@@ -174,6 +174,8 @@ def test_train_head_trains_with_target_agreement(tmp_path):
             "true",
             "--reward",
             "target_agreement",
+            "--max_unknown_share",  # tiny random models: their word-level vocabulary is not English
+            "1",
         ]
     )
     cached = json.loads((out / "target_completions.json").read_text())
@@ -212,7 +214,7 @@ def test_train_head_trains_with_the_targets_likelihood(tmp_path):
     argv = ["--config", str(REPO / "training" / "configs" / "testbed_summary.yaml"), "--target_model", paths[0]]
     argv += ["--draft_model", paths[1], "--output_dir", str(out), "--num_train_examples", "16", "--max-steps", "1"]
     argv += ["--max_completion_length", "6", "--eval_num_examples", "0", "--threads", "1", "--disable_tqdm", "true"]
-    train_head.main([*argv, "--reward", "target_likelihood"])
+    train_head.main([*argv, "--reward", "target_likelihood", "--max_unknown_share", "1"])  # tiny random models
     assert json.loads((out / "head" / "training_config.json").read_text())["reward"] == "target_likelihood"
     assert not (out / "target_completions.json").exists()  # no greedy answers needed
     logged = [json.loads(line) for line in (out / "head" / "train_log.jsonl").read_text().splitlines()]

@@ -175,3 +175,56 @@ def test_a_reward_of_the_wrong_kind_ends_the_command_in_one_line(tmp_path, user_
     assert run_script(train_head.main, argv, prog="train_head.py") == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train_head.py:")]
     assert len(lines) == 1 and reward in lines[0]
+
+
+ZERO_REWARD = """
+def never(prompts=None, completions=None, reference=None, **columns):
+    return [0.0 for _ in completions]
+"""
+
+
+def test_a_run_that_teaches_nothing_says_so_in_the_log_the_record_and_the_card(tmp_path, caplog, monkeypatch):
+    """A reward that never varies, and answers the target never gets: both are said, loudly and in the record; the
+    card carries the warnings above its results, the quality columns are empty and no row is highlighted."""
+    import train_head
+
+    rows = testbed.load_task("arith", split="train", num_examples=40, seed=3)
+    data = tmp_path / "unreachable.jsonl"
+    data.write_text("\n".join(json.dumps({"question": p, "answer": "#### 987654"}) for p in rows["prompt"]))
+    (tmp_path / "zero_rewards.py").write_text(ZERO_REWARD)
+    sys.modules.pop("zero_rewards", None)
+    monkeypatch.chdir(tmp_path)  # the reward module imports from the directory the command runs in
+    argv = _argv(tmp_path, data, "--answer_column", "answer", "--reward", "zero_rewards:never")
+    with caplog.at_level("WARNING"):
+        train_head.main(argv)
+    record = json.loads((tmp_path / "run" / "head" / "training_config.json").read_text())
+    assert len(record["warnings"]) == 2
+    assert "did not vary across completions" in record["warnings"][0]
+    assert "the target scores 0" in record["warnings"][1]
+    assert sum("THIS RUN:" in message for message in caplog.messages) == 2
+    results = json.loads((tmp_path / "run" / "head" / "results.json").read_text())
+    assert all(row["quality"] is None and row["quality_delta"] is None for row in results["rows"])
+    card = (tmp_path / "run" / "head" / "README.md").read_text()
+    assert card.count("> **Warning:") == 2 and "**diversed**" not in card and "+0.0" not in card
+
+
+def test_prompts_mostly_unknown_to_the_tokenizer_are_refused_by_name(tmp_path, monkeypatch):
+    import train_head
+
+    data = tmp_path / "words.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"Wie viel ist {i} plus {i}?"}) for i in range(30)))
+    with pytest.raises(
+        ValueError, match=r"% of the prompt tokens are unknown to the target's tokenizer .*docs/your_task"
+    ):
+        train_head.main(_argv(tmp_path, data, "--reward", "target_agreement"))
+
+
+def test_a_reward_module_beside_the_command_imports_without_pythonpath(tmp_path, monkeypatch):
+    from diversed_hf.lab.tasks.user_task import resolve_reward
+
+    (tmp_path / "beside_rewards.py").write_text(ZERO_REWARD)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    sys.modules.pop("beside_rewards", None)
+    _, name, function = resolve_reward("beside_rewards:never")
+    assert name == "never" and function(completions=["a"]) == [0.0]

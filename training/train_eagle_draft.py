@@ -367,7 +367,7 @@ def main(argv=None) -> Path:
     processes = Processes.current()  # several under `accelerate launch`: shards and batches are split among them
     chat_template = "smollm2"  # the shipped targets' (SmolLM2's ChatML)
     if args.target_model is not None:  # its architecture and chat template, before any weight loads
-        from diversed_hf.training.eagle_data import check_target_model
+        from diversed_hf.lab.tasks.eagle_prompts import check_target_model
 
         with processes.main_first():  # the main process writes the tokenizer's files, the others read them
             chat_template = check_target_model(

@@ -134,6 +134,13 @@ class ScriptArguments:
             "package.module:function (TRL's reward signature). See docs/training.md and docs/your_task.md."
         },
     )
+    max_unknown_share: float = field(
+        default=0.05,
+        metadata={
+            "help": "Refuse, before training, prompts whose tokens are more than this share unknown to the target's "
+            "tokenizer (its unknown token): the run would teach nothing. 1 turns the check off (tiny random models)."
+        },
+    )
     calibration_logit_offset: float = field(
         default=0.0,
         metadata={
@@ -151,6 +158,8 @@ class ScriptArguments:
             )
         if self.dataset is not None:
             self._register_dataset()
+        if not 0 <= self.max_unknown_share <= 1:
+            raise ValueError(f"--max_unknown_share must be in [0, 1], got {self.max_unknown_share}.")
         ratio, loss = self.goal_acceptance_ratio, self.goal_max_quality_loss
         if (ratio is None) != (loss is None):
             raise ValueError(
@@ -477,12 +486,19 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
-    from diversed_hf.lab.evaluation import load_models  # also registers the testbed's tasks
+    from diversed_hf.lab.evaluation import (  # also registers the testbed's tasks
+        check_known_tokens,
+        load_models,
+        silent_reward,
+        unmeasured_quality,
+    )
 
     spec = get_task(script.task)  # an unknown task fails here, before any model is loaded
     device = script.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, draft, tokenizer = load_models(script.target_model, script.draft_model, script.dtype, device)
     train = load_data(script, script.train_split, script.num_train_examples, config.seed, script.train_data_files)
+    where = f"`--dataset {script.dataset}`" if script.dataset else f"`--task {script.task}`"
+    check_known_tokens(tokenizer, list(train["prompt"]), where, script.max_unknown_share)  # mostly <unk>: refused
     log_path = Path(config.output_dir) / "train_log.jsonl"
     head = DiversedHead.for_pair(
         target,
@@ -522,9 +538,14 @@ def main(argv=None):
         with torch.no_grad():
             head.net[-1].bias.add_(script.calibration_logit_offset)  # w = sigmoid(logit + offset)
     results = None
+    warnings = [silent_reward(trainer.state.log_history)]
     if script.eval_num_examples:
         results = held_out_results(script, config, target, draft, tokenizer, head)
+        warnings.append(unmeasured_quality(results))
     record = training_record(script, config, seconds, trainer)
+    record["warnings"] = [warning for warning in warnings if warning]  # the card shows them above its results
+    for warning in record["warnings"]:
+        logger.warning("THIS RUN: %s", warning)
     with torch.random.fork_rng(devices=[]):
         head.save_pretrained(str(head_dir), results=results, training_config=record)
     if log_path.is_file():  # the head travels with its training curve

@@ -326,7 +326,12 @@ def _quality_metric(results: dict, facts: SimpleNamespace | None) -> str | None:
     return facts.metric if facts is not None else None
 
 
-def _format_rows(results: dict) -> list[dict]:
+#: the training record's list of what a run did not teach (train_head.py): shown above the card's results, whose
+#: DIVERSED row is then not highlighted as a result
+WARNINGS_KEY = "warnings"
+
+
+def _format_rows(results: dict, highlight: bool = True) -> list[dict]:
     def fmt(value, pattern):
         return "-" if value is None else _finite_or_symbol(value, pattern)
 
@@ -357,7 +362,7 @@ def _format_rows(results: dict) -> list[dict]:
             "quality_delta": delta(row),
         }
         own_head = row["head_task"] is None or task is None or row["head_task"] == task
-        if (row["family"] == "diversed" or row["method"].lower().startswith("diversed")) and own_head:
+        if highlight and (row["family"] == "diversed" or row["method"].lower().startswith("diversed")) and own_head:
             cells = {key: f"**{value}**" for key, value in cells.items()}
         formatted.append(cells)
     return formatted

@@ -86,6 +86,7 @@ from . import hub
 from .card_results import (  # noqa: F401  (re-exported: the results schema is part of the cards' API)
     RESULT_FIELDS,
     TASK_CARD_KEY,
+    WARNINGS_KEY,
     _format_calibration,
     _format_rows,
     _format_selection,
@@ -395,6 +396,7 @@ def render_card(
     )
     name = (repo_id or "").split("/")[-1] or (f"{task} head" if task else "head")
     metric = _quality_metric(results, facts) if results else None
+    warnings = [str(w) for w in (training or {}).get(WARNINGS_KEY) or []]  # what the run said it did not teach
     return ModelCard.from_template(
         card_data(config, training, task_card),
         template_path=str(TEMPLATE_PATH),
@@ -408,8 +410,11 @@ def render_card(
         task_name=f"`{task}`" if task else "an unrecorded task",
         task_description=task_description,
         datasets=_datasets(training or {}, facts),
-        training_rows=_flatten({k: v for k, v in training.items() if k != TASK_CARD_KEY}) if training else [],
-        results_rows=_format_rows(results) if results else [],
+        training_rows=_flatten({k: v for k, v in training.items() if k not in (TASK_CARD_KEY, WARNINGS_KEY)})
+        if training
+        else [],
+        results_rows=_format_rows(results, highlight=not warnings) if results else [],
+        warnings=warnings,
         results_setting=", ".join(f"{key} = {value}" for key, value in results["setting"].items()) if results else "",
         quality_label=metric_label(metric),
         goal=goal_text(training, results),

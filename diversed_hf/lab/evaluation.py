@@ -322,3 +322,65 @@ def with_offset(head: DiversedHead, offset: float) -> DiversedHead:
     with torch.no_grad():
         shifted.net[-1].bias.add_(offset)
     return shifted
+
+
+# What a head's training run must say when it taught nothing (train_head.py; the card shows it) -----------------------
+#: the share of prompt tokens a tokenizer may not know before training a head on those prompts is refused
+MAX_UNKNOWN_SHARE = 0.05
+#: the share of logged steps whose rewards did not vary across completions from which a run is said to teach nothing
+SILENT_REWARD_SHARE = 0.9
+
+
+def check_known_tokens(tokenizer, prompts: list[str], where: str, limit: float = MAX_UNKNOWN_SHARE) -> float:
+    """The share of ``prompts``' tokens that ``tokenizer`` maps to its unknown token; above ``limit`` a ValueError
+    names the tokenizer, the share and an example (a word-level vocabulary, like the testbed's, knows only its own
+    tasks' words)."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is None or not prompts:
+        return 0.0
+    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    total = sum(len(ids) for ids in encoded)
+    share = sum(ids.count(unknown) for ids in encoded) / max(total, 1)
+    if share > limit:
+        example = next(prompt for prompt, ids in zip(prompts, encoded) if unknown in ids)
+        name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        raise ValueError(
+            f"{where}: {100 * share:.1f} % of the prompt tokens are unknown to the target's tokenizer ({name}, unknown "
+            f"token {tokenizer.unk_token!r}; e.g. in {example[:80]!r}), above {100 * limit:.0f} % "
+            "(--max_unknown_share): the models would read mostly unknown tokens and the head learn nothing of your "
+            "task. Write the prompts in the tokenizer's vocabulary (the testbed pair knows its tasks' words, in "
+            "their 'Question: ...\\nAnswer:' form: docs/your_task.md), or train on a real target (--target_model)."
+        )
+    return share
+
+
+def silent_reward(log_history: list[dict]) -> str | None:
+    """A warning when the rewards did not vary across completions in at least :data:`SILENT_REWARD_SHARE` of the
+    logged steps (``reward_std`` 0: REINFORCE++'s advantages are then 0, and the head learns only the acceptance
+    term), else None."""
+    stds = [entry["reward_std"] for entry in log_history if entry.get("reward_std") is not None]
+    silent = sum(1 for std in stds if std == 0)
+    if not stds or silent < SILENT_REWARD_SHARE * len(stds):
+        return None
+    return (
+        f"the reward did not vary across completions in {silent} of {len(stds)} logged steps: the run had (almost) "
+        "no task signal, and the head learned only to accept drafts. Check the reward on the target's own answers "
+        "first (does it ever score above 0?)."
+    )
+
+
+def unmeasured_quality(results: dict) -> str | None:
+    """When target-only decoding scores 0 on the held-out prompts, no method's quality can be told from it: blank
+    every row's quality (``None``, shown as '-') and return the warning; else None."""
+    target = next((row for row in results["rows"] if row["method"] == "autoregressive"), None)
+    if target is None or target["quality"] is None or target["quality"] > 0:
+        return None
+    for row in results["rows"]:
+        row.update(quality=None, quality_stderr=None, quality_delta=None, quality_delta_low=None)
+        row.update(quality_delta_high=None)
+    results["setting"].pop("quality_gap_diversed_minus_target", None)
+    metric = target["quality_metric"]
+    return (
+        f"the target scores 0 ({metric}) on the held-out prompts: no method's quality can be measured against it, "
+        "so the quality columns are empty. A head is only as good as a task the target can do."
+    )

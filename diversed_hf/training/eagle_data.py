@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CollectionSettings",
     "Sequence",
-    "check_target_model",
     "claim_directory",
     "collect",
     "collection_seconds",
@@ -336,50 +335,3 @@ def collection_seconds(directory: str | Path) -> float | None:
     """Seconds the collection in ``directory`` took to decode (every run that wrote shards), if recorded."""
     timing = Path(directory) / "timing.json"
     return json.loads(timing.read_text())["seconds"] if timing.is_file() else None
-
-
-def check_target_model(
-    target_model: str, architecture: str, chat_template: str | None, needs_chat: bool, tokenizer_dir: Path
-) -> str | None:
-    """Refuse, before any weight loads or any prompt is answered, a target a draft cannot be distilled for: a config
-    that cannot be read, an architecture ``EagleDraft.for_target`` has no layout for (``architecture="eagle"``; an
-    EAGLE-3 draft reads any), or a tokenizer without a chat template when the prompts are chat and no
-    ``chat_template`` is given. Returns the chat template to render the prompts with: ``chat_template``, else the
-    tokenizer's own (its files saved into ``tokenizer_dir``), else ``None``. Errors name ``--target_model``."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from ..drafting.eagle import layout_of
-
-    flag = f"`--target_model {target_model}`"
-    try:
-        config = AutoConfig.from_pretrained(target_model)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{flag}: its config cannot be read ({error}). Pass a local directory or a Hub id.") from None
-    text_config = config.get_text_config()
-    if architecture == "eagle":
-        try:
-            layout_of(text_config.model_type)
-        except ValueError as error:
-            raise ValueError(f"{flag}: {error} An EAGLE-3 draft (--arch eagle3) reads any architecture.") from None
-    missing = [name for name in ("hidden_size", "num_hidden_layers", "vocab_size") if not getattr(text_config, name, 0)]
-    if missing:
-        raise ValueError(f"{flag}: its config has no {missing}; a feature draft reads the target's hidden states.")
-    if chat_template is not None:
-        from ..lab.tasks.chat import load_chat_template
-
-        load_chat_template(chat_template)  # a name, file or directory that holds one; refused by name otherwise
-        return chat_template
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(target_model)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{flag}: its tokenizer cannot be loaded ({error}).") from None
-    if not getattr(tokenizer, "chat_template", None):
-        if needs_chat:
-            raise ValueError(
-                f"{flag}: its tokenizer ({type(tokenizer).__name__}) has no chat template, and the prompts are chat "
-                "requests. Pass --chat_template (a .jinja file or a tokenizer directory), or --chat_template none for "
-                "plain text."
-            )
-        return None
-    tokenizer.save_pretrained(tokenizer_dir)  # chat_template.jinja and the special tokens the template reads
-    return str(tokenizer_dir)

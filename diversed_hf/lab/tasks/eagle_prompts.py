@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import random
+from pathlib import Path
 
 from .chat import chat_prompt
 from .registry import get_task, load_task_dataset
@@ -29,6 +30,7 @@ __all__ = [
     "eagle_prompt_mix",
     "eagle_prompts",
     "interleave",
+    "check_target_model",
     "prefill_texts",
 ]
 
@@ -200,3 +202,50 @@ def interleave(mix: dict[str, list[tuple[str, int]]], seed: int = 0) -> list[tup
 def eagle_prompts(num_arith: int, code_samples: int, num_docstrings: int, *, seed: int = 0, **options):
     """:func:`eagle_prompt_mix` interleaved: what the target answers, in collection order."""
     return interleave(eagle_prompt_mix(num_arith, code_samples, num_docstrings, seed=seed, **options), seed)
+
+
+def check_target_model(
+    target_model: str, architecture: str, chat_template: str | None, needs_chat: bool, tokenizer_dir: Path
+) -> str | None:
+    """Refuse, before any weight loads or any prompt is answered, a target a draft cannot be distilled for: a config
+    that cannot be read, an architecture ``EagleDraft.for_target`` has no layout for (``architecture="eagle"``; an
+    EAGLE-3 draft reads any), or a tokenizer without a chat template when the prompts are chat and no
+    ``chat_template`` is given. Returns the chat template to render the prompts with: ``chat_template``, else the
+    tokenizer's own (its files saved into ``tokenizer_dir``), else ``None``. Errors name ``--target_model``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ...drafting.eagle import layout_of
+
+    flag = f"`--target_model {target_model}`"
+    try:
+        config = AutoConfig.from_pretrained(target_model)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag}: its config cannot be read ({error}). Pass a local directory or a Hub id.") from None
+    text_config = config.get_text_config()
+    if architecture == "eagle":
+        try:
+            layout_of(text_config.model_type)
+        except ValueError as error:
+            raise ValueError(f"{flag}: {error} An EAGLE-3 draft (--arch eagle3) reads any architecture.") from None
+    missing = [name for name in ("hidden_size", "num_hidden_layers", "vocab_size") if not getattr(text_config, name, 0)]
+    if missing:
+        raise ValueError(f"{flag}: its config has no {missing}; a feature draft reads the target's hidden states.")
+    if chat_template is not None:
+        from .chat import load_chat_template
+
+        load_chat_template(chat_template)  # a name, file or directory that holds one; refused by name otherwise
+        return chat_template
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_model)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag}: its tokenizer cannot be loaded ({error}).") from None
+    if not getattr(tokenizer, "chat_template", None):
+        if needs_chat:
+            raise ValueError(
+                f"{flag}: its tokenizer ({type(tokenizer).__name__}) has no chat template, and the prompts are chat "
+                "requests. Pass --chat_template (a .jinja file or a tokenizer directory), or --chat_template none for "
+                "plain text."
+            )
+        return None
+    tokenizer.save_pretrained(tokenizer_dir)  # chat_template.jinja and the special tokens the template reads
+    return str(tokenizer_dir)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import sys
 from pathlib import Path
 
 from .registry import TaskSpec, get_task, register_task, require
@@ -59,7 +60,7 @@ def resolve_reward(reward: str):
             "importable function written `package.module:function` (TRL's reward signature)."
         )
     try:
-        function = getattr(importlib.import_module(module_name), function_name)
+        function = getattr(_import_user_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
         raise ValueError(
             f"`--reward {reward}`: cannot import {function_name!r} from {module_name!r} ({error}); the module must be "
@@ -73,6 +74,21 @@ def resolve_reward(reward: str):
         return [_held_out_reward(reward, value, i) for i, value in enumerate(values)]
 
     return score, function_name, function
+
+
+def _import_user_module(name: str):
+    """``importlib.import_module(name)``, also from the working directory (where ``my_rewards.py`` sits when a user
+    runs ``train_head.py --reward my_rewards:fn`` beside it; ``python script.py`` puts only the script's folder on
+    ``sys.path``)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        top = name.split(".")[0]
+        here = Path.cwd()
+        if error.name != top or not ((here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file()):
+            raise
+        sys.path.insert(0, str(here))
+        return importlib.import_module(name)
 
 
 def _held_out_reward(reward: str, value, index: int) -> float:
