@@ -253,9 +253,9 @@ class DiversedRejectionSampler(vllm_rejection_sampler.RejectionSampler):
             _ACTIVE_ROUND.reset(token)
 
     def _is_warm_up(self, metadata) -> bool:
-        """vLLM's dummy sampler run (``_dummy_sampler_run``, at engine start): its rows are no request's."""
-        req_ids = self.runner.input_batch.req_ids[: len(metadata.num_draft_tokens)]
-        return len(req_ids) < len(metadata.num_draft_tokens) or any(r not in self.runner.requests for r in req_ids)
+        """vLLM's dummy sampler run (``_dummy_sampler_run``, at engine start): rows while the runner holds no request
+        (a real step always has the requests it samples for)."""
+        return len(metadata.num_draft_tokens) > 0 and not self.runner.requests
 
     def _warm_up_round(self, metadata, logits) -> _Round:
         """The warm-up batch verified against the engine's default rule, as a real batch would be (a head that
