@@ -52,12 +52,13 @@ class Processes:
         return self.rank == 0
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` summed over the processes (the same on every one), as a new tensor."""
+        """``tensor`` summed over the processes (the same on every one), as a new tensor on ``tensor``'s device (the
+        reduction runs on this process's device: NCCL reduces GPU tensors only)."""
         if self.world == 1:
             return tensor.clone()
-        total = tensor.detach().clone()
+        total = tensor.detach().to(self.device, copy=True)
         torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
-        return total
+        return total.to(tensor.device)
 
     def wait(self) -> None:
         """Every process waits here for the others."""
