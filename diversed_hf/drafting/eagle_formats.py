@@ -202,20 +202,18 @@ def _eagle3_config(config: dict, weights: dict, target) -> tuple[dict, dict]:
             f"This EAGLE-3 checkpoint's `draft_vocab_size` ({draft_vocab}) is larger than its target's vocabulary "
             f"(`vocab_size` {vocab}): a draft vocabulary is a subset of the target's ids. The checkpoint is broken."
         )
+    from .eagle3 import check_aux_layer_ids, default_aux_layer_ids
+
     eagle_config = config.get("eagle_config") or {}
     layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
+    layers = None if target is None else target.config.get_text_config().num_hidden_layers
     if not layer_ids:
         if target is None:
             raise ValueError(
                 "This EAGLE-3 checkpoint names no target layers (`eagle_config.eagle_aux_hidden_state_layer_ids`): "
                 "pass `target=` so the default layers (2, L // 2, L - 3) of its L layers are used."
             )
-        from .eagle3 import default_aux_layer_ids
-
-        layer_ids = default_aux_layer_ids(target.config.get_text_config().num_hidden_layers)
-    from .eagle3 import check_aux_layer_ids
-
-    layers = None if target is None else target.config.get_text_config().num_hidden_layers
+        layer_ids = default_aux_layer_ids(layers)
     layer_ids = check_aux_layer_ids(layer_ids, layers)  # named with the target's layer count when there is one
     fc = weights["fc.weight"]
     if tuple(fc.shape) != (hidden, len(layer_ids) * target_hidden):

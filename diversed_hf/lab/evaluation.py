@@ -376,8 +376,9 @@ def unmeasured_quality(results: dict) -> str | None:
     if target is None or target["quality"] is None or target["quality"] > 0:
         return None
     for row in results["rows"]:
-        row.update(quality=None, quality_stderr=None, quality_delta=None, quality_delta_low=None)
-        row.update(quality_delta_high=None)
+        row.update(
+            dict.fromkeys(("quality", "quality_stderr", "quality_delta", "quality_delta_low", "quality_delta_high"))
+        )
     results["setting"].pop("quality_gap_diversed_minus_target", None)
     metric = target["quality_metric"]
     return (
