@@ -136,3 +136,14 @@ def test_bad_targets_are_refused_by_name_before_any_collection(target_dir, tmp_p
     with pytest.raises(ValueError, match=match):
         train_eagle_draft.main(argv)
     assert not (tmp_path / "run" / "data").exists()
+
+
+def test_texts_read_as_they_are_need_no_chat_template(tmp_path):
+    """A tokenizer without a chat template is refused for chat prompts only: prefill-only texts need none."""
+    from diversed_hf.lab.tasks.eagle_prompts import check_target_model
+
+    make_model("llama", seed=1).save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    assert check_target_model(str(tmp_path / "base"), "eagle", None, False, tmp_path / "tokenizer") is None
+    with pytest.raises(ValueError, match="has no chat template"):
+        check_target_model(str(tmp_path / "base"), "eagle", None, True, tmp_path / "tokenizer")

@@ -370,8 +370,10 @@ def main(argv=None) -> Path:
         from diversed_hf.lab.tasks.eagle_prompts import check_target_model
 
         with processes.main_first():  # the main process writes the tokenizer's files, the others read them
+            chat_sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings
+            needs_chat = bool(args.prompts) or chat_sources > 0  # prefill-only texts are read as they are
             chat_template = check_target_model(
-                args.target_model, args.arch, args.chat_template, True, output_dir / "target_tokenizer"
+                args.target_model, args.arch, args.chat_template, needs_chat, output_dir / "target_tokenizer"
             )
     prompts, prompt_mix = _prompts(args, chat_template)
     target, tokenizer = _load_target(args)
