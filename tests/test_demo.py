@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from diversed_hf import cli
@@ -9,15 +11,17 @@ from diversed_hf.lab.demo import run_demo
 
 
 def test_demo_command_prints_target_only_and_speed_against_it(capsys):
-    assert cli.main(["demo", "--num-prompts", "2", "--max-new-tokens", "12"]) == 0
+    assert cli.main(["demo", "--num-prompts", "2", "--max-new-tokens", "12", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     assert "Testbed pair (9M), task 'arith': 2 prompts, batch 1, temperature 1" in out
+    assert "2 timed passes" in out and "[lowest, highest pass]" in out
     assert "1 torch thread(s)" in out and "warm-up" in out and "new tokens written (up to EOS)" in out
     assert "| method | new tokens | seconds | tokens/s | x target-only |" in out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     for method in ("target-only", "SD (ExactVerifier)", "static ensemble w=0.5", "DIVERSED head"):
         assert method in rows
     assert "| 1.00x |" in rows["target-only"]
+    assert re.search(r"\| \d+\.\d\dx \[\d+\.\d\d, \d+\.\d\d\] \|", rows["SD (ExactVerifier)"])  # the spread
     assert "Quality on 2 prompts cannot tell the methods apart" in out
     for method in ("SD (ExactVerifier)", "static ensemble w=0.5", "DIVERSED head"):
         assert f"=== {method}: acceptance by draft position: " in out
@@ -89,6 +93,8 @@ def test_demo_prints_quality_per_method_with_its_sample_size(capsys):
         (["demo", "--pair", "smollm2", "--task", "arith"], "with --pair smollm2 use everyday (default)"),
         (["demo", "--pair", "smollm2", "--num-prompts", "65"], "the everyday set has 64"),
         (["demo", "--num-draft-tokens", "0"], "--num-draft-tokens is 0"),
+        (["demo", "--repeats", "0"], "--repeats is 0; it must be >= 1"),
+        (["demo", "--temperature", "-1"], "--temperature is -1.0; use 0 (greedy) or a positive temperature"),
     ],
 )
 def test_demo_refuses_bad_choices_before_loading(argv, message, capsys):
@@ -125,3 +131,40 @@ def test_the_target_log_likelihood_is_the_mean_log_probability_of_the_text():
     assert target_log_likelihood(target, prompt, torch.tensor([], dtype=torch.long)) != 0.0  # NaN for no text
     assert agreement(["the cat sat"], ["the cat sat"]) == [1.0]
     assert paired([float("nan")], [1.0]) is None
+
+
+def test_demo_repeats_report_the_median_and_the_spread_of_the_same_texts():
+    _, once = run_demo(random_models=True, num_prompts=2, max_new_tokens=8)
+    _, results = run_demo(random_models=True, num_prompts=2, max_new_tokens=8, repeats=3)
+    for single, repeated in zip(once, results):
+        assert repeated["texts"] == single["texts"]  # every pass samples with the same seeds: only the clock differs
+        low, high = repeated["speedup_range"]
+        assert low <= repeated["speedup"] <= high
+    assert results[0]["speedup_range"] == pytest.approx((1.0, 1.0))
+
+
+def test_demo_runs_greedy_at_temperature_0(capsys):
+    setup, results = run_demo(random_models=True, num_prompts=2, max_new_tokens=8, temperature=0)
+    assert setup.temperature == 0
+    by_method = {r["method"]: r["texts"] for r in results}
+    assert by_method["SD (ExactVerifier)"] == by_method["target-only"]  # greedy and lossless: the target's text
+    assert (
+        cli.main(
+            [
+                "demo",
+                "--random-models",
+                "--num-prompts",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--temperature",
+                "0",
+                "--repeats",
+                "1",
+                "--no-texts",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "batch 1, greedy" in out and "one timed pass" in out and "--repeats 3 or more shows the spread" in out

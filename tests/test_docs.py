@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -179,12 +180,14 @@ def test_every_page_is_in_the_sites_navigation():
     assert listed == {page.name for page in (REPO / "docs").glob("*.md")}
 
 
-def test_the_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocs", reason="the docs extra is not installed")
     pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
+    built = tmp_path_factory.mktemp("docs") / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(built)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -192,5 +195,74 @@ def test_the_site_builds_strictly(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    return built
+
+
+def test_the_site_builds_strictly(site):
+    api = (site / "api" / "index.html").read_text()
     assert "DiversedHead" in api and not re.search(r":(class|func|meth|mod|data|attr):", api)  # roles rendered
+
+
+class _PageText(HTMLParser):
+    """A built page's images, links and the text outside links and code (where a bare ``RESULTS.md`` would be)."""
+
+    def __init__(self):
+        super().__init__()
+        self.images, self.links, self.bare, self._inside = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        elif tag in ("a", "code", "pre"):
+            self._inside.append(tag)
+            if tag == "a" and attrs.get("href"):
+                self.links.append(attrs["href"])
+
+    def handle_endtag(self, tag):
+        if self._inside and self._inside[-1] == tag:
+            self._inside.pop()
+
+    def handle_data(self, data):
+        if not self._inside:
+            self.bare.append(data)
+
+
+def _parsed(page: Path) -> _PageText:
+    parser = _PageText()
+    parser.feed(page.read_text())
+    return parser
+
+
+def _local(page: Path, href: str, site: Path) -> tuple[Path, str]:
+    """The file a relative link of ``page`` reaches (``x/`` -> ``x/index.html``) and its anchor."""
+    path, _, anchor = href.partition("#")
+    target = (page.parent / path).resolve() if path else page
+    return (target / "index.html" if target.is_dir() else target), anchor
+
+
+def test_the_site_shows_every_result_and_plot_and_links_every_mention(site):
+    results = sorted((site / "results").glob("*/index.html")) + [site / "results" / "index.html"]
+    assert len(results) >= 7, [str(p) for p in results]  # the overview, the area pages and the plots page
+    shown = set()
+    for page in results:
+        for src in _parsed(page).images:
+            image, _ = _local(page, src, site)
+            assert image.is_file(), f"{page.relative_to(site)} shows {src}, which the site lacks"
+            shown.add(image.relative_to(site).as_posix())
+    plots = {p.relative_to(REPO).as_posix() for p in (REPO / "results").rglob("*.png")}
+    assert plots and plots <= shown, f"plots not on the site: {sorted(plots - shown)}"
+    sections = [line[3:] for line in (REPO / "RESULTS.md").read_text().splitlines() if line.startswith("## ")]
+    text = "".join(page.read_text() for page in results)
+    assert all(title.replace("'", "&#x27;") in text or title in text for title in sections)
+    for page in sorted(site.rglob("*.html")):
+        parsed = _parsed(page)
+        bare = [chunk for chunk in parsed.bare if "RESULTS.md" in chunk]
+        assert not bare, f"{page.relative_to(site)}: RESULTS.md mentioned without a link: {bare[0].strip()[:120]!r}"
+        for href in parsed.links:
+            if "://" in href or not href.startswith(("../", "results")) or "results" not in href:
+                continue
+            target, anchor = _local(page, href, site)
+            assert target.is_file(), f"{page.relative_to(site)} links {href}, which the site lacks"
+            if anchor and target.suffix == ".html":
+                assert f'id="{anchor}"' in target.read_text(), f"{page.relative_to(site)} links {href}: no such anchor"

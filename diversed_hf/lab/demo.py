@@ -3,27 +3,31 @@
 Decodes a few prompts one at a time (batch 1, the latency case speculative decoding is for) with four methods on
 one pair: target-only ``generate`` (no draft), lossless SD (``ExactVerifier``), the static ensemble with w = 0.5,
 and DIVERSED with a shipped head. Each method runs once untimed (warm-up), then every prompt runs every method in
-turn (interleaved, so a busy machine slows all alike), sampling with the same seed per prompt. The table gives the
-new tokens each method wrote (up to EOS), tokens/s and its ratio to target-only, acceptance and tokens per round;
+turn (interleaved, so a busy machine slows all alike), sampling with the same seed per prompt; ``--repeats`` such
+passes (default 3) give each speed its spread, since one pass on a shared machine can be off by a third. The table
+gives the new tokens each method wrote (up to EOS), tokens/s and its ratio to target-only (the median pass, and the
+lowest and highest), acceptance and tokens per round;
 on a task with references, the task's metric on those few prompts, which is far too few to compare quality
 (``diversed-hf bench`` measures that, with paired intervals). Then the acceptance by draft position and the texts.
 
 - ``--pair testbed`` (default): the shipped 9M pair on ``--task arith`` or ``summary``, temperature 1, the
   testbed's head for the task.
 - ``--pair smollm2``: SmolLM2-135M-Instruct with its default draft, the EagleDraft, on held-out everyday chat prompts
-  (``diversed_hf.lab.tasks.chat_prompts``; ``--task arith_chat`` or ``synopsis`` for a task's). The DIVERSED row uses
-  the shipped ``arith_chat`` head with the draft it was trained with (the head reads that draft's features), at the
-  head's training temperature, which every row then uses.
+  (``diversed_hf.lab.tasks.chat_prompts``; ``--task arith_chat`` or ``synopsis`` for a task's), at temperature 0.7
+  (:data:`CHAT_TEMPERATURE`: at 1 the 135M model rambles). The DIVERSED row (``--task arith_chat``) uses the shipped
+  ``arith_chat`` head with the draft it was trained with (the head reads that draft's features), at the head's
+  training temperature (its operating point), which every row then uses.
 - ``--random-models``: tiny random models and an untrained head (no assets; the text is meaningless).
 
 Draft length: the draft's own (``num_assistant_tokens`` in its ``generation_config.json``), unless
-``--num-draft-tokens`` says otherwise.
+``--num-draft-tokens`` says otherwise. ``--temperature`` sets every row's temperature (0: greedy).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +41,9 @@ from .tasks import get_task
 
 TARGET_ONLY = "target-only"
 REAL_PAIR_HEAD_TASK = "arith_chat"  # the real pair's shipped head
+#: the real pair's temperature on prompts without a head: at 1 SmolLM2-135M-Instruct writes word salad for every row,
+#: target-only included; at 0.7 it answers in sentences (greedy: ``--temperature 0``)
+CHAT_TEMPERATURE = 0.7
 
 
 @dataclass
@@ -106,6 +113,8 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
     from ..testbed.smollm2 import EAGLE_DRAFTS, load_eagle_draft
 
     own_draft = load_eagle_draft(target, *EAGLE_DRAFTS[head_draft]) if head_draft in EAGLE_DRAFTS else draft
+    if task != REAL_PAIR_HEAD_TASK:  # no head row: a temperature where the target speaks sense
+        temperature = CHAT_TEMPERATURE
     if task in (None, "everyday"):
         prompts, shown, references, task = everyday_prompts(num_prompts), list(everyday_messages()), None, None
         where = "held-out everyday chat prompts"
@@ -123,14 +132,17 @@ def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
         notes = [
             f"the {task} head was trained with the {head_draft!r} draft and reads its features, so its row drafts "
             f"with that one, at the length the head was measured with (N = {head_length}); the other rows use the "
-            "pair's default EagleDraft at its own length."
+            "pair's default EagleDraft at its own length. Every row samples at the head's training temperature "
+            f"({temperature:g}), its operating point."
         ]
     else:
         notes = [
             "no DIVERSED head ships for these prompts: the real pair's one head is an operating point on "
             f"{REAL_PAIR_HEAD_TASK} (`--task {REAL_PAIR_HEAD_TASK}` shows it), and the chat heads trained so far are "
             "not operating points on everyday prompts (docs/real_pair.md, 'Quality on chat prompts'); train one for "
-            "your prompts with training/train_head.py --dataset (docs/your_task.md)."
+            "your prompts with training/train_head.py --dataset (docs/your_task.md).",
+            f"temperature {temperature:g}: at 1 the 135M target writes incoherent text on every row, target-only "
+            "included (--temperature 0 for greedy, 1 for the full distribution).",
         ]
     return DemoSetup(
         f"Real pair (SmolLM2-135M-Instruct in {str(target.dtype).removeprefix('torch.')}), {where}",
@@ -186,7 +198,10 @@ def _random_setup(num_prompts: int, seed: int) -> DemoSetup:
 
 def _generate(setup: DemoSetup, method: str, ids: torch.Tensor, max_new_tokens: int, num_draft_tokens, seed: int):
     draft, verifier, *length = setup.methods[method]
-    kwargs = dict(do_sample=True, temperature=setup.temperature, top_k=0, max_new_tokens=max_new_tokens)
+    if setup.temperature > 0:
+        kwargs = dict(do_sample=True, temperature=setup.temperature, top_k=0, max_new_tokens=max_new_tokens)
+    else:
+        kwargs = dict(do_sample=False, max_new_tokens=max_new_tokens)
     pad = getattr(setup.tokenizer, "pad_token_id", None)
     kwargs["pad_token_id"] = pad if pad is not None else 0
     if draft is not None:
@@ -206,10 +221,18 @@ def run_demo(
     seed: int = 0,
     random_models: bool = False,
     pair: str = "testbed",
+    temperature: float | None = None,
+    repeats: int = 1,
 ) -> tuple[DemoSetup, list[dict]]:
-    """Every method on the same prompts at batch 1, interleaved, after one warm-up each; returns the setup and one
-    dict per method: ``texts``, ``new_tokens``, ``seconds``, ``tokens_per_second``, ``speedup`` (x target-only),
-    ``quality`` (mean task reward on the references, or ``None``), ``stats`` (acceptance, summed over prompts)."""
+    """Every method on the same prompts at batch 1, interleaved, after one warm-up each, ``repeats`` timed passes;
+    returns the setup and one dict per method: ``texts``, ``new_tokens``, ``seconds`` (the median pass's),
+    ``tokens_per_second``, ``speedup`` (x target-only, the median over passes), ``speedup_range`` (the lowest and
+    highest pass), ``quality`` (mean task reward on the references, or ``None``), ``stats`` (acceptance, summed over
+    prompts). ``temperature`` overrides the pair's (0: greedy)."""
+    if repeats < 1:
+        raise ValueError(f"`repeats` is {repeats}; it must be >= 1.")
+    if temperature is not None and not temperature >= 0:
+        raise ValueError(f"`temperature` is {temperature}; use 0 (greedy) or a positive temperature.")
     if random_models:
         setup = _random_setup(num_prompts, seed)
     elif pair == "smollm2":
@@ -218,31 +241,35 @@ def run_demo(
         setup = _testbed_setup(task or "arith", num_prompts, seed)
     else:
         raise ValueError(f"--pair is {pair!r}; use 'testbed' or 'smollm2'.")
+    if temperature is not None:
+        setup.temperature = float(temperature)
     enable_diversed(setup.target)
     names = list(setup.methods)
     for name in names:  # warm-up: kernels, caches, the draft's first call
         _generate(setup, name, setup.prompt_ids[0], 4, num_draft_tokens, seed)
     results = {
-        name: {"method": name, "texts": [], "ids": [], "new_tokens": 0, "seconds": 0.0, "rounds": []} for name in names
+        name: {"method": name, "texts": [], "ids": [], "new_tokens": 0, "passes": [0.0] * repeats, "rounds": []}
+        for name in names
     }
-    for i, ids in enumerate(setup.prompt_ids):
-        for name in names:
-            start = time.perf_counter()
-            output = _generate(setup, name, ids, max_new_tokens, num_draft_tokens, seed + i)
-            results[name]["seconds"] += time.perf_counter() - start
-            new = output.sequences[0, ids.shape[1] :]
-            results[name]["new_tokens"] += int(new.numel())
-            text = setup.tokenizer.decode(new, skip_special_tokens=True) if setup.tokenizer else _as_text(new)
-            results[name]["texts"].append(text)
-            results[name]["ids"].append(new)
-            if getattr(output, "speculation", None) is not None:
-                results[name]["rounds"].append(output.speculation.summary())
+    for repeat in range(repeats):  # the same seeds every pass: the same texts, only the clock differs
+        for i, ids in enumerate(setup.prompt_ids):
+            for name in names:
+                start = time.perf_counter()
+                output = _generate(setup, name, ids, max_new_tokens, num_draft_tokens, seed + i)
+                results[name]["passes"][repeat] += time.perf_counter() - start
+                if repeat == 0:
+                    _record(setup, results[name], output, ids)
     reward = get_task(setup.task).reward if setup.references is not None else None
-    base = results[names[0]]
-    base_rate = base["new_tokens"] / base["seconds"]
+    base_passes, base_tokens = results[names[0]]["passes"], results[names[0]]["new_tokens"]
     for result in results.values():
+        ratios = sorted(
+            (base_seconds / base_tokens) / (seconds / result["new_tokens"])
+            for seconds, base_seconds in zip(result["passes"], base_passes)
+        )
+        result["seconds"] = statistics.median(result.pop("passes"))
         result["tokens_per_second"] = result["new_tokens"] / result["seconds"]
-        result["speedup"] = result["tokens_per_second"] / base_rate
+        result["speedup"] = statistics.median(ratios)
+        result["speedup_range"] = (ratios[0], ratios[-1])
         result["quality"] = (
             None if reward is None else sum(reward(result["texts"], setup.references)) / len(result["texts"])
         )
@@ -252,6 +279,15 @@ def run_demo(
     for result in results.values():
         result.pop("ids")
     return setup, list(results.values())
+
+
+def _record(setup: DemoSetup, result: dict, output, ids: torch.Tensor) -> None:
+    new = output.sequences[0, ids.shape[1] :]
+    result["new_tokens"] += int(new.numel())
+    result["texts"].append(setup.tokenizer.decode(new, skip_special_tokens=True) if setup.tokenizer else _as_text(new))
+    result["ids"].append(new)
+    if getattr(output, "speculation", None) is not None:
+        result["rounds"].append(output.speculation.summary())
 
 
 def _chat_quality(setup: DemoSetup, results: list[dict], max_new_tokens: int, seed: int) -> None:
@@ -305,14 +341,22 @@ def _pooled(summaries: list[dict]) -> dict | None:
     }
 
 
-def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True) -> None:
+def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True, repeats: int = 1) -> None:
     n = len(setup.prompt_ids)
     draft_lengths = sorted({r["stats"]["num_draft_tokens"] for r in results if r["stats"]})
+    sampling = f"temperature {setup.temperature:g}" if setup.temperature > 0 else "greedy"
+    timing = (
+        f"{repeats} timed passes: seconds are the median pass's wall-clock total, x target-only the median ratio "
+        "[lowest, highest pass]"
+        if repeats > 1
+        else "one timed pass: seconds are its wall-clock total (--repeats 3 or more shows the spread: single passes "
+        "on a shared machine vary by a third)"
+    )
     print(
-        f"{setup.description}: {n} prompt{'s' if n != 1 else ''}, batch 1, temperature {setup.temperature:g}, N = "
+        f"{setup.description}: {n} prompt{'s' if n != 1 else ''}, batch 1, {sampling}, N = "
         f"{'/'.join(map(str, draft_lengths))} drafts per round, {torch.get_num_threads()} torch thread(s). Each method "
         "ran once untimed (warm-up), then the prompts ran every method in turn; tokens are the new tokens written "
-        "(up to EOS), seconds their wall-clock total."
+        f"(up to EOS); {timing}."
     )
     quality = setup.references is not None
     chat = results[0].get("chat_quality") is not None
@@ -326,9 +370,11 @@ def _print(setup: DemoSetup, results: list[dict], show_texts: bool = True) -> No
         stats = r["stats"]
         accepted = "-" if stats is None else f"{stats['acceptance_rate']:.1%}"
         per_round = "-" if stats is None else f"{stats['tokens_per_round']:.2f}"
+        low, high = r["speedup_range"]
+        spread = f" [{low:.2f}, {high:.2f}]" if repeats > 1 and r["method"] != TARGET_ONLY else ""
         row = (
             f"| {r['method']} | {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | "
-            f"{r['speedup']:.2f}x | {accepted} | {per_round} |"
+            f"{r['speedup']:.2f}x{spread} | {accepted} | {per_round} |"
         )
         if chat:
             row += _chat_cells(r["chat_quality"])
@@ -400,6 +446,10 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--num-prompts is {args.num_prompts}; the everyday set has {len(everyday_messages())}.")
     if args.threads < 0:
         raise ValueError(f"--threads is {args.threads}; use a positive count, or 0 for torch's default.")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats is {args.repeats}; it must be >= 1 (each is one timed pass over every prompt).")
+    if args.temperature is not None and not args.temperature >= 0:
+        raise ValueError(f"--temperature is {args.temperature}; use 0 (greedy) or a positive temperature.")
     if args.threads:
         torch.set_num_threads(args.threads)
     setup, results = run_demo(
@@ -410,8 +460,10 @@ def main(args: argparse.Namespace) -> int:
         args.seed,
         args.random_models,
         args.pair,
+        args.temperature,
+        args.repeats,
     )
-    _print(setup, results, show_texts=not args.no_texts)
+    _print(setup, results, show_texts=not args.no_texts, repeats=args.repeats)
     return 0
 
 
@@ -441,6 +493,15 @@ def register(subparsers) -> None:
         "--num-draft-tokens", type=int, default=None, help="drafts per round, N (default: the draft's own length)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="every row's temperature, 0 for greedy (default: testbed 1; smollm2 0.7, or the head's on arith_chat)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed passes over the prompts; speeds are the median and the spread"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: as many as torch chooses)")
     parser.add_argument("--no-texts", action="store_true", help="print the table only")
     parser.add_argument("--random-models", action="store_true", help="tiny random models instead of a shipped pair")

