@@ -35,6 +35,7 @@ from ..drafting.tree import TREE_KNOBS, TreeSpec, check_tree_call
 from ..heads.head import DiversedHead
 from ..verifiers.block import BlockVerifier
 from ..verifiers.rules import ExactVerifier, HeadVerifier, Verifier
+from . import batch_rule
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
@@ -208,8 +209,7 @@ def _check_batch(
         raise ValueError(
             f"Row {row} of the batch is empty (its `attention_mask` is all zeros; an empty-string prompt): the models "
             "would attend to nothing. Give every prompt at least one token, e.g. tokenize with "
-            "`add_special_tokens=True` "
-            "so it starts with BOS, or leave the empty prompts out of the batch."
+            "`add_special_tokens=True` so it starts with BOS, or leave the empty prompts out of the batch."
         )
     if generator is not None:
         if not isinstance(generator, torch.Generator):
@@ -317,6 +317,7 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
             "generator": generator,
             "block_verification": block_verification or None,
             "assistant_costs": kwargs.get("assistant_costs"),
+            batch_rule.KNOB: kwargs.get(batch_rule.KNOB),
         }
         for name, value in ours.items():
             if value is not None:
@@ -509,6 +510,9 @@ def _diversed_generate(
         else verification_vocab_size(self, assistant_model, tokenizer, assistant_tokenizer)
     )
     _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
+    explicit = output_target_weights or any(extra.get(name) is not None for name in batch_rule.EXPLICIT_DRAFTING)
+    limit_given = extra.pop(batch_rule.KNOB, None)
+    limit = batch_rule.batch_limit(assistant_model, arguments.get("generation_config"), limit_given)
     threshold = extra.pop("assistant_confidence_threshold", None)
     policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
         assistant_model,
@@ -534,6 +538,11 @@ def _diversed_generate(
         )
     streamer = arguments.pop("streamer", None)
     _check_loop_options(arguments, extra)
+    rows = batch_rule.batch_size_of(arguments, extra)
+    if batch_rule.turns_off(verifier, limit, rows, explicit=explicit, limit_given=limit_given is not None):
+        return batch_rule.generate_without_speculation(
+            base_generate, dict(arguments, streamer=streamer), extra, limit=limit, rows=rows, generator=generator
+        )
     if tree is not None:
         config = arguments.get("generation_config") or self.generation_config
         try:

@@ -46,6 +46,8 @@ class SpeculationStats:
     drafted_acceptance: list[torch.Tensor] | None = None  # per row: (num_rounds, N) a_t(x_t); NaN where not drafted
     draft_lengths: list[torch.Tensor] | None = None  # per row: (num_rounds,) drafts each round counted (N_b)
     tree_nodes: torch.Tensor | None = None  # (batch,) tree nodes verified, when rounds draft token trees (else None)
+    #: the draft's batch limit when the call decoded with the target alone (:mod:`diversed_hf.generation.batch_rule`)
+    disabled_by_batch_size: int | None = None
 
     @property
     def nodes_per_round(self) -> torch.Tensor | None:  # (batch,)
@@ -146,6 +148,7 @@ class SpeculationStats:
             "acceptance_rate": self.total_acceptance_rate,
             "tokens_per_round": int(self.num_generated.sum()) / max(self.total_rounds, 1),
             "position_acceptance_rate": (self.accepted_per_position.sum(dim=0) / drafted).tolist(),
+            "disabled_by_batch_size": self.disabled_by_batch_size,
         }
 
 

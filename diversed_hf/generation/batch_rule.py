@@ -1,0 +1,142 @@
+"""Speculation that turns itself off for the batches it would slow down (vLLM's ``disable_by_batch_size``).
+
+A round's target pass verifies every row's drafts at once and ends when the slowest row's do; the more rows, the
+more the pass costs on hardware that is already busy with the batch, and past some batch size a round costs more than
+the tokens it gains (on this project's CPU: RESULTS.md, "Batched rounds"). A draft's ``generation_config`` carries
+the largest batch at which its drafting still pays as ``assistant_disable_by_batch_size`` (measured by
+``diversed-hf throughput``); a lossless call with more rows than that decodes with the target alone, as plain
+``generate`` does.
+
+The rule applies only where it changes nothing but speed:
+
+- the verifier is lossless (:class:`~diversed_hf.verifiers.rules.ExactVerifier`, alone or in a
+  :class:`~diversed_hf.verifiers.block.BlockVerifier`): target-only decoding samples the same law; a relaxed rule's
+  law is the call's choice, so it always speculates;
+- the call leaves the drafting to the draft: no draft-length or tree keyword (``num_assistant_tokens``, the
+  schedule, ``assistant_confidence_threshold``, ``assistant_costs``, the tree knobs), and no
+  ``output_target_weights``. A call that passes ``assistant_disable_by_batch_size`` itself gets its rule whatever
+  else it passes.
+
+The output keeps its shape: ``output.speculation`` counts one round per emitted token with nothing drafted, and says
+why in ``disabled_by_batch_size`` (the limit that turned it off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+from ..verifiers.block import BlockVerifier
+from ..verifiers.checks import is_integer
+from ..verifiers.rules import ExactVerifier
+from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KNOB", "EXPLICIT_DRAFTING", "batch_limit", "batch_size_of", "generate_without_speculation", "turns_off"]
+
+#: the generation-config field and ``generate`` keyword: speculation off for batches of more rows than this
+KNOB = "assistant_disable_by_batch_size"
+#: ``generate`` keywords that take the drafting into the call's hands (the rule then applies only if passed itself)
+EXPLICIT_DRAFTING = (
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+    "assistant_costs",
+    "assistant_tree_top_k",
+    "assistant_tree_size",
+    "assistant_tree",
+)
+
+
+def batch_limit(assistant_model, generation_config, given) -> int | None:
+    """The call's limit: ``given`` (the keyword), else the call's ``generation_config``, else the assistant's;
+    ``None``: no limit."""
+    value, source = given, f"`{KNOB}`"
+    for config, name in (
+        (generation_config, "the call's"),
+        (getattr(assistant_model, "generation_config", None), "the draft's"),
+    ):
+        if value is None and config is not None:
+            value, source = getattr(config, KNOB, None), f"{name} generation_config's `{KNOB}`"
+    if value is None:
+        return None
+    if not is_integer(value) or value < 1:
+        raise ValueError(
+            f"{source} is {value!r}; use a batch size >= 1 (speculation runs up to that many rows, the target alone "
+            "beyond), or None for no limit."
+        )
+    return int(value)
+
+
+def batch_size_of(arguments: dict, extra: dict) -> int | None:
+    """The rows the call decodes (prompts x ``num_return_sequences``), or ``None`` where ``generate`` was given no
+    ``input_ids`` to count."""
+    ids = arguments.get("inputs")
+    ids = extra.get("input_ids") if ids is None else ids
+    if not isinstance(ids, torch.Tensor):
+        return None
+    rows = ids.shape[0] if ids.dim() > 1 else 1
+    config = arguments.get("generation_config")
+    copies = extra.get("num_return_sequences") or getattr(config, "num_return_sequences", None) or 1
+    return int(rows) * int(copies)
+
+
+def turns_off(verifier, limit: int | None, rows: int | None, *, explicit: bool, limit_given: bool) -> bool:
+    """Whether this call decodes with the target alone (the module docstring's rule)."""
+    if limit is None or rows is None or rows <= limit or (explicit and not limit_given):
+        return False
+    base = verifier.base if isinstance(verifier, BlockVerifier) else verifier
+    return type(base) is ExactVerifier
+
+
+def generate_without_speculation(base_generate, arguments: dict, extra: dict, *, limit: int, rows: int, generator=None):
+    """Plain ``generate`` (``base_generate``) for a call of ``rows`` rows the rule turned off; with
+    ``return_dict_in_generate`` the output carries ``speculation`` (one round per token, nothing drafted,
+    ``disabled_by_batch_size=limit``). A ``generator`` seeds the sampling (in a forked RNG state: the global one is
+    left as it was)."""
+    logger.info("%d rows > %s=%d: decoding with the target alone.", rows, KNOB, limit)
+    devices = [arguments["inputs"].device] if isinstance(arguments.get("inputs"), torch.Tensor) else []
+    forked = torch.random.fork_rng(devices=[d for d in devices if d.type == "cuda"]) if generator else None
+    with forked or contextlib.nullcontext():
+        if generator is not None:
+            torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
+        output = base_generate(**arguments, **extra)
+    if not isinstance(output, dict):  # a tensor of sequences: nothing to attach
+        return output
+    prompt = arguments.get("inputs")
+    prompt = extra.get("input_ids") if prompt is None else prompt
+    new = output.sequences[:, prompt.shape[-1] :]
+    stats = _target_only_stats(new, _eos_ids(arguments, base_generate), limit)
+    return DiversedGenerateDecoderOnlyOutput(**dict(output.items()), speculation=stats)
+
+
+def _eos_ids(arguments: dict, base_generate) -> set[int]:
+    config = arguments.get("generation_config") or getattr(
+        getattr(base_generate, "__self__", None), "generation_config", None
+    )
+    eos = getattr(config, "eos_token_id", None)
+    return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+
+
+def _target_only_stats(new: torch.Tensor, eos: set[int], limit: int) -> SpeculationStats:
+    """Statistics of target-only decoding: each row's tokens up to and including its first end of sequence."""
+    counts = []
+    for row in new.tolist():
+        ends = [i for i, token in enumerate(row) if token in eos]
+        counts.append(ends[0] + 1 if ends else len(row))
+    generated = torch.tensor(counts, dtype=torch.long)
+    zeros = torch.zeros_like(generated)
+    return SpeculationStats(
+        num_draft_tokens=0,
+        num_rounds=generated.clone(),
+        num_drafted=zeros,
+        num_accepted=zeros.clone(),
+        num_generated=generated,
+        drafted_per_position=torch.zeros(len(counts), 0, dtype=torch.long),
+        accepted_per_position=torch.zeros(len(counts), 0, dtype=torch.long),
+        position_acceptance=[torch.zeros(n, 0) for n in counts],
+        disabled_by_batch_size=limit,
+    )
