@@ -136,3 +136,20 @@ def test_the_limit_needs_speculative_decoding(pair):
     target, _ = pair
     with pytest.raises(ValueError, match=f"`{KNOB}` only applies to relaxed speculative decoding"):
         target.generate(prompt(5), max_new_tokens=2, **{KNOB: 4})
+
+
+def test_a_saved_draft_keeps_its_limit(tmp_path):
+    from tiny_models import make_model
+
+    from diversed_hf import EagleDraft
+
+    target = enable_diversed(make_model("llama", seed=1))
+    draft = EagleDraft.for_target(target)
+    setattr(draft.generation_config, KNOB, 2)
+    draft.save_pretrained(tmp_path / "draft")
+    loaded = EagleDraft.from_pretrained(tmp_path / "draft", target=target)
+    assert getattr(loaded.generation_config, KNOB) == 2
+    out = target.generate(
+        prompt(5, batch=3), assistant_model=loaded, max_new_tokens=3, do_sample=False, return_dict_in_generate=True
+    )
+    assert out.speculation.disabled_by_batch_size == 2  # a feature draft's default is lossless: the rule applies

@@ -344,12 +344,14 @@ def save_eagle3(draft, save_directory) -> Path:
     return write_export(directory, lambda staging: hub.write_json(staging / "config.json", config), weights, record)
 
 
-#: the generation-config keys a draft carries for the target's ``generate``: the draft length and the token tree
+#: the generation-config keys a draft carries for the target's ``generate``: the draft length, the token tree and the
+#: batch size above which lossless calls decode with the target alone (``diversed_hf.generation.batch_rule``)
 DRAFTING_KNOBS = (
     "num_assistant_tokens",
     "num_assistant_tokens_schedule",
     "assistant_confidence_threshold",
     *TREE_KNOBS,
+    "assistant_disable_by_batch_size",
 )
 
 

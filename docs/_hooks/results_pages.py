@@ -52,6 +52,7 @@ AREAS = (
             "EAGLE-3 draft",
             "Drafters",
             "Per-round overhead",
+            "Batched rounds",
             "Block verification",
             "Real pair: the EagleDraft on everyday prompts",
             "Real pair: feature draft against self-draft",
