@@ -153,3 +153,19 @@ def test_a_saved_draft_keeps_its_limit(tmp_path):
         prompt(5, batch=3), assistant_model=loaded, max_new_tokens=3, do_sample=False, return_dict_in_generate=True
     )
     assert out.speculation.disabled_by_batch_size == 2  # a feature draft's default is lossless: the rule applies
+
+
+def test_rows_count_their_tokens_up_to_the_calls_end_of_sequence(pair):
+    target, draft = pair
+    ids = prompt(5, batch=3)
+    first = target.generate(ids, max_new_tokens=1, do_sample=False)[:, -1]  # (3,) each row's first greedy token
+    out = target.generate(
+        ids,
+        assistant_model=draft,
+        verifier=ExactVerifier(),
+        max_new_tokens=6,
+        do_sample=False,
+        eos_token_id=int(first[0]),
+        return_dict_in_generate=True,
+    )
+    assert out.speculation.disabled_by_batch_size == 2 and out.speculation.num_generated[0] == 1

@@ -109,15 +109,18 @@ def generate_without_speculation(base_generate, arguments: dict, extra: dict, *,
     prompt = arguments.get("inputs")
     prompt = extra.get("input_ids") if prompt is None else prompt
     new = output.sequences[:, prompt.shape[-1] :]
-    stats = _target_only_stats(new, _eos_ids(arguments, base_generate), limit)
+    stats = _target_only_stats(new, _eos_ids(arguments, extra, base_generate), limit)
     return DiversedGenerateDecoderOnlyOutput(**dict(output.items()), speculation=stats)
 
 
-def _eos_ids(arguments: dict, base_generate) -> set[int]:
-    config = arguments.get("generation_config") or getattr(
-        getattr(base_generate, "__self__", None), "generation_config", None
-    )
-    eos = getattr(config, "eos_token_id", None)
+def _eos_ids(arguments: dict, extra: dict, base_generate) -> set[int]:
+    """The call's end-of-sequence ids: its keyword, else its ``generation_config``'s, else the model's."""
+    eos = extra.get("eos_token_id")
+    for config in (arguments.get("generation_config"), getattr(base_generate, "__self__", None)):
+        config = getattr(config, "generation_config", config)
+        if eos is None and config is not None:
+            eos = getattr(config, "eos_token_id", None)
+    eos = eos.tolist() if isinstance(eos, torch.Tensor) else eos
     return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
 
 
