@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.generation.outputs import lengths_to_end
 from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     check_output_dir,
@@ -71,7 +72,7 @@ def parse_args(argv=None):
     return args
 
 
-def _kwargs(method: str, batch_size: int, draft) -> dict:
+def _kwargs(method: str, draft) -> dict:
     if method == "target-only":
         return {}
     kwargs = {"assistant_model": draft}
@@ -83,7 +84,7 @@ def _kwargs(method: str, batch_size: int, draft) -> dict:
 
 
 def _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, seed) -> tuple[int, float, dict]:
-    tokens, seconds, stats = 0, 0.0, {"drafted": 0, "accepted": 0, "rounds": 0, "generated": 0, "off": False}
+    tokens, seconds, stats = 0, 0.0, {"drafted": 0, "accepted": 0, "rounds": 0, "off": False}
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(
             prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
@@ -94,7 +95,7 @@ def _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, seed) -> t
         out = target.generate(**batch, **sampling, **kwargs, return_dict_in_generate=True)
         seconds += time.perf_counter() - begin
         new = out.sequences[:, batch["input_ids"].shape[1] :]
-        tokens += _counted(new, target.generation_config.eos_token_id)
+        tokens += int(lengths_to_end(new, target.generation_config.eos_token_id).sum())
         speculation = getattr(out, "speculation", None)
         if speculation is not None:
             stats["drafted"] += speculation.total_drafted
@@ -104,18 +105,8 @@ def _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, seed) -> t
     return tokens, seconds, stats
 
 
-def _counted(new: torch.Tensor, eos) -> int:
-    """New tokens up to and including each row's first end of sequence."""
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
-    total = 0
-    for row in new.tolist():
-        ends = [i for i, token in enumerate(row) if token in eos]
-        total += ends[0] + 1 if ends else len(row)
-    return total
-
-
 def _measured(target, draft, tokenizer, prompts, batch_size, sampling, method) -> dict:
-    kwargs = _kwargs(method, batch_size, draft)
+    kwargs = _kwargs(method, draft)
     warm = tokenizer(prompts[:batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
     target.generate(**warm, **dict(sampling, max_new_tokens=4), **kwargs)
     tokens, seconds, stats = _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, 0)

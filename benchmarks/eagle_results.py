@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.generation.outputs import lengths_to_end
 from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     check_output_dir,
@@ -148,12 +149,7 @@ def timed_generate(target, draft, inputs, sampling: dict, seed: int, verifier=No
     seconds = time.perf_counter() - start
     width = inputs["input_ids"].shape[1]
     new = out.sequences[:, width:]
-    eos = target.generation_config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos]
-    tokens = 0
-    for row in new:  # up to and including the first EOS
-        hits = torch.isin(row, torch.tensor(eos)).nonzero()
-        tokens += int(hits[0]) + 1 if hits.numel() else row.numel()
+    tokens = int(lengths_to_end(new, target.generation_config.eos_token_id).sum())  # up to and including EOS
     record = {"seconds": seconds, "tokens": tokens, "new_ids": new.tolist()}
     if speculation is not None:
         per_row = torch.nan_to_num(speculation.expected_tokens_per_round, nan=0.0)  # (batch,) mean over its rounds

@@ -234,7 +234,7 @@ def _parsed(page: Path) -> _PageText:
     return parser
 
 
-def _local(page: Path, href: str, site: Path) -> tuple[Path, str]:
+def _local(page: Path, href: str) -> tuple[Path, str]:
     """The file a relative link of ``page`` reaches (``x/`` -> ``x/index.html``) and its anchor."""
     path, _, anchor = href.partition("#")
     target = (page.parent / path).resolve() if path else page
@@ -247,7 +247,7 @@ def test_the_site_shows_every_result_and_plot_and_links_every_mention(site):
     shown = set()
     for page in results:
         for src in _parsed(page).images:
-            image, _ = _local(page, src, site)
+            image, _ = _local(page, src)
             assert image.is_file(), f"{page.relative_to(site)} shows {src}, which the site lacks"
             shown.add(image.relative_to(site).as_posix())
     plots = {p.relative_to(REPO).as_posix() for p in (REPO / "results").rglob("*.png")}
@@ -262,7 +262,7 @@ def test_the_site_shows_every_result_and_plot_and_links_every_mention(site):
         for href in parsed.links:
             if "://" in href or not href.startswith(("../", "results")) or "results" not in href:
                 continue
-            target, anchor = _local(page, href, site)
+            target, anchor = _local(page, href)
             assert target.is_file(), f"{page.relative_to(site)} links {href}, which the site lacks"
             if anchor and target.suffix == ".html":
                 assert f'id="{anchor}"' in target.read_text(), f"{page.relative_to(site)} links {href}: no such anchor"

@@ -31,7 +31,7 @@ import torch
 from ..verifiers.block import BlockVerifier
 from ..verifiers.checks import is_integer
 from ..verifiers.rules import ExactVerifier
-from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats
+from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats, lengths_to_end
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +71,17 @@ def batch_limit(assistant_model, generation_config, given) -> int | None:
     return int(value)
 
 
+def _prompt_ids(arguments: dict, extra: dict) -> torch.Tensor | None:
+    ids = arguments.get("inputs")
+    ids = extra.get("input_ids") if ids is None else ids
+    return ids if isinstance(ids, torch.Tensor) else None
+
+
 def batch_size_of(arguments: dict, extra: dict) -> int | None:
     """The rows the call decodes (prompts x ``num_return_sequences``), or ``None`` where ``generate`` was given no
     ``input_ids`` to count."""
-    ids = arguments.get("inputs")
-    ids = extra.get("input_ids") if ids is None else ids
-    if not isinstance(ids, torch.Tensor):
+    ids = _prompt_ids(arguments, extra)
+    if ids is None:
         return None
     rows = ids.shape[0] if ids.dim() > 1 else 1
     config = arguments.get("generation_config")
@@ -98,40 +103,32 @@ def generate_without_speculation(base_generate, arguments: dict, extra: dict, *,
     ``disabled_by_batch_size=limit``). A ``generator`` seeds the sampling (in a forked RNG state: the global one is
     left as it was)."""
     logger.info("%d rows > %s=%d: decoding with the target alone.", rows, KNOB, limit)
-    devices = [arguments["inputs"].device] if isinstance(arguments.get("inputs"), torch.Tensor) else []
-    forked = torch.random.fork_rng(devices=[d for d in devices if d.type == "cuda"]) if generator else None
-    with forked or contextlib.nullcontext():
+    prompt = _prompt_ids(arguments, extra)
+    cuda = [prompt.device] if prompt is not None and prompt.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda) if generator else contextlib.nullcontext():
         if generator is not None:
             torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
         output = base_generate(**arguments, **extra)
     if not isinstance(output, dict):  # a tensor of sequences: nothing to attach
         return output
-    prompt = arguments.get("inputs")
-    prompt = extra.get("input_ids") if prompt is None else prompt
-    new = output.sequences[:, prompt.shape[-1] :]
-    stats = _target_only_stats(new, _eos_ids(arguments, extra, base_generate), limit)
-    return DiversedGenerateDecoderOnlyOutput(**dict(output.items()), speculation=stats)
+    lengths = lengths_to_end(output.sequences[:, prompt.shape[-1] :], _eos_id(arguments, extra, base_generate))
+    return DiversedGenerateDecoderOnlyOutput(**dict(output.items()), speculation=_target_only_stats(lengths, limit))
 
 
-def _eos_ids(arguments: dict, extra: dict, base_generate) -> set[int]:
-    """The call's end-of-sequence ids: its keyword, else its ``generation_config``'s, else the model's."""
+def _eos_id(arguments: dict, extra: dict, base_generate):
+    """The call's end-of-sequence id(s): its keyword, else its ``generation_config``'s, else the model's."""
     eos = extra.get("eos_token_id")
     for config in (arguments.get("generation_config"), getattr(base_generate, "__self__", None)):
         config = getattr(config, "generation_config", config)
         if eos is None and config is not None:
             eos = getattr(config, "eos_token_id", None)
-    eos = eos.tolist() if isinstance(eos, torch.Tensor) else eos
-    return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    return eos
 
 
-def _target_only_stats(new: torch.Tensor, eos: set[int], limit: int) -> SpeculationStats:
-    """Statistics of target-only decoding: each row's tokens up to and including its first end of sequence."""
-    counts = []
-    for row in new.tolist():
-        ends = [i for i, token in enumerate(row) if token in eos]
-        counts.append(ends[0] + 1 if ends else len(row))
-    generated = torch.tensor(counts, dtype=torch.long)
+def _target_only_stats(generated: torch.Tensor, limit: int) -> SpeculationStats:
+    """Statistics of target-only decoding: ``generated`` ``(batch,)`` tokens per row, one round each."""
     zeros = torch.zeros_like(generated)
+    counts = generated.tolist()
     return SpeculationStats(
         num_draft_tokens=0,
         num_rounds=generated.clone(),

@@ -11,6 +11,16 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..verifiers import theory
 
 
+def lengths_to_end(new_tokens: torch.Tensor, eos_token_id) -> torch.Tensor:  # (batch, T) -> (batch,)
+    """Each row's new tokens up to and including its first end of sequence (all ``T`` where none ends), as
+    ``generate`` stops a lone sequence. ``eos_token_id``: an id, a list, a tensor or ``None`` (none ends)."""
+    if eos_token_id is None:
+        return torch.full(new_tokens.shape[:1], new_tokens.shape[1], dtype=torch.long)
+    ends = torch.isin(new_tokens, torch.as_tensor(eos_token_id, device=new_tokens.device).flatten())  # (batch, T)
+    first = ends.int().argmax(dim=1)  # (batch,) the first end, 0 where none
+    return torch.where(ends.any(dim=1), first + 1, new_tokens.shape[1]).long().cpu()
+
+
 class RoundRecord(NamedTuple):
     """One round's statistics, as the loop keeps them until the call's :class:`SpeculationStats` are built."""
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..generation.outputs import lengths_to_end
 from ..heads.judge import JudgeHead
 from .checkpoint import model_fingerprint
 from .eagle_data import claim_directory
@@ -57,8 +58,7 @@ def _left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torc
 
 def _until_end(tokens: torch.Tensor, eos: set[int]) -> torch.Tensor:
     """``tokens`` up to and including the first end of sequence (as generate stops a lone sequence)."""
-    ends = [i for i, token in enumerate(tokens.tolist()) if token in eos]
-    return tokens[: ends[0] + 1] if ends else tokens
+    return tokens[: int(lengths_to_end(tokens[None], sorted(eos))[0])]
 
 
 @torch.no_grad()
