@@ -265,9 +265,9 @@ class DiversedGenerationMixin:
     - ``assistant_costs`` (:class:`~diversed_hf.drafting.length.costs.DraftCosts`): the round costs the
       ``"optimal"`` schedule uses instead of measuring them (:mod:`diversed_hf.drafting.length.optimal`).
     - ``assistant_tree_top_k`` (int K), ``assistant_tree_size`` (int M), ``assistant_tree`` (paths of child ranks):
-      draft a token tree each round instead of a chain, ``num_assistant_tokens`` levels deep, and verify all of its
-      nodes in one target pass (:mod:`diversed_hf.drafting.tree`, docs/method.md §8); read from ``generate``, else
-      the call's or the assistant's ``generation_config``.
+      draft a token tree of ``num_assistant_tokens`` levels each round, all its nodes verified in one target pass
+      (:mod:`diversed_hf.drafting.tree`, docs/method.md §8); read from ``generate``, else a ``generation_config``.
+    - ``assistant_disable_by_batch_size`` (int): lossless batches above it run the target alone (``batch_rule``).
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
 
