@@ -283,8 +283,8 @@ def test_the_tuned_target_is_named_and_its_adapter_checked_before_any_model_load
         train_eagle_draft.main(argv)
     assert "--target smollm2-tuned" in smollm2_tuned.TUNED_EAGLE_COMMAND
     args = train_eagle_draft.parse_args(["--target", "smollm2-tuned", "--num_synopsis", "3", "--num_arith_steps", "2"])
-    _, mix = train_eagle_draft._prompts(args)
-    assert mix["synopsis"] == 3 and mix["arith_steps"] == 2
+    mix = train_eagle_draft._prompts(args)
+    assert len(mix["synopsis"]) == 3 and len(mix["arith_steps"]) == 2
 
 
 def test_a_collection_of_another_target_or_dtype_is_refused_naming_both(tmp_path, monkeypatch):

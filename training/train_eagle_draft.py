@@ -11,7 +11,9 @@
 
 1. **Data** (``--output_dir``/data): the target answers chat prompts (``--num_chat`` everyday requests of
    the broad chat set, or your own with ``--prompts``; ``arith_chat`` and ``humaneval`` training problems;
-   explanations of standard-library functions: ``diversed_hf.lab.tasks.eagle_prompts``), sampled at ``--temperature``
+   explanations of standard-library functions: ``diversed_hf.lab.tasks.eagle_prompts``; follow-up turns after the
+   answers of earlier collections, ``--follow_ups``, and requests the target writes itself, ``--num_written``:
+   ``diversed_hf.lab.tasks.target_prompts``), sampled at ``--temperature``
    (every ``1/--greedy_fraction``-th prompt greedily), and reads ``--num_prefill`` existing texts as they are (every
    position of them trained); its last hidden state and top-``--top_k``
    log-probabilities are kept at every position from the same passes (``diversed_hf.training.eagle_data``). Resumable
@@ -66,6 +68,8 @@ OPTIONS = [
     ("num_synopsis", int, 0, "synopsis training prompts the target answers (the tuned target's task)"),
     ("num_arith_steps", int, 0, "arith_steps training problems the target answers (the tuned target's task)"),
     ("num_prefill", int, 0, "existing texts the target reads as they are (docstrings, synopsis documents)"),
+    ("num_written", int, 0, "requests the target writes itself from topic lists, then answers"),
+    ("num_follow_ups", int, None, "with --follow_ups: answer at most this many follow-up turns (default all)"),
     ("temperature", float, 0.7, "sampling temperature of the responses"),
     ("greedy_fraction", float, 0.25, "share of prompts answered greedily"),
     ("top_k", int, 32, "target log-probabilities kept per position"),
@@ -99,6 +103,14 @@ def parse_args(argv=None):
         default=[],
         metavar="DIR",
         help="earlier collections (another run's <output_dir>/data) to distil on as well",
+    )
+    parser.add_argument(
+        "--follow_ups",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="earlier collections (<output_dir>/data) whose conversations continue: the target's answer, a follow-up "
+        "request as the next user turn, and the target answers it (multi-turn data)",
     )
     parser.add_argument(
         "--dtype",
@@ -188,6 +200,7 @@ def parse_args(argv=None):
         "num_synopsis",
         "num_arith_steps",
         "num_prefill",
+        "num_written",
     )
     for name in counts:
         if getattr(args, name) < 0:
@@ -205,18 +218,26 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             parser.error(f"--{name} must be a finite number >= 0, got {value}")
-    sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings
-    if not args.prompts and sources + args.num_synopsis + args.num_arith_steps + args.num_prefill == 0:
+    sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings + args.num_written
+    if sources + args.num_synopsis + args.num_arith_steps + args.num_prefill == 0 and not (
+        args.prompts or args.follow_ups
+    ):
         parser.error(
-            "the prompt mix is empty (--num_chat, --num_arith, --code_samples and --num_docstrings are all 0, and no "
-            "--prompts): give the target something to answer"
+            "the prompt mix is empty (--num_chat, --num_arith, --code_samples, --num_docstrings and --num_written are "
+            "all 0, and no --prompts or --follow_ups): give the target something to answer"
         )
-    for directory in args.extra_data:
-        if not (Path(directory) / "manifest.json").is_file():
-            parser.error(
-                f"--extra_data {directory} is not a collection (no manifest.json): name another run's data "
-                "directory, <output_dir>/data"
-            )
+    for option in ("extra_data", "follow_ups"):
+        for directory in getattr(args, option):
+            if not (Path(directory) / "manifest.json").is_file():
+                parser.error(
+                    f"--{option} {directory} is not a collection (no manifest.json): name another run's data "
+                    "directory, <output_dir>/data"
+                )
+    if args.num_follow_ups is not None and (args.num_follow_ups < 1 or not args.follow_ups):
+        parser.error(
+            f"--num_follow_ups {args.num_follow_ups} limits the follow-up turns of --follow_ups DIR: give a positive "
+            "count and the collections to continue"
+        )
     if args.draft_vocab_size < 0:
         parser.error(f"--draft_vocab_size must be 0 (all ids) or positive, got {args.draft_vocab_size}")
     if not 0 < args.held_out < 1:
@@ -275,10 +296,11 @@ def _settings(args):
     return settings, distill_settings
 
 
-def _prompts(args, chat_template: str = "smollm2") -> tuple[list, dict[str, int]]:
-    """The prompts the target answers (rendered with ``chat_template``), the sources interleaved, and how many come
-    from each source (the chat ones named after where they come from)."""
-    from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix, interleave
+def _prompts(args, chat_template: str = "smollm2") -> dict[str, list[tuple[str, int]]]:
+    """The prompts the target answers (rendered with ``chat_template``) by source, the chat ones named after where
+    they come from; the sources made with the target (follow-ups, written requests) come later (:func:`_made_with`).
+    """
+    from diversed_hf.lab.tasks.eagle_prompts import eagle_prompt_mix
 
     user_prompts = None
     if args.prompts:
@@ -300,8 +322,40 @@ def _prompts(args, chat_template: str = "smollm2") -> tuple[list, dict[str, int]
         num_prefill=args.num_prefill,
     )
     chat_source = f"your prompts ({args.prompts})" if args.prompts else "everyday requests of the broad chat set"
-    prompt_mix = {chat_source if name == "chat" else name: len(jobs) for name, jobs in mix.items() if jobs}
-    return interleave(mix, args.seed), prompt_mix
+    return {chat_source if name == "chat" else name: jobs for name, jobs in mix.items()}
+
+
+def _made_with(args, target, tokenizer, chat_template: str, output_dir: Path, processes) -> dict[str, list]:
+    """The prompts made with the target: follow-up turns after the answers of ``--follow_ups`` and the requests it
+    writes itself (``--num_written``, kept in ``<output_dir>/written_requests.json`` so a resumed run asks the same
+    ones), each answered at ``--chat_max_new_tokens``."""
+    from diversed_hf.lab.tasks.chat import chat_prompt
+    from diversed_hf.lab.tasks.target_prompts import follow_up_prompts, write_requests
+    from diversed_hf.training.eagle_data import load_token_ids
+
+    made = {}
+    if args.follow_ups:
+        conversations = [c for directory in args.follow_ups for c in load_token_ids(directory)]
+        prompts = follow_up_prompts(conversations, tokenizer, chat_template, seed=args.seed)
+        made["follow-ups"] = [(p, args.chat_max_new_tokens) for p in prompts[: args.num_follow_ups]]
+    if args.num_written:
+        record = {"seed": args.seed, "num_written": args.num_written, "target": args.target or args.target_model}
+        file = output_dir / "written_requests.json"
+        with processes.main_first():  # the main process writes them, the others read its file
+            stored = json.loads(file.read_text()) if file.is_file() else None
+            if stored is None or {k: stored.get(k) for k in record} != record:
+                requests = write_requests(
+                    target, tokenizer, args.num_written, seed=args.seed, chat_template=chat_template,
+                    batch_size=args.generation_batch_size, progress=processes.is_main,
+                )  # fmt: skip
+                if processes.is_main:
+                    output_dir.mkdir(parents=True, exist_ok=True)
+                    write_text_atomic(file, json.dumps({**record, "requests": requests}, indent=1) + "\n")
+            else:
+                requests = stored["requests"]
+        logger.info("the target wrote %d requests (of %d asked for)", len(requests), args.num_written)
+        made["written requests"] = [(chat_prompt(r, chat_template), args.chat_max_new_tokens) for r in requests]
+    return made
 
 
 def _data_record(collections: list[dict], settings) -> dict:
@@ -370,14 +424,26 @@ def main(argv=None) -> Path:
         from diversed_hf.lab.tasks.eagle_prompts import check_target_model
 
         with processes.main_first():  # the main process writes the tokenizer's files, the others read them
-            chat_sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings
-            needs_chat = bool(args.prompts) or chat_sources > 0  # prefill-only texts are read as they are
+            chat_sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings + args.num_written
+            # prefill-only texts are read as they are
+            needs_chat = bool(args.prompts or args.follow_ups) or chat_sources > 0
             chat_template = check_target_model(
                 args.target_model, args.arch, args.chat_template, needs_chat, output_dir / "target_tokenizer"
             )
-    prompts, prompt_mix = _prompts(args, chat_template)
+    if args.follow_ups:  # the template must append turns, before any weight loads
+        from diversed_hf.lab.tasks.target_prompts import turn_frame
+
+        turn_frame(chat_template)
+    if args.num_written and chat_template == "none":
+        raise ValueError("--num_written asks a chat model to write requests: the target has no chat template")
+    mix = _prompts(args, chat_template)
     target, tokenizer = _load_target(args)
     target = target.to(processes.device)
+    mix.update(_made_with(args, target, tokenizer, chat_template, output_dir, processes))
+    from diversed_hf.lab.tasks.eagle_prompts import interleave
+
+    prompts = interleave(mix, args.seed)
+    prompt_mix = {name: len(jobs) for name, jobs in mix.items() if jobs}
     if args.arch == "eagle3":  # the target's layers the draft fuses, kept as each position's feature
         from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
 
