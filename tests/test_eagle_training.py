@@ -24,6 +24,21 @@ def collected(tmp_path_factory):
     return target, tokenizer, prompts, directory
 
 
+def test_a_collection_is_streamed_from_disk(collected):
+    """Loaded sequences hold their ids; their features are read from the shard when asked for (a distillation over
+    millions of positions holds a batch's), the same rows every time."""
+    from safetensors.torch import load_file
+
+    directory = collected[3]
+    sequences = load_sequences(directory)
+    assert all(not hasattr(s, "__dict__") for s in sequences)  # no room for a feature tensor beside ids
+    first_shard = load_file(str(directory / "shard-00000.safetensors"))
+    hidden = torch.cat([s.hidden for s in sequences[:12]])
+    assert torch.equal(hidden, first_shard["hidden"]) and sequences[0].hidden is not sequences[0].hidden
+    assert torch.equal(torch.cat([s.top_ids for s in sequences[:12]]), first_shard["top_ids"])
+    assert [s.ids.shape[0] - 1 for s in sequences[:12]] == [s.hidden.shape[0] for s in sequences[:12]]
+
+
 def test_collection_keeps_the_targets_features_and_soft_labels(collected):
     target, tokenizer, prompts, directory = collected
     sequences = load_sequences(directory)

@@ -71,7 +71,8 @@ def test_follow_ups_continue_the_targets_answer_as_the_template_closes_a_turn():
     (prompt,) = prompts
     assert prompt.startswith("t5 t6 t7t8 t9" + between) and prompt.endswith(after)
     assert prompt[len("t5 t6 t7t8 t9" + between) : -len(after)] in _source()["follow_ups"]
-    assert follow_up_prompts(conversations * 5, tokenizer, seed=0) != follow_up_prompts(conversations * 5, tokenizer, seed=1)
+    many = conversations * 5
+    assert follow_up_prompts(many, tokenizer, seed=0) != follow_up_prompts(many, tokenizer, seed=1)
     with pytest.raises(ValueError, match="does not render a second turn"):
         turn_frame("none")
 
@@ -120,7 +121,7 @@ def test_train_eagle_draft_answers_follow_ups_and_written_requests(tmp_path, mon
     record = json.loads((second / "collection.json").read_text())
     assert record["prompt_mix"]["follow-ups"] == len(answered) == 4
     written = json.loads((second / "written_requests.json").read_text())
-    assert {k: written[k] for k in ("seed", "num_written", "target")} == {"seed": 0, "num_written": 3, "target": "smollm2"}
+    assert (written["seed"], written["num_written"], written["target"]) == (0, 3, "smollm2")
     assert record["prompt_mix"].get("written requests", 0) == len(written["requests"])
     # a rerun reads the same requests back and finds every shard written
     (second / "written_requests.json").write_text(json.dumps({**written, "requests": written["requests"]}))

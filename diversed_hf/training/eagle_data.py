@@ -16,6 +16,7 @@ an interrupted collection resumes, and other settings are refused rather than mi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -25,7 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from .. import compat
 from ..verifiers import ops
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CollectionSettings",
     "Sequence",
+    "StoredSequence",
     "claim_directory",
     "collect",
     "collection_seconds",
@@ -117,8 +120,45 @@ def _write_shard(path: Path, sequences: list[Sequence]) -> None:
     staging.replace(path)  # a shard exists only once it is whole
 
 
-def load_sequences(directory: str | Path) -> list[Sequence]:
-    """Every sequence of the shards in ``directory``, in collection order."""
+@functools.lru_cache(maxsize=64)
+def _open_shard(path: str, stamp: tuple[int, int]):
+    """An open shard (memory-mapped by safetensors); ``stamp`` (mtime, size) keeps a rewritten file from being read
+    through an old handle."""
+    return safe_open(path, framework="pt")
+
+
+class StoredSequence:
+    """A collected sequence whose features stay on disk: ``ids`` and ``prompt_length`` are held, ``hidden``,
+    ``top_ids`` and ``top_logprobs`` (as in :class:`Sequence`) are read from the shard each time they are asked for, so
+    a distillation over millions of positions holds only its batch's features in memory."""
+
+    __slots__ = ("ids", "prompt_length", "_shard", "_stamp", "_start", "_end")
+
+    def __init__(
+        self, ids: torch.Tensor, prompt_length: int, shard: Path, stamp: tuple[int, int], start: int, end: int
+    ):
+        self.ids, self.prompt_length = ids, prompt_length
+        self._shard, self._stamp, self._start, self._end = str(shard), stamp, start, end
+
+    def _read(self, name: str) -> torch.Tensor:
+        return _open_shard(self._shard, self._stamp).get_slice(name)[self._start : self._end]
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self._read("hidden")
+
+    @property
+    def top_ids(self) -> torch.Tensor:
+        return self._read("top_ids")
+
+    @property
+    def top_logprobs(self) -> torch.Tensor:
+        return self._read("top_logprobs")
+
+
+def load_sequences(directory: str | Path) -> list[StoredSequence]:
+    """Every sequence of the shards in ``directory``, in collection order; their features stay on disk until read
+    (:class:`StoredSequence`)."""
     directory = Path(directory)
     shards = sorted(directory.glob("shard-*.safetensors"))
     if not shards:
@@ -137,19 +177,16 @@ def load_sequences(directory: str | Path) -> list[Sequence]:
         )
     sequences = []
     for shard in shards:
-        data = load_file(str(shard))
-        offsets = data["offsets"].tolist()
-        for i, prompt_length in enumerate(data["prompt_lengths"].tolist()):
+        stat = shard.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        data = _open_shard(str(shard), stamp)
+        ids = data.get_tensor("ids").long()
+        offsets = data.get_tensor("offsets").tolist()
+        for i, prompt_length in enumerate(data.get_tensor("prompt_lengths").tolist()):
             start, end = offsets[i], offsets[i + 1]
             feature_start, feature_end = start - i, end - i - 1  # n - 1 feature rows per sequence
             sequences.append(
-                Sequence(
-                    ids=data["ids"][start:end].long(),
-                    hidden=data["hidden"][feature_start:feature_end],
-                    top_ids=data["top_ids"][feature_start:feature_end],
-                    top_logprobs=data["top_logprobs"][feature_start:feature_end],
-                    prompt_length=prompt_length,
-                )
+                StoredSequence(ids[start:end].clone(), prompt_length, shard, stamp, feature_start, feature_end)
             )
     return sequences
 
@@ -157,8 +194,6 @@ def load_sequences(directory: str | Path) -> list[Sequence]:
 def load_token_ids(directory: str | Path) -> list[tuple[list[int], int]]:
     """``(token ids, prompt length)`` of every sequence in ``directory``'s shards, in collection order, without reading
     their features (what a follow-up turn is built from: ``lab.tasks.target_prompts.follow_up_prompts``)."""
-    from safetensors import safe_open
-
     directory = Path(directory)
     shards = sorted(directory.glob("shard-*.safetensors"))
     if not shards:
