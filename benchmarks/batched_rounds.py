@@ -20,7 +20,7 @@ is known:
 
 The largest batch at which the speculating default still beats target-only is the limit the draft should carry
 (``--ship_limit`` writes it into ``assets/smollm2/eagle/generation_config.json``). Then one profiled call per batch
-size of ``--profile_sizes`` (``diversed_hf.generation.round_profile``) gives the phases of a chain round.
+size of ``--profile_sizes`` (``diversed_hf.common.round_profile``) gives the phases of a chain round.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _measured(target, draft, tokenizer, prompts, batch_size, sampling, method) -
 
 def measure(args) -> dict:
     from diversed_hf import enable_diversed, testbed
-    from diversed_hf.generation.round_profile import profile_rounds
+    from diversed_hf.common.round_profile import profile_rounds
     from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
 
     torch.set_num_threads(1)

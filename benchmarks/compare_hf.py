@@ -123,7 +123,7 @@ def compare(args: argparse.Namespace, profile: bool = False) -> dict:
             "identical": identical[pairing],
         }
     if profile:
-        from diversed_hf.generation.round_profile import profile_rounds
+        from diversed_hf.common.round_profile import profile_rounds
 
         with profile_rounds() as rounds:
             run(("lossless", "ours"))

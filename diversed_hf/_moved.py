@@ -42,7 +42,7 @@ MOVED = {
     "diversed_hf.dflash": "diversed_hf.drafting.dflash",
     "diversed_hf.kv_sharing": "diversed_hf.drafting.kv_sharing",
     "diversed_hf.translated": "diversed_hf.drafting.translated",
-    "diversed_hf.pairs": "diversed_hf.drafting.pairs",
+    "diversed_hf.pairs": "diversed_hf.common.pairs",
     "diversed_hf.draft_length": "diversed_hf.drafting.length.policy",
     "diversed_hf.policies": "diversed_hf.drafting.length.optimal",
     "diversed_hf.costs": "diversed_hf.drafting.length.costs",
@@ -51,7 +51,7 @@ MOVED = {
     "diversed_hf.outputs": "diversed_hf.generation.outputs",
     "diversed_hf.padding": "diversed_hf.generation.padding",
     "diversed_hf.output_scores": "diversed_hf.generation.output_scores",
-    "diversed_hf.round_profile": "diversed_hf.generation.round_profile",
+    "diversed_hf.round_profile": "diversed_hf.common.round_profile",
     "diversed_hf.head": "diversed_hf.heads.head",
     "diversed_hf.head_config": "diversed_hf.heads.config",
     "diversed_hf.hub": "diversed_hf.heads.hub",
@@ -59,6 +59,9 @@ MOVED = {
     "diversed_hf.cards": "diversed_hf.heads.cards",
     "diversed_hf.card_results": "diversed_hf.heads.card_results",
     "diversed_hf.metrics": "diversed_hf.heads.metrics",
+    # the leaves below drafting, generation, heads and training (docs/architecture.md, "Rooms")
+    "diversed_hf.drafting.pairs": "diversed_hf.common.pairs",
+    "diversed_hf.generation.round_profile": "diversed_hf.common.round_profile",
 }
 
 

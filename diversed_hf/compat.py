@@ -62,44 +62,22 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
 
 
-def drop_leading_positions(cache: DynamicCache, count: int) -> None:
-    """Remove the first ``count`` positions (columns that are padding in every row)."""
-    if count <= 0:
-        return
-    for layer in _layers(cache):
-        layer.keys = layer.keys[..., count:, :]  # (batch, heads, length - count, head_dim)
-        layer.values = layer.values[..., count:, :]
-
-
-def shift_rows_right(
-    cache: DynamicCache,
-    shifts: torch.Tensor,  # (batch,) non-negative
-) -> None:
-    """Roll each row right by ``shifts[b]`` positions; what wraps around lands on padding columns."""
-    from .verifiers.ops import roll_rows_right
-
-    for layer in _layers(cache):
-        layer.keys = roll_rows_right(layer.keys, shifts, dim=2)  # (batch, heads, length, head_dim)
-        layer.values = roll_rows_right(layer.values, shifts, dim=2)
-
-
 def realign_cache(
     cache: DynamicCache,
     *,
     kept: torch.Tensor | None,  # (kept,) rows that continue; None keeps all
     length: int,
-    shifts: torch.Tensor | None,  # (kept,) non-negative; None: no row moves
-    leading: int,
+    move,  # (batch, heads, length, head_dim) -> the same, rolled and without the leading columns
 ) -> None:
-    """One round's cache edit of the batched loop: keep rows ``kept`` (``Cache.batch_select_indices``),
-    crop every row to ``length`` positions (``Cache.crop``), roll row ``b`` right by ``shifts[b]``,
-    then drop the first ``leading`` positions."""
+    """One round's cache edit of the batched loop (``diversed_hf.common.realign.Realignment.edit_cache``): keep rows
+    ``kept`` (``Cache.batch_select_indices``), crop every row to ``length`` positions (``Cache.crop``), then pass every
+    layer's keys and values through ``move`` (the round's row roll and dropped leading columns)."""
     if kept is not None:
         cache.batch_select_indices(kept)
     crop_cache(cache, length)
-    if shifts is not None:
-        shift_rows_right(cache, shifts)
-    drop_leading_positions(cache, leading)
+    for layer in _layers(cache):
+        layer.keys = move(layer.keys)
+        layer.values = move(layer.values)
 
 
 #: transformers 5.23 made ``RepetitionPenaltyLogitsProcessor.prompt_ignore_length`` a count per row (a ``(batch,)``

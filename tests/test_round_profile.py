@@ -1,4 +1,4 @@
-"""Profiling a round (diversed_hf.generation.round_profile): the phases add up to the loop's wall time, outputs are unchanged."""
+"""Profiling a round (diversed_hf.common.round_profile): the phases add up to the loop's wall time, outputs are unchanged."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diversed_hf import enable_diversed, testbed
-from diversed_hf.generation.round_profile import PHASES, profile_rounds
+from diversed_hf.common.round_profile import PHASES, profile_rounds
 from diversed_hf.verifiers import ExactVerifier
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import diversed_hf.testbed as testbed
-from diversed_hf.drafting.pairs import hidden_size_of
+from diversed_hf.common.pairs import hidden_size_of
 from diversed_hf.verifiers.distribution_features import FEATURE_NAMES
 
 REPO = Path(__file__).resolve().parents[1]

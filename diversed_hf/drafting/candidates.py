@@ -24,13 +24,14 @@ own ``_assisted_decoding`` can drive it too (at batch 1; ``tests/test_candidate_
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .. import compat
-from ..generation import round_profile
+from ..common import round_profile
+from ..common.pairs import draft_input_ids, text_vocab_size
+from ..common.realign import Realignment  # noqa: F401 - re-exported: the generators' argument
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from .length.costs import DraftCosts
@@ -41,7 +42,6 @@ from .length.policy import (  # noqa: F401 - re-exported: the generator's knobs
     DraftLengthPolicy,
     check_draft_length_policy,
 )
-from .pairs import draft_input_ids, text_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -66,29 +66,6 @@ def next_token_scores(
     raw = ops.fit_vocabulary(raw_logits, vocab_size).float()  # (batch, vocab)
     scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw  # (batch, vocab)
     return scores, raw
-
-
-@dataclass(frozen=True)
-class Realignment:
-    """How one round moves the rows of the batched layout (:mod:`diversed_hf.generation.loop`, step 4).
-
-    With ``A = max_b n_b`` accepted drafts the sequence grows from ``L`` to ``new_length = L + A + 1``
-    columns; row ``b`` rolls right by ``shifts[b] = A - n_b``; then ``leading`` columns that are padding
-    in every row are dropped. A model whose cache lags ``lag`` tokens behind the sequence keeps
-    ``new_length - lag`` columns before the shift.
-    """
-
-    kept: torch.Tensor | None  # (kept,) rows (of this round's batch) that continue; None when all do
-    shifts: torch.Tensor | None  # (kept,) A - n_b; None when every row accepted A drafts
-    new_length: int  # L + A + 1
-    leading: int  # all-padding columns dropped after the shift
-
-    def edit_cache(self, cache, *, lag: int | None = None, length: int | None = None) -> None:
-        """Apply the round to a model's cache: the one place a cache follows the realignment (the target's in the
-        loop, the draft's in the candidate generator). The cache keeps ``new_length - lag`` columns before the shift
-        (``length`` columns, when given: a draft whose cache stops at the round's start)."""
-        length = self.new_length - lag if length is None else length
-        compat.realign_cache(cache, kept=self.kept, length=length, shifts=self.shifts, leading=self.leading)
 
 
 class DraftCandidates(tuple):

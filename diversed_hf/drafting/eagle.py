@@ -116,7 +116,7 @@ class EagleDraftConfig(PretrainedConfig):
         self.architecture = architecture
         self.aux_layer_ids = None if aux_layer_ids is None else check_aux_layer_ids(aux_layer_ids)
         self.own_embeddings = bool(own_embeddings)
-        # what the pair checks read (diversed_hf.drafting.pairs): the draft's features live in the target's hidden
+        # what the pair checks read (diversed_hf.common.pairs): the draft's features live in the target's hidden
         # space and its logits span the target's vocabulary
         self.hidden_size = target_config.get("hidden_size")
         self.vocab_size = target_config.get("vocab_size")

@@ -36,28 +36,9 @@ from __future__ import annotations
 import torch
 
 from .. import compat
-from ..verifiers import ops
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
 
-__all__ = ["FeatureCandidateGenerator", "realign_rows"]
-
-
-def realign_rows(
-    values: torch.Tensor,  # (batch, T, ...)
-    *,
-    kept: torch.Tensor | None,  # (kept,)
-    length: int,
-    shifts: torch.Tensor | None,  # (kept,)
-    leading: int,
-) -> torch.Tensor:  # (kept, length - leading, ...)
-    """The loop's realignment of a per-column tensor, as :func:`diversed_hf.compat.realign_cache` edits a cache: keep
-    rows ``kept``, crop to ``length`` columns, roll row ``b`` right by ``shifts[b]``, drop ``leading`` columns."""
-    if kept is not None:
-        values = values[kept]
-    values = values[:, :length]
-    if shifts is not None:
-        values = ops.roll_rows_right(values, shifts, dim=1)
-    return values[:, leading:]
+__all__ = ["FeatureCandidateGenerator"]
 
 
 class FeatureCandidateGenerator(DiversedCandidateGenerator):
@@ -227,16 +208,10 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
             )
         # columns [0, L + N_r] of the round: the stored features, then the verification pass's, written in place
         self._append_features(self.round_hidden)  # the buffer held the round's L columns
-        if realignment.kept is None and realignment.shifts is None and realignment.leading == 0:
-            self.length = realignment.new_length  # the realignment only crops: O(N_r) this round
+        if realignment.only_crops:
+            self.length = realignment.new_length  # O(N_r) this round
         else:  # rows dropped, shifted or trimmed: rebuilt, as the caches are
-            realigned = realign_rows(
-                self.buffer[:, : self.length],
-                kept=realignment.kept,
-                length=realignment.new_length,
-                shifts=realignment.shifts,
-                leading=realignment.leading,
-            )  # (kept, L', d)
+            realigned = realignment.apply(self.buffer[:, : self.length])  # (kept, L', d)
             self.buffer = realigned.new_zeros(realigned.shape[0], self.buffer.shape[1], realigned.shape[2])
             self.buffer[:, : realigned.shape[1]] = realigned
             self.length = realigned.shape[1]

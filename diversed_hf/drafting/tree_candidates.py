@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from .. import compat
-from ..generation import round_profile
+from ..common import round_profile
+from ..common.pairs import draft_input_ids
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from .candidates import DiversedCandidateGenerator, next_token_scores
 from .feature_candidates import FeatureCandidateGenerator
-from .pairs import draft_input_ids
 from .tree import DraftTree, TreeSpec, child_tokens
 
 __all__ = ["FeatureTreeCandidateGenerator", "TreeCandidateGenerator", "TreeCandidates"]

@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .. import compat
+from ..common import round_profile
+from ..common.pairs import text_vocab_size
 from ..drafting.candidates import (
     DiversedCandidateGenerator,
     DraftCandidates,
@@ -53,13 +55,10 @@ from ..drafting.candidates import (
 from ..drafting.feature_candidates import FeatureCandidateGenerator
 from ..drafting.length.costs import DraftCosts
 from ..drafting.length.optimal import acceptance_setting
-from ..drafting.pairs import text_vocab_size
 from ..drafting.tree import TreeSpec
 from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
-from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.rules import VerificationResult, Verifier
-from . import round_profile
 from .output_scores import TargetScoreRecorder
 from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
@@ -545,27 +544,23 @@ class _SpeculativeLoop:
         mask = torch.cat([candidate_mask, torch.ones_like(candidate_mask[:, :1])], dim=1)[
             :, :new_length
         ]  # (B, L + A + 1)
-        any_shift = bool((shifts > 0).any())
-        if any_shift:  # the one row roll (ops.roll_rows_right), as the caches and the features are realigned
-            positions = torch.arange(new_length, device=seq.device)  # (L + A + 1,)
-            seq = ops.roll_rows_right(seq, shifts)
-            mask = ops.roll_rows_right(mask, shifts) * (positions >= shifts[:, None]).to(mask.dtype)
-        leading = int((mask.sum(dim=0) > 0).long().argmax())  # columns that are padding in every row
-        leading = min(leading, seq.shape[1] - 2)
-        if leading > 0:
-            seq, mask = seq[:, leading:], mask[:, leading:]
-        self.seq, self.mask = seq, mask
         realignment = Realignment(
-            kept=kept, shifts=shifts if any_shift else None, new_length=new_length, leading=leading
+            kept=kept, shifts=shifts if bool((shifts > 0).any()) else None, new_length=new_length, leading=0
         )
+        mask = realignment.move(mask)  # the one row roll, as the caches and the features
+        if realignment.shifts is not None:  # the columns that wrapped around become padding
+            mask = mask * (torch.arange(new_length, device=seq.device) >= shifts[:, None]).to(mask.dtype)
+        leading = int((mask.sum(dim=0) > 0).long().argmax())  # columns that are padding in every row
+        realignment = replace(realignment, leading=min(leading, new_length - 2))
+        self.seq, self.mask = realignment.move(seq), mask[:, realignment.leading :]
         realignment.edit_cache(self.target_cache, lag=1)  # the target cache lacks the last token
-        compat.realign_logits_processors(self.logits_processor, kept=kept, shifts=realignment.shifts, leading=leading)
+        realignment.edit_processors(self.logits_processor)
         seconds = None
         if self.round_clock is not None:  # (drafting, the rest of the round: verification, commit, realignment)
             started, drafted = self.round_clock
-            seconds = (drafted - started, _clock(seq.device) - drafted)
+            seconds = (drafted - started, _clock(self.seq.device) - drafted)
         self.candidates.update_candidate_strategy(
-            seq,
+            self.seq,
             target_probs,
             round_num_accepted,
             realignment=realignment,

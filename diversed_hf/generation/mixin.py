@@ -18,18 +18,18 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from .. import compat
-from ..drafting.candidates import DraftLengthPolicy
-from ..drafting.dflash import DFlashDraft, looks_like_block_draft
-from ..drafting.drafters import EarlyExitDraft, PromptLookup
-from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
-from ..drafting.mtp import MtpDraft
-from ..drafting.pairs import (  # noqa: F401 - re-exported
+from ..common.pairs import (  # noqa: F401 - re-exported
     check_head_matches,
     check_tokenizer_arguments,
     shared_vocab_size,
     text_vocab_size,
     verification_vocab_size,
 )
+from ..drafting.candidates import DraftLengthPolicy
+from ..drafting.dflash import DFlashDraft, looks_like_block_draft
+from ..drafting.drafters import EarlyExitDraft, PromptLookup
+from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
+from ..drafting.mtp import MtpDraft
 from ..drafting.translated import TranslatedDraft
 from ..drafting.tree import TREE_KNOBS, TreeSpec, check_tree_call
 from ..heads.head import DiversedHead

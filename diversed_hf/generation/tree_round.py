@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from .. import compat
+from ..common import round_profile
 from ..drafting.candidates import DraftCandidates, next_token_scores
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.tree import verify_tree
-from . import round_profile
 
 __all__ = ["verify_tree_round"]
 

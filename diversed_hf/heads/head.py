@@ -53,7 +53,7 @@ from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
 from .. import compat
-from ..drafting.pairs import hidden_size_of, model_id_of
+from ..common.pairs import hidden_size_of, model_id_of
 from . import hub, official
 from .config import (  # noqa: F401  (re-exported: diversed_hf.heads.head has always named them)
     ARCHITECTURES,

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafting.pairs import hidden_size_of, model_id_of
+from ..common.pairs import hidden_size_of, model_id_of
 from ..heads.head import DiversedHead, DiversedHeadConfig
 
 logger = logging.getLogger(__name__)

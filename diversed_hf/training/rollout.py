@@ -48,8 +48,8 @@ from transformers.generation.logits_process import (
 )
 
 from .. import compat
+from ..common.pairs import draft_input_ids, verification_vocab_size
 from ..drafting.drafters import PromptLookup, lookup_continuations
-from ..drafting.pairs import draft_input_ids, verification_vocab_size
 from ..verifiers import ops
 from ..verifiers.distribution_features import distribution_features
 

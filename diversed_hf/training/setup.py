@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..drafting.pairs import check_head_matches
+from ..common.pairs import check_head_matches
 from ..heads.head import DiversedHead
 from ..verifiers.checks import check_columns
 from .batches import callable_name

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..drafting.pairs import verification_vocab_size
+from ..common.pairs import verification_vocab_size
 from ..heads.head import DiversedHead
 from . import objective, scoring
 from .batches import GroupedSampler, RolloutBuffer, rows_collator, rows_loader

@@ -37,16 +37,12 @@ Pure tensor math; random numbers only from the ``generator`` passed in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from . import ops
 from .checks import check_round_inputs
 from .rules import VerificationResult, Verifier
-
-if TYPE_CHECKING:
-    from ..heads.head import DiversedHead
 
 __all__ = ["BlockVerifier", "block_round", "running_weights", "stop_probabilities", "block_residual"]
 
@@ -197,7 +193,7 @@ class BlockVerifier(Verifier):
         return self.base.requires_untempered_probs
 
     @property
-    def head(self) -> "DiversedHead | None":  # base's, for a head verifier (generate checks it against the pair)
+    def head(self) -> torch.nn.Module | None:  # base's, for a head verifier (generate checks it against the pair)
         return getattr(self.base, "head", None)
 
     def verification_probs(self, draft_probs, target_probs, **context):

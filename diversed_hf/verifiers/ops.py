@@ -167,15 +167,3 @@ def without_placeholders(
     that no rule reads, and an id inside the vocabulary keeps every gather valid."""
     counted = torch.arange(draft_ids.shape[1], device=draft_ids.device) < draft_lengths[:, None]  # (batch, N)
     return torch.where(counted, draft_ids, torch.zeros_like(draft_ids))
-
-
-def roll_rows_right(values: torch.Tensor, shifts: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """Each row ``b`` of ``values`` (rows on dim 0) rolled right along ``dim`` by ``shifts[b]`` positions, what wraps
-    around landing on the first columns: the one realignment of the generation loop, for its sequences, the target's
-    features and both models' caches (``dim=2`` of a cache layer's ``(batch, heads, length, head_dim)``)."""
-    length = values.shape[dim]
-    positions = torch.arange(length, device=values.device)  # (length,)
-    index = (positions[None, :] - shifts.to(values.device)[:, None]) % length  # (batch, length)
-    shape = [index.shape[0]] + [1] * (values.dim() - 1)
-    shape[dim] = length
-    return values.gather(dim, index.reshape(shape).expand_as(values))

@@ -21,16 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from . import ops
 from .checks import is_integer, is_real
 from .rules import VerificationResult, Verifier, _MixtureVerifier
-
-if TYPE_CHECKING:
-    from ..heads.judge import JudgeHead
 
 __all__ = ["DIVERGENCES", "FuzzyVerifier", "JudgeVerifier", "TopKRelaxedVerifier", "divergence"]
 
@@ -133,7 +129,8 @@ class JudgeVerifier(Verifier):
     """Judge decoding (module docstring): keep a draft the lossless test keeps, or one whose judge probability
     ``judge(h_x) >= threshold`` (``h_x``: the target's last hidden state after reading the drafted token)."""
 
-    judge: JudgeHead = field(default=None)
+    #: a :class:`~diversed_hf.heads.judge.JudgeHead` (a module with ``config.hidden_size`` and ``logits``)
+    judge: torch.nn.Module = field(default=None)
     threshold: float = 0.5
 
     requires_hidden_states = True

@@ -61,16 +61,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from . import ops
 from .checks import check_round_inputs, check_verification_output, is_real
 from .distribution_features import distribution_features
-
-if TYPE_CHECKING:
-    from ..heads.head import DiversedHead
 
 __all__ = [
     "Verifier",
@@ -483,7 +480,8 @@ class HeadVerifier(_MixtureVerifier):
     ``config.mixing``.
     """
 
-    head: "DiversedHead" = field(default=None)
+    #: a :class:`~diversed_hf.heads.head.DiversedHead` (any module with its ``config`` and call: the heads sit above)
+    head: torch.nn.Module = field(default=None)
 
     @property
     def requires_hidden_states(self) -> bool:

@@ -513,8 +513,8 @@ def _timing_pass(run: _Run, task: BenchTask, methods: list[Method]) -> tuple[dic
 
 def _profile_pass(run: _Run, methods: list[Method], timed_run) -> dict[str, dict]:
     """``--profile``: one more run of the timing prompts per speculative method, its rounds profiled
-    (:mod:`diversed_hf.generation.round_profile`); this process's rows per method."""
-    from ...generation.round_profile import profile_rounds
+    (:mod:`diversed_hf.common.round_profile`); this process's rows per method."""
+    from ...common.round_profile import profile_rounds
 
     profiles = {}
     for method in methods:

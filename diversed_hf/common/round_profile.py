@@ -1,6 +1,6 @@
 """Where a speculative round's time goes: wall-clock time per phase of the batched loop (``docs/profile.md``).
 
-    from diversed_hf.generation.round_profile import profile_rounds
+    from diversed_hf.common.round_profile import profile_rounds
 
     with profile_rounds() as profile:
         target.generate(**inputs, assistant_model=draft, verifier=ExactVerifier())
