@@ -32,8 +32,7 @@ import sys
 
 import torch
 
-from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_file, run_script, write_text_atomic
-from diversed_hf.lab.evaluation import (
+from diversed_hf.cli.evaluation import (
     check_pair,
     evaluate,
     load_any_head,
@@ -42,6 +41,7 @@ from diversed_hf.lab.evaluation import (
     task_argument,
     task_help,
 )
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_file, run_script, write_text_atomic
 
 logger = logging.getLogger("eval_head")
 

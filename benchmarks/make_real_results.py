@@ -358,7 +358,7 @@ def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the real pair's shipped head for that task; then every shipped
     head's card is rendered again (``model_cards/smollm2_<task>.md`` for these)."""
     from diversed_hf import testbed
-    from diversed_hf.lab import hub_cli
+    from diversed_hf.cli import hub as hub_cli
 
     for result in results:
         head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from diversed_hf.lab.bench import cli as bench_cli
+from diversed_hf.cli import bench as bench_cli
 from diversed_hf.lab.bench import policy_table, write_results, write_results_page
 from diversed_hf.lab.bench.runner import process_state
 from diversed_hf.lab.cli_utils import (
@@ -118,7 +118,7 @@ def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the testbed's head for that task; then every shipped head's
     card (its README.md and ``model_cards/<name>.md``) is rendered again."""
     from diversed_hf import testbed
-    from diversed_hf.lab import hub_cli
+    from diversed_hf.cli import hub as hub_cli
 
     for result in results:
         head_dir = testbed.ASSETS_DIR / "heads" / result.task

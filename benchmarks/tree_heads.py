@@ -28,9 +28,9 @@ from make_results import refresh_head_sections
 
 import diversed_hf.testbed as testbed
 from diversed_hf import ExactVerifier, enable_diversed
+from diversed_hf.cli.evaluation import load_task_data, run_method
 from diversed_hf.lab.bench.stats import paired_difference
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
-from diversed_hf.lab.evaluation import load_task_data, run_method
 from diversed_hf.lab.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,9 +23,9 @@ MOVED = {
     "diversed_hf.tasks": "diversed_hf.lab.tasks",
     "diversed_hf.bench": "diversed_hf.lab.bench",
     "diversed_hf.cli_utils": "diversed_hf.lab.cli_utils",
-    "diversed_hf.demo": "diversed_hf.lab.demo",
-    "diversed_hf.hub_cli": "diversed_hf.lab.hub_cli",
-    "diversed_hf.throughput": "diversed_hf.lab.throughput",
+    "diversed_hf.demo": "diversed_hf.cli.demo",
+    "diversed_hf.hub_cli": "diversed_hf.cli.hub",
+    "diversed_hf.throughput": "diversed_hf.cli.throughput",
     "diversed_hf.rollout": "diversed_hf.training.rollout",
     # 0.2.0: the core in rooms by concern (docs/architecture.md, "Rooms")
     "diversed_hf.ops": "diversed_hf.verifiers.ops",
@@ -62,6 +62,12 @@ MOVED = {
     # the leaves below drafting, generation, heads and training (docs/architecture.md, "Rooms")
     "diversed_hf.drafting.pairs": "diversed_hf.common.pairs",
     "diversed_hf.generation.round_profile": "diversed_hf.common.round_profile",
+    # the commands above the testbed (docs/architecture.md, "Layers")
+    "diversed_hf.lab.demo": "diversed_hf.cli.demo",
+    "diversed_hf.lab.hub_cli": "diversed_hf.cli.hub",
+    "diversed_hf.lab.throughput": "diversed_hf.cli.throughput",
+    "diversed_hf.lab.evaluation": "diversed_hf.cli.evaluation",
+    "diversed_hf.lab.bench.cli": "diversed_hf.cli.bench",
 }
 
 

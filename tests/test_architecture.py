@@ -20,11 +20,12 @@ MAX_MODULE_LINES = 600
 # Commands: they may import anything, the testbed included; nothing in the library imports them.
 COMMAND_MODULES = {
     "diversed_hf.cli",
-    "diversed_hf.lab.demo",
-    "diversed_hf.lab.throughput",
-    "diversed_hf.lab.hub_cli",
-    "diversed_hf.lab.bench.cli",
-    "diversed_hf.lab.evaluation",  # the scripts' shared evaluation: it loads the shipped pairs by name
+    "diversed_hf.cli.__main__",
+    "diversed_hf.cli.demo",
+    "diversed_hf.cli.throughput",
+    "diversed_hf.cli.hub",
+    "diversed_hf.cli.bench",
+    "diversed_hf.cli.evaluation",  # the scripts' shared evaluation: it loads the shipped pairs by name
 }
 
 
@@ -283,8 +284,8 @@ def test_nothing_outside_the_vllm_plugin_imports_it():
 #: plugin and the console entry point diversed_hf/cli.py. It imports the core; the core (every other module:
 #: generation, loop, candidates, verifiers, block, ops, processors, outputs, head, hub I/O, cards, metrics, compat,
 #: training) imports nothing of it (docs/architecture.md, "Layers").
-LAB_DIRS = ("lab", "testbed", "vllm_plugin")
-LAB_TOP_MODULES = ("cli.py",)
+LAB_DIRS = ("lab", "testbed", "vllm_plugin", "cli")
+LAB_TOP_MODULES = ()
 #: what ``import diversed_hf`` must not load (beyond what transformers, torch and huggingface_hub load themselves)
 HEAVY = ("jinja2", "matplotlib", "datasets", "trl", "peft", "rouge_score")
 
@@ -311,10 +312,10 @@ def test_the_core_imports_nothing_of_the_lab():
 
 
 def test_the_tree_shows_the_layers():
-    """At most one lab module at the top of the package (the console entry point), and at most four top-level
-    packages that the core does not import (the lab, the testbed, the vLLM plugin, the trainer)."""
+    """No lab module at the top of the package, and at most five top-level packages that the core does not import
+    (the lab, the testbed, the commands, the vLLM plugin, the trainer)."""
     top_modules = sorted(path.name for path in PACKAGE_DIR.glob("*.py"))
-    assert [name for name in top_modules if is_lab(module_name(PACKAGE_DIR / name))] == ["cli.py"], top_modules
+    assert [name for name in top_modules if is_lab(module_name(PACKAGE_DIR / name))] == [], top_modules
     packages = sorted(path.parent.name for path in PACKAGE_DIR.glob("*/__init__.py"))
     core = [name for name in GRAPH if not is_lab(name)]
 
@@ -328,7 +329,19 @@ def test_the_tree_shows_the_layers():
         )
 
     apart = [package for package in packages if not imported_by_core(package)]
-    assert len(apart) <= 4 and set(LAB_DIRS) <= set(apart), apart
+    assert len(apart) <= 5 and set(LAB_DIRS) <= set(apart), apart
+
+
+def test_the_lab_the_testbed_and_the_commands_in_one_direction():
+    """The commands (``diversed_hf.cli``) use the testbed and the lab; the testbed uses the lab's tasks; the lab
+    imports neither the testbed nor the commands (type-only imports counted)."""
+
+    def rooms(prefix: str) -> set[str]:
+        return {(t.split(".") + [""])[1] for name in MODULES if name.startswith(prefix) for t in TYPED_GRAPH[name]}
+
+    assert not rooms("diversed_hf.lab") & {"testbed", "cli"}
+    assert "cli" not in rooms("diversed_hf.testbed") and "lab" in rooms("diversed_hf.testbed")
+    assert {"testbed", "lab"} <= rooms("diversed_hf.cli")
 
 
 def test_old_import_paths_of_moved_modules_still_work_with_a_warning():

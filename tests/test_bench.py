@@ -15,7 +15,7 @@ from tiny_models import make_model
 
 from diversed_hf import DiversedHead, cli
 from diversed_hf.lab import bench
-from diversed_hf.lab.bench import cli as bench_cli
+from diversed_hf.cli import bench as bench_cli
 from diversed_hf.lab.bench.partial import module_digest
 from diversed_hf.testbed import load_tokenizer
 from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier
@@ -94,8 +94,8 @@ def test_the_relaxed_rules_are_bench_methods_with_fronts_of_their_own(tmp_path):
 def test_judge_decoding_is_a_bench_method_with_the_tasks_judge(tmp_path):
     """``judge:T,...`` sweeps JudgeVerifier's threshold with the judge ``--judge`` names (or the shipped one);
     without a judge the spec is skipped with a note."""
+    from diversed_hf.cli.bench import load_judge
     from diversed_hf.heads.judge import JudgeHead
-    from diversed_hf.lab.bench.cli import load_judge
     from diversed_hf.verifiers import JudgeVerifier
 
     judge = JudgeHead(8, task="arith")

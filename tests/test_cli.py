@@ -105,7 +105,7 @@ def test_card_output_dir_that_is_a_file_is_refused_before_writing(capsys, tmp_pa
     ],
 )
 def test_bench_refuses_an_unwritable_output_before_loading_anything(capsys, tmp_path, monkeypatch, flags, message):
-    from diversed_hf.lab.bench import cli as bench_cli
+    from diversed_hf.cli import bench as bench_cli
 
     monkeypatch.setattr(bench_cli, "load_models", lambda *a, **k: pytest.fail("the run started"))
     (tmp_path / "file").write_text("x")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from diversed_hf import cli
-from diversed_hf.lab.demo import run_demo
+from diversed_hf.cli.demo import run_demo
 
 
 def test_demo_command_prints_target_only_and_speed_against_it(capsys):
@@ -105,7 +105,7 @@ def test_demo_refuses_bad_choices_before_loading(argv, message, capsys):
 def test_rows_without_answers_carry_quality_against_the_target():
     """Prompts without references: every row reports the target's per-token log-likelihood of its texts and their
     ROUGE-L agreement with an independent target sample, paired with target-only (diversed_hf.lab.bench.chat_quality)."""
-    from diversed_hf.lab.demo import TARGET_ONLY, run_demo
+    from diversed_hf.cli.demo import TARGET_ONLY, run_demo
 
     _, results = run_demo(random_models=True, num_prompts=3, max_new_tokens=8)
     for result in results:

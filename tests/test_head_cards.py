@@ -11,7 +11,7 @@ from test_hub_push import run_cli
 
 from diversed_hf import DiversedHead
 from diversed_hf.heads import cards
-from diversed_hf.lab import hub_cli
+from diversed_hf.cli import hub as hub_cli
 from diversed_hf.lab.tasks import get_task, task_card
 
 # Model cards ---------------------------------------------------------------------------------------
@@ -345,7 +345,7 @@ def test_shipped_drafts_and_adapters_cards_match_their_training_records():
     (``diversed-hf card --shipped`` rewrites them)."""
     from pathlib import Path
 
-    from diversed_hf.lab import hub_cli
+    from diversed_hf.cli import hub as hub_cli
 
     rendered = hub_cli.shipped_model_cards()
     assert rendered, "the real pair ships EagleDrafts with cards"

@@ -11,7 +11,7 @@ from test_hub import REPO_ID, RESULTS, make_head, offline, saved  # noqa: F401 -
 
 from diversed_hf import cli
 from diversed_hf.heads import hub
-from diversed_hf.lab import hub_cli
+from diversed_hf.cli import hub as hub_cli
 
 try:  # the HTTP client huggingface_hub uses: httpx2 in 2.x, httpx in 1.x
     import httpx2 as http_client
@@ -165,7 +165,7 @@ def run_cli(argv):
 
 
 def test_cli_registers_push_and_card():
-    assert "diversed_hf.lab.hub_cli" in cli.COMMAND_MODULES
+    assert "diversed_hf.cli.hub" in cli.COMMAND_MODULES
     parser = argparse.ArgumentParser()
     hub_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["push", "some/dir", "--repo-id", "org/name"])

@@ -46,7 +46,7 @@ def test_bad_options_are_refused_by_name(capsys):
 
 
 def _arith_prompts(count: int):
-    from diversed_hf.lab.evaluation import load_task_data
+    from diversed_hf.cli.evaluation import load_task_data
     from diversed_hf.lab.tasks import get_task
 
     data = load_task_data("testbed_arith", "train", count, 0)

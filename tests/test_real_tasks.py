@@ -149,7 +149,7 @@ def test_cards_of_real_pair_heads_load_the_real_pair():
 
 
 def test_bench_pair_and_models_are_exclusive():
-    from diversed_hf.lab.bench.cli import BenchArguments
+    from diversed_hf.cli.bench import BenchArguments
 
     assert BenchArguments(pair="smollm2").pair == "smollm2"
     with pytest.raises(ValueError, match="--pair smollm2"):

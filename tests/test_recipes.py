@@ -380,7 +380,7 @@ def test_train_head_refuses_a_non_positive_max_steps_before_loading(tmp_path, mo
     """transformers reads max_steps <= 0 as 'train num_train_epochs epochs': said, not done silently."""
     import train_head
 
-    from diversed_hf.lab import evaluation
+    from diversed_hf.cli import evaluation
 
     monkeypatch.setattr(evaluation, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
     with pytest.raises(ValueError, match=rf"`--max_steps {steps}`: transformers reads a non-positive value"):
@@ -392,7 +392,7 @@ def test_a_fresh_train_head_run_into_another_runs_folder_is_refused(tmp_path, mo
     or use a new --output_dir."""
     import train_head
 
-    from diversed_hf.lab import evaluation
+    from diversed_hf.cli import evaluation
 
     run = tmp_path / "run"
     (run / "checkpoint-2").mkdir(parents=True)

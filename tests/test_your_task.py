@@ -77,7 +77,7 @@ def test_target_agreement_needs_no_answers(tmp_path, user_data):
 def test_bad_dataset_options_are_refused_by_name_before_the_models_load(tmp_path, user_data, monkeypatch, flags, match):
     import train_head
 
-    from diversed_hf.lab import evaluation
+    from diversed_hf.cli import evaluation
 
     monkeypatch.setattr(evaluation, "load_models", lambda *a, **k: pytest.fail("the models were loaded"))
     with pytest.raises(ValueError, match=match):
@@ -144,7 +144,7 @@ def test_the_docs_page_runs_as_written(tmp_path, monkeypatch, capsys):
 def test_bad_dataset_files_are_refused_by_name_before_the_models_load(tmp_path, monkeypatch, content, match):
     import train_head
 
-    from diversed_hf.lab import evaluation
+    from diversed_hf.cli import evaluation
 
     monkeypatch.setattr(evaluation, "load_models", lambda *a, **k: pytest.fail("the models were loaded"))
     data = tmp_path / "bad.jsonl"

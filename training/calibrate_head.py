@@ -35,9 +35,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.heads.hub import weights_digest
-from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
-from diversed_hf.lab.evaluation import (
+from diversed_hf.cli.evaluation import (
     check_pair,
     evaluate,
     load_any_head,
@@ -46,6 +44,8 @@ from diversed_hf.lab.evaluation import (
     task_help,
     with_offset,
 )
+from diversed_hf.heads.hub import weights_digest
+from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 from diversed_hf.lab.tasks import get_task, load_task_dataset
 
 REPO = Path(__file__).resolve().parents[1]

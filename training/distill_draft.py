@@ -106,7 +106,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from diversed_hf.lab.evaluation import load_models, load_task_data  # also registers the testbed's tasks
+    from diversed_hf.cli.evaluation import load_models, load_task_data  # also registers the testbed's tasks
 
     get_task(args.task)  # an unknown task fails here, before any model is loaded
 

@@ -43,8 +43,8 @@ import torch
 from trl import GRPOConfig, TrlParser
 
 from diversed_hf import DiversedHead
+from diversed_hf.cli.evaluation import task_help
 from diversed_hf.lab.cli_utils import check_output_dir, run_script
-from diversed_hf.lab.evaluation import task_help
 from diversed_hf.lab.tasks import get_task, task_card
 from diversed_hf.lab.tasks.dense_rewards import (
     add_target_columns,
@@ -300,7 +300,7 @@ def parse_arguments(argv=None) -> tuple[ScriptArguments, DiversedConfig]:
 
 def load_data(script: ScriptArguments, split: str, num_examples: int | None, seed: int, data_files):
     """The task's prompts through the registry, with the loader options the task takes."""
-    from diversed_hf.lab.evaluation import load_task_data
+    from diversed_hf.cli.evaluation import load_task_data
 
     return load_task_data(
         script.task,
@@ -446,7 +446,7 @@ def run_training(trainer, config: DiversedConfig) -> float:
 
 def held_out_results(script: ScriptArguments, config: DiversedConfig, target, draft, tokenizer, head) -> dict:
     """The trained head against target-only and lossless SD on the held-out prompts (model-card results format)."""
-    from diversed_hf.lab.evaluation import evaluate
+    from diversed_hf.cli.evaluation import evaluate
 
     held_out = load_data(script, script.eval_split, script.eval_num_examples, script.eval_seed, script.eval_data_files)
     references = list(held_out["reference"])
@@ -486,7 +486,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if script.threads:
         torch.set_num_threads(script.threads)
-    from diversed_hf.lab.evaluation import (  # also registers the testbed's tasks
+    from diversed_hf.cli.evaluation import (  # also registers the testbed's tasks
         check_known_tokens,
         load_models,
         silent_reward,

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.evaluation import load_models, load_task_data, run_method, task_argument, task_help
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script, write_text_atomic
-from diversed_hf.lab.evaluation import load_models, load_task_data, run_method, task_argument, task_help
 
 logger = logging.getLogger("train_judge")
 

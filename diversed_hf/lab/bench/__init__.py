@@ -67,7 +67,7 @@ methods on fewer prompts (the first ones) so that the three methods the comparis
 """
 
 # The modules, one job each (none imports this package; only the command, `cli`, imports `diversed_hf.testbed`,
-# and this package does not import `cli`: `diversed_hf.cli` lists `diversed_hf.lab.bench.cli` itself):
+# and this package does not import `cli`: `diversed_hf.cli` lists `diversed_hf.cli.bench` itself):
 #   methods  Method, FAMILIES, DEFAULT_METHODS, parse_methods
 #   config   BenchConfig, BenchTask, load_task (tasks from diversed_hf.lab.tasks)
 #   models   load_models, load_head, load_finetuned_draft from paths or Hub ids

@@ -1,7 +1,7 @@
 """Loading what the bench runs: the model pair, a fine-tuned draft and a DIVERSED head, from paths or Hub ids.
 
 These load only what they are given. The testbed's pair, heads and drafts are the defaults of the
-``diversed-hf bench`` command (:mod:`diversed_hf.lab.bench.cli`), not of the library.
+``diversed-hf bench`` command (:mod:`diversed_hf.cli.bench`), not of the library.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def load_models(target: str, draft: str, dtype: torch.dtype = torch.float32, dev
     if not target or not draft:
         raise ValueError(
             f"`target` is {target!r} and `draft` is {draft!r}; pass both (paths or Hub ids). For the testbed pair use "
-            "`diversed_hf.testbed.load_pair()` or `diversed_hf.lab.bench.cli.load_models()`."
+            "`diversed_hf.testbed.load_pair()` or `diversed_hf.cli.bench.load_models()`."
         )
     logger.info("loading target %s and draft %s (%s, %s)", target, draft, dtype, device)
     target_model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()

@@ -1,7 +1,7 @@
 """``diversed-hf`` command line: the subcommands in :data:`COMMANDS`.
 
 Each module of :data:`COMMANDS` exposes ``register(subparsers)`` and adds its subcommands there
-(``diversed_hf.lab.hub_cli`` adds two, ``push`` and ``card``); only the module of the command being run is imported.
+(``diversed_hf.cli.hub`` adds two, ``push`` and ``card``); only the module of the command being run is imported.
 A :data:`PASSTHROUGH` command (``lm-eval``) hands its arguments to another tool's CLI through its module's
 ``cli_main(argv)`` instead.
 
@@ -23,19 +23,19 @@ import importlib
 import logging
 import sys
 
-from .lab.cli_utils import USAGE_ERROR, USER_ERRORS, ArgumentParser, error_line
+from ..lab.cli_utils import USAGE_ERROR, USER_ERRORS, ArgumentParser, error_line
 
 #: subcommand -> (the module that registers it, its one-line help). A module's ``register`` adds the full parser;
 #: only the chosen command's module is imported, so ``diversed-hf --help`` loads neither torch nor transformers.
 COMMANDS = {
-    "bench": ("diversed_hf.lab.bench.cli", "Speed and quality of every decoding method on a model pair and task."),
-    "demo": ("diversed_hf.lab.demo", "Target-only, SD, static ensemble and DIVERSED side by side: speed and text."),
+    "bench": ("diversed_hf.cli.bench", "Speed and quality of every decoding method on a model pair and task."),
+    "demo": ("diversed_hf.cli.demo", "Target-only, SD, static ensemble and DIVERSED side by side: speed and text."),
     "push": (
-        "diversed_hf.lab.hub_cli",
+        "diversed_hf.cli.hub",
         "Upload a saved head, or the custom_generate method, to the Hugging Face Hub (needs the Hub and a token).",
     ),
-    "card": ("diversed_hf.lab.hub_cli", "Re-render the model card (README.md) of saved heads."),
-    "throughput": ("diversed_hf.lab.throughput", "Tokens/s of batched speculative decoding on the testbed."),
+    "card": ("diversed_hf.cli.hub", "Re-render the model card (README.md) of saved heads."),
+    "throughput": ("diversed_hf.cli.throughput", "Tokens/s of batched speculative decoding on the testbed."),
     "lm-eval": (
         "diversed_hf.lab.harness",
         "lm-evaluation-harness with the `diversed` model: the harness's scores and speculation's, per task.",
@@ -109,6 +109,3 @@ def _passthrough(command: str, rest: list[str], verbose: bool) -> int:
         print(error_line(f"diversed-hf {command}", error), file=sys.stderr)
         return USAGE_ERROR
 
-
-if __name__ == "__main__":
-    sys.exit(main())

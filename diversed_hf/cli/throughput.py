@@ -18,8 +18,8 @@ import time
 import torch
 
 from ..generation.mixin import enable_diversed
+from ..lab.cli_utils import add_command, check_output_file, write_text_atomic
 from ..verifiers.rules import ExactVerifier, StaticEnsembleVerifier
-from .cli_utils import add_command, check_output_file, write_text_atomic
 
 
 def measure_throughput(

@@ -22,13 +22,13 @@ from typing import Literal
 import torch
 from transformers import HfArgumentParser
 
-from ..cli_utils import DefaultsHelpFormatter, check_output_dir, check_output_file
-from . import models
-from .config import BenchConfig, load_task
-from .methods import parse_methods
-from .partial import clear_partial, partial_dir
-from .report import markdown_table, write_results, write_results_page
-from .runner import end_processes, process_state, run_bench
+from ..lab.bench import models
+from ..lab.bench.config import BenchConfig, load_task
+from ..lab.bench.methods import parse_methods
+from ..lab.bench.partial import clear_partial, partial_dir
+from ..lab.bench.report import markdown_table, write_results, write_results_page
+from ..lab.bench.runner import end_processes, process_state, run_bench
+from ..lab.cli_utils import DefaultsHelpFormatter, check_output_dir, check_output_file
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def load_models(
     if (target is None) != (draft is None) and not named:
         raise ValueError("Pass both `target` and `draft` (paths or Hub ids), or neither for a shipped pair.")
     if target is None:
-        from ... import testbed
+        from .. import testbed
 
         return testbed.load_pair(pair, torch_dtype=dtype, device=device, draft=draft if named else None)
     return models.load_models(target, draft, dtype, device)
@@ -173,7 +173,7 @@ def load_finetuned_draft(
     ``load_finetuned_draft(task)`` if it ships one; ``None`` when there is none."""
     if spec or not testbed_default:
         return models.load_finetuned_draft(spec, task, dtype, device)
-    from ... import testbed
+    from .. import testbed
 
     try:
         return testbed.load_finetuned_draft(task, torch_dtype=dtype, device=device)
@@ -189,7 +189,7 @@ def load_head(
     ``testbed_default``, for a shipped pair) ``testbed.load_head(task, pair, draft)``; ``None`` when there is none."""
     if spec or not testbed_default:
         return models.load_head(spec, task)
-    from ... import testbed
+    from .. import testbed
 
     try:
         return testbed.load_head(task, pair=pair, draft=draft)
@@ -203,7 +203,7 @@ def load_judge(spec: str | None, task: str, testbed_default: bool = True, pair: 
     ``None`` when there is none."""
     if spec or not testbed_default:
         return models.load_judge(spec, task)
-    from ... import testbed
+    from .. import testbed
 
     try:
         return testbed.load_judge(task, pair=pair)
@@ -218,7 +218,7 @@ def load_judge(spec: str | None, task: str, testbed_default: bool = True, pair: 
 
 def help_description() -> str:
     """What ``diversed-hf bench --help`` says before the flags: plain text, tasks and pairs from the registries."""
-    from ..tasks import task_names
+    from ..lab.tasks import task_names
 
     return f"""Speed and quality of every decoding method on one model pair and task(s).
 

@@ -28,8 +28,8 @@ import time
 import torch
 
 from .. import DiversedHead, ExactVerifier, StaticEnsembleVerifier, enable_diversed
-from .bench.stats import add_paired_differences
-from .tasks import get_task, load_task_dataset, task_names
+from ..lab.bench.stats import add_paired_differences
+from ..lab.tasks import get_task, load_task_dataset, task_names
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ import torch
 
 from ..drafting.length.policy import draft_length_of
 from ..generation.mixin import enable_diversed
+from ..lab.cli_utils import add_command
+from ..lab.tasks import get_task
 from ..verifiers.rules import ExactVerifier, HeadVerifier, StaticEnsembleVerifier
-from .cli_utils import add_command
-from .tasks import get_task
 
 TARGET_ONLY = "target-only"
 REAL_PAIR_HEAD_TASK = "arith_chat"  # the real pair's shipped head
@@ -102,7 +102,7 @@ def _testbed_setup(task: str, num_prompts: int, seed: int) -> DemoSetup:
 
 def _smollm2_setup(task: str | None, num_prompts: int, seed: int) -> DemoSetup:
     from .. import testbed
-    from .tasks.chat_prompts import everyday_messages, everyday_prompts
+    from ..lab.tasks.chat_prompts import everyday_messages, everyday_prompts
 
     target, draft, tokenizer = testbed.load_pair("smollm2")
     head_draft = testbed.SHIPPED_HEAD_DRAFTS[REAL_PAIR_HEAD_TASK]
@@ -294,7 +294,7 @@ def _chat_quality(setup: DemoSetup, results: list[dict], max_new_tokens: int, se
     """Each row's ``chat_quality``: the target's mean per-token log-likelihood of its texts and their ROUGE-L
     agreement with an independent target-only sample of each prompt, with paired differences from target-only
     (:mod:`diversed_hf.lab.bench.chat_quality`)."""
-    from .bench.chat_quality import agreement, paired, target_log_likelihood
+    from ..lab.bench.chat_quality import agreement, paired, target_log_likelihood
 
     samples = []
     for i, ids in enumerate(setup.prompt_ids):
@@ -440,7 +440,7 @@ def main(args: argparse.Namespace) -> int:
             f"--task is {args.task!r}; with --pair smollm2 use everyday (default), arith_chat or synopsis."
         )
     if args.pair == "smollm2" and args.task in (None, "everyday"):
-        from .tasks.chat_prompts import everyday_messages
+        from ..lab.tasks.chat_prompts import everyday_messages
 
         if args.num_prompts > len(everyday_messages()):
             raise ValueError(f"--num-prompts is {args.num_prompts}; the everyday set has {len(everyday_messages())}.")

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..generation.mixin import CUSTOM_GENERATE_REPO
 from ..heads import cards, hub
 from ..heads.head import DiversedHead, DiversedHeadConfig
-from .cli_utils import check_output_dir, write_text_atomic
+from ..lab.cli_utils import check_output_dir, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def shipped_head_dirs() -> list[Path]:
 def registered_task_card(directory: str | os.PathLike) -> dict | None:
     """The task registry's card facts of the task the head in ``directory`` names (None for none or an unknown
     task): what the card says of a task its ``training_config.json`` does not record."""
-    from .tasks import task_card
+    from ..lab.tasks import task_card
 
     return task_card(hub.read_head_config(hub.resolve_file(Path(directory), hub.CONFIG_NAME)).get("task"))
 
