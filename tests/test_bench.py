@@ -14,8 +14,8 @@ import torch
 from tiny_models import make_model
 
 from diversed_hf import DiversedHead, cli
-from diversed_hf.lab import bench
 from diversed_hf.cli import bench as bench_cli
+from diversed_hf.lab import bench
 from diversed_hf.lab.bench.partial import module_digest
 from diversed_hf.testbed import load_tokenizer
 from diversed_hf.verifiers import ExactVerifier, HeadVerifier, SpecCascadeVerifier, StaticEnsembleVerifier

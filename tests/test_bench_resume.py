@@ -7,8 +7,8 @@ import torch
 from tiny_models import make_model
 
 from diversed_hf import DiversedHead
-from diversed_hf.lab import bench
 from diversed_hf.cli import bench as bench_cli
+from diversed_hf.lab import bench
 from diversed_hf.lab.bench import runner
 from diversed_hf.lab.bench.partial import PartialRecords, clear_partial, partial_dir
 from diversed_hf.testbed import load_tokenizer

@@ -16,8 +16,8 @@ from tiny_models import left_padded_batch, make_pair, prompt
 from transformers import LlamaForCausalLM, dynamic_module_utils
 
 from diversed_hf import DiversedGenerationMixin, DiversedHead, ExactVerifier, enable_diversed
-from diversed_hf.generation import CUSTOM_GENERATE_REPO, diversed_generate
 from diversed_hf.cli import hub as hub_cli
+from diversed_hf.generation import CUSTOM_GENERATE_REPO, diversed_generate
 
 try:  # Python 3.11+; before, pytest's own dependency
     import tomllib

@@ -155,7 +155,9 @@ def test_dflash_is_refused_before_any_forward_where_it_cannot_run(pair):
             other.generate(prompt(5), max_new_tokens=4, assistant_model=dflash, verifier=ExactVerifier(), **DFLASH)
         with pytest.raises(ValueError, match="drafts with a DFlash `assistant_model`"):
             other.generate(prompt(5), max_new_tokens=4, verifier=ExactVerifier(), **DFLASH)
-        with pytest.raises(ValueError, match=r"`num_assistant_tokens=5`: this DFlash draft drafts at most 3"):
+        with pytest.raises(
+            ValueError, match=r"`num_assistant_tokens=5`: this block draft \(DFlashDraft\) drafts at most 3"
+        ):
             target.generate(
                 prompt(5),
                 max_new_tokens=4,

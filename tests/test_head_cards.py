@@ -10,8 +10,8 @@ from test_hub import DRAFT_ID, REPO_ID, RESULTS, TARGET_ID, make_head, saved  # 
 from test_hub_push import run_cli
 
 from diversed_hf import DiversedHead
-from diversed_hf.heads import cards
 from diversed_hf.cli import hub as hub_cli
+from diversed_hf.heads import cards
 from diversed_hf.lab.tasks import get_task, task_card
 
 # Model cards ---------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from huggingface_hub import constants
 from test_hub import REPO_ID, RESULTS, make_head, offline, saved  # noqa: F401 - offline and saved are fixtures
 
 from diversed_hf import cli
-from diversed_hf.heads import hub
 from diversed_hf.cli import hub as hub_cli
+from diversed_hf.heads import hub
 
 try:  # the HTTP client huggingface_hub uses: httpx2 in 2.x, httpx in 1.x
     import httpx2 as http_client

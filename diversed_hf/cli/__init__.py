@@ -108,4 +108,3 @@ def _passthrough(command: str, rest: list[str], verbose: bool) -> int:
             raise
         print(error_line(f"diversed-hf {command}", error), file=sys.stderr)
         return USAGE_ERROR
-

@@ -60,8 +60,7 @@ def verification_vocab_size(target, draft, tokenizer=None, assistant_tokenizer=N
     The target's distribution is never trimmed; the draft's is fitted to it (zero probability for ids
     it does not score or scores beyond the target's range, :func:`diversed_hf.verifiers.ops.fit_vocabulary`).
     """
-    if not getattr(draft, "proposes_target_ids", False):  # prompt lookup copies the target's own ids
-        shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)
+    shared_vocab_size(target, draft, tokenizer, assistant_tokenizer)
     return text_vocab_size(target)
 
 

@@ -251,7 +251,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
 
     #: whether the draft reads the target's hidden states (:mod:`diversed_hf.drafting.feature_candidates`): the loop
     #: then prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
-    reads_target_features = False
+    reads_target_features = False  # a generator that hands the draft the target's features sets it
+    reads_target_cache = False  # one that hands it the target's KV cache (the Gemma 4 assistant's)
 
     def observe_target_features(self, target_hidden, num_matches, realignment) -> None:
         """The target's features of a round; a token-only draft reads none."""

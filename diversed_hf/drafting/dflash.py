@@ -32,6 +32,7 @@ from transformers import GenerationConfig
 from .. import compat
 from ..verifiers.checks import is_integer
 from .feature_candidates import FeatureCandidateGenerator
+from .protocol import register_drafter
 
 __all__ = ["BlockCandidateGenerator", "DFlashDraft", "looks_like_block_draft"]
 
@@ -89,10 +90,6 @@ class DFlashDraft(nn.Module):
     Built by ``generate(..., assistant_model=dflash, speculation_type="dflash", verifier=... | diversed_head=...)``;
     build it yourself to train a head for it: ``DiversedHead.for_pair(target, DFlashDraft(dflash, target))``.
     """
-
-    reads_target_features = True
-    candidate_generator_class = BlockCandidateGenerator
-    drafts_blocks = True  # the trainer's rollouts, which score one token at a time, refuse it
 
     def __init__(self, assistant, target):
         super().__init__()
@@ -187,3 +184,9 @@ class DFlashDraft(nn.Module):
         compat.crop_cache(cache, kept)
         logits = self.target.get_output_embeddings()(hidden.to(self.target.dtype))  # (B, block - 1, V)
         return logits, hidden
+
+
+# a block per round from the target's layers; the trainer's rollouts, which score one token at a time, refuse it
+register_drafter(
+    DFlashDraft, reads_target_features=True, drafts_blocks=True, candidate_generator=BlockCandidateGenerator
+)

@@ -26,6 +26,7 @@ from transformers import GenerationConfig
 
 from ..verifiers.checks import is_integer
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
+from .protocol import register_drafter
 
 __all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PointMassCandidateGenerator", "PromptLookup"]
 
@@ -37,8 +38,6 @@ class EarlyExitDraft(nn.Module):
     with the base model's ``config.num_hidden_layers`` set to ``num_layers`` for the call, as transformers'
     ``EarlyExitCandidateGenerator`` does; its cache (the loop's, separate from the target's) holds those layers only.
     """
-
-    reads_target_features = False
 
     def __init__(self, target, num_layers: int):
         super().__init__()
@@ -101,10 +100,7 @@ class PromptLookup(nn.Module):
     draft model. It drafts with :class:`LookupCandidateGenerator`; it has no weights, cache or hidden states. A module
     without parameters, so the trainer takes it as a draft (``DiversedTrainer(target, PromptLookup(N), head=...)``)."""
 
-    reads_target_features = False
     has_hidden_states = False  # a head for it reads the target's hidden state alone (draft_hidden_size 0)
-    proposes_target_ids = True  # copies of the sequence's own ids: no vocabulary to check
-    candidate_generator_class = None  # set below: LookupCandidateGenerator
 
     def __init__(self, num_tokens: int, max_ngram_size: int | None = None):
         super().__init__()
@@ -176,8 +172,16 @@ class PointMassCandidateGenerator(DiversedCandidateGenerator):
         super().__init__(input_ids, assistant_model, *args, **kwargs)  # output_hidden_states: zero-width states
 
     def propose(self, rows: list[torch.Tensor], limits: list[int]) -> list[torch.Tensor]:
-        """Each row's proposed tokens (at most its limit) after its tokens ``rows[b]`` (no padding)."""
-        raise NotImplementedError
+        """Each row's proposed tokens (at most its limit) after its tokens ``rows[b]`` (no padding): the drafter's own
+        ``propose(rows, limits)``, so a new point-mass drafter is one class with that method, registered with this
+        generator (:func:`~diversed_hf.drafting.protocol.register_drafter`)."""
+        propose = getattr(type(self.draft_model), "propose", None)
+        if propose is None:
+            raise TypeError(
+                f"{type(self.draft_model).__name__} is registered with a point-mass generator but has no "
+                "`propose(rows, limits)` method returning each row's proposed token ids: add it."
+            )
+        return self.draft_model.propose(rows, limits)
 
     def edit_cache(self, input_ids: torch.Tensor, realignment: Realignment | None) -> None:
         """No cache kept across rounds: the next round reads the sequence as it is."""
@@ -252,4 +256,13 @@ class LookupCandidateGenerator(PointMassCandidateGenerator):
         return [lookup_continuations(row, self.max_ngram_size, limit) for row, limit in zip(rows, limits)]
 
 
-PromptLookup.candidate_generator_class = LookupCandidateGenerator
+# copies of the sequence's own ids: no vocabulary to check, no hidden state; a fixed length (its `num_tokens`)
+register_drafter(
+    PromptLookup,
+    proposes_target_ids=True,
+    drafts_fixed_length=True,
+    candidate_generator=LookupCandidateGenerator,
+    described_as="prompt lookup",
+    built_as="PromptLookup(N)",
+)
+register_drafter(EarlyExitDraft)  # the target's first layers: a draft model for every purpose

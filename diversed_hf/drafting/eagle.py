@@ -42,6 +42,7 @@ from transformers.utils import ModelOutput
 
 from .. import compat
 from .eagle3 import Eagle3Layer, check_aux_layer_ids
+from .protocol import register_drafter
 
 __all__ = ["EagleDraft", "EagleDraftConfig", "EagleDraftOutput"]
 
@@ -175,8 +176,6 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
     base_model_prefix = "eagle"
     main_input_name = "input_ids"
     _no_split_modules = []
-    #: the loop feeds this draft the target's features (diversed_hf.drafting.feature_candidates)
-    reads_target_features = True
 
     def __init__(self, config: EagleDraftConfig):
         super().__init__(config)
@@ -597,3 +596,4 @@ def _check_layout(model: nn.Module, model_type: str, layout: EagleLayout) -> Non
 
 AutoConfig.register(EagleDraftConfig.model_type, EagleDraftConfig, exist_ok=True)
 AutoModel.register(EagleDraftConfig, EagleDraft, exist_ok=True)
+register_drafter(EagleDraft, reads_target_features=True, selects_features=True)  # fed the target's features

@@ -37,6 +37,7 @@ import torch
 
 from .. import compat
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
+from .protocol import capabilities_of
 
 __all__ = ["FeatureCandidateGenerator"]
 
@@ -70,8 +71,9 @@ class FeatureCandidateGenerator(DiversedCandidateGenerator):
     def target_features(self, hidden_states: tuple) -> torch.Tensor:  # (B, T, d)
         """The features this draft reads from a target pass's ``hidden_states``: the draft says which
         (``target_features``: an EAGLE-3 draft stacks several layers), else the last layer's."""
-        select = getattr(self.draft_model, "target_features", None)
-        return select(hidden_states) if select is not None else hidden_states[-1]
+        if capabilities_of(self.draft_model).selects_features:
+            return self.draft_model.target_features(hidden_states)
+        return hidden_states[-1]
 
     @property
     def feature_size(self) -> int:

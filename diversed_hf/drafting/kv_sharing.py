@@ -29,6 +29,7 @@ from torch import nn
 from .. import compat
 from .eagle import EagleDraftOutput
 from .feature_candidates import FeatureCandidateGenerator
+from .protocol import register_drafter
 
 __all__ = ["KvSharingCandidateGenerator", "KvSharingDraft", "is_kv_sharing_assistant"]
 
@@ -95,10 +96,6 @@ class KvSharingDraft(nn.Module):
     train a head for it: ``DiversedHead.for_pair(target, KvSharingDraft(assistant, target))``. Its hidden state (what
     a head reads) is the assistant's projected state, of the target's width.
     """
-
-    reads_target_features = True
-    reads_target_cache = True  # the trainer's rollouts call from_target_cache
-    candidate_generator_class = KvSharingCandidateGenerator
 
     def __init__(self, assistant, target):
         super().__init__()
@@ -196,3 +193,9 @@ class KvSharingDraft(nn.Module):
         return self(
             input_ids[:, -1:], target_hidden[:, -1:], attention_mask[:, : length - 1], positions, shared_kv_states=kv
         )
+
+
+# reads the target's features and its KV cache (the trainer's rollouts call from_target_cache)
+register_drafter(
+    KvSharingDraft, reads_target_features=True, reads_target_cache=True, candidate_generator=KvSharingCandidateGenerator
+)

@@ -28,6 +28,7 @@ from transformers import GenerationConfig
 
 from .. import compat
 from .eagle import EagleDraftOutput
+from .protocol import register_drafter
 
 __all__ = ["MtpDraft"]
 
@@ -39,9 +40,6 @@ class MtpDraft(nn.Module):
     it (``DiversedHead.for_pair(target, MtpDraft(target))``). ``mtp_model``: an already loaded transformers
     ``MtpModel`` of this target (default: loaded from the target's checkpoint, ``target.config.name_or_path``).
     """
-
-    reads_target_features = True
-    tree_unsupported = "drafts one token per step from the checkpoint's MTP layer"  # token trees refuse it
 
     def __init__(self, target, mtp_model=None):
         super().__init__()
@@ -128,3 +126,8 @@ class MtpDraft(nn.Module):
         return EagleDraftOutput(
             logits=compat.mtp_logits(self.mtp, kept), last_hidden_state=features, hidden_states=(features,), cache=cache
         )
+
+
+register_drafter(
+    MtpDraft, reads_target_features=True, no_trees="drafts one token per step from the checkpoint's MTP layer"
+)

@@ -20,6 +20,7 @@ import torch
 
 from .. import compat
 from .drafters import PointMassCandidateGenerator
+from .protocol import register_drafter
 
 __all__ = ["TranslatedDraft", "TranslatingCandidateGenerator", "translate_continuation"]
 
@@ -31,9 +32,7 @@ class TranslatedDraft:
     """A draft model with a tokenizer other than the target's, as the loop's drafter: what ``generate(...,
     assistant_model=draft, tokenizer=..., assistant_tokenizer=...)`` drafts with when the vocabularies differ."""
 
-    reads_target_features = False
     has_hidden_states = False  # re-encoded tokens: point masses without a hidden state
-    candidate_generator_class = None  # set below: TranslatingCandidateGenerator
 
     def __init__(self, model, tokenizer, assistant_tokenizer):
         for name, value in (("tokenizer", tokenizer), ("assistant_tokenizer", assistant_tokenizer)):
@@ -111,4 +110,11 @@ class TranslatingCandidateGenerator(PointMassCandidateGenerator):
         return [row[: row.index(eos)] if eos in row else row for row in drafted]
 
 
-TranslatedDraft.candidate_generator_class = TranslatingCandidateGenerator
+# re-encoded into the target's ids: point masses without a hidden state, its own candidate generator
+register_drafter(
+    TranslatedDraft,
+    proposes_target_ids=True,
+    candidate_generator=TranslatingCandidateGenerator,
+    described_as="a draft with another tokenizer",
+    built_as="TranslatedDraft(assistant_model, tokenizer, assistant_tokenizer)",
+)

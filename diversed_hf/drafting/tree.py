@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ..verifiers.checks import is_integer
+from .protocol import capabilities_of
 
 __all__ = ["DraftTree", "TreeSpec", "child_tokens"]
 
@@ -219,9 +220,7 @@ def check_tree_call(
     from .. import compat
     from ..verifiers.tree import check_tree_verifier
 
-    kind = getattr(drafter, "tree_unsupported", None)
-    if kind is None and getattr(drafter, "candidate_generator_class", None) is not None:
-        kind = "has its own candidate generator"
+    kind = capabilities_of(drafter).no_trees
     if kind is not None:
         raise ValueError(
             "Token trees (`assistant_tree_top_k` / `assistant_tree`) draft with a draft model, early exit or an "

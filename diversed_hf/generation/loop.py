@@ -55,6 +55,7 @@ from ..drafting.candidates import (
 from ..drafting.feature_candidates import FeatureCandidateGenerator
 from ..drafting.length.costs import DraftCosts
 from ..drafting.length.optimal import acceptance_setting
+from ..drafting.protocol import capabilities_of
 from ..drafting.tree import TreeSpec
 from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
 from ..verifiers.checks import check_finite_mass
@@ -199,10 +200,11 @@ def speculative_decode(
     vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
     optimal = num_assistant_tokens_schedule == "optimal"
     logits_processor = per_row_processors(logits_processor, input_ids.shape[1], input_ids.shape[0], pad_token_id)
-    reads_features = getattr(draft, "reads_target_features", False)  # an EagleDraft: the target's features too
+    capabilities = capabilities_of(draft)
+    reads_features = capabilities.reads_target_features  # an EagleDraft: the target's features too
     if reads_features and not draft.is_attached_to(target):
         draft.attach_target(target)  # its embeddings and LM head are the target's
-    generator_class = getattr(draft, "candidate_generator_class", None) or (  # prompt lookup has its own
+    generator_class = capabilities.candidate_generator or (  # prompt lookup has its own
         FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
     )
     tree_kwargs = {}
@@ -317,7 +319,7 @@ class _SpeculativeLoop:
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
         self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
-        if getattr(self.candidates, "reads_target_cache", False):  # a Gemma 4 assistant: the target's keys, values
+        if self.candidates.reads_target_cache:  # a Gemma 4 assistant: the target's keys, values
             self.candidates.target_cache = self.target_cache
         profile = round_profile.active()  # a profile (docs/profile.md) or None
         began = round_profile.clock(profile.device) if profile is not None else 0.0

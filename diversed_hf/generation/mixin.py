@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
+from transformers import GenerationConfig, GenerationMixin
 
 from .. import compat
 from ..common.pairs import (  # noqa: F401 - re-exported
@@ -25,21 +25,14 @@ from ..common.pairs import (  # noqa: F401 - re-exported
     text_vocab_size,
     verification_vocab_size,
 )
-from ..drafting.candidates import DraftLengthPolicy
-from ..drafting.dflash import DFlashDraft, looks_like_block_draft
-from ..drafting.drafters import EarlyExitDraft, PromptLookup
-from ..drafting.kv_sharing import KvSharingDraft, is_kv_sharing_assistant
-from ..drafting.mtp import MtpDraft
-from ..drafting.translated import TranslatedDraft
-from ..drafting.tree import TREE_KNOBS, TreeSpec, check_tree_call
-from ..heads.head import DiversedHead
-from ..verifiers.block import BlockVerifier
-from ..verifiers.rules import ExactVerifier, HeadVerifier, Verifier
+from ..drafting.protocol import capabilities_of
+from ..verifiers.rules import ExactVerifier
 from . import batch_rule
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
 from .padding import left_align, needs_left_align
+from .request import SpeculationRequest, resolve_request, settle_tree
 
 logger = logging.getLogger(__name__)
 
@@ -60,91 +53,6 @@ _UNSUPPORTED_CONFIG = {
     "output_hidden_states": False,
     "dola_layers": None,
 }
-
-
-#: transformers' ``speculation_type`` values the loop runs
-_SPECULATION_TYPES = ("dflash",)
-
-
-def _check_drafter(which: str, assistant_model, extra: dict, generation_config) -> None:
-    """Refuse, before any forward pass, a drafter of transformers' that ``which`` (``verifier`` / ``diversed_head``)
-    cannot verify, naming the argument and what to do."""
-    value = extra.get("speculation_type", getattr(generation_config, "speculation_type", None))
-    if value is not None and value not in _SPECULATION_TYPES:
-        raise ValueError(
-            f"`speculation_type={value!r}`: diversed_hf's loop runs {', '.join(map(repr, _SPECULATION_TYPES))}, so "
-            f"`{which}` cannot verify this drafter's drafts. Drop `{which}` to use transformers' own lossless path."
-        )
-    if value == "dflash" and assistant_model is None:
-        raise ValueError('`speculation_type="dflash"` drafts with a DFlash `assistant_model`: pass one.')
-
-
-#: drafters whose proposals are tokens, not samples: point masses, without hidden states (diversed_hf.drafting.drafters)
-_POINT_MASS_DRAFTERS = (PromptLookup, TranslatedDraft)
-
-
-def _drafter(target, assistant_model, extra: dict, generation_config):
-    """``assistant_model`` (a :class:`~diversed_hf.drafting.translated.TranslatedDraft` when ``tokenizer`` and
-    ``assistant_tokenizer`` have different vocabularies), or the drafter ``prompt_lookup_num_tokens`` /
-    ``assistant_early_exit`` / ``use_mtp`` ask for (read from the keywords, else the call's ``generation_config``,
-    else the target's, as transformers merges them; those keywords are consumed)."""
-    asked = {}
-    for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit", "use_mtp"):
-        value = extra.pop(name, None)
-        for config in (generation_config, target.generation_config):
-            if value is None and config is not None:
-                value = getattr(config, name, None)
-        asked[name] = value
-    lookup, early_exit, use_mtp = asked["prompt_lookup_num_tokens"], asked["assistant_early_exit"], asked["use_mtp"]
-    if use_mtp not in (None, False, True):
-        raise ValueError(f"`use_mtp` must be True or False, got {use_mtp!r}.")
-    given = [
-        text
-        for text, on in (
-            (f"`prompt_lookup_num_tokens={lookup!r}`", lookup is not None),
-            (f"`assistant_early_exit={early_exit!r}`", early_exit is not None),
-            ("`use_mtp=True`", bool(use_mtp)),
-            ("`assistant_model`", assistant_model is not None),
-        )
-        if on
-    ]
-    if len(given) > 1:
-        raise ValueError(f"{' and '.join(given)} each choose the drafter: pass one of them.")
-    if lookup is not None:
-        if extra.get("num_assistant_tokens") is not None:
-            raise ValueError(
-                f"`num_assistant_tokens={extra['num_assistant_tokens']!r}` does not apply to prompt lookup, which "
-                f"drafts `prompt_lookup_num_tokens={lookup!r}` tokens a round: remove it."
-            )
-        return PromptLookup(lookup, asked["max_matching_ngram_size"])
-    if early_exit is not None:
-        return EarlyExitDraft(target, early_exit)
-    if use_mtp:
-        return MtpDraft(target)
-    speculation_type = extra.pop("speculation_type", None)
-    for config in (generation_config, target.generation_config):
-        if speculation_type is None and config is not None:
-            speculation_type = getattr(config, "speculation_type", None)
-    if speculation_type not in (None, *_SPECULATION_TYPES):  # the target's generation config may set it too
-        raise ValueError(
-            f"`speculation_type={speculation_type!r}` (the target's generation config): diversed_hf's loop runs "
-            f"{', '.join(map(repr, _SPECULATION_TYPES))}. Unset it, or drop `verifier`/`diversed_head`."
-        )
-    if speculation_type == "dflash":  # a block draft reading several of the target's layers
-        return DFlashDraft(assistant_model, target)
-    if looks_like_block_draft(assistant_model):
-        raise ValueError(
-            f"`assistant_model` ({type(assistant_model).__name__}) is a DFlash block draft (its config has block_size, "
-            "mask_token_id and target_layer_ids), and `speculation_type` is not 'dflash': pass "
-            '`speculation_type="dflash"` so it drafts a block from the target\'s layers.'
-        )
-    if is_kv_sharing_assistant(assistant_model):  # Gemma 4's: it reads the target's KV cache and features
-        return KvSharingDraft(assistant_model, target)
-    tokenizer, assistant_tokenizer = extra.get("tokenizer"), extra.get("assistant_tokenizer")
-    if assistant_model is not None and tokenizer is not None and assistant_tokenizer is not None:
-        if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():  # universal assisted decoding
-            return TranslatedDraft(assistant_model, tokenizer, assistant_tokenizer)
-    return assistant_model
 
 
 def _check_generation_config(generation_config: GenerationConfig) -> None:
@@ -221,29 +129,6 @@ def _check_batch(
             )
 
 
-def _stop_strings_with_tokenizer(arguments: dict, extra: dict, tokenizer, model_config: GenerationConfig) -> None:
-    """``stop_strings`` with ``tokenizer=``: build transformers' ``StopStringCriteria`` here, as a stopping criterion.
-
-    transformers (5.24) does not hand ``tokenizer`` on to a ``custom_generate`` function's preparation, so it would
-    report that no tokenizer was given. ``stop_strings`` is read where transformers reads it (a ``generate`` keyword,
-    else the ``generation_config`` passed, else the model's) and cleared for transformers.
-    """
-    if tokenizer is None:
-        return
-    if "stop_strings" in extra:
-        stop_strings = extra["stop_strings"]
-    else:
-        given = arguments.get("generation_config")
-        stop_strings = None if given is None else given.stop_strings
-        stop_strings = model_config.stop_strings if stop_strings is None else stop_strings
-    if stop_strings is None:
-        return
-    criteria = StoppingCriteriaList(arguments.get("stopping_criteria") or [])
-    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
-    arguments["stopping_criteria"] = criteria
-    extra["stop_strings"] = None
-
-
 class DiversedGenerationMixin:
     """Adds ``diversed_head=`` and ``verifier=`` to ``generate``; put it before the model class::
 
@@ -308,7 +193,7 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
     if (
         diversed_head is None
         and verifier is None
-        and getattr(kwargs.get("assistant_model"), "reads_target_features", False)
+        and capabilities_of(kwargs.get("assistant_model")).reads_target_features
     ):
         verifier = ExactVerifier()  # a feature draft (EagleDraft) drafts only in this loop: lossless SD by default
     if diversed_head is None and verifier is None:
@@ -339,52 +224,6 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
     )
 
 
-def _call_verifier(target, assistant_model, diversed_head, verifier, block_verification: bool) -> Verifier:
-    """The call's verifier (``diversed_head=head`` is ``HeadVerifier(head)``), wrapped for block verification when
-    asked, its head checked against the pair."""
-    if diversed_head is not None and verifier is not None:
-        raise ValueError(
-            "Pass either `diversed_head` or `verifier`, not both: `diversed_head=head` is shorthand for "
-            "`verifier=HeadVerifier(head)`."
-        )
-    if diversed_head is not None:
-        if not isinstance(diversed_head, DiversedHead):
-            raise TypeError(f"`diversed_head` must be a DiversedHead, got {type(diversed_head).__name__}.")
-        verifier = HeadVerifier(diversed_head)
-    if not isinstance(verifier, Verifier):
-        raise TypeError(
-            "`verifier` must be a diversed_hf.verifiers.Verifier (e.g. ExactVerifier()), got "
-            f"{type(verifier).__name__}."
-        )
-    if block_verification and not isinstance(verifier, BlockVerifier):
-        verifier = BlockVerifier(verifier)
-    checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
-    point_mass = isinstance(assistant_model, _POINT_MASS_DRAFTERS)
-    target_only = isinstance(checked, HeadVerifier) and checked.head.config.draft_hidden_size == 0
-    if point_mass and checked.requires_hidden_states and not target_only:
-        lookup = isinstance(assistant_model, PromptLookup)
-        drafter = "prompt lookup" if lookup else "a draft with another tokenizer"
-        pair = "PromptLookup(N)" if lookup else "TranslatedDraft(assistant_model, tokenizer, assistant_tokenizer)"
-        raise ValueError(
-            f"`{'diversed_head' if diversed_head is not None else 'verifier'}` reads the draft's hidden states, and "
-            f"{drafter} proposes target tokens without any: use a head that reads the target's hidden state alone, "
-            f"built for this pair by `DiversedHead.for_pair(target, {pair})` (both from diversed_hf.drafting; "
-            "draft_hidden_size 0), or one that reads none (`use_hidden_states=False`), another verifier, or a draft "
-            "model of the target's tokenizer."
-        )
-    if target_only and not point_mass:
-        raise ValueError(
-            "`diversed_head` reads the target's hidden state alone (draft_hidden_size 0, built for a drafter without "
-            f"hidden states), but the drafter is {type(assistant_model).__name__}: use it with "
-            "`prompt_lookup_num_tokens=N`, or a head built for this draft (`DiversedHead.for_pair(target, draft)`)."
-        )
-    if isinstance(checked, HeadVerifier) and not point_mass:
-        check_head_matches(checked.head, target, assistant_model)
-    if hasattr(checked, "check_models"):  # a rule that reads one model's states checks them (JudgeVerifier)
-        checked.check_models(target, assistant_model)
-    return verifier
-
-
 def _check_loop_options(arguments: dict, extra: dict) -> None:
     """Options of ``generate`` the speculative loop cannot honour, refused with the fix."""
     for name in ("cache", "past_key_values"):
@@ -402,14 +241,14 @@ def _check_loop_options(arguments: dict, extra: dict) -> None:
         )
 
 
-def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights, tree):
+def _loop_decoder(request: SpeculationRequest):
     """The ``custom_generate`` function ``generate`` runs once it has prepared the call: the speculative loop."""
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         _check_generation_config(generation_config)
         attention_mask = model_kwargs.get("attention_mask")  # (B, L) or None (all ones)
-        _check_batch(input_ids, attention_mask, generator)
-        if streamer is not None and input_ids.shape[0] > 1:
+        _check_batch(input_ids, attention_mask, request.generator)
+        if request.streamer is not None and input_ids.shape[0] > 1:
             raise ValueError(f"`streamer` supports batch size 1 only; got a batch of {input_ids.shape[0]} prompts.")
         pad_token_id, _ = compat.special_token_ids(generation_config, input_ids.device)
         # the length limit and EOS ids of the prepared criteria (a caller's MaxLengthCriteria / EosTokenCriteria
@@ -427,26 +266,26 @@ def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, gener
         )
         new_tokens, stats = speculative_decode(
             model,
-            assistant_model,
-            verifier,
+            request.drafter,
+            request.verifier,
             loop_ids,
             loop_mask,
-            num_draft_tokens=policy.num_assistant_tokens,
+            num_draft_tokens=request.policy.num_assistant_tokens,
             max_new_tokens=max_length - input_ids.shape[1],
             logits_processor=logits_processor,
             stopping_criteria=other_criteria,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
             do_sample=bool(generation_config.do_sample),
-            generator=generator,
-            streamer=streamer,
-            output_target_weights=output_target_weights,
-            vocab_size=vocab_size,
-            num_assistant_tokens_schedule=policy.schedule,
-            assistant_confidence_threshold=policy.confidence_threshold,
-            assistant_costs=policy.costs,
+            generator=request.generator,
+            streamer=request.streamer,
+            output_target_weights=request.output_target_weights,
+            vocab_size=request.vocab_size,
+            num_assistant_tokens_schedule=request.policy.schedule,
+            assistant_confidence_threshold=request.policy.confidence_threshold,
+            assistant_costs=request.policy.costs,
             score_recorder=recorder,
-            tree=tree,
+            tree=request.tree,
         )
         sequences = torch.cat([input_ids, new_tokens], dim=1)
         if generation_config.return_dict_in_generate:
@@ -460,15 +299,7 @@ def _loop_decoder(assistant_model, verifier, policy, vocab_size, streamer, gener
 
 
 def _diversed_generate(
-    self,
-    base_generate,
-    args,
-    kwargs,
-    diversed_head,
-    verifier,
-    output_target_weights,
-    generator,
-    block_verification=False,
+    self, base_generate, args, kwargs, diversed_head, verifier, output_target_weights, generator, block
 ):
     """``generate`` with a head or verifier on ``self`` (the target); ``base_generate`` prepares the call and runs
     the loop as its ``custom_generate``."""
@@ -476,104 +307,35 @@ def _diversed_generate(
     arguments = dict(bound.arguments)
     arguments.pop("self")
     extra = arguments.pop("kwargs", {})
-    assistant_model = arguments.pop("assistant_model", None)
-    which = "diversed_head" if diversed_head is not None else "verifier"
-    _check_drafter(which, assistant_model, extra, arguments.get("generation_config"))
-    if assistant_model is not None and (
-        not isinstance(assistant_model, torch.nn.Module) or not hasattr(assistant_model, "config")
-    ):
-        raise TypeError(
-            f"`assistant_model` must be a transformers causal LM (the draft, e.g. "
-            f"`AutoModelForCausalLM.from_pretrained(...)`), got {type(assistant_model).__name__}."
-        )
-    assistant_model = _drafter(self, assistant_model, extra, arguments.get("generation_config"))
-    if assistant_model is None:
-        raise ValueError(
-            f"`{which}` needs a drafter: call `model.generate(..., assistant_model=draft, {which}=...)`, or draft "
-            f"without a model: `prompt_lookup_num_tokens=N` or `assistant_early_exit=k` (docs/drafters.md)."
-        )
-    if arguments.get("inputs") is None and extra.get("input_ids") is None and extra.get("inputs_embeds") is not None:
-        raise ValueError(
-            f"`{which}` needs `input_ids`: the draft and the target verify token ids, so `inputs_embeds` alone cannot "
-            "be used. Pass the prompt's `input_ids` instead."
-        )
-    if arguments.get("custom_generate") is not None:
-        raise ValueError("`custom_generate` cannot be combined with `diversed_head`/`verifier`; remove one of them.")
-    verifier = _call_verifier(self, assistant_model, diversed_head, verifier, block_verification)
-    tokenizer = extra.pop("tokenizer", None)
-    assistant_tokenizer = extra.pop("assistant_tokenizer", None)
-    check_tokenizer_arguments(tokenizer, assistant_tokenizer)
-    # point-mass drafts are the target's own token ids: nothing to compare
-    vocab_size = (
-        text_vocab_size(self)
-        if isinstance(assistant_model, _POINT_MASS_DRAFTERS)
-        else verification_vocab_size(self, assistant_model, tokenizer, assistant_tokenizer)
-    )
-    _stop_strings_with_tokenizer(arguments, extra, tokenizer, self.generation_config)
     explicit = output_target_weights or any(extra.get(name) is not None for name in batch_rule.EXPLICIT_DRAFTING)
     limit_given = extra.pop(batch_rule.KNOB, None)
-    limit = batch_rule.batch_limit(assistant_model, arguments.get("generation_config"), limit_given)
-    threshold = extra.pop("assistant_confidence_threshold", None)
-    policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
-        assistant_model,
-        arguments.get("generation_config"),
-        num_assistant_tokens=assistant_model.num_tokens
-        if isinstance(assistant_model, PromptLookup)
-        else extra.pop("num_assistant_tokens", None),
-        schedule=extra.pop("num_assistant_tokens_schedule", None),
-        confidence_threshold=threshold,
-        costs=extra.pop("assistant_costs", None),  # a `generate` keyword only
+    request = resolve_request(
+        self,
+        arguments,
+        extra,
+        diversed_head=diversed_head,
+        verifier=verifier,
+        output_target_weights=output_target_weights,
+        generator=generator,
+        block_verification=block,
     )
-    tree_given = {name: extra.pop(name, None) for name in TREE_KNOBS}
-    tree = TreeSpec.resolve(  # a token tree per round (docs/method.md §8), or None: today's chain
-        assistant_model, arguments.get("generation_config"), policy.num_assistant_tokens, **tree_given
-    )
-    if policy.costs is not None:
-        policy.costs.verify_curve(policy.num_assistant_tokens)  # checked before generating
-    if isinstance(assistant_model, DFlashDraft) and policy.num_assistant_tokens > assistant_model.block_size - 1:
-        raise ValueError(
-            f"`num_assistant_tokens={policy.num_assistant_tokens}`: this DFlash draft drafts at most "
-            f"{assistant_model.block_size - 1} tokens a round (its block_size {assistant_model.block_size} minus the "
-            "anchor). Ask for fewer, or leave it unset."
-        )
-    streamer = arguments.pop("streamer", None)
     _check_loop_options(arguments, extra)
+    limit = batch_rule.batch_limit(request.drafter, arguments.get("generation_config"), limit_given)
     rows = batch_rule.batch_size_of(arguments, extra)
-    if batch_rule.turns_off(verifier, limit, rows, explicit=explicit, limit_given=limit_given is not None):
+    if batch_rule.turns_off(request.verifier, limit, rows, explicit=explicit, limit_given=limit_given is not None):
         return batch_rule.generate_without_speculation(
-            base_generate, dict(arguments, streamer=streamer), extra, limit=limit, rows=rows, generator=generator
+            base_generate,
+            dict(arguments, streamer=request.streamer),
+            extra,
+            limit=limit,
+            rows=rows,
+            generator=generator,
         )
-    if tree is not None:
-        config = arguments.get("generation_config") or self.generation_config
-        try:
-            check_tree_call(
-                self,
-                assistant_model,
-                verifier,
-                policy,
-                tree=tree,
-                vocab_size=vocab_size,
-                threshold_given=threshold is not None,
-                num_return_sequences=extra.get("num_return_sequences", getattr(config, "num_return_sequences", None)),
-            )
-        except ValueError as error:
-            if any(value is not None for value in tree_given.values()):
-                raise
-            # the tree came from a generation config (a shipped draft's best shape): this call drafts a chain
-            logger.warning(
-                "A generation config asks for a token tree, which this call cannot draft (%s); it drafts a chain of "
-                "%d instead.",
-                error,
-                policy.num_assistant_tokens,
-            )
-            tree = None
-    decode = _loop_decoder(
-        assistant_model, verifier, policy, vocab_size, streamer, generator, output_target_weights, tree
-    )
     # transformers' assisted path puts the prompt on the streamer; so do we. The draft is not passed on: the loop
     # holds it, and transformers' checks for its own assisted decoding (one sequence per prompt) do not apply, so
     # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).
-    return base_generate(**arguments, streamer=streamer, custom_generate=decode, **extra)
+    request = settle_tree(self, request, arguments, extra)
+    return base_generate(**arguments, streamer=request.streamer, custom_generate=_loop_decoder(request), **extra)
 
 
 _ENABLED_CLASSES: dict[type, type] = {}

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..drafting.protocol import capabilities_of
 from ..generation.outputs import lengths_to_end
 from ..heads.judge import JudgeHead
 from .checkpoint import model_fingerprint
@@ -97,7 +98,7 @@ def _draft_guesses(target, draft, sequence: torch.Tensor, length: int) -> torch.
     given the true prefix: a token-only draft reads the tokens; a feature draft (an EagleDraft) also reads the
     target's features of the prefix, as the first token it drafts in a round does."""
     ids = sequence[None, :-1].to(target.device)  # (1, L + A - 1)
-    if hasattr(draft, "target_features"):
+    if capabilities_of(draft).selects_features:
         states = target(ids, output_hidden_states=True).hidden_states
         features = draft.target_features(states)  # (1, L + A - 1, f): the feature of each column
         before = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)  # the column before each

@@ -48,8 +48,9 @@ from transformers.generation.logits_process import (
 )
 
 from .. import compat
-from ..common.pairs import draft_input_ids, verification_vocab_size
-from ..drafting.drafters import PromptLookup, lookup_continuations
+from ..common.pairs import draft_input_ids
+from ..drafting.drafters import lookup_continuations
+from ..drafting.protocol import capabilities_of, verification_vocab
 from ..verifiers import ops
 from ..verifiers.distribution_features import distribution_features
 
@@ -127,8 +128,10 @@ class _MixtureStep:
         self.target_cache, self.draft_cache = caches
         self.warpers, self.vocab_size, self.generator = warpers, vocab_size, generator
         self.needs_hidden, self.feature_names = needs_hidden, feature_names
-        self.reads_features = bool(getattr(draft, "reads_target_features", False))  # an EagleDraft
-        self.lookup = draft if isinstance(draft, PromptLookup) else None  # point masses, no model
+        capabilities = capabilities_of(draft)
+        self.reads_features = capabilities.reads_target_features  # an EagleDraft
+        self.reads_cache = capabilities.reads_target_cache  # a Gemma 4 assistant
+        self.lookup = draft if capabilities.proposes_target_ids else None  # prompt lookup: point masses, no model
         self.last_feature = None  # (B, 1, d) the target's feature of the column before the next chunk
         parameter = next(head.parameters())
         self.head_place = dict(device=parameter.device, dtype=parameter.dtype)
@@ -180,7 +183,7 @@ class _MixtureStep:
             extra["target_hidden"] = self.draft_features(target_out.hidden_states[-1], chunk_mask)
         if self.lookup is not None:  # no draft pass: the copied token, below
             draft_out = None
-        elif getattr(self.draft, "reads_target_cache", False):  # a Gemma 4 assistant: the target's keys and values
+        elif self.reads_cache:  # a Gemma 4 assistant: the target's keys and values
             draft_out = self.draft.from_target_cache(chunk, mask, self.target_cache, extra["target_hidden"])
         else:
             draft_out = compat.forward_with_cache(
@@ -266,7 +269,7 @@ def sample_from_mixture(
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     check_trainable_mixing(head)
-    if getattr(draft, "drafts_blocks", False):
+    if capabilities_of(draft).drafts_blocks:
         raise ValueError(
             f"`draft` is a {type(draft).__name__}, a block draft: the trainer's rollouts score one token at a time "
             "and do not run block drafts yet. A head verifies its drafts in `generate`; train it with a token draft."
@@ -276,7 +279,7 @@ def sample_from_mixture(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if vocab_size is None:
-        vocab_size = verification_vocab_size(target, draft)  # raises if the two models do not share token ids
+        vocab_size = verification_vocab(target, draft)  # raises if the two models do not share token ids
     eos = torch.tensor(
         [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
         device=device,

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..common.pairs import verification_vocab_size
+from ..drafting.protocol import verification_vocab
 from ..heads.head import DiversedHead
 from . import objective, scoring
 from .batches import GroupedSampler, RolloutBuffer, rows_collator, rows_loader
@@ -114,7 +114,7 @@ class DiversedTrainer(Trainer):
             )
         check_writable(args.output_dir)
 
-        self.vocab_size = verification_vocab_size(target, draft)  # raises on a vocabulary mismatch
+        self.vocab_size = verification_vocab(target, draft)  # raises on a vocabulary mismatch
         for model in (target, draft):
             model.requires_grad_(False)
             model.eval()

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ... import compat
+from ...drafting.protocol import capabilities_of
 from ...generation.mixin import enable_diversed
 from ...verifiers.rules import HeadVerifier
 from ..tasks import metric_label
@@ -91,7 +92,7 @@ def _gather(state, items: list) -> list:
 def timing_features(model, width: int, device=None) -> dict:
     """Extra forward inputs for timing ``width`` columns of ``model``: zero features for a draft that reads the
     target's (an EagleDraft; its cost does not depend on their values), nothing for any other model."""
-    if not getattr(model, "reads_target_features", False):
+    if not capabilities_of(model).reads_target_features:
         return {}
     return {"target_hidden": torch.zeros(1, width, model.config.hidden_size, device=device)}
 
