@@ -159,6 +159,33 @@ def test_the_leaves_import_no_room_above_them():
     assert not {name: targets for name, targets in bad.items() if targets}
 
 
+MAX_FUNCTION_LINES = 80
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body, its docstring left out."""
+    body = node.body
+    first = (
+        body[1]
+        if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        else body[0]
+    )
+    return node.end_lineno - first.lineno + 1
+
+
+def test_no_function_body_over_the_length_limit():
+    """Every function of the package, the recipes and the benchmarks: a body over 80 lines is split by concern."""
+    roots = [PACKAGE_DIR, PACKAGE_DIR.parent / "training", PACKAGE_DIR.parent / "benchmarks"]
+    too_long = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno} {node.name} ({_body_lines(node)} lines)"
+        for root in roots
+        for path in sorted(root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES
+    ]
+    assert not too_long, f"function bodies over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(too_long)
+
+
 def test_no_module_over_the_size_limit():
     sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     too_long = {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}

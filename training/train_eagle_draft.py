@@ -94,6 +94,18 @@ OPTIONS = [
 
 
 def parse_args(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_options(parser, args)
+    _check_sources(parser, args)
+    try:
+        args.drafting = _drafting(args)
+    except ValueError as error:
+        parser.error(f"the saved draft's tree: {error}")
+    return args
+
+
+def _parser() -> ArgumentParser:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, kind, default, help_text in OPTIONS:
         parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)
@@ -158,7 +170,11 @@ def parse_args(argv=None):
         help="with --arch eagle3: the target's hidden_states the draft fuses (default 2, L // 2, L - 3 of its L layers)",
     )
     parser.add_argument("--data_only", action="store_true", help="stop after collecting the data")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_options(parser, args) -> None:
+    """Refuse a bad number or a combination of options that do not go together, naming them."""
     if args.aux_layer_ids is not None and args.arch != "eagle3":
         parser.error(
             f"--aux_layer_ids {' '.join(map(str, args.aux_layer_ids))} names an EAGLE-3 draft's layers: add --arch eagle3"
@@ -218,6 +234,10 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             parser.error(f"--{name} must be a finite number >= 0, got {value}")
+
+
+def _check_sources(parser, args) -> None:
+    """Refuse an empty prompt mix and collections that are not there, naming them."""
     sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings + args.num_written
     if sources + args.num_synopsis + args.num_arith_steps + args.num_prefill == 0 and not (
         args.prompts or args.follow_ups
@@ -244,11 +264,6 @@ def parse_args(argv=None):
         parser.error(f"--held_out must be in (0, 1), got {args.held_out}")
     if not 0 <= args.greedy_fraction <= 1:
         parser.error(f"--greedy_fraction must be in [0, 1], got {args.greedy_fraction}")
-    try:
-        args.drafting = _drafting(args)
-    except ValueError as error:
-        parser.error(f"the saved draft's tree: {error}")
-    return args
 
 
 def _drafting(args) -> dict:
@@ -403,7 +418,7 @@ def main(argv=None) -> Path:
         torch.set_num_threads(args.threads)
     from diversed_hf.testbed import smollm2_tuned  # the testbed: registers its tasks
     from diversed_hf.training.data_parallel import Processes
-    from diversed_hf.training.eagle_data import collect, collection_seconds
+    from diversed_hf.training.eagle_data import collect
     from diversed_hf.training.eagle_distill import check_save_to, distill
 
     output_dir = Path(args.output_dir)
@@ -419,23 +434,7 @@ def main(argv=None) -> Path:
         smollm2_tuned.check_tuned_files(args.adapter or smollm2_tuned.TUNED_DIR, eagle=None)
     started = time.time()
     processes = Processes.current()  # several under `accelerate launch`: shards and batches are split among them
-    chat_template = "smollm2"  # the shipped targets' (SmolLM2's ChatML)
-    if args.target_model is not None:  # its architecture and chat template, before any weight loads
-        from diversed_hf.lab.tasks.eagle_prompts import check_target_model
-
-        with processes.main_first():  # the main process writes the tokenizer's files, the others read them
-            chat_sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings + args.num_written
-            # prefill-only texts are read as they are
-            needs_chat = bool(args.prompts or args.follow_ups) or chat_sources > 0
-            chat_template = check_target_model(
-                args.target_model, args.arch, args.chat_template, needs_chat, output_dir / "target_tokenizer"
-            )
-    if args.follow_ups:  # the template must append turns, before any weight loads
-        from diversed_hf.lab.tasks.target_prompts import turn_frame
-
-        turn_frame(chat_template)
-    if args.num_written and chat_template == "none":
-        raise ValueError("--num_written asks a chat model to write requests: the target has no chat template")
+    chat_template = _chat_template(args, processes, output_dir)
     mix = _prompts(args, chat_template)
     target, tokenizer = _load_target(args)
     target = target.to(processes.device)
@@ -444,29 +443,13 @@ def main(argv=None) -> Path:
 
     prompts = interleave(mix, args.seed)
     prompt_mix = {name: len(jobs) for name, jobs in mix.items() if jobs}
-    if args.arch == "eagle3":  # the target's layers the draft fuses, kept as each position's feature
-        from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
-
-        layers = target.config.get_text_config().num_hidden_layers
-        ids = tuple(args.aux_layer_ids or default_aux_layer_ids(layers))
-        check_aux_layer_ids(ids, layers)
-        settings = dataclasses.replace(settings, feature_layers=ids)
-        distill_settings = dataclasses.replace(distill_settings, architecture="eagle3", aux_layer_ids=ids)
+    if args.arch == "eagle3":
+        settings, distill_settings = _eagle3_settings(args, target, settings, distill_settings)
     source = {"target": args.target or args.target_model, "dtype": args.dtype}
     if args.target == "smollm2-tuned":
         source["adapter"] = str(args.adapter or smollm2_tuned.TUNED_DIR)
     collect(target, tokenizer, prompts, output_dir / "data", settings, source=source, processes=processes)
-    recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    own = {
-        "data": str(output_dir / "data"),
-        "num_prompts": len(prompts),
-        "prompt_mix": prompt_mix,
-        "data_seconds": round(collection_seconds(output_dir / "data") or (time.time() - started)),
-        "dtype": args.dtype,
-        "recipe": recipe.strip(),
-    }
-    if processes.is_main:
-        write_text_atomic(output_dir / "collection.json", json.dumps(own, indent=1) + "\n")
+    own = _record_collection(args, argv, output_dir, prompts, prompt_mix, time.time() - started, processes)
     logger.info("data: %d prompts, %d s of decoding", own["num_prompts"], own["data_seconds"])
     if args.data_only:
         processes.close()
@@ -483,6 +466,58 @@ def main(argv=None) -> Path:
     )
     processes.close()
     return saved
+
+
+def _chat_template(args, processes, output_dir: Path) -> str:
+    """The template the prompts are rendered with (the shipped targets': SmolLM2's ChatML), checked with what the
+    sources need before any weight loads."""
+    chat_template = "smollm2"
+    if args.target_model is not None:  # its architecture and chat template
+        from diversed_hf.lab.tasks.eagle_prompts import check_target_model
+
+        with processes.main_first():  # the main process writes the tokenizer's files, the others read them
+            chat_sources = args.num_chat + args.num_arith + args.code_samples + args.num_docstrings + args.num_written
+            # prefill-only texts are read as they are
+            needs_chat = bool(args.prompts or args.follow_ups) or chat_sources > 0
+            chat_template = check_target_model(
+                args.target_model, args.arch, args.chat_template, needs_chat, output_dir / "target_tokenizer"
+            )
+    if args.follow_ups:  # the template must append turns
+        from diversed_hf.lab.tasks.target_prompts import turn_frame
+
+        turn_frame(chat_template)
+    if args.num_written and chat_template == "none":
+        raise ValueError("--num_written asks a chat model to write requests: the target has no chat template")
+    return chat_template
+
+
+def _eagle3_settings(args, target, settings, distill_settings):
+    """The settings with the target's layers an EAGLE-3 draft fuses, kept as each position's feature."""
+    from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
+
+    layers = target.config.get_text_config().num_hidden_layers
+    ids = tuple(args.aux_layer_ids or default_aux_layer_ids(layers))
+    check_aux_layer_ids(ids, layers)
+    settings = dataclasses.replace(settings, feature_layers=ids)
+    return settings, dataclasses.replace(distill_settings, architecture="eagle3", aux_layer_ids=ids)
+
+
+def _record_collection(args, argv, output_dir: Path, prompts, prompt_mix, seconds: float, processes) -> dict:
+    """What ``collection.json`` records of this run's collection (the main process writes it)."""
+    from diversed_hf.training.eagle_data import collection_seconds
+
+    recipe = "python training/train_eagle_draft.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    own = {
+        "data": str(output_dir / "data"),
+        "num_prompts": len(prompts),
+        "prompt_mix": prompt_mix,
+        "data_seconds": round(collection_seconds(output_dir / "data") or seconds),
+        "dtype": args.dtype,
+        "recipe": recipe.strip(),
+    }
+    if processes.is_main:
+        write_text_atomic(output_dir / "collection.json", json.dumps(own, indent=1) + "\n")
+    return own
 
 
 def _collection_record(data_dir: Path) -> dict:

@@ -25,6 +25,27 @@ __all__ = ["verify_tree_round"]
 def verify_tree_round(loop, candidates):
     """Steps 2-3 of a tree round for ``loop`` (a ``_SpeculativeLoop``): returns what its ``verify`` returns, and
     the chain view of the round (``DraftCandidates``) for commit and realignment."""
+    needs_hidden = loop.verifier.requires_hidden_states or loop.candidates.reads_target_features
+    with round_profile.phase("target forward"):
+        out = _target_pass(loop, candidates, needs_hidden)
+    with round_profile.phase("verification math"):
+        logits = out.logits[:, -(candidates.tree.num_slots + 1) :]  # (B, S + 1, model_vocab)
+        processed = [] if loop.state.recorder is not None else None  # the processed scores at each step's slot
+        result, path, target_probs = _walk(loop, candidates, logits, out, needs_hidden, processed)
+    along = torch.cat([torch.zeros_like(path[:, :1]), path], dim=1)  # (B, depth + 1) the slot of each emitted token
+    chain = _keep_path(loop, candidates, out, result, path, along)
+    target_scores = None
+    if processed is not None:
+        depth = along.shape[1] - 1
+        processed += [processed[-1]] * (depth + 1 - len(processed))  # steps past every row's end: filler
+        raw = logits.float().gather(1, along[:, :, None].expand(-1, -1, logits.shape[2]))  # (B, depth + 1, V')
+        target_scores = (torch.stack(processed, dim=1), raw)
+    return (result, target_probs, target_scores), chain
+
+
+def _target_pass(loop, candidates, needs_hidden: bool):
+    """The target's one pass over ``[last token, nodes]`` (the whole prompt too in the first round) with the tree
+    mask: a node sees the prefix, its ancestors and itself, at position ``root + depth``."""
     tree, seq, mask = candidates.tree, candidates.input_ids, candidates.attention_mask  # tree, (B, L), (B, L)
     batch, length = seq.shape
     num_slots = tree.num_slots  # S
@@ -46,54 +67,59 @@ def verify_tree_round(loop, candidates):
     positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
     root = positions[:, -1:]  # (B, 1)
     positions = torch.cat([positions[:, cached:], root + depths[None, :]], dim=1)  # (B, fresh + S)
-    reads_features = loop.candidates.reads_target_features  # an EagleDraft: the target's features of the path
-    needs_hidden = loop.verifier.requires_hidden_states or reads_features
-    with round_profile.phase("target forward"):
-        out = compat.forward_tree(
-            loop.target,
-            torch.cat([seq[:, cached:], tree.tokens], dim=1),
-            allowed,
-            positions,
-            loop.target_cache,
-            logits_to_keep=num_slots + 1,
-            output_hidden_states=needs_hidden,
-        )
-    with round_profile.phase("verification math"):
-        logits = out.logits[:, -(num_slots + 1) :]  # (B, S + 1, model_vocab)
-        recording = loop.state.recorder is not None
-        processed = []  # the processed scores at each step's slot, when recorded
+    return compat.forward_tree(
+        loop.target,
+        torch.cat([seq[:, cached:], tree.tokens], dim=1),
+        allowed,
+        positions,
+        loop.target_cache,
+        logits_to_keep=num_slots + 1,
+        output_hidden_states=needs_hidden,
+    )
 
-        def target_probs_at(step, slots, path_tokens):  # p at each row's slot, its processors on its own prefix
-            slot_logits = logits[torch.arange(batch, device=seq.device), slots]  # (B, model_vocab)
-            if not len(loop.logits_processor):
-                scores = raw = ops.fit_vocabulary(slot_logits, loop.vocab_size).float()
-            else:
-                prefix = torch.cat([seq, path_tokens], dim=1)  # (B, L + step)
-                scores, raw = next_token_scores(loop.logits_processor, prefix, slot_logits, loop.vocab_size)
-            if recording:
-                processed.append(scores)
-            probs = scores.softmax(dim=-1)
-            check_finite_mass(probs, "target")
-            return probs, raw.softmax(dim=-1) if loop.verifier.requires_untempered_probs else None
 
-        depth = max(len(tree.level_sizes), 1)
-        result, path, target_probs = verify_tree(
-            loop.verifier,
-            tree.tokens,
-            tree.children,
-            tree.sampled,
-            tree.draft_probs,
-            target_probs_at,
-            depth,
-            untempered_draft_probs=tree.untempered_draft_probs,
-            draft_hidden=tree.draft_hidden,
-            target_hidden=out.hidden_states[-1][:, -(num_slots + 1) :] if needs_hidden else None,
-            do_sample=loop.do_sample,
-            generator=loop.generator,
-        )  # result, (B, depth), (B, depth + 1, V)
-    along = torch.cat([torch.zeros_like(path[:, :1]), path], dim=1)  # (B, depth + 1) the slot of each emitted token
-    if reads_features:  # the draft's features for the next round: the target's at the root and the path's nodes
-        features = loop.candidates.target_features(out.hidden_states)[:, -(num_slots + 1) :]  # (B, S + 1, d)
+def _walk(loop, candidates, logits, out, needs_hidden: bool, processed: list | None):
+    """The walk down the tree (:func:`~diversed_hf.verifiers.tree.verify_tree`): ``(result, path (B, depth), target
+    probabilities (B, depth + 1, V))``; each step's processed target scores appended to ``processed`` when given."""
+    tree, seq = candidates.tree, candidates.input_ids
+    batch = seq.shape[0]
+
+    def target_probs_at(step, slots, path_tokens):  # p at each row's slot, its processors on its own prefix
+        slot_logits = logits[torch.arange(batch, device=seq.device), slots]  # (B, model_vocab)
+        if not len(loop.logits_processor):
+            scores = raw = ops.fit_vocabulary(slot_logits, loop.vocab_size).float()
+        else:
+            prefix = torch.cat([seq, path_tokens], dim=1)  # (B, L + step)
+            scores, raw = next_token_scores(loop.logits_processor, prefix, slot_logits, loop.vocab_size)
+        if processed is not None:
+            processed.append(scores)
+        probs = scores.softmax(dim=-1)
+        check_finite_mass(probs, "target")
+        return probs, raw.softmax(dim=-1) if loop.verifier.requires_untempered_probs else None
+
+    return verify_tree(
+        loop.verifier,
+        tree.tokens,
+        tree.children,
+        tree.sampled,
+        tree.draft_probs,
+        target_probs_at,
+        max(len(tree.level_sizes), 1),
+        untempered_draft_probs=tree.untempered_draft_probs,
+        draft_hidden=tree.draft_hidden,
+        target_hidden=out.hidden_states[-1][:, -(tree.num_slots + 1) :] if needs_hidden else None,
+        do_sample=loop.do_sample,
+        generator=loop.generator,
+    )
+
+
+def _keep_path(loop, candidates, out, result, path, along) -> DraftCandidates:
+    """Each row's accepted path moved right after the prefix in both caches (and the draft's features taken from
+    it); returns the round as a chain of ``depth`` drafts whose first ``n_b`` are the path."""
+    tree, seq, mask = candidates.tree, candidates.input_ids, candidates.attention_mask
+    length, depth = seq.shape[1], path.shape[1]
+    if loop.candidates.reads_target_features:  # the draft's features: the target's at the root and the path's nodes
+        features = loop.candidates.target_features(out.hidden_states)[:, -(tree.num_slots + 1) :]  # (B, S + 1, d)
         loop.round_target_hidden = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[2]))
     longest = int(result.num_accepted.max())  # A
     path = path[:, :longest]  # (B, A) slots of each row's path (0 past its end)
@@ -105,15 +131,9 @@ def verify_tree_round(loop, candidates):
         loop.state.tree_nodes[loop.active] += tree.num_nodes
     path_tokens = tree.tokens.gather(1, (path - 1).clamp(min=0))  # (B, A)
     drafts = torch.nn.functional.pad(path_tokens, (0, depth - longest))  # (B, depth)
-    chain = DraftCandidates(
+    return DraftCandidates(
         torch.cat([seq, drafts], dim=1),  # (B, L + depth): the path, then filler
         None,
         draft_lengths=tree.depth_limits.clamp(max=depth),
         attention_mask=torch.cat([mask, torch.ones_like(drafts)], dim=1),
     )
-    target_scores = None
-    if recording:
-        processed += [processed[-1]] * (depth + 1 - len(processed))  # steps past every row's end: filler
-        raw = logits.float().gather(1, along[:, :, None].expand(-1, -1, logits.shape[2]))  # (B, depth + 1, V')
-        target_scores = (torch.stack(processed, dim=1), raw)
-    return (result, target_probs, target_scores), chain

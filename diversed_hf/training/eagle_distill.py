@@ -357,6 +357,32 @@ def _append_json_line(path: Path, entry: dict) -> None:
         log.write(json.dumps(entry) + "\n")
 
 
+def _new_draft(target, training: list, settings: DistillSettings) -> EagleDraft:
+    """A fresh draft for ``target`` (seeded), in float32 and training mode, scoring the ids of ``training``."""
+    torch.manual_seed(settings.seed)
+    draft = EagleDraft.for_target(
+        target,
+        num_layers=settings.num_layers,
+        draft_vocab_ids=_draft_ids(target, training, settings),
+        architecture=settings.architecture,
+        aux_layer_ids=None if settings.aux_layer_ids is None else list(settings.aux_layer_ids),
+    )
+    return draft.float().train()
+
+
+def _log_step(checkpoint_dir: Path, bar, step: int, steps_per_epoch: int, loss, overlap, count, scheduler) -> None:
+    """One line of ``train_log.jsonl`` (loss, acceptance per unrolled step, learning rate), shown on the bar."""
+    entry = {
+        "step": step,
+        "epoch": round(step / steps_per_epoch, 3),
+        "loss": round(loss.item(), 4),
+        "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
+        "lr": scheduler.get_last_lr()[0],
+    }
+    _append_json_line(checkpoint_dir / "train_log.jsonl", entry)
+    bar.set_postfix(loss=entry["loss"], acc=entry["acceptance_t1"][0])
+
+
 def distill(
     target,
     data_dir,
@@ -386,33 +412,22 @@ def distill(
     processes = Processes.current()  # several under `accelerate launch`
     sequences = [sequence for directory in data_dirs for sequence in load_sequences(directory)]
     held_out, training = _split(sequences, settings, ", ".join(map(str, data_dirs)))
-    ids = _draft_ids(target, training, settings)
     run = {"settings": asdict(settings), "num_sequences": len(sequences), "data_manifest": _manifests(data_dirs)}
     with processes.main_first():  # the main process claims the directory; the others check the claim
         claim_directory(checkpoint_dir, "run.json", run, "checkpoints of another run")
-    torch.manual_seed(settings.seed)
-    device = target.device
-    draft = EagleDraft.for_target(
-        target,
-        num_layers=settings.num_layers,
-        draft_vocab_ids=ids,
-        architecture=settings.architecture,
-        aux_layer_ids=None if settings.aux_layer_ids is None else list(settings.aux_layer_ids),
-    )
-    draft = draft.float().train()
+    draft = _new_draft(target, training, settings)
     _check_features(draft, sequences, data_dirs)
-    id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, device)
+    id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, target.device)
     steps_per_epoch = math.ceil(len(training) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs
     optimizer, scheduler = _optimizer(draft, settings, total_steps)
     step = _resume(checkpoint_dir, draft, optimizer, scheduler, total_steps)
     with processes.main_first():
         if step == 0 and processes.is_main:
-            before = evaluate(draft, held_out, settings, id_to_draft, device)
+            before = evaluate(draft, held_out, settings, id_to_draft, target.device)
             (checkpoint_dir / "before.json").write_text(json.dumps(before) + "\n")
             logger.info("held out, untrained: %s", before)
     before = json.loads((checkpoint_dir / "before.json").read_text())
-    log_path = checkpoint_dir / "train_log.jsonl"
     bar = tqdm(
         total=total_steps, initial=step, desc="eagle distillation", disable=not progress or not processes.is_main
     )
@@ -424,15 +439,7 @@ def distill(
         step += 1
         bar.update(1)
         if processes.is_main and (step % 10 == 0 or step == total_steps):
-            entry = {
-                "step": step,
-                "epoch": round(step / steps_per_epoch, 3),
-                "loss": round(loss.item(), 4),
-                "acceptance_t1": [round(float(x) / count, 4) for x in overlap],
-                "lr": scheduler.get_last_lr()[0],
-            }
-            _append_json_line(log_path, entry)
-            bar.set_postfix(loss=entry["loss"], acc=entry["acceptance_t1"][0])
+            _log_step(checkpoint_dir, bar, step, steps_per_epoch, loss, overlap, count, scheduler)
         if step % settings.save_steps == 0 or step == total_steps:
             with processes.main_first():  # written once, whole, before any process goes on
                 if processes.is_main:
@@ -441,7 +448,7 @@ def distill(
     if not processes.is_main:  # the main process evaluates and saves the draft every process holds
         processes.wait()
         return save_to
-    after = evaluate(draft, held_out, settings, id_to_draft, device)
+    after = evaluate(draft, held_out, settings, id_to_draft, target.device)
     logger.info("held out, trained: %s", after)
     record = {
         "settings": asdict(settings),

@@ -157,18 +157,21 @@ class _MixtureStep:
                 logits[b, copied[0]] = 0.0
         return logits
 
-    def __call__(self, seq, chunk, mask, finished, pad_token_id, records) -> torch.Tensor:  # (B,) the tokens
-        batch_size, device, vocab_size = seq.shape[0], seq.device, self.vocab_size
-        full_mask = mask  # (B, L): the prefill below may read distinct prompts only
-        rows = None  # the prefill reads each distinct prompt once (a group's G samples share one), then copies its rows
-        if self.target_cache.get_seq_length() == 0:
-            distinct, rows = torch.unique(torch.cat([chunk, mask], dim=1), dim=0, return_inverse=True)  # rows: (B,)
-            if distinct.shape[0] == batch_size:
-                rows = None
-            else:
-                first = torch.full((distinct.shape[0],), batch_size, dtype=torch.long, device=device)
-                first = first.scatter_reduce(0, rows, torch.arange(batch_size, device=device), reduce="amin")
-                chunk, mask = chunk[first], mask[first]
+    def distinct_prompts(self, chunk, mask):
+        """``(chunk, mask, rows)``: at the prefill, each distinct prompt once (a group's G samples share one) and the
+        prompt of each row (``rows`` (B,)); ``rows`` is None when every row is read as it is."""
+        if self.target_cache.get_seq_length() != 0:
+            return chunk, mask, None
+        batch_size, device = chunk.shape[0], chunk.device
+        distinct, rows = torch.unique(torch.cat([chunk, mask], dim=1), dim=0, return_inverse=True)  # rows: (B,)
+        if distinct.shape[0] == batch_size:
+            return chunk, mask, None
+        first = torch.full((distinct.shape[0],), batch_size, dtype=torch.long, device=device)
+        first = first.scatter_reduce(0, rows, torch.arange(batch_size, device=device), reduce="amin")
+        return chunk[first], mask[first], rows
+
+    def forward(self, chunk, mask):
+        """Both models' pass over ``chunk``: ``(target_out, draft_out)`` (``draft_out`` None for prompt lookup)."""
         target_out = compat.forward_with_cache(
             self.target,
             chunk,
@@ -181,22 +184,26 @@ class _MixtureStep:
         if self.reads_features:
             chunk_mask = mask[:, -chunk.shape[1] :]  # (B, chunk)
             extra["target_hidden"] = self.draft_features(target_out.hidden_states[-1], chunk_mask)
-        if self.lookup is not None:  # no draft pass: the copied token, below
-            draft_out = None
-        elif self.reads_cache:  # a Gemma 4 assistant: the target's keys and values
-            draft_out = self.draft.from_target_cache(chunk, mask, self.target_cache, extra["target_hidden"])
-        else:
-            draft_out = compat.forward_with_cache(
-                self.draft,
-                draft_input_ids(self.draft, chunk, vocab_size),
-                mask,
-                self.draft_cache,
-                logits_to_keep=1,
-                output_hidden_states=self.needs_hidden,
-                **extra,
-            )
+        if self.lookup is not None:  # no draft pass: the copied token
+            return target_out, None
+        if self.reads_cache:  # a Gemma 4 assistant: the target's keys and values
+            return target_out, self.draft.from_target_cache(chunk, mask, self.target_cache, extra["target_hidden"])
+        draft_out = compat.forward_with_cache(
+            self.draft,
+            draft_input_ids(self.draft, chunk, self.vocab_size),
+            mask,
+            self.draft_cache,
+            logits_to_keep=1,
+            output_hidden_states=self.needs_hidden,
+            **extra,
+        )
+        return target_out, draft_out
+
+    def last_states(self, target_out, draft_out, rows):
+        """``(target logits, draft logits or None, target hidden, draft hidden)`` at the last column, each row's
+        (its prompt's after a shared prefill: the caches are spread to every row too)."""
         target_logits = target_out.logits[:, -1]  # (B, V_target)
-        draft_logits = None if draft_out is None else draft_out.logits[:, -1]  # (B, V_draft); lookup: below
+        draft_logits = None if draft_out is None else draft_out.logits[:, -1]  # (B, V_draft)
         if self.needs_hidden:
             target_hidden = target_out.hidden_states[-1][:, -1]  # (B, d_target)
             draft_hidden = (  # (B, d_draft); width 0 for prompt lookup
@@ -212,6 +219,14 @@ class _MixtureStep:
             target_hidden, draft_hidden = target_hidden[rows], draft_hidden[rows]
             if self.last_feature is not None:
                 self.last_feature = self.last_feature[rows]
+        return target_logits, draft_logits, target_hidden, draft_hidden
+
+    def __call__(self, seq, chunk, mask, finished, pad_token_id, records) -> torch.Tensor:  # (B,) the tokens
+        device, vocab_size = seq.device, self.vocab_size
+        full_mask = mask  # (B, L): the prefill below may read distinct prompts only
+        chunk, mask, rows = self.distinct_prompts(chunk, mask)
+        target_out, draft_out = self.forward(chunk, mask)
+        target_logits, draft_logits, target_hidden, draft_hidden = self.last_states(target_out, draft_out, rows)
         if self.lookup is not None:
             draft_logits = self.lookup_logits(seq, full_mask, target_logits[:, :vocab_size])  # (B, V)
         target_scores = target_logits[:, :vocab_size].float()  # (B, V)

@@ -246,9 +246,9 @@ def run_program(
     return _run(source.encode("utf-8", "backslashreplace"), timeout=timeout, memory_mb=memory_mb, mode=mode)
 
 
-# One of the two functions over 80 lines in the package, kept whole on purpose: it acquires the run's resources
-# (uid, work directory, result pipe, child process) and releases every one of them in its own `finally`, in order;
-# split across functions, a failure between two of them could leak one.
+# It acquires the run's resources (uid, work directory, result pipe, child process) and releases every one of them in
+# its own `finally`, in order: the acquisitions stay in this one function (split across functions, a failure between
+# two of them could leak one); what needs no release (the setup's settings, the verdict) is read elsewhere.
 def _run(
     program: bytes, *, timeout: float, memory_mb: int, mode: SandboxMode, probing: bool = False
 ) -> tuple[bool, str]:
@@ -272,32 +272,7 @@ def _run(
             if workdir is not None and workdir_fd is None:
                 os.rmdir(workdir)
             return False, f"the sandbox could not start: {error}"
-        config = {
-            "namespaces": mode.namespaces,
-            "workdir": workdir,
-            "uid": uid,
-            "memory": memory_mb * 1024 * 1024,
-            "cpu_seconds": max(1, int(timeout) + 1),
-            "file_size": FILE_SIZE_LIMIT,
-            "open_files": OPEN_FILES,
-            "processes": MAX_PROCESSES,
-            "tmp_size": TMP_SIZE_LIMIT,
-            # RLIMIT_NPROC counts every task of a uid; per user namespace only since Linux 5.14
-            "processes_relative": mode.name == "plain" or (mode.user_namespace and not _kernel_at_least(5, 14)),
-            "landlock": mode.landlock,
-            "seccomp": mode.seccomp,
-            # without a PID namespace, an own uid or Landlock's signal scope, only seccomp keeps signals in the run
-            "signal_self_only": not mode.namespaces and not mode.own_uid and mode.landlock < 6,
-            "result_fd": result_write,
-            "harness": _stage_source("sandbox_harness"),
-            "env": {
-                "PATH": "/usr/bin:/bin",
-                "LANG": "C.UTF-8",
-                "OPENBLAS_NUM_THREADS": "1",
-                "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-            },
-        }
+        config = _setup_config(mode, workdir, uid, memory_mb, timeout, result_write)
         command = [*mode.prefix, mode.python, "-I", "-B", "-c", _stage_source("sandbox_setup"), json.dumps(config)]
         try:
             process = subprocess.Popen(
@@ -323,6 +298,41 @@ def _run(
             intact = remove_workdir(workdir, workdir_fd)
         if uid is not None and not mode.namespaces:
             sweep_uid(uid)
+    return _verdict(process, outcome, intact, mode, probing)
+
+
+def _setup_config(mode: SandboxMode, workdir, uid, memory_mb: int, timeout: float, result_write: int) -> dict:
+    """What the child's setup stage reads (``sandbox_setup``): limits, isolation, the result pipe, the harness."""
+    return {
+        "namespaces": mode.namespaces,
+        "workdir": workdir,
+        "uid": uid,
+        "memory": memory_mb * 1024 * 1024,
+        "cpu_seconds": max(1, int(timeout) + 1),
+        "file_size": FILE_SIZE_LIMIT,
+        "open_files": OPEN_FILES,
+        "processes": MAX_PROCESSES,
+        "tmp_size": TMP_SIZE_LIMIT,
+        # RLIMIT_NPROC counts every task of a uid; per user namespace only since Linux 5.14
+        "processes_relative": mode.name == "plain" or (mode.user_namespace and not _kernel_at_least(5, 14)),
+        "landlock": mode.landlock,
+        "seccomp": mode.seccomp,
+        # without a PID namespace, an own uid or Landlock's signal scope, only seccomp keeps signals in the run
+        "signal_self_only": not mode.namespaces and not mode.own_uid and mode.landlock < 6,
+        "result_fd": result_write,
+        "harness": _stage_source("sandbox_harness"),
+        "env": {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        },
+    }
+
+
+def _verdict(process, outcome, intact: bool, mode: SandboxMode, probing: bool) -> tuple[bool, str]:
+    """``(passed, reason)`` of a finished run from its process, its outcome and its work directory's state."""
     timed_out, finished, stderr = outcome
     if timed_out:
         return False, "timeout"
