@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from make_results import BLOCK_SECTION, bench_flags, refresh_head_sections, run_bench_argv
-
+from diversed_hf.cli.sections import BLOCK_SECTION, bench_flags, refresh_head_sections, run_bench_argv
 from diversed_hf.lab.bench import block_table, write_results
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 

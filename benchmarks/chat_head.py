@@ -31,10 +31,10 @@ import sys
 from pathlib import Path
 
 import torch
-from make_results import refresh_head_sections
 
 from diversed_hf import DiversedHead, ExactVerifier, HeadVerifier
 from diversed_hf.cli.evaluation import load_models, with_offset
+from diversed_hf.cli.sections import refresh_head_sections
 from diversed_hf.lab.bench.chat_quality import agreement, target_log_likelihood
 from diversed_hf.lab.bench.stats import paired_difference
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script, write_text_atomic

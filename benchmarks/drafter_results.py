@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import torch
-from eagle_results import aggregate_runs, measure, sampling_modes, timed_generate
 
+from diversed_hf.cli.timing import aggregate_runs, measure, sampling_modes, timed_generate
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("drafter_results")

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import torch
-from make_results import refresh_head_sections
-from tree_results import run_configs
 
 import diversed_hf.testbed as testbed
 from diversed_hf import enable_diversed
+from diversed_hf.cli.sections import refresh_head_sections
+from diversed_hf.cli.timing import run_configs
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
 from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
 from diversed_hf.testbed import smollm2

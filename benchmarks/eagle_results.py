@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from diversed_hf.generation.outputs import lengths_to_end
+from diversed_hf.cli.timing import aggregate_runs, measure, sampling_modes, step_costs, timed_generate
 from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     check_output_dir,
@@ -68,144 +68,6 @@ def parse_args(argv=None):
     if args.quick:
         args.num_prompts, args.batch_prompts, args.max_new_tokens, args.draft_lengths = 2, 8, 24, [2, 4]
     return args
-
-
-@torch.no_grad()
-def step_costs(target, drafts: dict, prompt_ids: torch.Tensor, max_tokens: int = 7, repeats: int = 3) -> dict:
-    """``c`` per draft and ``c_verify(n)`` for ``n = 1..max_tokens``, from warm-cache single steps (best of repeats)."""
-    from diversed_hf import compat
-    from diversed_hf.lab.bench.runner import timing_features
-
-    def best(run) -> float:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    def timed_steps(model, extra_for) -> list[float]:
-        width = prompt_ids.shape[1]
-        cache = compat.new_cache()
-        compat.forward_with_cache(
-            model,
-            prompt_ids,
-            torch.ones(1, width, dtype=torch.long),
-            cache,
-            logits_to_keep=1,
-            output_hidden_states=False,
-            **extra_for(width),
-        )
-        seconds = []
-        for n in range(1, max_tokens + 1):
-
-            def run(n=n):
-                compat.forward_with_cache(
-                    model,
-                    prompt_ids[:, -n:],
-                    torch.ones(1, width + n, dtype=torch.long),
-                    cache,
-                    logits_to_keep=n,
-                    output_hidden_states=False,
-                    **extra_for(n),
-                )
-                compat.crop_cache(cache, width)
-
-            seconds.append(best(run))
-        return seconds
-
-    target_steps = timed_steps(target, lambda n: {})
-    costs = {"target_ms": 1000 * target_steps[0], "c_verify": [s / target_steps[0] for s in target_steps]}
-    for name, draft in drafts.items():
-        costs[f"c_{name}"] = timed_steps(draft, lambda n, draft=draft: timing_features(draft, n))[0] / target_steps[0]
-    return costs
-
-
-#: ``generate`` keywords that draft without a draft model (diversed_hf.drafting.drafters)
-MODEL_FREE_DRAFTERS = ("prompt_lookup_num_tokens", "assistant_early_exit")
-
-
-def timed_generate(target, draft, inputs, sampling: dict, seed: int, verifier=None, **kwargs) -> dict:
-    """One timed ``generate``: target-only without a drafter (a draft model, or a model-free drafter's keyword in
-    ``kwargs``), else speculative with ``verifier`` (lossless SD by default)."""
-    from diversed_hf.verifiers import ExactVerifier
-
-    start = time.perf_counter()
-    if draft is None and not any(name in kwargs for name in MODEL_FREE_DRAFTERS):
-        torch.manual_seed(seed)
-        out = target.generate(**inputs, return_dict_in_generate=True, **sampling)
-        speculation = None
-    else:
-        out = target.generate(
-            **inputs,
-            **({"assistant_model": draft} if draft is not None else {}),
-            verifier=verifier or ExactVerifier(),
-            return_dict_in_generate=True,
-            generator=torch.Generator().manual_seed(seed),
-            **sampling,
-            **kwargs,
-        )
-        speculation = out.speculation
-    seconds = time.perf_counter() - start
-    width = inputs["input_ids"].shape[1]
-    new = out.sequences[:, width:]
-    tokens = int(lengths_to_end(new, target.generation_config.eos_token_id).sum())  # up to and including EOS
-    record = {"seconds": seconds, "tokens": tokens, "new_ids": new.tolist()}
-    if speculation is not None:
-        per_row = torch.nan_to_num(speculation.expected_tokens_per_round, nan=0.0)  # (batch,) mean over its rounds
-        betas = [b for r in speculation.position_acceptance for b in r.flatten().tolist() if b == b]
-        record.update(
-            drafted=int(speculation.num_drafted.sum()),
-            accepted=int(speculation.num_accepted.sum()),
-            rounds=int(speculation.num_rounds.sum()),
-            generated=int(speculation.num_generated.sum()),
-            beta_sum=sum(betas),
-            beta_count=len(betas),
-            expected_sum=float((per_row * speculation.num_rounds.double()).sum()),
-            mean_draft_length=float(torch.cat(speculation.draft_lengths).float().mean()),
-        )
-    return record
-
-
-def aggregate_runs(records: list[dict]) -> dict:
-    total = {k: sum(r[k] for r in records) for k in ("seconds", "tokens")}
-    out = {"tokens_per_second": total["tokens"] / total["seconds"], **total}
-    if "drafted" in records[0]:
-        drafted = sum(r["drafted"] for r in records)
-        accepted = sum(r["accepted"] for r in records)
-        rounds = sum(r["rounds"] for r in records)
-        out.update(
-            acceptance=accepted / max(drafted, 1),
-            tokens_per_round=sum(r["generated"] for r in records) / rounds,
-            alpha=sum(r["beta_sum"] for r in records) / max(sum(r["beta_count"] for r in records), 1),
-            mean_draft_length=sum(r["mean_draft_length"] * r["rounds"] for r in records) / rounds,
-            expected_tokens_per_round=sum(r["expected_sum"] for r in records) / rounds,
-        )
-    return out
-
-
-def measure(tokenizer, prompts: list[str], configs: list, sampling: dict, seed: int, label: str) -> dict:
-    """``configs``: ``(key, target, draft or None, generate kwargs)``; each prompt runs every configuration in turn.
-
-    Aggregated per configuration (:func:`eagle_results.aggregate_runs`); a speculative configuration also counts the
-    prompts whose new tokens equal those of the first configuration (target-only in the same dtype)."""
-    from tqdm.auto import tqdm
-
-    warm = tokenizer(prompts[0], return_tensors="pt", add_special_tokens=False)
-    for _, target, draft, kwargs in configs:
-        timed_generate(target, draft, warm, {**sampling, "max_new_tokens": 8}, 0, **kwargs)
-    records = {key: [] for key, *_ in configs}
-    for i, prompt in enumerate(tqdm(prompts, desc=label)):
-        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        for key, target, draft, kwargs in configs:
-            records[key].append(timed_generate(target, draft, inputs, sampling, seed + i, **kwargs))
-    reference = [r["new_ids"] for r in records[configs[0][0]]]
-    block = {}
-    for key, _, draft, _ in configs:
-        block[key] = aggregate_runs(records[key])
-        if draft is not None:
-            block[key]["same_text"] = sum(r["new_ids"] == ids for r, ids in zip(records[key], reference))
-    return block
 
 
 def batch_one(target, drafts, tokenizer, prompts, args, sampling: dict, label: str) -> dict:
@@ -372,20 +234,6 @@ def render(results: dict, args, command: str) -> str:
     for label, key in (("Batch 8, one thread", "batch8"), ("Batch 1, two threads", "threads2")):
         lines += _best_length_runs(results, label, key)
     return "\n".join(lines)
-
-
-def sampling_modes(max_new_tokens: int) -> dict[str, dict]:
-    """``generate`` settings of the two modes measured: greedy, and sampling at temperature 0.7 (top-k, top-p off)."""
-    return {
-        "greedy": {"do_sample": False, "max_new_tokens": max_new_tokens},
-        "t0.7": {
-            "do_sample": True,
-            "temperature": 0.7,
-            "top_k": 0,
-            "top_p": 1.0,
-            "max_new_tokens": max_new_tokens,
-        },
-    }
 
 
 def main(argv=None) -> int:

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 import torch
-from eagle_results import measure, sampling_modes, step_costs
 
+from diversed_hf.cli.timing import measure, sampling_modes, step_costs
 from diversed_hf.lab.cli_utils import (
     ArgumentParser,
     check_output_dir,

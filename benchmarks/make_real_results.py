@@ -49,8 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from make_results import bench_flags, refresh_head_sections, run_bench_argv
-from real_pair_runs import (  # what each --draft measures
+from diversed_hf.cli.real_pair_runs import (  # what each --draft measures
     COMMON,
     GOAL_POINTS,
     GOAL_RATIO,
@@ -67,8 +66,8 @@ from real_pair_runs import (  # what each --draft measures
     pair_flags,
     run_conditions,
 )
-from real_pair_speed import refresh_speed_goals, speed_text
-
+from diversed_hf.cli.real_pair_speed import refresh_speed_goals, speed_text
+from diversed_hf.cli.sections import bench_flags, refresh_head_sections, run_bench_argv
 from diversed_hf.heads.metrics import metric_label, metric_unit
 from diversed_hf.lab.bench import read_results, write_results, write_results_page
 from diversed_hf.lab.bench.partial import clear_partial
@@ -98,8 +97,7 @@ def check_tuned_heads(draft: str) -> None:
     calibrated (``TUNED_CALIBRATED``) must have its ``head_cal``: the uncalibrated one is another operating point."""
     if draft != "tuned":
         return
-    from real_pair_runs import TUNED_CALIBRATED, TUNED_TASKS
-
+    from diversed_hf.cli.real_pair_runs import TUNED_CALIBRATED, TUNED_TASKS
     from diversed_hf.testbed import HEAD_HOMES
 
     for task in TUNED_TASKS:
@@ -122,7 +120,7 @@ def _trained_heads(draft: str) -> dict[str, str]:
     """The task-tuned pair's heads that its recipes trained and that do not ship yet, by task (bench's ``--head``)."""
     if draft != "tuned":
         return {}
-    from real_pair_runs import TUNED_TASKS
+    from diversed_hf.cli.real_pair_runs import TUNED_TASKS
 
     dirs = {task: head_dir_of(draft, task) for task in TUNED_TASKS}
     return {task: str(path) for task, path in dirs.items() if "runs" in path.parts and (path / "config.json").is_file()}

@@ -26,10 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import compare_hf
 import torch
-from make_results import run_bench_argv
 
+from diversed_hf.cli import timing
+from diversed_hf.cli.sections import run_bench_argv
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def testbed_rows(args) -> dict:
     """compare_hf's medians and our profiled round on the testbed."""
     flags = ["--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens)]
     flags += ["--repeats", str(args.repeats), "--threads", "1"]
-    return compare_hf.compare(compare_hf.parse_args(flags), profile=True)
+    return timing.compare(timing.compare_arguments(flags), profile=True)
 
 
 def real_pair_rows(args, dtype: str, output_dir: Path) -> dict:

@@ -35,8 +35,7 @@ import json
 import sys
 from pathlib import Path
 
-from make_results import refresh_head_sections, run_bench_argv
-
+from diversed_hf.cli.sections import refresh_head_sections, run_bench_argv
 from diversed_hf.lab.bench import write_results
 from diversed_hf.lab.bench.partial import clear_partial
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
@@ -77,8 +76,8 @@ def bench_argv(args) -> list[str]:
 
 
 def tuned_bench_argv(task: str, judge: Path | None, output_dir: Path) -> list[str]:
-    from make_results import bench_flags
-    from real_pair_runs import TUNED_FULL, pair_flags
+    from diversed_hf.cli.real_pair_runs import TUNED_FULL, pair_flags
+    from diversed_hf.cli.sections import bench_flags
 
     sizes = dict(TUNED_FULL[task], num_prompts=100, num_baseline_prompts=100, num_timing_prompts=2)
     methods = TUNED_METHODS + ([TUNED_JUDGE_SWEEP] if judge is not None else [])

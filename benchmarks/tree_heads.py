@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 
 import torch
-from make_results import refresh_head_sections
 
 import diversed_hf.testbed as testbed
 from diversed_hf import ExactVerifier, enable_diversed
 from diversed_hf.cli.evaluation import load_task_data, run_method
+from diversed_hf.cli.sections import refresh_head_sections
 from diversed_hf.lab.bench.stats import paired_difference
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
 from diversed_hf.lab.tasks import get_task

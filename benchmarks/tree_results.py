@@ -21,7 +21,6 @@ carries (``benchmarks/make_results.py --head-sections-only`` puts it in place, a
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import sys
@@ -29,10 +28,12 @@ import time
 from pathlib import Path
 
 import torch
-from make_results import refresh_head_sections
 
 import diversed_hf.testbed as testbed
-from diversed_hf import ExactVerifier, enable_diversed
+from diversed_hf import enable_diversed
+from diversed_hf.cli.sections import refresh_head_sections
+from diversed_hf.cli.timing import TREE_MODES as MODES
+from diversed_hf.cli.timing import run_configs
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, run_script, write_text_atomic
 from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
 from diversed_hf.testbed.arith_chat import load_arith_chat
@@ -49,7 +50,6 @@ SHAPES = {
 }
 #: the shapes each shipped EagleDraft was measured at (filled by measure): what ship() can write into its config
 SHIP_SHAPES: dict = {}
-MODES = {"greedy": dict(do_sample=False), "T=0.7": dict(do_sample=True, temperature=0.7, top_k=0, top_p=1.0)}
 
 
 def parse_args(argv=None):
@@ -90,66 +90,6 @@ def verification_costs(target, tokenizer, repeats: int = 7) -> dict:
                 times.append(time.perf_counter() - start)
         costs[n] = statistics.median(times)
     return {str(n): seconds / costs[1] for n, seconds in costs.items()}
-
-
-def run_configs(target, draft, tokenizer, prompts, batch: int, max_new_tokens: int, shapes, with_hf: bool) -> dict:
-    """Per mode and shape: tokens/s over the prompts (batches of ``batch``), tokens per round, nodes per round,
-    and target-only's tokens/s; greedy outputs compared with target-only's."""
-    rows = {}
-    batches = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-    encoded = [tokenizer(chunk, return_tensors="pt", padding=True) for chunk in batches]
-    for mode, sampling in MODES.items():
-
-        def timed(**kwargs):
-            outputs, tokens, rounds, nodes, start = [], 0, 0, 0, time.perf_counter()
-            for enc in encoded:
-                with torch.no_grad():
-                    out = target.generate(
-                        **enc, max_new_tokens=max_new_tokens, return_dict_in_generate=True, **sampling, **kwargs
-                    )
-                new = out.sequences[:, enc.input_ids.shape[1] :]
-                tokens += int((new != tokenizer.pad_token_id).sum())
-                outputs.append(new)
-                stats = getattr(out, "speculation", None)
-                if stats is not None:
-                    rounds += int(stats.num_rounds.sum())
-                    nodes += (
-                        int(stats.tree_nodes.sum()) if stats.tree_nodes is not None else int(stats.num_drafted.sum())
-                    )
-            return time.perf_counter() - start, tokens, rounds, nodes, outputs
-
-        timed()  # warm-up
-        seconds, tokens, _, _, reference = timed()
-        base = tokens / seconds
-        rows[mode] = {"target-only": {"tokens_per_second": base, "speedup": 1.0}}
-        configs = dict(shapes)
-        if with_hf and mode == "greedy":
-            configs["transformers assisted N=5"] = None
-        for name, shape in configs.items():
-            if shape is None:  # transformers' own assisted decoding, constant N = 5, no confidence exit
-                hf_draft = copy.deepcopy(draft)
-                hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
-                hf_draft.generation_config.assistant_confidence_threshold = 0.0
-                kwargs = dict(assistant_model=hf_draft, num_assistant_tokens=5)
-            else:
-                kwargs = dict(
-                    assistant_model=draft, verifier=ExactVerifier(), generator=torch.Generator().manual_seed(0)
-                )
-                kwargs.update(shape)
-            timed(**kwargs)  # warm-up
-            seconds, tokens, rounds, nodes, outputs = timed(**kwargs)
-            row = {
-                "tokens_per_second": tokens / seconds,
-                "speedup": tokens / seconds / base,
-                "seconds": seconds,
-            }
-            if rounds:
-                row["tokens_per_round"] = tokens / rounds
-                row["nodes_per_round"] = nodes / rounds
-            if mode == "greedy":
-                row["identical_to_target"] = all(torch.equal(a, b) for a, b in zip(outputs, reference))
-            rows[mode][name] = row
-    return rows
 
 
 def measure(args) -> dict:

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 import torch
-from eagle_results import measure
 
+from diversed_hf.cli.timing import measure
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("tuned_draft_results")

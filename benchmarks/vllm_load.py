@@ -40,9 +40,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from make_results import VLLM_LOAD_EAGLE_SECTION, VLLM_LOAD_SECTION, refresh_head_sections
-
 from diversed_hf import testbed
+from diversed_hf.cli.sections import VLLM_LOAD_EAGLE_SECTION, VLLM_LOAD_SECTION, refresh_head_sections
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
 REPO = Path(__file__).resolve().parents[1]

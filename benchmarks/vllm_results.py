@@ -41,8 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from make_results import VLLM_EAGLE_SECTION, VLLM_SECTION, refresh_head_sections
-
+from diversed_hf.cli.sections import VLLM_EAGLE_SECTION, VLLM_SECTION, refresh_head_sections
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 
 REPO = Path(__file__).resolve().parents[1]

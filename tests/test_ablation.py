@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from scripts import load_script
 from tiny_models import make_pair
 
 from diversed_hf import DiversedHead
@@ -19,7 +20,7 @@ def _row(method, family, acceptance, quality=0.5):
 
 
 def test_a_head_on_the_fine_tuned_draft_is_compared_with_sd_on_that_draft():
-    import ablation
+    ablation = load_script("ablation")
 
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft, features=["tv", "draft_top1"], use_hidden_states=False)
@@ -38,7 +39,7 @@ def test_a_head_on_the_fine_tuned_draft_is_compared_with_sd_on_that_draft():
 
 
 def test_a_recipe_line_spells_out_the_settings_that_differ_from_the_yaml():
-    import ablation
+    ablation = load_script("ablation")
     import yaml
 
     defaults = yaml.safe_load((ablation.REPO / "training" / "configs" / "testbed_arith.yaml").read_text())
@@ -57,8 +58,8 @@ def test_a_recipe_line_spells_out_the_settings_that_differ_from_the_yaml():
 
 
 def test_a_baseline_that_accepted_nothing_gives_no_ratio_instead_of_a_crash():
-    import ablation
-    import headroom
+    ablation = load_script("ablation")
+    headroom = load_script("headroom")
 
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft)
@@ -92,7 +93,7 @@ def _sweep():
 
 
 def test_the_front_ships_the_most_accepting_head_whose_interval_reaches_zero():
-    import ablation
+    ablation = load_script("ablation")
 
     target, draft = make_pair("llama")
     head = DiversedHead.for_pair(target, draft)
@@ -109,7 +110,7 @@ def test_the_front_ships_the_most_accepting_head_whose_interval_reaches_zero():
 
 
 def test_the_front_writes_the_chosen_heads_card_results_with_the_front(tmp_path):
-    import ablation
+    ablation = load_script("ablation")
 
     from diversed_hf.heads import cards
     from diversed_hf.lab.bench.schema import BenchResult

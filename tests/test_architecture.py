@@ -17,18 +17,6 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "diversed_hf"
 MAX_MODULE_LINES = 600
 
-# Commands: they may import anything, the testbed included; nothing in the library imports them.
-COMMAND_MODULES = {
-    "diversed_hf.cli",
-    "diversed_hf.cli.__main__",
-    "diversed_hf.cli.demo",
-    "diversed_hf.cli.throughput",
-    "diversed_hf.cli.hub",
-    "diversed_hf.cli.bench",
-    "diversed_hf.cli.evaluation",  # the scripts' shared evaluation: it loads the shipped pairs by name
-}
-
-
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -82,6 +70,9 @@ def internal_imports(name: str, type_only: bool = False) -> set[str]:
     return found
 
 
+# Commands (diversed_hf.cli: the `diversed-hf` command, its subcommands and what the scripts share): they may import
+# anything, the testbed included; nothing in the library imports them.
+COMMAND_MODULES = {name for name in MODULES if name == "diversed_hf.cli" or name.startswith("diversed_hf.cli.")}
 GRAPH = {name: internal_imports(name) for name in MODULES}
 TYPED_GRAPH = {name: internal_imports(name, type_only=True) for name in MODULES}
 
@@ -184,6 +175,26 @@ def test_no_function_body_over_the_length_limit():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES
     ]
     assert not too_long, f"function bodies over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(too_long)
+
+
+SCRIPT_DIRS = ("training", "benchmarks")
+
+
+def test_no_script_imports_another():
+    """The recipes and the measurement scripts are leaves: what they share is a module of the package
+    (``diversed_hf.cli``: sections, timing, evaluation, real_pair_runs), never a sibling script."""
+    root = PACKAGE_DIR.parent
+    scripts = {path.stem for folder in SCRIPT_DIRS for path in (root / folder).glob("*.py")}
+    found = []
+    for folder in SCRIPT_DIRS:
+        for path in sorted((root / folder).glob("*.py")):
+            for node in _imports(ast.parse(path.read_text(), filename=str(path)), type_only=True):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if not getattr(node, "level", 0):
+                    found += [
+                        f"{folder}/{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in scripts
+                    ]
+    assert not found, "scripts importing scripts:\n" + "\n".join(found)
 
 
 def test_no_module_over_the_size_limit():

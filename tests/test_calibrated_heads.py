@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from scripts import load_script
 from test_hub import make_head
 
 from diversed_hf.heads import cards
@@ -98,7 +99,9 @@ def _result(task: str, rows: list[dict]) -> BenchResult:
 
 
 def test_make_real_results_task_keeps_the_other_tasks_results(tmp_path):
-    from make_real_results import earlier_results, main
+    make_real_results = load_script("make_real_results")
+    earlier_results = make_real_results.earlier_results
+    main = make_real_results.main
 
     with pytest.raises(FileNotFoundError, match="run without --task once first"):
         earlier_results(tmp_path / "bench.json", "arith_chat")
@@ -182,7 +185,8 @@ def test_a_heads_weights_digest_changes_with_its_weights_only():
 
 
 def test_front_gap_reads_the_static_front_at_the_heads_acceptance():
-    from make_real_results import front_gap
+    make_real_results = load_script("make_real_results")
+    front_gap = make_real_results.front_gap
 
     rows = [
         {"method": "SD", "family": "sd", "acceptance_rate": 0.2, "quality": 0.05},
@@ -199,7 +203,10 @@ def test_make_real_results_measures_the_default_draft_at_the_papers_temperature(
     """By default the real pair's table is measured with its default draft (the EagleDraft) on synopsis and
     arith_chat, both at temperature 1 with 200 prompts x 2 samples; a task that draft's table has no place for is
     refused with the tasks it has."""
-    from make_real_results import SETUPS, _argv, main
+    make_real_results = load_script("make_real_results")
+    SETUPS = make_real_results.SETUPS
+    _argv = make_real_results._argv
+    main = make_real_results.main
 
     eagle = SETUPS["eagle-tasks"]
     assert eagle.tasks == ("synopsis", "arith_chat") and eagle.output_name != SETUPS["self"].output_name
@@ -215,8 +222,11 @@ def test_make_real_results_measures_the_default_draft_at_the_papers_temperature(
 def test_make_real_results_measures_the_tuned_pair_with_its_draft_length_and_the_cross_task_row(tmp_path):
     """``--draft tuned``: the task-tuned pair on synopsis and arith_steps at temperature 1, 200 x 2, its EagleDraft's
     N, each task's head on the other task; a head its recipe trained into runs/ is passed to bench by path."""
-    from make_real_results import SETUPS, _argv, head_dir_of
-    from real_pair_runs import TUNED_DRAFT_LENGTH, TUNED_METHODS
+    make_real_results = load_script("make_real_results")
+    SETUPS = make_real_results.SETUPS
+    _argv = make_real_results._argv
+    head_dir_of = make_real_results.head_dir_of
+    from diversed_hf.cli.real_pair_runs import TUNED_DRAFT_LENGTH, TUNED_METHODS
 
     tuned = SETUPS["tuned"]
     assert tuned.tasks == ("synopsis", "arith_steps")
@@ -234,7 +244,8 @@ def test_make_real_results_measures_the_tuned_pair_with_its_draft_length_and_the
 
 def test_make_real_results_task_takes_every_drafts_tasks():
     """``--task`` names a task of the draft measured: the tuned pair's arith_steps too, and no other draft's."""
-    from make_real_results import parse_args
+    make_real_results = load_script("make_real_results")
+    parse_args = make_real_results.parse_args
 
     assert parse_args(["--draft", "tuned", "--task", "arith_steps", "--skip-speed", "--resume"]).task == "arith_steps"
     with pytest.raises(SystemExit):
@@ -249,8 +260,8 @@ def test_the_tuned_pair_has_one_draft_length_story():
     from pathlib import Path
 
     import yaml
-    from real_pair_runs import TUNED_DRAFT_LENGTH
 
+    from diversed_hf.cli.real_pair_runs import TUNED_DRAFT_LENGTH
     from diversed_hf.testbed.smollm2_tuned import TUNED_EAGLE_DIR
 
     shipped = json.loads((TUNED_EAGLE_DIR / "generation_config.json").read_text())["num_assistant_tokens"]
@@ -275,7 +286,7 @@ def test_the_tuned_pairs_heads_are_withdrawn_with_their_measured_reason():
 def test_the_tuned_table_refuses_to_start_without_its_recipes_heads(tmp_path, monkeypatch):
     """runs/ is not in the repository: a fresh clone is told which recipe trains each head, and a synopsis head
     without its calibration (another operating point than the table's) is refused, before any model loads."""
-    import make_real_results
+    make_real_results = load_script("make_real_results")
 
     monkeypatch.setattr(make_real_results, "REPO", tmp_path)
     make_real_results.check_tuned_heads("eagle-tasks")  # shipped heads: nothing to check
@@ -294,8 +305,7 @@ def test_the_tuned_table_refuses_to_start_without_its_recipes_heads(tmp_path, mo
 def test_the_section_says_whether_the_head_beside_the_rows_is_the_one_they_measured(tmp_path, monkeypatch):
     """A head retrained after the run (runs/ is not kept) can differ from the one measured: its calibration and
     training curve are then labelled as its own, and a run older than the digest record says so."""
-    import real_pair_runs
-
+    from diversed_hf.cli import real_pair_runs as real_pair_runs
     from diversed_hf.lab.bench.partial import module_digest
 
     monkeypatch.setattr(real_pair_runs, "REPO", tmp_path)

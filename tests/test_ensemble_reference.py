@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ensemble_parity import reference_greedy
+from scripts import load_script
 
 from diversed_hf import StaticEnsembleVerifier, enable_diversed, testbed
+
+ensemble_parity = load_script("ensemble_parity")
+reference_greedy = ensemble_parity.reference_greedy
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from scripts import load_script
 
 from diversed_hf import DiversedHead
 
@@ -16,7 +17,7 @@ def _round():
 
 
 def test_the_override_replaces_the_weight_on_its_class_only_and_never_reads_the_drafted_token():
-    import headroom
+    headroom = load_script("headroom")
 
     head = DiversedHead(features=["tv"], use_hidden_states=False, w_0=0.3)  # w = 0.3 everywhere before training
     mask = torch.tensor([1.0, 1.0, 0.0, 0.0])
@@ -37,7 +38,7 @@ def test_the_override_replaces_the_weight_on_its_class_only_and_never_reads_the_
 
 
 def test_content_mask_marks_the_tokens_matching_the_pattern():
-    import headroom
+    headroom = load_script("headroom")
 
     class Tokenizer:
         tokens = ["▁12", "▁Ben", "▁the", "=", "#"]
@@ -62,7 +63,7 @@ def test_content_mask_marks_the_tokens_matching_the_pattern():
 
 
 def test_make_results_puts_new_head_tables_into_the_page_and_keeps_the_rest(tmp_path):
-    import make_results
+    from diversed_hf.cli import sections as make_results
 
     page = tmp_path / "RESULTS.md"
     page.write_text(
@@ -85,7 +86,7 @@ def test_make_results_puts_new_head_tables_into_the_page_and_keeps_the_rest(tmp_
 def test_make_results_keeps_a_heads_selection_when_the_bench_replaces_its_results(tmp_path):
     import json
 
-    import make_results
+    make_results = load_script("make_results")
 
     current, new = tmp_path / "results.json", tmp_path / "results_arith.json"
     current.write_text(

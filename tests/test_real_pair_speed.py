@@ -3,8 +3,7 @@ batch-1, one-thread run (met, missed by how much, or not measured)."""
 
 from __future__ import annotations
 
-from real_pair_speed import refresh_speed_goals, speed_goals, speed_table, speed_text
-
+from diversed_hf.cli.real_pair_speed import refresh_speed_goals, speed_goals, speed_table, speed_text
 from diversed_hf.lab.bench.schema import BenchResult, write_json_results
 
 

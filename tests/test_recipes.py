@@ -16,6 +16,7 @@ pytest.importorskip("peft")
 
 REPO = Path(__file__).resolve().parents[1]
 
+from scripts import load_script  # noqa: E402
 from test_training import tiny_tokenizer  # noqa: E402
 from tiny_models import make_pair  # noqa: E402
 
@@ -272,7 +273,7 @@ def test_the_docs_recipe_commands_chain_and_write_to_runs():
 
 
 def test_train_head_checks_where_it_writes_before_loading_the_models(tmp_path, monkeypatch):
-    import eval_head
+    eval_head = load_script("eval_head")
     import train_head
 
     monkeypatch.setattr(eval_head, "load_models", lambda *args, **kwargs: pytest.fail("the models were loaded"))
@@ -294,8 +295,9 @@ def test_train_head_checks_where_it_writes_before_loading_the_models(tmp_path, m
 
 def test_scripts_refuse_a_task_or_head_that_does_not_fit_the_pair_before_loading(monkeypatch, capsys):
     import calibrate_head
-    import eval_head
-    import self_draft_costs
+
+    eval_head = load_script("eval_head")
+    self_draft_costs = load_script("self_draft_costs")
 
     from diversed_hf.testbed import smollm2
 

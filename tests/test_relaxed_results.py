@@ -1,6 +1,10 @@
 """benchmarks/relaxed_results.py's pure parts: each front's verdict against DIVERSED and the judge it ships."""
 
-from relaxed_results import operating_judge, verdict
+from scripts import load_script
+
+relaxed_results = load_script("relaxed_results")
+operating_judge = relaxed_results.operating_judge
+verdict = relaxed_results.verdict
 
 
 def _row(family, method, acceptance, delta, low, high, param=None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scripts import load_script
 
 from diversed_hf import enable_diversed, testbed
 from diversed_hf.common.round_profile import PHASES, profile_rounds
@@ -34,7 +35,7 @@ def test_the_overhead_section_reports_the_testbed_against_transformers_and_its_g
     """benchmarks/overhead_results.py --quick: compare_hf's measurement with identical outputs, rendered with the goal."""
     import json
 
-    import overhead_results
+    overhead_results = load_script("overhead_results")
 
     assert overhead_results.main(["--quick", "--output_dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from scripts import load_script
 from tiny_models import (
     DEVICE,
     VOCAB_SIZE,
@@ -367,7 +368,7 @@ def test_early_exit_drafts_trees_with_the_targets_greedy_output(pair):
 
 
 def test_the_tree_results_page_runs_quick_and_says_which_goals_it_did_not_measure(tmp_path):
-    import tree_results
+    tree_results = load_script("tree_results")
 
     assert (
         tree_results.main(["--quick", "--num_prompts", "1", "--max_new_tokens", "6", "--output_dir", str(tmp_path)])
@@ -382,7 +383,7 @@ def test_the_tree_results_page_runs_quick_and_says_which_goals_it_did_not_measur
 
 
 def test_the_heads_over_trees_page_runs_quick_with_paired_quality(tmp_path):
-    import tree_heads
+    tree_heads = load_script("tree_heads")
 
     assert tree_heads.main(["--quick", "--num_prompts", "4", "--output_dir", str(tmp_path)]) == 0
     page = (tmp_path / "tree_heads.md").read_text()
@@ -392,7 +393,7 @@ def test_the_heads_over_trees_page_runs_quick_with_paired_quality(tmp_path):
 
 
 def test_the_gpu_script_says_there_is_no_cuda_and_exits_0(capsys):
-    import tree_gpu
+    tree_gpu = load_script("tree_gpu")
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the script for real")

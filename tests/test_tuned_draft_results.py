@@ -1,8 +1,14 @@
 """benchmarks/tuned_draft_results.py's pure parts: pooled rates, the shipped length, the section (no model)."""
 
-import tuned_draft_results
-from make_results import TUNED_DRAFT_SECTION, refresh_head_sections
-from tuned_draft_results import pooled, section, summary
+from scripts import load_script
+
+from diversed_hf.cli.sections import TUNED_DRAFT_SECTION, refresh_head_sections
+
+tuned_draft_results = load_script("tuned_draft_results")
+tuned_draft_results = load_script("tuned_draft_results")
+pooled = tuned_draft_results.pooled
+section = tuned_draft_results.section
+summary = tuned_draft_results.summary
 
 
 def _row(tokens, seconds, acceptance=None, same=0):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import tuned_quality
+from scripts import load_script
 from test_training import tiny_tokenizer
 from tiny_models import make_model
+
+tuned_quality = load_script("tuned_quality")
 
 
 def tiny_targets():

@@ -7,9 +7,11 @@ import argparse
 import sys
 
 import pytest
-import vllm_load
+from scripts import load_script
 
 from diversed_hf import testbed
+
+vllm_load = load_script("vllm_load")
 
 
 def bed_args(**overrides) -> argparse.Namespace:

@@ -3,9 +3,17 @@
 import argparse
 
 import pytest
-import vllm_results
-from make_results import VLLM_SECTION, refresh_head_sections
-from vllm_results import ARMS, Arm, check_sizes, parse_concurrency, results_table, summarize
+from scripts import load_script
+
+from diversed_hf.cli.sections import VLLM_SECTION, refresh_head_sections
+
+vllm_results = load_script("vllm_results")
+ARMS = vllm_results.ARMS
+Arm = vllm_results.Arm
+check_sizes = vllm_results.check_sizes
+parse_concurrency = vllm_results.parse_concurrency
+results_table = vllm_results.results_table
+summarize = vllm_results.summarize
 
 TARGET = Arm("vLLM target-only", "vllm", "target", (0.0,))
 SD = Arm("vLLM SD (its own sampler)", "vllm", "sd", (0.0,))
@@ -124,8 +132,11 @@ def test_the_section_replaces_only_its_own_section_before_reading(tmp_path):
 
 
 def test_the_eagle_draft_run_says_its_draft_and_writes_its_own_section():
-    from make_results import VLLM_EAGLE_SECTION
-    from vllm_results import DRAFTS, section_text
+    from diversed_hf.cli.sections import VLLM_EAGLE_SECTION
+
+    vllm_results = load_script("vllm_results")
+    DRAFTS = vllm_results.DRAFTS
+    section_text = vllm_results.section_text
 
     meta = dict(
         command=".venv-vllm/bin/python benchmarks/vllm_results.py --draft eagle",

@@ -12,10 +12,14 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in vLLM's environment (.ci/vllm)")
 
 import torch
+from scripts import load_script
 from vllm_helpers import ASSETS, NUM_DRAFT_TOKENS
-from vllm_load import Server, free_port
 
 from diversed_hf import DiversedHead
+
+vllm_load = load_script("vllm_load")
+Server = vllm_load.Server
+free_port = vllm_load.free_port
 
 
 def complete(port: int, temperature: float = 0.0, **body) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the repository the scripts run in
 
 TASKS = ("arith_chat", "humaneval", "synopsis")
 METHODS = [
