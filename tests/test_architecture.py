@@ -17,6 +17,7 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "diversed_hf"
 MAX_MODULE_LINES = 600
 
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

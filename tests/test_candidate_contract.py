@@ -90,7 +90,7 @@ def test_heuristic_schedule_under_transformers_persists_on_the_assistant():
 def test_the_loop_verifies_the_logits_get_candidates_returns(monkeypatch):
     """The batched loop takes q_t from the returned candidate_logits: a generator that returns other logits changes
     what the verifier sees (it used to read a side attribute)."""
-    from diversed_hf.generation import loop
+    from diversed_hf.generation import rounds
 
     seen = []
 
@@ -112,7 +112,7 @@ def test_the_loop_verifies_the_logits_get_candidates_returns(monkeypatch):
 
     target, draft = make_pair("llama")
     enable_diversed(target)
-    monkeypatch.setattr(loop, "DiversedCandidateGenerator", Flattened)
+    monkeypatch.setattr(rounds, "DiversedCandidateGenerator", Flattened)  # the chain strategy picks the class
     Counting.calls, Counting.returned = {}, []
     output = target.generate(
         prompt(6),

@@ -50,20 +50,16 @@ from ..drafting.candidates import (
     DraftCandidates,
     DraftLengthPolicy,
     Realignment,
-    next_token_scores,
 )
-from ..drafting.feature_candidates import FeatureCandidateGenerator
 from ..drafting.length.costs import DraftCosts
 from ..drafting.length.optimal import acceptance_setting
 from ..drafting.protocol import capabilities_of
 from ..drafting.tree import TreeSpec
-from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
-from ..verifiers.checks import check_finite_mass
 from ..verifiers.rules import VerificationResult, Verifier
 from .output_scores import TargetScoreRecorder
 from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
-from .tree_round import verify_tree_round
+from .rounds import ChainRound, TreeRound, round_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -204,14 +200,8 @@ def speculative_decode(
     reads_features = capabilities.reads_target_features  # an EagleDraft: the target's features too
     if reads_features and not draft.is_attached_to(target):
         draft.attach_target(target)  # its embeddings and LM head are the target's
-    generator_class = capabilities.candidate_generator or (  # prompt lookup has its own
-        FeatureCandidateGenerator if reads_features else DiversedCandidateGenerator
-    )
-    tree_kwargs = {}
-    tree = None if tree is None else tree.for_batch(input_ids.shape[0])  # a wide batch shrinks it, maybe to a chain
-    if tree is not None:  # the chain's generator, drafting a tree (docs/method.md §8)
-        tree_kwargs = {"tree": tree}
-        generator_class = FeatureTreeCandidateGenerator if reads_features else TreeCandidateGenerator
+    strategy = round_strategy(tree, input_ids.shape[0])  # a chain or a token tree, once for the call
+    generator_class, strategy_kwargs = strategy.generator(capabilities)
     candidate_generator = generator_class(
         input_ids,
         draft,
@@ -228,12 +218,13 @@ def speculative_decode(
         output_untempered_probs=verifier.requires_untempered_probs,
         target=target if optimal else None,
         setting=acceptance_setting(verifier, do_sample, logits_processor) if optimal else None,
-        **tree_kwargs,
+        **strategy_kwargs,
     )
     loop = _SpeculativeLoop(
         target,
         candidate_generator,
         verifier,
+        strategy,
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         eos_token_id=eos_token_id,
@@ -264,6 +255,7 @@ class _SpeculativeLoop:
         target,
         candidate_generator: DiversedCandidateGenerator,
         verifier: Verifier,
+        strategy: ChainRound | TreeRound,
         *,
         logits_processor,
         stopping_criteria,
@@ -276,6 +268,7 @@ class _SpeculativeLoop:
         self.target = target
         self.candidates = candidate_generator
         self.verifier = verifier
+        self.round = strategy  # steps 2-3 of a round: a chain, or a token tree (.rounds)
         self.logits_processor = logits_processor
         self.stopping_criteria = stopping_criteria
         self.eos_token_id = eos_token_id  # (num_eos,) or None
@@ -304,7 +297,7 @@ class _SpeculativeLoop:
             batch_size, max_new_tokens, num_draft, pad_token_id, output_target_weights, input_ids.dtype, device
         )
         self.state.recorder = score_recorder
-        if isinstance(self.candidates, (TreeCandidateGenerator, FeatureTreeCandidateGenerator)):
+        if self.round.counts_nodes:
             self.state.tree_nodes = torch.zeros(batch_size, dtype=torch.long, device=device)
         if max_new_tokens <= 0:
             return self.state.tokens[:, :0], SpeculationStats.of_run(self.state, num_draft)
@@ -375,92 +368,9 @@ class _SpeculativeLoop:
         return self.candidates.get_candidates(self.seq, attention_mask=self.mask)
 
     def verify(self, candidates):  # result, (B, N_r + 1, V), scores when recorded, the round's chain
-        """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
-        prompt and the drafts in the first round), then the verifier (``docs/method.md §2``). A token tree is
-        verified by :func:`~diversed_hf.generation.tree_round.verify_tree_round`, which hands on its accepted path
-        as the round's chain.
-
-        ``q_t = softmax(candidate_logits_t)`` (the draft's processed scores, as ``get_candidates`` returns them) and
-        ``p_i = softmax(processed target logits)`` at each of the ``N_r + 1`` positions.
-        """
-        if isinstance(candidates, TreeCandidates):
-            verified, chain = verify_tree_round(self, candidates)
-            return (*verified, chain)
-        candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
-        length = self.seq.shape[1]  # L
-        num_round_drafts = candidate_ids.shape[1] - length  # N_r
-        needs_hidden = self.verifier.requires_hidden_states or self.candidates.reads_target_features
-        with round_profile.phase("target forward"):
-            out = compat.forward_with_cache(
-                self.target,
-                candidate_ids[:, self.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
-                candidates.attention_mask,  # (B, L + N_r)
-                self.target_cache,
-                logits_to_keep=num_round_drafts + 1,
-                output_hidden_states=needs_hidden,
-            )
-        with round_profile.phase("verification math"):
-            return (*self._verification(candidates, out, length, num_round_drafts, needs_hidden), candidates)
-
-    def _verification(self, candidates, out, length: int, num_round_drafts: int, needs_hidden: bool):
-        """Step 3 of :meth:`verify`: the target's distributions from its logits ``out``, then the verifier."""
-        candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
-        target_probs, target_untempered, processed = self._target_distributions(candidate_ids, out.logits, length)
-        check_finite_mass(target_probs, "target")
-        if candidate_logits is None:  # no draft this round: only the target's token
-            draft_probs = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[2])  # (B, 0, V)
-        else:
-            draft_probs = candidate_logits.softmax(dim=-1)  # (B, N_r, V) q_t
-        result = self.verifier(
-            candidate_ids[:, length:],  # (B, N_r)
-            draft_probs,  # (B, N_r, V)
-            target_probs,
-            draft_hidden=candidates.draft_hidden,  # (B, N_r, d_draft) or None
-            target_hidden=out.hidden_states[-1][:, -(num_round_drafts + 1) :]
-            if needs_hidden
-            else None,  # (B, N_r + 1, d)
-            untempered_draft_probs=candidates.untempered_draft_probs,  # (B, N_r, V) or None
-            untempered_target_probs=target_untempered,  # (B, N_r + 1, V) or None
-            draft_lengths=candidates.draft_lengths,  # (B,)
-            do_sample=self.do_sample,
-            generator=self.generator,
-            validate=False,  # the loop builds well-formed inputs; the checks cost ~2% of a round on CPU
-        )
-        target_scores = None if processed is None else (processed, out.logits[:, -(num_round_drafts + 1) :].float())
-        if self.candidates.reads_target_features:  # the draft's features for the next round
-            features = self.candidates.target_features(out.hidden_states)  # (B, columns fed, d)
-            self.round_target_hidden = features[:, -(num_round_drafts + 1) :]  # (B, N_r + 1, d)
-        return result, target_probs, target_scores
-
-    def _target_distributions(
-        self,
-        candidate_ids: torch.Tensor,  # (B, L + N_r)
-        logits: torch.Tensor,  # (B, N_r + 1, model_vocab)
-        length: int,  # L
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # (B, N_r + 1, V) each; the last two optional
-        """``p_i = softmax(processed logits_i)``; if the verifier reads them, ``softmax(logits_i)``; if scores are
-        recorded (``output_scores`` / ``output_logits``), the processed logits themselves.
-
-        Without logits processors both are one softmax over all positions (the same numbers as per position).
-        """
-        needs_untempered = self.verifier.requires_untempered_probs
-        needs_scores = self.state.recorder is not None
-        if not len(self.logits_processor):
-            fitted = logits[:, :, : self.vocab_size].float()  # (B, N_r + 1, V)
-            target_probs = fitted.softmax(dim=-1)  # (B, N_r + 1, V)
-            return target_probs, target_probs if needs_untempered else None, fitted if needs_scores else None
-        target_probs, target_untempered, processed = [], [], []
-        for i in range(logits.shape[1]):
-            scores, raw = next_token_scores(
-                self.logits_processor, candidate_ids[:, : length + i], logits[:, i], self.vocab_size
-            )
-            target_probs.append(scores.softmax(dim=-1))  # (B, V)
-            if needs_untempered:
-                target_untempered.append(raw.softmax(dim=-1))  # (B, V)
-            if needs_scores:
-                processed.append(scores)  # (B, V)
-        untempered = torch.stack(target_untempered, dim=1) if needs_untempered else None  # (B, N_r + 1, V)
-        return torch.stack(target_probs, dim=1), untempered, torch.stack(processed, dim=1) if needs_scores else None
+        """Steps 2-3: the target's one pass and the verifier, as the call's round strategy runs them
+        (:mod:`.rounds`: a chain, or a token tree handed on as the chain of its accepted path)."""
+        return self.round.verify(self, candidates)
 
     def commit(
         self,
