@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,18 +49,18 @@ from ..common.pairs import text_vocab_size
 from ..drafting.candidates import (
     DiversedCandidateGenerator,
     DraftCandidates,
-    DraftLengthPolicy,
     Realignment,
 )
-from ..drafting.length.costs import DraftCosts
 from ..drafting.length.optimal import acceptance_setting
 from ..drafting.protocol import capabilities_of
-from ..drafting.tree import TreeSpec
 from ..verifiers.rules import VerificationResult, Verifier
 from .output_scores import TargetScoreRecorder
 from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
 from .rounds import ChainRound, TreeRound, round_strategy
+
+if TYPE_CHECKING:  # the request's module checks heads, which the loop never imports
+    from .request import SpeculationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -163,53 +164,43 @@ def _clock(device: torch.device) -> float:
 @torch.no_grad()
 def speculative_decode(
     target,
-    draft,
-    verifier: Verifier,
+    request: SpeculationRequest,
     input_ids: torch.Tensor,  # (batch, prompt_len), left-padded
     attention_mask: torch.Tensor | None,  # (batch, prompt_len)
     *,
-    num_draft_tokens: int,
     max_new_tokens: int,
     logits_processor=(),
     stopping_criteria=(),
     eos_token_id: torch.Tensor | None = None,  # (num_eos,)
     pad_token_id: int = 0,
     do_sample: bool = True,
-    generator: torch.Generator | None = None,
-    streamer=None,
-    output_target_weights: bool = False,
-    vocab_size: int | None = None,
-    num_assistant_tokens_schedule: str = "constant",
-    assistant_confidence_threshold: float | None = None,
-    assistant_costs: DraftCosts | None = None,
     score_recorder: TargetScoreRecorder | None = None,
-    tree: TreeSpec | None = None,
 ) -> tuple[torch.Tensor, SpeculationStats]:  # (batch, num_new_tokens), stats
-    """Draft ``num_draft_tokens`` per round, verify with ``verifier``; returns new tokens (pad after end) and stats.
+    """Decode with what ``request`` (:class:`~diversed_hf.generation.request.SpeculationRequest`, the call resolved
+    once) asks for: its drafter drafts ``request.policy`` tokens a round (a chain, or ``request.tree``), its verifier
+    verifies (``docs/method.md §2``); returns the new tokens (pad after end) and stats.
 
-    Drafting runs through a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`; verification
-    follows ``docs/method.md §2``. ``assistant_costs`` (``"optimal"`` schedule only) replaces the measured round costs.
-    ``score_recorder`` (:class:`~diversed_hf.generation.output_scores.TargetScoreRecorder`) receives the target's scores
-    of every emitted token (``output_scores`` / ``output_logits``). ``tree`` (a
-    :class:`~diversed_hf.drafting.tree.TreeSpec`) drafts a token tree each round (:mod:`.tree_round`).
+    Drafting runs through a :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`; the policy's costs
+    (``"optimal"`` schedule only) replace the measured round costs. ``score_recorder``
+    (:class:`~diversed_hf.generation.output_scores.TargetScoreRecorder`) receives the target's scores of every emitted
+    token (``output_scores`` / ``output_logits``).
     """
-    vocab_size = vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
-    optimal = num_assistant_tokens_schedule == "optimal"
+    draft, verifier, policy, generator = request.drafter, request.verifier, request.policy, request.generator
+    vocab_size = request.vocab_size or text_vocab_size(target)  # the draft's logits are fitted to it
+    optimal = policy.schedule == "optimal"
     logits_processor = per_row_processors(logits_processor, input_ids.shape[1], input_ids.shape[0], pad_token_id)
     capabilities = capabilities_of(draft)
     reads_features = capabilities.reads_target_features  # an EagleDraft: the target's features too
     if reads_features and not draft.is_attached_to(target):
         draft.attach_target(target)  # its embeddings and LM head are the target's
-    strategy = round_strategy(tree, input_ids.shape[0])  # a chain or a token tree, once for the call
+    strategy = round_strategy(request.tree, input_ids.shape[0])  # a chain or a token tree, once for the call
     generator_class, strategy_kwargs = strategy.generator(capabilities)
     candidate_generator = generator_class(
         input_ids,
         draft,
         model_kwargs={"attention_mask": attention_mask},
         logits_processor=logits_processor,
-        policy=DraftLengthPolicy(  # resolved by the caller: the generator reads no config
-            num_draft_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold, assistant_costs
-        ),
+        policy=policy,  # resolved by the caller: the generator reads no config
         vocab_size=vocab_size,
         do_sample=do_sample,
         max_new_tokens=max_new_tokens,
@@ -230,7 +221,7 @@ def speculative_decode(
         eos_token_id=eos_token_id,
         do_sample=do_sample,
         generator=generator,
-        streamer=streamer,
+        streamer=request.streamer,
         vocab_size=vocab_size,
     )
     return loop.run(
@@ -238,7 +229,7 @@ def speculative_decode(
         attention_mask,
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_token_id,
-        output_target_weights=output_target_weights,
+        output_target_weights=request.output_target_weights,
         score_recorder=score_recorder,
     )
 

@@ -266,26 +266,16 @@ def _loop_decoder(request: SpeculationRequest):
         )
         new_tokens, stats = speculative_decode(
             model,
-            request.drafter,
-            request.verifier,
+            request,
             loop_ids,
             loop_mask,
-            num_draft_tokens=request.policy.num_assistant_tokens,
             max_new_tokens=max_length - input_ids.shape[1],
             logits_processor=logits_processor,
             stopping_criteria=other_criteria,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
             do_sample=bool(generation_config.do_sample),
-            generator=request.generator,
-            streamer=request.streamer,
-            output_target_weights=request.output_target_weights,
-            vocab_size=request.vocab_size,
-            num_assistant_tokens_schedule=request.policy.schedule,
-            assistant_confidence_threshold=request.policy.confidence_threshold,
-            assistant_costs=request.policy.costs,
             score_recorder=recorder,
-            tree=request.tree,
         )
         sequences = torch.cat([input_ids, new_tokens], dim=1)
         if generation_config.return_dict_in_generate:
