@@ -113,3 +113,35 @@ def test_a_new_drafter_is_one_class_and_one_registration(verifier):
         assert torch.equal(out.sequences, plain)
     summary = out.speculation.summary()
     assert summary["num_rounds"] >= 1 and summary["num_drafted"] > 0
+
+
+def test_a_fixed_length_drafter_refuses_a_draft_length_by_name():
+    target, _ = make_pair()
+    enable_diversed(target)
+    with pytest.raises(
+        ValueError, match=r"`num_assistant_tokens=5` does not apply to RepeatLast, which drafts a fixed 3"
+    ):
+        target.generate(prompt(), assistant_model=RepeatLast(3), verifier=ExactVerifier(), num_assistant_tokens=5)
+
+
+def test_the_trainers_rollouts_drive_the_same_point_mass_drafter():
+    """The rollouts ask the drafter for its proposal as the loop's generator does (``propose``): a new drafter trains
+    a head with no code of its own in the trainer; one without ``propose`` is refused by name."""
+    from diversed_hf import DiversedHead
+    from diversed_hf.training.rollout import sample_from_mixture
+
+    target, _ = make_pair()
+    drafter = RepeatLast(2)
+    head = DiversedHead.for_pair(target, drafter, w_0=0.5)
+    ids = prompt(6, batch=2)
+    rollout = sample_from_mixture(target, drafter, head, ids, max_new_tokens=3)
+    # the first token's draft probability is a point mass at the row's last token
+    first = rollout.completion_ids[:, 0]
+    assert torch.equal(rollout.draft_token_probs[:, 0], (first == ids[:, -1]).float())
+
+    class NoProposal(torch.nn.Module):
+        has_hidden_states = False
+
+    register_drafter(NoProposal, proposes_target_ids=True, candidate_generator=PointMassCandidateGenerator)
+    with pytest.raises(ValueError, match="`draft` is a NoProposal, which proposes the target's ids"):
+        sample_from_mixture(target, NoProposal(), head, ids, max_new_tokens=2)

@@ -125,6 +125,10 @@ class PromptLookup(nn.Module):
     def get_output_embeddings(self):
         return None
 
+    def propose(self, rows: list[torch.Tensor], limits: list[int]) -> list[torch.Tensor]:
+        """Each row's copied tokens (at most its limit) after its tokens ``rows[b]`` (:func:`lookup_continuations`)."""
+        return [lookup_continuations(row, self.max_ngram_size, limit) for row, limit in zip(rows, limits)]
+
 
 def lookup_continuations(
     tokens: torch.Tensor,  # (length,) one row's tokens, no padding
@@ -251,9 +255,6 @@ class LookupCandidateGenerator(PointMassCandidateGenerator):
     def __init__(self, input_ids, assistant_model: PromptLookup, *args, **kwargs):
         super().__init__(input_ids, assistant_model, *args, **kwargs)
         self.max_ngram_size = assistant_model.max_ngram_size
-
-    def propose(self, rows: list[torch.Tensor], limits: list[int]) -> list[torch.Tensor]:
-        return [lookup_continuations(row, self.max_ngram_size, limit) for row, limit in zip(rows, limits)]
 
 
 # copies of the sequence's own ids: no vocabulary to check, no hidden state; a fixed length (its `num_tokens`)

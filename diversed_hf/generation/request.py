@@ -112,6 +112,11 @@ def _call_drafter(target, arguments: dict, extra: dict, which: str):
 def _draft_length(drafter, capabilities: DrafterCapabilities, arguments: dict, extra: dict):
     """``(policy, threshold given)``: the draft-length knobs of the call, checked against the drafter."""
     threshold = extra.pop("assistant_confidence_threshold", None)
+    if capabilities.drafts_fixed_length and extra.get("num_assistant_tokens") is not None:
+        raise ValueError(
+            f"`num_assistant_tokens={extra['num_assistant_tokens']!r}` does not apply to {type(drafter).__name__}, "
+            f"which drafts a fixed {drafter.num_tokens} tokens a round (build it with another count): remove it."
+        )
     policy = DraftLengthPolicy.resolve(  # the draft-length knobs, resolved once for the call
         drafter,
         arguments.get("generation_config"),

@@ -49,7 +49,6 @@ from transformers.generation.logits_process import (
 
 from .. import compat
 from ..common.pairs import draft_input_ids
-from ..drafting.drafters import lookup_continuations
 from ..drafting.protocol import capabilities_of, verification_vocab
 from ..verifiers import ops
 from ..verifiers.distribution_features import distribution_features
@@ -146,12 +145,12 @@ class _MixtureStep:
         return torch.cat([before, hidden[:, :-1]], dim=1)
 
     def lookup_logits(self, seq, mask, target_logits) -> torch.Tensor:  # (B, V)
-        """Prompt lookup's proposal for the next token of each row: a point mass at the token it copies, or, for a
-        row whose last n-gram has no earlier occurrence (the loop drafts nothing there), the target's own logits, so
-        that ``nu_t = p_t`` whatever ``w_t``."""
+        """The point-mass drafter's proposal for the next token of each row (prompt lookup: the token it copies), or,
+        for a row it proposes nothing for (the loop drafts nothing there), the target's own logits, so that
+        ``nu_t = p_t`` whatever ``w_t``."""
         logits = target_logits.clone()  # (B, V)
-        for b in range(seq.shape[0]):
-            copied = lookup_continuations(seq[b][mask[b].bool()], self.lookup.max_ngram_size, 1)
+        proposed = self.lookup.propose([seq[b][mask[b].bool()] for b in range(seq.shape[0])], [1] * seq.shape[0])
+        for b, copied in enumerate(proposed):  # the drafter's own proposal, as the loop's generator asks for it
             if copied.numel():
                 logits[b] = float("-inf")
                 logits[b, copied[0]] = 0.0
@@ -284,7 +283,14 @@ def sample_from_mixture(
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     check_trainable_mixing(head)
-    if capabilities_of(draft).drafts_blocks:
+    capabilities = capabilities_of(draft)
+    if capabilities.proposes_target_ids and not callable(getattr(type(draft), "propose", None)):
+        raise ValueError(
+            f"`draft` is a {type(draft).__name__}, which proposes the target's ids through its own candidate "
+            "generator: the trainer's rollouts run point-mass drafters that propose from the rows (`propose(rows, "
+            "limits)`, as PromptLookup does). Train a head for a draft model of the target's tokenizer instead."
+        )
+    if capabilities.drafts_blocks:
         raise ValueError(
             f"`draft` is a {type(draft).__name__}, a block draft: the trainer's rollouts score one token at a time "
             "and do not run block drafts yet. A head verifies its drafts in `generate`; train it with a token draft."
