@@ -4,7 +4,6 @@ itself, kept apart from the held-out everyday set (tiny models; word-level token
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
@@ -20,7 +19,9 @@ from tiny_models import make_model  # noqa: E402
 from diversed_hf.lab.tasks.chat_prompts import broad_chat_messages, everyday_messages  # noqa: E402
 from diversed_hf.lab.tasks.target_prompts import (  # noqa: E402
     SHARED_WORDS,
+    _runs,
     _source,
+    _words,
     apart_from_held_out,
     follow_up_prompts,
     parse_request,
@@ -29,10 +30,6 @@ from diversed_hf.lab.tasks.target_prompts import (  # noqa: E402
     write_requests,
 )
 from diversed_hf.training.eagle_data import load_token_ids  # noqa: E402
-
-
-def _words(text):
-    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 def test_the_lists_are_apart_from_the_held_out_set():
@@ -53,7 +50,7 @@ def test_requests_are_parsed_deduplicated_and_kept_apart():
         assert parse_request(reply) is None, reply
     held_out = everyday_messages()[2]  # "Is it bad to drink coffee right before going to bed?"
     near = "Honestly, is it bad to drink coffee right before a nap?"  # five of its words in a row
-    assert len(set(zip(*[_words(near)[i:] for i in range(SHARED_WORDS + 1)]))) > 0
+    assert _runs(_words(near), SHARED_WORDS + 1) & _runs(_words(held_out), SHARED_WORDS + 1)
     requests = [held_out, near, "How do volcanoes form?", "how do VOLCANOES form", broad_chat_messages()[0]]
     assert apart_from_held_out(requests) == ["How do volcanoes form?"]
     prompts = request_writing_prompts(700)

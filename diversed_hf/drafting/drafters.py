@@ -248,13 +248,9 @@ class PointMassCandidateGenerator(DiversedCandidateGenerator):
 class LookupCandidateGenerator(PointMassCandidateGenerator):
     """Prompt-lookup drafting for the batched loop: each row copies the tokens that followed the first earlier
     occurrence of its last n-gram (:func:`lookup_continuations`), none without a match. Arguments as
-    :class:`PointMassCandidateGenerator`, with a :class:`PromptLookup` as ``assistant_model``."""
+    :class:`PointMassCandidateGenerator`, with a :class:`PromptLookup` as ``assistant_model`` (its ``propose``)."""
 
     drafter_name = "prompt lookup (`prompt_lookup_num_tokens`)"
-
-    def __init__(self, input_ids, assistant_model: PromptLookup, *args, **kwargs):
-        super().__init__(input_ids, assistant_model, *args, **kwargs)
-        self.max_ngram_size = assistant_model.max_ngram_size
 
 
 # copies of the sequence's own ids: no vocabulary to check, no hidden state; a fixed length (its `num_tokens`)

@@ -79,20 +79,21 @@ def register_drafter(cls: type, **capabilities) -> type:
     return cls
 
 
-def capabilities_of(drafter) -> DrafterCapabilities:
-    """What ``drafter`` (an instance or a class) can do: its class's registration, or its nearest registered base's;
-    a plain draft model's when none is registered (or for ``None``)."""
+def _registration(drafter) -> DrafterCapabilities | None:
+    """The registration of ``drafter``'s class (an instance or a class), or of its nearest registered base."""
     cls = drafter if isinstance(drafter, type) else type(drafter)
-    for base in cls.__mro__:
-        if base in _REGISTRY:
-            return _REGISTRY[base]
-    return _PLAIN
+    return next((_REGISTRY[base] for base in cls.__mro__ if base in _REGISTRY), None)
+
+
+def capabilities_of(drafter) -> DrafterCapabilities:
+    """What ``drafter`` (an instance or a class) can do: its registration; a plain draft model's when none is
+    registered (or for ``None``)."""
+    return _registration(drafter) or _PLAIN
 
 
 def is_registered(drafter) -> bool:
     """Whether ``drafter``'s class (or a base) was registered with :func:`register_drafter`."""
-    cls = drafter if isinstance(drafter, type) else type(drafter)
-    return any(base in _REGISTRY for base in cls.__mro__)
+    return _registration(drafter) is not None
 
 
 def registered_drafters() -> dict[type, DrafterCapabilities]:

@@ -53,7 +53,7 @@ def resolve_request(
     other keywords) lose what only the loop reads."""
     drafter = _call_drafter(target, arguments, extra, "diversed_head" if diversed_head is not None else "verifier")
     capabilities = capabilities_of(drafter)
-    verifier = _call_verifier(target, drafter, diversed_head, verifier, block_verification)
+    verifier = _call_verifier(target, drafter, capabilities, diversed_head, verifier, block_verification)
     tokenizer = extra.pop("tokenizer", None)
     assistant_tokenizer = extra.pop("assistant_tokenizer", None)
     check_tokenizer_arguments(tokenizer, assistant_tokenizer)
@@ -169,7 +169,9 @@ def settle_tree(target, request: SpeculationRequest, arguments: dict, extra: dic
     return request
 
 
-def _call_verifier(target, drafter, diversed_head, verifier, block_verification: bool) -> Verifier:
+def _call_verifier(
+    target, drafter, capabilities: DrafterCapabilities, diversed_head, verifier, block_verification: bool
+) -> Verifier:
     """The call's verifier (``diversed_head=head`` is ``HeadVerifier(head)``), wrapped for block verification when
     asked, its head checked against the pair."""
     if diversed_head is not None and verifier is not None:
@@ -189,7 +191,6 @@ def _call_verifier(target, drafter, diversed_head, verifier, block_verification:
     if block_verification and not isinstance(verifier, BlockVerifier):
         verifier = BlockVerifier(verifier)
     checked = verifier.base if isinstance(verifier, BlockVerifier) else verifier
-    capabilities = capabilities_of(drafter)
     point_mass = capabilities.proposes_target_ids
     target_only = isinstance(checked, HeadVerifier) and checked.head.config.draft_hidden_size == 0
     if point_mass and checked.requires_hidden_states and not target_only:

@@ -194,18 +194,7 @@ def load_sequences(directory: str | Path) -> list[StoredSequence]:
 def load_token_ids(directory: str | Path) -> list[tuple[list[int], int]]:
     """``(token ids, prompt length)`` of every sequence in ``directory``'s shards, in collection order, without reading
     their features (what a follow-up turn is built from: ``lab.tasks.target_prompts.follow_up_prompts``)."""
-    directory = Path(directory)
-    shards = sorted(directory.glob("shard-*.safetensors"))
-    if not shards:
-        raise FileNotFoundError(f"no shard-*.safetensors in {directory}: name a collection's data directory.")
-    conversations = []
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as data:
-            ids = data.get_tensor("ids").tolist()
-            offsets = data.get_tensor("offsets").tolist()
-            lengths = data.get_tensor("prompt_lengths").tolist()
-        conversations += [(ids[offsets[i] : offsets[i + 1]], n) for i, n in enumerate(lengths)]
-    return conversations
+    return [(sequence.ids.tolist(), sequence.prompt_length) for sequence in load_sequences(directory)]
 
 
 def claim_directory(directory: Path, file_name: str, record: dict, holds: str) -> None:

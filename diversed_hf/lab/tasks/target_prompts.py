@@ -132,11 +132,16 @@ def _held_out_runs() -> frozenset:
     return frozenset(runs)
 
 
+@functools.lru_cache(maxsize=1)
+def _broad_keys() -> frozenset:
+    return frozenset(" ".join(_words(m)) for m in broad_chat_messages())
+
+
 def apart_from_held_out(requests: list[str]) -> list[str]:
     """``requests`` without duplicates (same words, any case or punctuation), without any that is a broad-set
     request, and without any that shares a run of more than :data:`SHARED_WORDS` words with a held-out everyday
     prompt, in their order."""
-    broad = {" ".join(_words(m)) for m in broad_chat_messages()}
+    broad = _broad_keys()
     held_out = _held_out_runs()
     seen, kept = set(), []
     for request in requests:
