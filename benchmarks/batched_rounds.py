@@ -19,7 +19,7 @@ is known:
   the limit this run measured.
 
 The largest batch at which the speculating default still beats target-only is the limit the draft should carry
-(``--ship_limit`` writes it into ``assets/smollm2/eagle/generation_config.json``). Then one profiled call per batch
+(``--ship_limit`` ships it in ``assets/smollm2/eagle/generation_config.json`` through ``diversed-hf ship``). Then one profiled call per batch
 size of ``--profile_sizes`` (``diversed_hf.common.round_profile``) gives the phases of a chain round.
 """
 
@@ -279,17 +279,19 @@ def plot(results: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def ship_limit(limit: int | None) -> Path:
+def ship_limit(limit: int | None, output_dir: Path) -> list[Path]:
+    """The default draft's generation config with the measured limit, staged in ``output_dir/shipments`` and
+    shipped."""
+    from diversed_hf.cli import ship
     from diversed_hf.testbed.smollm2 import EAGLE_DIR
 
-    path = EAGLE_DIR / "generation_config.json"
-    config = json.loads(path.read_text())
+    config = json.loads((EAGLE_DIR / "generation_config.json").read_text())
     if limit is None:
         config.pop(KNOB, None)
     else:
         config[KNOB] = limit
-    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
-    return path
+    files = {"generation_config.json": json.dumps(config, indent=2) + "\n"}
+    return ship.ship(ship.stage(output_dir, "smollm2/eagle", files, measured_by="python benchmarks/batched_rounds.py"))
 
 
 def main(argv=None) -> int:
@@ -309,7 +311,7 @@ def main(argv=None) -> int:
     if not args.quick and args.temperature == 0:
         replace_section(REPO / "RESULTS.md", TITLE, body)
     if args.ship_limit and not args.quick:
-        print(f"wrote {KNOB} = {results['limit']} into {ship_limit(results['limit'])}")
+        print(f"wrote {KNOB} = {results['limit']} into {ship_limit(results['limit'], args.output_dir)[0]}")
     print(body)
     return 0
 

@@ -261,7 +261,7 @@ def main(argv=None) -> dict:
     if not args.quick and not args.no_ship:
         publish()
         if not misses:
-            ship(chosen, Path(args.head), results)
+            ship(chosen, Path(args.head), results, output_dir)
     return results
 
 
@@ -289,24 +289,26 @@ def publish() -> dict:
     return {"published": len(parts)}
 
 
-def ship(head: DiversedHead, trained: Path, results: dict) -> None:
+def ship(head: DiversedHead, trained: Path, results: dict, output_dir: Path) -> None:
     """The calibrated head into the real pair's head folder with its training record, its chat measurement
-    (``chat_quality.json``) and its card; ``testbed.load_head("chat", pair="smollm2")`` serves it once ``"chat"`` is
-    in ``testbed.HEAD_TASKS["smollm2"]`` and ``SHIPPED_HEAD_DRAFTS`` (with the ``"eagle"`` draft it was trained for)."""
+    (``chat_quality.json``) and its card, staged in ``output_dir`` and shipped; ``testbed.load_head("chat",
+    pair="smollm2")`` serves it once ``"chat"`` is in ``testbed.HEAD_TASKS["smollm2"]`` and ``SHIPPED_HEAD_DRAFTS``
+    (with the ``"eagle"`` draft it was trained for)."""
+    from diversed_hf.cli import ship as shipping
     from diversed_hf.heads import cards
     from diversed_hf.lab.tasks import task_card
-    from diversed_hf.testbed import head_folder
+    from diversed_hf.testbed import ASSETS_DIR, head_folder
 
-    folder = head_folder("smollm2") / "chat"
+    folder = output_dir / "head"
     head.save_pretrained(folder)
     for name in ("training_config.json", "train_log.jsonl"):
         if (trained / name).exists():
             write_text_atomic(folder / name, (trained / name).read_text())
     write_text_atomic(folder / "chat_quality.json", json.dumps(results, indent=2) + "\n")
-    facts = task_card("chat")
-    cards.write_card(folder, task_card=facts)
-    cards.write_card(folder, output=REPO / "model_cards" / "smollm2_chat.md", task_card=facts)
-    logger.info("shipped the chat head to %s: register it in testbed.HEAD_TASKS to serve it", folder)
+    cards.write_card(folder, task_card=task_card("chat"))
+    name = (head_folder("smollm2") / "chat").relative_to(ASSETS_DIR).as_posix()
+    shipping.ship(shipping.stage_folder(output_dir, name, folder, card="smollm2_chat.md"))
+    logger.info("shipped the chat head as %s: register it in testbed.HEAD_TASKS to serve it", name)
 
 
 if __name__ == "__main__":

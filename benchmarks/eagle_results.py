@@ -293,10 +293,11 @@ def main(argv=None) -> int:
     write_text_atomic(output_dir / "eagle.md", section + "\n")
     print(section)
     if args.quick or args.no_ship:
+        stage_drafts(results, command, output_dir)  # to ship later: diversed-hf ship OUTPUT_DIR
         return 0
     write_text_atomic(REPO / "results" / "eagle.md", section + "\n")
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
-    ship(results, command)
+    ship(results, command, output_dir)
     return 0
 
 
@@ -327,24 +328,24 @@ def summary_paragraph(results: dict) -> str:
     )
 
 
-def ship(results: dict, command: str) -> None:
-    """The shipped EagleDraft: its best draft length at temperature 0.7 into ``generation_config.json``, the measured
-    summary into ``training.json`` and its card."""
+def stage_drafts(results: dict, command: str, output_dir: Path) -> None:
+    """Stage the task EagleDraft at its best draft length at temperature 0.7 (``generation_config.json``, the
+    measured summary in ``training.json``, its card) and the self-draft's best length, in ``output_dir/shipments``."""
     from transformers import GenerationConfig
 
-    from diversed_hf.drafting.eagle import EagleDraftConfig
+    from diversed_hf.cli.ship import stage, stage_eagle_update
     from diversed_hf.testbed.smollm2 import DRAFT_DIR
     from diversed_hf.testbed.smollm2 import EAGLE_TASKS_DIR as EAGLE_DIR  # the task EagleDraft (see main)
-    from diversed_hf.training.eagle_card import render_eagle_card
 
     self_config = json.loads((DRAFT_DIR / "self_draft.json").read_text())  # the self-draft's best length too
     self_config["num_assistant_tokens"] = results["best"]["t0.7"]["self"]
-    write_text_atomic(DRAFT_DIR / "self_draft.json", json.dumps(self_config, indent=2) + "\n")
+    stage(
+        output_dir, "smollm2/draft", {"self_draft.json": json.dumps(self_config, indent=2) + "\n"}, measured_by=command
+    )
     best = results["best"]["t0.7"]["eagle"]
     config = GenerationConfig.from_pretrained(EAGLE_DIR)
     config.num_assistant_tokens = best
     config.num_assistant_tokens_schedule = "constant"
-    config.save_pretrained(EAGLE_DIR)
     record = json.loads((EAGLE_DIR / "training.json").read_text())
     parts = []
     for mode, label in (("greedy", "greedy"), ("t0.7", "temperature 0.7")):
@@ -364,10 +365,15 @@ def ship(results: dict, command: str) -> None:
         "command": command,
         "best_draft_length": results["best"],
     }
-    write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
-    card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
-    write_text_atomic(EAGLE_DIR / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_tasks_draft.md", card)
+    stage_eagle_update(output_dir, "smollm2/eagle_tasks", config, record, "smollm2_eagle_tasks_draft.md", command)
+
+
+def ship(results: dict, command: str, output_dir: Path) -> None:
+    """Ship what :func:`stage_drafts` stages, and the summary into the docs pages that quote it."""
+    from diversed_hf.cli import ship as shipping
+
+    stage_drafts(results, command, output_dir)
+    shipping.ship(output_dir)
     for page in (REPO / "docs" / "real_model.md", REPO / "docs" / "eagle.md"):
         replace_marked_block(page, summary_paragraph(results), marker="eagle-draft")
 

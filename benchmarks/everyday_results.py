@@ -224,18 +224,18 @@ def headline(results: dict) -> str:
     )
 
 
-def ship(results: dict, command: str) -> None:
+def stage_draft(results: dict, command: str, output_dir: Path) -> Path:
+    """Stage the default EagleDraft at the length with the most tokens/s (its generation config, the measured summary
+    in its training record, its card) in ``output_dir/shipments`` (``diversed-hf ship`` copies it into the assets)."""
     from transformers import GenerationConfig
 
-    from diversed_hf.drafting.eagle import EagleDraftConfig
+    from diversed_hf.cli.ship import stage_eagle_update
     from diversed_hf.testbed.smollm2 import EAGLE_DIR
-    from diversed_hf.training.eagle_card import render_eagle_card
 
     n = results["best"]
     config = GenerationConfig.from_pretrained(EAGLE_DIR)
     config.num_assistant_tokens = n
     config.num_assistant_tokens_schedule = "constant"
-    config.save_pretrained(EAGLE_DIR)
     record = json.loads((EAGLE_DIR / "training.json").read_text())
     record["measured"] = {
         "summary": summary_paragraph(results).split("): ", 1)[1],
@@ -244,10 +244,13 @@ def ship(results: dict, command: str) -> None:
         "command": command,
         "best_draft_length": n,
     }
-    write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
-    card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
-    write_text_atomic(EAGLE_DIR / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / "smollm2_eagle_draft.md", card)
+    return stage_eagle_update(output_dir, "smollm2/eagle", config, record, "smollm2_eagle_draft.md", command)
+
+
+def ship(results: dict, command: str, output_dir: Path) -> None:
+    from diversed_hf.cli import ship as shipping
+
+    shipping.ship(stage_draft(results, command, output_dir))
     replace_marked_block(REPO / "docs" / "real_model.md", summary_paragraph(results), marker="everyday-draft")
     replace_marked_block(REPO / "README.md", headline(results), marker="headline")
     write_site_home(REPO)  # the site's home is the README, links for the site
@@ -339,10 +342,11 @@ def main(argv=None) -> int:
     write_text_atomic(output_dir / "everyday.md", section + "\n")
     print(section)
     if args.quick or args.no_ship:
+        stage_draft(results, command, output_dir)  # to ship later: diversed-hf ship OUTPUT_DIR
         return 0
     write_text_atomic(REPO / "results" / "everyday.md", section + "\n")
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
-    ship(results, command)
+    ship(results, command, output_dir)
     return 0
 
 

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -354,14 +353,17 @@ def update_marked(path: Path, key: str, text: str) -> bool:
 
 def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the real pair's shipped head for that task; then every shipped
-    head's card is rendered again (``model_cards/smollm2_<task>.md`` for these)."""
+    head's card is rendered again (staged in ``output_dir/shipments``, then shipped) (``model_cards/smollm2_<task>.md`` for these)."""
     from diversed_hf import testbed
     from diversed_hf.cli import hub as hub_cli
+    from diversed_hf.cli import ship
 
     for result in results:
         head_dir = testbed.ASSETS_DIR / "smollm2" / "heads" / result.task
         if (head_dir / "config.json").is_file():
-            shutil.copyfile(output_dir / f"results_{result.task}.json", head_dir / "results.json")
+            text = (output_dir / f"results_{result.task}.json").read_text()
+            name = head_dir.relative_to(testbed.ASSETS_DIR).as_posix()
+            ship.ship(ship.stage(output_dir, name, {"results.json": text}))
     return hub_cli.render_shipped_cards(REPO / "model_cards")
 
 

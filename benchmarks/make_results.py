@@ -102,26 +102,29 @@ def _bench_argv(sizes: dict, output_dir: Path, threads: int, extra: list[str], *
 
 def update_cards(results, output_dir: Path) -> list[Path]:
     """Each task's rows become the results.json of the testbed's head for that task; then every shipped head's
-    card (its README.md and ``model_cards/<name>.md``) is rendered again."""
+    card (its README.md and ``model_cards/<name>.md``) is rendered again (staged in ``output_dir/shipments``, then shipped)."""
     from diversed_hf import testbed
     from diversed_hf.cli import hub as hub_cli
+    from diversed_hf.cli import ship
 
     for result in results:
         head_dir = testbed.ASSETS_DIR / "heads" / result.task
         if (head_dir / "config.json").is_file():
-            _replace_results(output_dir / f"results_{result.task}.json", head_dir / "results.json")
+            text = _merged_results(output_dir / f"results_{result.task}.json", head_dir / "results.json")
+            name = head_dir.relative_to(testbed.ASSETS_DIR).as_posix()
+            ship.ship(ship.stage(output_dir, name, {"results.json": text}))
     return hub_cli.render_shipped_cards(REPO / "model_cards")
 
 
-def _replace_results(new: Path, current: Path) -> None:
-    """``new`` becomes ``current``, keeping the ``selection`` of ``current`` (why the head was chosen: the lambda
-    sweep of ``benchmarks/ablation.py --front``), which a bench run does not measure."""
+def _merged_results(new: Path, current: Path) -> str:
+    """``new``'s text to replace ``current``, keeping the ``selection`` of ``current`` (why the head was chosen: the
+    lambda sweep of ``benchmarks/ablation.py --front``), which a bench run does not measure."""
     content = json.loads(new.read_text())
     if current.is_file():
         selection = json.loads(current.read_text()).get("selection")
         if selection is not None:
             content["selection"] = selection
-    current.write_text(json.dumps(content, indent=2) + "\n")
+    return json.dumps(content, indent=2) + "\n"
 
 
 def _parser() -> ArgumentParser:

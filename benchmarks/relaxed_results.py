@@ -214,7 +214,7 @@ def main(argv=None) -> int:
             if not args.no_ship and not (trained / "config.json").is_file():
                 print(f"{trained} holds no trained judge: the shipped {task} judge is left as it is.", file=sys.stderr)
             elif not args.no_ship:
-                ship_judge(task, trained, judge, command)
+                ship_judge(task, trained, judge, command, output_dir)
         lines += [f"**{task}**", "", table, "", plot, "", *(f"- {line}" for line in found), ""]
     text = "\n".join(lines)
     write_text_atomic(REPO / "results" / "relaxed_rules.md", text + "\n")
@@ -246,18 +246,19 @@ def operating_judge(rows: list[dict]) -> dict | None:
 
 
 def ship_judge(
-    task: str, trained: Path, row: dict, command: str, pair: str = "testbed", section: str = "Relaxed rules: testbed"
+    task: str,
+    trained: Path,
+    row: dict,
+    command: str,
+    output_dir: Path,
+    pair: str = "testbed",
+    section: str = "Relaxed rules: testbed",
 ) -> None:
     """The judge ``train_judge.py`` trained, into ``pair``'s judges with its operating threshold and measurement
-    (RESULTS.md's ``section`` shows it)."""
-    import shutil
+    (RESULTS.md's ``section`` shows it): staged in ``output_dir/shipments``, then shipped."""
+    from diversed_hf.cli import ship
+    from diversed_hf.testbed import JUDGE_HOMES
 
-    from diversed_hf.testbed import ASSETS_DIR, JUDGE_HOMES
-
-    folder = ASSETS_DIR / JUDGE_HOMES[pair] / task
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors", "README.md"):
-        shutil.copyfile(trained / name, folder / name)
     record = json.loads((trained / "training.json").read_text())
     record["operating_point"] = {
         "threshold": row["param"],
@@ -267,8 +268,7 @@ def ship_judge(
         "prompts": f"{row['num_prompts']} held-out {pair} {task} prompts x {row['num_samples']} samples, T = 1, "
         f"N = {row['num_draft_tokens']}",
     }
-    write_text_atomic(folder / "training.json", json.dumps(record, indent=1) + "\n")
-    card = (folder / "README.md").read_text().rstrip()
+    card = (trained / "README.md").read_text().rstrip()
     measured = (
         f"\n\n## Operating point\n\nOn {record['operating_point']['prompts']}: `JudgeVerifier(judge, threshold="
         f"{row['param']:g})` accepts {100 * row['acceptance_rate']:.1f} % of the drafts at quality "
@@ -276,7 +276,13 @@ def ship_judge(
         f'the target distribution (`{command}`; RESULTS.md, "{section}"). Trained by `'
         f"{record['recipe']}`.\n"
     )
-    write_text_atomic(folder / "README.md", card + measured)
+    files = {
+        "config.json": trained / "config.json",
+        "model.safetensors": trained / "model.safetensors",
+        "training.json": json.dumps(record, indent=1) + "\n",
+        "README.md": card + measured,
+    }
+    ship.ship(ship.stage(output_dir, f"{JUDGE_HOMES[pair]}/{task}", files, measured_by=command))
 
 
 def tuned(args, argv) -> int:
@@ -362,7 +368,9 @@ def tuned_section(task: str, output_dir: Path, judge: Path | None, ship_with: st
                 f"{point['param']:g}: {100 * point['acceptance_rate']:.1f} % accepted at quality {_interval(point)}."
             )
             if ship_with is not None and judge is not None:
-                ship_judge(task, judge, point, ship_with, "smollm2-tuned", "Relaxed rules: the task-tuned pair")
+                ship_judge(
+                    task, judge, point, ship_with, output_dir, "smollm2-tuned", "Relaxed rules: the task-tuned pair"
+                )
     relative = output_dir.relative_to(REPO)
     return [
         f"**{task}**",

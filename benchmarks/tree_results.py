@@ -302,14 +302,13 @@ SHIPPED = {
 }
 
 
-def ship(results: dict, command: str, which: str = "default") -> str:
+def ship(results: dict, command: str, output_dir: Path, which: str = "default") -> str:
     """A shipped EagleDraft's generation config carries its best shape at batch 1 (a tree only where one beats its
-    chain), and its card says how the shape was chosen."""
+    chain), and its card says how the shape was chosen: staged in ``output_dir/shipments``, then shipped."""
     from transformers import GenerationConfig
 
-    from diversed_hf.drafting.eagle import EagleDraftConfig
-    from diversed_hf.testbed import smollm2
-    from diversed_hf.training.eagle_card import render_eagle_card
+    from diversed_hf.cli import ship as shipping
+    from diversed_hf.testbed import ASSETS_DIR, smollm2
 
     stage_name, folder, card_name, prompts = SHIPPED[which]
     EAGLE_DIR = getattr(smollm2, folder)
@@ -330,7 +329,6 @@ def ship(results: dict, command: str, which: str = "default") -> str:
             if hasattr(config, knob):
                 delattr(config, knob)
         verdict = f"keeps its chain ({chain}): no tree was faster"
-    config.save_pretrained(EAGLE_DIR)
     parts = [
         f"{shape_name} {rows[mode][shape_name]['speedup']:.2f}x"
         for shape_name in rows["greedy"]
@@ -345,10 +343,8 @@ def ship(results: dict, command: str, which: str = "default") -> str:
     )
     record = json.loads((EAGLE_DIR / "training.json").read_text())
     record["tree"] = {"summary": summary, "command": command, "shape": shape if shape else None}
-    write_text_atomic(EAGLE_DIR / "training.json", json.dumps(record, indent=2) + "\n")
-    card = render_eagle_card(EagleDraftConfig.from_pretrained(EAGLE_DIR), record)
-    write_text_atomic(EAGLE_DIR / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / card_name, card)
+    name = EAGLE_DIR.relative_to(ASSETS_DIR).as_posix()
+    shipping.ship(shipping.stage_eagle_update(output_dir, name, config, record, card_name, command))
     return summary
 
 
@@ -383,12 +379,16 @@ def main(argv=None) -> int:
     command = "python benchmarks/tree_results.py" + (" --quick" if args.quick else "")
     text = page(results, command)
     if not args.quick and "real pair eagle batch 1" in results:
-        text += "\n**Shipped, the default EagleDraft.** " + ship(results, command) + "\n"
+        text += "\n**Shipped, the default EagleDraft.** " + ship(results, command, args.output_dir) + "\n"
     task_stage = "real pair task draft arith_chat batch 1"
     head_verdict = arith_chat_head_over_trees(best_shape(results[task_stage])[0]) if task_stage in results else None
     if head_verdict and not args.quick:  # the head's quality holds over the tree: the task draft ships it too
         text += (
-            "\n**Shipped, the task EagleDraft.** " + ship(results, command, which="task") + " " + head_verdict + "\n"
+            "\n**Shipped, the task EagleDraft.** "
+            + ship(results, command, args.output_dir, which="task")
+            + " "
+            + head_verdict
+            + "\n"
         )
     elif task_stage in results:  # measured, not shipped: see the sentence
         name, mean = best_shape(results[task_stage])

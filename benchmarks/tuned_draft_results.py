@@ -152,17 +152,18 @@ def section(results: dict, args, command: str) -> str:
     return "\n".join(lines)
 
 
-def ship(results: dict, command: str) -> None:
+def stage_draft(results: dict, command: str, output_dir: Path) -> Path:
+    """Stage the tuned pair's EagleDraft at its fastest length (generation config, training record, card) in
+    ``output_dir/shipments`` (``diversed-hf ship`` copies it into the assets)."""
     from transformers import GenerationConfig
 
-    from diversed_hf.drafting.eagle import EagleDraftConfig
+    from diversed_hf.cli.ship import stage_eagle_update
+    from diversed_hf.testbed import ASSETS_DIR
     from diversed_hf.testbed.smollm2_tuned import TUNED_EAGLE_DIR
-    from diversed_hf.training.eagle_card import render_eagle_card
 
     config = GenerationConfig.from_pretrained(TUNED_EAGLE_DIR)
     config.num_assistant_tokens = results["best"]
     config.num_assistant_tokens_schedule = "constant"
-    config.save_pretrained(TUNED_EAGLE_DIR)
     record_path = TUNED_EAGLE_DIR / "training.json"
     record = json.loads(record_path.read_text())
     record["measured"] = {
@@ -171,10 +172,8 @@ def ship(results: dict, command: str) -> None:
         "command": command,
         "best_draft_length": results["best"],
     }
-    write_text_atomic(record_path, json.dumps(record, indent=2) + "\n")
-    card = render_eagle_card(EagleDraftConfig.from_pretrained(TUNED_EAGLE_DIR), record)
-    write_text_atomic(TUNED_EAGLE_DIR / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / "smollm2_tuned_eagle_draft.md", card)
+    name = TUNED_EAGLE_DIR.relative_to(ASSETS_DIR).as_posix()
+    return stage_eagle_update(output_dir, name, config, record, "smollm2_tuned_eagle_draft.md", command)
 
 
 def main(argv=None) -> int:
@@ -225,8 +224,11 @@ def _publish(results: dict, args, output_dir: Path, command: str) -> int:
     text = section(results, args, command)
     write_text_atomic(output_dir / "tuned_draft.md", text)
     print(text)
+    staged = stage_draft(results, command, output_dir)  # --no_ship: to ship later, diversed-hf ship OUTPUT_DIR
     if not (args.quick or args.no_ship):
-        ship(results, command)
+        from diversed_hf.cli import ship
+
+        ship.ship(staged)
         # RESULTS.md's section ("Real pair: the task-tuned target's EagleDraft"), carried by make_results.py
         write_text_atomic(REPO / "results" / "tuned_draft.md", text.strip() + "\n")
         subprocess.run(

@@ -241,7 +241,7 @@ def main(argv=None, targets=None) -> int:
     print(section)
     shipped = adapter.resolve() == smollm2_tuned.TUNED_DIR.resolve() and targets is None
     if shipped and args.num_examples is None and set(args.tasks) == set(TASKS) and args.output_dir is None:
-        ship(results, command, adapter)
+        ship(results, command, adapter, output_dir)
     return 0
 
 
@@ -264,11 +264,13 @@ def summary_line(results: dict) -> str:
     return "; ".join(parts)
 
 
-def ship(results: dict, command: str, adapter: Path) -> None:
-    """The shipped adapter's ``training.json`` and card (beside it and in ``model_cards/``) get the measured quality;
-    RESULTS.md its section."""
+def ship(results: dict, command: str, adapter: Path, output_dir: Path) -> None:
+    """The shipped adapter's ``training.json`` and card (beside it and in ``model_cards/``) get the measured quality,
+    staged in ``output_dir/shipments`` and shipped; RESULTS.md its section."""
     import subprocess
 
+    from diversed_hf.cli import ship as shipping
+    from diversed_hf.testbed import ASSETS_DIR
     from diversed_hf.training.tuned_card import render_tuned_card
 
     record = json.loads((adapter / "training.json").read_text())
@@ -278,10 +280,9 @@ def ship(results: dict, command: str, adapter: Path) -> None:
         "metrics": "ROUGE-2 F1 x 100 (synopsis), exact match of the final number in % (arith_steps)",
         "command": command,
     }
-    write_text_atomic(adapter / "training.json", json.dumps(record, indent=2) + "\n")
-    card = render_tuned_card(record)
-    write_text_atomic(adapter / "README.md", card)
-    write_text_atomic(REPO / "model_cards" / "smollm2_tuned_target.md", card)
+    files = {"training.json": json.dumps(record, indent=2) + "\n", "README.md": render_tuned_card(record)}
+    name = adapter.resolve().relative_to(ASSETS_DIR.resolve()).as_posix()
+    shipping.ship(shipping.stage(output_dir, name, files, card="smollm2_tuned_target.md", measured_by=command))
     write_text_atomic(REPO / "results" / "tuned_quality.md", render(results, command) + "\n")
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_results.py"), "--head-sections-only"], check=True)
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script
 from diversed_hf.testbed import tasks
 
@@ -501,6 +502,8 @@ def parse_args(argv: list[str] | None = None) -> BuildConfig:
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     work = check_output_dir(cfg.work_dir, "--work-dir")  # before the build, not after it
+    destination = save_location(cfg.output_dir, "--output-dir", work)  # the assets: built in the work dir, then shipped
+    cfg = dataclasses.replace(cfg, output_dir=str(destination.folder))
     check_output_dir(cfg.output_dir, "--output-dir")
     if cfg.fresh and work.exists():
         shutil.rmtree(work)
@@ -526,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
             train_model(cfg, name, specs[name])
     if cfg.eval_examples:
         quick_eval(cfg)
+    destination.finish()
     logger.info("build finished in %.0f s", time.perf_counter() - t0)
 
 

@@ -2,7 +2,7 @@
 
     python training/distill_draft.py --task testbed_arith --output_dir runs/distill_arith --bf16 false \\
         --save_dtype bfloat16   # as the shipped one, into runs/distill_arith/merged; CPU, ~3 min
-                                # (--merged_dir diversed_hf/testbed/assets/drafts_ft/arith replaces the shipped one)
+                                # (--merged_dir diversed_hf/testbed/assets/drafts_ft/arith replaces the shipped one, through diversed-hf ship)
     python training/distill_draft.py --task gsm8k --target_model meta-llama/Llama-3.1-8B-Instruct \\
         --draft_model meta-llama/Llama-3.2-1B-Instruct --dtype bfloat16 --num_shots 4 --output_dir runs/distill_gsm8k
 
@@ -33,6 +33,7 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import SFTConfig, SFTTrainer, TrlParser
 
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import check_output_dir, run_script
 from diversed_hf.lab.tasks import get_task
 
@@ -100,7 +101,10 @@ def teacher_completions(target, tokenizer, prompts: list[str], args: DistillArgu
 def main(argv=None):
     parser = TrlParser((DistillArguments, SFTConfig))
     args, sft_config = parser.parse_args_and_config(args=argv)
-    merged_dir = Path(args.merged_dir or Path(sft_config.output_dir) / "merged")
+    destination = save_location(
+        args.merged_dir or Path(sft_config.output_dir) / "merged", "--merged_dir", sft_config.output_dir
+    )
+    merged_dir = destination.folder  # a folder of the testbed's assets is written in the run, then shipped there
     check_output_dir(sft_config.output_dir, "--output_dir")  # before the models load, not after training
     check_output_dir(merged_dir, "--merged_dir")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -164,6 +168,7 @@ def main(argv=None):
         + "\n"
     )
     logger.info("saved the merged draft to %s", merged_dir)
+    destination.finish()
     return merged_dir
 
 

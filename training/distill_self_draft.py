@@ -1,7 +1,7 @@
 """The real pair's self-draft (docs/real_pair.md): the target's first layers plus a LoRA adapter, distilled from the target.
 
     python training/distill_self_draft.py                    # into runs/self_draft/draft; CPU, see docs/real_pair.md
-    python training/distill_self_draft.py --save_to diversed_hf/testbed/assets/smollm2/draft   # replaces the shipped one
+    python training/distill_self_draft.py --save_to diversed_hf/testbed/assets/smollm2/draft   # then ships it there
 
 1. **Corpus.** SmolLM2-135M-Instruct answers the training prompts of the real pair's tasks
    (``arith_chat``: ``--num_arith`` problems; ``humaneval``: its 44 training problems, ``--code_samples``
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script
 from diversed_hf.lab.tasks import load_task_dataset
 from diversed_hf.testbed import smollm2  # noqa: E402  (also registers the testbed's tasks)
@@ -291,7 +292,8 @@ def main(argv=None) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)
     output_dir = Path(args.output_dir)
-    save_to = Path(args.save_to or output_dir / "draft")
+    destination = save_location(args.save_to or output_dir / "draft", "--save_to", output_dir)
+    save_to = destination.folder  # a folder of the testbed's assets is written in the run, then shipped there
     check_output_dir(output_dir, "--output_dir")  # before the model loads, not after the corpus
     check_output_dir(save_to, "--save_to")
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -328,6 +330,7 @@ def main(argv=None) -> Path:
     }
     save_draft(model, save_to, args, measured, train_started)
     logger.info("saved the adapter and self_draft.json to %s", save_to)
+    destination.finish()
     return save_to
 
 

@@ -1,7 +1,7 @@
 """Distil an EAGLE-style feature draft (``diversed_hf.EagleDraft``) from its target, on the target's own responses.
 
     python training/train_eagle_draft.py                       # the real pair: runs/eagle_draft/{data,checkpoints,draft}
-    python training/train_eagle_draft.py --save_to diversed_hf/testbed/assets/smollm2/eagle   # replaces the shipped one
+    python training/train_eagle_draft.py --save_to diversed_hf/testbed/assets/smollm2/eagle   # then ships it there (diversed-hf ship)
 
     python training/train_eagle_draft.py --prompts my_chats.jsonl --num_chat 0   # on your own conversations
     python training/train_eagle_draft.py --target smollm2-tuned --num_synopsis 1000 --num_arith_steps 1000 \
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("train_eagle_draft")
@@ -422,7 +423,8 @@ def main(argv=None) -> Path:
     from diversed_hf.training.eagle_distill import check_save_to, distill
 
     output_dir = Path(args.output_dir)
-    save_to = Path(args.save_to or output_dir / "draft")
+    destination = save_location(args.save_to or output_dir / "draft", "--save_to", output_dir)
+    save_to = destination.folder  # a folder of the testbed's assets is written in the run, then shipped there
     check_output_dir(output_dir, "--output_dir")
     check_output_dir(save_to, "--save_to")
     # the draft replaces --save_to whole: neither the data nor the checkpoints, nor files not an earlier draft's
@@ -464,6 +466,8 @@ def main(argv=None) -> Path:
         extra_record=_data_record(collections, settings),
         drafting=args.drafting,
     )
+    if processes.is_main:
+        destination.finish()
     processes.close()
     return saved
 

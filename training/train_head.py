@@ -44,6 +44,7 @@ from trl import GRPOConfig, TrlParser
 
 from diversed_hf import DiversedHead
 from diversed_hf.cli.evaluation import task_help
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import check_output_dir, run_script
 from diversed_hf.lab.tasks import get_task, task_card
 from diversed_hf.lab.tasks.dense_rewards import (
@@ -479,7 +480,10 @@ def held_out_results(script: ScriptArguments, config: DiversedConfig, target, dr
 
 def main(argv=None):
     script, config = parse_arguments(argv)
-    head_dir = Path(script.head_dir or os.path.join(config.output_dir, "head"))
+    destination = save_location(
+        script.head_dir or os.path.join(config.output_dir, "head"), "--head_dir", config.output_dir
+    )
+    head_dir = destination.folder  # a folder of the testbed's assets is written in the run, then shipped there
     check_output_dir(config.output_dir, "--output_dir")  # before the models load, not after training
     check_output_dir(head_dir, "--head_dir")
     check_run_arguments(config)
@@ -551,6 +555,7 @@ def main(argv=None):
     if log_path.is_file():  # the head travels with its training curve
         shutil.copyfile(log_path, head_dir / log_path.name)
     logger.info("saved the head to %s", head_dir)
+    destination.finish()  # the main process only: the others returned above
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # destroys the process group: no abort at exit
     return trainer, results

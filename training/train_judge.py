@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from diversed_hf.cli.evaluation import load_models, load_task_data, run_method, task_argument, task_help
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import ArgumentParser, add_debug_flag, check_output_dir, run_script, write_text_atomic
 
 logger = logging.getLogger("train_judge")
@@ -100,7 +101,8 @@ def main(argv=None) -> Path:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     output_dir = Path(args.output_dir)
-    save_to = Path(args.save_to or output_dir / "judge")
+    destination = save_location(args.save_to or output_dir / "judge", "--save_to", output_dir)
+    save_to = destination.folder  # a folder of the testbed's assets is written in the run, then shipped there
     check_output_dir(output_dir, "--output_dir")
     check_output_dir(save_to, "--save_to")
     if args.threads:
@@ -146,6 +148,7 @@ def main(argv=None) -> Path:
         logger.info("measured: %s", record["measured"])
     judge.save_pretrained(save_to)
     write_text_atomic(save_to / "training.json", json.dumps(record, indent=1) + "\n")
+    destination.finish()
     return save_to
 
 

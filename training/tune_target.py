@@ -2,7 +2,7 @@
 
     python training/tune_target.py --config training/configs/smollm2_tuned_target.yaml      # into runs/tuned_target
     python training/tune_target.py --config training/configs/smollm2_tuned_target.yaml \\
-        --save_to diversed_hf/testbed/assets/smollm2/tuned                                   # the shipped adapter
+        --save_to diversed_hf/testbed/assets/smollm2/tuned                   # the shipped adapter (through the ship step)
 
 1. **Chat answers** (``--output_dir``/chat_answers.jsonl): the base model answers ``--num_chat`` everyday requests of
    the broad chat set (``diversed_hf.lab.tasks.chat_prompts.broad_chat_prompts``) greedily, at most
@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.ship import save_location
 from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
 from diversed_hf.testbed.cards import REAL_PAIR_MODEL_IDS
 
@@ -488,7 +489,8 @@ def main(argv=None, load_target=None) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)
     output_dir = Path(args.output_dir)
-    save_to = Path(args.save_to or output_dir / "adapter")
+    destination = save_location(args.save_to or output_dir / "adapter", "--save_to", output_dir)
+    save_to = destination.folder  # a folder of the testbed's assets is written in the run, then shipped there
     check_output_dir(output_dir, "--output_dir")
     check_output_dir(save_to, "--save_to")
     check_save_to(save_to, output_dir)
@@ -546,6 +548,8 @@ def main(argv=None, load_target=None) -> Path:
         sessions=sessions,
     )
     save_adapter(trainer.model, save_to, record)
+    if trainer.accelerator.is_main_process:
+        destination.finish(card="smollm2_tuned_target.md" if destination.ship_as == "smollm2/tuned" else None)
     logger.info(
         "saved the adapter (%d bytes), training.json and the card to %s", record["lora"]["adapter_bytes"], save_to
     )

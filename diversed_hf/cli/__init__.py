@@ -35,6 +35,7 @@ COMMANDS = {
         "Upload a saved head, or the custom_generate method, to the Hugging Face Hub (needs the Hub and a token).",
     ),
     "card": ("diversed_hf.cli.hub", "Re-render the model card (README.md) of saved heads."),
+    "ship": ("diversed_hf.cli.ship", "Copy a measured run's staged shipment into the testbed's assets, with its card."),
     "throughput": ("diversed_hf.cli.throughput", "Tokens/s of batched speculative decoding on the testbed."),
     "lm-eval": (
         "diversed_hf.lab.harness",

@@ -187,17 +187,29 @@ def registered_task_card(directory: str | os.PathLike) -> dict | None:
 
 
 def render_shipped_cards(output_dir: str | os.PathLike = "model_cards") -> list[Path]:
-    """Write ``<output_dir>/<head name>.md`` for every shipped head (and refresh its README.md)."""
+    """Render every shipped head's card again: ``<output_dir>/<head name>.md``, and its README.md in the assets
+    through the one writer of the assets (:func:`diversed_hf.cli.ship.ship`). Returns the cards in ``output_dir``."""
+    import tempfile
+
     from .. import testbed
+    from . import ship as shipping
 
     # model_cards/<prefix><task>.md
     prefixes = {testbed.head_folder(pair): card for pair, (_, _, card) in testbed.HEAD_HOMES.items()}
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for directory in shipped_head_dirs():
-        task_card = registered_task_card(directory)
-        cards.write_card(directory, task_card=task_card)
-        output = Path(output_dir) / f"{prefixes.get(directory.parent, '')}{directory.name}.md"
-        written.append(cards.write_card(directory, output=output, task_card=task_card))
+    with tempfile.TemporaryDirectory() as run:
+        staged = []
+        for directory in shipped_head_dirs():
+            name = directory.relative_to(testbed.ASSETS_DIR).as_posix()
+            rendered = Path(run) / "rendered" / name / hub.CARD_NAME
+            cards.write_card(directory, output=rendered, task_card=registered_task_card(directory))
+            card_name = f"{prefixes.get(directory.parent, '')}{directory.name}.md"
+            staged.append(shipping.stage(run, name, {hub.CARD_NAME: rendered}, card=card_name))
+            written.append(output_dir / card_name)
+        for folder in staged:
+            shipping.ship(folder, cards_dir=output_dir)
     if not written:
         logger.warning("no shipped heads found in the testbed assets; nothing rendered")
     return written
@@ -238,11 +250,21 @@ def shipped_model_cards() -> list[tuple[Path, str, str]]:
 
 
 def render_shipped_model_cards(output_dir: str | os.PathLike = "model_cards") -> list[Path]:
-    """Write each shipped draft's and adapter's card (:func:`shipped_model_cards`) beside it (``README.md``) and
-    into ``<output_dir>/<name>``."""
+    """Write each shipped draft's and adapter's card (:func:`shipped_model_cards`) into ``<output_dir>/<name>``, and
+    beside it (``README.md``) through the one writer of the assets (:func:`diversed_hf.cli.ship.ship`)."""
+    import tempfile
+
+    from .. import testbed
+    from . import ship as shipping
+
+    shipped = Path(testbed.__file__).resolve().parent / "assets"  # where the models' folders are defined
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for directory, name, card in shipped_model_cards():
-        written += [write_text_atomic(path, card) for path in (directory / "README.md", Path(output_dir) / name)]
+    with tempfile.TemporaryDirectory() as run:
+        for directory, name, card in shipped_model_cards():
+            asset = directory.relative_to(shipped).as_posix()
+            written += shipping.ship(shipping.stage(run, asset, {"README.md": card}, card=name), cards_dir=output_dir)
     return written
 
 

@@ -148,6 +148,7 @@ def check_output_dir(path: str | os.PathLike, flag: str = "--output-dir") -> Pat
     ``flag`` names the argument in the message (``--output-dir``).
     """
     path = Path(path).expanduser()
+    _refuse_package(path, flag)
     if path.exists() and not path.is_dir():
         raise ValueError(
             f"`{flag}` {path} is a file, not a directory: pass a directory (created if missing), or move the file away."
@@ -156,10 +157,23 @@ def check_output_dir(path: str | os.PathLike, flag: str = "--output-dir") -> Pat
     return path
 
 
+#: the installed package: no run writes into it (the assets change only through ``diversed-hf ship``)
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _refuse_package(path: Path, flag: str) -> None:
+    if path.resolve().is_relative_to(PACKAGE_DIR):
+        raise ValueError(
+            f"`{flag}` {path} is inside the package ({PACKAGE_DIR}): write the run under runs/ or results/ and ship "
+            "it into the testbed's assets with `diversed-hf ship RUN --as NAME`."
+        )
+
+
 def check_output_file(path: str | os.PathLike, flag: str = "--output") -> Path:
     """Raise before a run unless ``path`` can be written as a file (not a directory; its folder writable or
     creatable); creates nothing."""
     path = Path(path).expanduser()
+    _refuse_package(path, flag)
     if path.is_dir():
         raise ValueError(f"`{flag}` {path} is a directory; pass a file path, e.g. {path / 'results.json'}.")
     if path.exists() and not os.access(path, os.W_OK):
