@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.sections import start_script
 from diversed_hf.cli.timing import aggregate_runs, measure, sampling_modes, timed_generate
-from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, regenerate_lines, run_script, write_text_atomic
 
 logger = logging.getLogger("drafter_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -140,15 +141,12 @@ def _row(key: str, one: dict, many: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    output_dir, command = start_script("drafter_results", args, argv, "drafters")
     from diversed_hf import enable_diversed
     from diversed_hf.lab.tasks import load_task_dataset
     from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
     from diversed_hf.testbed import smollm2
 
-    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "drafters")
-    check_output_dir(output_dir, "--output_dir")
-    torch.set_num_threads(1)
     target, eagle, tokenizer = smollm2.load_smollm2_pair(draft="eagle", torch_dtype=getattr(torch, args.dtype))
     enable_diversed(target)
     prompt_sets = {
@@ -173,8 +171,6 @@ def main(argv=None) -> int:
                 "batched": measure_batched(tokenizer, texts, configs, sampling, args.batch_size, args.seed),
             }
     results["seconds"] = round(time.time() - started)
-    given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python benchmarks/drafter_results.py", *given])
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     section = render(results, command)

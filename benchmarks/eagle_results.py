@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.sections import start_script
 from diversed_hf.cli.timing import aggregate_runs, measure, sampling_modes, step_costs, timed_generate
 from diversed_hf.lab.cli_utils import (
     ArgumentParser,
-    check_output_dir,
     regenerate_lines,
     replace_marked_block,
     run_script,
@@ -238,14 +238,11 @@ def render(results: dict, args, command: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    output_dir, command = start_script("eagle_results", args, argv, "eagle")
     from diversed_hf import enable_diversed
     from diversed_hf.lab.tasks import load_task_dataset
     from diversed_hf.testbed import smollm2
 
-    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "eagle")
-    check_output_dir(output_dir, "--output_dir")
-    torch.set_num_threads(1)
     # float32, as this script's RESULTS.md section was measured (the pair's default is bfloat16: everyday_results.py)
     target, self_draft, tokenizer = smollm2.load_smollm2_pair(draft="self", torch_dtype=torch.float32)
     enable_diversed(target)
@@ -286,7 +283,6 @@ def main(argv=None) -> int:
             target, drafts, tokenizer, prompts[: args.num_prompts], results["best"][mode], sampling, 1, args.seed
         )
     results["seconds"] = round(time.time() - started)
-    command = "python benchmarks/eagle_results.py" + (" --quick" if args.quick else "")
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     section = render(results, args, command)

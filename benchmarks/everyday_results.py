@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.sections import start_script
 from diversed_hf.cli.timing import measure, sampling_modes, step_costs
 from diversed_hf.lab.cli_utils import (
     ArgumentParser,
-    check_output_dir,
     regenerate_lines,
     replace_marked_block,
     run_script,
@@ -298,15 +298,12 @@ def _measure_prompt_sets(args, tokenizer, prompt_sets: dict, configs: list, mode
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    output_dir, command = start_script("everyday_results", args, argv, "everyday")
     from diversed_hf import enable_diversed
     from diversed_hf.lab.tasks import load_task_dataset
     from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
     from diversed_hf.testbed import smollm2
 
-    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "everyday")
-    check_output_dir(output_dir, "--output_dir")
-    torch.set_num_threads(1)
     target, draft, tokenizer = smollm2.load_smollm2_pair(draft="eagle", torch_dtype=getattr(torch, args.dtype))
     enable_diversed(target)
     drafts = {"eagle": draft, "eagle-tasks": smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle-tasks"])}
@@ -334,8 +331,6 @@ def main(argv=None) -> int:
     started = time.time()
     results.update(_measure_prompt_sets(args, tokenizer, prompt_sets, configs, modes))
     results["seconds"] = round(time.time() - started)
-    given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python benchmarks/everyday_results.py", *given])
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "results.json", json.dumps(results, indent=2) + "\n")
     section = render(results, command)

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from diversed_hf.cli import timing
-from diversed_hf.cli.sections import run_bench_argv
-from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, regenerate_lines, run_script, write_text_atomic
+from diversed_hf.cli.sections import run_bench_argv, start_script
+from diversed_hf.lab.cli_utils import ArgumentParser, regenerate_lines, run_script, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 #: the issue's goals: our time against transformers' on the testbed; measured / predicted on the real pair
@@ -163,11 +163,9 @@ def render(results: dict, command: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    output_dir, command = start_script("overhead_results", args, argv, "overhead", threads=None)
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = min(args.num_prompts, 2), min(args.max_new_tokens, 8), 1
-    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "overhead")
-    check_output_dir(output_dir, "--output_dir")
     results = {
         "num_prompts": args.num_prompts,
         "max_new_tokens": args.max_new_tokens,
@@ -196,8 +194,6 @@ def main(argv=None) -> int:
         else:
             results.setdefault("real_pair", {})[name] = value
         write_text_atomic(done, json.dumps(results, indent=2, default=str) + "\n")
-    given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python benchmarks/overhead_results.py", *given])
     section = render(results, command)
     write_text_atomic(output_dir / "overhead.md", section + "\n")
     print(section)

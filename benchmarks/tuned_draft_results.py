@@ -27,8 +27,9 @@ from pathlib import Path
 
 import torch
 
+from diversed_hf.cli.sections import start_script
 from diversed_hf.cli.timing import measure
-from diversed_hf.lab.cli_utils import ArgumentParser, check_output_dir, run_script, write_text_atomic
+from diversed_hf.lab.cli_utils import ArgumentParser, run_script, write_text_atomic
 
 logger = logging.getLogger("tuned_draft_results")
 REPO = Path(__file__).resolve().parents[1]
@@ -178,19 +179,15 @@ def stage_draft(results: dict, command: str, output_dir: Path) -> Path:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    output_dir, command = start_script("tuned_draft_results", args, argv, "tuned_draft")
     from diversed_hf import enable_diversed
     from diversed_hf.lab.tasks import load_task_dataset
     from diversed_hf.testbed import load_pair
 
-    output_dir = Path(args.output_dir or REPO / ("results_quick" if args.quick else "results") / "tuned_draft")
-    command = "python benchmarks/tuned_draft_results.py" + (" --quick" if args.quick else "")
     if args.section_only:
         results = json.loads((output_dir / "results.json").read_text())
         results["pooled_t1"] = {int(n): value for n, value in results["pooled_t1"].items()}
         return _publish(results, args, output_dir, command)
-    check_output_dir(output_dir, "results directory")
-    torch.set_num_threads(1)
     target, draft, tokenizer = load_pair("smollm2-tuned", torch_dtype=torch.bfloat16)
     enable_diversed(target)
     configs = [("target", target, None, {})]

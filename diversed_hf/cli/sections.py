@@ -3,18 +3,49 @@
 
 Each ``*_SECTION`` is ``(file name under results/, section title)``; :func:`refresh_head_sections` puts every written
 one into an existing RESULTS.md, leaving the bench's own sections as they are. :func:`bench_flags` and
-:func:`run_bench_argv` run ``diversed-hf bench`` in the script's process. Scripts import this module, never each
-other (``tests/test_architecture.py``).
+:func:`run_bench_argv` run ``diversed-hf bench`` in the script's process; :func:`start_script` is the setup a
+script's ``main()`` begins with. Scripts import this module, never each other (``tests/test_architecture.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 from pathlib import Path
 
 from . import bench as bench_cli
 
 TASKS = ("arith", "summary")  # the testbed's: every bench run and the trained-head sections
+
+
+#: the repository a checkout runs the scripts from (their results/ and results_quick/)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def script_command(script: str, argv: list[str] | None) -> str:
+    """How a run of ``benchmarks/<script>.py`` is shown and rerun: the script with the arguments it was given."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    return " ".join([f"python benchmarks/{script}.py", *given])
+
+
+def start_script(
+    script: str, args, argv: list[str] | None, results_name: str, threads: int | None = 1
+) -> tuple[Path, str]:
+    """The setup a measurement script's ``main()`` begins with: logging at INFO, its output folder (``--output_dir``,
+    else ``results/<results_name>``, ``results_quick/`` with ``--quick``) checked before any model loads, ``threads``
+    for torch (None: left as it is), and the command that reruns it. Returns ``(output_dir, command)``."""
+    from ..lab.cli_utils import check_output_dir
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    folder = "results_quick" if getattr(args, "quick", False) else "results"
+    output_dir = Path(getattr(args, "output_dir", None) or REPO / folder / results_name)
+    check_output_dir(output_dir, "--output_dir")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return output_dir, script_command(script, argv)
 
 
 def bench_flags(options: dict) -> list[str]:

@@ -26,7 +26,7 @@ from transformers import GenerationConfig
 
 from ..verifiers.checks import is_integer
 from .candidates import DiversedCandidateGenerator, DraftCandidates, Realignment
-from .protocol import register_drafter
+from .protocol import proposes_from_rows, register_drafter
 
 __all__ = ["EarlyExitDraft", "LookupCandidateGenerator", "PointMassCandidateGenerator", "PromptLookup"]
 
@@ -179,8 +179,7 @@ class PointMassCandidateGenerator(DiversedCandidateGenerator):
         """Each row's proposed tokens (at most its limit) after its tokens ``rows[b]`` (no padding): the drafter's own
         ``propose(rows, limits)``, so a new point-mass drafter is one class with that method, registered with this
         generator (:func:`~diversed_hf.drafting.protocol.register_drafter`)."""
-        propose = getattr(type(self.draft_model), "propose", None)
-        if propose is None:
+        if not proposes_from_rows(self.draft_model):
             raise TypeError(
                 f"{type(self.draft_model).__name__} is registered with a point-mass generator but has no "
                 "`propose(rows, limits)` method returning each row's proposed token ids: add it."

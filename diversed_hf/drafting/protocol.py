@@ -30,6 +30,7 @@ __all__ = [
     "DrafterCapabilities",
     "capabilities_of",
     "is_registered",
+    "proposes_from_rows",
     "register_drafter",
     "registered_drafters",
     "verification_vocab",
@@ -99,6 +100,12 @@ def is_registered(drafter) -> bool:
 def registered_drafters() -> dict[type, DrafterCapabilities]:
     """Every registered drafter class and its capabilities (the package's register when their modules load)."""
     return dict(_REGISTRY)
+
+
+def proposes_from_rows(drafter) -> bool:
+    """Whether a point-mass drafter proposes from the rows' tokens itself (``propose(rows, limits)`` -> each row's
+    proposed ids): what the loop's point-mass generator and the trainer's rollouts both call."""
+    return callable(getattr(type(drafter), "propose", None))
 
 
 def verification_vocab(target, drafter, tokenizer=None, assistant_tokenizer=None) -> int:

@@ -57,6 +57,7 @@ from ..verifiers.rules import VerificationResult, Verifier
 from .output_scores import TargetScoreRecorder
 from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
+from .round_state import RoundContext
 from .rounds import ChainRound, TreeRound, round_strategy
 
 if TYPE_CHECKING:  # the request's module checks heads, which the loop never imports
@@ -361,7 +362,24 @@ class _SpeculativeLoop:
     def verify(self, candidates):  # result, (B, N_r + 1, V), scores when recorded, the round's chain
         """Steps 2-3: the target's one pass and the verifier, as the call's round strategy runs them
         (:mod:`.rounds`: a chain, or a token tree handed on as the chain of its accepted path)."""
-        return self.round.verify(self, candidates)
+        context = RoundContext(
+            self.target,
+            self.target_cache,
+            self.verifier,
+            self.candidates,
+            self.logits_processor,
+            self.vocab_size,
+            self.do_sample,
+            self.generator,
+            recording=self.state.recorder is not None,
+            length=self.seq.shape[1],
+        )
+        outcome = self.round.verify(context, candidates)
+        if outcome.target_hidden is not None:
+            self.round_target_hidden = outcome.target_hidden
+        if outcome.nodes is not None and self.state.tree_nodes is not None:
+            self.state.tree_nodes[self.active] += outcome.nodes
+        return outcome.result, outcome.target_probs, outcome.target_scores, outcome.chain
 
     def commit(
         self,

@@ -19,6 +19,7 @@ from ..drafting.protocol import DrafterCapabilities
 from ..drafting.tree import TreeSpec
 from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
 from ..verifiers.checks import check_finite_mass
+from .round_state import RoundContext, RoundOutcome
 from .tree_round import verify_tree_round
 
 __all__ = ["ChainRound", "TreeRound", "round_strategy"]
@@ -41,28 +42,26 @@ class ChainRound:
             return capabilities.candidate_generator, {}
         return (FeatureCandidateGenerator if capabilities.reads_target_features else DiversedCandidateGenerator), {}
 
-    def verify(self, loop, candidates):  # result, (B, N_r + 1, V), scores when recorded, the round's chain
+    def verify(self, context: RoundContext, candidates) -> RoundOutcome:
         """Steps 2-3: one target pass over what its cache lacks (``[last token, x_1..x_N_r]``, or the whole
         prompt and the drafts in the first round), then the verifier (``docs/method.md §2``).
 
         ``q_t = softmax(candidate_logits_t)`` (the draft's processed scores, as ``get_candidates`` returns them) and
         ``p_i = softmax(processed target logits)`` at each of the ``N_r + 1`` positions.
         """
-        candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
-        length = loop.seq.shape[1]  # L
-        num_round_drafts = candidate_ids.shape[1] - length  # N_r
-        needs_hidden = loop.verifier.requires_hidden_states or loop.candidates.reads_target_features
+        candidate_ids = candidates[0]  # (B, L + N_r)
+        num_round_drafts = candidate_ids.shape[1] - context.length  # N_r
         with round_profile.phase("target forward"):
             out = compat.forward_with_cache(
-                loop.target,
-                candidate_ids[:, loop.target_cache.get_seq_length() :],  # (B, N_r + 1), the whole prompt in round 1
+                context.target,
+                candidate_ids[:, context.target_cache.get_seq_length() :],  # (B, N_r + 1), the prompt in round 1
                 candidates.attention_mask,  # (B, L + N_r)
-                loop.target_cache,
+                context.target_cache,
                 logits_to_keep=num_round_drafts + 1,
-                output_hidden_states=needs_hidden,
+                output_hidden_states=context.needs_hidden,
             )
         with round_profile.phase("verification math"):
-            return (*_chain_verification(loop, candidates, out, length, num_round_drafts, needs_hidden), candidates)
+            return _chain_verification(context, candidates, out, num_round_drafts)
 
 
 class TreeRound:
@@ -79,26 +78,26 @@ class TreeRound:
         tree_generator = FeatureTreeCandidateGenerator if capabilities.reads_target_features else TreeCandidateGenerator
         return tree_generator, {"tree": self.tree}
 
-    def verify(self, loop, candidates):  # result, (B, depth + 1, V), scores when recorded, the round's chain
+    def verify(self, context: RoundContext, candidates) -> RoundOutcome:
         if not isinstance(candidates, TreeCandidates):  # no row may draft this round: the target's token alone
-            return _CHAIN.verify(loop, candidates)
-        verified, chain = verify_tree_round(loop, candidates)
-        return (*verified, chain)
+            return _CHAIN.verify(context, candidates)
+        return verify_tree_round(context, candidates)
 
 
 _CHAIN = ChainRound()
 
 
-def _chain_verification(loop, candidates, out, length: int, num_round_drafts: int, needs_hidden: bool):
+def _chain_verification(context: RoundContext, candidates, out, num_round_drafts: int) -> RoundOutcome:
     """Step 3 of :meth:`verify`: the target's distributions from its logits ``out``, then the verifier."""
     candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
-    target_probs, target_untempered, processed = _target_distributions(loop, candidate_ids, out.logits, length)
+    length, needs_hidden = context.length, context.needs_hidden
+    target_probs, target_untempered, processed = _target_distributions(context, candidate_ids, out.logits, length)
     check_finite_mass(target_probs, "target")
     if candidate_logits is None:  # no draft this round: only the target's token
         draft_probs = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[2])  # (B, 0, V)
     else:
         draft_probs = candidate_logits.softmax(dim=-1)  # (B, N_r, V) q_t
-    result = loop.verifier(
+    result = context.verifier(
         candidate_ids[:, length:],  # (B, N_r)
         draft_probs,  # (B, N_r, V)
         target_probs,
@@ -107,19 +106,19 @@ def _chain_verification(loop, candidates, out, length: int, num_round_drafts: in
         untempered_draft_probs=candidates.untempered_draft_probs,  # (B, N_r, V) or None
         untempered_target_probs=target_untempered,  # (B, N_r + 1, V) or None
         draft_lengths=candidates.draft_lengths,  # (B,)
-        do_sample=loop.do_sample,
-        generator=loop.generator,
+        do_sample=context.do_sample,
+        generator=context.generator,
         validate=False,  # the loop builds well-formed inputs; the checks cost ~2% of a round on CPU
     )
     target_scores = None if processed is None else (processed, out.logits[:, -(num_round_drafts + 1) :].float())
-    if loop.candidates.reads_target_features:  # the draft's features for the next round
-        features = loop.candidates.target_features(out.hidden_states)  # (B, columns fed, d)
-        loop.round_target_hidden = features[:, -(num_round_drafts + 1) :]  # (B, N_r + 1, d)
-    return result, target_probs, target_scores
+    features = None
+    if context.candidates.reads_target_features:  # the draft's features for the next round
+        features = context.candidates.target_features(out.hidden_states)[:, -(num_round_drafts + 1) :]  # (B, N_r+1, d)
+    return RoundOutcome(result, target_probs, target_scores, candidates, target_hidden=features)
 
 
 def _target_distributions(
-    loop,
+    context: RoundContext,
     candidate_ids: torch.Tensor,  # (B, L + N_r)
     logits: torch.Tensor,  # (B, N_r + 1, model_vocab)
     length: int,  # L
@@ -129,16 +128,16 @@ def _target_distributions(
 
     Without logits processors both are one softmax over all positions (the same numbers as per position).
     """
-    needs_untempered = loop.verifier.requires_untempered_probs
-    needs_scores = loop.state.recorder is not None
-    if not len(loop.logits_processor):
-        fitted = logits[:, :, : loop.vocab_size].float()  # (B, N_r + 1, V)
+    needs_untempered = context.verifier.requires_untempered_probs
+    needs_scores = context.recording
+    if not len(context.logits_processor):
+        fitted = logits[:, :, : context.vocab_size].float()  # (B, N_r + 1, V)
         target_probs = fitted.softmax(dim=-1)  # (B, N_r + 1, V)
         return target_probs, target_probs if needs_untempered else None, fitted if needs_scores else None
     target_probs, target_untempered, processed = [], [], []
     for i in range(logits.shape[1]):
         scores, raw = next_token_scores(
-            loop.logits_processor, candidate_ids[:, : length + i], logits[:, i], loop.vocab_size
+            context.logits_processor, candidate_ids[:, : length + i], logits[:, i], context.vocab_size
         )
         target_probs.append(scores.softmax(dim=-1))  # (B, V)
         if needs_untempered:

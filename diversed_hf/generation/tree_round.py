@@ -1,11 +1,12 @@
 """A token-tree round in the batched loop: one target pass over every node, the walk, the caches compacted.
 
-The loop (:mod:`diversed_hf.generation.loop`) calls :func:`verify_tree_round` in place of its chain verification when
-the candidate generator drafted a tree (:class:`~diversed_hf.drafting.tree_candidates.TreeCandidates`). The target
-reads ``[last token, nodes]`` (the whole prompt too in the first round) with a tree mask: a node sees the prefix, its
-ancestors and itself, at position ``root + depth``. After the walk (:func:`~diversed_hf.verifiers.tree.verify_tree`)
-each row's accepted path is moved to the columns right after the prefix in both caches, and the round is handed on
-as a chain of ``depth`` drafts whose first ``n_b`` are the path: commit and realignment run unchanged.
+The tree strategy (:class:`~diversed_hf.generation.rounds.TreeRound`) calls :func:`verify_tree_round` with the round's
+explicit state (:class:`~diversed_hf.generation.round_state.RoundContext`) when the candidate generator drafted a tree
+(:class:`~diversed_hf.drafting.tree_candidates.TreeCandidates`). The target reads ``[last token, nodes]`` (the whole
+prompt too in the first round) with a tree mask: a node sees the prefix, its ancestors and itself, at position ``root +
+depth``. After the walk (:func:`~diversed_hf.verifiers.tree.verify_tree`) each row's accepted path is moved to the
+columns right after the prefix in both caches, and the round is handed on as a chain of ``depth`` drafts whose first
+``n_b`` are the path: commit and realignment run unchanged.
 """
 
 from __future__ import annotations
@@ -18,39 +19,44 @@ from ..drafting.candidates import DraftCandidates, next_token_scores
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass
 from ..verifiers.tree import verify_tree
+from .round_state import RoundContext, RoundOutcome
 
 __all__ = ["verify_tree_round"]
 
 
-def verify_tree_round(loop, candidates):
-    """Steps 2-3 of a tree round for ``loop`` (a ``_SpeculativeLoop``): returns what its ``verify`` returns, and
-    the chain view of the round (``DraftCandidates``) for commit and realignment."""
-    needs_hidden = loop.verifier.requires_hidden_states or loop.candidates.reads_target_features
+def verify_tree_round(context: RoundContext, candidates) -> RoundOutcome:
+    """Steps 2-3 of a tree round: the verification, and the round as the chain of each row's accepted path
+    (``DraftCandidates``) for commit and realignment."""
+    needs_hidden = context.needs_hidden
     with round_profile.phase("target forward"):
-        out = _target_pass(loop, candidates, needs_hidden)
+        out = _target_pass(context, candidates, needs_hidden)
     with round_profile.phase("verification math"):
         logits = out.logits[:, -(candidates.tree.num_slots + 1) :]  # (B, S + 1, model_vocab)
-        processed = [] if loop.state.recorder is not None else None  # the processed scores at each step's slot
-        result, path, target_probs = _walk(loop, candidates, logits, out, needs_hidden, processed)
+        processed = [] if context.recording else None  # the processed scores at each step's slot
+        result, path, target_probs = _walk(context, candidates, logits, out, needs_hidden, processed)
     along = torch.cat([torch.zeros_like(path[:, :1]), path], dim=1)  # (B, depth + 1) the slot of each emitted token
-    chain = _keep_path(loop, candidates, out, result, path, along)
+    features = None
+    if context.candidates.reads_target_features:  # the draft's features: the target's at the root and the path's
+        features = context.candidates.target_features(out.hidden_states)[:, -(candidates.tree.num_slots + 1) :]
+        features = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[2]))  # (B, depth + 1, d)
+    chain = _keep_path(context, candidates, result, path)
     target_scores = None
     if processed is not None:
         depth = along.shape[1] - 1
         processed += [processed[-1]] * (depth + 1 - len(processed))  # steps past every row's end: filler
         raw = logits.float().gather(1, along[:, :, None].expand(-1, -1, logits.shape[2]))  # (B, depth + 1, V')
         target_scores = (torch.stack(processed, dim=1), raw)
-    return (result, target_probs, target_scores), chain
+    return RoundOutcome(result, target_probs, target_scores, chain, features, candidates.tree.num_nodes)
 
 
-def _target_pass(loop, candidates, needs_hidden: bool):
+def _target_pass(context: RoundContext, candidates, needs_hidden: bool):
     """The target's one pass over ``[last token, nodes]`` (the whole prompt too in the first round) with the tree
     mask: a node sees the prefix, its ancestors and itself, at position ``root + depth``."""
     tree, seq, mask = candidates.tree, candidates.input_ids, candidates.attention_mask  # tree, (B, L), (B, L)
     batch, length = seq.shape
     num_slots = tree.num_slots  # S
     depths = torch.tensor(tree.depths, device=seq.device)  # (S,)
-    cached = loop.target_cache.get_seq_length()  # L - 1, or 0 in the first round
+    cached = context.target_cache.get_seq_length()  # L - 1, or 0 in the first round
     fresh = length - cached  # prefix columns the target reads now (the last token, or the whole prompt)
     columns = torch.arange(length, device=seq.device)
     real = mask.bool()  # (B, L)
@@ -68,17 +74,17 @@ def _target_pass(loop, candidates, needs_hidden: bool):
     root = positions[:, -1:]  # (B, 1)
     positions = torch.cat([positions[:, cached:], root + depths[None, :]], dim=1)  # (B, fresh + S)
     return compat.forward_tree(
-        loop.target,
+        context.target,
         torch.cat([seq[:, cached:], tree.tokens], dim=1),
         allowed,
         positions,
-        loop.target_cache,
+        context.target_cache,
         logits_to_keep=num_slots + 1,
         output_hidden_states=needs_hidden,
     )
 
 
-def _walk(loop, candidates, logits, out, needs_hidden: bool, processed: list | None):
+def _walk(context: RoundContext, candidates, logits, out, needs_hidden: bool, processed: list | None):
     """The walk down the tree (:func:`~diversed_hf.verifiers.tree.verify_tree`): ``(result, path (B, depth), target
     probabilities (B, depth + 1, V))``; each step's processed target scores appended to ``processed`` when given."""
     tree, seq = candidates.tree, candidates.input_ids
@@ -86,19 +92,19 @@ def _walk(loop, candidates, logits, out, needs_hidden: bool, processed: list | N
 
     def target_probs_at(step, slots, path_tokens):  # p at each row's slot, its processors on its own prefix
         slot_logits = logits[torch.arange(batch, device=seq.device), slots]  # (B, model_vocab)
-        if not len(loop.logits_processor):
-            scores = raw = ops.fit_vocabulary(slot_logits, loop.vocab_size).float()
+        if not len(context.logits_processor):
+            scores = raw = ops.fit_vocabulary(slot_logits, context.vocab_size).float()
         else:
             prefix = torch.cat([seq, path_tokens], dim=1)  # (B, L + step)
-            scores, raw = next_token_scores(loop.logits_processor, prefix, slot_logits, loop.vocab_size)
+            scores, raw = next_token_scores(context.logits_processor, prefix, slot_logits, context.vocab_size)
         if processed is not None:
             processed.append(scores)
         probs = scores.softmax(dim=-1)
         check_finite_mass(probs, "target")
-        return probs, raw.softmax(dim=-1) if loop.verifier.requires_untempered_probs else None
+        return probs, raw.softmax(dim=-1) if context.verifier.requires_untempered_probs else None
 
     return verify_tree(
-        loop.verifier,
+        context.verifier,
         tree.tokens,
         tree.children,
         tree.sampled,
@@ -108,27 +114,22 @@ def _walk(loop, candidates, logits, out, needs_hidden: bool, processed: list | N
         untempered_draft_probs=tree.untempered_draft_probs,
         draft_hidden=tree.draft_hidden,
         target_hidden=out.hidden_states[-1][:, -(tree.num_slots + 1) :] if needs_hidden else None,
-        do_sample=loop.do_sample,
-        generator=loop.generator,
+        do_sample=context.do_sample,
+        generator=context.generator,
     )
 
 
-def _keep_path(loop, candidates, out, result, path, along) -> DraftCandidates:
-    """Each row's accepted path moved right after the prefix in both caches (and the draft's features taken from
-    it); returns the round as a chain of ``depth`` drafts whose first ``n_b`` are the path."""
+def _keep_path(context: RoundContext, candidates, result, path) -> DraftCandidates:
+    """Each row's accepted path moved right after the prefix in both caches; returns the round as a chain of
+    ``depth`` drafts whose first ``n_b`` are the path."""
     tree, seq, mask = candidates.tree, candidates.input_ids, candidates.attention_mask
     length, depth = seq.shape[1], path.shape[1]
-    if loop.candidates.reads_target_features:  # the draft's features: the target's at the root and the path's nodes
-        features = loop.candidates.target_features(out.hidden_states)[:, -(tree.num_slots + 1) :]  # (B, S + 1, d)
-        loop.round_target_hidden = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[2]))
     longest = int(result.num_accepted.max())  # A
     path = path[:, :longest]  # (B, A) slots of each row's path (0 past its end)
     # the target cache: the path's nodes (column L - 1 + slot) right after the prefix, then L + A columns
-    compat.compact_cache(loop.target_cache, length, length - 1 + path.clamp(min=1))
+    compat.compact_cache(context.target_cache, length, length - 1 + path.clamp(min=1))
     draft_columns = tree.draft_columns.gather(1, (path[:, : max(longest - 1, 0)] - 1).clamp(min=0))
-    loop.candidates.keep_path(draft_columns.clamp(min=length - 1))  # the draft cache: L + A - 1 columns
-    if loop.state.tree_nodes is not None:
-        loop.state.tree_nodes[loop.active] += tree.num_nodes
+    context.candidates.keep_path(draft_columns.clamp(min=length - 1))  # the draft cache: L + A - 1 columns
     path_tokens = tree.tokens.gather(1, (path - 1).clamp(min=0))  # (B, A)
     drafts = torch.nn.functional.pad(path_tokens, (0, depth - longest))  # (B, depth)
     return DraftCandidates(

@@ -49,7 +49,7 @@ from transformers.generation.logits_process import (
 
 from .. import compat
 from ..common.pairs import draft_input_ids
-from ..drafting.protocol import capabilities_of, verification_vocab
+from ..drafting.protocol import capabilities_of, proposes_from_rows, verification_vocab
 from ..verifiers import ops
 from ..verifiers.distribution_features import distribution_features
 
@@ -284,7 +284,7 @@ def sample_from_mixture(
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     check_trainable_mixing(head)
     capabilities = capabilities_of(draft)
-    if capabilities.proposes_target_ids and not callable(getattr(type(draft), "propose", None)):
+    if capabilities.proposes_target_ids and not proposes_from_rows(draft):
         raise ValueError(
             f"`draft` is a {type(draft).__name__}, which proposes the target's ids through its own candidate "
             "generator: the trainer's rollouts run point-mass drafters that propose from the rows (`propose(rows, "
