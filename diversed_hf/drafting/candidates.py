@@ -33,7 +33,7 @@ from ..common import round_profile
 from ..common.pairs import draft_input_ids, text_vocab_size
 from ..common.realign import Realignment  # noqa: F401 - re-exported: the generators' argument
 from ..verifiers import ops
-from ..verifiers.checks import check_finite_mass
+from ..verifiers.checks import check_finite_mass_now_or_later
 from .length.costs import DraftCosts
 from .length.optimal import OptimalSchedule
 from .length.policy import (  # noqa: F401 - re-exported: the generator's knobs
@@ -248,6 +248,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
         self.draft_lengths = self.plan_draft_lengths(self.remaining)  # (batch,) N_b of the next round
         self.draft_confidence: torch.Tensor | None = None  # (batch, N_r) q_t(x_t) of the round ("optimal")
         self.awaiting_update = False  # True between get_candidates and update_candidate_strategy
+        # the loop's FiniteMassChecks: the draft's distributions checked with the round's decisions (None: at once)
+        self.deferred_checks = None
 
     #: whether the draft reads the target's hidden states (:mod:`diversed_hf.drafting.feature_candidates`): the loop
     #: then prefills the target before the first round and passes ``target_hidden`` to :meth:`update_candidate_strategy`
@@ -369,7 +371,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
                 step_logits, step_hidden = self.draft_forward(chunk, candidate_mask)  # (batch, V'), (batch, d) or None
             step_scores, raw = next_token_scores(self.logits_processor, candidate_ids, step_logits, self.vocab_size)
             step_probs = step_scores.softmax(dim=-1)  # (batch, vocab)
-            check_finite_mass(step_probs, "draft", first_position=len(probs))
+            check_finite_mass_now_or_later(step_probs, "draft", self.deferred_checks, first_position=len(probs))
             # (batch,); the mass was checked just above
             token = ops.sample(step_probs, self.generator, check=False) if self.do_sample else step_probs.argmax(dim=-1)
             scores.append(step_scores)

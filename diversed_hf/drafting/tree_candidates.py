@@ -18,7 +18,7 @@ from .. import compat
 from ..common import round_profile
 from ..common.pairs import draft_input_ids
 from ..verifiers import ops
-from ..verifiers.checks import check_finite_mass
+from ..verifiers.checks import check_finite_mass_now_or_later
 from .candidates import DiversedCandidateGenerator, next_token_scores
 from .feature_candidates import FeatureCandidateGenerator
 from .tree import DraftTree, TreeSpec, child_tokens
@@ -127,7 +127,7 @@ class _TreeDrafting:
         """``q`` at one node from its logits, and ``softmax(raw logits)`` when the verifier reads it."""
         scores, raw = next_token_scores(self.logits_processor, prefix, logits, self.vocab_size)
         probs = scores.softmax(dim=-1)
-        check_finite_mass(probs, "draft")
+        check_finite_mass_now_or_later(probs, "draft", self.deferred_checks)
         return probs, raw.softmax(dim=-1) if self.output_untempered_probs else None
 
     def _children(self, probs: torch.Tensor, count: int, parent_scores: torch.Tensor):
@@ -242,7 +242,7 @@ class _TreeDrafting:
         else:
             scores = raw = ops.fit_vocabulary(out.logits[:, -width:], self.vocab_size).float()  # (B, E, vocab)
         probs = scores.softmax(dim=-1)
-        check_finite_mass(probs, "draft")
+        check_finite_mass_now_or_later(probs, "draft", self.deferred_checks)
         untempered = raw.softmax(dim=-1) if self.output_untempered_probs else None
         return probs, untempered, self._tree_hidden(out)
 

@@ -53,11 +53,12 @@ from ..drafting.candidates import (
 )
 from ..drafting.length.optimal import acceptance_setting
 from ..drafting.protocol import capabilities_of
+from ..verifiers.checks import FiniteMassChecks
 from ..verifiers.rules import VerificationResult, Verifier
 from .output_scores import TargetScoreRecorder
 from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
-from .round_state import RoundContext
+from .round_state import RoundContext, RoundDecisions
 from .rounds import ChainRound, TreeRound, round_strategy
 
 if TYPE_CHECKING:  # the request's module checks heads, which the loop never imports
@@ -304,6 +305,10 @@ class _SpeculativeLoop:
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
         self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
+        # the host's copy of what the rounds decide: each row's leading padding columns (one read, before any round)
+        self.row_padding = (self.mask.cumsum(dim=1) == 0).sum(dim=1).tolist()  # [B]
+        self.checks = FiniteMassChecks()  # the round's distributions, checked with its decisions (one read a round)
+        self.candidates.deferred_checks = self.checks
         if self.candidates.reads_target_cache:  # a Gemma 4 assistant: the target's keys, values
             self.candidates.target_cache = self.target_cache
         profile = round_profile.active()  # a profile (docs/profile.md) or None
@@ -319,9 +324,10 @@ class _SpeculativeLoop:
             self.round_clock = (started, _clock(device)) if timed else None  # realign reads the rest of the round
             result, target_probs, target_scores, candidates = self.verify(candidates)
             with round_profile.phase("commit"):
-                emitted, finished = self.commit(candidates, result, target_scores)
+                emitted, count, finished = self.commit(candidates, result, target_scores)
+                decisions = self.decide(result, emitted, count, finished)
             with round_profile.phase("realign"):
-                self.realign(candidates, emitted, finished, result, target_probs)
+                self.realign(candidates, emitted, decisions, result, target_probs)
             if profile is not None:
                 profile.rounds += 1
         if profile is not None:
@@ -373,6 +379,7 @@ class _SpeculativeLoop:
             self.generator,
             recording=self.state.recorder is not None,
             length=self.seq.shape[1],
+            checks=self.checks,
         )
         outcome = self.round.verify(context, candidates)
         if outcome.target_hidden is not None:
@@ -386,8 +393,9 @@ class _SpeculativeLoop:
         candidates: DraftCandidates,
         result: VerificationResult,
         target_scores: tuple | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, N_r + 1), (B,)
-        """Commit: emit ``n_b`` drafts and the recovered/bonus token, truncate, record; (B, N_r + 1), (B,)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (B, N_r + 1), (B,), (B,)
+        """Commit: emit ``n_b`` drafts and the recovered/bonus token, truncate, record: the emitted tokens, how many
+        each row keeps and whether it is done, all on the device."""
         length = self.seq.shape[1]  # L
         draft_ids = candidates.candidate_ids[:, length:]  # (B, N_r)
         num_accepted = result.num_accepted  # (B,)
@@ -396,10 +404,21 @@ class _SpeculativeLoop:
         emitted.scatter_(1, num_accepted[:, None], result.next_tokens[:, None])
         count, finished = self._truncate(emitted, num_accepted, columns)
         self.state.record(self.active, emitted, count, result, candidates.draft_lengths, columns, target_scores)
-        if self.streamer is not None:
-            self.streamer.put(emitted[:, : int(count[0])].cpu())
         self.remaining = self.remaining - count
-        return emitted, finished
+        return emitted, count, finished
+
+    def decide(self, result: VerificationResult, emitted, count, finished) -> RoundDecisions:
+        """The round's one read of the device: each row's accepted drafts, kept tokens and whether it is done, with
+        the round's deferred distribution checks (raised here); the realignment then runs on the host's copy."""
+        flags = self.checks.take()  # (k,) or None
+        parts = [result.num_accepted, count, finished.long()] + ([flags.long()] if flags is not None else [])
+        host = torch.cat(parts).tolist()
+        rows = count.shape[0]
+        self.checks.raise_failed(host[3 * rows :])
+        decisions = RoundDecisions(host[:rows], host[rows : 2 * rows], [bool(x) for x in host[2 * rows : 3 * rows]])
+        if self.streamer is not None:
+            self.streamer.put(emitted[:, : decisions.count[0]].cpu())
+        return decisions
 
     def _truncate(
         self,
@@ -430,18 +449,20 @@ class _SpeculativeLoop:
         self,
         candidates: DraftCandidates,
         emitted: torch.Tensor,  # (B, N_r + 1)
-        finished: torch.Tensor,  # (B,)
+        decisions: RoundDecisions,
         result: VerificationResult,
         target_probs: torch.Tensor,  # (B, N_r + 1, V)
     ) -> None:
         """Step 4: drop finished rows, append each row's tokens right-aligned, edit both caches to match; then the
-        candidate generator's ``update_candidate_strategy`` (also after the last round, when no row continues)."""
+        candidate generator's ``update_candidate_strategy`` (also after the last round, when no row continues).
+        Every choice is made on the host's copy of the round's decisions (:meth:`decide`): no device read."""
         num_accepted = result.num_accepted  # (B,)
         length = self.seq.shape[1]  # L
         candidate_ids, candidate_mask = candidates.candidate_ids, candidates.attention_mask  # (B, L + N_r) each
         round_num_accepted = num_accepted
+        accepted, padding = decisions.num_accepted, self.row_padding  # [B] each
         kept = None
-        if bool(finished.all()):  # the call is over: the generator's last schedule update
+        if all(decisions.finished):  # the call is over: the generator's last schedule update
             self.active = self.active[:0]
             done = Realignment(kept=self.active, shifts=None, new_length=0, leading=0)
             self.candidates.update_candidate_strategy(
@@ -452,12 +473,14 @@ class _SpeculativeLoop:
                 target_hidden=self.round_target_hidden,
             )
             return
-        if bool(finished.any()):
-            kept = (~finished).nonzero().squeeze(1)  # (kept,)
+        if any(decisions.finished):
+            rows = [b for b, done in enumerate(decisions.finished) if not done]
+            accepted, padding = [accepted[b] for b in rows], [padding[b] for b in rows]
+            kept = torch.tensor(rows, device=self.active.device)  # (kept,)
             self.active, self.remaining, num_accepted = self.active[kept], self.remaining[kept], num_accepted[kept]
             emitted, candidate_ids, candidate_mask = emitted[kept], candidate_ids[kept], candidate_mask[kept]
-        longest = int(num_accepted.max())  # A
-        shifts = longest - num_accepted  # (B,)
+        longest = max(accepted)  # A
+        shifted = [longest - n for n in accepted]  # each row's roll right
         new_length = length + longest + 1
         seq = torch.cat([candidate_ids, emitted[:, -1:]], dim=1)  # (B, L + N_r + 1), last column overwritten below
         seq.scatter_(1, (length + num_accepted)[:, None], emitted.gather(1, num_accepted[:, None]))
@@ -465,14 +488,15 @@ class _SpeculativeLoop:
         mask = torch.cat([candidate_mask, torch.ones_like(candidate_mask[:, :1])], dim=1)[
             :, :new_length
         ]  # (B, L + A + 1)
-        realignment = Realignment(
-            kept=kept, shifts=shifts if bool((shifts > 0).any()) else None, new_length=new_length, leading=0
-        )
+        shifts = torch.tensor(shifted, device=seq.device) if any(shifted) else None  # (B,)
+        realignment = Realignment(kept=kept, shifts=shifts, new_length=new_length, leading=0)
         mask = realignment.move(mask)  # the one row roll, as the caches and the features
-        if realignment.shifts is not None:  # the columns that wrapped around become padding
+        if shifts is not None:  # the columns that wrapped around become padding
             mask = mask * (torch.arange(new_length, device=seq.device) >= shifts[:, None]).to(mask.dtype)
-        leading = int((mask.sum(dim=0) > 0).long().argmax())  # columns that are padding in every row
-        realignment = replace(realignment, leading=min(leading, new_length - 2))
+        padding = [pad + shift for pad, shift in zip(padding, shifted, strict=True)]
+        leading = min(min(padding), new_length - 2)  # columns that are padding in every row
+        self.row_padding = [pad - leading for pad in padding]
+        realignment = replace(realignment, leading=leading)
         self.seq, self.mask = realignment.move(seq), mask[:, realignment.leading :]
         realignment.edit_cache(self.target_cache, lag=1)  # the target cache lacks the last token
         realignment.edit_processors(self.logits_processor)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RoundContext", "RoundOutcome"]
+__all__ = ["RoundContext", "RoundDecisions", "RoundOutcome"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class RoundContext:
     generator: torch.Generator | None
     recording: bool  # whether the target's scores are recorded (output_scores / output_logits)
     length: int  # L: the prefix's width (loop.seq.shape[1])
+    checks: Any = None  # the loop's FiniteMassChecks: the target's distributions checked with the round's decisions
 
     @property
     def needs_hidden(self) -> bool:
@@ -46,3 +47,13 @@ class RoundOutcome:
     chain: Any  # DraftCandidates: what commit and realignment read
     target_hidden: torch.Tensor | None = None  # (B, N_r + 1, d) for a draft reading the target's features
     nodes: int | None = None  # the tree's nodes verified per row (a tree round)
+
+
+@dataclass(frozen=True)
+class RoundDecisions:
+    """The host's copy of what a round decided, read from the device in one transfer (the loop's ``decide``): what
+    the realignment, the streamer and the next round's shapes are computed from."""
+
+    num_accepted: list[int]  # [B] drafts each row accepted (n_b)
+    count: list[int]  # [B] tokens each row keeps this round (after EOS, stopping criteria, its budget)
+    finished: list[bool]  # [B] whether the row is done

@@ -18,7 +18,7 @@ from ..drafting.feature_candidates import FeatureCandidateGenerator
 from ..drafting.protocol import DrafterCapabilities
 from ..drafting.tree import TreeSpec
 from ..drafting.tree_candidates import FeatureTreeCandidateGenerator, TreeCandidateGenerator, TreeCandidates
-from ..verifiers.checks import check_finite_mass
+from ..verifiers.checks import check_finite_mass_now_or_later
 from .round_state import RoundContext, RoundOutcome
 from .tree_round import verify_tree_round
 
@@ -92,7 +92,7 @@ def _chain_verification(context: RoundContext, candidates, out, num_round_drafts
     candidate_ids, candidate_logits = candidates  # (B, L + N_r), (B, N_r, V)
     length, needs_hidden = context.length, context.needs_hidden
     target_probs, target_untempered, processed = _target_distributions(context, candidate_ids, out.logits, length)
-    check_finite_mass(target_probs, "target")
+    check_finite_mass_now_or_later(target_probs, "target", context.checks)
     if candidate_logits is None:  # no draft this round: only the target's token
         draft_probs = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[2])  # (B, 0, V)
     else:

@@ -17,7 +17,7 @@ from .. import compat
 from ..common import round_profile
 from ..drafting.candidates import DraftCandidates, next_token_scores
 from ..verifiers import ops
-from ..verifiers.checks import check_finite_mass
+from ..verifiers.checks import check_finite_mass_now_or_later
 from ..verifiers.tree import verify_tree
 from .round_state import RoundContext, RoundOutcome
 
@@ -100,7 +100,7 @@ def _walk(context: RoundContext, candidates, logits, out, needs_hidden: bool, pr
         if processed is not None:
             processed.append(scores)
         probs = scores.softmax(dim=-1)
-        check_finite_mass(probs, "target")
+        check_finite_mass_now_or_later(probs, "target", context.checks)
         return probs, raw.softmax(dim=-1) if context.verifier.requires_untempered_probs else None
 
     return verify_tree(

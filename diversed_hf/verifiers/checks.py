@@ -10,7 +10,15 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_finite_mass", "check_round_inputs", "check_verification_output", "is_integer", "is_real"]
+__all__ = [
+    "FiniteMassChecks",
+    "check_finite_mass",
+    "check_finite_mass_now_or_later",
+    "check_round_inputs",
+    "check_verification_output",
+    "is_integer",
+    "is_real",
+]
 
 
 def is_real(value) -> bool:
@@ -156,6 +164,43 @@ def check_finite_mass(
             f"{first_position + position} of the round: its logits are NaN or infinite, or the logits processors "
             "removed every token. Check the model's weights and dtype (fp16 overflows), and the sampling arguments."
         )
+
+
+class FiniteMassChecks:
+    """A round's :func:`check_finite_mass` calls, deferred: each keeps its flag on the device, and the loop reads them
+    all with the round's other decisions (one device read a round, not one per distribution), then raises the first
+    failure's message as :func:`check_finite_mass` would."""
+
+    def __init__(self):
+        self._pending: list[tuple[torch.Tensor, str, int, torch.Tensor]] = []
+
+    def add(self, probs: torch.Tensor, model: str, first_position: int = 0) -> None:
+        """Check ``probs`` (as :func:`check_finite_mass`) when the round's decisions are read."""
+        sums = probs.sum(dim=-1)
+        self._pending.append((probs, model, first_position, (~torch.isfinite(sums) | (sums <= 0)).any()))
+
+    def take(self) -> torch.Tensor | None:
+        """The pending checks' flags, ``(k,)`` bool on the device (None for none); :meth:`raise_failed` with their
+        values reads them back."""
+        return torch.stack([flag for *_, flag in self._pending]) if self._pending else None
+
+    def raise_failed(self, failed: list) -> None:
+        """Raise :func:`check_finite_mass`'s error for the first check whose flag in ``failed`` is set; then forget
+        the round's checks."""
+        pending, self._pending = self._pending, []
+        for (probs, model, first_position, _), bad in zip(pending, failed, strict=True):
+            if bad:
+                check_finite_mass(probs, model, first_position)
+
+
+def check_finite_mass_now_or_later(
+    probs: torch.Tensor, model: str, checks: FiniteMassChecks | None, first_position: int = 0
+) -> None:
+    """:func:`check_finite_mass` at once, or with the round's decisions when the loop defers its checks."""
+    if checks is None:
+        check_finite_mass(probs, model, first_position)
+    else:
+        checks.add(probs, model, first_position)
 
 
 def check_verification_output(

@@ -184,7 +184,8 @@ class Verifier:
             draft_ids = ops.without_placeholders(draft_ids, draft_lengths)  # (batch, N)
         bonus_probs = target_probs[rows, draft_lengths]  # (batch, vocab)
         if num_draft_tokens == 0:
-            next_tokens = ops.sample(bonus_probs, generator) if do_sample else bonus_probs.argmax(dim=-1)
+            greedy = bonus_probs.argmax(dim=-1)
+            next_tokens = ops.sample(bonus_probs, generator, check=validate) if do_sample else greedy
             empty = draft_probs.new_zeros(batch_size, 0)  # (batch, 0)
             return VerificationResult(rows.new_zeros(batch_size), next_tokens, empty, None, empty)
 
@@ -212,7 +213,8 @@ class Verifier:
                 draft_probs[rows, stop], drafted_target_probs[rows, stop], verify_probs[rows, stop]
             )  # (batch, vocab)
             all_accepted = (num_accepted == draft_lengths).unsqueeze(-1)  # (batch, 1)
-            next_tokens = ops.sample(torch.where(all_accepted, bonus_probs, recovered_probs), generator)  # (batch,)
+            # the loop (validate=False) checks the distributions' mass with its round's decisions, in one read
+            next_tokens = ops.sample(torch.where(all_accepted, bonus_probs, recovered_probs), generator, check=validate)
         else:
             choice = verify_probs.argmax(dim=-1)  # (batch, N)
             drafted_acceptance = (draft_ids == choice).to(position_acceptance.dtype)  # (batch, N): deterministic
