@@ -2,25 +2,29 @@
 "Batched rounds").
 
     python benchmarks/batched_rounds.py                 # results/batched_rounds/, RESULTS.md
-    python benchmarks/batched_rounds.py --ship_limit    # also writes the measured limit into the shipped draft
+    python benchmarks/batched_rounds.py --ship_plan     # also ships the measured plan in the default draft
     python benchmarks/batched_rounds.py --quick         # a smoke run into results_quick/batched_rounds
 
 SmolLM2-135M-Instruct (bfloat16) and its default EagleDraft, lossless (``ExactVerifier``), one torch thread, the
 held-out everyday chat prompts (``diversed_hf.lab.tasks.chat_prompts``), at most ``--max_new_tokens`` new tokens. At
 each batch size of ``--batch_sizes`` every method decodes the same prompts (``max(batch, --min_prompts)`` of them,
-split into batches), the first three methods in turn, after one warm-up call each, then the default once the limit
+split into batches), the first four methods in turn, after one warm-up call each, then the default once the plan
 is known:
 
 - **target-only**: ``generate`` without a draft;
 - **chain**: the draft's length from its ``generation_config``, as a chain (``assistant_tree_top_k=1``);
+- **chain 1**: one draft a round;
 - **speculating default**: the draft's knobs from its ``generation_config`` (a tree, shrunk per row as the batch
-  grows), speculation forced on (``assistant_disable_by_batch_size`` above the batch);
-- **default**: no knobs at all: what a user gets, the batch rule included (``diversed_hf.generation.batch_rule``) with
-  the limit this run measured.
+  grows), speculation forced on;
+- **default**: no knobs at all: what a user gets, with the per-batch plan this run measured
+  (``diversed_hf.generation.batch_plan.plan_from_throughput``: at each size the fastest of the three speculating
+  shapes where it beats target-only by 3 %, else the target alone).
 
-The largest batch at which the speculating default still beats target-only is the limit the draft should carry
-(``--ship_limit`` ships it in ``assets/smollm2/eagle/generation_config.json`` through ``diversed-hf ship``). Then one profiled call per batch
-size of ``--profile_sizes`` (``diversed_hf.common.round_profile``) gives the phases of a chain round.
+``--ship_plan`` ships the plan in ``assets/smollm2/eagle/generation_config.json`` (``assistant_batch_plan``) through
+``diversed-hf ship``. With ``--head`` (default) the shipped ``arith_chat`` head (with the task EagleDraft it was
+trained for) runs beside target-only on held-out ``arith_chat`` prompts at each size: a relaxed rule always speculates.
+Then one profiled call per batch size of ``--profile_sizes`` (``diversed_hf.common.round_profile``) gives the phases
+of a chain round.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ from diversed_hf.lab.cli_utils import (
 
 REPO = Path(__file__).resolve().parents[1]
 TITLE = "Batched rounds"
-METHODS = ("target-only", "chain", "speculating default", "default")
+METHODS = ("target-only", "chain", "chain 1", "speculating default", "default")
 KNOB = "assistant_disable_by_batch_size"
+PLAN = "assistant_batch_plan"
+HEAD_METHODS = ("target-only", "head")
 
 
 def parse_args(argv=None):
@@ -57,7 +63,8 @@ def parse_args(argv=None):
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--output_dir", default=None, help="default results/batched_rounds")
-    parser.add_argument("--ship_limit", action="store_true", help="write the measured limit into the shipped draft")
+    parser.add_argument("--ship_plan", action="store_true", help="ship the measured plan in the default draft")
+    parser.add_argument("--no_head", action="store_true", help="leave out the arith_chat head's rows")
     parser.add_argument("--quick", action="store_true", help="two batch sizes, a few tokens: a smoke run")
     parser.add_argument("--from_json", default=None, help="render a saved results.json again (no measuring)")
     args = parser.parse_args(argv)
@@ -78,8 +85,10 @@ def _kwargs(method: str, draft) -> dict:
     kwargs = {"assistant_model": draft}
     if method == "chain":
         kwargs["assistant_tree_top_k"] = 1
+    elif method == "chain 1":
+        kwargs.update(num_assistant_tokens=1, assistant_tree_top_k=1)
     elif method == "speculating default":
-        kwargs[KNOB] = 10**6
+        kwargs[PLAN] = [[64, None]]  # the draft's own shape at every size measured
     return kwargs
 
 
@@ -115,7 +124,7 @@ def _measured(target, draft, tokenizer, prompts, batch_size, sampling, method) -
 
 def measure(args) -> dict:
     from diversed_hf import enable_diversed, testbed
-    from diversed_hf.common.round_profile import profile_rounds
+    from diversed_hf.generation.batch_plan import plan_from_throughput
     from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
 
     torch.set_num_threads(1)
@@ -128,18 +137,35 @@ def measure(args) -> dict:
         if args.temperature > 0
         else dict(do_sample=False)
     )
+    for knob in (KNOB, PLAN):  # the shipped rule is what this run measures again
+        if hasattr(draft.generation_config, knob):
+            delattr(draft.generation_config, knob)
     rows, started = [], time.perf_counter()
-    for batch_size in args.batch_sizes:  # the methods in turn at each size; "default" once the limit is known
+    for batch_size in args.batch_sizes:  # the methods in turn at each size; "default" once the plan is known
         prompts = everyday_prompts(max(batch_size, args.min_prompts))
         results = {m: _measured(target, draft, tokenizer, prompts, batch_size, sampling, m) for m in METHODS[:-1]}
         rows.append({"batch_size": batch_size, "num_prompts": len(prompts), "methods": results})
-    winning = [
-        r["batch_size"]
-        for r in rows
-        if r["methods"]["speculating default"]["tokens_per_second"] >= r["methods"]["target-only"]["tokens_per_second"]
-    ]
-    limit = max(winning) if winning else None
-    setattr(draft.generation_config, KNOB, limit)  # what the shipped draft carries once --ship_limit writes it
+    shapes = {"speculating default": None, "chain": draft.generation_config.num_assistant_tokens, "chain 1": 1}
+    speeds = {r["batch_size"]: {m: v["tokens_per_second"] for m, v in r["methods"].items()} for r in rows}
+    plan = plan_from_throughput(speeds, shapes)
+    setattr(draft.generation_config, PLAN, plan.to_list())  # what the shipped draft carries once --ship_plan ships it
+    _measure_default(args, target, draft, tokenizer, sampling, rows)
+    return {
+        "rows": rows,
+        "head_rows": [] if args.no_head else _measure_head(args, target, tokenizer, sampling),
+        "profiles": _profiles(args, target, draft, tokenizer, sampling),
+        "plan": plan.to_list(),
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "minutes": (time.perf_counter() - started) / 60,
+        "environment": f"Python {platform.python_version()}, torch {torch.__version__}, {platform.machine()}.",
+    }
+
+
+def _measure_default(args, target, draft, tokenizer, sampling, rows) -> None:
+    """The default (no knobs: the plan) at each size, beside a second target-only run; each row's x target-only."""
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
+
     for row in rows:
         prompts = everyday_prompts(row["num_prompts"])
         again = _measured(target, draft, tokenizer, prompts, row["batch_size"], sampling, "target-only")
@@ -153,6 +179,40 @@ def measure(args) -> dict:
             f"batch {row['batch_size']}: " + ", ".join(f"{m} {r['x_target']:.2f}x" for m, r in row["methods"].items()),
             flush=True,
         )
+
+
+def _measure_head(args, target, tokenizer, sampling) -> list[dict]:
+    """The shipped arith_chat head with the task EagleDraft it was trained for, beside target-only, on held-out
+    arith_chat prompts at each batch size."""
+    from diversed_hf import testbed
+    from diversed_hf.lab.tasks import load_task_dataset
+    from diversed_hf.testbed import smollm2
+
+    task_draft = smollm2.load_eagle_draft(target, *smollm2.EAGLE_DRAFTS["eagle-tasks"])
+    head = testbed.load_head("arith_chat", pair="smollm2")
+    rows = []
+    for batch_size in args.batch_sizes:
+        count = max(batch_size, args.min_prompts)
+        prompts = list(load_task_dataset("arith_chat", split="test", num_examples=count, seed=0)["prompt"])
+        methods = {}
+        for method in HEAD_METHODS:
+            kwargs = {} if method == "target-only" else dict(assistant_model=task_draft, diversed_head=head)
+            warm = tokenizer(prompts[:batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            target.generate(**warm, **dict(sampling, max_new_tokens=4), **kwargs)
+            tokens, seconds, stats = _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, 0)
+            methods[method] = {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, **stats}
+        for result in methods.values():
+            result["x_target"] = result["tokens_per_second"] / methods["target-only"]["tokens_per_second"]
+        rows.append({"batch_size": batch_size, "num_prompts": len(prompts), "methods": methods})
+        print(f"head, batch {batch_size}: {methods['head']['x_target']:.2f}x", flush=True)
+    return rows
+
+
+def _profiles(args, target, draft, tokenizer, sampling) -> dict:
+    """One profiled call per ``--profile_sizes`` batch: the phases of a chain round."""
+    from diversed_hf.common.round_profile import profile_rounds
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
+
     profiles = {}
     for batch_size in args.profile_sizes:
         batch = tokenizer(everyday_prompts(batch_size), return_tensors="pt", padding=True, add_special_tokens=False)
@@ -161,15 +221,7 @@ def measure(args) -> dict:
         with profile_rounds() as profile:
             target.generate(**batch, **sampling, **kwargs)
         profiles[batch_size] = {"table": profile.table(), "rows": profile.rows(), "rounds": profile.rounds}
-    return {
-        "rows": rows,
-        "profiles": profiles,
-        "limit": limit,
-        "temperature": args.temperature,
-        "max_new_tokens": args.max_new_tokens,
-        "minutes": (time.perf_counter() - started) / 60,
-        "environment": f"Python {platform.python_version()}, torch {torch.__version__}, {platform.machine()}.",
-    }
+    return profiles
 
 
 def render(results: dict, command: str) -> str:
@@ -178,13 +230,13 @@ def render(results: dict, command: str) -> str:
         *regenerate_lines(command),
         f"SmolLM2-135M-Instruct (bfloat16) and its default EagleDraft, lossless SD, {mode}, one torch thread, held-out "
         f"everyday chat prompts, at most {results['max_new_tokens']} new tokens (counted up to EOS); at each batch size "
-        "target-only, the chain and the speculating default decode the same prompts in turn after a warm-up call, then "
-        "target-only again and the default with the limit the run measured (its x target-only is against that second "
-        "target-only run); the run took "
+        "target-only, the chain, a chain of one and the speculating default decode the same prompts in turn after a "
+        "warm-up call, then target-only again and the default with the plan the run measured (its x target-only is "
+        "against that second target-only run); the run took "
         f"{results['minutes']:.1f} min. {results['environment']} *chain*: the draft's shipped length as a chain; "
-        "*speculating default*: the draft's generation_config (its tree, shrunk per row as the batch grows) with "
-        "speculation forced on; *default*: no knobs, the batch rule included (`assistant_disable_by_batch_size`, "
-        "docs/generation.md).",
+        "*chain 1*: one draft a round; *speculating default*: the draft's generation_config (its tree, shrunk per row "
+        "as the batch grows) with speculation forced on; *default*: no knobs, the per-batch plan included "
+        "(`assistant_batch_plan`, docs/generation.md).",
         "",
         "| batch | prompts | method | tokens/s | x target-only | acceptance | rounds (slowest row) |",
         "|---:|---:|---|---:|---:|---:|---:|",
@@ -192,27 +244,49 @@ def render(results: dict, command: str) -> str:
     for row in results["rows"]:
         for method, r in row["methods"].items():
             acceptance = f"{100 * r['accepted'] / r['drafted']:.1f} %" if r["drafted"] else "–"
-            label = method + (" (target alone: the rule)" if r["off"] else "")
+            label = method + (" (target alone: the plan)" if r["off"] else "")
             lines.append(
                 f"| {row['batch_size']} | {row['num_prompts']} | {label} | {r['tokens_per_second']:.1f} | "
                 f"{r['x_target']:.2f}x | {acceptance} | {r['rounds'] or '–'} |"
             )
-    limit = results["limit"]
+    plan = results.get("plan")
     lines += [
         "",
         "![tokens/s against batch size](results/batched_rounds/throughput.png)",
         "",
-        f"The speculating default beats target-only up to batch {limit} on this machine: the limit the default draft "
-        "carries."
-        if limit
-        else "The speculating default beats target-only at no batch size measured here.",
+        f"The plan this run measured (`assistant_batch_plan`, `[max_rows, choice]`: null the draft's own shape, N a "
+        f"chain of N, 0 the target alone): `{json.dumps(plan)}`."
+        if plan is not None
+        else f"The limit this run measured: {results.get('limit')}.",
         "",
+        *_head_lines(results),
         "**Where a chain round's time goes** (one profiled call each, the draft's length as a chain):",
         "",
     ]
     for batch_size, profile in results["profiles"].items():
         lines += [f"Batch {batch_size} ({profile['rounds']} rounds):", "", profile["table"], ""]
     return "\n".join(lines + _against_the_goals(results))
+
+
+def _head_lines(results: dict) -> list[str]:
+    """The arith_chat head's rows beside target-only, when measured."""
+    if not results.get("head_rows"):
+        return []
+    lines = [
+        "**With a head** (the shipped `arith_chat` head and the task EagleDraft it was trained for, held-out "
+        "`arith_chat` prompts; a relaxed rule always speculates):",
+        "",
+        "| batch | prompts | method | tokens/s | x target-only | acceptance |",
+        "|---:|---:|---|---:|---:|---:|",
+    ]
+    for row in results["head_rows"]:
+        for method, r in row["methods"].items():
+            acceptance = f"{100 * r['accepted'] / r['drafted']:.1f} %" if r["drafted"] else "–"
+            lines.append(
+                f"| {row['batch_size']} | {row['num_prompts']} | {method} | {r['tokens_per_second']:.1f} | "
+                f"{r['x_target']:.2f}x | {acceptance} |"
+            )
+    return [*lines, ""]
 
 
 def _share(results: dict, batch_size: int, phase: str) -> float | None:
@@ -252,7 +326,7 @@ def _against_the_goals(results: dict) -> list[str]:
             f"{chain['rounds']} rounds where target-only took {steps} steps ({steps / chain['rounds']:.2f}x fewer "
             f"target passes), with {100 * chain['accepted'] / chain['drafted']:.0f} % of drafts accepted, while each "
             "pass verifies every row's drafts on a CPU the batch already keeps busy; realignment still rolls every "
-            "cache column of a row that accepted fewer drafts than the longest. Hence the limit."
+            "cache column of a row that accepted fewer drafts than the longest. Hence the plan."
         )
     lines.append("")
     return lines
@@ -267,6 +341,8 @@ def plot(results: dict, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(6, 4))
     sizes = [row["batch_size"] for row in results["rows"]]
     for method in METHODS:
+        if any(method not in row["methods"] for row in results["rows"]):
+            continue  # a run measured before the method was
         axis.plot(sizes, [row["methods"][method]["tokens_per_second"] for row in results["rows"]], "o-", label=method)
     axis.set_xscale("log", base=2)
     axis.set_xticks(sizes, [str(s) for s in sizes])
@@ -279,17 +355,15 @@ def plot(results: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def ship_limit(limit: int | None, output_dir: Path) -> list[Path]:
-    """The default draft's generation config with the measured limit, staged in ``output_dir/shipments`` and
-    shipped."""
+def ship_plan(plan: list, output_dir: Path) -> list[Path]:
+    """The default draft's generation config with the measured plan (and no batch limit: the plan generalises it),
+    staged in ``output_dir/shipments`` and shipped."""
     from diversed_hf.cli import ship
     from diversed_hf.testbed.smollm2 import EAGLE_DIR
 
     config = json.loads((EAGLE_DIR / "generation_config.json").read_text())
-    if limit is None:
-        config.pop(KNOB, None)
-    else:
-        config[KNOB] = limit
+    config.pop(KNOB, None)
+    config[PLAN] = plan
     files = {"generation_config.json": json.dumps(config, indent=2) + "\n"}
     return ship.ship(ship.stage(output_dir, "smollm2/eagle", files, measured_by="python benchmarks/batched_rounds.py"))
 
@@ -310,8 +384,8 @@ def main(argv=None) -> int:
     write_text_atomic(args.output_dir / "batched_rounds.md", f"# {TITLE}\n\n{body}\n")
     if not args.quick and args.temperature == 0:
         replace_section(REPO / "RESULTS.md", TITLE, body)
-    if args.ship_limit and not args.quick:
-        print(f"wrote {KNOB} = {results['limit']} into {ship_limit(results['limit'], args.output_dir)[0]}")
+    if args.ship_plan and not args.quick:
+        print(f"shipped {PLAN} = {results['plan']} in {ship_plan(results['plan'], args.output_dir)[0]}")
     print(body)
     return 0
 

@@ -345,13 +345,15 @@ def save_eagle3(draft, save_directory) -> Path:
 
 
 #: the generation-config keys a draft carries for the target's ``generate``: the draft length, the token tree and the
-#: batch size above which lossless calls decode with the target alone (``diversed_hf.generation.batch_rule``)
+#: batch size above which lossless calls decode with the target alone (``diversed_hf.generation.batch_rule``), or the
+#: per-batch plan (``diversed_hf.generation.batch_plan``)
 DRAFTING_KNOBS = (
     "num_assistant_tokens",
     "num_assistant_tokens_schedule",
     "assistant_confidence_threshold",
     *TREE_KNOBS,
     "assistant_disable_by_batch_size",
+    "assistant_batch_plan",
 )
 
 

@@ -35,7 +35,15 @@ from .outputs import DiversedGenerateDecoderOnlyOutput, SpeculationStats, length
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KNOB", "EXPLICIT_DRAFTING", "batch_limit", "batch_size_of", "generate_without_speculation", "turns_off"]
+__all__ = [
+    "KNOB",
+    "EXPLICIT_DRAFTING",
+    "applies",
+    "batch_limit",
+    "batch_size_of",
+    "generate_without_speculation",
+    "turns_off",
+]
 
 #: the generation-config field and ``generate`` keyword: speculation off for batches of more rows than this
 KNOB = "assistant_disable_by_batch_size"
@@ -89,12 +97,20 @@ def batch_size_of(arguments: dict, extra: dict) -> int | None:
     return int(rows) * int(copies)
 
 
-def turns_off(verifier, limit: int | None, rows: int | None, *, explicit: bool, limit_given: bool) -> bool:
-    """Whether this call decodes with the target alone (the module docstring's rule)."""
-    if limit is None or rows is None or rows <= limit or (explicit and not limit_given):
+def applies(verifier, *, explicit: bool, given: bool) -> bool:
+    """Whether a rule read from a generation config (this limit, or :mod:`.batch_plan`'s plan) may change this call's
+    drafting: a lossless verifier, and drafting left to the draft unless the call passed the rule itself."""
+    if explicit and not given:
         return False
     base = verifier.base if isinstance(verifier, BlockVerifier) else verifier
     return type(base) is ExactVerifier
+
+
+def turns_off(verifier, limit: int | None, rows: int | None, *, explicit: bool, limit_given: bool) -> bool:
+    """Whether this call decodes with the target alone (the module docstring's rule)."""
+    if limit is None or rows is None or rows <= limit:
+        return False
+    return applies(verifier, explicit=explicit, given=limit_given)
 
 
 def generate_without_speculation(base_generate, arguments: dict, extra: dict, *, limit: int, rows: int, generator=None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from ..common.pairs import (  # noqa: F401 - re-exported
 )
 from ..drafting.protocol import capabilities_of
 from ..verifiers.rules import ExactVerifier
-from . import batch_rule
+from . import batch_plan, batch_rule
 from .loop import speculative_decode
 from .output_scores import TargetScoreRecorder
 from .outputs import DiversedGenerateDecoderOnlyOutput
@@ -153,6 +154,8 @@ class DiversedGenerationMixin:
       draft a token tree of ``num_assistant_tokens`` levels each round, all its nodes verified in one target pass
       (:mod:`diversed_hf.drafting.tree`, docs/method.md §8); read from ``generate``, else a ``generation_config``.
     - ``assistant_disable_by_batch_size`` (int): lossless batches above it run the target alone (``batch_rule``).
+    - ``assistant_batch_plan`` (``[[max_rows, choice], ...]``): per batch size, the draft's own shape, a chain of N
+      or the target alone, for lossless calls that leave the drafting to the draft (``batch_plan``).
     - ``output_target_weights`` (bool): record the ``w`` used at each emitted token.
     - ``generator`` (``torch.Generator``): random source for drafting and verification.
 
@@ -203,6 +206,7 @@ def _generate(model, base_generate, args: tuple, kwargs: dict):
             "block_verification": block_verification or None,
             "assistant_costs": kwargs.get("assistant_costs"),
             batch_rule.KNOB: kwargs.get(batch_rule.KNOB),
+            batch_plan.PLAN: kwargs.get(batch_plan.PLAN),
         }
         for name, value in ours.items():
             if value is not None:
@@ -299,6 +303,7 @@ def _diversed_generate(
     extra = arguments.pop("kwargs", {})
     explicit = output_target_weights or any(extra.get(name) is not None for name in batch_rule.EXPLICIT_DRAFTING)
     limit_given = extra.pop(batch_rule.KNOB, None)
+    plan_given = extra.pop(batch_plan.PLAN, None)
     request = resolve_request(
         self,
         arguments,
@@ -312,7 +317,9 @@ def _diversed_generate(
     _check_loop_options(arguments, extra)
     limit = batch_rule.batch_limit(request.drafter, arguments.get("generation_config"), limit_given)
     rows = batch_rule.batch_size_of(arguments, extra)
-    if batch_rule.turns_off(request.verifier, limit, rows, explicit=explicit, limit_given=limit_given is not None):
+    request, limit = _apply_batch_plan(request, arguments, plan_given, limit, rows, explicit)
+    rule_given = limit_given is not None or plan_given is not None
+    if batch_rule.turns_off(request.verifier, limit, rows, explicit=explicit, limit_given=rule_given):
         return batch_rule.generate_without_speculation(
             base_generate,
             dict(arguments, streamer=request.streamer),
@@ -326,6 +333,29 @@ def _diversed_generate(
     # `num_return_sequences` repeats the prompts as for sampling (transformers refuses it under greedy decoding).
     request = settle_tree(self, request, arguments, extra)
     return base_generate(**arguments, streamer=request.streamer, custom_generate=_loop_decoder(request), **extra)
+
+
+def _apply_batch_plan(request, arguments, plan_given, limit, rows, explicit) -> tuple[SpeculationRequest, int | None]:
+    """The call's request under the draft's per-batch plan (:mod:`.batch_plan`), and the batch limit that turns it
+    off: a chain of the plan's length, the request as it is, or a limit below ``rows`` when the plan says "target
+    alone"."""
+    plan = batch_plan.plan_of(request.drafter, arguments.get("generation_config"), plan_given)
+    if plan is None:
+        return request, limit
+    if limit is not None:
+        raise ValueError(
+            f"This call has both `{batch_rule.KNOB}` ({limit}) and `{batch_plan.PLAN}` ({plan.to_list()}): keep one "
+            f"(the plan generalises the limit K as [[K, null], [K + 1, 0]])."
+        )
+    if rows is None or not batch_rule.applies(request.verifier, explicit=explicit, given=plan_given is not None):
+        return request, None
+    choice = plan.choose(rows)
+    if choice == 0:  # the target alone: as if the limit were the largest batch the plan speculates at
+        return request, plan.speculates_up_to(rows)
+    if choice is not None:  # a chain of the plan's length, whatever tree or length the draft's config names
+        policy = replace(request.policy, num_assistant_tokens=choice)
+        return replace(request, policy=policy, tree=None), None
+    return request, None
 
 
 _ENABLED_CLASSES: dict[type, type] = {}
