@@ -227,6 +227,31 @@ def test_an_eagle3_draft_built_here_round_trips_through_both_layouts(target, tmp
             assert torch.allclose(loaded(seq, target_hidden=features).logits, expected, atol=1e-6), path
 
 
+def test_a_deeper_eagle3_draft_runs_saves_and_keeps_the_targets_greedy_output(target, tmp_path):
+    """``num_layers=2``: the Eagle3Layer, then a plain Llama layer over its output; this project's format keeps both,
+    the public EAGLE-3 layout (one ``midlayer``) refuses it by name."""
+    from diversed_hf.drafting.eagle3 import Eagle3Layer
+
+    draft = EagleDraft.for_target(target, architecture="eagle3", num_layers=2, draft_vocab_ids=DRAFT_IDS).eval()
+    layers = draft.model.layers
+    assert len(layers) == 2 and isinstance(layers[0], Eagle3Layer) and not isinstance(layers[1], Eagle3Layer)
+    seq = prompt(6, seed=4)
+    with torch.no_grad():
+        features = draft.target_features(target(seq, output_hidden_states=True).hidden_states)
+        expected = draft(seq, target_hidden=features).logits
+        draft.save_pretrained(tmp_path / "ours")
+        loaded = EagleDraft.from_pretrained(tmp_path / "ours", target=target)
+        assert loaded.config.num_layers == 2
+        assert torch.allclose(loaded(seq, target_hidden=features).logits, expected, atol=1e-6)
+    _, ids, mask = left_padded_batch([5, 7, 4])
+    out = target.generate(
+        ids, attention_mask=mask, assistant_model=loaded, verifier=ExactVerifier(), do_sample=False, max_new_tokens=12
+    )
+    assert torch.equal(out, target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12))
+    with pytest.raises(ValueError, match=r"`format='eagle3'` writes EAGLE-3's one `midlayer`; this draft has 2 layers"):
+        draft.save_pretrained(tmp_path / "public", format="eagle3")
+
+
 def test_an_eagle1_draft_exports_for_vllm_and_loads_back(target, tmp_path):
     draft = EagleDraft.from_pretrained(write_eagle1(tmp_path / "d", with_bias=False), target=target)
     exported = draft.save_pretrained(tmp_path / "out", format="eagle")

@@ -112,8 +112,6 @@ class EagleDraftConfig(PretrainedConfig):
             raise ValueError(f"`architecture` is {architecture!r}; it must be one of {ARCHITECTURES}.")
         if architecture == "eagle3" and not aux_layer_ids:
             raise ValueError("An EAGLE-3 draft needs `aux_layer_ids`: the target layers its `fc` fuses.")
-        if architecture == "eagle3" and num_layers != 1:
-            raise ValueError(f"An EAGLE-3 draft has one decoder layer (its `midlayer`); got `num_layers={num_layers}`.")
         self.architecture = architecture
         self.aux_layer_ids = None if aux_layer_ids is None else check_aux_layer_ids(aux_layer_ids)
         self.own_embeddings = bool(own_embeddings)
@@ -195,7 +193,7 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
         setattr(self.model, layout.embeddings, None)  # the target's embeddings are attached, never copied or saved
         if (
             eagle3
-        ):  # one Eagle3Layer; its own final norm and LM head, outside the base model (diversed_hf.drafting.eagle3)
+        ):  # an Eagle3Layer first (plain layers after it); its own final norm and LM head (diversed_hf.drafting.eagle3)
             getattr(self.model, layout.layers)[0] = Eagle3Layer(layers_config, 0)
             setattr(self.model, layout.final_norm, nn.Identity())
             self.norm = LlamaRMSNorm(hidden, eps=layers_config.rms_norm_eps)
@@ -302,17 +300,16 @@ class EagleDraft(PreTrainedModel, GenerationMixin):
 
         ``draft_vocab_ids``: the ids the draft scores (e.g. the most frequent in its training data); with only
         ``draft_vocab_size`` the first ``draft_vocab_size`` ids; neither: every id. ``architecture="eagle3"``: an
-        EAGLE-3 draft (one Llama-style layer of the target's width, its own LM head) fusing the target's layers
-        ``aux_layer_ids`` (default ``(2, L // 2, L - 3)``), for a target of any architecture.
+        EAGLE-3 draft (its ``Eagle3Layer``, then ``num_layers - 1`` plain Llama layers of the target's width, its own
+        LM head) fusing the target's layers ``aux_layer_ids`` (default ``(2, L // 2, L - 3)``), for a target of any
+        architecture.
         """
         text_config = target.config.get_text_config()
         if architecture == "eagle3":
             from .eagle3 import default_aux_layer_ids, eagle3_layers_config
 
-            layers = eagle3_layers_config(text_config)
+            layers = eagle3_layers_config(text_config, num_layers)
             ids = list(aux_layer_ids or default_aux_layer_ids(text_config.num_hidden_layers))
-            if num_layers != 1:
-                raise ValueError(f"An EAGLE-3 draft has one decoder layer; got `num_layers={num_layers}`.")
         else:
             layers, ids = text_config.to_dict(), None
         if draft_vocab_ids is not None:

@@ -77,16 +77,18 @@ def check_aux_layer_ids(ids, num_target_layers: int | None = None) -> list[int]:
     return [int(i) for i in ids]
 
 
-def eagle3_layers_config(target_text_config) -> dict:
-    """A one-layer Llama config (as a dict) for an EAGLE-3 draft of a target with ``target_text_config``: its width,
-    heads, MLP size, norm epsilon and rotary embedding are the target's, whatever the target's architecture."""
+def eagle3_layers_config(target_text_config, num_layers: int = 1) -> dict:
+    """A Llama config (as a dict) of ``num_layers`` layers for an EAGLE-3 draft of a target with
+    ``target_text_config``: its width, heads, MLP size, norm epsilon and rotary embedding are the target's, whatever
+    the target's architecture. The first layer becomes the :class:`Eagle3Layer` (EAGLE-3's ``midlayer``); the others,
+    when ``num_layers > 1``, stay plain Llama decoder layers over its output (a deeper draft, this project's knob)."""
     values = {
         name: getattr(target_text_config, name)
         for name in _LAYER_FIELDS
         if getattr(target_text_config, name, None) is not None
     }
     values.setdefault("hidden_act", "silu")
-    values["num_hidden_layers"] = 1
+    values["num_hidden_layers"] = num_layers
     # the target's special ids, None included: LlamaConfig's defaults (bos 1, eos 2) are another tokenizer's
     values.update({name: getattr(target_text_config, name, None) for name in _SPECIAL_IDS})
     return LlamaConfig(**values).to_dict()

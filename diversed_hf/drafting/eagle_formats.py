@@ -312,6 +312,11 @@ def save_eagle3(draft, save_directory) -> Path:
             "`format='eagle3'` writes an EAGLE-3 draft; this one is EAGLE-1 style (architecture 'eagle'). Save it with "
             "`format='eagle'`, or train an EAGLE-3 draft (training/train_eagle_draft.py --arch eagle3)."
         )
+    if draft.config.num_layers != 1:
+        raise ValueError(
+            f"`format='eagle3'` writes EAGLE-3's one `midlayer`; this draft has {draft.config.num_layers} layers "
+            "(`num_layers`). Save it in this project's format (`format='diversed'`), which keeps every layer."
+        )
     directory = check_directory(save_directory, RECORD_FORMAT)
     config = dict(draft.config.target_config)
     for name in ("dtype", "torch_dtype", "_name_or_path", "transformers_version"):
