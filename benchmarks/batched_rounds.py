@@ -259,6 +259,7 @@ def render(results: dict, command: str) -> str:
         if plan is not None
         else f"The limit this run measured: {results.get('limit')}.",
         "",
+        *_sampled_lines(results),
         *_head_lines(results),
         "**Where a chain round's time goes** (one profiled call each, the draft's length as a chain):",
         "",
@@ -266,6 +267,27 @@ def render(results: dict, command: str) -> str:
     for batch_size, profile in results["profiles"].items():
         lines += [f"Batch {batch_size} ({profile['rounds']} rounds):", "", profile["table"], ""]
     return "\n".join(lines + _against_the_goals(results))
+
+
+def _sampled_lines(results: dict) -> list[str]:
+    """Beside a greedy run: the run at temperature 0.7 (``--temperature 0.7``), when there is one."""
+    path = REPO / "results" / "batched_rounds_t0.7" / "results.json"
+    if results["temperature"] != 0 or not path.is_file():
+        return []
+    sampled = json.loads(path.read_text())
+    methods = [m for m in METHODS if all(m in row["methods"] for row in sampled["rows"])]
+    lines = [
+        f"**At temperature 0.7** (`{sampled['command']}`, results/batched_rounds_t0.7; the same prompts, "
+        f"{sampled['minutes']:.1f} min; x target-only):",
+        "",
+        "| batch | " + " | ".join(methods) + " |",
+        "|---:|" + "---:|" * len(methods),
+    ]
+    for row in sampled["rows"]:
+        lines.append(
+            f"| {row['batch_size']} | " + " | ".join(f"{row['methods'][m]['x_target']:.2f}x" for m in methods) + " |"
+        )
+    return [*lines, ""]
 
 
 def _head_lines(results: dict) -> list[str]:
