@@ -55,6 +55,7 @@ __all__ = [
     "draft_vocabulary",
     "evaluate",
     "eagle_loss",
+    "held_out_agreement",
     "save_draft",
 ]
 
@@ -199,6 +200,25 @@ def evaluate(draft: EagleDraft, sequences: list[Sequence], settings: DistillSett
         "top1_agreement": [round(float(x) / count, 4) for x in agree],
         "positions": count,
     }
+
+
+@torch.no_grad()
+def held_out_agreement(draft: EagleDraft, target, data_dir, settings: DistillSettings | None = None) -> dict:
+    """:func:`evaluate` of a trained ``draft`` on every sequence of the collection in ``data_dir`` (a fixed
+    held-out set several drafts are compared on): top-1 agreement and ``sum min(p, q)`` per unrolled step."""
+    settings = settings or DistillSettings(architecture=draft.config.architecture, aux_layer_ids=_aux(draft))
+    sequences = load_sequences(data_dir)
+    _check_features(draft, sequences, [Path(data_dir)])
+    id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, target.device)
+    training = draft.training
+    scores = evaluate(draft, sequences, settings, id_to_draft, target.device)
+    draft.train(training)  # evaluate leaves it training
+    return scores
+
+
+def _aux(draft: EagleDraft) -> tuple[int, ...] | None:
+    ids = draft.config.aux_layer_ids
+    return None if ids is None else tuple(ids)
 
 
 def _check_features(draft: EagleDraft, sequences: list[Sequence], data_dirs: list[Path]) -> None:

@@ -1,0 +1,226 @@
+"""How the real pair's EagleDraft improves with data (RESULTS.md, "Draft data scaling"): the same recipe distilled on
+1x, 2x, 4x and 8x of the response positions today's default draft was trained on, each measured on the same held-out
+prompts.
+
+    python benchmarks/draft_scaling.py --data runs/collect_t1/data runs/collect_turns/data runs/collect_t07/data
+    python benchmarks/draft_scaling.py --data runs/collect_t1/data --scales 0.01 0.02 --epochs 1 --quick   # smoke
+
+Each scale takes the collections' shards in the order given until it holds ``scale x --unit`` response positions
+(``--unit`` 589,000: what the shipped default draft was distilled on), as a view of symbolic links under
+``--runs_dir`` (nothing copied), and distils a draft there with ``train_eagle_draft.py``'s recipe
+(``diversed_hf.training.eagle_distill.distill``; resumable: a rerun goes on from its checkpoints and skips the scales
+measured). A scale the collections cannot fill yet is reported, not run. Every draft is measured on the same held-out
+answers (the target's own, at T = 1, to the held-out everyday prompts, collected once into ``--runs_dir``): top-1
+agreement and ``sum min(p, q)`` per unrolled step; then tokens per round and acceptance of lossless SD with the
+draft's tree (``--tree``, the shipped shape) at batch 1, greedy, on ``--num_prompts`` held-out everyday prompts.
+Writes ``<output_dir>/results.json`` after each scale, and the section (``<output_dir>/draft_scaling.md``, and RESULTS.md
+without ``--quick``) when done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from diversed_hf.cli.sections import start_script
+from diversed_hf.lab.cli_utils import ArgumentParser, regenerate_lines, replace_section, run_script, write_text_atomic
+
+REPO = Path(__file__).resolve().parents[1]
+TITLE = "Draft data scaling"
+#: response positions the shipped default EagleDraft was distilled on (its training.json)
+UNIT = 589_000
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", nargs="+", required=True, help="collections (train_eagle_draft.py --data_only)")
+    parser.add_argument("--scales", type=float, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--unit", type=int, default=UNIT, help="response positions of scale 1")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--tree", default="4,3,12", help="depth,top_k,size of the tree the drafts are measured with")
+    parser.add_argument("--num_prompts", type=int, default=10, help="held-out everyday prompts timed per draft")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs_dir", default=str(REPO / "runs" / "draft_scaling"))
+    parser.add_argument("--output_dir", default=None, help="default results/draft_scaling")
+    parser.add_argument("--quick", action="store_true", help="results_quick/, 2 held-out prompts")
+    args = parser.parse_args(argv)
+    if min(args.scales) <= 0:
+        parser.error(f"--scales must be positive, got {args.scales}")
+    try:
+        depth, top_k, size = (int(x) for x in args.tree.split(","))
+    except ValueError:
+        parser.error(f"--tree is {args.tree!r}: give depth,top_k,size, e.g. 4,3,12")
+    args.tree = dict(num_assistant_tokens=depth, assistant_tree_top_k=top_k, assistant_tree_size=size)
+    return args
+
+
+def shard_positions(directory: Path) -> list[tuple[Path, int]]:
+    """Each shard of a collection, in order, with its response positions (tokens after the prompts)."""
+    from safetensors import safe_open
+
+    shards = sorted(Path(directory).glob("shard-*.safetensors"))
+    if not shards:
+        raise ValueError(f"--data {directory} holds no shard-*.safetensors: collect into it first.")
+    counted = []
+    for shard in shards:
+        with safe_open(str(shard), "pt") as data:
+            total = int(data.get_tensor("offsets")[-1])
+            prompts = int(data.get_tensor("prompt_lengths").sum())
+        counted.append((shard, total - prompts))
+    return counted
+
+
+def select_shards(collections: list[list[tuple[Path, int]]], budget: int) -> list[list[Path]] | None:
+    """The first shards, collection by collection, whose positions reach ``budget``; None when all of them fall
+    short."""
+    chosen, held = [], 0
+    for shards in collections:
+        taken = []
+        for shard, positions in shards:
+            if held >= budget:
+                break
+            taken.append(shard)
+            held += positions
+        chosen.append(taken)
+    return chosen if held >= budget else None
+
+
+def data_view(chosen: list[list[Path]], data_dirs: list[Path], root: Path) -> list[Path]:
+    """Per collection, a folder of links to its chosen shards and its manifest (nothing copied)."""
+    views = []
+    for index, (shards, source) in enumerate(zip(chosen, data_dirs, strict=True)):
+        if not shards:
+            continue
+        view = root / f"data{index}"
+        view.mkdir(parents=True, exist_ok=True)
+        for shard in [*shards, source / "manifest.json"]:
+            link = view / shard.name
+            if not link.exists():
+                os.symlink(shard.resolve(), link)
+        views.append(view)
+    return views
+
+
+def held_out_answers(target, tokenizer, root: Path, num_prompts: int | None) -> Path:
+    """The target's answers (T = 1) to the held-out everyday prompts: the fixed set every draft is scored on."""
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
+    from diversed_hf.training.eagle_data import CollectionSettings, collect
+
+    directory = root / "held_out"
+    prompts = [
+        (
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
+            160,
+        )
+        for p in everyday_prompts(num_prompts)
+    ]
+    settings = CollectionSettings(temperature=1.0, greedy_fraction=0.0, seed=7, batch_size=16, shard_size=64)
+    collect(target, tokenizer, prompts, directory, settings, progress=False)
+    return directory
+
+
+def measure_draft(target, draft, tokenizer, held_out: Path, prompts: list[str], tree: dict) -> dict:
+    """Held-out agreement per unrolled step, and lossless SD with the tree on ``prompts`` (batch 1, greedy)."""
+    from diversed_hf.training.eagle_distill import held_out_agreement
+    from diversed_hf.verifiers import ExactVerifier
+
+    scores = held_out_agreement(draft, target, held_out)
+    rounds = tokens = drafted = accepted = 0
+    for prompt in prompts:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        out = target.generate(
+            **inputs, assistant_model=draft, verifier=ExactVerifier(), do_sample=False, max_new_tokens=64,
+            return_dict_in_generate=True, **tree,
+        )  # fmt: skip
+        stats = out.speculation
+        rounds += int(stats.num_rounds.sum())
+        tokens += int(stats.num_generated.sum())
+        drafted, accepted = drafted + stats.total_drafted, accepted + stats.total_accepted
+    return {**scores, "tokens_per_round": tokens / max(rounds, 1), "tree_acceptance": accepted / max(drafted, 1)}
+
+
+def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts) -> dict:
+    from diversed_hf import EagleDraft
+    from diversed_hf.training.eagle_distill import DistillSettings, distill
+
+    budget = round(scale * args.unit)
+    chosen = select_shards(collections, budget)
+    if chosen is None:
+        have = sum(positions for shards in collections for _, positions in shards)
+        return {"skipped": f"{have:,} response positions collected, {budget:,} needed"}
+    root = Path(args.runs_dir) / f"x{scale:g}"
+    views = data_view(chosen, data_dirs, root)
+    started = time.time()
+    settings = DistillSettings(epochs=args.epochs)
+    saved = distill(target, views, root / "checkpoints", root / "draft", settings, progress=not args.quick)
+    draft = EagleDraft.from_pretrained(saved, target=target)
+    measured = measure_draft(target, draft, tokenizer, held_out, prompts, args.tree)
+    positions = sum(n for shards in collections for shard, n in shards if any(shard in c for c in chosen))
+    measured["held_out_positions"] = measured.pop("positions")  # evaluate's count: the held-out set's
+    return {**measured, "positions": positions, "minutes": (time.time() - started) / 60}
+
+
+def render(results: dict, command: str) -> str:
+    lines = [
+        *regenerate_lines(command),
+        f"SmolLM2-135M-Instruct (bfloat16) and EagleDrafts distilled by one recipe ({results['epochs']} epochs) on "
+        f"growing shares of the collections ({', '.join(results['data'])}); scale 1 = {results['unit']:,} response "
+        "positions, what the shipped default draft was distilled on. Held-out: the target's answers at T = 1 to the "
+        "held-out everyday prompts. Tokens per round: lossless SD, greedy, batch 1, the tree "
+        f"{results['tree']}, {results['num_prompts']} held-out everyday prompts x 64 tokens.",
+        "",
+        "| scale | positions | top-1 step 1 / 2 / 3 | sum min(p, q) step 1 | tokens per round | acceptance |",
+        "|---:|---:|---|---:|---:|---:|",
+    ]
+    for scale, row in results["scales"].items():
+        if "skipped" in row:
+            lines.append(f"| {scale}x | – | not run: {row['skipped']} | | | |")
+            continue
+        top1 = " / ".join(f"{x:.3f}" for x in row["top1_agreement"])
+        lines.append(
+            f"| {scale}x | {row['positions']:,} | {top1} | {row['acceptance_t1'][0]:.3f} | "
+            f"{row['tokens_per_round']:.2f} | {100 * row['tree_acceptance']:.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    output_dir, command = start_script("draft_scaling", args, argv, "draft_scaling", threads=args.threads)
+    from diversed_hf import enable_diversed, testbed
+    from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
+
+    data_dirs = [Path(d) for d in args.data]
+    collections = [shard_positions(d) for d in data_dirs]  # refused by name before the target loads
+    target, _, tokenizer = testbed.load_pair("smollm2", torch_dtype=torch.bfloat16)
+    enable_diversed(target)
+    held_out = held_out_answers(target, tokenizer, Path(args.runs_dir), 4 if args.quick else None)
+    prompts = everyday_prompts(2 if args.quick else args.num_prompts)
+    path = output_dir / "results.json"
+    results = json.loads(path.read_text()) if path.is_file() else {"scales": {}}
+    results.update(data=args.data, unit=args.unit, epochs=args.epochs, tree=args.tree, num_prompts=len(prompts))
+    for scale in args.scales:
+        key = f"{scale:g}"
+        if "skipped" not in results["scales"].get(key, {"skipped": ""}):
+            continue  # measured by an earlier run
+        results["scales"][key] = run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts)
+        write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+        print(f"scale {key}: {results['scales'][key]}", flush=True)
+    text = render(results, command)
+    write_text_atomic(output_dir / "draft_scaling.md", f"# {TITLE}\n\n{text}\n")
+    if not args.quick:
+        replace_section(REPO / "RESULTS.md", TITLE, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
