@@ -177,6 +177,8 @@ def _mentions(node: ast.AST, tainted: set[str]) -> bool:
         return False
     if isinstance(node, ast.Name) and node.id in tainted:
         return True
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and _names_the_package(node.value):
+        return True
     if isinstance(node, ast.Attribute) and node.attr in tainted:
         return True
     if isinstance(node, ast.Call):
@@ -187,6 +189,12 @@ def _mentions(node: ast.AST, tainted: set[str]) -> bool:
         if called == "getattr" and node.args and getattr(node.args[0], "id", None) in TESTBED_MODULES:
             return True
     return any(_mentions(child, tainted) for child in ast.iter_child_nodes(node))
+
+
+def _names_the_package(text: str) -> bool:
+    """A path literal inside the package: ``"diversed_hf"`` as a path part, or the assets' folder."""
+    parts = text.replace("\\", "/").split("/")
+    return "diversed_hf" in parts[:-1] or text == "diversed_hf" or "testbed/assets" in text
 
 
 def _written_path(call: ast.Call) -> ast.AST | None:
@@ -311,5 +319,14 @@ def test_the_writer_check_catches_a_write_into_the_assets(tmp_path):
         "    adapter = Path(args.adapter) if args.adapter else TUNED_DIR\n"
         "    save('{}', folder=adapter)\n"
         "    save('{}', REPO / 'results')\n"
+        "def literal(text):\n"
+        "    (REPO / 'diversed_hf' / 'testbed' / 'x.json').write_text(text)\n"
+        "    Path('diversed_hf/testbed/assets/y.json').write_text(text)\n"
     )
-    assert asset_writes(script, _asset_constants()) == ["probe.py:14", "probe.py:4", "probe.py:6"]
+    assert asset_writes(script, _asset_constants()) == [
+        "probe.py:14",
+        "probe.py:17",
+        "probe.py:18",
+        "probe.py:4",
+        "probe.py:6",
+    ]
