@@ -80,6 +80,10 @@ def test_bad_runs_are_refused_by_name(tmp_path, assets):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"RUN=.* holds no staged shipment"):
         ship.ship(tmp_path / "empty")
+    (tmp_path / "measured").mkdir()  # a benchmark's folder with nothing staged: not a model to ship whole
+    (tmp_path / "measured" / "results.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"RUN=.* holds no staged shipment"):
+        ship.ship(tmp_path / "measured", "smollm2/eagle")
     run = tmp_path / "run"
     ship.stage(run, "smollm2/eagle", {"a.json": "{}"})
     ship.stage(run, "heads/arith", {"a.json": "{}"})

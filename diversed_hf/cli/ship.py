@@ -161,12 +161,16 @@ def ship(
     return written
 
 
+#: the files that make a folder a saved model, head, adapter or tokenizer (what a recipe writes)
+MODEL_FILES = ("config.json", "adapter_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
 def _is_model_folder(run: Path) -> bool:
     return (
         run.is_dir()
         and not (run / MANIFEST).exists()
         and not (run / SHIPMENTS).exists()
-        and any(path.is_file() for path in run.iterdir())
+        and any((run / name).is_file() for name in MODEL_FILES)
     )
 
 
