@@ -99,7 +99,8 @@ class _TreeDrafting:
 
     def get_candidates(self, input_ids, attention_mask=None, **kwargs):
         limits = self.draft_lengths  # (B,) levels each row may accept this round
-        if input_ids.shape[0] == 0 or int(limits.max()) == 0:  # nothing to draft: the target's token alone
+        deepest = int(limits.max()) if input_ids.shape[0] else 0  # the round's one read while drafting
+        if deepest == 0:  # nothing to draft: the target's token alone
             return super().get_candidates(input_ids, attention_mask=attention_mask)
         self._check_round_start(input_ids)
         if attention_mask is None:
@@ -110,7 +111,7 @@ class _TreeDrafting:
         with round_profile.phase("draft forward"):
             logits, hidden = self.draft_forward(chunk, attention_mask)  # (B, V'), (B, d) or None
         root_probs, root_untempered = self._probs(input_ids, logits)  # (B, vocab), (B, vocab) or None
-        tree = self._grow(input_ids, attention_mask, (root_probs, root_untempered), hidden, limits)
+        tree = self._grow(input_ids, attention_mask, (root_probs, root_untempered), hidden, limits, deepest)
         self.awaiting_update = True
         return TreeCandidates(input_ids, attention_mask, tree)
 
@@ -138,7 +139,7 @@ class _TreeDrafting:
             scores[:, 0] = parent_scores
         return tokens, scores, [self.do_sample] + [False] * (count - 1)
 
-    def _grow(self, input_ids, attention_mask, root, root_hidden, limits) -> DraftTree:
+    def _grow(self, input_ids, attention_mask, root, root_hidden, limits, deepest: int) -> DraftTree:
         spec, batch, device = self.tree_spec, input_ids.shape[0], input_ids.device
         length = input_ids.shape[1]
         nodes = _Nodes(batch, device)
@@ -147,7 +148,7 @@ class _TreeDrafting:
         expanded_untempered = [root_untempered]  # softmax(raw logits) at each expansion, when the verifier reads it
         fed: list[torch.Tensor] = []  # (B,) candidate fed at draft cache column length + i
         root_positions = attention_mask.sum(dim=1) - 1  # (B,)
-        depth = min(spec.depth, int(limits.max()))
+        depth = min(spec.depth, deepest)
         static = {} if spec.is_static else None  # static trees: path of child ranks -> candidate
         # level 1: the root's children
         count = sum(1 for path in spec.paths if len(path) == 1) if spec.is_static else spec.top_k
@@ -296,10 +297,11 @@ def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded, fed, length) -> Dra
         keep = torch.zeros_like(fits).scatter(1, order, True) & fits
     chosen, valid = [], []
     level_sizes = []
-    for level in range(1, max(nodes.levels) + 1):
-        span = nodes.span(level)
+    spans = [nodes.span(level) for level in range(1, max(nodes.levels) + 1)]
+    # every level's widest row in one read (not one a level)
+    sizes = torch.stack([keep[:, span.start : span.stop].sum(dim=1).max() for span in spans]).tolist()
+    for span, size in zip(spans, sizes, strict=True):
         inside = keep[:, span.start : span.stop]  # (B, width)
-        size = int(inside.sum(dim=1).max())
         if size == 0:
             break
         order = (~inside).long().sort(dim=1, stable=True).indices[:, :size]  # kept first, in creation order
@@ -321,7 +323,7 @@ def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded, fed, length) -> Dra
     tokens = nodes.tokens.gather(1, candidates).masked_fill(~valid, 0)
     # each slot's valid children, in slot order (which is creation order: child 0 first)
     is_child = (parents[:, None, :] == torch.arange(num_slots + 1, device=device)[None, :, None]) & valid[:, None, :]
-    width = max(1, int(is_child.sum(dim=2).max()))
+    width = max(1, min(spec.top_k, num_slots))  # no node has more children than top_k: no read for the exact count
     order = (~is_child).long().sort(dim=2, stable=True).indices[:, :, :width]  # (B, S + 1, width)
     children = torch.where(is_child.gather(2, order), order + 1, -1)
     # q and the draft's hidden state at each slot (root and expanded nodes)
