@@ -70,7 +70,9 @@ def _run(argv: list[str], num_processes: int) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [*launcher, str(SCRIPT), *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    # a failing rank's own traceback first (the others' only say that it went away), then the launcher's summary
+    failing = [line for line in done.stderr.splitlines() if line.startswith("[rank0]") or "Error" in line]
+    assert done.returncode == 0, "\n".join(failing)[-3000:] + "\n...\n" + done.stderr[-1500:]
     return done
 
 
