@@ -71,7 +71,8 @@ def _run(argv: list[str], num_processes: int) -> subprocess.CompletedProcess:
         [*launcher, str(SCRIPT), *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     # a failing rank's own traceback first (the others' only say that it went away), then the launcher's summary
-    failing = [line for line in done.stderr.splitlines() if line.startswith("[rank0]") or "Error" in line]
+    marks = ("[rank0]", "Error", "train_eagle_draft.py: ")  # a rank's traceback, or its one-line user error
+    failing = [line for line in done.stderr.splitlines() if any(mark in line for mark in marks)]
     assert done.returncode == 0, "\n".join(failing)[-3000:] + "\n...\n" + done.stderr[-1500:]
     return done
 
