@@ -484,7 +484,12 @@ def _chat_template(args, processes, output_dir: Path) -> str:
             # prefill-only texts are read as they are
             needs_chat = bool(args.prompts or args.follow_ups) or chat_sources > 0
             chat_template = check_target_model(
-                args.target_model, args.arch, args.chat_template, needs_chat, output_dir / "target_tokenizer"
+                args.target_model,
+                args.arch,
+                args.chat_template,
+                needs_chat,
+                output_dir / "target_tokenizer",
+                save=processes.is_main,
             )
     if args.follow_ups:  # the template must append turns
         from diversed_hf.lab.tasks.target_prompts import turn_frame

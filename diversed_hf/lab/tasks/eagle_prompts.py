@@ -205,13 +205,19 @@ def eagle_prompts(num_arith: int, code_samples: int, num_docstrings: int, *, see
 
 
 def check_target_model(
-    target_model: str, architecture: str, chat_template: str | None, needs_chat: bool, tokenizer_dir: Path
+    target_model: str,
+    architecture: str,
+    chat_template: str | None,
+    needs_chat: bool,
+    tokenizer_dir: Path,
+    save: bool = True,
 ) -> str | None:
     """Refuse, before any weight loads or any prompt is answered, a target a draft cannot be distilled for: a config
     that cannot be read, an architecture ``EagleDraft.for_target`` has no layout for (``architecture="eagle"``; an
     EAGLE-3 draft reads any), or a tokenizer without a chat template when the prompts are chat and no
     ``chat_template`` is given. Returns the chat template to render the prompts with: ``chat_template``, else the
-    tokenizer's own (its files saved into ``tokenizer_dir``), else ``None``. Errors name ``--target_model``."""
+    tokenizer's own (its files saved into ``tokenizer_dir`` when ``save``: one process saves them, the others read
+    them), else ``None``. Errors name ``--target_model``."""
     from transformers import AutoConfig, AutoTokenizer
 
     from ...drafting.eagle import layout_of
@@ -247,5 +253,6 @@ def check_target_model(
                 "plain text."
             )
         return None
-    tokenizer.save_pretrained(tokenizer_dir)  # chat_template.jinja and the special tokens the template reads
+    if save:  # another process rewriting them while the first reads them would hand it a partial file
+        tokenizer.save_pretrained(tokenizer_dir)  # chat_template.jinja and the special tokens the template reads
     return str(tokenizer_dir)
