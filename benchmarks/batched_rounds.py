@@ -115,7 +115,11 @@ def _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, seed) -> t
 
 
 def _measured(target, draft, tokenizer, prompts, batch_size, sampling, method) -> dict:
-    kwargs = _kwargs(method, draft)
+    return _timed(target, tokenizer, prompts, batch_size, sampling, _kwargs(method, draft))
+
+
+def _timed(target, tokenizer, prompts, batch_size, sampling, kwargs) -> dict:
+    """One warm-up call, then every prompt decoded in batches of ``batch_size`` with ``kwargs``."""
     warm = tokenizer(prompts[:batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
     target.generate(**warm, **dict(sampling, max_new_tokens=4), **kwargs)
     tokens, seconds, stats = _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, 0)
@@ -197,10 +201,7 @@ def _measure_head(args, target, tokenizer, sampling) -> list[dict]:
         methods = {}
         for method in HEAD_METHODS:
             kwargs = {} if method == "target-only" else dict(assistant_model=task_draft, diversed_head=head)
-            warm = tokenizer(prompts[:batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            target.generate(**warm, **dict(sampling, max_new_tokens=4), **kwargs)
-            tokens, seconds, stats = _decode(target, tokenizer, prompts, batch_size, sampling, kwargs, 0)
-            methods[method] = {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, **stats}
+            methods[method] = _timed(target, tokenizer, prompts, batch_size, sampling, kwargs)
         for result in methods.values():
             result["x_target"] = result["tokens_per_second"] / methods["target-only"]["tokens_per_second"]
         rows.append({"batch_size": batch_size, "num_prompts": len(prompts), "methods": methods})
@@ -243,7 +244,7 @@ def render(results: dict, command: str) -> str:
     ]
     for row in results["rows"]:
         for method, r in row["methods"].items():
-            acceptance = f"{100 * r['accepted'] / r['drafted']:.1f} %" if r["drafted"] else "–"
+            acceptance = _acceptance(r)
             label = method + (" (target alone: the plan)" if r["off"] else "")
             lines.append(
                 f"| {row['batch_size']} | {row['num_prompts']} | {label} | {r['tokens_per_second']:.1f} | "
@@ -267,6 +268,10 @@ def render(results: dict, command: str) -> str:
     for batch_size, profile in results["profiles"].items():
         lines += [f"Batch {batch_size} ({profile['rounds']} rounds):", "", profile["table"], ""]
     return "\n".join(lines + _against_the_goals(results))
+
+
+def _acceptance(result: dict) -> str:
+    return f"{100 * result['accepted'] / result['drafted']:.1f} %" if result["drafted"] else "–"
 
 
 def _sampled_lines(results: dict) -> list[str]:
@@ -303,7 +308,7 @@ def _head_lines(results: dict) -> list[str]:
     ]
     for row in results["head_rows"]:
         for method, r in row["methods"].items():
-            acceptance = f"{100 * r['accepted'] / r['drafted']:.1f} %" if r["drafted"] else "–"
+            acceptance = _acceptance(r)
             lines.append(
                 f"| {row['batch_size']} | {row['num_prompts']} | {method} | {r['tokens_per_second']:.1f} | "
                 f"{r['x_target']:.2f}x | {acceptance} |"

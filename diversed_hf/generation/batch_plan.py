@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..verifiers.checks import is_integer
+from .batch_rule import rule_value
 
 __all__ = ["AS_CONFIGURED", "PLAN", "BatchPlan", "plan_from_throughput", "plan_of"]
 
@@ -74,15 +75,9 @@ class BatchPlan:
 
 
 def plan_of(assistant_model, generation_config, given) -> BatchPlan | None:
-    """The call's plan: ``given`` (the keyword), else the call's ``generation_config``, else the draft's; None for
-    none."""
-    value, source = given, f"`{PLAN}`"
-    for config, name in (
-        (generation_config, "the call's"),
-        (getattr(assistant_model, "generation_config", None), "the draft's"),
-    ):
-        if value is None and config is not None:
-            value, source = getattr(config, PLAN, None), f"{name} generation_config's `{PLAN}`"
+    """The call's plan: ``given`` (the keyword), else the call's ``generation_config``, else the draft's
+    (:func:`~.batch_rule.rule_value`, as the batch limit is found); None for none."""
+    value, source = rule_value(PLAN, assistant_model, generation_config, given)
     return None if value is None else BatchPlan(value, source)
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "batch_limit",
     "batch_size_of",
     "generate_without_speculation",
+    "rule_value",
     "turns_off",
 ]
 
@@ -59,16 +60,22 @@ EXPLICIT_DRAFTING = (
 )
 
 
-def batch_limit(assistant_model, generation_config, given) -> int | None:
-    """The call's limit: ``given`` (the keyword), else the call's ``generation_config``, else the assistant's;
-    ``None``: no limit."""
-    value, source = given, f"`{KNOB}`"
+def rule_value(knob: str, assistant_model, generation_config, given) -> tuple[object, str]:
+    """A batch rule's value and where it came from (for messages): ``given`` (the keyword), else the call's
+    ``generation_config``, else the assistant's; ``None`` for none."""
+    value, source = given, f"`{knob}`"
     for config, name in (
         (generation_config, "the call's"),
         (getattr(assistant_model, "generation_config", None), "the draft's"),
     ):
         if value is None and config is not None:
-            value, source = getattr(config, KNOB, None), f"{name} generation_config's `{KNOB}`"
+            value, source = getattr(config, knob, None), f"{name} generation_config's `{knob}`"
+    return value, source
+
+
+def batch_limit(assistant_model, generation_config, given) -> int | None:
+    """The call's limit (:func:`rule_value`); ``None``: no limit."""
+    value, source = rule_value(KNOB, assistant_model, generation_config, given)
     if value is None:
         return None
     if not is_integer(value) or value < 1:
