@@ -482,6 +482,15 @@ def embeddings_without_norm(embeddings, ids: torch.Tensor) -> torch.Tensor:
 TREE_ATTENTION = ("sdpa", "eager")
 
 
+def has_sliding_window(model) -> bool:
+    """Whether some of ``model``'s layers attend through a sliding window (whose mask counts cache columns)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layer_types = getattr(config, "layer_types", None)
+    # no layer_types with a window set (Mistral, Phi-3): every layer is windowed (their mask functions say so)
+    windowed = layer_types is None or any("sliding" in str(kind) for kind in layer_types)
+    return bool(getattr(config, "sliding_window", None)) and windowed
+
+
 def check_tree_attention(model, which: str) -> None:
     """Refuse, before any forward, a model whose attention cannot take a token tree's 4-D mask."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -492,10 +501,7 @@ def check_tree_attention(model, which: str) -> None:
             f'with `attn_implementation="sdpa"` (or "eager"), or draft a chain (leave `assistant_tree_top_k` '
             "unset)."
         )
-    layer_types = getattr(config, "layer_types", None)
-    # no layer_types with a window set (Mistral, Phi-3): every layer is windowed (their mask functions say so)
-    windowed = layer_types is None or any("sliding" in str(kind) for kind in layer_types)
-    if getattr(config, "sliding_window", None) and windowed:
+    if has_sliding_window(model):
         raise ValueError(
             f"Token trees give the {which}'s layers one 4-D mask, which has no sliding window; this model has "
             "sliding-window layers. Draft a chain with it (leave `assistant_tree_top_k` unset)."

@@ -4,6 +4,7 @@
 ``mixin``          the HF boundary: ``DiversedGenerationMixin``, ``enable_diversed``, ``diversed_generate`` (what the
                    ``custom_generate`` repository calls), the argument checks
 ``loop``           the batched speculative loop: prefill, draft, verify, commit, realign
+``target_cache``   the target's cache with holes: rejected drafts masked in place, compacted when too wide
 ``processors``     logits processors kept per row
 ``outputs``        ``SpeculationStats`` and the output type carrying it
 ``output_scores``  the target's scores and logits of every emitted token, as transformers returns them

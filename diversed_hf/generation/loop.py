@@ -13,10 +13,12 @@ token) and the draft cache ``[0, L - 2)`` (all but the last two), so a round is:
 1. draft: feed ``seq[:, -2:]`` then each sampled token: ``N`` calls, ``q_1..q_N`` and ``h^q_1..h^q_N``;
 2. target: feed ``[seq[:, -1], x_1..x_N]`` (``B, N + 1``) once: ``p_1..p_{N+1}`` and ``h^p``;
 3. verify: row ``b`` keeps ``n_b`` drafts and one recovered/bonus token;
-4. realign: with ``A = max_b n_b`` the new length is ``L + A + 1``; caches are cropped to
-   ``L + A`` (target) and ``L + A - 1`` (draft) columns and row ``b`` is rolled right by
-   ``A - n_b``; what wraps around is the row's rejected tail, now on masked columns. Columns
-   that are padding in every row are dropped, so ``L`` stays the longest row's length.
+4. realign: with ``A = max_b n_b`` the new length is ``L + A + 1``; the sequence, its mask and the
+   draft cache (cropped to ``L + A - 1`` columns) roll row ``b`` right by ``A - n_b``; what wraps
+   around is the row's rejected tail, now on masked columns. Columns that are padding in every row
+   are dropped, so ``L`` stays the longest row's length. The target cache is not rolled: it keeps
+   its own mask, each row's ``A - n_b`` rejected columns masked in place as holes, and is compacted
+   only when the holes make it too wide (:mod:`.target_cache`); its positions follow its mask.
 
 The first round starts from empty caches and feeds each model what its cache lacks -- the whole
 prompt -- with its first call, as transformers' assisted decoding does: no separate prefill pass.
@@ -25,7 +27,8 @@ that reads the target's features (an :class:`~diversed_hf.drafting.eagle.EagleDr
 (:mod:`diversed_hf.drafting.feature_candidates`): the target first reads the prompt minus its last token (``prefill``),
 so the draft has its features, and the draft's cache keeps only columns computed from them.
 Finished rows (EOS, length, stopping criteria) leave the batch and cost nothing after. Sliding
-windows stay exact because every row is hole-free and the mask is built from column indices.
+windows stay exact because their target keeps the compact cache (every row hole-free; the window's
+mask is built from column indices).
 
 In code a round is four named steps of ``_SpeculativeLoop``: ``draft`` (step 1, through
 :class:`~diversed_hf.drafting.candidates.DiversedCandidateGenerator`, a transformers ``CandidateGenerator``),
@@ -60,6 +63,7 @@ from .outputs import RoundRecord, SpeculationStats
 from .processors import per_row_processors, sync_row_lengths
 from .round_state import RoundContext, RoundDecisions
 from .rounds import ChainRound, TreeRound, round_strategy
+from .target_cache import TargetCache
 
 if TYPE_CHECKING:  # the request's module checks heads, which the loop never imports
     from .request import SpeculationRequest
@@ -269,7 +273,7 @@ class _SpeculativeLoop:
         self.generator = generator
         self.streamer = streamer
         self.vocab_size = vocab_size
-        self.target_cache = compat.new_cache()
+        self.target_cache = TargetCache(keeps_holes=False)
         self._aranges: dict[int, torch.Tensor] = {}
         self.round_clock: tuple[float, float] | None = None  # (start, end of drafting) of the round, when timed
         self.round_target_hidden: torch.Tensor | None = (
@@ -304,13 +308,15 @@ class _SpeculativeLoop:
         self.active = torch.arange(batch_size, device=device)  # (B,)
         self.remaining = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)  # (B,)
         self.max_new_tokens = max_new_tokens
-        self.target_cache = compat.new_cache()  # empty: the first round feeds the whole prompt
+        # empty: the first round feeds the whole prompt; rejected drafts become holes in it (.target_cache)
+        self.target_cache = TargetCache(keeps_holes=self.keeps_holes())
         # the host's copy of what the rounds decide: each row's leading padding columns (one read, before any round)
         self.row_padding = (self.mask.cumsum(dim=1) == 0).sum(dim=1).tolist()  # [B]
+        self.target_cache.start(self.mask, self.row_padding)
         self.checks = FiniteMassChecks()  # the round's distributions, checked with its decisions (one read a round)
         self.candidates.deferred_checks = self.checks
         if self.candidates.reads_target_cache:  # a Gemma 4 assistant: the target's keys, values
-            self.candidates.target_cache = self.target_cache
+            self.candidates.target_cache = self.target_cache.cache
         profile = round_profile.active()  # a profile (docs/profile.md) or None
         began = round_profile.clock(profile.device) if profile is not None else 0.0
         if self.candidates.reads_target_features:
@@ -346,7 +352,7 @@ class _SpeculativeLoop:
                 self.target,
                 self.seq[:, :-1],
                 self.mask[:, :-1],
-                self.target_cache,
+                self.target_cache.cache,
                 logits_to_keep=1,
                 output_hidden_states=True,
             )
@@ -354,6 +360,11 @@ class _SpeculativeLoop:
         else:
             hidden = None  # a one-token prompt: no column before the last
         self.candidates.set_target_features(hidden, self.mask)
+
+    def keeps_holes(self) -> bool:
+        """Whether the target's cache may keep rejected drafts as masked holes (:mod:`.target_cache`): not when its
+        attention counts columns (a sliding window) or a draft reads the cache's columns (a Gemma 4 assistant)."""
+        return not (self.candidates.reads_target_cache or compat.has_sliding_window(self.target))
 
     def _columns(self, width: int) -> torch.Tensor:  # (width,)
         if width not in self._aranges:
@@ -461,7 +472,7 @@ class _SpeculativeLoop:
         candidate_ids, candidate_mask = candidates.candidate_ids, candidates.attention_mask  # (B, L + N_r) each
         round_num_accepted = num_accepted
         accepted, padding = decisions.num_accepted, self.row_padding  # [B] each
-        kept = None
+        kept = rows = None
         if all(decisions.finished):  # the call is over: the generator's last schedule update
             self.active = self.active[:0]
             done = Realignment(kept=self.active, shifts=None, new_length=0, leading=0)
@@ -498,7 +509,7 @@ class _SpeculativeLoop:
         self.row_padding = [pad - leading for pad in padding]
         realignment = replace(realignment, leading=leading)
         self.seq, self.mask = realignment.move(seq), mask[:, realignment.leading :]
-        realignment.edit_cache(self.target_cache, lag=1)  # the target cache lacks the last token
+        self.target_cache.follow(realignment, rows, accepted, num_accepted, self.mask, self.row_padding)
         realignment.edit_processors(self.logits_processor)
         seconds = None
         if self.round_clock is not None:  # (drafting, the rest of the round: verification, commit, realignment)

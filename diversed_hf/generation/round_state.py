@@ -19,7 +19,7 @@ class RoundContext:
     """A round's inputs: the call's models and rules, and the prefix the round drafts after."""
 
     target: torch.nn.Module
-    target_cache: Any  # the target's cache, extended by the round's pass (and compacted by a tree round)
+    target_cache: Any  # the target's TargetCache (.cache, .mask), extended by the round's pass (a tree's: by its path)
     verifier: Any  # a diversed_hf.verifiers.Verifier
     candidates: Any  # the candidate generator that drafted the round (a tree round keeps its path in its cache)
     logits_processor: Any  # transformers' LogitsProcessorList

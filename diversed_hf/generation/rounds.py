@@ -51,12 +51,14 @@ class ChainRound:
         """
         candidate_ids = candidates[0]  # (B, L + N_r)
         num_round_drafts = candidate_ids.shape[1] - context.length  # N_r
+        # (B, N_r + 1), the prompt too in round 1; the mask over the cache's columns (holes included) and those
+        fresh, mask = context.target_cache.inputs(candidate_ids, candidates.attention_mask, context.length)
         with round_profile.phase("target forward"):
             out = compat.forward_with_cache(
                 context.target,
-                candidate_ids[:, context.target_cache.get_seq_length() :],  # (B, N_r + 1), the prompt in round 1
-                candidates.attention_mask,  # (B, L + N_r)
-                context.target_cache,
+                fresh,
+                mask,
+                context.target_cache.cache,
                 logits_to_keep=num_round_drafts + 1,
                 output_hidden_states=context.needs_hidden,
             )

@@ -52,33 +52,36 @@ def verify_tree_round(context: RoundContext, candidates) -> RoundOutcome:
 def _target_pass(context: RoundContext, candidates, needs_hidden: bool):
     """The target's one pass over ``[last token, nodes]`` (the whole prompt too in the first round) with the tree
     mask: a node sees the prefix, its ancestors and itself, at position ``root + depth``."""
-    tree, seq, mask = candidates.tree, candidates.input_ids, candidates.attention_mask  # tree, (B, L), (B, L)
-    batch, length = seq.shape
+    tree = candidates.tree
+    # the columns the cache lacks (the last token, or the whole prompt) and the prefix's mask (B, P): the cache's
+    # columns (holes included) and those
+    ids, mask = context.target_cache.inputs(candidates.input_ids, candidates.attention_mask, context.length)
+    batch, length = mask.shape  # B, P
     num_slots = tree.num_slots  # S
-    depths = torch.tensor(tree.depths, device=seq.device)  # (S,)
-    cached = context.target_cache.get_seq_length()  # L - 1, or 0 in the first round
-    fresh = length - cached  # prefix columns the target reads now (the last token, or the whole prompt)
-    columns = torch.arange(length, device=seq.device)
-    real = mask.bool()  # (B, L)
+    depths = torch.tensor(tree.depths, device=ids.device)  # (S,)
+    fresh = ids.shape[1]  # prefix columns the target reads now
+    cached = length - fresh  # the cache's width, or 0 in the first round
+    columns = torch.arange(length, device=ids.device)
+    real = mask.bool()  # (B, P)
     prefix_rows = columns[cached:, None] >= columns[None, :]  # (fresh, L) causal over the prefix
     prefix_allowed = (prefix_rows[None] & real[:, None, :]) | (columns[cached:, None] == columns[None, :])[None]
     node_prefix = real[:, None, :].expand(batch, num_slots, length)  # (B, S, L)
     allowed = torch.cat(
         [
-            torch.cat([prefix_allowed, torch.zeros(batch, fresh, num_slots, dtype=torch.bool, device=seq.device)], 2),
+            torch.cat([prefix_allowed, torch.zeros(batch, fresh, num_slots, dtype=torch.bool, device=ids.device)], 2),
             torch.cat([node_prefix, tree.ancestors], dim=2),
         ],
         dim=1,
-    )  # (B, fresh + S, L + S)
-    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
+    )  # (B, fresh + S, P + S)
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
     root = positions[:, -1:]  # (B, 1)
     positions = torch.cat([positions[:, cached:], root + depths[None, :]], dim=1)  # (B, fresh + S)
     return compat.forward_tree(
         context.target,
-        torch.cat([seq[:, cached:], tree.tokens], dim=1),
+        torch.cat([ids, tree.tokens], dim=1),
         allowed,
         positions,
-        context.target_cache,
+        context.target_cache.cache,
         logits_to_keep=num_slots + 1,
         output_hidden_states=needs_hidden,
     )
@@ -126,8 +129,10 @@ def _keep_path(context: RoundContext, candidates, result, path) -> DraftCandidat
     length, depth = seq.shape[1], path.shape[1]
     longest = int(result.num_accepted.max())  # A
     path = path[:, :longest]  # (B, A) slots of each row's path (0 past its end)
-    # the target cache: the path's nodes (column L - 1 + slot) right after the prefix, then L + A columns
-    compat.compact_cache(context.target_cache, length, length - 1 + path.clamp(min=1))
+    # the target cache: the path's nodes (column P - 1 + slot, P the prefix's width in it: the cache's C columns and
+    # the last token's) right after the prefix, then P + A columns
+    width = context.target_cache.mask.shape[1] + 1  # P
+    compat.compact_cache(context.target_cache.cache, width, width - 1 + path.clamp(min=1))
     draft_columns = tree.draft_columns.gather(1, (path[:, : max(longest - 1, 0)] - 1).clamp(min=0))
     context.candidates.keep_path(draft_columns.clamp(min=length - 1))  # the draft cache: L + A - 1 columns
     path_tokens = tree.tokens.gather(1, (path - 1).clamp(min=0))  # (B, A)
