@@ -87,6 +87,36 @@ def test_a_chain_round_reads_the_device_at_most_twice(monkeypatch, drafter, do_s
     assert sum(ours.values()) <= 2 * rounds, f"{sum(ours.values())} reads in {rounds} rounds: {dict(ours)}"
 
 
+@pytest.mark.parametrize("drafter", ["draft model", "EagleDraft"])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_tree_round_reads_the_device_at_most_twice(monkeypatch, drafter, do_sample):
+    """A tree round: the tree's level sizes (its layout's one read, which also says whether any row may draft), then
+    the round's decisions; the walk runs every level masked, with no read."""
+    target, draft = make_pair(noise=0.6)
+    enable_diversed(target)
+    if drafter == "EagleDraft":
+        draft = EagleDraft.for_target(target).eval()
+    _, input_ids, attention_mask = left_padded_batch([5, 7, 4, 6])
+    torch.manual_seed(0)
+
+    def run():
+        target.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            num_assistant_tokens=3,
+            assistant_tree_top_k=2,
+            assistant_tree_size=6,
+            max_new_tokens=16,
+            do_sample=do_sample,
+        )
+
+    rounds, ours, _ = count_reads(monkeypatch, run)
+    assert rounds >= 3
+    assert sum(ours.values()) <= 2 * rounds, f"{sum(ours.values())} reads in {rounds} rounds: {dict(ours)}"
+
+
 def test_the_counter_sees_a_read_the_loop_would_add(monkeypatch):
     """A ``bool(tensor)`` added to a round is counted (the count above can fail)."""
     target, draft = make_pair()

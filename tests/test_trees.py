@@ -64,6 +64,37 @@ def test_greedy_tree_output_is_the_targets_in_a_ragged_batch(architecture, tree)
     assert bool((stats.num_generated == 24).all())
 
 
+@pytest.mark.parametrize("drafter", ["draft model", "EagleDraft"])
+def test_a_round_with_one_token_left_in_every_row_drafts_nothing_and_stays_exact(monkeypatch, drafter):
+    """The tree grows before its one read says whether any row may draft; when none may (each has one token left),
+    the round is the target's token alone, and the output is still the target's."""
+    from diversed_hf import EagleDraft
+    from diversed_hf.drafting import tree_candidates
+
+    target, draft = make_pair("llama", noise=0.3)
+    enable_diversed(target)
+    if drafter == "EagleDraft":
+        draft = EagleDraft.for_target(target).eval()
+    grown = []
+    grow = tree_candidates._TreeDrafting._grow
+    monkeypatch.setattr(
+        tree_candidates._TreeDrafting, "_grow", lambda self, *a: grown.append(grow(self, *a)) or grown[-1]
+    )
+    input_ids = prompt(5, seed=2)
+    for max_new_tokens in range(1, 9):
+        expected = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
+        output = target.generate(
+            input_ids,
+            assistant_model=draft,
+            verifier=ExactVerifier(),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            **DYNAMIC,
+        )
+        assert torch.equal(output, expected), max_new_tokens
+    assert any(tree is None for tree in grown) and any(tree is not None for tree in grown)
+
+
 def test_a_tree_accepts_more_per_round_than_its_chain_when_greedy(pair):
     """The draft's second guesses are tried: on the same prompts the tree's rounds emit at least as many tokens."""
     target, draft = pair

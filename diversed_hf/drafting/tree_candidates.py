@@ -19,7 +19,7 @@ from ..common import round_profile
 from ..common.pairs import draft_input_ids
 from ..verifiers import ops
 from ..verifiers.checks import check_finite_mass_now_or_later
-from .candidates import DiversedCandidateGenerator, next_token_scores
+from .candidates import DiversedCandidateGenerator, DraftCandidates, next_token_scores
 from .feature_candidates import FeatureCandidateGenerator
 from .tree import DraftTree, TreeSpec, child_tokens
 
@@ -77,12 +77,12 @@ class _Nodes:
         first = self.levels.index(level)
         return range(first, first + self.levels.count(level))
 
-    def path_tokens(self, nodes: torch.Tensor) -> torch.Tensor:  # (B,) candidates of one level -> (B, level)
-        """The tokens from the root's child down to ``nodes`` (all of one level)."""
+    def path_tokens(self, nodes: torch.Tensor, level: int) -> torch.Tensor:  # (B,) candidates -> (B, level)
+        """The tokens from the root's child down to ``nodes`` (all of ``level``)."""
         chosen = self.ancestors[torch.arange(nodes.shape[0], device=self.device), nodes]  # (B, C)
         columns = []
-        for level in range(1, self.levels[int(nodes[0])] + 1):
-            span = self.span(level)
+        for above in range(1, level + 1):
+            span = self.span(above)
             inside = chosen[:, span.start : span.stop]  # (B, width): exactly one ancestor per level
             columns.append(self.tokens[:, span.start : span.stop].gather(1, inside.long().argmax(1, keepdim=True)))
         return torch.cat(columns, dim=1)
@@ -99,8 +99,7 @@ class _TreeDrafting:
 
     def get_candidates(self, input_ids, attention_mask=None, **kwargs):
         limits = self.draft_lengths  # (B,) levels each row may accept this round
-        deepest = int(limits.max()) if input_ids.shape[0] else 0  # the round's one read while drafting
-        if deepest == 0:  # nothing to draft: the target's token alone
+        if input_ids.shape[0] == 0:
             return super().get_candidates(input_ids, attention_mask=attention_mask)
         self._check_round_start(input_ids)
         if attention_mask is None:
@@ -111,8 +110,13 @@ class _TreeDrafting:
         with round_profile.phase("draft forward"):
             logits, hidden = self.draft_forward(chunk, attention_mask)  # (B, V'), (B, d) or None
         root_probs, root_untempered = self._probs(input_ids, logits)  # (B, vocab), (B, vocab) or None
-        tree = self._grow(input_ids, attention_mask, (root_probs, root_untempered), hidden, limits, deepest)
+        # The tree grows to its full depth, its levels past a row's budget left out in its layout, whose one read
+        # (every level's widest row) is the round's one read while drafting.
+        tree = self._grow(input_ids, attention_mask, (root_probs, root_untempered), hidden, limits)
         self.awaiting_update = True
+        if tree is None:  # no row may draft (each has one token left): the target's token alone
+            no_drafts = torch.zeros_like(limits)
+            return DraftCandidates(input_ids, None, draft_lengths=no_drafts, attention_mask=attention_mask)
         return TreeCandidates(input_ids, attention_mask, tree)
 
     def _start_round(self, input_ids) -> None:
@@ -139,7 +143,7 @@ class _TreeDrafting:
             scores[:, 0] = parent_scores
         return tokens, scores, [self.do_sample] + [False] * (count - 1)
 
-    def _grow(self, input_ids, attention_mask, root, root_hidden, limits, deepest: int) -> DraftTree:
+    def _grow(self, input_ids, attention_mask, root, root_hidden, limits) -> DraftTree | None:
         spec, batch, device = self.tree_spec, input_ids.shape[0], input_ids.device
         length = input_ids.shape[1]
         nodes = _Nodes(batch, device)
@@ -148,7 +152,7 @@ class _TreeDrafting:
         expanded_untempered = [root_untempered]  # softmax(raw logits) at each expansion, when the verifier reads it
         fed: list[torch.Tensor] = []  # (B,) candidate fed at draft cache column length + i
         root_positions = attention_mask.sum(dim=1) - 1  # (B,)
-        depth = min(spec.depth, deepest)
+        depth = spec.depth
         static = {} if spec.is_static else None  # static trees: path of child ranks -> candidate
         # level 1: the root's children
         count = sum(1 for path in spec.paths if len(path) == 1) if spec.is_static else spec.top_k
@@ -232,7 +236,7 @@ class _TreeDrafting:
             scored = [
                 next_token_scores(
                     self.logits_processor,
-                    torch.cat([input_ids, nodes.path_tokens(expand[:, e])], dim=1),  # (B, L + level)
+                    torch.cat([input_ids, nodes.path_tokens(expand[:, e], level)], dim=1),  # (B, L + level)
                     out.logits[:, e],
                     self.vocab_size,
                 )
@@ -282,7 +286,7 @@ class FeatureTreeCandidateGenerator(_TreeDrafting, FeatureCandidateGenerator):
         """Nothing to keep: the realignment crops the draft cache to the round's start."""
 
 
-def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded, fed, length) -> DraftTree:
+def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded, fed, length) -> DraftTree | None:
     """The nodes a round verifies, in slots by level (see :class:`~diversed_hf.drafting.tree.DraftTree`);
     ``expanded``: q, the untempered q (or Nones) and the draft's hidden state (or Nones) at each expansion."""
     expanded_probs, expanded_untempered, expanded_hidden = expanded
@@ -308,6 +312,8 @@ def _layout(nodes: _Nodes, spec: TreeSpec, limits, expanded, fed, length) -> Dra
         chosen.append(span.start + order)
         valid.append(inside.gather(1, order))
         level_sizes.append(size)
+    if not level_sizes:  # no row may accept a level
+        return None
     candidates = torch.cat(chosen, dim=1)  # (B, S)
     valid = torch.cat(valid, dim=1)  # (B, S)
     num_slots = candidates.shape[1]

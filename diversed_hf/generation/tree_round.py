@@ -39,11 +39,9 @@ def verify_tree_round(context: RoundContext, candidates) -> RoundOutcome:
     if context.candidates.reads_target_features:  # the draft's features: the target's at the root and the path's
         features = context.candidates.target_features(out.hidden_states)[:, -(candidates.tree.num_slots + 1) :]
         features = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[2]))  # (B, depth + 1, d)
-    chain = _keep_path(context, candidates, result, path)
+    chain = _keep_path(context, candidates, path)
     target_scores = None
     if processed is not None:
-        depth = along.shape[1] - 1
-        processed += [processed[-1]] * (depth + 1 - len(processed))  # steps past every row's end: filler
         raw = logits.float().gather(1, along[:, :, None].expand(-1, -1, logits.shape[2]))  # (B, depth + 1, V')
         target_scores = (torch.stack(processed, dim=1), raw)
     return RoundOutcome(result, target_probs, target_scores, chain, features, candidates.tree.num_nodes)
@@ -93,7 +91,7 @@ def _walk(context: RoundContext, candidates, logits, out, needs_hidden: bool, pr
     tree, seq = candidates.tree, candidates.input_ids
     batch = seq.shape[0]
 
-    def target_probs_at(step, slots, path_tokens):  # p at each row's slot, its processors on its own prefix
+    def target_probs_at(step, slots, path_tokens, reached):  # p at each row's slot, its processors on its prefix
         slot_logits = logits[torch.arange(batch, device=seq.device), slots]  # (B, model_vocab)
         if not len(context.logits_processor):
             scores = raw = ops.fit_vocabulary(slot_logits, context.vocab_size).float()
@@ -103,7 +101,8 @@ def _walk(context: RoundContext, candidates, logits, out, needs_hidden: bool, pr
         if processed is not None:
             processed.append(scores)
         probs = scores.softmax(dim=-1)
-        check_finite_mass_now_or_later(probs, "target", context.checks)
+        # checked where the walk is: a row past its end sits at a filler, read by nothing the round keeps
+        check_finite_mass_now_or_later(torch.where(reached[:, None], probs, 1.0), "target", context.checks)
         return probs, raw.softmax(dim=-1) if context.verifier.requires_untempered_probs else None
 
     return verify_tree(
@@ -122,21 +121,20 @@ def _walk(context: RoundContext, candidates, logits, out, needs_hidden: bool, pr
     )
 
 
-def _keep_path(context: RoundContext, candidates, result, path) -> DraftCandidates:
+def _keep_path(context: RoundContext, candidates, path) -> DraftCandidates:
     """Each row's accepted path moved right after the prefix in both caches; returns the round as a chain of
     ``depth`` drafts whose first ``n_b`` are the path."""
     tree, seq, mask = candidates.tree, candidates.input_ids, candidates.attention_mask
     length, depth = seq.shape[1], path.shape[1]
-    longest = int(result.num_accepted.max())  # A
-    path = path[:, :longest]  # (B, A) slots of each row's path (0 past its end)
-    # the target cache: the path's nodes (column P - 1 + slot, P the prefix's width in it: the cache's C columns and
-    # the last token's) right after the prefix, then P + A columns
+    # Every row's path is kept to the tree's depth (slots past its end: fillers), so nothing is read here; the
+    # realignment crops both caches to the longest path A, read with the round's decisions.
+    # The target cache: the path's nodes (column P - 1 + slot, P the prefix's width in it: the cache's C columns and
+    # the last token's) right after the prefix, then P + depth columns.
     width = context.target_cache.mask.shape[1] + 1  # P
     compat.compact_cache(context.target_cache.cache, width, width - 1 + path.clamp(min=1))
-    draft_columns = tree.draft_columns.gather(1, (path[:, : max(longest - 1, 0)] - 1).clamp(min=0))
-    context.candidates.keep_path(draft_columns.clamp(min=length - 1))  # the draft cache: L + A - 1 columns
-    path_tokens = tree.tokens.gather(1, (path - 1).clamp(min=0))  # (B, A)
-    drafts = torch.nn.functional.pad(path_tokens, (0, depth - longest))  # (B, depth)
+    draft_columns = tree.draft_columns.gather(1, (path[:, : max(depth - 1, 0)] - 1).clamp(min=0))
+    context.candidates.keep_path(draft_columns.clamp(min=length - 1))  # the draft cache: L + depth - 1 columns
+    drafts = tree.tokens.gather(1, (path - 1).clamp(min=0))  # (B, depth): the path, then filler
     return DraftCandidates(
         torch.cat([seq, drafts], dim=1),  # (B, L + depth): the path, then filler
         None,

@@ -53,7 +53,7 @@ def verify_tree(
     children: torch.Tensor,  # (B, S + 1, C) each slot's children slots in order, -1 padded
     sampled: torch.Tensor,  # (B, S) bool: drawn from its parent's q
     draft_probs: torch.Tensor,  # (B, S + 1, vocab) q at each slot (zeros where not expanded)
-    target_probs_at,  # (step, slots (B,), path tokens (B, step)) -> p, untempered p or None: (B, vocab) each
+    target_probs_at,  # (step, slots (B,), path tokens (B, step), reached (B,)) -> p, untempered p or None (B, vocab)
     depth: int,
     *,
     untempered_draft_probs: torch.Tensor | None = None,  # (B, S + 1, vocab) softmax(raw logits) of the draft
@@ -66,7 +66,9 @@ def verify_tree(
     path's length; ``position_acceptance`` = the probability that the path's node accepts one of its children, 0
     past the stop; ``drafted_acceptance`` = whether it did), the accepted path (slots, 0 past its end) and ``p`` at
     the slot of each emitted token. ``p`` and ``pi`` are computed only where the walk goes (``target_probs_at``: the
-    logits processors read each row's path), one slot per row and step. A rule that reads temperature-1
+    logits processors read each row's path), one slot per row and step; ``reached`` says which rows the walk brought
+    to the step (a row past its end stays at its last slot, a filler). The walk reads nothing from the device: it
+    runs every step of ``depth``, masked where rows stopped, so a GPU never waits on it. A rule that reads temperature-1
     probabilities (``requires_untempered_probs``) gets the draft's (``untempered_draft_probs``) and the target's
     (``target_probs_at``'s second value) at each node, as in a chain."""
     batch, device = tokens.shape[0], tokens.device
@@ -86,12 +88,12 @@ def verify_tree(
         kids = children[rows, node]  # (B, C)
         has_kids = alive & (kids[:, 0] >= 0) & (step < depth)  # (B,)
         leaf = alive & ~has_kids
-        p_node, p_untempered = target_probs_at(step, node, slot_tokens.gather(1, path[:, :step]))  # (B, vocab) each
+        p_node, p_untempered = target_probs_at(step, node, slot_tokens.gather(1, path[:, :step]), alive)  # (B, V) each
         visited.append(p_node)
-        if bool(leaf.any()):  # the bonus token, from p
-            bonus = ops.sample(p_node, generator) if do_sample else p_node.argmax(dim=-1)
-            next_tokens = torch.where(leaf, bonus, next_tokens)
-        if not bool(has_kids.any()):
+        # the bonus token, from p, where a row reached a leaf (its mass is checked with the round's decisions)
+        bonus = ops.sample(p_node, generator, check=False) if do_sample else p_node.argmax(dim=-1)
+        next_tokens = torch.where(leaf, bonus, next_tokens)
+        if step == depth:  # no node has children at the last step
             break
         q_node = torch.where(has_kids[:, None], draft_probs[rows, node], p_node)  # a stand-in where unused
         context = {
@@ -121,7 +123,6 @@ def verify_tree(
         num_accepted += kept.long()
         node = torch.where(kept, chosen, node)
         alive = kept
-    visited += [visited[-1]] * (depth + 1 - len(visited))  # steps past every row's end: filler
     result = VerificationResult(num_accepted, next_tokens, position_acceptance, weights, drafted_acceptance)
     return result, path, torch.stack(visited, dim=1)
 
@@ -146,10 +147,8 @@ def _test_children(kids, slot_tokens, slot_sampled, q, p, pi, verifier, do_sampl
     after_zero = verifier.residual_probs(q, p, pi)  # (B, vocab)
     accept_probability = torch.zeros(batch, device=kids.device)
     undecided = exists[:, 0].clone()
-    for k in range(width):
+    for k in range(width):  # every stage, masked where a row has decided or has fewer children: no device read
         live = undecided & exists[:, k]
-        if not bool(live.any()):
-            break
         token = child_tokens[:, k]  # (B,)
         is_sampled = first_sampled & (k == 0)
         mass = residual.sum(dim=-1).clamp(min=torch.finfo(residual.dtype).tiny)
@@ -167,5 +166,6 @@ def _test_children(kids, slot_tokens, slot_sampled, q, p, pi, verifier, do_sampl
         residual = torch.where((live & is_sampled)[:, None], after_zero, torch.where(live[:, None], removed, residual))
         undecided = live & ~hit
     mass = residual.clamp(min=0).sum(dim=-1, keepdim=True)  # (B, 1); none only for rows whose stages all kept one
-    emitted = ops.sample(torch.where(mass > 0, residual.clamp(min=0), pi), generator)  # (B,) from the last residual
+    # (B,) from the last residual; pi has mass where p and q have (checked with the round's decisions)
+    emitted = ops.sample(torch.where(mass > 0, residual.clamp(min=0), pi), generator, check=False)
     return chosen, emitted, accept_probability
