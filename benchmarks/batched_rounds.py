@@ -348,12 +348,16 @@ def _against_the_goals(results: dict) -> list[str]:
         row = next(r for r in results["rows"] if r["batch_size"] == 8)
         steps = -(-row["num_prompts"] // 8) * results["max_new_tokens"]
         chain = row["methods"]["chain"]
+        target = row["methods"]["target-only"]
         lines.append(
             f"- why batches lose here: a round lasts until its slowest row is verified, so at batch 8 the chain took "
             f"{chain['rounds']} rounds where target-only took {steps} steps ({steps / chain['rounds']:.2f}x fewer "
-            f"target passes), with {100 * chain['accepted'] / chain['drafted']:.0f} % of drafts accepted, while each "
-            "pass verifies every row's drafts on a CPU the batch already keeps busy; realignment still rolls every "
-            "cache column of a row that accepted fewer drafts than the longest. Hence the plan."
+            f"target passes, {100 * chain['accepted'] / chain['drafted']:.0f} % of drafts accepted), but a round cost "
+            f"{1000 * chain['seconds'] / chain['rounds']:.0f} ms against {1000 * target['seconds'] / steps:.0f} ms for a "
+            f"target-only step ({chain['seconds'] / chain['rounds'] / (target['seconds'] / steps):.2f}x): at batch 8 a "
+            "pass on one CPU thread is compute-bound, so verifying every row's drafts costs about what it computes, and "
+            "the draft and realignment are no longer where the time goes (the profile above). Fewer passes pay only "
+            "with a draft that is right more often; until then the plan turns speculation off where it loses."
         )
     lines.append("")
     return lines
