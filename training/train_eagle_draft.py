@@ -115,7 +115,8 @@ def _parser() -> ArgumentParser:
         nargs="+",
         default=[],
         metavar="DIR",
-        help="earlier collections (another run's <output_dir>/data) to distil on as well",
+        help="earlier collections (another run's <output_dir>/data) to distil on as well; one made for the other "
+        "--arch is read again by the target for this draft's features (<output_dir>/features-<i>, resumable)",
     )
     parser.add_argument(
         "--follow_ups",
@@ -421,6 +422,7 @@ def main(argv=None) -> Path:
     from diversed_hf.training.data_parallel import Processes
     from diversed_hf.training.eagle_data import collect
     from diversed_hf.training.eagle_distill import check_save_to, distill
+    from diversed_hf.training.eagle_features import with_layers
 
     output_dir = Path(args.output_dir)
     destination = save_location(args.save_to or output_dir / "draft", "--save_to", output_dir)
@@ -457,9 +459,12 @@ def main(argv=None) -> Path:
         processes.close()
         return output_dir / "data"
     collections = [own, *(_collection_record(Path(d)) for d in args.extra_data)]
+    # an earlier collection keeping other layers (made for the other --arch) is read again for this draft's
+    layers = settings.feature_layers or (target.config.get_text_config().num_hidden_layers,)
+    data_dirs = with_layers(target, [output_dir / "data", *map(Path, args.extra_data)], layers, output_dir, processes)
     saved = distill(
         target,
-        [output_dir / "data", *map(Path, args.extra_data)],
+        data_dirs,
         output_dir / "checkpoints",
         save_to,
         distill_settings,

@@ -42,6 +42,7 @@ from ..drafting.eagle import EagleDraft
 from ..verifiers.checks import is_integer, is_real
 from .data_parallel import Processes
 from .eagle_data import Sequence, claim_directory, load_sequences
+from .eagle_features import stored_layers
 from .eagle_save import DEFAULT_DRAFTING, check_drafting, check_save_to, save_draft
 
 logger = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ def held_out_agreement(draft: EagleDraft, target, data_dir, settings: DistillSet
     held-out set several drafts are compared on): top-1 agreement and ``sum min(p, q)`` per unrolled step."""
     settings = settings or DistillSettings(architecture=draft.config.architecture, aux_layer_ids=_aux(draft))
     sequences = load_sequences(data_dir)
-    _check_features(draft, sequences, [Path(data_dir)])
+    _check_features(draft, sequences, [Path(data_dir)], target.config.get_text_config().num_hidden_layers)
     id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, target.device)
     training = draft.training
     scores = evaluate(draft, sequences, settings, id_to_draft, target.device)
@@ -221,8 +222,19 @@ def _aux(draft: EagleDraft) -> tuple[int, ...] | None:
     return None if ids is None else tuple(ids)
 
 
-def _check_features(draft: EagleDraft, sequences: list[Sequence], data_dirs: list[Path]) -> None:
-    """Refuse a collection whose features are not the ones the draft reads (one layer, or its fused layers)."""
+def _check_features(draft: EagleDraft, sequences: list[Sequence], data_dirs: list[Path], num_layers: int) -> None:
+    """Refuse a collection whose features are not the ones the draft reads (the target's last hidden state, or an
+    EAGLE-3 draft's fused layers), by the layers its manifest records and by width."""
+    wanted = (num_layers,) if draft.config.aux_layer_ids is None else tuple(draft.config.aux_layer_ids)
+    for directory in data_dirs:
+        had = stored_layers(directory, num_layers)
+        if had != wanted:
+            raise ValueError(
+                f"The collection in {directory} keeps the target's hidden states {list(had)} per position; a draft "
+                f"of architecture {draft.config.architecture!r} reads {list(wanted)}. Featurize it for this draft "
+                "(diversed_hf.training.eagle_features.featurize; train_eagle_draft.py does it for --extra_data), or "
+                "collect with the same `--arch` as you distil."
+            )
     width = sequences[0].hidden.shape[1] if sequences else draft.config.target_feature_size
     if width != draft.config.target_feature_size:
         raise ValueError(
@@ -436,7 +448,7 @@ def distill(
     with processes.main_first():  # the main process claims the directory; the others check the claim
         claim_directory(checkpoint_dir, "run.json", run, "checkpoints of another run")
     draft = _new_draft(target, training, settings)
-    _check_features(draft, sequences, data_dirs)
+    _check_features(draft, sequences, data_dirs, target.config.get_text_config().num_hidden_layers)
     id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, target.device)
     steps_per_epoch = math.ceil(len(training) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs
