@@ -4,6 +4,7 @@ prompts.
 
     python benchmarks/draft_scaling.py --data runs/collect_t1/data runs/collect_turns/data runs/collect_t07/data
     python benchmarks/draft_scaling.py --data runs/collect_t1/data --scales 0.01 0.02 --epochs 1 --quick   # smoke
+    python benchmarks/draft_scaling.py --data ... --arch eagle3   # EAGLE-3 drafts on the same answers
 
 Each scale takes the collections' shards in the order given until it holds ``scale x --unit`` response positions
 (``--unit`` 589,000: what the shipped default draft was distilled on), as a view of symbolic links under
@@ -13,8 +14,11 @@ measured). A scale the collections cannot fill yet is reported, not run. Every d
 answers (the target's own, at T = 1, to the held-out everyday prompts, collected once into ``--runs_dir``): top-1
 agreement and ``sum min(p, q)`` per unrolled step; then tokens per round and acceptance of lossless SD with the
 draft's tree (``--tree``, the shipped shape) at batch 1, greedy, on ``--num_prompts`` held-out everyday prompts.
-Writes ``<output_dir>/results.json`` after each scale, and the section (``<output_dir>/draft_scaling.md``, and RESULTS.md
-without ``--quick``) when done.
+With ``--arch eagle3`` the drafts are EAGLE-3 ones (``--aux_layer_ids``, default the target's layers 2, L // 2,
+L - 3): the chosen shards and the held-out answers are read again by the target for those layers
+(``diversed_hf.training.eagle_features``, under ``--runs_dir``/eagle3, once for every scale), so both architectures
+learn from the same answers. Writes ``<output_dir>/results.json`` after each scale, and the section
+(``<output_dir>/draft_scaling.md``, and RESULTS.md without ``--quick``) when done.
 """
 
 from __future__ import annotations
@@ -47,8 +51,12 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs_dir", default=str(REPO / "runs" / "draft_scaling"))
     parser.add_argument("--output_dir", default=None, help="default results/draft_scaling")
+    parser.add_argument("--arch", choices=("eagle", "eagle3"), default="eagle", help="the drafts' architecture")
+    parser.add_argument("--aux_layer_ids", type=int, nargs=3, default=None, help="with --arch eagle3: its layers")
     parser.add_argument("--quick", action="store_true", help="results_quick/, 2 held-out prompts")
     args = parser.parse_args(argv)
+    if args.aux_layer_ids is not None and args.arch != "eagle3":
+        parser.error("--aux_layer_ids names an EAGLE-3 draft's layers: add --arch eagle3")
     if min(args.scales) <= 0:
         parser.error(f"--scales must be positive, got {args.scales}")
     try:
@@ -147,6 +155,20 @@ def measure_draft(target, draft, tokenizer, held_out: Path, prompts: list[str], 
     return {**scores, "tokens_per_round": tokens / max(rounds, 1), "tree_acceptance": accepted / max(drafted, 1)}
 
 
+def featurized(target, chosen: list[list[Path]], data_dirs: list[Path], root: Path, layers) -> list[list[Path]]:
+    """The chosen shards read again by the target for an EAGLE-3 draft's ``layers``, into ``root/data<i>`` (each
+    shard once, whatever scale first needed it)."""
+    from diversed_hf.training.eagle_features import featurize
+
+    made = []
+    for index, (shards, source) in enumerate(zip(chosen, data_dirs, strict=True)):
+        directory = root / f"data{index}"
+        if shards:
+            featurize(target, source, directory, layers, shards=[shard.name for shard in shards])
+        made.append([directory / shard.name for shard in shards])
+    return made
+
+
 def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts) -> dict:
     from diversed_hf import EagleDraft
     from diversed_hf.training.eagle_distill import DistillSettings, distill
@@ -156,15 +178,21 @@ def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, 
     if chosen is None:
         have = sum(positions for shards in collections for _, positions in shards)
         return {"skipped": f"{have:,} response positions collected, {budget:,} needed"}
-    root = Path(args.runs_dir) / f"x{scale:g}"
-    views = data_view(chosen, data_dirs, root)
     started = time.time()
-    settings = DistillSettings(epochs=args.epochs)
+    root, settings, sources = Path(args.runs_dir) / f"x{scale:g}", DistillSettings(epochs=args.epochs), chosen
+    if args.arch == "eagle3":
+        root = Path(args.runs_dir) / "eagle3" / f"x{scale:g}"
+        settings = DistillSettings(epochs=args.epochs, architecture="eagle3", aux_layer_ids=args.layers)
+        sources = featurized(target, chosen, data_dirs, Path(args.runs_dir) / "eagle3", args.layers)
+        data_dirs = [Path(args.runs_dir) / "eagle3" / f"data{i}" for i in range(len(data_dirs))]
+    featurize_minutes = (time.time() - started) / 60
+    views = data_view(sources, data_dirs, root)
     saved = distill(target, views, root / "checkpoints", root / "draft", settings, progress=not args.quick)
     draft = EagleDraft.from_pretrained(saved, target=target)
     measured = measure_draft(target, draft, tokenizer, held_out, prompts, args.tree)
     positions = sum(n for shards in collections for shard, n in shards if any(shard in c for c in chosen))
     measured["held_out_positions"] = measured.pop("positions")  # evaluate's count: the held-out set's
+    measured["featurize_minutes"] = featurize_minutes
     return {**measured, "positions": positions, "minutes": (time.time() - started) / 60}
 
 
@@ -177,19 +205,34 @@ def render(results: dict, command: str) -> str:
         "held-out everyday prompts. Tokens per round: lossless SD, greedy, batch 1, the tree "
         f"{results['tree']}, {results['num_prompts']} held-out everyday prompts x 64 tokens.",
         "",
-        "| scale | positions | top-1 step 1 / 2 / 3 | sum min(p, q) step 1 | tokens per round | acceptance |",
-        "|---:|---:|---|---:|---:|---:|",
+        *(_table(results["scales"]) if results["scales"] else ["(no EAGLE-1-style draft measured yet)"]),
     ]
-    for scale, row in results["scales"].items():
+    if results.get("scales_eagle3"):
+        lines += [
+            "",
+            f"**EAGLE-3** (`--arch eagle3`: the target's layers {results['aux_layer_ids']} fused, training-time test, "
+            "its own LM head; the same answers, read again for those layers, and the same held-out set):",
+            "",
+            *_table(results["scales_eagle3"]),
+        ]
+    return "\n".join(lines)
+
+
+def _table(scales: dict) -> list[str]:
+    lines = [
+        "| scale | positions | top-1 step 1 / 2 / 3 | sum min(p, q) step 1 | tokens per round | acceptance | minutes |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for scale, row in scales.items():
         if "skipped" in row:
-            lines.append(f"| {scale}x | – | not run: {row['skipped']} | | | |")
+            lines.append(f"| {scale}x | – | not run: {row['skipped']} | | | | |")
             continue
         top1 = " / ".join(f"{x:.3f}" for x in row["top1_agreement"])
         lines.append(
             f"| {scale}x | {row['positions']:,} | {top1} | {row['acceptance_t1'][0]:.3f} | "
-            f"{row['tokens_per_round']:.2f} | {100 * row['tree_acceptance']:.1f} % |"
+            f"{row['tokens_per_round']:.2f} | {100 * row['tree_acceptance']:.1f} % | {row['minutes']:.0f} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None) -> int:
@@ -203,17 +246,29 @@ def main(argv=None) -> int:
     target, _, tokenizer = testbed.load_pair("smollm2", torch_dtype=torch.bfloat16)
     enable_diversed(target)
     held_out = held_out_answers(target, tokenizer, Path(args.runs_dir), 4 if args.quick else None)
+    key = "scales"
+    if args.arch == "eagle3":
+        from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
+        from diversed_hf.training.eagle_features import featurize
+
+        layers = target.config.get_text_config().num_hidden_layers
+        args.layers = tuple(check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers))
+        held_out = featurize(target, held_out, Path(args.runs_dir) / "eagle3" / "held_out", args.layers)
+        key = "scales_eagle3"
     prompts = everyday_prompts(2 if args.quick else args.num_prompts)
     path = output_dir / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {"scales": {}}
     results.update(data=args.data, unit=args.unit, epochs=args.epochs, tree=args.tree, num_prompts=len(prompts))
+    if args.arch == "eagle3":
+        results["aux_layer_ids"] = list(args.layers)
+    measured = results.setdefault(key, {})
     for scale in args.scales:
-        key = f"{scale:g}"
-        if "skipped" not in results["scales"].get(key, {"skipped": ""}):
+        name = f"{scale:g}"
+        if "skipped" not in measured.get(name, {"skipped": ""}):
             continue  # measured by an earlier run
-        results["scales"][key] = run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts)
+        measured[name] = run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts)
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
-        print(f"scale {key}: {results['scales'][key]}", flush=True)
+        print(f"scale {name} ({args.arch}): {measured[name]}", flush=True)
     text = render(results, command)
     write_text_atomic(output_dir / "draft_scaling.md", f"# {TITLE}\n\n{text}\n")
     if not args.quick:

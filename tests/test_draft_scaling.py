@@ -25,3 +25,34 @@ def test_a_view_links_the_chosen_shards_and_the_manifest(tmp_path):
     assert [sorted(p.name for p in view.iterdir()) for view in views] == [["manifest.json", "shard-00000.safetensors"]]
     assert all(p.is_symlink() for p in views[0].iterdir())
     assert scaling.data_view([[source / "shard-00000.safetensors"]], [source], tmp_path / "x1") == views  # rerun
+
+
+def test_eagle3_scales_read_each_chosen_shard_again_once(tmp_path):
+    """``--arch eagle3``: the shards a scale takes are featurized for the draft's layers under one folder, each
+    once whatever scale first needed it; the section renders both architectures' tables."""
+    import pytest
+
+    pytest.importorskip("trl")
+    from test_training import tiny_tokenizer
+    from tiny_models import make_model
+
+    from diversed_hf.training.eagle_data import CollectionSettings, collect, load_sequences
+
+    target = make_model("llama", num_layers=4)
+    prompts = [("t5 t6 t7", 4), ("t8 t9", 3), ("t10 t11", 4), ("t12", 3)]
+    source = collect(target, tiny_tokenizer(), prompts, tmp_path / "data", CollectionSettings(shard_size=2, top_k=4))
+    shards = sorted(source.glob("shard-*.safetensors"))
+    made = scaling.featurized(target, [shards[:1]], [source], tmp_path / "eagle3", (1, 2, 3))
+    assert made == [[tmp_path / "eagle3" / "data0" / shards[0].name]]
+    assert [s.hidden.shape[1] for s in load_sequences(tmp_path / "eagle3" / "data0")] == [96, 96]
+    stamp = made[0][0].stat().st_mtime_ns
+    scaling.featurized(target, [shards], [source], tmp_path / "eagle3", (1, 2, 3))  # a larger scale
+    assert len(list((tmp_path / "eagle3" / "data0").glob("shard-*"))) == 2 and made[0][0].stat().st_mtime_ns == stamp
+
+    row = {"positions": 1000, "top1_agreement": [0.5, 0.4, 0.3], "acceptance_t1": [0.6], "tokens_per_round": 2.0}
+    row.update(tree_acceptance=0.3, minutes=12.0)
+    results = {"scales": {"1": row}, "scales_eagle3": {"1": row, "2": {"skipped": "1,000 collected"}}}
+    results.update(data=["d"], unit=1000, epochs=2, tree={}, num_prompts=2, aux_layer_ids=[1, 2, 3])
+    text = scaling.render(results, "python benchmarks/draft_scaling.py --arch eagle3")
+    assert text.count("| 1x | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | 12 |") == 2
+    assert "**EAGLE-3** (`--arch eagle3`: the target's layers [1, 2, 3] fused" in text and "not run: 1,000" in text
