@@ -69,6 +69,12 @@ def parse_args(argv=None):
 
 def shard_positions(directory: Path) -> list[tuple[Path, int]]:
     """Each shard of a collection, in order, with its response positions (tokens after the prompts)."""
+    return [(shard, positions) for shard, positions, _ in _shards(directory)]
+
+
+def _shards(directory: Path) -> list[tuple[Path, int, float | None]]:
+    """Each shard with its response positions and the seconds its decoding took (None for a shard written before
+    shards recorded it)."""
     from safetensors import safe_open
 
     shards = sorted(Path(directory).glob("shard-*.safetensors"))
@@ -79,7 +85,8 @@ def shard_positions(directory: Path) -> list[tuple[Path, int]]:
         with safe_open(str(shard), "pt") as data:
             total = int(data.get_tensor("offsets")[-1])
             prompts = int(data.get_tensor("prompt_lengths").sum())
-        counted.append((shard, total - prompts))
+            seconds = (data.metadata() or {}).get("seconds")
+        counted.append((shard, total - prompts, None if seconds is None else float(seconds)))
     return counted
 
 
@@ -196,6 +203,43 @@ def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, 
     return {**measured, "positions": positions, "minutes": (time.time() - started) / 60}
 
 
+def collection_costs(data_dirs: list[Path]) -> list[dict]:
+    """Each collection's response positions, and those of its shards that recorded their decoding time with the
+    seconds they took (a collection's runs may have stopped: the rate is what the timed shards show)."""
+    costs = []
+    for directory in data_dirs:
+        shards = _shards(directory)
+        timed = [(n, seconds) for _, n, seconds in shards if seconds is not None]
+        costs.append(
+            {
+                "data": str(directory),
+                "positions": sum(n for _, n, _ in shards),
+                "timed_positions": sum(n for n, _ in timed),
+                "timed_seconds": round(sum(seconds for _, seconds in timed), 1),
+                "shards": len(shards),
+                "timed_shards": len(timed),
+            }
+        )
+    return costs
+
+
+def _costs(collections: list[dict]) -> str:
+    parts = []
+    for c in collections:
+        part = f"{c['data']} {c['positions']:,} positions"
+        if c["timed_seconds"]:
+            rate = c["timed_positions"] / c["timed_seconds"]
+            part += (
+                f" at {rate:.0f} a second (the {c['timed_shards']} of {c['shards']} shards that timed their "
+                f"decoding), about {c['positions'] / rate / 3600:.1f} h"
+            )
+        parts.append(part)
+    return (
+        "What the data cost (the target decoding at batch 64-128 on two threads, beside other work): "
+        f"{'; '.join(parts)}."
+    )
+
+
 def render(results: dict, command: str) -> str:
     lines = [
         *regenerate_lines(command),
@@ -207,6 +251,8 @@ def render(results: dict, command: str) -> str:
         "",
         *(_table(results["scales"]) if results["scales"] else ["(no EAGLE-1-style draft measured yet)"]),
     ]
+    if results.get("collections"):
+        lines += ["", _costs(results["collections"]) + " *minutes*: featurizing (EAGLE-3) and distilling a scale."]
     if results.get("scales_eagle3"):
         lines += [
             "",
@@ -259,6 +305,7 @@ def main(argv=None) -> int:
     path = output_dir / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {"scales": {}}
     results.update(data=args.data, unit=args.unit, epochs=args.epochs, tree=args.tree, num_prompts=len(prompts))
+    results["collections"] = collection_costs(data_dirs)
     if args.arch == "eagle3":
         results["aux_layer_ids"] = list(args.layers)
     measured = results.setdefault(key, {})

@@ -3,6 +3,8 @@ pair, for hours: RESULTS.md, "Draft data scaling")."""
 
 from pathlib import Path
 
+import pytest
+import torch
 from scripts import load_script
 
 scaling = load_script("draft_scaling")
@@ -30,8 +32,6 @@ def test_a_view_links_the_chosen_shards_and_the_manifest(tmp_path):
 def test_eagle3_scales_read_each_chosen_shard_again_once(tmp_path):
     """``--arch eagle3``: the shards a scale takes are featurized for the draft's layers under one folder, each
     once whatever scale first needed it; the section renders both architectures' tables."""
-    import pytest
-
     pytest.importorskip("trl")
     from test_training import tiny_tokenizer
     from tiny_models import make_model
@@ -56,3 +56,37 @@ def test_eagle3_scales_read_each_chosen_shard_again_once(tmp_path):
     text = scaling.render(results, "python benchmarks/draft_scaling.py --arch eagle3")
     assert text.count("| 1x | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | 12 |") == 2
     assert "**EAGLE-3** (`--arch eagle3`: the target's layers [1, 2, 3] fused" in text and "not run: 1,000" in text
+
+
+def test_the_section_says_what_each_collection_cost(tmp_path):
+    """Shards record the seconds their decoding took; the section gives each collection's positions and the rate its
+    timed shards show (shards from before the timing count as positions only)."""
+    from safetensors.torch import save_file
+
+    source = tmp_path / "collection"
+    source.mkdir()
+    for index, (prompt, total, seconds) in enumerate([(10, 310, "30.0"), (20, 520, "70.0"), (5, 105, None)]):
+        tensors = {"offsets": torch.tensor([0, total]), "prompt_lengths": torch.tensor([prompt])}
+        metadata = None if seconds is None else {"seconds": seconds}
+        save_file(tensors, str(source / f"shard-{index:05d}.safetensors"), metadata=metadata)
+    costs = scaling.collection_costs([source])
+    assert costs == [
+        {"data": str(source), "positions": 900, "timed_positions": 800, "timed_seconds": 100.0}
+        | {"shards": 3, "timed_shards": 2}
+    ]
+    results = {"scales": {}, "collections": costs, "data": ["d"], "unit": 1000, "epochs": 2, "tree": {}}
+    text = scaling.render({**results, "num_prompts": 2}, "python benchmarks/draft_scaling.py")
+    assert f"{source} 900 positions at 8 a second (the 2 of 3 shards that timed their decoding), about 0.0 h" in text
+
+
+def test_a_collected_shard_records_its_decoding_time(tmp_path):
+    pytest.importorskip("trl")
+    from safetensors import safe_open
+    from test_training import tiny_tokenizer
+    from tiny_models import make_model
+
+    from diversed_hf.training.eagle_data import CollectionSettings, collect
+
+    directory = collect(make_model("llama"), tiny_tokenizer(), [("t5 t6", 3)], tmp_path / "d", CollectionSettings())
+    with safe_open(str(directory / "shard-00000.safetensors"), "pt") as data:
+        assert float(data.metadata()["seconds"]) > 0

@@ -103,7 +103,9 @@ def _shard_path(directory: Path, index: int) -> Path:
     return directory / f"shard-{index:05d}.safetensors"
 
 
-def _write_shard(path: Path, sequences: list[Sequence]) -> None:
+def _write_shard(path: Path, sequences: list[Sequence], seconds: float) -> None:
+    """The shard file, with the ``seconds`` its decoding took in its metadata (what a collection cost survives a run
+    that stops)."""
     offsets = [0]
     for sequence in sequences:
         offsets.append(offsets[-1] + sequence.ids.shape[0])
@@ -116,7 +118,7 @@ def _write_shard(path: Path, sequences: list[Sequence]) -> None:
         "top_logprobs": torch.cat([s.top_logprobs for s in sequences]).to(torch.float16).contiguous(),
     }
     staging = path.with_suffix(".tmp")
-    save_file(tensors, str(staging))
+    save_file(tensors, str(staging), metadata={"seconds": f"{seconds:.2f}"})
     staging.replace(path)  # a shard exists only once it is whole
 
 
@@ -365,6 +367,7 @@ def collect(
             bar.update(end - begin)
             continue
         written += 1
+        shard_started = time.time()
         generator = torch.Generator(device=target.device).manual_seed(settings.seed * 100_003 + shard)
         sequences = []
         for batch_start in range(begin, end, settings.batch_size):
@@ -373,7 +376,7 @@ def collect(
             greedy = [bool(every) and (batch_start + i) % every == 0 for i in range(len(batch))]
             sequences += _decode_batch(target, jobs, settings, greedy, eos_ids, pad_id, generator)
             bar.update(len(batch))
-        _write_shard(_shard_path(directory, shard), sequences)
+        _write_shard(_shard_path(directory, shard), sequences, time.time() - shard_started)
     bar.close()
     processes.wait()  # every shard is written
     timing = directory / "timing.json"  # decoding time summed over the runs that wrote shards (a resumed run adds)
