@@ -46,7 +46,9 @@ def parse_args(argv=None):
     parser.add_argument("--scales", type=float, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--unit", type=int, default=UNIT, help="response positions of scale 1")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--tree", default="4,3,12", help="depth,top_k,size of the tree the drafts are measured with")
+    parser.add_argument(
+        "--tree", default="3,4,12", help="depth,top_k,size of the tree the drafts are measured with (the shipped one)"
+    )
     parser.add_argument("--num_prompts", type=int, default=10, help="held-out everyday prompts timed per draft")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs_dir", default=str(REPO / "runs" / "draft_scaling"))
@@ -162,6 +164,19 @@ def measure_draft(target, draft, tokenizer, held_out: Path, prompts: list[str], 
     return {**scores, "tokens_per_round": tokens / max(rounds, 1), "tree_acceptance": accepted / max(drafted, 1)}
 
 
+def measure_shipped(args, target, tokenizer, held_out: Path, prompts: list[str]) -> dict:
+    """The shipped draft of ``--arch``, measured as every scale's (its data: its ``training.json``)."""
+    from diversed_hf.testbed.smollm2 import EAGLE3_DIR, EAGLE_DIR, load_eagle_draft
+
+    path = EAGLE_DIR if args.arch == "eagle" else EAGLE3_DIR
+    draft = load_eagle_draft(target, path)
+    if args.arch == "eagle3" and tuple(draft.config.aux_layer_ids) != args.layers:
+        return {"skipped": f"it fuses layers {draft.config.aux_layer_ids}, not {list(args.layers)}"}
+    measured = measure_draft(target, draft, tokenizer, held_out, prompts, args.tree)
+    measured["held_out_positions"] = measured.pop("positions")
+    return {**measured, "positions": json.loads((path / "training.json").read_text())["train_positions"]}
+
+
 def featurized(target, chosen: list[list[Path]], data_dirs: list[Path], root: Path, layers) -> list[list[Path]]:
     """The chosen shards read again by the target for an EAGLE-3 draft's ``layers``, into ``root/data<i>`` (each
     shard once, whatever scale first needed it)."""
@@ -249,7 +264,11 @@ def render(results: dict, command: str) -> str:
         "held-out everyday prompts. Tokens per round: lossless SD, greedy, batch 1, the tree "
         f"{results['tree']}, {results['num_prompts']} held-out everyday prompts x 64 tokens.",
         "",
-        *(_table(results["scales"]) if results["scales"] else ["(no EAGLE-1-style draft measured yet)"]),
+        *(
+            _table(results["scales"], results.get("shipped"))
+            if results["scales"] or results.get("shipped")
+            else ["(no EAGLE-1-style draft measured yet)"]
+        ),
     ]
     if results.get("collections"):
         lines += ["", _costs(results["collections"]) + " *minutes*: featurizing (EAGLE-3) and distilling a scale."]
@@ -259,24 +278,26 @@ def render(results: dict, command: str) -> str:
             f"**EAGLE-3** (`--arch eagle3`: the target's layers {results['aux_layer_ids']} fused, training-time test, "
             "its own LM head; the same answers, read again for those layers, and the same held-out set):",
             "",
-            *_table(results["scales_eagle3"]),
+            *_table(results["scales_eagle3"], results.get("shipped_eagle3")),
         ]
     return "\n".join(lines)
 
 
-def _table(scales: dict) -> list[str]:
+def _table(scales: dict, shipped: dict | None) -> list[str]:
     lines = [
         "| scale | positions | top-1 step 1 / 2 / 3 | sum min(p, q) step 1 | tokens per round | acceptance | minutes |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
-    for scale, row in scales.items():
+    rows = [("shipped (today's default)", shipped)] if shipped else []
+    for scale, row in [*rows, *((f"{scale}x", row) for scale, row in scales.items())]:
         if "skipped" in row:
-            lines.append(f"| {scale}x | – | not run: {row['skipped']} | | | | |")
+            lines.append(f"| {scale} | – | not run: {row['skipped']} | | | | |")
             continue
         top1 = " / ".join(f"{x:.3f}" for x in row["top1_agreement"])
+        minutes = f"{row['minutes']:.0f}" if "minutes" in row else "–"
         lines.append(
-            f"| {scale}x | {row['positions']:,} | {top1} | {row['acceptance_t1'][0]:.3f} | "
-            f"{row['tokens_per_round']:.2f} | {100 * row['tree_acceptance']:.1f} % | {row['minutes']:.0f} |"
+            f"| {scale} | {row['positions']:,} | {top1} | {row['acceptance_t1'][0]:.3f} | "
+            f"{row['tokens_per_round']:.2f} | {100 * row['tree_acceptance']:.1f} % | {minutes} |"
         )
     return lines
 
@@ -308,6 +329,9 @@ def main(argv=None) -> int:
     results["collections"] = collection_costs(data_dirs)
     if args.arch == "eagle3":
         results["aux_layer_ids"] = list(args.layers)
+    baseline = "shipped" if args.arch == "eagle" else "shipped_eagle3"
+    if baseline not in results:  # today's draft of the architecture, on the same held-out set and prompts
+        results[baseline] = measure_shipped(args, target, tokenizer, held_out, prompts)
     measured = results.setdefault(key, {})
     for scale in args.scales:
         name = f"{scale:g}"

@@ -55,6 +55,10 @@ def test_eagle3_scales_read_each_chosen_shard_again_once(tmp_path):
     results.update(data=["d"], unit=1000, epochs=2, tree={}, num_prompts=2, aux_layer_ids=[1, 2, 3])
     text = scaling.render(results, "python benchmarks/draft_scaling.py --arch eagle3")
     assert text.count("| 1x | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | 12 |") == 2
+    results["shipped"] = {k: v for k, v in row.items() if k != "minutes"}
+    assert "| shipped (today's default) | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | – |" in (
+        scaling.render(results, "python benchmarks/draft_scaling.py")
+    )
     assert "**EAGLE-3** (`--arch eagle3`: the target's layers [1, 2, 3] fused" in text and "not run: 1,000" in text
 
 

@@ -130,17 +130,26 @@ def test_the_default_draft_is_the_shipped_eagle_draft(eagle_pair):
         testbed.load_pair("smollm2", draft="tiny")
 
 
-def test_the_default_draft_drafts_its_shipped_tree_when_no_knob_is_passed(eagle_pair):
-    """Loaded from disk, the shipped draft carries its tree (3 levels, 12 nodes) and ``generate`` with no knobs
-    verifies more nodes per round than the tree's depth, with the target's greedy text."""
+def test_the_default_draft_follows_its_batch_plan_and_drafts_its_tree_when_asked(eagle_pair):
+    """Loaded from disk, the shipped draft carries its tree (3 levels, 12 nodes) and its per-batch plan: with no knobs
+    at batch 1 ``generate`` drafts what the plan says (a chain of one: one node a round); one tree knob passed, it
+    drafts the shipped tree (more nodes a round than the tree's depth); both with the target's greedy text."""
     target, draft, tokenizer = eagle_pair
     config = draft.generation_config
     assert (config.num_assistant_tokens, config.assistant_tree_top_k, config.assistant_tree_size) == (3, 4, 12)
+    assert config.assistant_batch_plan[0] == [2, 1]
     batch = tokenizer(_prompts(tokenizer, 1)[:1], return_tensors="pt", add_special_tokens=False)
     kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    output = target.generate(**batch, assistant_model=draft, return_dict_in_generate=True, **kwargs)
-    assert float(output.speculation.nodes_per_round[0]) > config.num_assistant_tokens
-    assert torch.equal(output.sequences, target.generate(**batch, **kwargs))
+    greedy = target.generate(**batch, **kwargs)
+    planned = target.generate(**batch, assistant_model=draft, return_dict_in_generate=True, **kwargs)
+    stats = planned.speculation  # a chain (no tree's node count), one draft a round
+    assert stats.nodes_per_round is None and 0 < stats.total_drafted <= int(stats.num_rounds.sum())
+    assert torch.equal(planned.sequences, greedy)
+    tree = target.generate(
+        **batch, assistant_model=draft, assistant_tree_top_k=4, return_dict_in_generate=True, **kwargs
+    )
+    assert float(tree.speculation.nodes_per_round[0]) > config.num_assistant_tokens
+    assert torch.equal(tree.sequences, greedy)
 
 
 def test_eagle_draft_greedy_parity_batched_and_accepts_more_than_the_self_draft(pair, eagle_pair):

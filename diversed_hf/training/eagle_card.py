@@ -47,6 +47,7 @@ def render_eagle_card(config, record: dict) -> str:
         after_top1=_steps(after.get("top1_agreement")),
         measured=record.get("measured"),
         tree=record.get("tree"),
+        batch_plan=record.get("batch_plan"),
         recipe=record["recipe"].split(" && ") if record.get("recipe") else None,
         settings=json.dumps(settings, sort_keys=True),
     )
