@@ -3,7 +3,7 @@ states another draft reads, beside the same tokens and soft labels.
 
 A collection (:mod:`.eagle_data`) keeps one feature per position, the one its draft reads: the last hidden state
 for an EAGLE-1-style draft, or an EAGLE-3 draft's fused layers. Decoding is what costs (the target answers one token
-at a time); reading a sequence that exists is one batched forward pass, tens of times cheaper per token. So an EAGLE-3
+at a time); reading a sequence that exists is one batched forward pass, several times cheaper per token. So an EAGLE-3
 draft is distilled on the same answers as an EAGLE-1 one by :func:`featurize`: every sequence of ``source`` is fed to
 the target (all but its last token, left-padded in batches, no cache), the ``hidden_states`` at ``feature_layers``
 are stacked as its features, and the shard is written to ``directory`` with the source's ids, prompt lengths and soft
