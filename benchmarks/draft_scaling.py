@@ -11,7 +11,8 @@ Each scale takes the collections' shards in the order given until it holds ``sca
 ``--runs_dir`` (nothing copied), and distils a draft there with ``train_eagle_draft.py``'s recipe
 (``diversed_hf.training.eagle_distill.distill``; resumable: a rerun goes on from its checkpoints and skips the scales
 measured). A scale the collections cannot fill yet is reported, not run. Every draft is measured on the same held-out
-answers (the target's own, at T = 1, to the held-out everyday prompts, collected once into ``--runs_dir``): top-1
+answers (the target's own to the held-out everyday prompts, half greedy and half at T = 0.7 as users decode,
+collected once into ``--runs_dir``; a results file scored on another set is scored again): top-1
 agreement and ``sum min(p, q)`` per unrolled step; then tokens per round and acceptance of lossless SD with the
 draft's tree (``--tree``, the shipped shape) at batch 1, greedy, on ``--num_prompts`` held-out everyday prompts.
 With ``--arch eagle3`` the drafts are EAGLE-3 ones (``--aux_layer_ids``, default the target's layers 2, L // 2,
@@ -123,12 +124,18 @@ def data_view(chosen: list[list[Path]], data_dirs: list[Path], root: Path) -> li
     return views
 
 
+#: the held-out answers every draft is scored on: the target's, as users decode (half greedy, half at T = 0.7)
+HELD_OUT = {"temperature": 0.7, "greedy_fraction": 0.5, "seed": 7}
+HELD_OUT_NAME = "held_out_t0.7"
+
+
 def held_out_answers(target, tokenizer, root: Path, num_prompts: int | None) -> Path:
-    """The target's answers (T = 1) to the held-out everyday prompts: the fixed set every draft is scored on."""
+    """The target's answers to the held-out everyday prompts in the modes users decode (:data:`HELD_OUT`): the fixed
+    set every draft is scored on."""
     from diversed_hf.lab.tasks.chat_prompts import everyday_prompts
     from diversed_hf.training.eagle_data import CollectionSettings, collect
 
-    directory = root / "held_out"
+    directory = root / HELD_OUT_NAME
     prompts = [
         (
             tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
@@ -136,7 +143,7 @@ def held_out_answers(target, tokenizer, root: Path, num_prompts: int | None) -> 
         )
         for p in everyday_prompts(num_prompts)
     ]
-    settings = CollectionSettings(temperature=1.0, greedy_fraction=0.0, seed=7, batch_size=16, shard_size=64)
+    settings = CollectionSettings(**HELD_OUT, batch_size=16, shard_size=64)
     collect(target, tokenizer, prompts, directory, settings, progress=False)
     return directory
 
@@ -260,8 +267,9 @@ def render(results: dict, command: str) -> str:
         *regenerate_lines(command),
         f"SmolLM2-135M-Instruct (bfloat16) and EagleDrafts distilled by one recipe ({results['epochs']} epochs) on "
         f"growing shares of the collections ({', '.join(results['data'])}); scale 1 = {results['unit']:,} response "
-        "positions, what the shipped default draft was distilled on. Held-out: the target's answers at T = 1 to the "
-        "held-out everyday prompts. Tokens per round: lossless SD, greedy, batch 1, the tree "
+        "positions, what the shipped default draft was distilled on. Held-out: the target's answers to the held-out "
+        "everyday prompts, half greedy and half at T = 0.7 (top-1: the draft's argmax is the target's). Tokens per "
+        "round: lossless SD, greedy, batch 1, the tree "
         f"{results['tree']}, {results['num_prompts']} held-out everyday prompts x 64 tokens.",
         "",
         *(
@@ -320,11 +328,13 @@ def main(argv=None) -> int:
 
         layers = target.config.get_text_config().num_hidden_layers
         args.layers = tuple(check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers))
-        held_out = featurize(target, held_out, Path(args.runs_dir) / "eagle3" / "held_out", args.layers)
+        held_out = featurize(target, held_out, Path(args.runs_dir) / "eagle3" / HELD_OUT_NAME, args.layers)
         key = "scales_eagle3"
     prompts = everyday_prompts(2 if args.quick else args.num_prompts)
     path = output_dir / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {"scales": {}}
+    if results.get("held_out") != HELD_OUT:  # scored on another set: scored again (a trained scale only reloads)
+        results = {"scales": {}, "held_out": HELD_OUT}
     results.update(data=args.data, unit=args.unit, epochs=args.epochs, tree=args.tree, num_prompts=len(prompts))
     results["collections"] = collection_costs(data_dirs)
     if args.arch == "eagle3":
