@@ -36,7 +36,7 @@ from diversed_hf.cli.sections import start_script
 from diversed_hf.lab.cli_utils import ArgumentParser, regenerate_lines, replace_section, run_script, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
-TITLE = "Draft data scaling"
+TITLE = "Draft data scaling"  # the RESULTS.md section (--section names another, for a variant of the recipe)
 #: response positions the shipped default EagleDraft was distilled on (its training.json)
 UNIT = 589_000
 
@@ -56,6 +56,7 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", default=None, help="default results/draft_scaling")
     parser.add_argument("--arch", choices=("eagle", "eagle3"), default="eagle", help="the drafts' architecture")
     parser.add_argument("--aux_layer_ids", type=int, nargs=3, default=None, help="with --arch eagle3: its layers")
+    parser.add_argument("--section", default=TITLE, help="the RESULTS.md section written")
     parser.add_argument("--quick", action="store_true", help="results_quick/, 2 held-out prompts")
     args = parser.parse_args(argv)
     if args.aux_layer_ids is not None and args.arch != "eagle3":
@@ -214,15 +215,19 @@ def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, 
         settings = DistillSettings(epochs=args.epochs, architecture="eagle3", aux_layer_ids=args.layers)
         sources = featurized(target, chosen, data_dirs, Path(args.runs_dir) / "eagle3", args.layers)
         data_dirs = [Path(args.runs_dir) / "eagle3" / f"data{i}" for i in range(len(data_dirs))]
-    featurize_minutes = (time.time() - started) / 60
     views = data_view(sources, data_dirs, root)
+    cost = root / "cost.json"  # what featurizing and distilling took, kept when a trained scale is scored again
+    resumed = not cost.is_file() and any((root / "checkpoints").glob("checkpoint-*"))  # a run before this one
     saved = distill(target, views, root / "checkpoints", root / "draft", settings, progress=not args.quick)
+    if not cost.is_file():
+        minutes = round((time.time() - started) / 60, 2)
+        write_text_atomic(cost, json.dumps({"minutes": minutes, "resumed": resumed}) + "\n")
     draft = EagleDraft.from_pretrained(saved, target=target)
     measured = measure_draft(target, draft, tokenizer, held_out, prompts, args.tree)
     positions = sum(n for shards in collections for shard, n in shards if any(shard in c for c in chosen))
     measured["held_out_positions"] = measured.pop("positions")  # evaluate's count: the held-out set's
-    measured["featurize_minutes"] = featurize_minutes
-    return {**measured, "positions": positions, "minutes": (time.time() - started) / 60}
+    spent = json.loads(cost.read_text())
+    return {**measured, "positions": positions, "minutes": spent["minutes"], "resumed": spent.get("resumed", False)}
 
 
 def collection_costs(data_dirs: list[Path]) -> list[dict]:
@@ -302,7 +307,9 @@ def _table(scales: dict, shipped: dict | None) -> list[str]:
             lines.append(f"| {scale} | – | not run: {row['skipped']} | | | | |")
             continue
         top1 = " / ".join(f"{x:.3f}" for x in row["top1_agreement"])
-        minutes = f"{row['minutes']:.0f}" if "minutes" in row else "–"
+        minutes = (
+            f"{row['minutes']:.0f}" + (" + an earlier run's" if row.get("resumed") else "") if "minutes" in row else "–"
+        )
         lines.append(
             f"| {scale} | {row['positions']:,} | {top1} | {row['acceptance_t1'][0]:.3f} | "
             f"{row['tokens_per_round']:.2f} | {100 * row['tree_acceptance']:.1f} % | {minutes} |"
@@ -351,9 +358,9 @@ def main(argv=None) -> int:
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
         print(f"scale {name} ({args.arch}): {measured[name]}", flush=True)
     text = render(results, command)
-    write_text_atomic(output_dir / "draft_scaling.md", f"# {TITLE}\n\n{text}\n")
+    write_text_atomic(output_dir / "draft_scaling.md", f"# {args.section}\n\n{text}\n")
     if not args.quick:
-        replace_section(REPO / "RESULTS.md", TITLE, text)
+        replace_section(REPO / "RESULTS.md", args.section, text)
     print(text)
     return 0
 
