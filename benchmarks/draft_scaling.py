@@ -237,9 +237,12 @@ def collection_costs(data_dirs: list[Path]) -> list[dict]:
     for directory in data_dirs:
         shards = _shards(directory)
         timed = [(n, seconds) for _, n, seconds in shards if seconds is not None]
+        settings = json.loads((Path(directory) / "manifest.json").read_text())["settings"]
         costs.append(
             {
                 "data": str(directory),
+                "temperature": settings["temperature"],
+                "greedy_fraction": settings["greedy_fraction"],
                 "positions": sum(n for _, n, _ in shards),
                 "timed_positions": sum(n for n, _ in timed),
                 "timed_seconds": round(sum(seconds for _, seconds in timed), 1),
@@ -253,7 +256,7 @@ def collection_costs(data_dirs: list[Path]) -> list[dict]:
 def _costs(collections: list[dict]) -> str:
     parts = []
     for c in collections:
-        part = f"{c['data']} {c['positions']:,} positions"
+        part = f"{c['data']} (T = {c['temperature']:g}, {100 * c['greedy_fraction']:.0f} % greedy) {c['positions']:,} positions"
         if c["timed_seconds"]:
             rate = c["timed_positions"] / c["timed_seconds"]
             part += (

@@ -1,6 +1,7 @@
 """``benchmarks/draft_scaling.py``: which shards a scale of the data takes (the measurement itself runs on the real
 pair, for hours: RESULTS.md, "Draft data scaling")."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,18 +70,23 @@ def test_the_section_says_what_each_collection_cost(tmp_path):
 
     source = tmp_path / "collection"
     source.mkdir()
+    (source / "manifest.json").write_text(json.dumps({"settings": {"temperature": 0.7, "greedy_fraction": 0.25}}))
     for index, (prompt, total, seconds) in enumerate([(10, 310, "30.0"), (20, 520, "70.0"), (5, 105, None)]):
         tensors = {"offsets": torch.tensor([0, total]), "prompt_lengths": torch.tensor([prompt])}
         metadata = None if seconds is None else {"seconds": seconds}
         save_file(tensors, str(source / f"shard-{index:05d}.safetensors"), metadata=metadata)
     costs = scaling.collection_costs([source])
     assert costs == [
-        {"data": str(source), "positions": 900, "timed_positions": 800, "timed_seconds": 100.0}
+        {"data": str(source), "temperature": 0.7, "greedy_fraction": 0.25, "positions": 900, "timed_positions": 800}
+        | {"timed_seconds": 100.0}
         | {"shards": 3, "timed_shards": 2}
     ]
     results = {"scales": {}, "collections": costs, "data": ["d"], "unit": 1000, "epochs": 2, "tree": {}}
     text = scaling.render({**results, "num_prompts": 2}, "python benchmarks/draft_scaling.py")
-    assert f"{source} 900 positions at 8 a second (the 2 of 3 shards that timed their decoding), about 0.0 h" in text
+    assert (
+        f"{source} (T = 0.7, 25 % greedy) 900 positions at 8 a second (the 2 of 3 shards that timed their decoding), about 0.0 h"
+        in text
+    )
 
 
 def test_a_collected_shard_records_its_decoding_time(tmp_path):
