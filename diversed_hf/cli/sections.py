@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 def script_command(script: str, argv: list[str] | None) -> str:
     """How a run of ``benchmarks/<script>.py`` is shown and rerun: the script with the arguments it was given."""
     given = sys.argv[1:] if argv is None else list(argv)
-    return " ".join([f"python benchmarks/{script}.py", *given])
+    return " ".join([f"python benchmarks/{script}.py", shlex.join(given)]).strip()  # quoted where a shell needs it
 
 
 def start_script(
