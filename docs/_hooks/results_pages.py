@@ -53,6 +53,7 @@ AREAS = (
             "Drafters",
             "Per-round overhead",
             "Batched rounds",
+            "Draft data",
             "Block verification",
             "Real pair: the EagleDraft on everyday prompts",
             "Real pair: feature draft against self-draft",
