@@ -99,6 +99,33 @@ def test_the_target_writes_requests_seeded_and_without_touching_the_callers_stre
         write_requests(target, tokenizer, -1)
 
 
+def test_writing_requests_that_stopped_goes_on_to_the_unbroken_runs_requests(tmp_path, monkeypatch):
+    """With ``partial_file`` a run that stops after two batches loses nothing: the next call goes on from its
+    requests and sampling state and returns what an unbroken run returns; a partial file of other arguments is
+    ignored."""
+    target = make_model("llama")
+    tokenizer = _question_tokenizer()
+    settings = dict(seed=0, batch_size=2, max_new_tokens=4, progress=False)
+    unbroken = write_requests(target, tokenizer, 8, **settings)
+    partial, generate, calls = tmp_path / "partial.json", target.generate, []
+
+    def stopping(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the session ends
+        calls.append(1)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target, "generate", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        write_requests(target, tokenizer, 8, partial_file=partial, **settings)
+    monkeypatch.setattr(target, "generate", generate)
+    stored = json.loads(partial.read_text())
+    assert stored["next"] == 4 and stored["kept"] == unbroken[: len(stored["kept"])]
+    assert write_requests(target, tokenizer, 8, partial_file=partial, **settings) == unbroken
+    other = write_requests(target, tokenizer, 8, partial_file=partial, **{**settings, "seed": 1})
+    assert other == write_requests(target, tokenizer, 8, **{**settings, "seed": 1})
+
+
 def test_train_eagle_draft_answers_follow_ups_and_written_requests(tmp_path, monkeypatch):
     """A second collection continues the first one's conversations (--follow_ups) and answers requests the target
     wrote (--num_written, kept in written_requests.json and reused on a rerun); the record names both sources."""
@@ -119,6 +146,7 @@ def test_train_eagle_draft_answers_follow_ups_and_written_requests(tmp_path, mon
     assert record["prompt_mix"]["follow-ups"] == len(answered) == 4
     written = json.loads((second / "written_requests.json").read_text())
     assert (written["seed"], written["num_written"], written["target"]) == (0, 3, "smollm2")
+    assert not (second / "written_requests.partial.json").exists()
     assert record["prompt_mix"].get("written requests", 0) == len(written["requests"])
     # a rerun reads the same requests back and finds every shard written
     (second / "written_requests.json").write_text(json.dumps({**written, "requests": written["requests"]}))

@@ -361,13 +361,17 @@ def _made_with(args, target, tokenizer, chat_template: str, output_dir: Path, pr
         with processes.main_first():  # the main process writes them, the others read its file
             stored = json.loads(file.read_text()) if file.is_file() else None
             if stored is None or {k: stored.get(k) for k in record} != record:
+                partial = output_dir / "written_requests.partial.json"  # a stopped run goes on from it
+                if processes.is_main:
+                    output_dir.mkdir(parents=True, exist_ok=True)
                 requests = write_requests(
                     target, tokenizer, args.num_written, seed=args.seed, chat_template=chat_template,
                     batch_size=args.generation_batch_size, progress=processes.is_main,
+                    partial_file=partial if processes.is_main else None,
                 )  # fmt: skip
                 if processes.is_main:
-                    output_dir.mkdir(parents=True, exist_ok=True)
                     write_text_atomic(file, json.dumps({**record, "requests": requests}, indent=1) + "\n")
+                    partial.unlink(missing_ok=True)
             else:
                 requests = stored["requests"]
         logger.info("the target wrote %d requests (of %d asked for)", len(requests), args.num_written)

@@ -166,10 +166,17 @@ def write_requests(
     max_new_tokens: int = 48,
     attempts: int = 3,
     progress: bool = True,
+    partial_file=None,
 ) -> list[str]:
     """Up to ``num_requests`` requests the target writes (:func:`request_writing_prompts`, sampled at
     ``temperature``, seeded), each parsed (:func:`parse_request`) and kept apart (:func:`apart_from_held_out`); at
-    most ``attempts * num_requests`` prompts are tried. Returns the user messages (render them to answer them)."""
+    most ``attempts * num_requests`` prompts are tried. Returns the user messages (render them to answer them).
+
+    ``partial_file`` (a path): after each batch the requests kept so far, the next prompt and the sampling stream's
+    state are written there, and a call with the same arguments goes on from it, so a run that stops loses one batch
+    (on the CPU the result is the one an unbroken run gives); the caller removes it once the requests are stored."""
+    from pathlib import Path
+
     import torch
     from tqdm.auto import tqdm
 
@@ -179,11 +186,21 @@ def write_requests(
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     kept: list[str] = []
+    asked = {"seed": seed, "num_requests": num_requests, "chat_template": chat_template, "batch_size": batch_size}
+    asked |= {"temperature": temperature, "max_new_tokens": max_new_tokens, "attempts": attempts}
+    partial = json.loads(Path(partial_file).read_text()) if partial_file and Path(partial_file).is_file() else None
+    if partial is not None and partial["asked"] != asked:
+        partial = None  # another call's: start over
+    first = 0 if partial is None else partial["next"]
     bar = tqdm(total=num_requests, desc="requests the target writes", disable=not progress)
     try:
         with torch.random.fork_rng(devices=[]):  # seeded sampling that leaves the caller's stream as it was
             torch.manual_seed(seed)
-            for start in range(0, len(prompts), batch_size):
+            if partial is not None:
+                kept = partial["kept"]
+                torch.set_rng_state(torch.tensor(partial["rng"], dtype=torch.uint8))
+                bar.update(len(kept))
+            for start in range(first, len(prompts), batch_size):
                 if len(kept) >= num_requests:
                     break
                 texts = prompts[start : start + batch_size]
@@ -202,6 +219,12 @@ def write_requests(
                 before = len(kept)
                 kept = apart_from_held_out(kept + [r for r in map(parse_request, replies) if r])[:num_requests]
                 bar.update(len(kept) - before)
+                if partial_file:
+                    state = {"asked": asked, "next": start + batch_size, "kept": kept}
+                    state["rng"] = torch.get_rng_state().tolist()
+                    staging = Path(f"{partial_file}.tmp")
+                    staging.write_text(json.dumps(state))
+                    staging.replace(partial_file)  # whole or not at all
     finally:
         tokenizer.padding_side = padding_side
         bar.close()
