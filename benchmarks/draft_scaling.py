@@ -8,7 +8,8 @@ prompts.
 
 Each scale takes the collections' shards in the order given until it holds ``scale x --unit`` response positions
 (``--unit`` 589,000: what the shipped default draft was distilled on), as a view of symbolic links under
-``--runs_dir`` (nothing copied), and distils a draft there with ``train_eagle_draft.py``'s recipe
+``--runs_dir`` (nothing copied), and distils a draft there with the shipped draft's settings (its ``training.json``:
+learning rate, batch, loss weights, seed) for ``--epochs``, in batches of like lengths under ``--mixed_precision``
 (``diversed_hf.training.eagle_distill.distill``; resumable: a rerun goes on from its checkpoints and skips the scales
 measured). A scale the collections cannot fill yet is reported, not run. Every draft is measured on the same held-out
 answers (the target's own to the held-out everyday prompts, half greedy and half at T = 0.7 as users decode,
@@ -47,6 +48,18 @@ def parse_args(argv=None):
     parser.add_argument("--scales", type=float, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--unit", type=int, default=UNIT, help="response positions of scale 1")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument(
+        "--learning_rate",
+        type=float,
+        default=None,
+        help="default the shipped EAGLE-1-style draft's (its training.json)",
+    )
+    parser.add_argument(
+        "--mixed_precision",
+        choices=("no", "bf16"),
+        default="bf16",
+        help="bf16: the loss under bfloat16 autocast over float32 weights; no: float32",
+    )
     parser.add_argument(
         "--tree", default="3,4,12", help="depth,top_k,size of the tree the drafts are measured with (the shipped one)"
     )
@@ -199,6 +212,25 @@ def featurized(target, chosen: list[list[Path]], data_dirs: list[Path], root: Pa
     return made
 
 
+#: the shipped draft's settings every scale shares (its training.json); the rest are the benchmark's
+RECIPE_KEYS = ("num_layers", "draft_vocab_size", "unroll", "batch_size", "learning_rate", "warmup_fraction")
+RECIPE_KEYS += ("feature_weight", "tv_weight", "max_grad_norm", "held_out", "seed")
+
+
+def recipe(args) -> dict:
+    """The distillation settings of every scale: the shipped EAGLE-1-style draft's, with ``--epochs``,
+    ``--learning_rate`` (when given), ``--mixed_precision`` and batches of like lengths (2.0x as fast with bfloat16,
+    at the same held-out agreement: RESULTS.md "Distillation speed")."""
+    from diversed_hf.testbed.smollm2 import EAGLE_DIR
+
+    shipped = json.loads((EAGLE_DIR / "training.json").read_text())["settings"]
+    settings = {key: shipped[key] for key in RECIPE_KEYS if key in shipped}
+    settings.update(epochs=args.epochs, save_steps=200, mixed_precision=args.mixed_precision, group_by_length=True)
+    if args.learning_rate is not None:
+        settings["learning_rate"] = args.learning_rate
+    return settings
+
+
 def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts) -> dict:
     from diversed_hf import EagleDraft
     from diversed_hf.training.eagle_distill import DistillSettings, distill
@@ -209,10 +241,10 @@ def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, 
         have = sum(positions for shards in collections for _, positions in shards)
         return {"skipped": f"{have:,} response positions collected, {budget:,} needed"}
     started = time.time()
-    root, settings, sources = Path(args.runs_dir) / f"x{scale:g}", DistillSettings(epochs=args.epochs), chosen
+    root, settings, sources = Path(args.runs_dir) / f"x{scale:g}", DistillSettings(**recipe(args)), chosen
     if args.arch == "eagle3":
         root = Path(args.runs_dir) / "eagle3" / f"x{scale:g}"
-        settings = DistillSettings(epochs=args.epochs, architecture="eagle3", aux_layer_ids=args.layers)
+        settings = DistillSettings(**recipe(args), architecture="eagle3", aux_layer_ids=args.layers)
         sources = featurized(target, chosen, data_dirs, Path(args.runs_dir) / "eagle3", args.layers)
         data_dirs = [Path(args.runs_dir) / "eagle3" / f"data{i}" for i in range(len(data_dirs))]
     views = data_view(sources, data_dirs, root)
@@ -273,7 +305,7 @@ def _costs(collections: list[dict]) -> str:
 def render(results: dict, command: str) -> str:
     lines = [
         *regenerate_lines(command),
-        f"SmolLM2-135M-Instruct (bfloat16) and EagleDrafts distilled by one recipe ({results['epochs']} epochs) on "
+        f"SmolLM2-135M-Instruct (bfloat16) and EagleDrafts distilled by one recipe ({_recipe(results)}) on "
         f"growing shares of the collections ({', '.join(results['data'])}); scale 1 = {results['unit']:,} response "
         "positions, what the shipped default draft was distilled on. Held-out: the target's answers to the held-out "
         "everyday prompts, half greedy and half at T = 0.7 (top-1: the draft's argmax is the target's). Tokens per "
@@ -297,6 +329,18 @@ def render(results: dict, command: str) -> str:
             *_table(results["scales_eagle3"], results.get("shipped_eagle3")),
         ]
     return "\n".join(lines)
+
+
+def _recipe(results: dict) -> str:
+    settings = results.get("recipe")
+    if settings is None:  # a results file from before the recipe was recorded
+        return f"{results['epochs']} epochs"
+    precision = "bfloat16 autocast" if settings.get("mixed_precision") == "bf16" else "float32"
+    like = " like-length" if settings.get("group_by_length") else ""
+    return (
+        f"{settings['epochs']} epochs of batches of {settings['batch_size']}{like} sequences, learning rate "
+        f"{settings['learning_rate']:g}, {precision}; otherwise as the shipped draft was trained"
+    )
 
 
 def _table(scales: dict, shipped: dict | None) -> list[str]:
@@ -346,6 +390,7 @@ def main(argv=None) -> int:
     if results.get("held_out") != HELD_OUT:  # scored on another set: scored again (a trained scale only reloads)
         results = {"scales": {}, "held_out": HELD_OUT}
     results.update(data=args.data, unit=args.unit, epochs=args.epochs, tree=args.tree, num_prompts=len(prompts))
+    results["recipe"] = recipe(args)
     results["collections"] = collection_costs(data_dirs)
     if args.arch == "eagle3":
         results["aux_layer_ids"] = list(args.layers)

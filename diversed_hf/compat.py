@@ -552,3 +552,11 @@ def compact_cache(
         values = layer.values.gather(2, index.expand(*index.shape[:3], layer.values.shape[-1]))
         layer.keys = torch.cat([layer.keys[..., :start, :], keys], dim=2)
         layer.values = torch.cat([layer.values[..., :start, :], values], dim=2)
+
+
+def length_grouped_indices(lengths: list[int], batch_size: int, generator: torch.Generator) -> list[int]:
+    """A shuffled order of ``range(len(lengths))`` whose consecutive ``batch_size`` slices hold like lengths (the
+    order of the Trainer's ``group_by_length``: sorted within mega-batches of up to 50 batches, the longest first)."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    return get_length_grouped_indices(lengths, batch_size, generator=generator)

@@ -100,3 +100,24 @@ def test_a_collected_shard_records_its_decoding_time(tmp_path):
     directory = collect(make_model("llama"), tiny_tokenizer(), [("t5 t6", 3)], tmp_path / "d", CollectionSettings())
     with safe_open(str(directory / "shard-00000.safetensors"), "pt") as data:
         assert float(data.metadata()["seconds"]) > 0
+
+
+def test_every_scale_is_distilled_with_the_shipped_drafts_settings():
+    """The recipe is the shipped EAGLE-1-style draft's (its training.json: learning rate, batch, seed...) with the
+    benchmark's epochs and precision, in batches of like lengths; the section says so."""
+    from diversed_hf.testbed.smollm2 import EAGLE_DIR
+    from diversed_hf.training.eagle_distill import DistillSettings
+
+    shipped = json.loads((EAGLE_DIR / "training.json").read_text())["settings"]
+    recipe = scaling.recipe(scaling.parse_args(["--data", "d", "--epochs", "1"]))
+    assert (recipe["learning_rate"], recipe["batch_size"], recipe["seed"]) == (
+        shipped["learning_rate"],
+        shipped["batch_size"],
+        shipped["seed"],
+    )
+    assert (recipe["epochs"], recipe["mixed_precision"], recipe["group_by_length"]) == (1, "bf16", True)
+    DistillSettings(**recipe)  # every key is a setting
+    args = scaling.parse_args(["--data", "d", "--learning_rate", "3e-4", "--mixed_precision", "no"])
+    assert (scaling.recipe(args)["learning_rate"], scaling.recipe(args)["mixed_precision"]) == (3e-4, "no")
+    text = scaling._recipe({"recipe": recipe, "epochs": 1})
+    assert f"learning rate {shipped['learning_rate']:g}, bfloat16 autocast" in text

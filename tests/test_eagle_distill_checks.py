@@ -47,11 +47,47 @@ def test_collection_refuses_a_temperature_that_is_not_positive_and_finite(temper
         (dict(epochs=0), "`epochs` must be a positive integer"),
         (dict(held_out=1.0), r"`held_out` must be in \(0, 1\)"),
         (dict(draft_vocab_size=0), "`draft_vocab_size` must be a positive integer or None"),
+        (dict(mixed_precision="fp16"), "`mixed_precision` must be one of 'no', 'bf16', got 'fp16'"),
+        (dict(group_by_length=1), "`group_by_length` must be True or False, got 1"),
     ],
 )
 def test_distill_settings_are_checked_when_made(values, match):
     with pytest.raises(ValueError, match=match):
         DistillSettings(**values)
+
+
+def test_batches_of_like_lengths_cover_the_epoch_and_pad_less():
+    """``group_by_length``: every training sequence once an epoch, in batches of like lengths (far fewer padded cells
+    than batches drawn uniformly), an order set by the seed and the epoch."""
+    from types import SimpleNamespace
+
+    from diversed_hf.training.eagle_distill import _epoch_batches
+
+    lengths = [int(n) for n in torch.randint(20, 400, (1000,), generator=torch.Generator().manual_seed(0))]
+    training = [SimpleNamespace(ids=torch.zeros(n)) for n in lengths]
+
+    def padded(batches):
+        return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches)
+
+    settings = DistillSettings(batch_size=8, group_by_length=True)
+    grouped = _epoch_batches(training, settings, epoch=0)
+    uniform = _epoch_batches(training, DistillSettings(batch_size=8), epoch=0)
+    assert sorted(i for b in grouped for i in b) == list(range(1000)) and max(map(len, grouped)) == 8
+    assert padded(grouped) < padded(uniform) / 10
+    assert grouped == _epoch_batches(training, settings, epoch=0) != _epoch_batches(training, settings, epoch=1)
+    assert grouped != _epoch_batches(training, DistillSettings(batch_size=8, group_by_length=True, seed=1), epoch=0)
+
+
+def test_a_bfloat16_distillation_learns_and_says_so(tmp_path):
+    """``mixed_precision='bf16'``: the loss under bfloat16 autocast over float32 weights; the record names it."""
+    target = collection(tmp_path / "data", PROMPTS * 4)
+    settings = DistillSettings(
+        draft_vocab_size=None, epochs=4, batch_size=2, held_out=0.25, learning_rate=1e-2, mixed_precision="bf16"
+    )
+    saved = distill(target, tmp_path / "data", tmp_path / "checkpoints", tmp_path / "draft", settings, progress=False)
+    record = json.loads((saved / "training.json").read_text())
+    assert record["settings"]["mixed_precision"] == "bf16"
+    assert record["held_out_after"]["acceptance_t1"][0] > record["held_out_before"]["acceptance_t1"][0]
 
 
 def test_an_empty_collection_is_named_empty(tmp_path):
@@ -305,3 +341,16 @@ def test_a_collection_of_another_target_or_dtype_is_refused_naming_both(tmp_path
     with pytest.raises(ValueError, match=r"'dtype': 'bfloat16'\} there, \{'target': 'smollm2', 'dtype': 'float32'\}"):
         train_eagle_draft.main([*argv, "--dtype", "float32"])
     assert json.loads((tmp_path / "run" / "collection.json").read_text())["dtype"] == "bfloat16"  # not rewritten
+
+
+def test_a_steps_speed_counts_the_cells_and_positions_it_trained(tmp_path):
+    """``step_speed`` (``benchmarks/distill_speed.py``): padded cells per trained position >= 1, a positive rate; too
+    few steps to time is refused."""
+    from diversed_hf.training.eagle_distill import step_speed
+
+    target = collection(tmp_path / "data", PROMPTS * 3)
+    sequences = load_sequences(tmp_path / "data")
+    speed, draft = step_speed(target, sequences, DistillSettings(draft_vocab_size=None, batch_size=2), steps=4)
+    assert speed["cells_per_position"] >= 1 and speed["positions_per_second"] > 0 and draft.training
+    with pytest.raises(ValueError, match="`steps` 2 leaves no timed step"):
+        step_speed(target, sequences, DistillSettings(draft_vocab_size=None, batch_size=2), steps=2)

@@ -118,7 +118,7 @@ def _write_shard(path: Path, sequences: list[Sequence], seconds: float) -> None:
         "top_logprobs": torch.cat([s.top_logprobs for s in sequences]).to(torch.float16).contiguous(),
     }
     staging = path.with_suffix(".tmp")
-    save_file(tensors, str(staging), metadata={"seconds": f"{seconds:.2f}"})
+    save_file(tensors, str(staging), metadata={"seconds": f"{seconds:.6f}"})
     staging.replace(path)  # a shard exists only once it is whole
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from .. import compat
 from ..drafting.eagle import EagleDraft
 from ..verifiers.checks import is_integer, is_real
 from .data_parallel import Processes
@@ -58,9 +59,11 @@ __all__ = [
     "eagle_loss",
     "held_out_agreement",
     "save_draft",
+    "step_speed",
 ]
 
 STEP_DECAY = 0.8
+MIXED_PRECISION = ("no", "bf16")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
@@ -74,7 +77,7 @@ class DistillSettings:
     unroll: int = 3  # steps: 1 + training-time-test steps on the draft's own features
     epochs: int = 4
     batch_size: int = 8
-    learning_rate: float = 3e-4
+    learning_rate: float = 1e-3  # train_eagle_draft.py's and the shipped drafts'
     warmup_fraction: float = 0.05
     feature_weight: float = 1.0
     tv_weight: float = 1.0
@@ -82,8 +85,21 @@ class DistillSettings:
     held_out: float = 0.05
     save_steps: int = 200
     seed: int = 0
+    #: True: batches of like lengths (``transformers``' length-grouped order: shuffled, sorted within mega-batches of
+    #: 50 batches), which pad less; False: batches drawn uniformly (RESULTS.md "Distillation speed" weighs the two)
+    group_by_length: bool = False
+    #: "bf16": the loss under bfloat16 autocast over float32 weights and optimizer; "no": float32 throughout
+    mixed_precision: str = "no"
 
     def __post_init__(self):
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(
+                f"`mixed_precision` must be one of {', '.join(map(repr, MIXED_PRECISION))}, got "
+                f"{self.mixed_precision!r}: 'bf16' trains under bfloat16 autocast (faster where the hardware has "
+                "bfloat16), 'no' in float32."
+            )
+        if not isinstance(self.group_by_length, bool):
+            raise ValueError(f"`group_by_length` must be True or False, got {self.group_by_length!r}.")
         if self.architecture not in ("eagle", "eagle3"):
             raise ValueError(f"`architecture` must be 'eagle' or 'eagle3', got {self.architecture!r}.")
         if (self.architecture == "eagle3") != (self.aux_layer_ids is not None):
@@ -191,6 +207,7 @@ def evaluate(draft: EagleDraft, sequences: list[Sequence], settings: DistillSett
     agreement (greedy acceptance), per unrolled step."""
     draft.eval()
     overlap, agree, count = 0.0, 0.0, 0
+    sequences = sorted(sequences, key=lambda s: s.ids.shape[0])  # batches of like lengths: the sums are the same
     for start in range(0, len(sequences), settings.batch_size):
         batch = _batch(sequences[start : start + settings.batch_size], device)
         _, o, a, n = eagle_loss(draft, batch, settings, id_to_draft)
@@ -348,23 +365,36 @@ def _resume(checkpoint_dir: Path, draft, optimizer, scheduler, total_steps: int)
     return state["step"]
 
 
-def _train_step(draft, training, step: int, steps_per_epoch: int, settings, id_to_draft, optimizer, processes):
-    """One optimizer step on the ``step``-th batch (epochs reshuffled by seed): ``(loss, overlap per step, count)``.
+def _epoch_batches(training: list, settings: DistillSettings, epoch: int) -> list[list[int]]:
+    """The batches of ``epoch`` (indices into ``training``), seeded by ``settings.seed`` and the epoch: of like lengths
+    when ``settings.group_by_length``, else drawn uniformly."""
+    if not settings.group_by_length:
+        order = list(range(len(training)))
+        random.Random(f"eagle-epoch/{settings.seed}/{epoch}").shuffle(order)
+    else:
+        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)
+        order = compat.length_grouped_indices([s.ids.shape[0] for s in training], settings.batch_size, generator)
+    return [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+
+
+def _autocast(settings: DistillSettings, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.mixed_precision == "bf16")
+
+
+def _train_step(draft, training, chunk: list[int], settings, id_to_draft, optimizer, processes):
+    """One optimizer step on the batch ``chunk`` (indices into ``training``): ``(loss, overlap per step, count)``.
 
     With several processes each takes every ``world``-th sequence of the batch; its loss (a mean over its positions)
     is weighted by its share of the batch's positions and the gradients are summed over the processes, so the step
     is the one a single process takes on the whole batch."""
-    epoch, index = divmod(step, steps_per_epoch)
-    batches = list(range(len(training)))
-    random.Random(f"eagle-epoch/{settings.seed}/{epoch}").shuffle(batches)
-    chunk = batches[index * settings.batch_size : (index + 1) * settings.batch_size]
     mine = chunk[processes.rank :: processes.world]
     trainable = _trainable(draft)
     optimizer.zero_grad()
     loss, overlap, count = None, torch.zeros(settings.unroll, device=id_to_draft.device), 0
     if mine:
         batch = _batch([training[i] for i in mine], id_to_draft.device)
-        loss, overlap, _, count = eagle_loss(draft, batch, settings, id_to_draft)
+        with _autocast(settings, id_to_draft.device):
+            loss, overlap, _, count = eagle_loss(draft, batch, settings, id_to_draft)
     total = int(processes.sum(torch.tensor(float(count))))
     if loss is not None:
         (loss * (count / total)).backward()  # x 1.0 in one process: the mean over the batch's positions
@@ -374,8 +404,35 @@ def _train_step(draft, training, step: int, steps_per_epoch: int, settings, id_t
             parameter.grad = processes.sum(grad)
     torch.nn.utils.clip_grad_norm_(trainable.values(), settings.max_grad_norm)
     optimizer.step()
-    weighted = loss.detach() * count if loss is not None else torch.zeros(())
-    return processes.sum(weighted) / total, processes.sum(overlap), total
+    weighted = loss.detach().float() * count if loss is not None else torch.zeros(())
+    return processes.sum(weighted) / total, processes.sum(overlap.float()), total
+
+
+def step_speed(target, sequences: list, settings: DistillSettings, steps: int | None = None, untimed: int = 2):
+    """Train a fresh draft for ``target`` on ``sequences`` as :func:`distill` does under ``settings`` (no held-out
+    split, no checkpoints), for ``steps`` steps (default ``settings.epochs`` epochs), timing all but the first
+    ``untimed``. Returns ``(speed, draft)``: the padded cells per trained position (a batch's ``ids`` cells, prompt and
+    padding included, over its response positions), the trained positions a second, and the draft, trained
+    (``benchmarks/distill_speed.py``)."""
+    draft = _new_draft(target, sequences, settings)
+    id_to_draft = _id_to_draft(draft, target.config.get_text_config().vocab_size, target.device)
+    steps_per_epoch = math.ceil(len(sequences) / settings.batch_size)
+    steps = steps_per_epoch * settings.epochs if steps is None else steps
+    optimizer, scheduler = _optimizer(draft, settings, steps)
+    seconds = cells = positions = 0
+    for step in range(steps):
+        epoch, index = divmod(step, steps_per_epoch)
+        chunk = _epoch_batches(sequences, settings, epoch)[index]  # an epoch's order is cheap beside a step
+        started = time.perf_counter()
+        _, _, count = _train_step(draft, sequences, chunk, settings, id_to_draft, optimizer, Processes())
+        scheduler.step()
+        if step >= untimed:
+            seconds += time.perf_counter() - started
+            cells += len(chunk) * max(sequences[i].ids.shape[0] for i in chunk)
+            positions += count
+    if not positions:
+        raise ValueError(f"`steps` {steps} leaves no timed step after the {untimed} untimed: give more.")
+    return {"cells_per_position": cells / positions, "positions_per_second": positions / seconds}, draft
 
 
 def _manifests(data_dirs: list[Path]) -> dict | list[dict]:
@@ -463,9 +520,13 @@ def distill(
     bar = tqdm(
         total=total_steps, initial=step, desc="eagle distillation", disable=not progress or not processes.is_main
     )
+    batches = {}  # epoch -> its batches
     while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        if epoch not in batches:
+            batches = {epoch: _epoch_batches(training, settings, epoch)}
         loss, overlap, count = _train_step(
-            draft, training, step, steps_per_epoch, settings, id_to_draft, optimizer, processes
+            draft, training, batches[epoch][index], settings, id_to_draft, optimizer, processes
         )
         scheduler.step()
         step += 1

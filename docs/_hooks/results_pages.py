@@ -54,6 +54,7 @@ AREAS = (
             "Per-round overhead",
             "Batched rounds",
             "Draft data",
+            "Distillation speed",
             "Block verification",
             "Real pair: the EagleDraft on everyday prompts",
             "Real pair: feature draft against self-draft",
