@@ -19,7 +19,8 @@ draft's tree (``--tree``, the shipped shape) at batch 1, greedy, on ``--num_prom
 With ``--arch eagle3`` the drafts are EAGLE-3 ones (``--aux_layer_ids``, default the target's layers 2, L // 2,
 L - 3): the chosen shards and the held-out answers are read again by the target for those layers
 (``diversed_hf.training.eagle_features``, under ``--runs_dir``/eagle3, once for every scale), so both architectures
-learn from the same answers. Writes ``<output_dir>/results.json`` after each scale, and the section
+learn from the same answers. ``--num_layers 2`` distils drafts of two decoder layers (``x<scale>-2layers``), a table
+of their own. Writes ``<output_dir>/results.json`` after each scale, and the section
 (``<output_dir>/draft_scaling.md``, and RESULTS.md without ``--quick``) when done.
 """
 
@@ -69,6 +70,12 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", default=None, help="default results/draft_scaling")
     parser.add_argument("--arch", choices=("eagle", "eagle3"), default="eagle", help="the drafts' architecture")
     parser.add_argument("--aux_layer_ids", type=int, nargs=3, default=None, help="with --arch eagle3: its layers")
+    parser.add_argument(
+        "--num_layers",
+        type=int,
+        default=1,
+        help="decoder layers of the drafts (1: the shipped depth; 2: a table apart)",
+    )
     parser.add_argument("--section", default=TITLE, help="the RESULTS.md section written")
     parser.add_argument("--quick", action="store_true", help="results_quick/, 2 held-out prompts")
     args = parser.parse_args(argv)
@@ -228,7 +235,14 @@ def recipe(args) -> dict:
     settings.update(epochs=args.epochs, save_steps=200, mixed_precision=args.mixed_precision, group_by_length=True)
     if args.learning_rate is not None:
         settings["learning_rate"] = args.learning_rate
+    settings["num_layers"] = args.num_layers
     return settings
+
+
+def results_key(args) -> str:
+    """Where a run's scales go in results.json (and their table): one key per architecture and depth."""
+    key = "scales" if args.arch == "eagle" else "scales_eagle3"
+    return key if args.num_layers == 1 else f"{key}_{args.num_layers}layers"
 
 
 def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts) -> dict:
@@ -241,9 +255,10 @@ def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, 
         have = sum(positions for shards in collections for _, positions in shards)
         return {"skipped": f"{have:,} response positions collected, {budget:,} needed"}
     started = time.time()
-    root, settings, sources = Path(args.runs_dir) / f"x{scale:g}", DistillSettings(**recipe(args)), chosen
+    name = f"x{scale:g}" + ("" if args.num_layers == 1 else f"-{args.num_layers}layers")
+    root, settings, sources = Path(args.runs_dir) / name, DistillSettings(**recipe(args)), chosen
     if args.arch == "eagle3":
-        root = Path(args.runs_dir) / "eagle3" / f"x{scale:g}"
+        root = Path(args.runs_dir) / "eagle3" / name
         settings = DistillSettings(**recipe(args), architecture="eagle3", aux_layer_ids=args.layers)
         sources = featurized(target, chosen, data_dirs, Path(args.runs_dir) / "eagle3", args.layers)
         data_dirs = [Path(args.runs_dir) / "eagle3" / f"data{i}" for i in range(len(data_dirs))]
@@ -328,6 +343,11 @@ def render(results: dict, command: str) -> str:
             "",
             *_table(results["scales_eagle3"], results.get("shipped_eagle3")),
         ]
+    for key in sorted(k for k in results if k.startswith("scales") and k.endswith("layers") and results[k]):
+        layers = key.rsplit("_", 1)[1].removesuffix("layers")
+        arch = "EAGLE-3" if key.startswith("scales_eagle3") else "EAGLE-1 style"
+        lines += ["", f"**{layers} decoder layers** ({arch}, `--num_layers {layers}`; the same answers):", ""]
+        lines += _table(results[key], None)
     return "\n".join(lines)
 
 
@@ -375,7 +395,7 @@ def main(argv=None) -> int:
     target, _, tokenizer = testbed.load_pair("smollm2", torch_dtype=torch.bfloat16)
     enable_diversed(target)
     held_out = held_out_answers(target, tokenizer, Path(args.runs_dir), 4 if args.quick else None)
-    key = "scales"
+    key = results_key(args)
     if args.arch == "eagle3":
         from diversed_hf.drafting.eagle3 import check_aux_layer_ids, default_aux_layer_ids
         from diversed_hf.training.eagle_features import featurize
@@ -383,14 +403,13 @@ def main(argv=None) -> int:
         layers = target.config.get_text_config().num_hidden_layers
         args.layers = tuple(check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers))
         held_out = featurize(target, held_out, Path(args.runs_dir) / "eagle3" / HELD_OUT_NAME, args.layers)
-        key = "scales_eagle3"
     prompts = everyday_prompts(2 if args.quick else args.num_prompts)
     path = output_dir / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {"scales": {}}
     if results.get("held_out") != HELD_OUT:  # scored on another set: scored again (a trained scale only reloads)
         results = {"scales": {}, "held_out": HELD_OUT}
     results.update(data=args.data, unit=args.unit, epochs=args.epochs, tree=args.tree, num_prompts=len(prompts))
-    results["recipe"] = recipe(args)
+    results["recipe"] = {k: v for k, v in recipe(args).items() if k != "num_layers"}  # the depth: per table
     results["collections"] = collection_costs(data_dirs)
     if args.arch == "eagle3":
         results["aux_layer_ids"] = list(args.layers)

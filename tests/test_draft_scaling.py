@@ -121,3 +121,20 @@ def test_every_scale_is_distilled_with_the_shipped_drafts_settings():
     assert (scaling.recipe(args)["learning_rate"], scaling.recipe(args)["mixed_precision"]) == (3e-4, "no")
     text = scaling._recipe({"recipe": recipe, "epochs": 1})
     assert f"learning rate {shipped['learning_rate']:g}, bfloat16 autocast" in text
+
+
+def test_a_second_depth_has_its_own_runs_and_table():
+    """``--num_layers 2``: the recipe's depth, its own results key (EAGLE-1 style or EAGLE-3) and table; the recipe the
+    section states is the one every table shares."""
+    args = scaling.parse_args(["--data", "d", "--num_layers", "2"])
+    assert scaling.recipe(args)["num_layers"] == 2 and scaling.results_key(args) == "scales_2layers"
+    assert scaling.results_key(scaling.parse_args(["--data", "d", "--arch", "eagle3", "--num_layers", "2"])) == (
+        "scales_eagle3_2layers"
+    )
+    assert scaling.results_key(scaling.parse_args(["--data", "d"])) == "scales"
+    row = {"top1_agreement": [0.5, 0.4, 0.3], "acceptance_t1": [0.4], "positions": 10, "tokens_per_round": 2.0}
+    results = {"data": ["d"], "unit": 10, "epochs": 2, "tree": {}, "num_prompts": 1, "scales": {"1": row}}
+    results["scales_2layers"] = {"1": {**row, "tree_acceptance": 0.3}}
+    results["scales"]["1"]["tree_acceptance"] = 0.2
+    text = scaling.render(results, "python benchmarks/draft_scaling.py")
+    assert "**2 decoder layers** (EAGLE-1 style, `--num_layers 2`" in text and text.count("| 1x |") == 2
