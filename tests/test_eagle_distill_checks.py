@@ -354,3 +354,17 @@ def test_a_steps_speed_counts_the_cells_and_positions_it_trained(tmp_path):
     assert speed["cells_per_position"] >= 1 and speed["positions_per_second"] > 0 and draft.training
     with pytest.raises(ValueError, match="`steps` 2 leaves no timed step"):
         step_speed(target, sequences, DistillSettings(draft_vocab_size=None, batch_size=2), steps=2)
+
+
+def test_the_prompts_soft_labels_are_computed_only_where_they_train(tmp_path):
+    """A row that decodes gets the target's soft labels from its last prompt position on (the earlier ones are never
+    trained: placeholders, ids 0 and log-probabilities -inf); a read-only row (0 new tokens) trains every position and
+    gets them all, as does every row of its batch."""
+    collection(tmp_path / "answered", [("t5 t6 t7 t8", 3), ("t9 t10", 3)])
+    for sequence in load_sequences(tmp_path / "answered"):
+        start = sequence.prompt_length - 1
+        assert torch.isinf(sequence.top_logprobs[:start]).all() and not sequence.top_ids[:start].any()
+        assert torch.isfinite(sequence.top_logprobs[start:, 0]).all()
+    collection(tmp_path / "read", [("t5 t6 t7 t8", 0), ("t9 t10", 3)])
+    for sequence in load_sequences(tmp_path / "read"):
+        assert torch.isfinite(sequence.top_logprobs[:, 0]).all()

@@ -50,8 +50,13 @@ def test_collection_keeps_the_targets_features_and_soft_labels(collected):
     assert greedy.hidden.shape == (n - 1, target.config.hidden_size)
     torch.testing.assert_close(greedy.hidden.float(), out.hidden_states[-1][0, : n - 1], atol=2e-2, rtol=1e-2)
     top_logprobs, top_ids = out.logits[0, : n - 1].log_softmax(-1).topk(greedy.top_ids.shape[1])
-    assert (greedy.top_ids[:, 0] == top_ids[:, 0]).float().mean() > 0.99
-    torch.testing.assert_close(greedy.top_logprobs[:, 0].float(), top_logprobs[:, 0], atol=2e-2, rtol=1e-2)
+    trained = greedy.prompt_length - 1  # the positions predicting response tokens carry the target's soft labels
+    assert (greedy.top_ids[trained:, 0] == top_ids[trained:, 0]).float().mean() > 0.99
+    torch.testing.assert_close(
+        greedy.top_logprobs[trained:, 0].float(), top_logprobs[trained:, 0], atol=2e-2, rtol=1e-2
+    )
+    # the prompt's own predictions are never trained: not computed, placeholders
+    assert not greedy.top_ids[:trained].any() and bool((greedy.top_logprobs[:trained] == float("-inf")).all())
     # greedy answer: each response token is the target's argmax at the position before
     response = greedy.ids[greedy.prompt_length :]
     assert torch.equal(response, greedy.top_ids[greedy.prompt_length - 1 :, 0].long())

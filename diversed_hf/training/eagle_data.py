@@ -90,7 +90,12 @@ class CollectionSettings:
 @dataclass
 class Sequence:
     """One decoded sequence: ``ids`` ``(n,)``; ``hidden`` ``(n - 1, d)``, ``top_ids`` / ``top_logprobs`` ``(n - 1, k)``
-    at positions ``0..n-2`` (position ``i`` predicts token ``i + 1``); ``prompt_length`` real prompt tokens."""
+    at positions ``0..n-2`` (position ``i`` predicts token ``i + 1``); ``prompt_length`` real prompt tokens.
+
+    The soft labels of the positions before ``prompt_length - 1`` (they predict prompt tokens, never trained) are
+    placeholders, ids 0 and log-probabilities ``-inf``, in collections made since they stopped being computed (the
+    LM head over every prompt column was a quarter of the time of a batch of 128 follow-up turns, 192 s against
+    145 s on the real pair); a read-only row's are all real."""
 
     ids: torch.Tensor
     hidden: torch.Tensor
@@ -263,9 +268,20 @@ def _decode_batch(
     new_tokens = [[] for _ in range(batch)]
     cache = compat.new_cache()
     chunk = seq
+    # the prompt's soft labels predict prompt tokens, never trained: the prefill scores only its last column (each
+    # row's first response position; rows are left-padded) unless a row is read-only, all of whose positions train
+    prompt_only_last = all(n > 0 for _, n in jobs)
     for step in range(max(1, int(limits.max()))):  # one pass at least: a read-only row's prefill
-        out = compat.forward_with_cache(target, chunk, mask, cache, logits_to_keep=0, output_hidden_states=True)
-        top_logprobs, top_ids = _top_logprobs(out.logits, settings.top_k)  # (A, chunk, k) each
+        keep = 1 if step == 0 and prompt_only_last else 0
+        out = compat.forward_with_cache(target, chunk, mask, cache, logits_to_keep=keep, output_hidden_states=True)
+        top_logprobs, top_ids = _top_logprobs(out.logits, settings.top_k)  # (A, kept columns, k) each
+        if top_ids.shape[1] < chunk.shape[1]:  # the prompt's other columns: placeholders (Sequence)
+            skipped = chunk.shape[1] - top_ids.shape[1]
+            top_ids = torch.cat([top_ids.new_zeros(top_ids.shape[0], skipped, top_ids.shape[2]), top_ids], dim=1)
+            top_logprobs = torch.cat(
+                [top_logprobs.new_full((top_ids.shape[0], skipped, top_ids.shape[2]), float("-inf")), top_logprobs],
+                dim=1,
+            )
         states = out.hidden_states
         hidden = (
             states[-1]
