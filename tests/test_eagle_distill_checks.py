@@ -368,3 +368,25 @@ def test_the_prompts_soft_labels_are_computed_only_where_they_train(tmp_path):
     collection(tmp_path / "read", [("t5 t6 t7 t8", 0), ("t9 t10", 3)])
     for sequence in load_sequences(tmp_path / "read"):
         assert torch.isfinite(sequence.top_logprobs[:, 0]).all()
+
+
+def test_a_shard_decodes_its_prompts_in_batches_of_like_lengths_and_keeps_their_order(tmp_path, monkeypatch):
+    from diversed_hf.training import eagle_data
+
+    widths = []
+    decode = eagle_data._decode_batch
+
+    def recording(target, jobs, *args):
+        widths.append(sorted(len(ids) for ids, _ in jobs))
+        return decode(target, jobs, *args)
+
+    monkeypatch.setattr(eagle_data, "_decode_batch", recording)
+    prompts = [("t5", 2), ("t5 t6 t7 t8 t9 t10", 2), ("t11", 2), ("t12 t13 t14 t15 t16 t17", 2)]
+    target = make_model("llama")
+    settings = CollectionSettings(batch_size=2, shard_size=4, top_k=4)
+    collect(target, tiny_tokenizer(), prompts, tmp_path / "data", settings, progress=False)
+    assert widths[0][-1] < widths[1][0]  # the short prompts together, then the long ones
+    tokenizer = tiny_tokenizer()
+    for (text, _), sequence in zip(prompts, load_sequences(tmp_path / "data"), strict=True):
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert sequence.ids[: len(prompt)].tolist() == prompt  # the shard holds them in the order given

@@ -385,13 +385,17 @@ def collect(
         written += 1
         shard_started = time.time()
         generator = torch.Generator(device=target.device).manual_seed(settings.seed * 100_003 + shard)
-        sequences = []
-        for batch_start in range(begin, end, settings.batch_size):
-            batch = prompts[batch_start : min(end, batch_start + settings.batch_size)]
-            jobs = [(tokenizer(text, add_special_tokens=False)["input_ids"], limit) for text, limit in batch]
-            greedy = [bool(every) and (batch_start + i) % every == 0 for i in range(len(batch))]
-            sequences += _decode_batch(target, jobs, settings, greedy, eos_ids, pad_id, generator)
-            bar.update(len(batch))
+        ids = {i: tokenizer(prompts[i][0], add_special_tokens=False)["input_ids"] for i in range(begin, end)}
+        # the shard's prompts in batches of like lengths (less padding in the prefill and the cache), kept in order
+        order = sorted(ids, key=lambda i: len(ids[i]))
+        decoded = {}
+        for batch_start in range(0, len(order), settings.batch_size):
+            chosen = order[batch_start : batch_start + settings.batch_size]
+            jobs = [(ids[i], prompts[i][1]) for i in chosen]
+            greedy = [bool(every) and i % every == 0 for i in chosen]
+            decoded |= zip(chosen, _decode_batch(target, jobs, settings, greedy, eos_ids, pad_id, generator))
+            bar.update(len(chosen))
+        sequences = [decoded[i] for i in range(begin, end)]
         _write_shard(_shard_path(directory, shard), sequences, time.time() - shard_started)
     bar.close()
     processes.wait()  # every shard is written
