@@ -390,3 +390,20 @@ def test_a_shard_decodes_its_prompts_in_batches_of_like_lengths_and_keeps_their_
     for (text, _), sequence in zip(prompts, load_sequences(tmp_path / "data"), strict=True):
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert sequence.ids[: len(prompt)].tolist() == prompt  # the shard holds them in the order given
+
+
+def test_checkpoints_from_before_a_setting_existed_resume_with_its_default(tmp_path):
+    """A run.json written before ``group_by_length`` and ``mixed_precision`` existed is read as their defaults (what
+    that run trained with): the run goes on; a run asking for another value is refused by name."""
+    target = collection(tmp_path / "data")
+    checkpoints = tmp_path / "checkpoints"
+    distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", FAST, progress=False)
+    record = json.loads((checkpoints / "run.json").read_text())
+    for name in ("group_by_length", "mixed_precision"):
+        del record["settings"][name]
+    (checkpoints / "run.json").write_text(json.dumps(record))
+    distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", FAST, progress=False)
+    assert json.loads((checkpoints / "run.json").read_text())["settings"]["mixed_precision"] == "no"
+    bf16 = DistillSettings(**{**FAST.__dict__, "mixed_precision": "bf16"})
+    with pytest.raises(ValueError, match="checkpoints of another run"):
+        distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", bf16, progress=False)

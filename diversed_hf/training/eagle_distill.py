@@ -435,6 +435,18 @@ def step_speed(target, sequences: list, settings: DistillSettings, steps: int | 
     return {"cells_per_position": cells / positions, "positions_per_second": positions / seconds}, draft
 
 
+def _fill_new_settings(run_file: Path) -> None:
+    """A ``run.json`` written before a setting existed gets its default, which is what that run trained with: its
+    checkpoints resume under this version (a run with another value is still refused by name)."""
+    if not run_file.is_file():
+        return
+    record = json.loads(run_file.read_text())
+    defaults = {name: value for name, value in asdict(DistillSettings()).items() if name not in record["settings"]}
+    if defaults:
+        record["settings"] = {**record["settings"], **defaults}
+        run_file.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def _manifests(data_dirs: list[Path]) -> dict | list[dict]:
     """The collections' manifests: one dict for one collection (as before several were allowed), else a list."""
     manifests = [json.loads((d / "manifest.json").read_text()) for d in data_dirs]
@@ -503,6 +515,8 @@ def distill(
     held_out, training = _split(sequences, settings, ", ".join(map(str, data_dirs)))
     run = {"settings": asdict(settings), "num_sequences": len(sequences), "data_manifest": _manifests(data_dirs)}
     with processes.main_first():  # the main process claims the directory; the others check the claim
+        if processes.is_main:
+            _fill_new_settings(checkpoint_dir / "run.json")
         claim_directory(checkpoint_dir, "run.json", run, "checkpoints of another run")
     draft = _new_draft(target, training, settings)
     _check_features(draft, sequences, data_dirs, target.config.get_text_config().num_hidden_layers)
