@@ -56,6 +56,12 @@ def test_distill_settings_are_checked_when_made(values, match):
         DistillSettings(**values)
 
 
+def test_the_command_refuses_an_unknown_precision_by_name(capsys):
+    with pytest.raises(SystemExit):
+        train_eagle_draft.parse_args(["--mixed_precision", "fp16"])
+    assert "--mixed_precision 'fp16': give 'bf16'" in capsys.readouterr().err
+
+
 def test_batches_of_like_lengths_cover_the_epoch_and_pad_less():
     """``group_by_length``: every training sequence once an epoch, in batches of like lengths (far fewer padded cells
     than batches drawn uniformly), an order set by the seed and the epoch."""

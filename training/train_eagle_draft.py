@@ -196,6 +196,11 @@ def _check_options(parser, args) -> None:
         )
     if args.aux_layer_ids is not None and min(args.aux_layer_ids) < 0:
         parser.error(f"--aux_layer_ids must be hidden-state indices >= 0, got {args.aux_layer_ids}")
+    if args.mixed_precision not in ("no", "bf16"):
+        parser.error(
+            f"--mixed_precision {args.mixed_precision!r}: give 'bf16' (bfloat16 autocast over float32 weights) or "
+            "'no' (float32)"
+        )
     for name in (
         "num_layers",
         "unroll",
