@@ -256,16 +256,18 @@ def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, 
         return {"skipped": f"{have:,} response positions collected, {budget:,} needed"}
     started = time.time()
     name = f"x{scale:g}" + ("" if args.num_layers == 1 else f"-{args.num_layers}layers")
-    root, settings, sources = Path(args.runs_dir) / name, DistillSettings(**recipe(args)), chosen
+    root, settings, sources = Path(args.runs_dir) / name, recipe(args), chosen
     if args.arch == "eagle3":
         root = Path(args.runs_dir) / "eagle3" / name
-        settings = DistillSettings(**recipe(args), architecture="eagle3", aux_layer_ids=args.layers)
+        settings |= {"architecture": "eagle3", "aux_layer_ids": args.layers}
         sources = featurized(target, chosen, data_dirs, Path(args.runs_dir) / "eagle3", args.layers)
         data_dirs = [Path(args.runs_dir) / "eagle3" / f"data{i}" for i in range(len(data_dirs))]
     views = data_view(sources, data_dirs, root)
     cost = root / "cost.json"  # what featurizing and distilling took, kept when a trained scale is scored again
     resumed = not cost.is_file() and any((root / "checkpoints").glob("checkpoint-*"))  # a run before this one
-    saved = distill(target, views, root / "checkpoints", root / "draft", settings, progress=not args.quick)
+    saved = distill(
+        target, views, root / "checkpoints", root / "draft", DistillSettings(**settings), progress=not args.quick
+    )
     if not cost.is_file():
         minutes = round((time.time() - started) / 60, 2)
         write_text_atomic(cost, json.dumps({"minutes": minutes, "resumed": resumed}) + "\n")

@@ -196,7 +196,9 @@ def _check_options(parser, args) -> None:
         )
     if args.aux_layer_ids is not None and min(args.aux_layer_ids) < 0:
         parser.error(f"--aux_layer_ids must be hidden-state indices >= 0, got {args.aux_layer_ids}")
-    if args.mixed_precision not in ("no", "bf16"):
+    from diversed_hf.training.eagle_distill import MIXED_PRECISION
+
+    if args.mixed_precision not in MIXED_PRECISION:
         parser.error(
             f"--mixed_precision {args.mixed_precision!r}: give 'bf16' (bfloat16 autocast over float32 weights) or "
             "'no' (float32)"
@@ -382,8 +384,6 @@ def _made_with(args, target, tokenizer, chat_template: str, output_dir: Path, pr
             stored = json.loads(file.read_text()) if file.is_file() else None
             if stored is None or {k: stored.get(k) for k in record} != record:
                 partial = output_dir / "written_requests.partial.json"  # a stopped run goes on from it
-                if processes.is_main:
-                    output_dir.mkdir(parents=True, exist_ok=True)
                 requests = write_requests(
                     target, tokenizer, args.num_written, seed=args.seed, chat_template=chat_template,
                     batch_size=args.generation_batch_size, progress=processes.is_main,

@@ -420,9 +420,12 @@ def step_speed(target, sequences: list, settings: DistillSettings, steps: int | 
     steps = steps_per_epoch * settings.epochs if steps is None else steps
     optimizer, scheduler = _optimizer(draft, settings, steps)
     seconds = cells = positions = 0
+    batches = {}  # epoch -> its batches, as distill keeps them
     for step in range(steps):
         epoch, index = divmod(step, steps_per_epoch)
-        chunk = _epoch_batches(sequences, settings, epoch)[index]  # an epoch's order is cheap beside a step
+        if epoch not in batches:
+            batches = {epoch: _epoch_batches(sequences, settings, epoch)}
+        chunk = batches[epoch][index]
         started = time.perf_counter()
         _, _, count = _train_step(draft, sequences, chunk, settings, id_to_draft, optimizer, Processes())
         scheduler.step()

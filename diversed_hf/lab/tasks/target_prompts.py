@@ -20,6 +20,7 @@ import json
 import random
 import re
 
+from ..cli_utils import write_text_atomic
 from .chat_prompts import DATA_DIR, broad_chat_messages, everyday_messages, render_conversation
 
 __all__ = [
@@ -222,9 +223,7 @@ def write_requests(
                 if partial_file:
                     state = {"asked": asked, "next": start + batch_size, "kept": kept}
                     state["rng"] = torch.get_rng_state().tolist()
-                    staging = Path(f"{partial_file}.tmp")
-                    staging.write_text(json.dumps(state))
-                    staging.replace(partial_file)  # whole or not at all
+                    write_text_atomic(partial_file, json.dumps(state))
     finally:
         tokenizer.padding_side = padding_side
         bar.close()
