@@ -413,3 +413,20 @@ def test_checkpoints_from_before_a_setting_existed_resume_with_its_default(tmp_p
     bf16 = DistillSettings(**{**FAST.__dict__, "mixed_precision": "bf16"})
     with pytest.raises(ValueError, match="checkpoints of another run"):
         distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", bf16, progress=False)
+
+
+def test_a_record_stopped_mid_write_leaves_the_old_one_whole(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from diversed_hf.training.eagle_data import write_json
+
+    path = tmp_path / "run.json"
+    write_json(path, {"settings": {"epochs": 1}})
+
+    def stopped(self, target):
+        raise KeyboardInterrupt  # the session ends between writing the new record and putting it in place
+
+    monkeypatch.setattr(Path, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        write_json(path, {"settings": {"epochs": 2}})
+    assert json.loads(path.read_text()) == {"settings": {"epochs": 1}}
