@@ -415,18 +415,21 @@ def test_checkpoints_from_before_a_setting_existed_resume_with_its_default(tmp_p
         distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", bf16, progress=False)
 
 
-def test_a_record_stopped_mid_write_leaves_the_old_one_whole(tmp_path, monkeypatch):
-    from pathlib import Path
+def test_a_run_record_stopped_mid_rewrite_leaves_the_old_one_whole(tmp_path, monkeypatch):
+    """run.json is rewritten through the atomic writer (here: a record from before the later settings existed gets
+    their defaults): a session that ends before the rename leaves the old record whole, and no staging file."""
+    from diversed_hf.common import files
+    from diversed_hf.training import eagle_distill
 
-    from diversed_hf.training.eagle_data import write_json
+    run_file = tmp_path / "run.json"
+    old = {"settings": {"epochs": 1}}
+    run_file.write_text(json.dumps(old))
 
-    path = tmp_path / "run.json"
-    write_json(path, {"settings": {"epochs": 1}})
+    def stopped(source, target):
+        raise KeyboardInterrupt  # the session ends here
 
-    def stopped(self, target):
-        raise KeyboardInterrupt  # the session ends between writing the new record and putting it in place
-
-    monkeypatch.setattr(Path, "replace", stopped)
+    monkeypatch.setattr(files.os, "replace", stopped)
     with pytest.raises(KeyboardInterrupt):
-        write_json(path, {"settings": {"epochs": 2}})
-    assert json.loads(path.read_text()) == {"settings": {"epochs": 1}}
+        eagle_distill._fill_new_settings(run_file)
+    assert json.loads(run_file.read_text()) == old
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]

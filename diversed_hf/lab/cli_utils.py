@@ -17,12 +17,12 @@ Library code never prints; only the commands and scripts call :func:`run_script`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from ..common.files import write_text_atomic
 
 __all__ = [
     "USAGE_ERROR",
@@ -179,25 +179,6 @@ def check_output_file(path: str | os.PathLike, flag: str = "--output") -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise PermissionError(f"`{flag}` {path} is not writable by this user. Pass another path.")
     _check_can_create(path.parent, flag, path)
-    return path
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory, then rename it into place:
-    readers see the old file or the new one, never a part. An existing file's permissions are kept."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
     return path
 
 

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .. import compat
+from ..common.files import write_text_atomic
 from ..verifiers import ops
 from ..verifiers.checks import is_integer, is_real
 from .data_parallel import Processes
@@ -45,7 +46,6 @@ __all__ = [
     "collection_seconds",
     "load_sequences",
     "load_token_ids",
-    "write_json",
 ]
 
 
@@ -103,14 +103,6 @@ class Sequence:
     top_ids: torch.Tensor
     top_logprobs: torch.Tensor
     prompt_length: int
-
-
-def write_json(path: Path, record) -> None:
-    """``record`` as JSON in ``path`` through a staging file renamed into place: a run stopped mid-write leaves the
-    old file or the new one, never a part (a half-written ``manifest.json`` or ``run.json`` would refuse the resume)."""
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(record, indent=2) + "\n")
-    staging.replace(path)
 
 
 def _shard_path(directory: Path, index: int) -> Path:
@@ -230,7 +222,7 @@ def claim_directory(directory: Path, file_name: str, record: dict, holds: str) -
             )
     else:
         directory.mkdir(parents=True, exist_ok=True)
-        write_json(path, record)
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
 def _top_logprobs(logits: torch.Tensor, k: int, span: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,7 +405,7 @@ def collect(
     written = int(processes.sum(torch.tensor(written)))  # by any process
     if written and processes.is_main:
         total = spent + (json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0)
-        write_json(timing, {"seconds": round(total, 1)})
+        write_text_atomic(timing, json.dumps({"seconds": round(total, 1)}) + "\n")
     logger.info("collected %d sequences into %s in %.0f s", len(prompts), directory, spent)
     return directory
 

@@ -39,10 +39,11 @@ from pathlib import Path
 import torch
 
 from .. import compat
+from ..common.files import write_text_atomic
 from ..drafting.eagle import EagleDraft
 from ..verifiers.checks import is_integer, is_real
 from .data_parallel import Processes
-from .eagle_data import Sequence, claim_directory, load_sequences, write_json
+from .eagle_data import Sequence, claim_directory, load_sequences
 from .eagle_features import stored_layers
 from .eagle_save import DEFAULT_DRAFTING, check_drafting, check_save_to, save_draft
 
@@ -447,7 +448,7 @@ def _fill_new_settings(run_file: Path) -> None:
     defaults = {name: value for name, value in asdict(DistillSettings()).items() if name not in record["settings"]}
     if defaults:
         record["settings"] = {**record["settings"], **defaults}
-        write_json(run_file, record)
+        write_text_atomic(run_file, json.dumps(record, indent=2) + "\n")
 
 
 def _manifests(data_dirs: list[Path]) -> dict | list[dict]:
@@ -531,7 +532,7 @@ def distill(
     with processes.main_first():
         if step == 0 and processes.is_main:
             before = evaluate(draft, held_out, settings, id_to_draft, target.device)
-            write_json(checkpoint_dir / "before.json", before)
+            write_text_atomic(checkpoint_dir / "before.json", json.dumps(before) + "\n")
             logger.info("held out, untrained: %s", before)
     before = json.loads((checkpoint_dir / "before.json").read_text())
     bar = tqdm(
