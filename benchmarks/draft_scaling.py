@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -319,9 +320,39 @@ def _costs(collections: list[dict]) -> str:
     )
 
 
+#: the options that pick a table (its architecture and depth) and its rows; the rest are the section's
+_TABLE_OPTIONS = ("--scales", "--arch", "--num_layers")
+
+
+def table_commands(results: dict, command: str) -> list[str]:
+    """One command per table of the section: ``command`` (the run that wrote it) with each table's own
+    architecture, depth and every scale it measured, so that each command rebuilds its table's rows."""
+    words, base, skipping = shlex.split(command), [], False
+    for word in words:
+        if word.startswith("--"):
+            skipping = word.split("=", 1)[0] in _TABLE_OPTIONS
+        if not skipping:
+            base.append(word)
+    commands = []
+    tables = sorted(
+        (k for k in results if k.startswith("scales") and results[k]), key=lambda k: (k.endswith("layers"), k)
+    )
+    for key in tables:  # in the order render() shows them
+        measured = [name for name, row in results[key].items() if "skipped" not in row]
+        if not measured:
+            continue
+        table = ["--scales", *sorted(measured, key=float)]
+        if key.startswith("scales_eagle3"):
+            table += ["--arch", "eagle3"]
+        if key.endswith("layers"):
+            table += ["--num_layers", key.rsplit("_", 1)[1].removesuffix("layers")]
+        commands.append(shlex.join([*base, *table]))
+    return commands or [command]
+
+
 def render(results: dict, command: str) -> str:
     lines = [
-        *regenerate_lines(command),
+        *regenerate_lines("\n".join(table_commands(results, command))),
         f"SmolLM2-135M-Instruct (bfloat16) and EagleDrafts distilled by one recipe ({_recipe(results)}) on "
         f"growing shares of the collections ({', '.join(results['data'])}); scale 1 = {results['unit']:,} response "
         "positions, what the shipped default draft was distilled on. Held-out: the target's answers to the held-out "
@@ -330,7 +361,7 @@ def render(results: dict, command: str) -> str:
         f"{results['tree']}, {results['num_prompts']} held-out everyday prompts x 64 tokens.",
         "",
         *(
-            _table(results["scales"], results.get("shipped"))
+            _table(results["scales"], results.get("shipped"), 'shipped (`draft="eagle"`)')
             if results["scales"] or results.get("shipped")
             else ["(no EAGLE-1-style draft measured yet)"]
         ),
@@ -343,7 +374,7 @@ def render(results: dict, command: str) -> str:
             f"**EAGLE-3** (`--arch eagle3`: the target's layers {results['aux_layer_ids']} fused, training-time test, "
             "its own LM head; the same answers, read again for those layers, and the same held-out set):",
             "",
-            *_table(results["scales_eagle3"], results.get("shipped_eagle3")),
+            *_table(results["scales_eagle3"], results.get("shipped_eagle3"), 'shipped (`draft="eagle3"`)'),
         ]
     for key in sorted(k for k in results if k.startswith("scales") and k.endswith("layers") and results[k]):
         layers = key.rsplit("_", 1)[1].removesuffix("layers")
@@ -365,12 +396,12 @@ def _recipe(results: dict) -> str:
     )
 
 
-def _table(scales: dict, shipped: dict | None) -> list[str]:
+def _table(scales: dict, shipped: dict | None, label: str = "shipped") -> list[str]:
     lines = [
         "| scale | positions | top-1 step 1 / 2 / 3 | sum min(p, q) step 1 | tokens per round | acceptance | minutes |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
-    rows = [("shipped (today's default)", shipped)] if shipped else []
+    rows = [(label, shipped)] if shipped else []
     for scale, row in [*rows, *((f"{scale}x", row) for scale, row in scales.items())]:
         if "skipped" in row:
             lines.append(f"| {scale} | – | not run: {row['skipped']} | | | | |")

@@ -57,7 +57,7 @@ def test_eagle3_scales_read_each_chosen_shard_again_once(tmp_path):
     text = scaling.render(results, "python benchmarks/draft_scaling.py --arch eagle3")
     assert text.count("| 1x | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | 12 |") == 2
     results["shipped"] = {k: v for k, v in row.items() if k != "minutes"}
-    assert "| shipped (today's default) | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | – |" in (
+    assert '| shipped (`draft="eagle"`) | 1,000 | 0.500 / 0.400 / 0.300 | 0.600 | 2.00 | 30.0 % | – |' in (
         scaling.render(results, "python benchmarks/draft_scaling.py")
     )
     assert "**EAGLE-3** (`--arch eagle3`: the target's layers [1, 2, 3] fused" in text and "not run: 1,000" in text
@@ -138,3 +138,18 @@ def test_a_second_depth_has_its_own_runs_and_table():
     results["scales"]["1"]["tree_acceptance"] = 0.2
     text = scaling.render(results, "python benchmarks/draft_scaling.py")
     assert "**2 decoder layers** (EAGLE-1 style, `--num_layers 2`" in text and text.count("| 1x |") == 2
+
+
+def test_each_table_has_the_command_that_rebuilds_its_rows():
+    """The section's tables come from runs with different ``--arch`` / ``--num_layers`` / ``--scales``: the opening
+    gives one command per table, with every scale it shows, whichever run wrote the section last."""
+    row = {"top1_agreement": [0.5], "acceptance_t1": [0.4], "positions": 10, "tokens_per_round": 2.0}
+    results = {"scales": {"1": row, "0.5": row, "8": {"skipped": "the collections hold 5x"}}}
+    results |= {"scales_eagle3": {"1": row}, "scales_2layers": {"2": row}, "scales_eagle3_2layers": {}}
+    last = "python benchmarks/draft_scaling.py --data a 'b c' --scales 1 --arch eagle3 --runs_dir r"
+    assert scaling.table_commands(results, last) == [
+        "python benchmarks/draft_scaling.py --data a 'b c' --runs_dir r --scales 0.5 1",
+        "python benchmarks/draft_scaling.py --data a 'b c' --runs_dir r --scales 1 --arch eagle3",
+        "python benchmarks/draft_scaling.py --data a 'b c' --runs_dir r --scales 2 --num_layers 2",
+    ]
+    assert scaling.table_commands({"scales": {}}, last) == [last]  # nothing measured yet: the run itself
