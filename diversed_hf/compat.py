@@ -524,18 +524,24 @@ def forward_tree(
     (``masking_utils``: "If the mask is already 4D, simply return as-is"). ``model_inputs`` go to the model as they
     are (an EagleDraft's ``target_hidden``)."""
     dtype = model.dtype if model.dtype.is_floating_point else torch.float32
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # (batch, chunk, keys)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return forward_with_cache(
         model,
         input_ids,
-        mask[:, None],  # (batch, 1, chunk, keys)
+        additive_mask(allowed, dtype),  # (batch, 1, chunk, keys)
         cache,
         logits_to_keep=logits_to_keep,
         output_hidden_states=output_hidden_states,
         position_ids=position_ids,
         **model_inputs,
     )
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # (batch, 1, chunk, keys)
+    """A 4-D attention mask that transformers' mask functions pass through unchanged (``masking_utils``: "If the mask
+    is already 4D, simply return as-is") and every attention implementation that takes a mask adds to its scores: 0
+    where ``allowed`` ``(batch, chunk, keys)``, ``dtype``'s minimum elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def compact_cache(

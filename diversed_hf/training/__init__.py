@@ -1,6 +1,6 @@
 """Training: DIVERSED heads (docs/method.md §5: ``DiversedConfig``, a TRL ``GRPOConfig``, and ``DiversedTrainer``),
-EagleDraft distillation (``eagle_data``, ``eagle_distill``, ``eagle_save``, ``eagle_card``, data-parallel under
-``accelerate launch``: ``data_parallel``) and the tuned target's card.
+EagleDraft distillation (``eagle_data``, ``eagle_unroll``, ``eagle_distill``, ``eagle_save``, ``eagle_card``,
+data-parallel under ``accelerate launch``: ``data_parallel``) and the tuned target's card.
 
 Each name loads its module on first use, so distilling an EagleDraft or loading a head checkpoint never imports TRL;
 ``DiversedConfig`` / ``DiversedTrainer`` need the ``train`` extra (TRL, in the tested range

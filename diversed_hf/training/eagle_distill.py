@@ -10,7 +10,11 @@ with ``p_j`` the target's top-k distribution (temperature 1) restricted to the d
 The cross-entropy is the soft-label term of EAGLE; the total variation is what lossless SD's acceptance ``1 - TV``
 measures, the objective DistillSpec found best for acceptance. **Training-time test**: step ``k >= 1`` feeds every
 column the draft's own prediction of step ``k - 1`` at the column before (instead of the target's feature), the input
-the draft sees from its second draft token on; step ``k`` weighs ``0.8 ** k``.
+the draft sees from its second draft token on; step ``k`` weighs ``0.8 ** k``. Column ``j`` at step ``k`` is then the
+``k + 1``-th token of a chain drafted after column ``j - k``, and it attends as that draft token does while drafting
+(EAGLE-3's training-time test): to the columns up to ``j - k`` as step 0 computed them from the target's features
+(the draft's cache at a round's start) and to its chain's own columns of steps 1 to ``k``, not to other chains'
+predicted columns.
 
 The draft's ids (FR-Spec): the ``draft_vocab_size`` ids the target writes most often in the training responses, EOS
 always among them. Held-out sequences (a seeded split) give ``sum_x min(p, q)`` (temperature 1) and the top-1
@@ -46,6 +50,7 @@ from .data_parallel import Processes
 from .eagle_data import Sequence, claim_directory, load_sequences
 from .eagle_features import stored_layers
 from .eagle_save import DEFAULT_DRAFTING, check_drafting, check_save_to, save_draft
+from .eagle_unroll import batch_tensors, unrolled_features
 
 logger = logging.getLogger(__name__)
 
@@ -147,26 +152,6 @@ def draft_vocabulary(sequences: list[Sequence], size: int, vocab_size: int, alwa
     return torch.tensor(sorted(order[:size]))
 
 
-def _batch(sequences: list[Sequence], device) -> dict:
-    """Right-padded tensors of a batch; ``loss_mask`` marks the response positions (features and labels exist)."""
-    width = max(s.ids.shape[0] for s in sequences)
-    batch, d, k = len(sequences), sequences[0].hidden.shape[1], sequences[0].top_ids.shape[1]
-    ids = torch.zeros(batch, width, dtype=torch.long)
-    mask = torch.zeros(batch, width, dtype=torch.long)
-    hidden = torch.zeros(batch, width, d)
-    top_ids = torch.zeros(batch, width, k, dtype=torch.long)
-    top_logprobs = torch.full((batch, width, k), float("-inf"))
-    loss_mask = torch.zeros(batch, width, dtype=torch.bool)
-    for row, s in enumerate(sequences):
-        n = s.ids.shape[0]
-        ids[row, :n], mask[row, :n] = s.ids, 1
-        hidden[row, : n - 1] = s.hidden.float()
-        top_ids[row, : n - 1], top_logprobs[row, : n - 1] = s.top_ids.long(), s.top_logprobs.float()
-        loss_mask[row, s.prompt_length - 1 : n - 1] = True  # positions predicting a response token
-    tensors = dict(ids=ids, mask=mask, hidden=hidden, top_ids=top_ids, top_logprobs=top_logprobs, loss_mask=loss_mask)
-    return {name: value.to(device) for name, value in tensors.items()}
-
-
 def eagle_loss(draft: EagleDraft, batch: dict, settings: DistillSettings, id_to_draft: torch.Tensor):
     """The loss of one batch and, per unrolled step, the sums of ``sum_x min(p, q)`` and of top-1 agreement over its
     response positions (their count last): ``(loss, overlap (unroll,), agree (unroll,), positions)``."""
@@ -178,11 +163,8 @@ def eagle_loss(draft: EagleDraft, batch: dict, settings: DistillSettings, id_to_
     inside = draft_ids >= 0
     target_probs = target_probs * inside  # mass the draft cannot propose counts for nothing
     target_top1 = draft_ids[:, 0]  # (P,) the target's most likely id (top-k is sorted), -1 when outside
-    features = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)  # column j holds h_{j-1}
-    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     total, overlaps, agreements = 0.0, [], []
-    for step in range(settings.unroll):
-        predicted = draft.features(ids, features, attention_mask=mask, position_ids=position_ids, use_cache=False)
+    for step, predicted in enumerate(unrolled_features(draft, ids, mask, hidden, settings.unroll)):
         chosen = predicted[positions]  # (P, d)
         if chosen.shape[-1] == hidden.shape[-1]:  # EAGLE-1 style: the feature regresses onto the target's
             feature_loss = torch.nn.functional.smooth_l1_loss(chosen, hidden[positions], reduction="mean")
@@ -197,8 +179,6 @@ def eagle_loss(draft: EagleDraft, batch: dict, settings: DistillSettings, id_to_
         total = total + STEP_DECAY**step * loss
         overlaps.append(overlap.detach().sum())
         agreements.append(((log_q.argmax(dim=1) == target_top1) & (target_top1 >= 0)).float().sum().detach())
-        # the next step reads the draft's own prediction at the column before
-        features = torch.cat([torch.zeros_like(predicted[:, :1]), predicted[:, :-1]], dim=1)
     return total, torch.stack(overlaps), torch.stack(agreements), count
 
 
@@ -210,7 +190,7 @@ def evaluate(draft: EagleDraft, sequences: list[Sequence], settings: DistillSett
     overlap, agree, count = 0.0, 0.0, 0
     sequences = sorted(sequences, key=lambda s: s.ids.shape[0])  # batches of like lengths: the sums are the same
     for start in range(0, len(sequences), settings.batch_size):
-        batch = _batch(sequences[start : start + settings.batch_size], device)
+        batch = batch_tensors(sequences[start : start + settings.batch_size], device)
         _, o, a, n = eagle_loss(draft, batch, settings, id_to_draft)
         overlap, agree, count = overlap + o, agree + a, count + n
     draft.train()
@@ -393,7 +373,7 @@ def _train_step(draft, training, chunk: list[int], settings, id_to_draft, optimi
     optimizer.zero_grad()
     loss, overlap, count = None, torch.zeros(settings.unroll, device=id_to_draft.device), 0
     if mine:
-        batch = _batch([training[i] for i in mine], id_to_draft.device)
+        batch = batch_tensors([training[i] for i in mine], id_to_draft.device)
         with _autocast(settings, id_to_draft.device):
             loss, overlap, _, count = eagle_loss(draft, batch, settings, id_to_draft)
     total = int(processes.sum(torch.tensor(float(count))))
