@@ -413,6 +413,10 @@ def test_checkpoints_from_before_a_setting_existed_resume_with_its_default(tmp_p
     bf16 = DistillSettings(**{**FAST.__dict__, "mixed_precision": "bf16"})
     with pytest.raises(ValueError, match="checkpoints of another run"):
         distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", bf16, progress=False)
+    del record["unrolling"]  # trained before training-time test attended as drafting does: not resumed
+    (checkpoints / "run.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"trained before training-time test attended as drafting does .*Remove"):
+        distill(target, tmp_path / "data", checkpoints, tmp_path / "draft", FAST, progress=False)
 
 
 def test_a_run_record_stopped_mid_rewrite_leaves_the_old_one_whole(tmp_path, monkeypatch):
@@ -422,7 +426,7 @@ def test_a_run_record_stopped_mid_rewrite_leaves_the_old_one_whole(tmp_path, mon
     from diversed_hf.training import eagle_distill
 
     run_file = tmp_path / "run.json"
-    old = {"settings": {"epochs": 1}}
+    old = {"settings": {"epochs": 1}, "unrolling": "chain"}
     run_file.write_text(json.dumps(old))
 
     def stopped(source, target):

@@ -50,7 +50,7 @@ from .data_parallel import Processes
 from .eagle_data import Sequence, claim_directory, load_sequences
 from .eagle_features import stored_layers
 from .eagle_save import DEFAULT_DRAFTING, check_drafting, check_save_to, save_draft
-from .eagle_unroll import batch_tensors, unrolled_features
+from .eagle_unroll import UNROLLING, batch_tensors, unrolled_features
 
 logger = logging.getLogger(__name__)
 
@@ -421,10 +421,18 @@ def step_speed(target, sequences: list, settings: DistillSettings, steps: int | 
 
 def _fill_new_settings(run_file: Path) -> None:
     """A ``run.json`` written before a setting existed gets its default, which is what that run trained with: its
-    checkpoints resume under this version (a run with another value is still refused by name)."""
+    checkpoints resume under this version (a run with another value is still refused by name). One written before
+    the unrolling was recorded is refused: its training-time test attended otherwise."""
     if not run_file.is_file():
         return
     record = json.loads(run_file.read_text())
+    if "unrolling" not in record:
+        raise ValueError(
+            f"{run_file.parent} holds checkpoints trained before training-time test attended as drafting does (each "
+            f"unrolled column saw every predicted column before it; now its own chain's, `unrolling` "
+            f"{UNROLLING!r}): resuming them would mix the two. Remove {run_file.parent} to start over, or finish "
+            "that run with the diversed_hf release that began it."
+        )
     defaults = {name: value for name, value in asdict(DistillSettings()).items() if name not in record["settings"]}
     if defaults:
         record["settings"] = {**record["settings"], **defaults}
@@ -498,6 +506,7 @@ def distill(
     sequences = [sequence for directory in data_dirs for sequence in load_sequences(directory)]
     held_out, training = _split(sequences, settings, ", ".join(map(str, data_dirs)))
     run = {"settings": asdict(settings), "num_sequences": len(sequences), "data_manifest": _manifests(data_dirs)}
+    run["unrolling"] = UNROLLING
     with processes.main_first():  # the main process claims the directory; the others check the claim
         if processes.is_main:
             _fill_new_settings(checkpoint_dir / "run.json")

@@ -18,7 +18,11 @@ import torch
 from .. import compat
 from .eagle_data import Sequence
 
-__all__ = ["batch_tensors", "chain_attention", "unrolled_features"]
+__all__ = ["UNROLLING", "batch_tensors", "chain_attention", "unrolled_features"]
+
+#: how unrolled columns attend, recorded in a distillation's run.json: checkpoints trained before it was recorded
+#: (each column of a step attending to every predicted column before it) are not resumed under it
+UNROLLING = "chain"
 
 
 def batch_tensors(sequences: list[Sequence], device) -> dict:
