@@ -246,6 +246,20 @@ def results_key(args) -> str:
     return key if args.num_layers == 1 else f"{key}_{args.num_layers}layers"
 
 
+def key_settings(key: str) -> tuple[str, int]:
+    """The ``(--arch, --num_layers)`` of a results key (:func:`results_key`'s inverse)."""
+    arch = "eagle3" if key.startswith("scales_eagle3") else "eagle"
+    return arch, int(key.rsplit("_", 1)[1].removesuffix("layers")) if key.endswith("layers") else 1
+
+
+def table_keys(results: dict) -> list[str]:
+    """The results keys of the section's tables that hold rows, in the order it shows them: one layer (EAGLE-1
+    style, then EAGLE-3), then each deeper one."""
+    return sorted(
+        (k for k in results if k.startswith("scales") and results[k]), key=lambda k: (k.endswith("layers"), k)
+    )
+
+
 def run_scale(args, scale, target, tokenizer, collections, data_dirs, held_out, prompts) -> dict:
     from diversed_hf import EagleDraft
     from diversed_hf.training.eagle_distill import DistillSettings, distill
@@ -334,18 +348,14 @@ def table_commands(results: dict, command: str) -> list[str]:
         if not skipping:
             base.append(word)
     commands = []
-    tables = sorted(
-        (k for k in results if k.startswith("scales") and results[k]), key=lambda k: (k.endswith("layers"), k)
-    )
-    for key in tables:  # in the order render() shows them
+    for key in table_keys(results):
         measured = [name for name, row in results[key].items() if "skipped" not in row]
         if not measured:
             continue
+        arch, layers = key_settings(key)
         table = ["--scales", *sorted(measured, key=float)]
-        if key.startswith("scales_eagle3"):
-            table += ["--arch", "eagle3"]
-        if key.endswith("layers"):
-            table += ["--num_layers", key.rsplit("_", 1)[1].removesuffix("layers")]
+        table += ["--arch", arch] if arch != "eagle" else []
+        table += ["--num_layers", str(layers)] if layers != 1 else []
         commands.append(shlex.join([*base, *table]))
     return commands or [command]
 
@@ -377,9 +387,9 @@ def render(results: dict, command: str) -> str:
             "",
             *_table(results["scales_eagle3"], results.get("shipped_eagle3"), 'shipped (`draft="eagle3"`)'),
         ]
-    for key in sorted(k for k in results if k.startswith("scales") and k.endswith("layers") and results[k]):
-        layers = key.rsplit("_", 1)[1].removesuffix("layers")
-        arch = "EAGLE-3" if key.startswith("scales_eagle3") else "EAGLE-1 style"
+    for key in (k for k in table_keys(results) if k.endswith("layers")):
+        arch, layers = key_settings(key)
+        arch = "EAGLE-3" if arch == "eagle3" else "EAGLE-1 style"
         lines += ["", f"**{layers} decoder layers** ({arch}, `--num_layers {layers}`; the same answers):", ""]
         lines += _table(results[key], None)
     return "\n".join(lines)

@@ -132,6 +132,9 @@ def test_a_second_depth_has_its_own_runs_and_table():
         "scales_eagle3_2layers"
     )
     assert scaling.results_key(scaling.parse_args(["--data", "d"])) == "scales"
+    for arch, layers in (("eagle", 1), ("eagle3", 1), ("eagle", 2), ("eagle3", 2)):  # a key names its table's options
+        argv = ["--data", "d", "--arch", arch, "--num_layers", str(layers)]
+        assert scaling.key_settings(scaling.results_key(scaling.parse_args(argv))) == (arch, layers)
     row = {"top1_agreement": [0.5, 0.4, 0.3], "acceptance_t1": [0.4], "positions": 10, "tokens_per_round": 2.0}
     results = {"data": ["d"], "unit": 10, "epochs": 2, "tree": {}, "num_prompts": 1, "scales": {"1": row}}
     results["scales_2layers"] = {"1": {**row, "tree_acceptance": 0.3}}
