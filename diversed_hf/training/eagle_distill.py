@@ -419,20 +419,25 @@ def step_speed(target, sequences: list, settings: DistillSettings, steps: int | 
     return {"cells_per_position": cells / positions, "positions_per_second": positions / seconds}, draft
 
 
-def _fill_new_settings(run_file: Path) -> None:
-    """A ``run.json`` written before a setting existed gets its default, which is what that run trained with: its
-    checkpoints resume under this version (a run with another value is still refused by name). One written before
-    the unrolling was recorded is refused: its training-time test attended otherwise."""
-    if not run_file.is_file():
-        return
-    record = json.loads(run_file.read_text())
-    if "unrolling" not in record:
+def _refuse_earlier_unrolling(run_file: Path) -> None:
+    """A ``run.json`` written before the unrolling was recorded is refused by name: its training-time test attended
+    otherwise (:data:`~diversed_hf.training.eagle_unroll.UNROLLING`). ``claim_directory`` would refuse it too, as
+    another run; this says why and what to do."""
+    if run_file.is_file() and "unrolling" not in json.loads(run_file.read_text()):
         raise ValueError(
             f"{run_file.parent} holds checkpoints trained before training-time test attended as drafting does (each "
             f"unrolled column saw every predicted column before it; now its own chain's, `unrolling` "
             f"{UNROLLING!r}): resuming them would mix the two. Remove {run_file.parent} to start over, or finish "
             "that run with the diversed_hf release that began it."
         )
+
+
+def _fill_new_settings(run_file: Path) -> None:
+    """A ``run.json`` written before a setting existed gets its default, which is what that run trained with: its
+    checkpoints resume under this version (a run with another value is still refused by name)."""
+    if not run_file.is_file():
+        return
+    record = json.loads(run_file.read_text())
     defaults = {name: value for name, value in asdict(DistillSettings()).items() if name not in record["settings"]}
     if defaults:
         record["settings"] = {**record["settings"], **defaults}
@@ -509,6 +514,7 @@ def distill(
     run["unrolling"] = UNROLLING
     with processes.main_first():  # the main process claims the directory; the others check the claim
         if processes.is_main:
+            _refuse_earlier_unrolling(checkpoint_dir / "run.json")
             _fill_new_settings(checkpoint_dir / "run.json")
         claim_directory(checkpoint_dir, "run.json", run, "checkpoints of another run")
     draft = _new_draft(target, training, settings)
